@@ -1,0 +1,36 @@
+# Two commands set everything up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: run test lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/capella serve
+
+lint: $(STAMP)
+	$(BIN)/ruff check capella tests benchmarks
+	$(BIN)/ruff format --check capella tests benchmarks
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) capella-data .mypy_cache .ruff_cache

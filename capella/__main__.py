@@ -1,0 +1,3 @@
+from capella.cli import main
+
+raise SystemExit(main())

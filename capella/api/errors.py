@@ -1,0 +1,36 @@
+"""The only place that knows which HTTP status each Capella error gets."""
+
+from __future__ import annotations
+
+from capella.errors import (
+    AlreadyExists,
+    CapellaError,
+    Conflict,
+    CorruptData,
+    InvalidConfig,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    RequestTimeout,
+    ShuttingDown,
+    StorageUnavailable,
+)
+
+# Subclasses come before their bases only for reading; status_for walks the MRO.
+STATUS: dict[type[CapellaError], int] = {
+    InvalidRequest: 400,
+    InvalidConfig: 400,
+    RequestTimeout: 408,
+    PayloadTooLarge: 413,
+    NotFound: 404,
+    AlreadyExists: 409,
+    Conflict: 409,
+    StorageUnavailable: 503,
+    ShuttingDown: 503,
+    CorruptData: 503,
+}
+
+
+def status_for(exc: CapellaError) -> int:
+    """The HTTP status for ``exc``: its nearest class in ``STATUS``, else 500."""
+    return next((STATUS[c] for c in type(exc).__mro__ if c in STATUS), 500)

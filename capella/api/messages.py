@@ -1,0 +1,433 @@
+"""Messages: produce (JSON, NDJSON, raw bytes), read after an id (long-poll), and the SSE tail.
+
+The produce and read paths are hot: parsing is one ``orjson.loads`` plus a short loop per
+message, and an answer is one ``orjson.dumps`` of a list of plain dicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDictProxy, MultiDictProxy
+
+from capella import wire
+from capella.api.request import (
+    CLUSTER,
+    SETTINGS,
+    STOPPING,
+    int_param,
+    json_response,
+    limit_param,
+    read_body,
+    save_param,
+    segments_param,
+    wait_param,
+)
+from capella.config import ServerSettings
+from capella.core.message import Draft, Message
+from capella.core.queue import Queue, ReadResult
+from capella.errors import InvalidMessage, InvalidRequest, PayloadTooLarge, QueueNotFound
+
+# Seconds between SSE comment lines that keep proxies from closing an idle stream.
+HEARTBEAT = web.AppKey("heartbeat", float)
+HEARTBEAT_SECONDS = 15.0
+STREAM_BATCH = 1000
+HEADER_PREFIX = "capella-header-"
+MAX_SOURCE_BYTES = 255
+
+_INT64_MIN = wire.INT64_MIN
+_INT64_MAX = wire.INT64_MAX
+_NO_HEADERS: dict[str, str] = {}
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_post("/v1/queues/{queue}/messages", produce)
+    router.add_get("/v1/queues/{queue}/messages", read)
+    router.add_get("/v1/queues/{queue}/stream", stream)
+
+
+# --- produce --------------------------------------------------------------------------------
+
+
+async def produce(request: web.Request) -> web.Response:
+    queue = request.app[CLUSTER].queue(request.match_info["queue"])
+    save = save_param(request)
+    settings = request.app[SETTINGS]
+    kind = _body_kind(request.headers.get("Content-Type"))
+    body = await read_body(request)
+    if kind == "octet":
+        drafts = [raw_draft(body, request.query, request.headers, settings)]
+    elif kind == "ndjson":
+        drafts = ndjson_drafts(body, settings)
+    else:
+        drafts = json_drafts(body, settings)
+    appended = await queue.append(drafts, save) if drafts else []
+    return json_response({"results": [{"id": a.id, "duplicate": a.duplicate} for a in appended]})
+
+
+def _body_kind(content_type: str | None) -> str:
+    if content_type is None:
+        return "json"
+    mime = content_type.partition(";")[0].strip().lower()
+    if mime in ("application/json", "") or mime.endswith("+json"):
+        return "json"
+    if mime in ("application/x-ndjson", "application/jsonl", "application/x-jsonlines"):
+        return "ndjson"
+    if mime == "application/octet-stream":
+        return "octet"
+    raise InvalidRequest(
+        f"Content-Type {mime!r} is not supported: use application/json, "
+        "application/x-ndjson or application/octet-stream"
+    )
+
+
+def json_drafts(body: bytes, settings: ServerSettings) -> list[Draft]:
+    value = wire.loads(body)
+    if type(value) is dict and "messages" in value:
+        if len(value) != 1:
+            extra = sorted(k for k in value if k != "messages")
+            raise InvalidRequest(f"unknown field(s) next to messages: {', '.join(extra)}")
+        items = value["messages"]
+        if type(items) is not list:
+            raise InvalidRequest("messages: expected a list of message objects")
+    elif type(value) is dict:
+        items = [value]
+    else:
+        raise InvalidRequest('the body must be {"messages": [...]} or a single message object')
+    if len(items) > settings.max_batch:
+        raise PayloadTooLarge(
+            f"the batch holds {len(items)} messages; the limit is {settings.max_batch}",
+            limit=settings.max_batch,
+        )
+    size = settings.max_message_size
+    return [parse_draft(item, i, size) for i, item in enumerate(items)]
+
+
+def ndjson_drafts(body: bytes, settings: ServerSettings) -> list[Draft]:
+    lines = [line for line in body.split(b"\n") if line.strip()]
+    if len(lines) > settings.max_batch:
+        raise PayloadTooLarge(
+            f"the batch holds {len(lines)} messages; the limit is {settings.max_batch}",
+            limit=settings.max_batch,
+        )
+    drafts = []
+    size = settings.max_message_size
+    for i, line in enumerate(lines):
+        try:
+            item = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidMessage(f"message {i}: not valid JSON: {exc}", index=i) from None
+        drafts.append(parse_draft(item, i, size))
+    return drafts
+
+
+def parse_draft(item: Any, index: int, max_size: int) -> Draft:
+    """One Message object → Draft, or ``InvalidMessage`` naming the index and the field."""
+    if type(item) is not dict:
+        raise InvalidMessage(f"message {index}: expected a JSON object", index=index)
+    # The common case, {"data": "..."}, skips the field loop.
+    if len(item) == 1 and type(data := item.get("data")) is str:
+        payload = data.encode()
+        if len(payload) > max_size:
+            raise _too_large(index, len(payload), max_size)
+        return Draft(payload)
+    data = data_b64 = source = external_id = external_time = headers = segment = None
+    for key, value in item.items():
+        if key == "data":
+            data = value
+        elif key == "data_b64":
+            data_b64 = value
+        elif key == "source":
+            source = value
+        elif key == "external_id":
+            external_id = value
+        elif key == "external_time":
+            external_time = value
+        elif key == "segment":
+            segment = value
+        elif key == "headers":
+            headers = value
+        else:
+            raise _bad(index, key, "unknown field")
+    payload = _payload(data, data_b64, index)
+    if len(payload) > max_size:
+        raise _too_large(index, len(payload), max_size)
+    return Draft(
+        payload,
+        None if source is None else _source(source, index),
+        None if external_id is None else _int64(external_id, index, "external_id"),
+        None if external_time is None else _time(external_time, index),
+        0 if segment is None else _int64(segment, index, "segment"),
+        _NO_HEADERS if headers is None else _headers(headers, index),
+    )
+
+
+def raw_draft(
+    body: bytes,
+    query: MultiDictProxy[str],
+    http_headers: CIMultiDictProxy[str],
+    settings: ServerSettings,
+) -> Draft:
+    """An ``application/octet-stream`` body: metadata from the query and Capella-Header-* headers."""
+    if len(body) > settings.max_message_size:
+        raise _too_large(0, len(body), settings.max_message_size)
+    source = query.get("source")
+    external_id = query.get("external_id")
+    external_time = query.get("external_time")
+    segment = query.get("segment")
+    headers = {
+        name[len(HEADER_PREFIX) :]: value
+        for name, value in http_headers.items()
+        if name.lower().startswith(HEADER_PREFIX) and len(name) > len(HEADER_PREFIX)
+    }
+    return Draft(
+        body,
+        None if source is None else _source(source, 0),
+        None if external_id is None else _int64(_query_int(external_id, "external_id"), 0, "external_id"),
+        None if external_time is None else _time(_query_time(external_time), 0),
+        0 if segment is None else _int64(_query_int(segment, "segment"), 0, "segment"),
+        headers,
+    )
+
+
+def _payload(data: object, data_b64: object, index: int) -> bytes:
+    if data is not None and data_b64 is None:
+        if type(data) is not str:
+            raise _bad(index, "data", "expected a string (use data_b64 for bytes)")
+        return data.encode()
+    if data_b64 is not None and data is None:
+        if type(data_b64) is not str:
+            raise _bad(index, "data_b64", "expected a base64 string")
+        try:
+            return base64.b64decode(data_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise _bad(index, "data_b64", "not valid base64") from None
+    if data is None:
+        raise _bad(index, "data", "a message needs data or data_b64")
+    raise _bad(index, "data", "give either data or data_b64, not both")
+
+
+def _source(value: object, index: int) -> str:
+    if type(value) is not str or not value:
+        raise _bad(index, "source", "expected a non-empty string")
+    if len(value) > MAX_SOURCE_BYTES // 4 and len(value.encode()) > MAX_SOURCE_BYTES:
+        raise _bad(index, "source", f"longer than {MAX_SOURCE_BYTES} bytes")
+    return value
+
+
+def _int64(value: object, index: int, field: str) -> int:
+    if type(value) is not int:
+        raise _bad(index, field, "expected a 64-bit integer")
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise _bad(index, field, "outside the signed 64-bit range")
+    return value
+
+
+def _time(value: object, index: int) -> float:
+    try:
+        return wire.parse_time(value)
+    except ValueError as exc:
+        raise _bad(index, "external_time", str(exc)) from None
+
+
+def _headers(value: object, index: int) -> dict[str, str]:
+    if type(value) is not dict:
+        raise _bad(index, "headers", "expected an object of string values")
+    for name, text in value.items():
+        if type(text) is not str:
+            raise _bad(index, "headers", f"value of {name!r} is not a string")
+    return value
+
+
+def _query_int(text: str, name: str) -> object:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidMessage(f"message 0: {name}: expected an integer, got {text!r}", index=0, field=name) from None
+
+
+def _query_time(text: str) -> object:
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return number if math.isfinite(number) else text
+
+
+def _bad(index: int, field: str, reason: str) -> InvalidMessage:
+    return InvalidMessage(f"message {index}: {field}: {reason}", index=index, field=field)
+
+
+def _too_large(index: int, size: int, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"message {index}: payload of {size} bytes is over the limit of {limit}", index=index, limit=limit
+    )
+
+
+# --- read -----------------------------------------------------------------------------------
+
+
+def stored_message(m: Message) -> dict[str, Any]:
+    """The StoredMessage JSON object for ``m``."""
+    try:
+        text = m.payload.decode()
+    except UnicodeDecodeError:
+        return {
+            "id": m.id,
+            "time": m.time,
+            "source": m.source,
+            "external_id": m.external_id,
+            "external_time": m.external_time,
+            "segment": m.segment,
+            "headers": m.headers,
+            "data_b64": base64.b64encode(m.payload).decode("ascii"),
+        }
+    return {
+        "id": m.id,
+        "time": m.time,
+        "source": m.source,
+        "external_id": m.external_id,
+        "external_time": m.external_time,
+        "segment": m.segment,
+        "headers": m.headers,
+        "data": text,
+    }
+
+
+def messages_response(request: web.Request, result: ReadResult) -> web.Response:
+    """``{"messages": [...], "last_id": N}``, or NDJSON with ``Capella-Last-Id`` when asked for."""
+    if wire.NDJSON in request.headers.get("Accept", ""):
+        lines = [orjson.dumps(stored_message(m)) for m in result.messages]
+        lines.append(b"")
+        return web.Response(
+            body=b"\n".join(lines),
+            content_type=wire.NDJSON,
+            headers={"Capella-Last-Id": str(result.last_id)},
+        )
+    body = orjson.dumps(
+        {"messages": [stored_message(m) for m in result.messages], "last_id": result.last_id}
+    )
+    return web.Response(body=body, content_type=wire.JSON)
+
+
+async def read(request: web.Request) -> web.Response:
+    queue = request.app[CLUSTER].queue(request.match_info["queue"])
+    after = int_param(request, "after", 0, low=0)
+    limit = limit_param(request)
+    segments = segments_param(request)
+    wait = wait_param(request)
+    result = await read_waiting(request.app, queue, after, limit, segments, wait)
+    return messages_response(request, result)
+
+
+async def read_waiting(
+    app: web.Application,
+    queue: Queue,
+    after: int,
+    limit: int,
+    segments: Sequence[tuple[int, int]] | None,
+    wait: float,
+) -> ReadResult:
+    """Read after ``after``; with ``wait`` > 0, long-poll until a message is there or time is up."""
+    result = await queue.read_after(after, limit, segments)
+    if result.messages or wait <= 0:
+        return _at_least(result, after)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    cursor = max(after, result.last_id)
+    while not result.messages:
+        remaining = deadline - loop.time()
+        if remaining <= 0 or await wait_new(app, queue, cursor, remaining) != "new":
+            break
+        result = await queue.read_after(cursor, limit, segments)
+        cursor = max(cursor, result.last_id)
+    return _at_least(result, cursor)
+
+
+def _at_least(result: ReadResult, after: int) -> ReadResult:
+    return result if result.last_id >= after else ReadResult(result.messages, after)
+
+
+async def wait_new(app: web.Application, queue: Queue, cursor: int, timeout: float) -> str:
+    """Wait for an id past ``cursor``: ``"new"``, ``"timeout"`` or ``"stopped"`` (shutdown, drop)."""
+    stopping = app[STOPPING]
+    if stopping.is_set():
+        return "stopped"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    waiter = asyncio.ensure_future(queue.wait_for(cursor, timeout))
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait((waiter, stop), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        stop.cancel()
+    if queue.last_id > cursor:
+        return "new"
+    if stopping.is_set():
+        return "stopped"
+    try:
+        if app[CLUSTER].queue(queue.name) is not queue:
+            return "stopped"
+    except QueueNotFound:
+        return "stopped"
+    # wait_for also returns early when the queue is closing; only a full wait is a timeout.
+    return "timeout" if loop.time() >= deadline - 0.01 else "stopped"
+
+
+# --- stream ---------------------------------------------------------------------------------
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    """Server-Sent Events: every message after ``after`` (or ``Last-Event-ID``), then the tail."""
+    queue = request.app[CLUSTER].queue(request.match_info["queue"])
+    after = int_param(request, "after", 0, low=0)
+    last_event = request.headers.get("Last-Event-ID", "").strip()
+    if last_event:
+        try:
+            after = int(last_event)
+        except ValueError:
+            raise InvalidRequest(f"Last-Event-ID: expected a message id, got {last_event!r}") from None
+        if after < 0:
+            raise InvalidRequest("Last-Event-ID: must not be negative")
+    segments = segments_param(request)
+    heartbeat = request.app.get(HEARTBEAT, HEARTBEAT_SECONDS)
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    await response.prepare(request)
+    cursor = after
+    try:
+        await response.write(b": capella stream\n\n")
+        while True:
+            result = await queue.read_after(cursor, STREAM_BATCH, segments)
+            if result.messages:
+                await response.write(
+                    b"".join(
+                        b"id: %d\nevent: message\ndata: %s\n\n" % (m.id, orjson.dumps(stored_message(m)))
+                        for m in result.messages
+                    )
+                )
+            cursor = max(cursor, result.last_id)
+            if result.messages:
+                continue
+            outcome = await wait_new(request.app, queue, cursor, heartbeat)
+            if outcome == "stopped":
+                break
+            if outcome == "timeout":
+                await response.write(b": keep-alive\n\n")
+        await response.write_eof()
+    except ConnectionError:
+        pass  # the client went away; nothing to answer
+    return response

@@ -1,0 +1,440 @@
+"""The OpenAPI 3.1 document of the HTTP API (docs/api.md), served at ``GET /v1/openapi.json``.
+
+The document is built once, as plain dicts, and rendered to bytes at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from capella import wire
+
+NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$"
+SEGMENTS_PATTERN = r"^\s*-?\d+(--?\d+)?(\s*,\s*-?\d+(--?\d+)?)*\s*$"
+INT64 = {"type": "integer", "format": "int64", "minimum": wire.INT64_MIN, "maximum": wire.INT64_MAX}
+MESSAGE_ID = {"type": "integer", "format": "int64", "minimum": 0, "maximum": wire.INT64_MAX}
+TIME = {"type": "number", "description": "UNIX seconds"}
+SAVE_MODES = ["none", "immediate", "mark", "wait", "default", "0", "1", "2", "3", "4"]
+DURATION = {
+    "oneOf": [
+        {"type": "number", "minimum": 0},
+        {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ns|us|ms|s|m|h|d)?\s*$"},
+    ]
+}
+SIZE = {
+    "oneOf": [
+        {"type": "integer", "minimum": 0},
+        {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*([kmgtKMGT][iI]?[bB]?|[bB])?\s*$"},
+    ]
+}
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def json_content(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def answer(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    if schema is None:
+        return {"description": description}
+    return {"description": description, "content": json_content(schema)}
+
+
+def errors(*statuses: int) -> dict[str, Any]:
+    text = {
+        400: "Invalid request, message, name or save mode",
+        404: "Queue, subscription or route not found",
+        408: "The body did not arrive within the read deadline",
+        409: "Conflict",
+        413: "Body, message or batch over the limit",
+        503: "Storage unavailable, corrupt data or shutting down",
+    }
+    return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in statuses} | {
+        "default": {"$ref": "#/components/responses/Error"}
+    } if statuses else {s: v for s, v in text.items() if False}
+
+
+def param(name: str, where: str, schema: dict[str, Any], description: str, required: bool = False) -> dict[str, Any]:
+    return {"name": name, "in": where, "required": required or where == "path", "schema": schema,
+            "description": description}
+
+
+QUEUE = param("queue", "path", {"type": "string", "pattern": NAME_PATTERN}, "Queue name")
+SUBSCRIPTION = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "Subscription name")
+SAVE = param("save", "query", {"type": "string", "enum": SAVE_MODES}, "Save mode (default: the queue's)")
+AFTER = param("after", "query", MESSAGE_ID, "Return messages with an id greater than this")
+LIMIT = param("limit", "query", {"type": "integer", "minimum": 1, "maximum": wire.INT64_MAX, "default": 100},
+              "At most this many messages (capped at the server's max_limit)")
+SEGMENTS = param("segments", "query", {"type": "string", "pattern": SEGMENTS_PATTERN},
+                 "Inclusive segment ranges, e.g. 0-9,20-29,42")
+WAIT = param("wait", "query", DURATION, "Long-poll up to this many seconds (capped at max_wait)")
+ACCEPT = param("Accept", "header", {"type": "string"},
+               "application/x-ndjson for one StoredMessage per line (last_id in Capella-Last-Id)")
+
+MESSAGES_ANSWER = {
+    "description": "Messages after the cursor",
+    "headers": {"Capella-Last-Id": {"description": "last_id (NDJSON answers)", "schema": MESSAGE_ID}},
+    "content": {
+        "application/json": {"schema": ref("Messages")},
+        wire.NDJSON: {"schema": {"type": "string", "description": "one StoredMessage per line"}},
+    },
+}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {
+                    "code": {"type": "string"},
+                    "message": {"type": "string"},
+                    "index": {"type": "integer", "description": "index of the bad message"},
+                    "field": {"type": "string", "description": "the bad field"},
+                    "parameter": {"type": "string", "description": "the bad query parameter"},
+                    "limit": {"type": "integer", "description": "the limit that was exceeded"},
+                },
+            }
+        },
+    },
+    "QueueDefinition": {
+        "type": "object",
+        "properties": {
+            "limits": {
+                "type": "object",
+                "properties": {"max_count": {"type": "integer", "minimum": 1}, "max_bytes": SIZE,
+                               "max_age": DURATION},
+            },
+            "save": {"type": "string", "enum": SAVE_MODES},
+            "subscription_save": {"type": "string", "enum": SAVE_MODES},
+            "segments": {
+                "type": ["object", "null"],
+                "properties": {"min": INT64, "max": INT64},
+                "required": ["min", "max"],
+            },
+            "mounts": {
+                "type": "object",
+                "properties": {
+                    "meta": {"type": "string"},
+                    "marks": {"type": "object", "additionalProperties": {"type": "string"}},
+                },
+            },
+        },
+    },
+    "QueueStats": {
+        "type": "object",
+        "required": ["first_id", "last_id", "messages", "bytes", "blocks", "subscriptions"],
+        "properties": {
+            "first_id": {"type": "integer"},
+            "last_id": {"type": "integer"},
+            "messages": {"type": "integer"},
+            "bytes": {"type": "integer"},
+            "blocks": {
+                "type": "object",
+                "properties": {
+                    "total": {"type": "integer"},
+                    "by_mark": {"type": "object", "additionalProperties": {"type": "integer"}},
+                    "by_state": {"type": "object", "additionalProperties": {"type": "integer"}},
+                },
+            },
+            "subscriptions": {"type": "integer"},
+            "recovery": {
+                "type": "object",
+                "properties": {
+                    "truncated_bytes": {"type": "integer"},
+                    "quarantined_blocks": {"type": "array"},
+                    "gaps": {"type": "array"},
+                },
+            },
+        },
+    },
+    "QueueInfo": {
+        "type": "object",
+        "required": ["name", "definition", "stats"],
+        "properties": {
+            "name": {"type": "string"},
+            "definition": {"type": "object", "description": "QueueDefinition, fully resolved"},
+            "stats": ref("QueueStats"),
+        },
+    },
+    "QueueList": {
+        "type": "object",
+        "required": ["queues"],
+        "properties": {"queues": {"type": "array", "items": ref("QueueInfo")}},
+    },
+    "Message": {
+        "type": "object",
+        "description": "Exactly one of data (UTF-8 text) and data_b64 (standard base64).",
+        "oneOf": [{"required": ["data"]}, {"required": ["data_b64"]}],
+        "additionalProperties": False,
+        "properties": {
+            "data": {"type": "string"},
+            "data_b64": {"type": "string", "contentEncoding": "base64"},
+            "source": {"type": "string", "minLength": 1, "maxLength": 63,
+                       "description": "at most 255 bytes of UTF-8; default the cluster name"},
+            "external_id": INT64,
+            "external_time": {
+                "oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "format": "date-time"}],
+                "description": "UNIX seconds or RFC 3339; not in the future",
+            },
+            "segment": INT64,
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+    },
+    "MessageBatch": {
+        "type": "object",
+        "required": ["messages"],
+        "additionalProperties": False,
+        "properties": {"messages": {"type": "array", "items": ref("Message")}},
+    },
+    "ProduceResults": {
+        "type": "object",
+        "required": ["results"],
+        "properties": {
+            "results": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "duplicate"],
+                    "properties": {"id": MESSAGE_ID, "duplicate": {"type": "boolean"}},
+                },
+            }
+        },
+    },
+    "StoredMessage": {
+        "type": "object",
+        "required": ["id", "time", "source", "external_id", "external_time", "segment", "headers"],
+        "properties": {
+            "id": MESSAGE_ID,
+            "time": TIME,
+            "source": {"type": "string"},
+            "external_id": INT64,
+            "external_time": TIME,
+            "segment": INT64,
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "data": {"type": "string"},
+            "data_b64": {"type": "string", "contentEncoding": "base64"},
+        },
+    },
+    "Messages": {
+        "type": "object",
+        "required": ["messages", "last_id"],
+        "properties": {
+            "messages": {"type": "array", "items": ref("StoredMessage")},
+            "last_id": {"type": "integer", "description": "pass as the next after"},
+        },
+    },
+    "SubscriptionCommit": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "last_id": {"type": ["integer", "null"], "minimum": 0, "maximum": wire.INT64_MAX},
+            "replica": {"type": ["boolean", "null"]},
+            "reset": {"type": "boolean", "default": False},
+        },
+    },
+    "Subscription": {
+        "type": "object",
+        "required": ["name", "last_id", "replica", "lag", "created", "updated"],
+        "properties": {
+            "name": {"type": "string"},
+            "last_id": {"type": "integer"},
+            "replica": {"type": "boolean"},
+            "lag": {"type": "integer", "minimum": 0},
+            "created": TIME,
+            "updated": TIME,
+        },
+    },
+    "SubscriptionList": {
+        "type": "object",
+        "required": ["subscriptions"],
+        "properties": {"subscriptions": {"type": "array", "items": ref("Subscription")}},
+    },
+    "Replicas": {
+        "type": "object",
+        "required": ["id", "count", "subscriptions"],
+        "properties": {
+            "id": MESSAGE_ID,
+            "count": {"type": "integer", "minimum": 0},
+            "subscriptions": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+    "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
+}
+
+_ERROR_TEXT = {
+    400: "invalid_request, invalid_message (with index), invalid_name, invalid_save_mode, invalid_config",
+    404: "not_found, queue_not_found, subscription_not_found",
+    405: "method_not_allowed",
+    408: "request_timeout: the body did not arrive within the read deadline",
+    409: "already_exists, conflict",
+    413: "payload_too_large: body, message or batch over the limit",
+    503: "storage_unavailable, shutting_down, corrupt_data",
+}
+
+
+def fails(*statuses: int) -> dict[str, Any]:
+    """The error answers of an operation; every one has the Error body."""
+    return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in (*statuses, 503)}
+
+
+def operation(op_id: str, summary: str, answers: dict[str, Any], *params: dict[str, Any],
+              body: dict[str, Any] | None = None, tag: str = "") -> dict[str, Any]:
+    op: dict[str, Any] = {"operationId": op_id, "summary": summary, "responses": answers}
+    if tag:
+        op["tags"] = [tag]
+    if params:
+        op["parameters"] = list(params)
+    if body is not None:
+        op["requestBody"] = body
+    return op
+
+
+PATHS: dict[str, Any] = {
+    "/v1/queues": {
+        "get": operation("listQueues", "List queues", {"200": answer("Queues", ref("QueueList")), **fails()},
+                         tag="queues"),
+    },
+    "/v1/queues/{queue}": {
+        "parameters": [QUEUE],
+        "put": operation(
+            "putQueue", "Create (201) or update (200) a queue",
+            {"200": answer("Updated", ref("QueueInfo")), "201": answer("Created", ref("QueueInfo")),
+             **fails(400, 408, 409, 413)},
+            body={"required": False, "content": json_content(ref("QueueDefinition"))}, tag="queues",
+        ),
+        "get": operation("getQueue", "Describe a queue",
+                         {"200": answer("The queue", ref("QueueInfo")), **fails(404)}, tag="queues"),
+        "delete": operation("dropQueue", "Drop a queue and all its messages",
+                            {"204": answer("Dropped"), **fails(404)}, tag="queues"),
+    },
+    "/v1/queues/{queue}/messages": {
+        "parameters": [QUEUE],
+        "post": operation(
+            "produce", "Append messages (a batch is stored whole or not at all)",
+            {"200": answer("One result per message, in request order", ref("ProduceResults")),
+             **fails(400, 404, 408, 413)},
+            SAVE,
+            param("source", "query", {"type": "string", "minLength": 1}, "octet-stream only: source"),
+            param("external_id", "query", INT64, "octet-stream only: external id"),
+            param("external_time", "query", {"type": "string"},
+                  "octet-stream only: UNIX seconds or RFC 3339"),
+            param("segment", "query", INT64, "octet-stream only: segment"),
+            body={
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"oneOf": [ref("MessageBatch"), ref("Message")]}},
+                    wire.NDJSON: {"schema": {"type": "string", "description": "one Message object per line"}},
+                    "application/octet-stream": {
+                        "schema": {"type": "string", "format": "binary"},
+                        "description": "the payload; headers from Capella-Header-<Name>",
+                    },
+                },
+            },
+            tag="messages",
+        ),
+        "get": operation(
+            "readMessages", "Read messages after an id (long-poll with wait)",
+            {"200": MESSAGES_ANSWER, **fails(400, 404)},
+            AFTER, LIMIT, SEGMENTS, WAIT, ACCEPT, tag="messages",
+        ),
+    },
+    "/v1/queues/{queue}/stream": {
+        "parameters": [QUEUE],
+        "get": operation(
+            "streamMessages", "Server-Sent Events tail (event: message, id: message id)",
+            {"200": {"description": "An endless text/event-stream",
+                     "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+             **fails(400, 404)},
+            AFTER, SEGMENTS,
+            param("Last-Event-ID", "header", {"type": "string", "pattern": r"^\s*\d+\s*$"},
+                  "Resume after this message id (wins over after)"),
+            tag="messages",
+        ),
+    },
+    "/v1/queues/{queue}/subscriptions": {
+        "parameters": [QUEUE],
+        "get": operation("listSubscriptions", "List a queue's subscriptions",
+                         {"200": answer("Subscriptions", ref("SubscriptionList")), **fails(404)},
+                         tag="subscriptions"),
+    },
+    "/v1/queues/{queue}/subscriptions/{name}": {
+        "parameters": [QUEUE, SUBSCRIPTION],
+        "put": operation(
+            "commitSubscription", "Create (201) or commit (200); never moves backwards unless reset",
+            {"200": answer("Committed", ref("Subscription")), "201": answer("Created", ref("Subscription")),
+             **fails(400, 404, 408, 413)},
+            SAVE, body={"required": False, "content": json_content(ref("SubscriptionCommit"))},
+            tag="subscriptions",
+        ),
+        "get": operation("getSubscription", "Describe a subscription",
+                         {"200": answer("The subscription", ref("Subscription")), **fails(404)},
+                         tag="subscriptions"),
+        "delete": operation("deleteSubscription", "Delete a subscription",
+                            {"204": answer("Deleted"), **fails(404)}, tag="subscriptions"),
+    },
+    "/v1/queues/{queue}/subscriptions/{name}/messages": {
+        "parameters": [QUEUE, SUBSCRIPTION],
+        "get": operation(
+            "readSubscription", "Read after the subscription's cursor; commit=auto moves it",
+            {"200": MESSAGES_ANSWER, **fails(400, 404)},
+            LIMIT, SEGMENTS, WAIT, SAVE,
+            param("commit", "query", {"type": "string", "enum": ["auto", "none"], "default": "auto"},
+                  "auto: move the cursor to last_id (creating the subscription); none: only read"),
+            ACCEPT, tag="subscriptions",
+        ),
+    },
+    "/v1/queues/{queue}/replicas": {
+        "parameters": [QUEUE],
+        "get": operation(
+            "replicas", "Replica subscriptions whose cursor is at or past id",
+            {"200": answer("Replicas", ref("Replicas")), **fails(400, 404)},
+            param("id", "query", MESSAGE_ID, "Message id", required=True), tag="subscriptions",
+        ),
+    },
+    "/healthz": {"get": operation("healthz", "Liveness", {"200": answer("Serving", ref("Status"))},
+                                  tag="operations")},
+    "/readyz": {"get": operation("readyz", "Readiness: every queue recovered",
+                                 {"200": answer("Ready", ref("Status")),
+                                  "503": answer("Recovering", ref("Status"))}, tag="operations")},
+    "/metrics": {"get": operation(
+        "metrics", "Prometheus text format 0.0.4",
+        {"200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+        tag="operations")},
+    "/v1/openapi.json": {"get": operation(
+        "openapi", "This document", {"200": answer("OpenAPI 3.1", {"type": "object"})}, tag="operations")},
+}
+
+DOCUMENT: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "Capella",
+        "version": "1",
+        "description": "A block-based, replicated message broker. See docs/api.md.",
+    },
+    "paths": PATHS,
+    "components": {
+        "schemas": SCHEMAS,
+        "responses": {
+            f"E{status}": {"description": text, "content": json_content(ref("Error"))}
+            for status, text in _ERROR_TEXT.items()
+        },
+    },
+}
+
+BODY = wire.dumps(DOCUMENT)
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/v1/openapi.json", serve)
+
+
+async def serve(request: web.Request) -> web.Response:
+    return web.Response(body=BODY, content_type=wire.JSON)

@@ -1,0 +1,40 @@
+"""Queues: create or update (PUT), describe (GET), list, drop (DELETE)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from capella.api.request import CLUSTER, json_response, read_object
+from capella.core.queue import Queue
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/v1/queues", list_queues)
+    router.add_put("/v1/queues/{queue}", put_queue)
+    router.add_get("/v1/queues/{queue}", get_queue)
+    router.add_delete("/v1/queues/{queue}", drop_queue)
+
+
+def queue_info(queue: Queue) -> dict[str, Any]:
+    return {"name": queue.name, "definition": queue.definition_dict(), "stats": queue.stats()}
+
+
+async def list_queues(request: web.Request) -> web.Response:
+    return json_response({"queues": [queue_info(q) for q in request.app[CLUSTER].queues()]})
+
+
+async def put_queue(request: web.Request) -> web.Response:
+    data = await read_object(request)
+    queue, created = await request.app[CLUSTER].put_queue(request.match_info["queue"], data)
+    return json_response(queue_info(queue), 201 if created else 200)
+
+
+async def get_queue(request: web.Request) -> web.Response:
+    return json_response(queue_info(request.app[CLUSTER].queue(request.match_info["queue"])))
+
+
+async def drop_queue(request: web.Request) -> web.Response:
+    await request.app[CLUSTER].drop_queue(request.match_info["queue"])
+    return web.Response(status=204)

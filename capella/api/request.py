@@ -1,0 +1,142 @@
+"""What every resource module shares: the app keys, the body deadline, query parsing, JSON answers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from capella import wire
+from capella.config import ServerSettings, parse_duration
+from capella.core.cluster import Cluster
+from capella.core.message import SaveMode
+from capella.errors import InvalidConfig, InvalidRequest, PayloadTooLarge, RequestTimeout
+
+CLUSTER = web.AppKey("cluster", Cluster)
+SETTINGS = web.AppKey("settings", ServerSettings)
+# Set when the server starts shutting down, so long-lived streams end cleanly.
+STOPPING = web.AppKey("stopping", asyncio.Event)
+
+
+def json_response(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=wire.dumps(value), status=status, headers=headers, content_type=wire.JSON)
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body, within ``body_timeout`` and ``max_body_size``."""
+    settings = request.app[SETTINGS]
+    try:
+        async with asyncio.timeout(settings.body_timeout):
+            return await request.read()
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the request body did not arrive within {settings.body_timeout:g} s"
+        ) from None
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(
+            f"the request body is larger than {settings.max_body_size} bytes",
+            limit=settings.max_body_size,
+        ) from None
+
+
+async def read_json(request: web.Request, *, empty: Any = None) -> Any:
+    """The body parsed as JSON; ``empty`` when there is no body at all."""
+    body = await read_body(request)
+    if not body.strip() and empty is not None:
+        return empty
+    return wire.loads(body)
+
+
+async def read_object(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object; an empty body counts as ``{}``."""
+    value = await read_json(request, empty={})
+    if not isinstance(value, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    return value
+
+
+def int_param(
+    request: web.Request, name: str, default: int, *, low: int = wire.INT64_MIN, high: int = wire.INT64_MAX
+) -> int:
+    text = request.query.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidRequest(f"{name}: expected an integer, got {text!r}", parameter=name) from None
+    if not low <= value <= high:
+        raise InvalidRequest(f"{name}: must be between {low} and {high}, got {value}", parameter=name)
+    return value
+
+
+def limit_param(request: web.Request, default: int = 100) -> int:
+    """``limit``: at least 1, capped (not refused) at ``max_limit``."""
+    limit = int_param(request, "limit", default, low=1)
+    return min(limit, request.app[SETTINGS].max_limit)
+
+
+def wait_param(request: web.Request) -> float:
+    """``wait``: seconds (or a duration such as ``"5s"``), capped at ``max_wait``."""
+    text = request.query.get("wait")
+    if text is None or text == "":
+        return 0.0
+    try:
+        seconds = parse_duration(float(text) if _is_number(text) else text, "wait")
+    except InvalidConfig as exc:
+        raise InvalidRequest(exc.message, parameter="wait") from None
+    if seconds != seconds:  # NaN
+        raise InvalidRequest("wait: expected a number of seconds", parameter="wait")
+    return min(seconds, request.app[SETTINGS].max_wait)
+
+
+def save_param(request: web.Request) -> SaveMode:
+    return SaveMode.parse(request.query.get("save"))
+
+
+def bool_param(request: web.Request, name: str, default: bool) -> bool:
+    text = request.query.get(name)
+    if text is None or text == "":
+        return default
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise InvalidRequest(f"{name}: expected true or false, got {text!r}", parameter=name)
+
+
+def segments_param(request: web.Request) -> list[tuple[int, int]] | None:
+    """``segments=0-9,20-29,42``: inclusive ranges; a negative bound is written ``-5--1``."""
+    text = request.query.get("segments")
+    if text is None or text.strip() == "":
+        return None
+    ranges: list[tuple[int, int]] = []
+    for part in text.split(","):
+        ranges.append(parse_range(part.strip()))
+    return ranges
+
+
+def parse_range(part: str) -> tuple[int, int]:
+    bad = InvalidRequest(
+        f"segments: expected ranges like 0-9,20-29, got {part!r}", parameter="segments"
+    )
+    # The separator is the first '-' that is not a sign: one after a digit.
+    cut = next((i for i in range(1, len(part)) if part[i] == "-" and part[i - 1].isdigit()), -1)
+    try:
+        low = int(part if cut < 0 else part[:cut])
+        high = low if cut < 0 else int(part[cut + 1 :])
+    except ValueError:
+        raise bad from None
+    if not wire.INT64_MIN <= low <= high <= wire.INT64_MAX:
+        raise bad
+    return low, high
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,1 @@
+"""Users, passwords, tokens and permission rules (no HTTP)."""

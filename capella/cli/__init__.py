@@ -1,0 +1,79 @@
+"""The ``capella`` command: ``serve``, plus admin and data commands that talk to a server.
+
+Every command but ``serve`` uses ``capella.client.Client`` against ``--url`` (default:
+``$CAPELLA_URL`` or http://127.0.0.1:8676). Errors print as ``capella: <code>: <message>``
+and exit 1; bad usage exits 2; Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from capella import __version__
+from capella.cli import data, queue, serve
+from capella.cli.output import error
+from capella.client import DEFAULT_URL, Client
+from capella.errors import CapellaError, Unreachable
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if not args.uses_client:
+            return int(args.func(args))
+        with Client(args.url, timeout=args.timeout) as client:
+            return int(args.func(args, client))
+    except Unreachable as exc:
+        error(f"{exc.code}: {exc.message}")
+        error(
+            f"is a server running at {args.url}? Start one with `capella serve`, or set --url or CAPELLA_URL."
+        )
+        return 1
+    except CapellaError as exc:
+        error(f"{exc.code}: {exc.message}")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`capella consume q | head`): stop quietly, and keep Python's
+        # final flush of stdout from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    # The global options are accepted before or after the command: the copies on the
+    # commands default to SUPPRESS so they never overwrite a value given earlier.
+    common = argparse.ArgumentParser(add_help=False)
+    _add_globals(common, suppress=True)
+
+    root = argparse.ArgumentParser(prog="capella", description="Capella message broker.")
+    root.add_argument("--version", action="version", version=f"capella {__version__}")
+    _add_globals(root, suppress=False)
+    commands = root.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve.add_parser(commands)
+    queue.add_parser(commands, common)
+    data.add_parsers(commands, common)
+    return root
+
+
+def _add_globals(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--url",
+        default=default(os.environ.get("CAPELLA_URL") or DEFAULT_URL),
+        help=f"the server's base URL (default: $CAPELLA_URL or {DEFAULT_URL})",
+    )
+    parser.add_argument("--json", action="store_true", default=default(False), help="print JSON for programs")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=default(30.0),
+        metavar="SECONDS",
+        help="give up on a request after this long (default: 30)",
+    )

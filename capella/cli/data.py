@@ -1,0 +1,152 @@
+"""``capella produce`` and ``capella consume``: messages in and out of a queue."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import sys
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+from capella.cli.output import print_json, print_payload
+from capella.client import Client
+from capella.errors import InvalidMessage
+
+BATCH = 1000
+# A follower long-polls this long per request; the server caps it at server.max_wait.
+FOLLOW_WAIT = 30.0
+
+
+def add_parsers(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    produce = commands.add_parser(
+        "produce",
+        help="append messages to a queue",
+        description="Append messages: the MESSAGE arguments, else each line of --file, else each "
+        "line of standard input. Prints the new ids.",
+        parents=[common],
+    )
+    produce.add_argument("queue")
+    produce.add_argument("messages", nargs="*", metavar="MESSAGE")
+    produce.add_argument("--file", type=Path, metavar="F", help="read one message per line from F")
+    produce.add_argument(
+        "--ndjson", action="store_true", help="each message is a JSON object in the API's wire shape"
+    )
+    produce.add_argument("--save", metavar="MODE", help="none|immediate|mark|wait|default")
+    produce.add_argument("--source", metavar="S", help="the messages' source (default: the cluster)")
+    produce.add_argument("--segment", type=int, metavar="N", help="the messages' segment")
+    produce.set_defaults(func=produce_messages, uses_client=True)
+
+    consume = commands.add_parser(
+        "consume",
+        help="print messages from a queue",
+        description="Print messages, one per line: the payload, or the whole message with --json. "
+        "Stops when caught up unless --follow.",
+        parents=[common],
+    )
+    consume.add_argument("queue")
+    start = consume.add_mutually_exclusive_group()
+    start.add_argument("--after", type=int, default=0, metavar="ID", help="start after this id")
+    start.add_argument(
+        "--subscription", metavar="NAME", help="start after this subscription's cursor and move it"
+    )
+    consume.add_argument("--limit", type=_positive, metavar="N", help="stop after N messages")
+    consume.add_argument("--segments", metavar="RANGES", help="only these segments, e.g. 0-9,20")
+    consume.add_argument("--follow", "-f", action="store_true", help="wait for new messages until Ctrl-C")
+    consume.set_defaults(func=consume_messages, uses_client=True)
+
+
+def produce_messages(args: argparse.Namespace, client: Client) -> int:
+    defaults: dict[str, Any] = {}
+    if args.source is not None:
+        defaults["source"] = args.source
+    if args.segment is not None:
+        defaults["segment"] = args.segment
+    if args.messages:
+        lines: Iterable[bytes] = (m.encode() for m in args.messages)
+        messages = _messages(lines, args.ndjson, defaults)
+        return _produce_all(client, args, messages)
+    if args.file is not None:
+        with args.file.open("rb") as f:
+            return _produce_all(client, args, _messages(_lines(f), args.ndjson, defaults))
+    return _produce_all(client, args, _messages(_lines(sys.stdin.buffer), args.ndjson, defaults))
+
+
+def consume_messages(args: argparse.Namespace, client: Client) -> int:
+    remaining: int | None = args.limit
+    wait = FOLLOW_WAIT if args.follow else None
+    after: int = args.after
+    if args.subscription is not None:
+        # A commit never moves a cursor back, so committing 0 only creates the subscription
+        # if needed and tells us where it is.
+        after = int(client.commit(args.queue, args.subscription, 0)["last_id"])
+    while remaining is None or remaining > 0:
+        limit = BATCH if remaining is None else min(remaining, BATCH)
+        if args.subscription is not None:
+            page = client.read_subscription(
+                args.queue, args.subscription, limit=limit, wait=wait, segments=args.segments, commit="none"
+            )
+        else:
+            page = client.read(args.queue, after=after, limit=limit, wait=wait, segments=args.segments)
+        for message in page["messages"]:
+            if args.json:
+                print_json(message)
+            else:
+                print_payload(message)
+        sys.stdout.flush()
+        last_id = int(page["last_id"])
+        if args.subscription is not None and last_id > after:
+            # Commit after printing: a consumer killed in between sees the batch again.
+            client.commit(args.queue, args.subscription, last_id)
+        if remaining is not None:
+            remaining -= len(page["messages"])
+        if last_id <= after and not page["messages"] and not args.follow:
+            break
+        after = max(after, last_id)
+    return 0
+
+
+def _produce_all(client: Client, args: argparse.Namespace, messages: Iterator[dict[str, Any]]) -> int:
+    while batch := list(islice(messages, BATCH)):
+        for result in client.produce(args.queue, batch, save=args.save):
+            if args.json:
+                print_json(result)
+            else:
+                print(f"{result['id']} duplicate" if result.get("duplicate") else result["id"])
+        sys.stdout.flush()
+    return 0
+
+
+def _messages(lines: Iterable[bytes], ndjson: bool, defaults: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for number, line in enumerate(lines, 1):
+        if ndjson:
+            if not line.strip():
+                continue
+            try:
+                message = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise InvalidMessage(f"line {number} is not valid JSON: {exc}") from None
+            if not isinstance(message, dict):
+                raise InvalidMessage(f"line {number} is not a JSON object")
+        else:
+            try:
+                message = {"data": line.decode()}
+            except UnicodeDecodeError:
+                message = {"data_b64": base64.b64encode(line).decode("ascii")}
+        yield {**defaults, **message}
+
+
+def _lines(f: BinaryIO) -> Iterator[bytes]:
+    for line in f:
+        yield line.removesuffix(b"\n").removesuffix(b"\r")
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return int(text)

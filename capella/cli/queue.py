@@ -1,0 +1,129 @@
+"""``capella queue create|list|show|drop``: manage queue definitions."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Any
+
+from capella.cli.output import error, print_json, print_table
+from capella.client import Client
+
+
+def add_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    queue = commands.add_parser("queue", help="create, list, show and drop queues", parents=[common])
+    actions = queue.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    create = actions.add_parser("create", help="create a queue, or update its definition", parents=[common])
+    create.add_argument("name")
+    create.add_argument("--max-count", type=int, metavar="N", help="seal a block after N messages")
+    create.add_argument("--max-bytes", metavar="SIZE", help="seal a block at this size, e.g. 8MiB")
+    create.add_argument("--max-age", metavar="DUR", help="seal a block at this age, e.g. 1h")
+    create.add_argument("--save", metavar="MODE", help="default save mode: none|immediate|mark|wait")
+    create.add_argument("--subscription-save", metavar="MODE", help="save mode of subscription commits")
+    create.add_argument("--segments", type=_segment_range, metavar="LO-HI", help="allowed segment range")
+    create.set_defaults(func=create_queue, uses_client=True)
+
+    listing = actions.add_parser("list", help="list queues", parents=[common])
+    listing.set_defaults(func=list_queues, uses_client=True)
+
+    show = actions.add_parser("show", help="show a queue's definition and stats", parents=[common])
+    show.add_argument("name")
+    show.set_defaults(func=show_queue, uses_client=True)
+
+    drop = actions.add_parser("drop", help="delete a queue and all its messages", parents=[common])
+    drop.add_argument("name")
+    drop.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    drop.set_defaults(func=drop_queue, uses_client=True)
+
+
+def create_queue(args: argparse.Namespace, client: Client) -> int:
+    definition: dict[str, Any] = {}
+    limits = {
+        key: value
+        for key, value in (
+            ("max_count", args.max_count),
+            ("max_bytes", _number_or_text(args.max_bytes)),
+            ("max_age", _number_or_text(args.max_age)),
+        )
+        if value is not None
+    }
+    if limits:
+        definition["limits"] = limits
+    if args.save is not None:
+        definition["save"] = args.save
+    if args.subscription_save is not None:
+        definition["subscription_save"] = args.subscription_save
+    if args.segments is not None:
+        definition["segments"] = {"min": args.segments[0], "max": args.segments[1]}
+    info = client.put_queue(args.name, **definition)
+    if args.json:
+        print_json(info)
+    else:
+        print(f"queue {info.get('name', args.name)} saved")
+    return 0
+
+
+def list_queues(args: argparse.Namespace, client: Client) -> int:
+    queues = client.queues()
+    if args.json:
+        print_json(queues)
+        return 0
+    rows = []
+    for info in queues:
+        stats = info.get("stats", {})
+        rows.append(
+            [
+                str(info["name"]),
+                str(stats.get("messages", "")),
+                str(stats.get("first_id", "")),
+                str(stats.get("last_id", "")),
+                str(stats.get("bytes", "")),
+                str(stats.get("subscriptions", "")),
+            ]
+        )
+    print_table(["NAME", "MESSAGES", "FIRST_ID", "LAST_ID", "BYTES", "SUBSCRIPTIONS"], rows)
+    return 0
+
+
+def show_queue(args: argparse.Namespace, client: Client) -> int:
+    info = client.queue(args.name)
+    if args.json:
+        print_json(info)
+    else:
+        print_json(info, pretty=True)
+    return 0
+
+
+def drop_queue(args: argparse.Namespace, client: Client) -> int:
+    if not args.yes:
+        if not sys.stdin.isatty():
+            error(f"not dropping queue {args.name} without --yes")
+            return 2
+        answer = input(f"drop queue {args.name} and all its messages? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            error("not dropped")
+            return 1
+    client.drop_queue(args.name)
+    if args.json:
+        print_json({"dropped": args.name})
+    else:
+        print(f"queue {args.name} dropped")
+    return 0
+
+
+def _segment_range(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(-?\d+)\s*-\s*(-?\d+)\s*", text)
+    if match is None or int(match.group(1)) > int(match.group(2)):
+        raise argparse.ArgumentTypeError(f"expected LO-HI with LO <= HI, got {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _number_or_text(value: str | None) -> int | str | None:
+    # The server reads "8MiB" and "1h" as well as plain numbers; plain numbers go as numbers.
+    if value is not None and value.strip().isdigit():
+        return int(value)
+    return value

@@ -1,0 +1,432 @@
+"""The asynchronous client: one method per call of the HTTP API (docs/api.md).
+
+Every non-2xx answer raises the ``capella.errors`` class whose ``code`` the server sent
+(``QueueNotFound``, ``InvalidMessage``...), so callers catch the same classes the server
+raises. A server that cannot be reached, or does not answer in time, raises ``Unreachable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+
+from capella import __version__
+from capella.client.message import MessageLike, Segments, segments_param, to_wire, with_payload
+from capella.errors import CapellaError, Unreachable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "http://127.0.0.1:8676"
+
+# The server sends an SSE comment every 15 s; four missed ones mean the connection is dead.
+STREAM_IDLE_TIMEOUT = 60.0
+STREAM_MAX_BACKOFF = 5.0
+# Answers that mean "the server is there but cannot serve right now": a stream retries them.
+RETRYABLE_STATUSES = frozenset({502, 503, 504})
+
+Save = str | int | None
+NdjsonLine = bytes | Mapping[str, Any]
+
+
+class AsyncClient:
+    """A Capella server at ``base_url``.
+
+    ``timeout`` bounds every request in seconds (long-polling reads get their ``wait`` on
+    top). Pass ``session`` to share an ``aiohttp.ClientSession``; the client then leaves
+    closing it to you. Use as ``async with AsyncClient(url) as client:`` or call ``close()``.
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        timeout: float = 30.0,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._timeout = timeout
+        self._session = session
+        self._owns_session = session is None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- queues ----------------------------------------------------------------------
+
+    async def put_queue(self, name: str, **definition: Any) -> dict[str, Any]:
+        """Create or update a queue; ``definition`` holds the PUT fields (limits, save...)."""
+        return dict(await self._call("PUT", _queue_path(name), json=definition))
+
+    async def queues(self) -> list[dict[str, Any]]:
+        return list((await self._call("GET", "/v1/queues"))["queues"])
+
+    async def queue(self, name: str) -> dict[str, Any]:
+        return dict(await self._call("GET", _queue_path(name)))
+
+    async def drop_queue(self, name: str) -> None:
+        await self._call("DELETE", _queue_path(name))
+
+    # --- messages --------------------------------------------------------------------
+
+    async def produce(
+        self, queue: str, messages: Iterable[MessageLike], *, save: Save = None
+    ) -> list[dict[str, Any]]:
+        """Append a batch; the answer holds ``{"id", "duplicate"}`` per message, in order."""
+        body = {"messages": [to_wire(m) for m in messages]}
+        answer = await self._call(
+            "POST", _queue_path(queue, "messages"), params=_params(save=save), json=body
+        )
+        return list(answer["results"])
+
+    async def produce_ndjson(
+        self,
+        queue: str,
+        lines: AsyncIterable[NdjsonLine] | Iterable[NdjsonLine],
+        *,
+        save: Save = None,
+    ) -> list[dict[str, Any]]:
+        """Append a batch sent as NDJSON, streamed as ``lines`` are produced.
+
+        A line is a wire message dict, or ``bytes`` already holding one JSON object.
+        """
+        return list(
+            (
+                await self._call(
+                    "POST",
+                    _queue_path(queue, "messages"),
+                    params=_params(save=save),
+                    data=_ndjson_body(lines),
+                    headers={"Content-Type": "application/x-ndjson"},
+                )
+            )["results"]
+        )
+
+    async def read(
+        self,
+        queue: str,
+        *,
+        after: int = 0,
+        limit: int = 100,
+        segments: Segments | None = None,
+        wait: float | None = None,
+    ) -> dict[str, Any]:
+        """Messages after ``after``: ``{"messages": [...], "last_id": N}``.
+
+        Pass ``last_id`` as the next ``after``. Each message carries ``payload`` (bytes) next
+        to the server's ``data``/``data_b64``. ``wait`` long-polls for up to that many seconds.
+        """
+        params = _params(after=after, limit=limit, segments=segments, wait=wait)
+        return _with_payloads(
+            await self._call("GET", _queue_path(queue, "messages"), params=params, wait=wait)
+        )
+
+    async def stream(
+        self, queue: str, *, after: int = 0, retries: int | None = None
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """Follow the queue's Server-Sent Events tail, one message (with ``payload``) at a time.
+
+        A lost connection is reopened with ``Last-Event-ID``, so no message is missed or
+        repeated, after a backoff growing from 0.1 s to 5 s. ``retries`` bounds the reconnects
+        in a row that fail (``None``: keep trying); a first connection that fails raises.
+        """
+        last_id = after
+        failures = 0
+        connected = False
+        while True:
+            try:
+                async with contextlib.aclosing(self._events(queue, last_id)) as events:
+                    async for event_id, message in events:
+                        connected = True
+                        failures = 0
+                        if event_id is not None:
+                            last_id = event_id
+                            yield message
+                connected = True  # the server ended the stream cleanly: come back for more
+            except Unreachable:
+                if not connected or (retries is not None and failures >= retries):
+                    raise
+            failures += 1
+            delay = min(STREAM_MAX_BACKOFF, 0.1 * 2 ** (failures - 1))
+            log.debug("stream reconnect queue=%s after=%d in=%.1fs", queue, last_id, delay)
+            await asyncio.sleep(delay)
+
+    # --- subscriptions ---------------------------------------------------------------
+
+    async def read_subscription(
+        self,
+        queue: str,
+        name: str,
+        *,
+        limit: int = 100,
+        wait: float | None = None,
+        segments: Segments | None = None,
+        commit: Literal["auto", "none"] = "auto",
+    ) -> dict[str, Any]:
+        """Messages after the subscription's cursor, shaped as ``read``.
+
+        With ``commit="auto"`` the cursor moves to the answer's ``last_id`` (at-most-once);
+        with ``"none"`` call ``commit`` once the messages are handled (at-least-once).
+        """
+        params = _params(limit=limit, wait=wait, segments=segments, commit=commit)
+        path = _subscription_path(queue, name, "messages")
+        return _with_payloads(await self._call("GET", path, params=params, wait=wait))
+
+    async def commit(
+        self,
+        queue: str,
+        name: str,
+        last_id: int,
+        *,
+        replica: bool | None = None,
+        reset: bool = False,
+        save: Save = None,
+    ) -> dict[str, Any]:
+        """Move (or create) a subscription's cursor; it never moves back unless ``reset``."""
+        body: dict[str, Any] = {"last_id": last_id}
+        if replica is not None:
+            body["replica"] = replica
+        if reset:
+            body["reset"] = True
+        path = _subscription_path(queue, name)
+        return dict(await self._call("PUT", path, params=_params(save=save), json=body))
+
+    async def subscription(self, queue: str, name: str) -> dict[str, Any]:
+        return dict(await self._call("GET", _subscription_path(queue, name)))
+
+    async def subscriptions(self, queue: str) -> list[dict[str, Any]]:
+        return list((await self._call("GET", _queue_path(queue, "subscriptions")))["subscriptions"])
+
+    async def delete_subscription(self, queue: str, name: str) -> None:
+        await self._call("DELETE", _subscription_path(queue, name))
+
+    async def replicas(self, queue: str, id: int) -> dict[str, Any]:
+        """The replica subscriptions at or past message ``id``: ``{"id", "count", "subscriptions"}``."""
+        return dict(await self._call("GET", _queue_path(queue, "replicas"), params={"id": str(id)}))
+
+    # --- operations ------------------------------------------------------------------
+
+    async def health(self) -> dict[str, Any]:
+        """``{"status": "ok"}`` while the server process serves."""
+        return dict(await self._call("GET", "/healthz"))
+
+    async def ready(self) -> bool:
+        """Whether every queue is recovered and the server takes traffic."""
+        try:
+            await self._call("GET", "/readyz")
+        except Unreachable:
+            raise
+        except CapellaError:
+            return False
+        return True
+
+    # --- plumbing --------------------------------------------------------------------
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(headers={"User-Agent": f"capella-client/{__version__}"})
+        return self._session
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        json: object = None,
+        data: Any = None,
+        headers: dict[str, str] | None = None,
+        wait: float | None = None,
+    ) -> Any:
+        """Send one request; the decoded JSON answer, ``None`` for an empty one."""
+        url = self.base_url + path
+        if json is not None:
+            data = orjson.dumps(json)
+            headers = {"Content-Type": "application/json"}
+        timeout = aiohttp.ClientTimeout(total=self._timeout + (wait or 0.0))
+        try:
+            async with self._http().request(
+                method, url, params=params, data=data, headers=headers, timeout=timeout
+            ) as resp:
+                body = await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _unreachable(url, exc, self._timeout) from exc
+        if status >= 400:
+            raise error_from_answer(status, body)
+        if not body:
+            return None
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise CapellaError(f"{method} {url}: the answer is not JSON") from None
+
+    async def _events(
+        self, queue: str, after: int
+    ) -> AsyncGenerator[tuple[int | None, dict[str, Any]], None]:
+        """One SSE connection: ``(id, message)`` per message event until the server closes.
+
+        ``id`` is ``None`` for events that carry no message (the first, on connecting).
+        """
+        url = self.base_url + _queue_path(queue, "stream")
+        headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
+        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout, sock_read=STREAM_IDLE_TIMEOUT)
+        try:
+            async with self._http().get(
+                url, params={"after": str(after)}, headers=headers, timeout=timeout
+            ) as resp:
+                if resp.status >= 400:
+                    error = error_from_answer(resp.status, await resp.read())
+                    if resp.status in RETRYABLE_STATUSES:
+                        raise Unreachable(f"{url}: {error.code}: {error.message}", url=url)
+                    raise error
+                yield None, {}  # connected: tells ``stream`` this server answers
+                parser = EventParser()
+                async for chunk in resp.content.iter_any():
+                    for event in parser.feed(chunk):
+                        yield _message_event(event)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _unreachable(url, exc, STREAM_IDLE_TIMEOUT) from exc
+
+
+class EventParser:
+    """Server-Sent Events from bytes as they arrive; lines may be split across chunks."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._fields: dict[str, str] = {}
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[dict[str, str]]:
+        """The events completed by ``chunk``, each as ``{"id", "event", "data"}`` (when given)."""
+        events = []
+        lines = (self._pending + chunk).split(b"\n")
+        self._pending = lines.pop()
+        for raw in lines:
+            line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
+            if not line:
+                if self._data or self._fields:
+                    event = dict(self._fields)
+                    if self._data:
+                        event["data"] = "\n".join(self._data)
+                    events.append(event)
+                self._fields = {}
+                self._data = []
+                continue
+            if line.startswith(":"):
+                continue  # a keep-alive comment
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "data":
+                self._data.append(value)
+            elif name in ("id", "event", "retry"):
+                self._fields[name] = value
+        return events
+
+
+def _message_event(event: dict[str, str]) -> tuple[int | None, dict[str, Any]]:
+    kind = event.get("event", "message")
+    if kind == "error":
+        raise error_from_answer(500, event.get("data", "").encode())
+    if kind != "message" or "data" not in event:
+        return None, {}
+    try:
+        message = orjson.loads(event["data"])
+    except orjson.JSONDecodeError:
+        raise CapellaError("stream: an event's data is not JSON") from None
+    event_id = event.get("id", "")
+    return (int(event_id) if event_id.isdigit() else int(message["id"])), with_payload(message)
+
+
+def error_codes() -> dict[str, type[CapellaError]]:
+    """Every ``code`` → the most general ``CapellaError`` class that carries it."""
+    table: dict[str, type[CapellaError]] = {}
+    pending: list[type[CapellaError]] = [CapellaError]
+    while pending:
+        cls = pending.pop(0)
+        table.setdefault(cls.code, cls)
+        pending.extend(cls.__subclasses__())
+    return table
+
+
+def error_from_answer(status: int, body: bytes) -> CapellaError:
+    """The error a non-2xx answer stands for: the class matching its JSON ``code``."""
+    try:
+        error = orjson.loads(body)["error"]
+        code = str(error.pop("code"))
+        message = str(error.pop("message", ""))
+        details = {str(k): v for k, v in error.items()}
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        text = body[:200].decode("utf-8", errors="replace").strip()
+        exc = CapellaError(f"HTTP {status}: {text}" if text else f"HTTP {status}", status=status)
+        exc.code = "http_error"
+        return exc
+    cls = error_codes().get(code)
+    if cls is None:
+        exc = CapellaError(message, **details)
+        exc.code = code
+        return exc
+    return cls(message, **details)
+
+
+def _unreachable(url: str, exc: BaseException, timeout: float) -> Unreachable:
+    reason = str(exc) or f"no answer within {timeout:g}s"
+    return Unreachable(f"cannot reach {url}: {reason}", url=url)
+
+
+def _with_payloads(answer: dict[str, Any]) -> dict[str, Any]:
+    for message in answer["messages"]:
+        with_payload(message)
+    return answer
+
+
+async def _ndjson_body(
+    lines: AsyncIterable[NdjsonLine] | Iterable[NdjsonLine],
+) -> AsyncGenerator[bytes, None]:
+    if isinstance(lines, AsyncIterable):
+        async for line in lines:
+            yield _ndjson_line(line)
+    else:
+        for line in lines:
+            yield _ndjson_line(line)
+
+
+def _ndjson_line(line: NdjsonLine) -> bytes:
+    if isinstance(line, bytes | bytearray):
+        return bytes(line) if line.endswith(b"\n") else bytes(line) + b"\n"
+    return orjson.dumps(to_wire(line), option=orjson.OPT_APPEND_NEWLINE)
+
+
+def _params(*, segments: Segments | None = None, **values: object) -> dict[str, str]:
+    params = {key: str(value) for key, value in values.items() if value is not None}
+    if segments is not None:
+        params["segments"] = segments_param(segments)
+    return params
+
+
+def _queue_path(queue: str, *rest: str) -> str:
+    return "/".join(("/v1/queues", quote(queue, safe=""), *rest))
+
+
+def _subscription_path(queue: str, name: str, *rest: str) -> str:
+    return _queue_path(queue, "subscriptions", quote(name, safe=""), *rest)

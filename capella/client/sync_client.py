@@ -1,0 +1,190 @@
+"""The blocking client: ``AsyncClient`` driven by an event loop in a private thread.
+
+The loop lives in its own thread so the client works anywhere, including inside a program
+that already runs a loop (Jupyter, a web framework). Each method blocks until its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncGenerator, Coroutine, Iterable, Iterator
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+from capella.client.async_client import DEFAULT_URL, AsyncClient, NdjsonLine, Save
+from capella.client.message import MessageLike, Segments
+from capella.errors import CapellaError
+
+T = TypeVar("T")
+
+# close() waits this long for the loop thread; it only has to close idle connections.
+CLOSE_TIMEOUT = 5.0
+
+
+class Client:
+    """A Capella server at ``base_url``; the same methods as ``AsyncClient``, blocking.
+
+    Use as ``with Client(url) as client:`` or call ``close()``. ``stream`` returns a plain
+    iterator. A ``KeyboardInterrupt`` while a call waits also cancels the request.
+    """
+
+    def __init__(self, base_url: str = DEFAULT_URL, *, timeout: float = 30.0) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="capella-client", daemon=True)
+        self._thread.start()
+        self._client = AsyncClient(base_url, timeout=timeout)
+        self._closed = False
+
+    @property
+    def base_url(self) -> str:
+        return self._client.base_url
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._run(self._client.close())
+            self._run(self._loop.shutdown_asyncgens())
+        finally:
+            self._closed = True
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(CLOSE_TIMEOUT)
+            if not self._thread.is_alive():
+                self._loop.close()
+
+    # --- queues ----------------------------------------------------------------------
+
+    def put_queue(self, name: str, **definition: Any) -> dict[str, Any]:
+        return self._run(self._client.put_queue(name, **definition))
+
+    def queues(self) -> list[dict[str, Any]]:
+        return self._run(self._client.queues())
+
+    def queue(self, name: str) -> dict[str, Any]:
+        return self._run(self._client.queue(name))
+
+    def drop_queue(self, name: str) -> None:
+        self._run(self._client.drop_queue(name))
+
+    # --- messages --------------------------------------------------------------------
+
+    def produce(
+        self, queue: str, messages: Iterable[MessageLike], *, save: Save = None
+    ) -> list[dict[str, Any]]:
+        return self._run(self._client.produce(queue, list(messages), save=save))
+
+    def produce_ndjson(
+        self, queue: str, lines: Iterable[NdjsonLine], *, save: Save = None
+    ) -> list[dict[str, Any]]:
+        """Like ``AsyncClient.produce_ndjson``; ``lines`` is iterated in the client's thread."""
+        return self._run(self._client.produce_ndjson(queue, lines, save=save))
+
+    def read(
+        self,
+        queue: str,
+        *,
+        after: int = 0,
+        limit: int = 100,
+        segments: Segments | None = None,
+        wait: float | None = None,
+    ) -> dict[str, Any]:
+        return self._run(self._client.read(queue, after=after, limit=limit, segments=segments, wait=wait))
+
+    def stream(self, queue: str, *, after: int = 0, retries: int | None = None) -> Iterator[dict[str, Any]]:
+        """Follow the queue's tail; see ``AsyncClient.stream``. Close the iterator to stop."""
+        events = self._client.stream(queue, after=after, retries=retries)
+        try:
+            while True:
+                try:
+                    yield self._run(_next(events))
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                # After Ctrl-C the generator may still be unwinding in the loop: then it
+                # finishes by itself.
+                with contextlib.suppress(RuntimeError):
+                    self._run(_close(events))
+
+    # --- subscriptions ---------------------------------------------------------------
+
+    def read_subscription(
+        self,
+        queue: str,
+        name: str,
+        *,
+        limit: int = 100,
+        wait: float | None = None,
+        segments: Segments | None = None,
+        commit: Literal["auto", "none"] = "auto",
+    ) -> dict[str, Any]:
+        return self._run(
+            self._client.read_subscription(
+                queue, name, limit=limit, wait=wait, segments=segments, commit=commit
+            )
+        )
+
+    def commit(
+        self,
+        queue: str,
+        name: str,
+        last_id: int,
+        *,
+        replica: bool | None = None,
+        reset: bool = False,
+        save: Save = None,
+    ) -> dict[str, Any]:
+        return self._run(self._client.commit(queue, name, last_id, replica=replica, reset=reset, save=save))
+
+    def subscription(self, queue: str, name: str) -> dict[str, Any]:
+        return self._run(self._client.subscription(queue, name))
+
+    def subscriptions(self, queue: str) -> list[dict[str, Any]]:
+        return self._run(self._client.subscriptions(queue))
+
+    def delete_subscription(self, queue: str, name: str) -> None:
+        self._run(self._client.delete_subscription(queue, name))
+
+    def replicas(self, queue: str, id: int) -> dict[str, Any]:
+        return self._run(self._client.replicas(queue, id))
+
+    # --- operations ------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return self._run(self._client.health())
+
+    def ready(self) -> bool:
+        return self._run(self._client.ready())
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise CapellaError("the client is closed")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            # Ctrl-C (or any error while waiting) must not leave the request running.
+            future.cancel()
+            raise
+
+
+async def _close(events: AsyncGenerator[dict[str, Any], None]) -> None:
+    await events.aclose()
+
+
+async def _next(events: AsyncGenerator[dict[str, Any], None]) -> dict[str, Any]:
+    return await anext(events)

@@ -1,0 +1,237 @@
+"""The only reader of TOML and the environment: ``Config`` and its parts, with defaults.
+
+``capella serve`` with no file runs on ``DEFAULT_TOML``: data in ``./capella-data``,
+HTTP on ``127.0.0.1:8676``, one ``file`` mount for everything.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from capella.errors import InvalidConfig
+
+DEFAULT_TOML = """
+[cluster]
+data_dir = "./capella-data"
+
+[server]
+listen = "127.0.0.1:8676"
+
+[mounts.default]
+provider = "file"
+path = "queues"
+"""
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|h|d)?\s*$")
+_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+    None: 1.0,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
+
+
+def parse_duration(value: object, what: str = "duration") -> float:
+    """Seconds from ``"30s"``, ``"10m"``, ``"32d"``, ``"250ms"`` or a number of seconds."""
+    if isinstance(value, bool):
+        raise InvalidConfig(f"{what}: expected a duration, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    else:
+        raise InvalidConfig(f"{what}: expected a duration like '30s', '10m' or '2d', got {value!r}")
+    if seconds < 0:
+        raise InvalidConfig(f"{what}: must not be negative")
+    return seconds
+
+
+def parse_size(value: object, what: str = "size") -> int:
+    """Bytes from ``"16MiB"``, ``"8MB"``, ``"512k"`` or a number of bytes."""
+    if isinstance(value, bool):
+        raise InvalidConfig(f"{what}: expected a size, got {value!r}")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and (m := _SIZE.match(value)):
+        unit = (m.group(2) or "").lower()
+        base = 1024 if "i" in unit else 1000
+        letter = unit[:1] if unit not in ("b", "") else ""
+        power = " kmgt".index(letter) if letter else 0
+        size = int(float(m.group(1)) * (base**power))
+    else:
+        raise InvalidConfig(f"{what}: expected a size like '16MiB' or '512k', got {value!r}")
+    if size < 0:
+        raise InvalidConfig(f"{what}: must not be negative")
+    return size
+
+
+@dataclass(frozen=True, slots=True)
+class MountConfig:
+    """A named place for blocks and metadata: a provider and its options."""
+
+    name: str
+    provider: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """HTTP listener and the limits that keep bad or slow clients harmless."""
+
+    host: str = "127.0.0.1"
+    port: int = 8676
+    keepalive_timeout: float = 75.0
+    max_body_size: int = 16 * 1024 * 1024
+    max_message_size: int = 1024 * 1024
+    max_batch: int = 10_000
+    body_timeout: float = 30.0
+    max_wait: float = 60.0
+    max_limit: int = 10_000
+    shutdown_timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class StorageSettings:
+    """How often ``mark`` writes are saved and how long ``wait`` may batch."""
+
+    flush_interval: float = 1.0
+    wait_max_delay: float = 0.0
+    id_lease: int = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    cluster_name: str
+    data_dir: Path
+    server: ServerSettings
+    storage: StorageSettings
+    mounts: dict[str, MountConfig]
+    default_mount: str = "default"
+    queue_defaults: dict[str, Any] = field(default_factory=dict)
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read ``path`` (or the embedded default) and apply command-line ``overrides``.
+
+    ``overrides`` may hold ``data_dir`` and ``listen``.
+    """
+    text = DEFAULT_TOML
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InvalidConfig(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidConfig(f"config {path or '<default>'}: {exc}") from None
+    return parse_config(raw, overrides or {}, base=path.parent if path else Path.cwd())
+
+
+def parse_config(raw: dict[str, Any], overrides: dict[str, Any], base: Path) -> Config:
+    known = {"cluster", "server", "storage", "mounts", "queue_defaults"}
+    if unknown := set(raw) - known:
+        raise InvalidConfig(f"unknown config section(s): {', '.join(sorted(unknown))}")
+    cluster = _table(raw, "cluster")
+    data_dir = Path(overrides.get("data_dir") or cluster.get("data_dir", "./capella-data"))
+    if not data_dir.is_absolute():
+        data_dir = (base / data_dir).resolve()
+    name = str(cluster.get("name") or socket.gethostname() or "capella")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", name):
+        raise InvalidConfig(f"cluster.name {name!r}: use letters, digits, '_', '.', '-'")
+
+    srv = _table(raw, "server")
+    listen = str(overrides.get("listen") or srv.get("listen", "127.0.0.1:8676"))
+    host, port = parse_listen(listen)
+    defaults = ServerSettings()
+    server = ServerSettings(
+        host=host,
+        port=port,
+        keepalive_timeout=parse_duration(
+            srv.get("keepalive_timeout", defaults.keepalive_timeout), "server.keepalive_timeout"
+        ),
+        max_body_size=parse_size(srv.get("max_body_size", defaults.max_body_size), "server.max_body_size"),
+        max_message_size=parse_size(
+            srv.get("max_message_size", defaults.max_message_size), "server.max_message_size"
+        ),
+        max_batch=_positive_int(srv.get("max_batch", defaults.max_batch), "server.max_batch"),
+        body_timeout=parse_duration(srv.get("body_timeout", defaults.body_timeout), "server.body_timeout"),
+        max_wait=parse_duration(srv.get("max_wait", defaults.max_wait), "server.max_wait"),
+        max_limit=_positive_int(srv.get("max_limit", defaults.max_limit), "server.max_limit"),
+        shutdown_timeout=parse_duration(
+            srv.get("shutdown_timeout", defaults.shutdown_timeout), "server.shutdown_timeout"
+        ),
+    )
+
+    st = _table(raw, "storage")
+    sdef = StorageSettings()
+    storage = StorageSettings(
+        flush_interval=parse_duration(
+            st.get("flush_interval", sdef.flush_interval), "storage.flush_interval"
+        ),
+        wait_max_delay=parse_duration(
+            st.get("wait_max_delay", sdef.wait_max_delay), "storage.wait_max_delay"
+        ),
+        id_lease=_positive_int(st.get("id_lease", sdef.id_lease), "storage.id_lease"),
+    )
+    if storage.flush_interval <= 0:
+        raise InvalidConfig("storage.flush_interval: must be greater than 0")
+
+    mounts: dict[str, MountConfig] = {}
+    for mount_name, table in _table(raw, "mounts").items():
+        if not isinstance(table, dict):
+            raise InvalidConfig(f"mounts.{mount_name}: expected a table")
+        options = dict(table)
+        provider = str(options.pop("provider", ""))
+        if not provider:
+            raise InvalidConfig(f"mounts.{mount_name}: 'provider' is required")
+        if provider == "file":
+            mount_path = Path(str(options.pop("path", mount_name)))
+            options["root"] = mount_path if mount_path.is_absolute() else data_dir / mount_path
+        mounts[mount_name] = MountConfig(name=mount_name, provider=provider, options=options)
+    if not mounts:
+        mounts["default"] = MountConfig("default", "file", {"root": data_dir / "queues"})
+    default_mount = str(st.get("default_mount", "default" if "default" in mounts else next(iter(mounts))))
+    if default_mount not in mounts:
+        raise InvalidConfig(f"storage.default_mount {default_mount!r} is not a configured mount")
+    return Config(
+        cluster_name=name,
+        data_dir=data_dir,
+        server=server,
+        storage=storage,
+        mounts=mounts,
+        default_mount=default_mount,
+        queue_defaults=_table(raw, "queue_defaults"),
+    )
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` → (host, port)."""
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise InvalidConfig(f"listen address {listen!r}: expected HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port_text)
+
+
+def _table(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    value = raw.get(name, {})
+    if not isinstance(value, dict):
+        raise InvalidConfig(f"[{name}] must be a table")
+    return value
+
+
+def _positive_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidConfig(f"{what}: expected a positive integer, got {value!r}")
+    return value

@@ -1,0 +1,1 @@
+"""The model and its rules: messages, blocks, queues, subscriptions, the cluster."""

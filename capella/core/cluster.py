@@ -1,0 +1,170 @@
+"""The cluster: named mounts, the queue registry, and the periodic flush tick.
+
+Queue definitions live in one registry document (``.capella/queues.json``) on the default
+mount. Queue names cannot start with ``.``, so the registry never collides with a queue.
+A drop is recorded as ``dropping`` before any key is deleted, so a crash half-way through
+finishes the drop on the next start instead of resurrecting half a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from capella.config import Config
+from capella.core.definition import QueueDefinition, check_name, default_definition, parse_definition
+from capella.core.queue import Queue
+from capella.core.stats import Histogram
+from capella.errors import CapellaError, CorruptData, InvalidRequest, KeyNotFound, QueueNotFound
+from capella.storage import Storage, open_storage
+
+log = logging.getLogger(__name__)
+
+REGISTRY_KEY = ".capella/queues.json"
+
+
+class Cluster:
+    """One broker's queues on its mounts. Build it with ``await Cluster.open(config)``."""
+
+    def __init__(self, config: Config, mounts: dict[str, Storage], clock: Callable[[], float]) -> None:
+        self.name = config.cluster_name
+        self.ready = False
+        self.flush_latency = Histogram()
+        self._config = config
+        self._mounts = mounts
+        self._clock = clock
+        self._queues: dict[str, Queue] = {}
+        self._registry: dict[str, dict[str, Any]] = {}
+        self._registry_lock = asyncio.Lock()
+        self._base = default_definition(config.queue_defaults, config.default_mount, set(mounts))
+        self._ticker: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, config: Config, clock: Callable[[], float] = time.time) -> Cluster:
+        mounts = {name: open_storage(m.provider, m.options) for name, m in config.mounts.items()}
+        cluster = cls(config, mounts, clock)
+        await cluster._recover()
+        cluster._ticker = asyncio.create_task(cluster._tick_loop(), name="cluster-tick")
+        cluster.ready = True
+        log.info("cluster ready name=%s queues=%d", cluster.name, len(cluster._queues))
+        return cluster
+
+    @property
+    def _home(self) -> Storage:
+        return self._mounts[self._config.default_mount]
+
+    async def _recover(self) -> None:
+        try:
+            doc = orjson.loads(await self._home.get(REGISTRY_KEY))
+            self._registry = dict(doc["queues"])
+        except KeyNotFound:
+            self._registry = {}
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CorruptData(f"queue registry {REGISTRY_KEY} is not valid: {exc}") from None
+        for name, entry in sorted(self._registry.items()):
+            definition = parse_definition(entry["definition"], self._base, set(self._mounts))
+            if entry.get("state") == "dropping":
+                await self._finish_drop(name, definition)
+                continue
+            self._queues[name] = await self._open_queue(name, definition)
+        await self._save_registry()
+
+    async def _open_queue(self, name: str, definition: QueueDefinition) -> Queue:
+        return await Queue.open(
+            name,
+            definition,
+            self._mounts,
+            cluster_name=self.name,
+            settings=self._config.storage,
+            flush_latency=self.flush_latency,
+            clock=self._clock,
+        )
+
+    async def close(self) -> None:
+        """Flush every queue and close the mounts; nothing written is lost."""
+        self.ready = False
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        for queue in list(self._queues.values()):
+            try:
+                await queue.close()
+            except CapellaError as exc:
+                log.error("queue close failed queue=%s", queue.name, exc_info=exc)
+        for mount in self._mounts.values():
+            await mount.close()
+
+    async def _tick_loop(self) -> None:
+        interval = self._config.storage.flush_interval
+        while True:
+            await asyncio.sleep(interval)
+            for queue in list(self._queues.values()):
+                try:
+                    await queue.tick()
+                except CapellaError as exc:
+                    log.error("periodic flush failed queue=%s", queue.name, exc_info=exc)
+
+    # --- queues ----------------------------------------------------------------------------
+
+    def queue(self, name: str) -> Queue:
+        try:
+            return self._queues[name]
+        except KeyError:
+            raise QueueNotFound(f"no queue {name!r}") from None
+
+    def queues(self) -> list[Queue]:
+        return [self._queues[name] for name in sorted(self._queues)]
+
+    async def put_queue(self, name: str, data: dict[str, Any]) -> tuple[Queue, bool]:
+        """Create the queue, or update its definition; ``True`` when it was created."""
+        check_name(name)
+        mounts = set(self._mounts)
+        async with self._registry_lock:
+            queue = self._queues.get(name)
+            if queue is not None:
+                definition = parse_definition(data, queue.definition, mounts)
+                if definition.meta_mount != queue.definition.meta_mount:
+                    raise InvalidRequest(
+                        "mounts.meta cannot change on an existing queue", field="mounts.meta"
+                    )
+                self._registry[name] = {"definition": definition.to_dict(), "state": "active"}
+                await self._save_registry()
+                queue.definition = definition
+                return queue, False
+            definition = parse_definition(data, self._base, mounts)
+            self._registry[name] = {"definition": definition.to_dict(), "state": "active"}
+            await self._save_registry()
+            queue = await self._open_queue(name, definition)
+            self._queues[name] = queue
+            log.info("queue created queue=%s", name)
+            return queue, True
+
+    async def drop_queue(self, name: str) -> None:
+        """Delete the queue and all its data."""
+        async with self._registry_lock:
+            queue = self.queue(name)
+            self._registry[name]["state"] = "dropping"
+            await self._save_registry()
+            del self._queues[name]
+            await queue.destroy()
+            del self._registry[name]
+            await self._save_registry()
+            log.info("queue dropped queue=%s", name)
+
+    async def _finish_drop(self, name: str, definition: QueueDefinition) -> None:
+        for mount in {definition.meta_mount, *definition.marks.values()}:
+            storage = self._mounts[mount]
+            for key in await storage.list(f"{name}/"):
+                await storage.delete(key)
+        del self._registry[name]
+        log.info("unfinished drop completed queue=%s", name)
+
+    async def _save_registry(self) -> None:
+        await self._home.put(REGISTRY_KEY, orjson.dumps({"version": 1, "queues": self._registry}))

@@ -1,0 +1,537 @@
+"""The binary formats Capella writes: the journal of an open block and the sealed block.
+
+Both are pure functions from messages to bytes and back; nothing here touches a file or the
+event loop. docs/format.md describes every byte. Bad bytes raise ``CorruptData`` and are
+never returned as messages.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import zlib
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import accumulate, pairwise, repeat
+from operator import add, attrgetter, sub
+
+import zstandard
+
+from capella.core.message import EMPTY_HEADERS, Message
+from capella.errors import CorruptData, InvalidMessage
+
+BLOCK_SUFFIX = ".blk"
+JOURNAL_SUFFIX = ".log"
+
+_U64_MASK = (1 << 64) - 1
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_HEADER_KEY = struct.Struct("<H")
+_HEADER_VALUE = struct.Struct("<I")
+
+# --- journal -----------------------------------------------------------------------------
+
+JOURNAL_MAGIC = b"CPJ1"
+JOURNAL_VERSION = 1
+# magic, format version, two reserved fields (zero), then a CRC32 of those 12 bytes.
+_JOURNAL_HEAD = struct.Struct("<4sHHI")
+_JOURNAL_HEAD_BODY = _JOURNAL_HEAD.pack(JOURNAL_MAGIC, JOURNAL_VERSION, 0, 0)
+JOURNAL_HEADER: bytes = _JOURNAL_HEAD_BODY + _U32.pack(zlib.crc32(_JOURNAL_HEAD_BODY))
+
+# A frame is body length + CRC32 of the body, then the body.
+_FRAME = struct.Struct("<II")
+# id, time, external_id, external_time, segment, source length; source, headers, payload follow.
+_RECORD = struct.Struct("<QdqdqH")
+_NO_HEADERS = _U16.pack(0)
+_MIN_BODY = _RECORD.size + _U16.size
+
+
+@dataclass(frozen=True, slots=True)
+class JournalScan:
+    """What a journal holds: the good prefix, and whether anything after it was cut off.
+
+    ``valid_length`` is the byte length of the header plus every good frame, so recovery can
+    truncate the file there. ``torn`` is true when bytes follow the good prefix; ``reason``
+    says why the scan stopped there ("" for a clean journal).
+    """
+
+    messages: list[Message]
+    valid_length: int
+    torn: bool
+    reason: str
+
+
+def encode_record(m: Message) -> bytes:
+    """One journal frame for ``m``. Called once per produced message, so kept lean."""
+    try:
+        source = m.source.encode()
+        head = _RECORD.pack(m.id, m.time, m.external_id, m.external_time, m.segment, len(source))
+        headers = _encode_headers(m.headers) if m.headers else _NO_HEADERS
+        body = b"".join((head, source, headers, m.payload))
+        return _FRAME.pack(len(body), zlib.crc32(body)) + body
+    except (struct.error, UnicodeEncodeError, OverflowError) as exc:
+        raise InvalidMessage(f"message {m.id} cannot be stored: {exc}") from exc
+
+
+def decode_journal(data: bytes) -> JournalScan:
+    """Every message in a journal up to the first frame that is torn, corrupt or out of order.
+
+    A journal shorter than its header whose bytes are a prefix of ``JOURNAL_HEADER`` (also an
+    empty one) was cut off while being created: it scans as empty with ``valid_length`` 0,
+    and the caller writes a fresh header. Any other bad header raises ``CorruptData``.
+    """
+    size = len(data)
+    head_size = len(JOURNAL_HEADER)
+    if size < head_size and JOURNAL_HEADER.startswith(data):
+        return JournalScan([], 0, size > 0, "torn journal header" if size else "")
+    _check_journal_header(data)
+
+    view = memoryview(data)
+    messages: list[Message] = []
+    last_id = -1
+    pos = head_size
+    reason = ""
+    while pos < size:
+        if size - pos < _FRAME.size:
+            reason = f"truncated frame header at offset {pos}"
+            break
+        length, crc = _FRAME.unpack_from(data, pos)
+        start = pos + _FRAME.size
+        end = start + length
+        if length < _MIN_BODY:
+            reason = f"impossible frame length {length} at offset {pos}"
+            break
+        if end > size:
+            reason = f"truncated frame at offset {pos}: needs {length} body bytes, has {size - start}"
+            break
+        if zlib.crc32(view[start:end]) != crc:
+            reason = f"checksum mismatch in frame at offset {pos}"
+            break
+        try:
+            message = _decode_record(data, start, end)
+        except _Malformed as exc:
+            reason = f"malformed frame at offset {pos}: {exc}"
+            break
+        if message.id <= last_id:
+            reason = f"id {message.id} at offset {pos} does not follow id {last_id}"
+            break
+        messages.append(message)
+        last_id = message.id
+        pos = end
+    return JournalScan(messages, pos, pos != size, reason)
+
+
+def _check_journal_header(data: bytes) -> None:
+    head_size = len(JOURNAL_HEADER)
+    if len(data) < head_size:
+        raise CorruptData(f"journal: {len(data)} bytes is shorter than its {head_size}-byte header")
+    magic, version, _, _ = _JOURNAL_HEAD.unpack_from(data)
+    if magic != JOURNAL_MAGIC:
+        raise CorruptData(f"journal: bad magic {magic!r}, expected {JOURNAL_MAGIC!r}")
+    (crc,) = _U32.unpack_from(data, _JOURNAL_HEAD.size)
+    if crc != zlib.crc32(data[: _JOURNAL_HEAD.size]):
+        raise CorruptData("journal: header checksum mismatch")
+    if version != JOURNAL_VERSION:
+        raise CorruptData(f"journal: unsupported format version {version}")
+
+
+def _decode_record(data: bytes, start: int, end: int) -> Message:
+    mid, time, external_id, external_time, segment, source_len = _RECORD.unpack_from(data, start)
+    pos = start + _RECORD.size
+    if pos + source_len + _U16.size > end:
+        raise _Malformed("source runs past the frame")
+    source = _text(data[pos : pos + source_len])
+    pos += source_len
+    headers, pos = _decode_headers(data, pos, end)
+    return Message(mid, time, source, external_id, external_time, segment, data[pos:end], headers)
+
+
+# --- headers (shared by both formats) ----------------------------------------------------
+
+
+class _Malformed(ValueError):
+    """Bytes that passed their checksum but do not parse; the caller turns this into a report."""
+
+
+def _encode_headers(headers: dict[str, str]) -> bytes:
+    parts = [_U16.pack(len(headers))]
+    for key, value in headers.items():
+        k = key.encode()
+        v = value.encode()
+        parts += (_HEADER_KEY.pack(len(k)), k, _HEADER_VALUE.pack(len(v)), v)
+    return b"".join(parts)
+
+
+def _decode_headers(data: bytes, pos: int, end: int) -> tuple[dict[str, str], int]:
+    """The header map at ``pos`` and the offset just after it; it must end by ``end``."""
+    if pos + _U16.size > end:
+        raise _Malformed("header count runs past its end")
+    (count,) = _U16.unpack_from(data, pos)
+    pos += _U16.size
+    if not count:
+        return EMPTY_HEADERS, pos
+    headers: dict[str, str] = {}
+    for _ in range(count):
+        if pos + _HEADER_KEY.size > end:
+            raise _Malformed("header key runs past its end")
+        (klen,) = _HEADER_KEY.unpack_from(data, pos)
+        pos += _HEADER_KEY.size
+        key = _text(data[pos : pos + klen])
+        pos += klen
+        if pos + _HEADER_VALUE.size > end:
+            raise _Malformed("header value runs past its end")
+        (vlen,) = _HEADER_VALUE.unpack_from(data, pos)
+        pos += _HEADER_VALUE.size
+        if pos + vlen > end:
+            raise _Malformed("header value runs past its end")
+        headers[key] = _text(data[pos : pos + vlen])
+        pos += vlen
+    if len(headers) != count:
+        raise _Malformed("repeated header key")
+    return headers, pos
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as exc:
+        raise _Malformed(f"text is not UTF-8: {exc}") from None
+
+
+# --- sealed block ------------------------------------------------------------------------
+
+BLOCK_MAGIC = b"CPB1"
+BLOCK_END_MAGIC = b"CPBE"
+BLOCK_VERSION = 1
+FLAG_HEADERS = 0x0001
+_KNOWN_FLAGS = FLAG_HEADERS
+# magic, version, flags, count, reserved, first id, last id, compressed metadata length,
+# raw metadata length, payload section length.
+_BLOCK_HEAD = struct.Struct("<4sHHIIQQQQQ")
+# total block length, end magic, CRC32 of every byte before the CRC.
+_BLOCK_FOOT = struct.Struct("<Q4sI")
+_BLOCK_FOOT_HEAD = struct.Struct("<Q4s")
+_ZSTD_LEVEL = 3
+
+# Columns go through array for bulk packing; the format is little-endian whatever the host.
+_SWAP = sys.byteorder == "big"
+assert array("Q").itemsize == 8 and array("q").itemsize == 8 and array("d").itemsize == 8
+assert array("I").itemsize == 4
+
+
+def encode_block(messages: Sequence[Message]) -> bytes:
+    """A sealed block holding ``messages``, whose ids must strictly increase."""
+    n = len(messages)
+    ids = list(map(attrgetter("id"), messages))
+    id_deltas = [ids[0], *map(sub, ids[1:], ids[:-1])] if n else []
+    if n > 1 and min(id_deltas[1:]) <= 0:
+        raise ValueError("block messages must have strictly increasing ids")
+    try:
+        # Building the arrays also checks every value fits its field.
+        array("Q", ids)
+        times = array("d", map(attrgetter("time"), messages))
+        external_ids = array("q", map(attrgetter("external_id"), messages))
+        external_times = array("d", map(attrgetter("external_time"), messages))
+        segments = array("q", map(attrgetter("segment"), messages))
+    except (OverflowError, TypeError) as exc:
+        raise InvalidMessage(f"block: a message field is out of range: {exc}") from exc
+
+    # Times are stored as deltas of their IEEE bit patterns: exact, and for close times
+    # the deltas are small numbers that compress to a few bits each.
+    time_bits = _float_bits(times)
+    time_deltas = _deltas(time_bits)
+    # The external id is usually the id itself and the external time usually the time,
+    # so store the difference: a column of zeros compresses to almost nothing.
+    external_id_deltas = _masked(map(sub, external_ids.tolist(), ids))
+    external_time_deltas = _masked(map(sub, _float_bits(external_times), time_bits))
+
+    source_index: dict[str, int] = {}
+    source_ids = [source_index.setdefault(s, len(source_index)) for s in map(attrgetter("source"), messages)]
+    try:
+        source_table = [_U32.pack(len(source_index))]
+        for source in source_index:
+            raw = source.encode()
+            source_table += (_U16.pack(len(raw)), raw)
+        has_headers = any(map(attrgetter("headers"), messages))
+        header_blobs = [_encode_headers(m.headers) if m.headers else b"" for m in messages]
+        if not has_headers:
+            header_blobs = []
+    except (struct.error, UnicodeEncodeError) as exc:
+        raise InvalidMessage(f"block: a source or header cannot be stored: {exc}") from exc
+
+    payloads = list(map(attrgetter("payload"), messages))
+    columns = [
+        _column("Q", id_deltas),
+        _column("Q", time_deltas),
+        _column("Q", external_id_deltas),
+        _column("Q", external_time_deltas),
+        _column("q", segments),
+        _column("I", source_ids),
+        _column("I", map(len, payloads)),
+    ]
+    if has_headers:
+        columns.append(_column("I", map(len, header_blobs)))
+    raw_meta = b"".join((*columns, *source_table, *header_blobs))
+    meta = zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(raw_meta)
+    payload_len = sum(map(len, payloads))
+
+    flags = FLAG_HEADERS if has_headers else 0
+    first_id, last_id = (ids[0], ids[-1]) if n else (0, 0)
+    head = _BLOCK_HEAD.pack(
+        BLOCK_MAGIC, BLOCK_VERSION, flags, n, 0, first_id, last_id, len(meta), len(raw_meta), payload_len
+    )
+    total = _BLOCK_HEAD.size + len(meta) + payload_len + _BLOCK_FOOT.size
+    body = b"".join((head, meta, *payloads, _BLOCK_FOOT_HEAD.pack(total, BLOCK_END_MAGIC)))
+    return body + _U32.pack(zlib.crc32(body))
+
+
+def decode_block(data: bytes) -> list[Message]:
+    """Every message in a sealed block; ``CorruptData`` if any byte is wrong."""
+    if not isinstance(data, bytes):
+        data = bytes(data)  # payloads are sliced from it and must come out as bytes
+    block = _open_block(data)
+    n = block.count
+    start = _BLOCK_HEAD.size + block.meta_len
+    ends = list(accumulate(block.payload_lengths, initial=start))
+    payloads = [data[a:b] for a, b in pairwise(ends)]
+    columns = (
+        block.ids,
+        block.times,
+        block.sources,
+        block.external_ids,
+        block.external_times,
+        block.segments,
+        payloads,
+        block.headers if block.headers is not None else repeat(EMPTY_HEADERS, n),
+    )
+    return _build_messages(n, columns)
+
+
+def block_keys(data: bytes) -> tuple[list[int], list[tuple[str, int]]]:
+    """The ids and ``(source, external_id)`` keys of a sealed block, without its payloads."""
+    block = _open_block(data)
+    return block.ids, list(zip(block.sources, block.external_ids, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    count: int
+    meta_len: int
+    ids: list[int]
+    times: list[float]
+    sources: list[str]
+    external_ids: list[int]
+    external_times: list[float]
+    segments: list[int]
+    payload_lengths: list[int]
+    headers: list[dict[str, str]] | None
+
+
+def _open_block(data: bytes) -> _Columns:
+    """Check a block's framing and checksum, then decode its metadata columns."""
+    size = len(data)
+    if size < _BLOCK_HEAD.size + _BLOCK_FOOT.size:
+        raise CorruptData(f"block: {size} bytes is too short to be a block")
+    magic, version, flags, n, _, first_id, last_id, meta_len, raw_len, payload_len = _BLOCK_HEAD.unpack_from(
+        data
+    )
+    if magic != BLOCK_MAGIC:
+        raise CorruptData(f"block: bad magic {magic!r}, expected {BLOCK_MAGIC!r}")
+    # Checked before the CRC so that truncation and extension are reported as such, and
+    # caught for certain rather than with CRC odds.
+    expected = _BLOCK_HEAD.size + meta_len + payload_len + _BLOCK_FOOT.size
+    if expected != size:
+        raise CorruptData(f"block: truncated or extended: header says {expected} bytes, found {size}")
+    total, end_magic, crc = _BLOCK_FOOT.unpack_from(data, size - _BLOCK_FOOT.size)
+    if total != size or end_magic != BLOCK_END_MAGIC:
+        raise CorruptData(f"block: bad footer (length {total}, magic {end_magic!r}) in {size} bytes")
+    if crc != zlib.crc32(memoryview(data)[:-4]):
+        raise CorruptData("block: checksum mismatch")
+    if version != BLOCK_VERSION:
+        raise CorruptData(f"block: unsupported format version {version}")
+    if flags & ~_KNOWN_FLAGS:
+        raise CorruptData(f"block: unknown flags {flags:#06x}")
+    try:
+        return _decode_meta(data, n, flags, (first_id, last_id), meta_len, raw_len, payload_len)
+    except CorruptData:
+        raise
+    except (_Malformed, zstandard.ZstdError, struct.error, ValueError, IndexError, OverflowError) as exc:
+        raise CorruptData(f"block: metadata does not parse: {exc}") from None
+
+
+def _decode_meta(
+    data: bytes, n: int, flags: int, ids_range: tuple[int, int], meta_len: int, raw_len: int, payload_len: int
+) -> _Columns:
+    first_id, last_id = ids_range
+    meta_start = _BLOCK_HEAD.size
+    compressed = memoryview(data)[meta_start : meta_start + meta_len]
+    meta = zstandard.ZstdDecompressor().decompress(compressed, max_output_size=raw_len)
+    if len(meta) != raw_len:
+        raise _Malformed(f"metadata is {len(meta)} bytes, header says {raw_len}")
+    has_headers = bool(flags & FLAG_HEADERS)
+    fixed = n * (8 * 5 + 4 * (3 if has_headers else 2))
+    if fixed > raw_len:
+        raise _Malformed(f"{n} messages need {fixed} metadata bytes, have {raw_len}")
+
+    reader = _ColumnReader(meta, n)
+    id_deltas = reader.ints("Q")
+    if n > 1 and min(id_deltas[1:]) <= 0:
+        raise _Malformed("ids do not strictly increase")
+    ids = list(accumulate(id_deltas))
+    if n and (ids[0] != first_id or ids[-1] != last_id):
+        raise _Malformed(f"ids run {ids[0]}..{ids[-1]}, header says {first_id}..{last_id}")
+    time_bits = list(accumulate(reader.ints("Q")))
+    # Deltas wrap modulo 2**64, so the running sum may pass it; masking is only paid then.
+    wrapped = time_bits if not n or max(time_bits) <= _U64_MASK else _masked(time_bits)
+    times = _bits_float(wrapped)
+
+    external_ids = ids if reader.zero(8) else _signed(_masked(map(add, ids, reader.ints("Q"))))
+    external_times = times if reader.zero(8) else _bits_float(_masked(map(add, time_bits, reader.ints("Q"))))
+    segments = [0] * n if reader.zero(8) else reader.ints("q")
+    sole_source = reader.zero(4)
+    source_ids = [] if sole_source else reader.ints("I")
+    payload_lengths = reader.ints("I")
+    header_lengths = reader.ints("I") if has_headers else []
+
+    pos = reader.pos
+    (source_count,) = _U32.unpack_from(meta, pos)
+    pos += _U32.size
+    table: list[str] = []
+    for _ in range(source_count):
+        (length,) = _U16.unpack_from(meta, pos)
+        pos += _U16.size
+        if pos + length > raw_len:
+            raise _Malformed("source table runs past the metadata")
+        table.append(_text(meta[pos : pos + length]))
+        pos += length
+    if sole_source:
+        if n and source_count < 1:
+            raise _Malformed("source table is empty")
+        sources = [table[0]] * n if n else []
+    else:
+        sources = list(map(table.__getitem__, source_ids))
+
+    headers: list[dict[str, str]] | None = None
+    if has_headers:
+        headers = []
+        for length in header_lengths:
+            if not length:
+                headers.append(EMPTY_HEADERS)
+                continue
+            parsed, after = _decode_headers(meta, pos, pos + length)
+            if after != pos + length:
+                raise _Malformed("header blob has trailing bytes")
+            headers.append(parsed)
+            pos = after
+    if pos != raw_len:
+        raise _Malformed(f"metadata has {raw_len - pos} unexplained bytes")
+    if sum(payload_lengths) != payload_len:
+        raise _Malformed(f"payload lengths sum to {sum(payload_lengths)}, header says {payload_len}")
+    return _Columns(
+        n,
+        meta_len,
+        ids,
+        times,
+        sources,
+        external_ids,
+        external_times,
+        segments,
+        payload_lengths,
+        headers,
+    )
+
+
+class _ColumnReader:
+    """Reads the byte-shuffled columns at the start of the raw metadata, in order."""
+
+    def __init__(self, meta: bytes, n: int) -> None:
+        self._meta = meta
+        self._n = n
+        self.pos = 0
+
+    def zero(self, width: int) -> bool:
+        """Skip the next column if it is all zeros (a common case with a faster decode)."""
+        size = self._n * width
+        if self._meta[self.pos : self.pos + size] != bytes(size):
+            return False
+        self.pos += size
+        return True
+
+    def ints(self, typecode: str) -> list[int]:
+        values = array(typecode)
+        width = values.itemsize
+        n = self._n
+        # Undo the byte shuffle: plane i holds byte i of every value.
+        raw = bytearray(n * width)
+        for plane in range(width):
+            start = self.pos + plane * n
+            raw[plane::width] = self._meta[start : start + n]
+        self.pos += n * width
+        values.frombytes(raw)
+        if _SWAP:
+            values.byteswap()
+        return values.tolist()
+
+
+def _column(typecode: str, values: Iterable[int] | array[int] | array[float]) -> bytes:
+    """Pack values little-endian and byte-shuffle them, which lets zstd see the runs."""
+    packed = values if isinstance(values, array) else array(typecode, values)
+    if _SWAP:
+        packed = array(typecode, packed)
+        packed.byteswap()
+    raw = packed.tobytes()
+    width = packed.itemsize
+    return b"".join(raw[plane::width] for plane in range(width))
+
+
+def _deltas(values: list[int]) -> list[int]:
+    """Differences of u64 values, modulo 2**64, with the first value kept as is."""
+    if not values:
+        return []
+    return [values[0], *_masked(map(sub, values[1:], values[:-1]))]
+
+
+def _masked(values: Iterable[int]) -> list[int]:
+    return list(map(_U64_MASK.__and__, values))
+
+
+def _float_bits(values: array[float]) -> list[int]:
+    """The IEEE 754 bit patterns of floats, as u64."""
+    bits = array("Q")
+    bits.frombytes(values.tobytes())
+    return bits.tolist()
+
+
+def _bits_float(bits: list[int]) -> list[float]:
+    """Floats from their u64 IEEE 754 bit patterns."""
+    values = array("d")
+    values.frombytes(array("Q", bits).tobytes())
+    return values.tolist()
+
+
+def _signed(values: list[int]) -> list[int]:
+    """u64 values read as i64."""
+    signed = array("q")
+    signed.frombytes(array("Q", values).tobytes())
+    return signed.tolist()
+
+
+# Building 10,000 frozen dataclasses through __init__ costs more than decoding the rest of a
+# block, so fill the slots directly: the result is equal to Message(...) field for field.
+# Only done while Message stays a plain slotted dataclass without validation of its own.
+_FIELDS = ("id", "time", "source", "external_id", "external_time", "segment", "payload", "headers")
+_FAST_BUILD = getattr(Message, "__slots__", ()) == _FIELDS and not hasattr(Message, "__post_init__")
+_SETTERS: list[Callable[[Message, object], None]] = (
+    [vars(Message)[name].__set__ for name in _FIELDS] if _FAST_BUILD else []
+)
+
+
+def _build_messages(n: int, columns: Sequence[Iterable[object]]) -> list[Message]:
+    if not _FAST_BUILD:
+        return list(map(Message, *columns))
+    messages = list(map(Message.__new__, repeat(Message, n)))
+    for setter, column in zip(_SETTERS, columns, strict=True):
+        deque(map(setter, messages, column), maxlen=0)
+    return messages

@@ -1,0 +1,173 @@
+"""A queue's definition: block limits, save modes, segment range and mount mapping.
+
+``parse_definition`` turns the JSON body of ``PUT /v1/queues/{queue}`` (or a stored
+definition) into a ``QueueDefinition``, naming the bad field in every error.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from capella.config import parse_duration, parse_size
+from capella.core.message import SaveMode
+from capella.errors import InvalidConfig, InvalidName, InvalidRequest
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+
+
+def check_name(name: str, what: str = "queue") -> str:
+    """Names become storage keys and URL parts, so they stay in a safe alphabet."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidName(
+            f"{what} name {name!r}: use 1-128 characters from A-Z a-z 0-9 _ - . "
+            "(not starting with '.' or '-')"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLimits:
+    """A block is sealed when it reaches any of these."""
+
+    max_count: int = 10_000
+    max_bytes: int = 8 * 1024 * 1024
+    max_age: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDefinition:
+    limits: BlockLimits = BlockLimits()
+    save: SaveMode = SaveMode.WAIT
+    subscription_save: SaveMode = SaveMode.IMMEDIATE
+    segments: tuple[int, int] | None = None
+    meta_mount: str = "default"
+    marks: dict[int, str] = field(default_factory=lambda: {0: "default"})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "limits": {
+                "max_count": self.limits.max_count,
+                "max_bytes": self.limits.max_bytes,
+                "max_age": self.limits.max_age,
+            },
+            "save": self.save.name.lower(),
+            "subscription_save": self.subscription_save.name.lower(),
+            "segments": None if self.segments is None else {"min": self.segments[0], "max": self.segments[1]},
+            "mounts": {"meta": self.meta_mount, "marks": {str(k): v for k, v in sorted(self.marks.items())}},
+        }
+
+    def mount_for_mark(self, mark: int) -> str:
+        """The mount of ``mark``, or of the highest mark below it when it has none."""
+        candidates = [m for m in self.marks if m <= mark]
+        return self.marks[max(candidates)] if candidates else self.marks[min(self.marks)]
+
+
+def default_definition(defaults: dict[str, Any], default_mount: str, mounts: set[str]) -> QueueDefinition:
+    """The definition a new queue starts from: built-ins, then ``[queue_defaults]``."""
+    base = QueueDefinition(meta_mount=default_mount, marks={0: default_mount})
+    try:
+        return parse_definition(defaults, base, mounts)
+    except InvalidRequest as exc:
+        raise InvalidConfig(f"[queue_defaults]: {exc.message}") from None
+
+
+def parse_definition(data: object, base: QueueDefinition, mounts: set[str]) -> QueueDefinition:
+    """Apply the fields present in ``data`` on top of ``base``."""
+    if not isinstance(data, dict):
+        raise InvalidRequest("queue definition must be a JSON object")
+    _only(data, {"limits", "save", "subscription_save", "segments", "mounts"}, "")
+    result = base
+    if "limits" in data:
+        result = replace(result, limits=_limits(data["limits"], base.limits))
+    if "save" in data:
+        result = replace(result, save=_save(data["save"], "save"))
+    if "subscription_save" in data:
+        result = replace(result, subscription_save=_save(data["subscription_save"], "subscription_save"))
+    if "segments" in data:
+        result = replace(result, segments=_segments(data["segments"]))
+    if "mounts" in data:
+        meta, marks = _mounts(data["mounts"], result, mounts)
+        result = replace(result, meta_mount=meta, marks=marks)
+    return result
+
+
+def _only(data: dict[str, Any], allowed: set[str], where: str) -> None:
+    if unknown := set(data) - allowed:
+        field_name = where + sorted(unknown)[0]
+        raise InvalidRequest(f"unknown field {field_name!r}", field=field_name)
+
+
+def _limits(value: object, base: BlockLimits) -> BlockLimits:
+    if not isinstance(value, dict):
+        raise InvalidRequest("limits must be an object", field="limits")
+    _only(value, {"max_count", "max_bytes", "max_age"}, "limits.")
+    limits = base
+    try:
+        if "max_count" in value:
+            count = value["max_count"]
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 10_000_000:
+                raise InvalidRequest("limits.max_count must be an integer from 1 to 10000000")
+            limits = replace(limits, max_count=count)
+        if "max_bytes" in value:
+            size = parse_size(value["max_bytes"], "limits.max_bytes")
+            if not 1024 <= size <= 1024**3:
+                raise InvalidRequest("limits.max_bytes must be from 1 KiB to 1 GiB")
+            limits = replace(limits, max_bytes=size)
+        if "max_age" in value:
+            age = parse_duration(value["max_age"], "limits.max_age")
+            if age <= 0:
+                raise InvalidRequest("limits.max_age must be greater than 0")
+            limits = replace(limits, max_age=age)
+    except InvalidConfig as exc:
+        raise InvalidRequest(exc.message) from None
+    return limits
+
+
+def _save(value: object, what: str) -> SaveMode:
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise InvalidRequest(f"{what} must be a save mode name or number", field=what)
+    mode = SaveMode.parse(value)
+    if mode is SaveMode.DEFAULT:
+        raise InvalidRequest(f"{what} cannot be 'default' in a queue definition", field=what)
+    return mode
+
+
+def _segments(value: object) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"min", "max"}:
+        raise InvalidRequest('segments must be null or {"min": LO, "max": HI}', field="segments")
+    lo, hi = value["min"], value["max"]
+    for v in (lo, hi):
+        if isinstance(v, bool) or not isinstance(v, int) or not I64_MIN <= v <= I64_MAX:
+            raise InvalidRequest("segments.min and segments.max must be 64-bit integers", field="segments")
+    if lo > hi:
+        raise InvalidRequest("segments.min must not be greater than segments.max", field="segments")
+    return (lo, hi)
+
+
+def _mounts(value: object, current: QueueDefinition, mounts: set[str]) -> tuple[str, dict[int, str]]:
+    if not isinstance(value, dict):
+        raise InvalidRequest("mounts must be an object", field="mounts")
+    _only(value, {"meta", "marks"}, "mounts.")
+    meta = value.get("meta", current.meta_mount)
+    if meta not in mounts:
+        raise InvalidRequest(f"mounts.meta: unknown mount {meta!r}", field="mounts.meta")
+    marks = dict(current.marks)
+    if "marks" in value:
+        raw = value["marks"]
+        if not isinstance(raw, dict) or not raw:
+            raise InvalidRequest("mounts.marks must be a non-empty object", field="mounts.marks")
+        marks = {}
+        for key, mount in raw.items():
+            if not str(key).isdigit() or int(key) > 255:
+                raise InvalidRequest(f"mounts.marks: mark {key!r} must be 0-255", field="mounts.marks")
+            if mount not in mounts:
+                raise InvalidRequest(f"mounts.marks.{key}: unknown mount {mount!r}", field="mounts.marks")
+            marks[int(key)] = mount
+        if 0 not in marks:
+            raise InvalidRequest("mounts.marks must map mark 0 (new blocks)", field="mounts.marks")
+    return str(meta), marks

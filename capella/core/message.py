@@ -1,0 +1,75 @@
+"""A message as the queue stores it, and the save modes a write can ask for."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from capella.errors import InvalidSaveMode
+
+EMPTY_HEADERS: dict[str, str] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One stored message. ``id`` is assigned by the queue; times are UNIX seconds."""
+
+    id: int
+    time: float
+    source: str
+    external_id: int
+    external_time: float
+    segment: int
+    payload: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """The message's global identity."""
+        return (self.source, self.external_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A message as a producer sends it, before the queue gives it an id.
+
+    ``None`` means "use the default": the cluster name for ``source``, the new id for
+    ``external_id``, the receive time for ``external_time``.
+    """
+
+    payload: bytes
+    source: str | None = None
+    external_id: int | None = None
+    external_time: float | None = None
+    segment: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class SaveMode(enum.IntEnum):
+    """How durable a write is before it is answered (see docs/api.md)."""
+
+    NONE = 0
+    IMMEDIATE = 1
+    MARK = 2
+    WAIT = 3
+    DEFAULT = 4
+
+    @classmethod
+    def parse(cls, value: str | int | None) -> SaveMode:
+        if value is None or value == "":
+            return cls.DEFAULT
+        if isinstance(value, int) and not isinstance(value, bool):
+            if 0 <= value <= 4:
+                return cls(value)
+        elif isinstance(value, str):
+            text = value.strip().lower()
+            if text.isdigit() and 0 <= int(text) <= 4:
+                return cls(int(text))
+            try:
+                return cls[text.upper()]
+            except KeyError:
+                pass
+        raise InvalidSaveMode(f"unknown save mode {value!r}: use none, immediate, mark, wait, default or 0-4")
+
+    def resolve(self, default: SaveMode) -> SaveMode:
+        return default if self is SaveMode.DEFAULT else self

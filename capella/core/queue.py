@@ -1,0 +1,886 @@
+"""A queue: an append-only log of messages split into blocks, with its write, read and recovery paths.
+
+Writes go to the open block: each record is encoded at once and kept in ``pending`` until a
+flush appends it to the block's journal and fsyncs it. ``wait`` and ``immediate`` writes
+join the next flush (group commit: concurrent writers share one fsync). A full block moves
+to ``sealing``; a background task writes it once as an immutable sealed object, records it
+in the manifest and deletes its journal. Ids come from a lease persisted ahead of use, so an
+id that was ever answered is never handed out again, even after ``kill -9``.
+
+Keys on the queue's mounts (``<q>`` is the queue name):
+``<q>/manifest.json``, ``<q>/state.json``, ``<q>/subscriptions.json``,
+``<q>/journal/<first-id>.log``, ``<q>/summaries/<first-id>.sum`` on the meta mount and
+``<q>/blocks/<first-id>-<last-id>.blk`` on the mount of the block's mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import orjson
+
+from capella.config import StorageSettings
+from capella.core.codec import (
+    JOURNAL_HEADER,
+    block_keys,
+    decode_block,
+    decode_journal,
+    encode_block,
+    encode_record,
+)
+from capella.core.dedup import BlockSummary, DedupIndex
+from capella.core.definition import I64_MAX, I64_MIN, QueueDefinition
+from capella.core.message import Draft, Message, SaveMode
+from capella.core.stats import Histogram, QueueCounters
+from capella.core.subscription import Subscription, Subscriptions
+from capella.errors import (
+    CapellaError,
+    CorruptData,
+    InvalidMessage,
+    KeyNotFound,
+    ShuttingDown,
+    StorageUnavailable,
+)
+from capella.storage import Journal, Storage
+
+log = logging.getLogger(__name__)
+
+# An external_time this far ahead of our clock is "in the future" (clocks of two clusters
+# are never exactly equal, and a copy must not be refused for a few milliseconds of skew).
+FUTURE_SKEW = 5.0
+# Sealed blocks whose contents stay in memory after a read (the unload handler trims more).
+LOADED_BLOCKS = 4
+KEY_SETS = 8
+# A filtered read stops scanning after this many messages and answers with what it has.
+SCAN_LIMIT = 100_000
+
+
+class Appended(NamedTuple):
+    id: int
+    duplicate: bool
+
+
+class ReadResult(NamedTuple):
+    messages: list[Message]
+    last_id: int
+
+
+@dataclass(slots=True)
+class BlockMeta:
+    """A sealed block as the manifest records it."""
+
+    first_id: int
+    last_id: int
+    count: int
+    bytes: int
+    mark: int
+    created: float
+    sealed: float
+    key: str
+    state: str = "sealed"  # or "quarantined"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "first_id": self.first_id,
+            "last_id": self.last_id,
+            "count": self.count,
+            "bytes": self.bytes,
+            "mark": self.mark,
+            "created": self.created,
+            "sealed": self.sealed,
+            "key": self.key,
+            "state": self.state,
+        }
+
+
+@dataclass(slots=True)
+class OpenBlock:
+    """A block still taking writes (or waiting to be sealed), held in memory with its journal."""
+
+    first_id: int
+    opened_at: float
+    journal_key: str
+    ids: list[int] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    keys: dict[tuple[str, int], int] = field(default_factory=dict)
+    size: int = 0
+    pending: list[bytes] = field(default_factory=list)
+    journal: Journal | None = None
+    durable_size: int = 0
+
+    def add(self, message: Message, record: bytes) -> None:
+        self.ids.append(message.id)
+        self.messages.append(message)
+        self.keys[(message.source, message.external_id)] = message.id
+        self.size += len(record)
+        self.pending.append(record)
+
+    def is_full(self, definition: QueueDefinition, now: float) -> bool:
+        limits = definition.limits
+        return bool(self.ids) and (
+            len(self.ids) >= limits.max_count
+            or self.size >= limits.max_bytes
+            or now - self.opened_at >= limits.max_age
+        )
+
+
+@dataclass(slots=True)
+class Recovery:
+    """What recovery found; shown in the queue's stats."""
+
+    truncated_bytes: int = 0
+    quarantined: list[str] = field(default_factory=list)
+    gaps: list[tuple[int, int]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "truncated_bytes": self.truncated_bytes,
+            "quarantined_blocks": list(self.quarantined),
+            "gaps": [{"from_id": lo, "to_id": hi} for lo, hi in self.gaps],
+        }
+
+
+class Queue:
+    """One queue. Build it with ``await Queue.open(...)``; ``close`` flushes everything."""
+
+    def __init__(
+        self,
+        name: str,
+        definition: QueueDefinition,
+        mounts: dict[str, Storage],
+        *,
+        cluster_name: str,
+        settings: StorageSettings,
+        flush_latency: Histogram | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.name = name
+        self.definition = definition
+        self.counters = QueueCounters()
+        self.recovery = Recovery()
+        self.last_error: str | None = None
+        self._mounts = mounts
+        self._cluster_name = cluster_name
+        self._settings = settings
+        self._flush_latency = flush_latency or Histogram()
+        self._clock = clock
+
+        self._sealed: list[BlockMeta] = []
+        self._firsts: list[int] = []
+        self._sealing: list[OpenBlock] = []
+        self._open: OpenBlock | None = None
+        self._last_id = 0
+        self._next_id = 1
+        self._lease_until = 1  # ids below this may have been answered already
+
+        self._loaded: OrderedDict[int, tuple[list[int], list[Message]]] = OrderedDict()
+        self._loading: dict[int, asyncio.Future[tuple[list[int], list[Message]]]] = {}
+        self._key_sets: OrderedDict[int, dict[tuple[str, int], int]] = OrderedDict()
+        self._dedup = DedupIndex(self._keys_of_block)
+        self._subs = Subscriptions()
+
+        self._write_lock = asyncio.Lock()
+        self._flush_lock = asyncio.Lock()
+        self._manifest_lock = asyncio.Lock()
+        self._subs_lock = asyncio.Lock()
+        self._arrived = asyncio.Event()
+        self._flush_wanted = asyncio.Event()
+        self._seal_wanted = asyncio.Event()
+        self._waiters: list[asyncio.Future[None]] = []
+        self._urgent = False
+        self._marked = False
+        self._subs_marked = False
+        self._closing = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- keys ------------------------------------------------------------------------------
+
+    @property
+    def _meta(self) -> Storage:
+        return self._mounts[self.definition.meta_mount]
+
+    def _key(self, *parts: str) -> str:
+        return "/".join((self.name, *parts))
+
+    def _journal_key(self, first_id: int) -> str:
+        return self._key("journal", f"{first_id:020d}.log")
+
+    def _summary_key(self, first_id: int) -> str:
+        return self._key("summaries", f"{first_id:020d}.sum")
+
+    # --- opening and closing ---------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        name: str,
+        definition: QueueDefinition,
+        mounts: dict[str, Storage],
+        *,
+        cluster_name: str,
+        settings: StorageSettings,
+        flush_latency: Histogram | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> Queue:
+        queue = cls(
+            name,
+            definition,
+            mounts,
+            cluster_name=cluster_name,
+            settings=settings,
+            flush_latency=flush_latency,
+            clock=clock,
+        )
+        await queue._recover()
+        queue._tasks = [
+            asyncio.create_task(queue._run_flusher(), name=f"flush:{name}"),
+            asyncio.create_task(queue._run_sealer(), name=f"seal:{name}"),
+        ]
+        if queue._sealing:
+            queue._seal_wanted.set()
+        return queue
+
+    async def _recover(self) -> None:
+        try:
+            manifest = orjson.loads(await self._meta.get(self._key("manifest.json")))
+            self._sealed = [BlockMeta(**b) for b in manifest["blocks"]]
+        except KeyNotFound:
+            self._sealed = []
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CorruptData(f"queue {self.name}: manifest is not valid: {exc}") from None
+        self._sealed.sort(key=lambda b: b.first_id)
+        self._firsts = [b.first_id for b in self._sealed]
+        for meta in self._sealed:
+            if meta.state == "quarantined":
+                self._report_quarantine(meta, "recorded in the manifest")
+        try:
+            state = orjson.loads(await self._meta.get(self._key("state.json")))
+            self._lease_until = int(state["lease_until"])
+        except KeyNotFound:
+            pass
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise CorruptData(f"queue {self.name}: state is not valid: {exc}") from None
+
+        sealed_last = self._sealed[-1].last_id if self._sealed else 0
+        for meta in self._sealed:
+            if meta.state == "sealed":
+                await self._load_summary(meta)
+
+        blocks = await self._recover_journals(sealed_last)
+        for block in blocks:
+            for (source, ext), _ in block.keys.items():
+                self._dedup.note(source, ext)
+        if blocks:
+            self._open = blocks.pop()
+            self._sealing = blocks
+            if self._open.is_full(self.definition, self._clock()):
+                self._sealing.append(self._open)
+                self._open = None
+        self._refresh_recent()
+
+        self._last_id = max(sealed_last, *(b.ids[-1] for b in self._blocks_in_memory()), 0)
+        self._next_id = max(self._last_id + 1, self._lease_until)
+        await self._extend_lease(0)
+
+        try:
+            self._subs.load(await self._meta.get(self._key("subscriptions.json")))
+            self._subs.saved_version = self._subs.version
+        except KeyNotFound:
+            pass
+        log.info(
+            "queue recovered queue=%s last_id=%d sealed_blocks=%d open_messages=%d truncated_bytes=%d",
+            self.name,
+            self._last_id,
+            len(self._sealed),
+            sum(len(b.ids) for b in self._blocks_in_memory()),
+            self.recovery.truncated_bytes,
+        )
+
+    async def _recover_journals(self, sealed_last: int) -> list[OpenBlock]:
+        blocks: list[OpenBlock] = []
+        for key in await self._meta.list(self._key("journal", "")):
+            data = await self._meta.get(key)
+            try:
+                scan = decode_journal(data)
+            except CorruptData as exc:
+                # The header itself is bad: keep the bytes for an operator, never read them as data.
+                await self._meta.put(self._key("quarantine", key.rsplit("/", 1)[-1]), data)
+                await self._meta.delete(key)
+                self.recovery.quarantined.append(key)
+                log.error("journal quarantined queue=%s key=%s reason=%s", self.name, key, exc.message)
+                continue
+            if scan.torn:
+                self.recovery.truncated_bytes += len(data) - scan.valid_length
+                log.warning(
+                    "journal tail truncated queue=%s key=%s dropped_bytes=%d reason=%s",
+                    self.name,
+                    key,
+                    len(data) - scan.valid_length,
+                    scan.reason,
+                )
+            messages = [m for m in scan.messages if m.id > sealed_last]
+            if not messages:
+                # Its block was sealed before the crash; only the delete was missing.
+                await self._meta.delete(key)
+                continue
+            if len(messages) != len(scan.messages):
+                log.warning("journal overlaps sealed blocks queue=%s key=%s", self.name, key)
+            first = int(key.rsplit("/", 1)[-1].split(".", 1)[0])
+            block = OpenBlock(first_id=first, opened_at=messages[0].time, journal_key=key)
+            for m in messages:
+                block.add(m, b"")
+            block.pending.clear()
+            block.journal = await self._meta.journal(key, truncate_to=scan.valid_length)
+            block.durable_size = block.journal.size
+            block.size = scan.valid_length - len(JOURNAL_HEADER)
+            blocks.append(block)
+        return blocks
+
+    async def close(self) -> None:
+        """Flush every write and cursor, then stop the background tasks."""
+        if self._closing:
+            return
+        self._closing = True
+        self._arrived.set()
+        try:
+            await self._flush_journals()
+            await self._save_subscriptions()
+            # Every id handed out is below next_id now, so a clean restart continues without a gap.
+            await self._meta.put(
+                self._key("state.json"), orjson.dumps({"version": 1, "lease_until": self._next_id})
+            )
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            for w in self._waiters:
+                if not w.done():
+                    w.set_exception(ShuttingDown("the queue is closing"))
+            for block in self._blocks_in_memory():
+                if block.journal is not None:
+                    await block.journal.close()
+                    block.journal = None
+
+    async def destroy(self) -> None:
+        """Close the queue and delete every key it has on every mount."""
+        await self.close()
+        for mount in {self.definition.meta_mount, *self.definition.marks.values()}:
+            storage = self._mounts[mount]
+            for key in await storage.list(self._key("")):
+                await storage.delete(key)
+
+    # --- writing ---------------------------------------------------------------------------
+
+    async def append(self, drafts: Sequence[Draft], save: SaveMode = SaveMode.DEFAULT) -> list[Appended]:
+        """Store new messages (dedup by identity) and answer once ``save`` is satisfied."""
+        if self._closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+        now = self._clock()
+        self._validate(drafts, now)
+        mode = save.resolve(self.definition.save)
+        self.counters.produce_requests += 1
+        async with self._write_lock:
+            results = await self._assign(drafts, now)
+        if mode is SaveMode.IMMEDIATE or mode is SaveMode.WAIT:
+            await self._commit(urgent=mode is SaveMode.IMMEDIATE)
+        elif mode is SaveMode.MARK:
+            self._marked = True
+        return results
+
+    def _validate(self, drafts: Sequence[Draft], now: float) -> None:
+        segments = self.definition.segments
+        for index, d in enumerate(drafts):
+            if d.external_time is not None and d.external_time > now + FUTURE_SKEW:
+                raise InvalidMessage(
+                    f"message {index}: external_time is in the future", index=index, field="external_time"
+                )
+            if segments is not None and not segments[0] <= d.segment <= segments[1]:
+                raise InvalidMessage(
+                    f"message {index}: segment {d.segment} is outside the queue's range "
+                    f"{segments[0]}-{segments[1]}",
+                    index=index,
+                    field="segment",
+                )
+            if d.external_id is not None and not I64_MIN <= d.external_id <= I64_MAX:
+                raise InvalidMessage(
+                    f"message {index}: external_id must be a 64-bit integer", index=index, field="external_id"
+                )
+
+    async def _assign(self, drafts: Sequence[Draft], now: float) -> list[Appended]:
+        if self._next_id + len(drafts) > self._lease_until:
+            await self._extend_lease(len(drafts))
+        results: list[Appended] = []
+        added = 0
+        dedup = self._dedup
+        for d in drafts:
+            source = self._cluster_name if d.source is None else d.source
+            if d.external_id is not None:
+                found = await dedup.find(source, d.external_id)
+                if found is not None:
+                    results.append(Appended(found, True))
+                    continue
+            message_id = self._next_id
+            self._next_id += 1
+            external_id = message_id if d.external_id is None else d.external_id
+            message = Message(
+                message_id,
+                now,
+                source,
+                external_id,
+                now if d.external_time is None else d.external_time,
+                d.segment,
+                d.payload,
+                d.headers,
+            )
+            block = self._open
+            if block is None:
+                block = self._open = OpenBlock(message_id, now, self._journal_key(message_id))
+                self._refresh_recent()
+            block.add(message, encode_record(message))
+            dedup.note(source, external_id)
+            self._last_id = message_id
+            added += 1
+            results.append(Appended(message_id, False))
+            if block.is_full(self.definition, now):
+                self._rotate()
+        self.counters.produced += added
+        self.counters.duplicates += len(results) - added
+        if added:
+            self._arrived.set()
+            self._arrived = asyncio.Event()
+        return results
+
+    async def _extend_lease(self, needed: int) -> None:
+        # Persist the lease before any id under it is answered: after a crash, numbering
+        # resumes above it, so an answered id is never reused (at the cost of a gap).
+        lease = self._next_id + needed + self._settings.id_lease
+        await self._meta.put(self._key("state.json"), orjson.dumps({"version": 1, "lease_until": lease}))
+        self._lease_until = lease
+
+    def _rotate(self) -> None:
+        if self._open is not None and self._open.ids:
+            self._sealing.append(self._open)
+            self._open = None
+            self._refresh_recent()
+            self._seal_wanted.set()
+
+    def _refresh_recent(self) -> None:
+        self._dedup.recent = [b.keys for b in self._blocks_in_memory()]
+
+    def _blocks_in_memory(self) -> list[OpenBlock]:
+        return [*self._sealing, *([self._open] if self._open is not None else [])]
+
+    # --- flushing (group commit) -----------------------------------------------------------
+
+    async def _commit(self, *, urgent: bool) -> None:
+        if not any(b.pending for b in self._blocks_in_memory()) and not self._flush_lock.locked():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._urgent = self._urgent or urgent
+        self._flush_wanted.set()
+        await waiter
+
+    async def _run_flusher(self) -> None:
+        delay = self._settings.wait_max_delay
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            if delay > 0 and not self._urgent:
+                await asyncio.sleep(delay)
+            self._urgent = False
+            waiters, self._waiters = self._waiters, []
+            try:
+                await self._flush_journals()
+            except CapellaError as exc:
+                for w in waiters:
+                    if not w.done():
+                        w.set_exception(exc)
+                continue
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+
+    async def _flush_journals(self) -> None:
+        async with self._flush_lock:
+            self._marked = False
+            started = time.perf_counter()
+            wrote = False
+            for block in self._blocks_in_memory():
+                if not block.pending:
+                    continue
+                data = b"".join(block.pending)
+                block.pending.clear()
+                try:
+                    await self._write_journal(block, data)
+                except CapellaError as exc:
+                    block.pending.insert(0, data)
+                    self.last_error = exc.message
+                    log.error("flush failed queue=%s", self.name, exc_info=exc)
+                    raise
+                wrote = True
+            if wrote:
+                self.counters.flushes += 1
+                self._flush_latency.observe(time.perf_counter() - started)
+
+    async def _write_journal(self, block: OpenBlock, data: bytes) -> None:
+        try:
+            if block.journal is None:
+                # Reopening after a failed write cuts whatever half-written tail it left.
+                block.journal = await self._meta.journal(block.journal_key, truncate_to=block.durable_size)
+                if block.journal.size == 0:
+                    data = JOURNAL_HEADER + data
+            await block.journal.append_and_sync(data)
+        except CapellaError:
+            if block.journal is not None:
+                journal, block.journal = block.journal, None
+                await asyncio.shield(journal.close())
+            raise
+        block.durable_size = block.journal.size
+
+    async def flush(self) -> None:
+        """Save everything written so far (what a periodic flush does for ``mark``)."""
+        await self._flush_journals()
+        await self._save_subscriptions()
+
+    async def tick(self) -> None:
+        """The periodic pass: seal an open block past its age, save marked writes and cursors."""
+        if self._open is not None and self._open.is_full(self.definition, self._clock()):
+            self._rotate()
+        if self._marked:
+            await self._commit(urgent=True)
+        if self._subs_marked:
+            self._subs_marked = False
+            await self._save_subscriptions()
+
+    # --- sealing ---------------------------------------------------------------------------
+
+    async def _run_sealer(self) -> None:
+        failures = 0
+        while True:
+            await self._seal_wanted.wait()
+            self._seal_wanted.clear()
+            while self._sealing and not self._closing:
+                try:
+                    await self._seal_first()
+                    failures = 0
+                except CapellaError as exc:
+                    failures += 1
+                    self.last_error = exc.message
+                    log.error("seal failed queue=%s attempt=%d", self.name, failures, exc_info=exc)
+                    await asyncio.sleep(min(30.0, 0.1 * 2**failures))
+
+    async def _seal_first(self) -> None:
+        block = self._sealing[0]
+        if block.pending:
+            await self._commit(urgent=True)
+        data = await asyncio.to_thread(encode_block, block.messages)
+        mark = 0
+        meta = BlockMeta(
+            first_id=block.ids[0],
+            last_id=block.ids[-1],
+            count=len(block.ids),
+            bytes=len(data),
+            mark=mark,
+            created=block.opened_at,
+            sealed=self._clock(),
+            key=self._key("blocks", f"{block.ids[0]:020d}-{block.ids[-1]:020d}.blk"),
+        )
+        summary = BlockSummary.build(meta.first_id, block.keys, meta.count)
+        await self._mounts[self.definition.mount_for_mark(mark)].put(meta.key, data)
+        await self._meta.put(self._summary_key(meta.first_id), summary.dump())
+        async with self._manifest_lock:
+            await self._save_manifest([*self._sealed, meta])
+            # No await from here to the end of the swap: a reader sees the block exactly once.
+            self._sealed.append(meta)
+            self._firsts.append(meta.first_id)
+            self._sealing.pop(0)
+            self._loaded[meta.first_id] = (block.ids, block.messages)
+            self._trim_loaded()
+            self._key_sets[meta.first_id] = block.keys
+            self._dedup.add_summary(summary)
+            self._refresh_recent()
+        self.counters.sealed_blocks += 1
+        log.info(
+            "block sealed queue=%s first_id=%d messages=%d bytes=%d",
+            self.name,
+            meta.first_id,
+            meta.count,
+            meta.bytes,
+        )
+        if block.journal is not None:
+            await block.journal.close()
+            block.journal = None
+        await self._meta.delete(block.journal_key)
+
+    async def _save_manifest(self, blocks: list[BlockMeta]) -> None:
+        doc = {"version": 1, "blocks": [b.to_dict() for b in blocks]}
+        await self._meta.put(self._key("manifest.json"), orjson.dumps(doc))
+
+    # --- reading ---------------------------------------------------------------------------
+
+    @property
+    def last_id(self) -> int:
+        return self._last_id
+
+    @property
+    def first_id(self) -> int:
+        for meta in self._sealed:
+            if meta.state == "sealed":
+                return meta.first_id
+        for block in self._blocks_in_memory():
+            return block.ids[0]
+        return self._last_id + 1
+
+    async def read_after(
+        self, after: int, limit: int, segments: Sequence[tuple[int, int]] | None = None
+    ) -> ReadResult:
+        """Messages with id > ``after`` in id order, at most ``limit`` of them."""
+        self.counters.read_requests += 1
+        out: list[Message] = []
+        last = after
+        scanned = 0
+        for source in self._blocks_after(after):
+            if isinstance(source, BlockMeta):
+                if source.state != "sealed":
+                    last = max(last, source.last_id)
+                    continue
+                try:
+                    ids, messages = await self._contents(source)
+                except CorruptData:
+                    last = max(last, source.last_id)
+                    continue
+            else:
+                ids, messages = source.ids, source.messages
+            start = bisect.bisect_right(ids, after)
+            if segments is None:
+                take = messages[start : start + limit - len(out)]
+                out.extend(take)
+                if take:
+                    last = take[-1].id
+            else:
+                for m in messages[start:]:
+                    scanned += 1
+                    last = m.id
+                    if any(lo <= m.segment <= hi for lo, hi in segments):
+                        out.append(m)
+                        if len(out) >= limit:
+                            break
+                    if scanned >= SCAN_LIMIT:
+                        break
+            if len(out) >= limit or scanned >= SCAN_LIMIT:
+                break
+        self.counters.read += len(out)
+        return ReadResult(out, last)
+
+    def _blocks_after(self, after: int) -> Iterator[BlockMeta | OpenBlock]:
+        # Snapshot the lists: a seal may move a block from sealing to sealed while we await.
+        sealed, sealing, open_block = list(self._sealed), list(self._sealing), self._open
+        start = max(0, bisect.bisect_right([b.first_id for b in sealed], after) - 1)
+        for meta in sealed[start:]:
+            if meta.last_id > after:
+                yield meta
+        for block in sealing:
+            if block.ids and block.ids[-1] > after:
+                yield block
+        if open_block is not None and open_block.ids and open_block.ids[-1] > after:
+            yield open_block
+
+    async def _contents(self, meta: BlockMeta) -> tuple[list[int], list[Message]]:
+        cached = self._loaded.get(meta.first_id)
+        if cached is not None:
+            self._loaded.move_to_end(meta.first_id)
+            return cached
+        pending = self._loading.get(meta.first_id)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[tuple[list[int], list[Message]]] = asyncio.get_running_loop().create_future()
+        self._loading[meta.first_id] = future
+        try:
+            data = await self._mounts[self.definition.mount_for_mark(meta.mark)].get(meta.key)
+            messages = await asyncio.to_thread(decode_block, data)
+            contents = ([m.id for m in messages], messages)
+        except CorruptData as exc:
+            await self._quarantine(meta, exc.message)
+            future.set_exception(exc)
+            future.exception()  # retrieved here; other readers get it from shield
+            raise
+        except CapellaError as exc:
+            future.set_exception(exc)
+            future.exception()
+            raise
+        finally:
+            del self._loading[meta.first_id]
+        self._loaded[meta.first_id] = contents
+        self._trim_loaded()
+        future.set_result(contents)
+        return contents
+
+    def _trim_loaded(self) -> None:
+        while len(self._loaded) > LOADED_BLOCKS:
+            self._loaded.popitem(last=False)
+
+    async def _keys_of_block(self, first_id: int) -> dict[tuple[str, int], int]:
+        keys = self._key_sets.get(first_id)
+        if keys is not None:
+            self._key_sets.move_to_end(first_id)
+            return keys
+        index = bisect.bisect_left(self._firsts, first_id)
+        meta = self._sealed[index]
+        if meta.state != "sealed":
+            return {}
+        try:
+            data = await self._mounts[self.definition.mount_for_mark(meta.mark)].get(meta.key)
+            ids, pairs = await asyncio.to_thread(block_keys, data)
+        except CorruptData as exc:
+            await self._quarantine(meta, exc.message)
+            return {}
+        keys = dict(zip(pairs, ids, strict=True))
+        self._key_sets[first_id] = keys
+        while len(self._key_sets) > KEY_SETS:
+            self._key_sets.popitem(last=False)
+        return keys
+
+    async def _load_summary(self, meta: BlockMeta) -> None:
+        try:
+            summary = BlockSummary.load(await self._meta.get(self._summary_key(meta.first_id)))
+        except (KeyNotFound, CorruptData):
+            # Rebuild it from the block: a missing summary must never disable dedup.
+            keys = await self._keys_of_block(meta.first_id)
+            if meta.state != "sealed":
+                return
+            summary = BlockSummary.build(meta.first_id, keys, meta.count)
+            await self._meta.put(self._summary_key(meta.first_id), summary.dump())
+        self._dedup.add_summary(summary)
+
+    async def _quarantine(self, meta: BlockMeta, reason: str) -> None:
+        if meta.state == "quarantined":
+            return
+        meta.state = "quarantined"
+        self._loaded.pop(meta.first_id, None)
+        self._dedup.drop_summary(meta.first_id)
+        self._report_quarantine(meta, reason)
+        async with self._manifest_lock:
+            try:
+                await self._save_manifest(self._sealed)
+            except StorageUnavailable as exc:
+                log.error("cannot record quarantine queue=%s key=%s", self.name, meta.key, exc_info=exc)
+
+    def _report_quarantine(self, meta: BlockMeta, reason: str) -> None:
+        if meta.key not in self.recovery.quarantined:
+            self.recovery.quarantined.append(meta.key)
+            self.recovery.gaps.append((meta.first_id, meta.last_id))
+        log.error(
+            "block quarantined queue=%s key=%s ids=%d-%d reason=%s",
+            self.name,
+            meta.key,
+            meta.first_id,
+            meta.last_id,
+            reason,
+        )
+
+    async def wait_for(self, after: int, timeout: float) -> None:  # noqa: ASYNC109 (long-poll length from the API)
+        """Return once a message with id > ``after`` exists, or after ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._last_id <= after and not self._closing:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            event = self._arrived
+            try:
+                async with asyncio.timeout(remaining):
+                    await event.wait()
+            except TimeoutError:
+                return
+
+    # --- subscriptions ---------------------------------------------------------------------
+
+    def subscription(self, name: str) -> Subscription:
+        return self._subs.get(name)
+
+    def subscriptions(self) -> list[Subscription]:
+        return self._subs.all()
+
+    async def commit(
+        self,
+        name: str,
+        last_id: int | None,
+        *,
+        replica: bool | None = None,
+        reset: bool = False,
+        save: SaveMode = SaveMode.DEFAULT,
+    ) -> tuple[Subscription, bool]:
+        """Move a cursor forward (or anywhere with ``reset``), creating it on first use."""
+        if self._closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+        sub, created = self._subs.commit(name, last_id, replica=replica, reset=reset, now=self._clock())
+        await self._after_subscription_change(save)
+        return sub, created
+
+    async def delete_subscription(self, name: str, save: SaveMode = SaveMode.DEFAULT) -> None:
+        self._subs.delete(name)
+        await self._after_subscription_change(save)
+
+    def replicas(self, message_id: int) -> list[str]:
+        return self._subs.replicas(message_id)
+
+    async def _after_subscription_change(self, save: SaveMode) -> None:
+        mode = save.resolve(self.definition.subscription_save)
+        if mode is SaveMode.IMMEDIATE or mode is SaveMode.WAIT:
+            await self._save_subscriptions()
+        elif mode is SaveMode.MARK:
+            self._subs_marked = True
+
+    async def _save_subscriptions(self) -> None:
+        target = self._subs.version
+        async with self._subs_lock:
+            # Someone else's save already covered this change: share it (group commit).
+            if self._subs.saved_version >= target:
+                return
+            version, data = self._subs.version, self._subs.dump()
+            await self._meta.put(self._key("subscriptions.json"), data)
+            self._subs.saved_version = version
+
+    # --- stats -----------------------------------------------------------------------------
+
+    def definition_dict(self) -> dict[str, Any]:
+        return self.definition.to_dict()
+
+    def stats(self) -> dict[str, Any]:
+        in_memory = self._blocks_in_memory()
+        sealed = [b for b in self._sealed if b.state == "sealed"]
+        by_mark: dict[str, int] = {}
+        for b in sealed:
+            by_mark[str(b.mark)] = by_mark.get(str(b.mark), 0) + 1
+        if in_memory:
+            by_mark["0"] = by_mark.get("0", 0) + len(in_memory)
+        count = sum(b.count for b in sealed) + sum(len(b.ids) for b in in_memory)
+        size = sum(b.bytes for b in sealed) + sum(b.size for b in in_memory)
+        return {
+            "first_id": self.first_id,
+            "last_id": self._last_id,
+            "messages": count,
+            "bytes": size,
+            "blocks": {
+                "total": len(sealed) + len(in_memory),
+                "by_mark": by_mark,
+                "by_state": {
+                    "open": 1 if self._open is not None and self._open.ids else 0,
+                    "sealing": len(self._sealing),
+                    "sealed": len(sealed),
+                    "loaded": len(self._loaded),
+                    "quarantined": len(self._sealed) - len(sealed),
+                },
+            },
+            "subscriptions": len(self._subs.all()),
+            "recovery": self.recovery.to_dict(),
+            "last_error": self.last_error,
+        }

@@ -1,0 +1,40 @@
+"""Counters and histograms the core keeps; ``metrics.py`` reads them at scrape time."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+FLUSH_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Observations counted per bucket; ``counts`` is per bucket (not cumulative), last is +Inf."""
+
+    bounds: tuple[float, ...] = FLUSH_BOUNDS
+    counts: list[int] = field(default_factory=list)
+    sum: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+
+@dataclass(slots=True)
+class QueueCounters:
+    """Monotonic counters of one queue since the process started."""
+
+    produced: int = 0
+    duplicates: int = 0
+    read: int = 0
+    produce_requests: int = 0
+    read_requests: int = 0
+    flushes: int = 0
+    sealed_blocks: int = 0

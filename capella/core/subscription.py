@@ -1,0 +1,103 @@
+"""Named cursors on a queue: the last-read id, which never moves backwards on commit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from capella.core.definition import check_name
+from capella.errors import CorruptData, InvalidRequest, SubscriptionNotFound
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    name: str
+    last_id: int
+    replica: bool
+    created: float
+    updated: float
+
+
+class Subscriptions:
+    """The subscriptions of one queue and their persisted form (one JSON document).
+
+    ``version`` counts changes and ``saved_version`` what is on disk, so concurrent commits
+    share one write (group commit, as for messages).
+    """
+
+    def __init__(self) -> None:
+        self._subs: dict[str, Subscription] = {}
+        self.version = 0
+        self.saved_version = 0
+
+    @property
+    def dirty(self) -> bool:
+        return self.version != self.saved_version
+
+    def get(self, name: str) -> Subscription:
+        try:
+            return self._subs[name]
+        except KeyError:
+            raise SubscriptionNotFound(f"no subscription {name!r}") from None
+
+    def all(self) -> list[Subscription]:
+        return [self._subs[name] for name in sorted(self._subs)]
+
+    def commit(
+        self, name: str, last_id: int | None, *, replica: bool | None, reset: bool, now: float
+    ) -> tuple[Subscription, bool]:
+        if last_id is not None and (isinstance(last_id, bool) or not isinstance(last_id, int) or last_id < 0):
+            raise InvalidRequest("last_id must be a non-negative integer", field="last_id")
+        current = self._subs.get(name)
+        if current is None:
+            check_name(name, "subscription")
+            sub = Subscription(name, last_id or 0, bool(replica), now, now)
+        else:
+            new_last = current.last_id
+            if last_id is not None and (reset or last_id > current.last_id):
+                new_last = last_id
+            new_replica = current.replica if replica is None else replica
+            if new_last == current.last_id and new_replica == current.replica:
+                return current, False
+            sub = replace(current, last_id=new_last, replica=new_replica, updated=now)
+        self._subs[name] = sub
+        self.version += 1
+        return sub, current is None
+
+    def delete(self, name: str) -> None:
+        self.get(name)
+        del self._subs[name]
+        self.version += 1
+
+    def replicas(self, message_id: int) -> list[str]:
+        return [s.name for s in self.all() if s.replica and s.last_id >= message_id]
+
+    def dump(self) -> bytes:
+        return orjson.dumps(
+            {
+                "version": 1,
+                "subscriptions": {
+                    s.name: {
+                        "last_id": s.last_id,
+                        "replica": s.replica,
+                        "created": s.created,
+                        "updated": s.updated,
+                    }
+                    for s in self.all()
+                },
+            }
+        )
+
+    def load(self, data: bytes) -> None:
+        try:
+            doc: dict[str, Any] = orjson.loads(data)
+            self._subs = {
+                name: Subscription(
+                    name, int(v["last_id"]), bool(v["replica"]), float(v["created"]), float(v["updated"])
+                )
+                for name, v in doc["subscriptions"].items()
+            }
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise CorruptData(f"subscriptions document is not valid: {exc}") from None

@@ -1,0 +1,138 @@
+"""Every error Capella raises, in one tree.
+
+Each class carries a stable ``code`` that clients can rely on; ``api/errors.py`` is the only
+place that maps these classes to HTTP statuses.
+"""
+
+from __future__ import annotations
+
+
+class CapellaError(Exception):
+    """Root of every error Capella raises on purpose."""
+
+    code = "internal"
+
+    def __init__(self, message: str = "", **details: object) -> None:
+        super().__init__(message)
+        self.message = message or self.__class__.__doc__ or self.code
+        self.details = details
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+
+class InvalidRequest(CapellaError):
+    """The request is malformed or breaks a rule."""
+
+    code = "invalid_request"
+
+
+class InvalidMessage(InvalidRequest):
+    """A message in the request is not valid."""
+
+    code = "invalid_message"
+
+
+class InvalidName(InvalidRequest):
+    """A queue, subscription or mount name is not allowed."""
+
+    code = "invalid_name"
+
+
+class InvalidSaveMode(InvalidRequest):
+    """The save mode is not one of none, immediate, mark, wait, default or 0-4."""
+
+    code = "invalid_save_mode"
+
+
+class InvalidConfig(CapellaError):
+    """The configuration file or a queue definition is not valid."""
+
+    code = "invalid_config"
+
+
+class PayloadTooLarge(InvalidRequest):
+    """The body, a message or a batch is larger than the configured limit."""
+
+    code = "payload_too_large"
+
+
+class RequestTimeout(InvalidRequest):
+    """The request body did not arrive within the read deadline."""
+
+    code = "request_timeout"
+
+
+# --- lookups -----------------------------------------------------------------------------
+
+
+class NotFound(CapellaError):
+    """The thing asked for does not exist."""
+
+    code = "not_found"
+
+
+class QueueNotFound(NotFound):
+    """No queue has this name."""
+
+    code = "queue_not_found"
+
+
+class SubscriptionNotFound(NotFound):
+    """The queue has no subscription with this name."""
+
+    code = "subscription_not_found"
+
+
+class KeyNotFound(NotFound):
+    """A storage key holds no value."""
+
+    code = "key_not_found"
+
+
+class AlreadyExists(CapellaError):
+    """Something with this name already exists."""
+
+    code = "already_exists"
+
+
+class Conflict(CapellaError):
+    """The request conflicts with the current state."""
+
+    code = "conflict"
+
+
+# --- storage and data --------------------------------------------------------------------
+
+
+class StorageUnavailable(CapellaError):
+    """A storage mount cannot be read or written right now."""
+
+    code = "storage_unavailable"
+
+
+class Unsupported(StorageUnavailable):
+    """The storage provider cannot do this (for example, append on an object store)."""
+
+    code = "unsupported"
+
+
+class CorruptData(CapellaError):
+    """Stored bytes failed their checksum or framing check; they are never served as data."""
+
+    code = "corrupt_data"
+
+
+class ShuttingDown(CapellaError):
+    """The server is stopping and takes no new work."""
+
+    code = "shutting_down"
+
+
+# --- client ------------------------------------------------------------------------------
+
+
+class Unreachable(CapellaError):
+    """The server could not be reached, or did not answer in time."""
+
+    code = "unreachable"

@@ -1,0 +1,103 @@
+"""Prometheus text (format 0.0.4) read from the cluster at scrape time.
+
+Nothing here counts anything: queues and the cluster keep their own counters, and ``render``
+only reads them, so a scrape costs a walk over the queues and nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from capella.core.cluster import Cluster
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_QUEUE_GAUGES = (
+    ("capella_queue_messages", "Messages retained in the queue."),
+    ("capella_queue_bytes", "Payload bytes retained in the queue."),
+    ("capella_queue_last_id", "Highest id the queue has assigned."),
+)
+_QUEUE_COUNTERS = (
+    ("capella_produced_messages_total", "Messages stored by produce requests.", "produced"),
+    ("capella_duplicate_messages_total", "Produced messages answered as duplicates.", "duplicates"),
+    ("capella_read_messages_total", "Messages returned by reads.", "read"),
+    ("capella_produce_requests_total", "Produce requests.", "produce_requests"),
+    ("capella_read_requests_total", "Read requests.", "read_requests"),
+)
+
+
+def render(cluster: Cluster) -> str:
+    """Every Capella metric as Prometheus text, ending with a newline."""
+    queues = cluster.queues()
+    stats = [(q, q.stats()) for q in queues]
+    out: list[str] = []
+
+    gauge_values = {
+        "capella_queue_messages": [(q.name, s.get("messages", 0)) for q, s in stats],
+        "capella_queue_bytes": [(q.name, s.get("bytes", 0)) for q, s in stats],
+        "capella_queue_last_id": [(q.name, q.last_id) for q, _ in stats],
+    }
+    for name, help_text in _QUEUE_GAUGES:
+        _header(out, name, help_text, "gauge")
+        out.extend(f'{name}{{queue="{escape(q)}"}} {_num(v)}' for q, v in gauge_values[name])
+
+    _header(out, "capella_queue_blocks", "Blocks of the queue by state.", "gauge")
+    for q, s in stats:
+        by_state = s.get("blocks", {}).get("by_state", {})
+        for state, count in sorted(by_state.items()):
+            out.append(f'capella_queue_blocks{{queue="{escape(q.name)}",state="{escape(state)}"}} {_num(count)}')
+
+    for name, help_text, attr in _QUEUE_COUNTERS:
+        _header(out, name, help_text, "counter")
+        out.extend(f'{name}{{queue="{escape(q.name)}"}} {_num(getattr(q.counters, attr))}' for q in queues)
+
+    lag_lines: list[str] = []
+    cursor_lines: list[str] = []
+    for q in queues:
+        for sub in q.subscriptions():
+            labels = (
+                f'queue="{escape(q.name)}",subscription="{escape(sub.name)}",'
+                f'replica="{"true" if sub.replica else "false"}"'
+            )
+            lag_lines.append(f"capella_subscription_lag{{{labels}}} {max(0, q.last_id - sub.last_id)}")
+            cursor_lines.append(f"capella_subscription_last_id{{{labels}}} {sub.last_id}")
+    _header(out, "capella_subscription_lag", "Messages after a subscription's cursor.", "gauge")
+    out.extend(lag_lines)
+    _header(out, "capella_subscription_last_id", "A subscription's cursor.", "gauge")
+    out.extend(cursor_lines)
+
+    hist = cluster.flush_latency
+    _header(out, "capella_flush_seconds", "Time to save and fsync one flush.", "histogram")
+    cumulative = 0
+    # Histogram.counts are per bucket; Prometheus buckets count everything at or below ``le``.
+    for bound, count in zip(hist.bounds, hist.counts, strict=False):
+        cumulative += count
+        out.append(f'capella_flush_seconds_bucket{{le="{_num(float(bound))}"}} {cumulative}')
+    total = sum(hist.counts)
+    out.append(f'capella_flush_seconds_bucket{{le="+Inf"}} {total}')
+    out.append(f"capella_flush_seconds_sum {_num(float(hist.sum))}")
+    out.append(f"capella_flush_seconds_count {total}")
+    out.append("")
+    return "\n".join(out)
+
+
+def escape(value: str) -> str:
+    """A label value with backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _header(out: list[str], name: str, help_text: str, kind: str) -> None:
+    out.append(f"# HELP {name} {help_text}")
+    out.append(f"# TYPE {name} {kind}")
+
+
+def _num(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        if value in (float("inf"), float("-inf")):
+            return "+Inf" if value > 0 else "-Inf"
+        return repr(value)
+    return str(value)

@@ -1,0 +1,96 @@
+"""Bytes under keys: the Storage protocol and the registry of providers.
+
+A key is a ``/``-separated relative path such as ``queues/orders/blocks/00000001.blk``.
+Every ``put`` is atomic and durable when it returns (write to a temporary name, fsync,
+rename, fsync the directory). A ``Journal`` is an append-only value used for the open
+block; providers that cannot append (object stores) raise ``Unsupported`` from ``journal``.
+
+Providers are imported only when a mount uses them, so an edge device that never mounts
+S3 never imports boto3.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol
+
+from capella.errors import InvalidConfig
+
+PROVIDERS = {
+    "memory": "capella.storage.memory:MemoryStorage",
+    "file": "capella.storage.file:FileStorage",
+}
+
+
+class Journal(Protocol):
+    """An append-only value. ``append`` buffers; ``sync`` makes everything appended durable."""
+
+    @property
+    def size(self) -> int:
+        """Bytes appended so far (durable or not)."""
+        ...
+
+    async def append(self, data: bytes) -> None: ...
+
+    async def sync(self) -> None: ...
+
+    async def append_and_sync(self, data: bytes) -> None:
+        """Append and fsync in one step (one thread hop on disk providers)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Storage(Protocol):
+    """Where blocks and metadata live. Errors are translated to ``capella.errors``."""
+
+    async def get(self, key: str) -> bytes:
+        """The value at ``key``; ``KeyNotFound`` if there is none."""
+        ...
+
+    async def put(self, key: str, value: bytes) -> None:
+        """Store ``value`` atomically and durably."""
+        ...
+
+    async def delete(self, key: str) -> None:
+        """Remove ``key``; no error if it is already gone."""
+        ...
+
+    async def list(self, prefix: str) -> list[str]:
+        """Every key that starts with ``prefix``, sorted."""
+        ...
+
+    async def journal(self, key: str, *, truncate_to: int | None = None) -> Journal:
+        """Open (creating if needed) an append-only value at ``key``.
+
+        ``truncate_to`` cuts the existing value to that many bytes first (used by recovery
+        to drop a torn tail). Creating the value fsyncs its directory.
+        """
+        ...
+
+    async def close(self) -> None: ...
+
+
+def open_storage(provider: str, options: dict[str, Any]) -> Storage:
+    """Build the provider named in a mount's config, importing it only now."""
+    options = dict(options)
+    compression = options.pop("compression", None)
+    level = int(options.pop("level", 3))
+    try:
+        target = PROVIDERS[provider]
+    except KeyError:
+        known = ", ".join(sorted(PROVIDERS))
+        raise InvalidConfig(f"unknown storage provider {provider!r} (known: {known})") from None
+    module_name, _, class_name = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    try:
+        store: Storage = cls(**options)
+    except TypeError as exc:
+        raise InvalidConfig(f"bad options for storage provider {provider!r}: {exc}") from None
+    if compression in (None, "", "none"):
+        return store
+    if compression != "zstd":
+        raise InvalidConfig(f"unknown compression {compression!r} (known: zstd)")
+    from capella.storage.zstd import ZstdStorage
+
+    return ZstdStorage(store, level=level)

@@ -1,0 +1,293 @@
+"""Values as files under one directory on local disk.
+
+A key ``queues/orders/meta.json`` is the file ``<root>/queues/orders/meta.json``. Every
+``put`` is atomic and durable when it returns: the value goes to ``<name>.tmp-<random>`` in
+the same directory, is fsync'd, renamed over the final name, and then the directory is
+fsync'd so the rename itself survives a power failure. A crash between those steps leaves
+the old value in place and, at worst, a ``.tmp-`` file; ``list`` ignores such leftovers and
+nothing deletes them, because a scan cannot tell a dead one from a put still in progress.
+
+Journals are plain files opened for append. Their hot path, ``append_and_sync``, is one
+``os.write`` plus one ``os.fsync`` in a single thread hop, since the broker does it once per
+group commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
+import aiofiles
+
+from capella.errors import InvalidRequest, KeyNotFound, StorageUnavailable
+
+TMP_MARK = ".tmp-"
+
+# Appends are kept in memory until they reach this size or are synced, so ``append`` costs
+# no thread hop in the common case.
+_APPEND_BUFFER = 1024 * 1024
+
+# Trying to read a directory, or a path through a file, means no value at that key.
+_NO_VALUE = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+
+class FileStorage:
+    """Values as files under one directory; every put is atomic."""
+
+    def __init__(self, root: str | Path) -> None:
+        self._root = Path(root)
+
+    async def get(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            async with aiofiles.open(path, "rb") as f:
+                return await f.read()
+        except _NO_VALUE:
+            raise KeyNotFound(f"file: no value at {key!r}") from None
+        except OSError as exc:
+            raise StorageUnavailable(f"file: cannot read {key!r}: {exc}") from exc
+
+    async def put(self, key: str, value: bytes) -> None:
+        path = self._path(key)
+        tmp = path.with_name(f"{path.name}{TMP_MARK}{secrets.token_hex(6)}")
+        try:
+            try:
+                await _write_synced(tmp, value)
+            except FileNotFoundError:
+                # Only the first put under a new directory pays for creating it.
+                await asyncio.to_thread(_make_dirs, path.parent)
+                await _write_synced(tmp, value)
+            await asyncio.to_thread(_replace_synced, tmp, path)
+        except OSError as exc:
+            await asyncio.to_thread(_remove_quietly, tmp)
+            raise StorageUnavailable(f"file: cannot write {key!r}: {exc}") from exc
+
+    async def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            await asyncio.to_thread(_unlink_synced, path)
+        except OSError as exc:
+            raise StorageUnavailable(f"file: cannot delete {key!r}: {exc}") from exc
+
+    async def list(self, prefix: str) -> list[str]:
+        # Walk only the directory the prefix pins down: "queues/orders/bl" starts at
+        # <root>/queues/orders rather than at the root.
+        directory, _, _ = prefix.rpartition("/")
+        if directory:
+            _check_parts(directory.split("/"), prefix)
+        try:
+            keys = await asyncio.to_thread(_walk, self._root, directory)
+        except OSError as exc:
+            raise StorageUnavailable(f"file: cannot list {prefix!r}: {exc}") from exc
+        return sorted(key for key in keys if key.startswith(prefix))
+
+    async def journal(self, key: str, *, truncate_to: int | None = None) -> FileJournal:
+        path = self._path(key)
+        if truncate_to is not None and truncate_to < 0:
+            raise InvalidRequest(f"file: cannot truncate {key!r} to {truncate_to} bytes")
+        try:
+            fd, size = await asyncio.to_thread(_open_journal, path, key, truncate_to)
+        except OSError as exc:
+            raise StorageUnavailable(f"file: cannot open journal {key!r}: {exc}") from exc
+        return FileJournal(key, fd, size)
+
+    async def close(self) -> None:
+        pass
+
+    def _path(self, key: str) -> Path:
+        if not key or key.startswith("/"):
+            raise InvalidRequest(f"file: bad key {key!r}")
+        _check_parts(key.split("/"), key)
+        return self._root.joinpath(key)
+
+
+class FileJournal:
+    """An open file that only grows; the caller uses it from one task at a time.
+
+    ``append`` keeps bytes in memory until ``sync``, ``close`` or 1 MiB of them, so a
+    ``get`` of the key sees them only after that. ``size`` counts them all.
+    """
+
+    def __init__(self, key: str, fd: int, size: int) -> None:
+        self._key = key
+        self._fd = fd
+        self._size = size
+        self._pending = bytearray()
+        self._closed = False
+        self._failed = False
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    async def append(self, data: bytes) -> None:
+        self._check_usable()
+        self._pending += data
+        self._size += len(data)
+        if len(self._pending) >= _APPEND_BUFFER:
+            await self._write(self._take_pending(), sync=False)
+
+    async def sync(self) -> None:
+        self._check_usable()
+        await self._write(self._take_pending(), sync=True)
+
+    async def append_and_sync(self, data: bytes) -> None:
+        self._check_usable()
+        self._size += len(data)
+        if self._pending:
+            self._pending += data
+            data = self._take_pending()
+        await self._write(data, sync=True)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        pending = b"" if self._failed else self._take_pending()
+        try:
+            await asyncio.to_thread(_write_and_close, self._fd, pending)
+        except OSError as exc:
+            raise StorageUnavailable(f"file: cannot close journal {self._key!r}: {exc}") from exc
+
+    def _take_pending(self) -> bytes:
+        data = bytes(self._pending)
+        self._pending.clear()
+        return data
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise StorageUnavailable(f"file: journal {self._key!r} is closed")
+        if self._failed:
+            raise StorageUnavailable(f"file: journal {self._key!r} failed earlier; reopen it")
+
+    async def _write(self, data: bytes, *, sync: bool) -> None:
+        try:
+            await asyncio.to_thread(_write_all, self._fd, data, sync)
+        except OSError as exc:
+            # After a failed write or fsync the file's tail is unknown and the kernel may
+            # already have dropped the dirty pages, so retrying could report lost data as
+            # durable. Refuse further use; recovery reopens with ``truncate_to``.
+            self._failed = True
+            raise StorageUnavailable(f"file: cannot append to journal {self._key!r}: {exc}") from exc
+
+
+def _check_parts(parts: list[str], key: str) -> None:
+    for part in parts:
+        if part in ("", ".", "..") or "\0" in part or TMP_MARK in part:
+            raise InvalidRequest(f"file: bad key {key!r}")
+
+
+async def _write_synced(path: Path, value: bytes) -> None:
+    # "xb": a fresh random name must not exist yet; never write through someone else's file.
+    async with aiofiles.open(path, "xb") as f:
+        await f.write(value)
+        await f.flush()
+        await asyncio.to_thread(os.fsync, f.fileno())
+
+
+def _replace_synced(tmp: Path, path: Path) -> None:
+    os.replace(tmp, path)
+    # fsync the directory as well: without it the rename can be lost on power failure.
+    _fsync_dir(path.parent)
+
+
+def _unlink_synced(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except _NO_VALUE:
+        return
+    _fsync_dir(path.parent)
+
+
+def _remove_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_dirs(path: Path) -> None:
+    """Create ``path`` and any missing parents, fsyncing each parent that gained an entry."""
+    missing: list[Path] = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        # If another put raced us here, fsync anyway so ours does not return before it is durable.
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory)
+        _fsync_dir(directory.parent)
+
+
+def _walk(root: Path, directory: str) -> list[str]:
+    keys: list[str] = []
+    base = f"{directory}/" if directory else ""
+    stack = [(root / directory if directory else root, base)]
+    while stack:
+        path, prefix = stack.pop()
+        try:
+            entries = list(os.scandir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                stack.append((Path(entry.path), f"{prefix}{entry.name}/"))
+            elif TMP_MARK not in entry.name:
+                keys.append(prefix + entry.name)
+    return keys
+
+
+def _open_journal(path: Path, key: str, truncate_to: int | None) -> tuple[int, int]:
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        fd = _create_journal(path, flags)
+    try:
+        if truncate_to is not None:
+            size = os.fstat(fd).st_size
+            if truncate_to > size:
+                raise InvalidRequest(f"file: cannot truncate {key!r} to {truncate_to} bytes (it has {size})")
+            os.ftruncate(fd, truncate_to)
+            os.fsync(fd)
+        return fd, os.fstat(fd).st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _create_journal(path: Path, flags: int) -> int:
+    if not path.parent.is_dir():
+        _make_dirs(path.parent)
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return os.open(path, flags)
+    # The new name is durable only once its directory is fsync'd.
+    _fsync_dir(path.parent)
+    return fd
+
+
+def _write_all(fd: int, data: bytes, sync: bool) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+    if sync:
+        os.fsync(fd)
+
+
+def _write_and_close(fd: int, data: bytes) -> None:
+    try:
+        _write_all(fd, data, False)
+    finally:
+        os.close(fd)

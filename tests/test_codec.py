@@ -1,0 +1,251 @@
+"""The journal and sealed block formats: round trips, torn tails and corruption."""
+
+from __future__ import annotations
+
+import random
+import struct
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capella.core.codec import (
+    JOURNAL_HEADER,
+    block_keys,
+    decode_block,
+    decode_journal,
+    encode_block,
+    encode_record,
+)
+from capella.core.message import Message
+from capella.errors import CorruptData, InvalidMessage
+
+I64 = st.integers(-(2**63), 2**63 - 1)
+U64 = st.integers(0, 2**64 - 1)
+TIMES = st.floats(allow_nan=False)
+SOURCES = st.text(max_size=12) | st.sampled_from(["edge-1", "dc-eu", "zürich-☃", ""])
+HEADERS = st.dictionaries(st.text(max_size=8), st.text(max_size=16), max_size=3)
+# Mostly small payloads, sometimes one past 64 KiB to cross any 16-bit length.
+PAYLOADS = st.binary(max_size=300) | st.integers(65_536, 70_000).map(lambda n: random.Random(n).randbytes(n))
+
+
+def message(mid: int = 1, **fields: object) -> Message:
+    values: dict[str, object] = {
+        "time": 1_700_000_000.0 + mid * 1e-5,
+        "source": "edge-1",
+        "external_id": mid,
+        "external_time": 1_700_000_000.0 + mid * 1e-5,
+        "segment": 0,
+        "payload": b"p%d" % mid,
+    }
+    values.update(fields)
+    return Message(id=mid, **values)  # type: ignore[arg-type]
+
+
+@st.composite
+def messages(draw: st.DrawFn, max_size: int = 6) -> list[Message]:
+    """Messages with strictly increasing ids and anything else in its full range."""
+    ids = sorted(draw(st.sets(U64, max_size=max_size)))
+    return [
+        Message(
+            id=mid,
+            time=draw(TIMES),
+            source=draw(SOURCES),
+            external_id=draw(I64),
+            external_time=draw(TIMES),
+            segment=draw(I64),
+            payload=draw(PAYLOADS),
+            headers=draw(HEADERS),
+        )
+        for mid in ids
+    ]
+
+
+def journal(msgs: list[Message]) -> tuple[bytes, list[int]]:
+    """A journal holding ``msgs`` and the offset at which each frame ends."""
+    frames = [encode_record(m) for m in msgs]
+    ends = [len(JOURNAL_HEADER)]
+    for frame in frames:
+        ends.append(ends[-1] + len(frame))
+    return JOURNAL_HEADER + b"".join(frames), ends
+
+
+def flip(data: bytes, bit: int) -> bytes:
+    out = bytearray(data)
+    out[bit // 8] ^= 1 << (bit % 8)
+    return bytes(out)
+
+
+def resign(block: bytes) -> bytes:
+    """The block with its CRC recomputed, to reach the checks behind the checksum."""
+    return block[:-4] + struct.pack("<I", zlib.crc32(block[:-4]))
+
+
+def small_block() -> list[Message]:
+    return [
+        message(3, headers={"trace": "ab", "ü": ""}),
+        message(4, source="dc-eu", external_id=-7, segment=-2),
+        message(9, external_time=12.5, payload=b""),
+    ]
+
+
+# --- journal -----------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(messages())
+def test_journal_round_trip(msgs: list[Message]) -> None:
+    data, _ = journal(msgs)
+    scan = decode_journal(data)
+    assert scan.messages == msgs
+    assert (scan.valid_length, scan.torn, scan.reason) == (len(data), False, "")
+
+
+@settings(max_examples=15, deadline=None)
+@given(messages(max_size=4).filter(lambda ms: all(len(m.payload) < 1000 for m in ms)))
+def test_every_truncation_keeps_exactly_the_complete_records(msgs: list[Message]) -> None:
+    data, ends = journal(msgs)
+    for cut in range(len(JOURNAL_HEADER), len(data) + 1):
+        scan = decode_journal(data[:cut])
+        complete = sum(end <= cut for end in ends) - 1
+        assert scan.messages == msgs[:complete]
+        assert scan.valid_length == ends[complete]
+        assert scan.torn == (cut != ends[complete])
+
+
+def test_a_torn_journal_header_scans_as_empty() -> None:
+    for cut in range(len(JOURNAL_HEADER)):
+        scan = decode_journal(JOURNAL_HEADER[:cut])
+        assert (scan.messages, scan.valid_length, scan.torn) == ([], 0, cut > 0)
+
+
+@pytest.mark.parametrize("bit", range(len(JOURNAL_HEADER) * 8))
+def test_a_bad_journal_header_is_corrupt(bit: int) -> None:
+    with pytest.raises(CorruptData, match="journal"):
+        decode_journal(flip(JOURNAL_HEADER, bit) + encode_record(message()))
+
+
+def test_every_bit_flip_in_the_last_frame_is_detected() -> None:
+    msgs = [message(1), message(2, headers={"k": "v"}), message(5, source="zürich", payload=b"x" * 40)]
+    data, ends = journal(msgs)
+    for bit in range(ends[-2] * 8, len(data) * 8):
+        scan = decode_journal(flip(data, bit))
+        assert scan.messages == msgs[:-1]
+        assert scan.valid_length == ends[-2]
+        assert scan.torn and scan.reason
+
+
+@settings(max_examples=40, deadline=None)
+@given(messages(max_size=4).filter(bool), st.data())
+def test_a_random_bit_flip_in_the_last_frame_is_detected(msgs: list[Message], data: st.DataObject) -> None:
+    raw, ends = journal(msgs)
+    bit = data.draw(st.integers(ends[-2] * 8, len(raw) * 8 - 1))
+    scan = decode_journal(flip(raw, bit))
+    assert scan.messages == msgs[:-1]
+    assert scan.valid_length == ends[-2]
+
+
+def test_the_scan_stops_at_an_id_that_does_not_increase() -> None:
+    data, ends = journal([message(5), message(5), message(6)])
+    scan = decode_journal(data)
+    assert [m.id for m in scan.messages] == [5]
+    assert scan.valid_length == ends[1]
+    assert scan.torn and "does not follow" in scan.reason
+
+
+def test_zero_fill_after_the_last_frame_is_a_torn_tail() -> None:
+    data, ends = journal([message(1)])
+    scan = decode_journal(data + bytes(64))
+    assert [m.id for m in scan.messages] == [1]
+    assert scan.valid_length == ends[-1]
+    assert scan.torn
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        message(-1),
+        message(1, external_id=2**63),
+        message(1, segment=-(2**63) - 1),
+        message(1, source="x" * 70_000),
+        message(1, source="\ud800"),
+        message(1, headers={"k" * 70_000: "v"}),
+    ],
+)
+def test_a_message_that_cannot_be_stored_is_refused(bad: Message) -> None:
+    with pytest.raises(InvalidMessage):
+        encode_record(bad)
+
+
+# --- sealed block ------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(messages(max_size=12))
+def test_block_round_trip(msgs: list[Message]) -> None:
+    block = encode_block(msgs)
+    assert decode_block(block) == msgs
+    assert block_keys(block) == ([m.id for m in msgs], [m.key for m in msgs])
+
+
+def test_decoded_payloads_are_bytes_even_from_a_bytearray() -> None:
+    decoded = decode_block(bytearray(encode_block(small_block())))
+    assert decoded == small_block()
+    assert all(type(m.payload) is bytes for m in decoded)
+
+
+def test_every_truncation_and_extension_of_a_block_is_corrupt() -> None:
+    block = encode_block(small_block())
+    for cut in range(len(block)):
+        with pytest.raises(CorruptData):
+            decode_block(block[:cut])
+    for extra in (b"\x00", b"\x00" * 4, block[-16:]):
+        with pytest.raises(CorruptData, match="truncated or extended"):
+            decode_block(block + extra)
+
+
+def test_every_bit_flip_of_a_block_is_corrupt() -> None:
+    block = encode_block(small_block())
+    for bit in range(len(block) * 8):
+        with pytest.raises(CorruptData):
+            decode_block(flip(block, bit))
+        with pytest.raises(CorruptData):
+            block_keys(flip(block, bit))
+
+
+@settings(max_examples=60, deadline=None)
+@given(messages(max_size=8).filter(lambda ms: sum(len(m.payload) for m in ms) < 5000), st.data())
+def test_a_random_cut_or_bit_flip_of_a_block_is_corrupt(msgs: list[Message], data: st.DataObject) -> None:
+    block = encode_block(msgs)
+    with pytest.raises(CorruptData):
+        decode_block(block[: data.draw(st.integers(0, len(block) - 1))])
+    with pytest.raises(CorruptData):
+        decode_block(flip(block, data.draw(st.integers(0, len(block) * 8 - 1))))
+
+
+def test_a_block_that_passes_its_checksum_but_not_its_framing_is_corrupt() -> None:
+    block = encode_block(small_block())
+    # Claim one message more, and make the last id disagree, each with a valid CRC.
+    more = block[:8] + struct.pack("<I", 4) + block[12:]
+    wrong_last = block[:24] + struct.pack("<Q", 10) + block[32:]
+    for bad in (more, wrong_last):
+        with pytest.raises(CorruptData, match="metadata"):
+            decode_block(resign(bad))
+
+
+def test_an_empty_block_round_trips() -> None:
+    assert decode_block(encode_block([])) == []
+
+
+def test_block_ids_must_increase() -> None:
+    with pytest.raises(ValueError, match="increasing"):
+        encode_block([message(2), message(2)])
+
+
+def test_ten_thousand_random_payloads_cost_at_most_293_bytes_each() -> None:
+    rnd = random.Random(7)
+    msgs = [message(i, payload=rnd.randbytes(256)) for i in range(1, 10_001)]
+    block = encode_block(msgs)
+    assert len(block) / len(msgs) <= 293
+    assert decode_block(block) == msgs

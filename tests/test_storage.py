@@ -1,0 +1,284 @@
+"""The storage suite every provider passes, then what only disk and compression promise."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from capella.errors import CorruptData, InvalidRequest, KeyNotFound, StorageUnavailable
+from capella.storage import Storage
+from capella.storage.file import FileStorage
+from capella.storage.zstd import MAGIC, ZstdStorage
+
+# --- every provider ----------------------------------------------------------------------
+
+
+async def test_a_put_value_reads_back(storage: Storage) -> None:
+    await storage.put("queues/orders/meta.json", b'{"last_id": 7}')
+    assert await storage.get("queues/orders/meta.json") == b'{"last_id": 7}'
+
+
+async def test_a_put_replaces_the_old_value(storage: Storage) -> None:
+    await storage.put("k", b"old")
+    await storage.put("k", b"new")
+    assert await storage.get("k") == b"new"
+
+
+async def test_a_missing_key_is_key_not_found(storage: Storage) -> None:
+    with pytest.raises(KeyNotFound):
+        await storage.get("nothing/here")
+
+
+async def test_delete_removes_and_is_idempotent(storage: Storage) -> None:
+    await storage.put("a/b", b"x")
+    await storage.delete("a/b")
+    await storage.delete("a/b")
+    await storage.delete("never/there")
+    with pytest.raises(KeyNotFound):
+        await storage.get("a/b")
+    assert await storage.list("") == []
+
+
+async def test_list_returns_keys_under_a_prefix_sorted(storage: Storage) -> None:
+    for key in ["q/b/2.blk", "q/a/10.blk", "q/a/1.blk", "q/a/sub/x", "qq/other", "z"]:
+        await storage.put(key, b"v")
+    assert await storage.list("q/a/") == ["q/a/1.blk", "q/a/10.blk", "q/a/sub/x"]
+    assert await storage.list("q/a/1") == ["q/a/1.blk", "q/a/10.blk"]
+    assert await storage.list("q") == ["q/a/1.blk", "q/a/10.blk", "q/a/sub/x", "q/b/2.blk", "qq/other"]
+    assert await storage.list("") == ["q/a/1.blk", "q/a/10.blk", "q/a/sub/x", "q/b/2.blk", "qq/other", "z"]
+    assert await storage.list("missing/") == []
+
+
+async def test_an_empty_value_reads_back_empty(storage: Storage) -> None:
+    await storage.put("empty", b"")
+    assert await storage.get("empty") == b""
+
+
+async def test_an_8_mib_value_reads_back(storage: Storage) -> None:
+    value = os.urandom(4 * 1024 * 1024) + bytes(4 * 1024 * 1024)
+    await storage.put("big.blk", value)
+    assert await storage.get("big.blk") == value
+
+
+async def test_a_journal_grows_and_reads_back_after_sync(storage: Storage) -> None:
+    journal = await storage.journal("q/open.blk")
+    assert journal.size == 0
+    await journal.append(b"one,")
+    await journal.append(b"two,")
+    assert journal.size == 8
+    await journal.sync()
+    await journal.append_and_sync(b"three")
+    assert journal.size == 13
+    assert await storage.get("q/open.blk") == b"one,two,three"
+    await journal.close()
+
+
+async def test_a_reopened_journal_keeps_its_bytes_and_appends_after_them(storage: Storage) -> None:
+    journal = await storage.journal("j")
+    await journal.append_and_sync(b"abc")
+    await journal.close()
+    journal = await storage.journal("j")
+    assert journal.size == 3
+    await journal.append_and_sync(b"def")
+    await journal.close()
+    assert await storage.get("j") == b"abcdef"
+
+
+async def test_truncate_to_drops_a_torn_tail(storage: Storage) -> None:
+    journal = await storage.journal("j")
+    await journal.append_and_sync(b"good|torn")
+    await journal.close()
+    journal = await storage.journal("j", truncate_to=5)
+    assert journal.size == 5
+    await journal.append_and_sync(b"next")
+    await journal.close()
+    assert await storage.get("j") == b"good|next"
+
+
+async def test_truncate_to_past_the_end_is_refused(storage: Storage) -> None:
+    journal = await storage.journal("j")
+    await journal.append_and_sync(b"abc")
+    await journal.close()
+    with pytest.raises(InvalidRequest):
+        await storage.journal("j", truncate_to=4)
+    assert await storage.get("j") == b"abc"
+
+
+async def test_a_closed_journal_refuses_appends_and_closes_twice(storage: Storage) -> None:
+    journal = await storage.journal("j")
+    await journal.append(b"kept")
+    await journal.close()
+    await journal.close()
+    with pytest.raises(StorageUnavailable):
+        await journal.append(b"x")
+    assert await storage.get("j") == b"kept"
+
+
+async def test_a_journal_is_listed_and_deleted_like_any_value(storage: Storage) -> None:
+    journal = await storage.journal("q/blocks/00000002.blk")
+    await journal.append_and_sync(b"x")
+    await journal.close()
+    assert await storage.list("q/blocks/") == ["q/blocks/00000002.blk"]
+    await storage.delete("q/blocks/00000002.blk")
+    with pytest.raises(KeyNotFound):
+        await storage.get("q/blocks/00000002.blk")
+
+
+# --- file --------------------------------------------------------------------------------
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a/../b", "..", "a//b", "a/", "./a", "a/./b", "a\0b", "a.tmp-1"])
+async def test_file_rejects_keys_that_are_not_plain_relative_paths(tmp_path: Path, key: str) -> None:
+    store = FileStorage(tmp_path / "store")
+    with pytest.raises(InvalidRequest):
+        await store.put(key, b"x")
+    with pytest.raises(InvalidRequest):
+        await store.get(key)
+    with pytest.raises(InvalidRequest):
+        await store.delete(key)
+    with pytest.raises(InvalidRequest):
+        await store.journal(key)
+    assert not (tmp_path / "b").exists()
+
+
+async def test_file_list_refuses_a_prefix_that_climbs_out(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequest):
+        await FileStorage(tmp_path / "store").list("../")
+
+
+async def test_file_put_leaves_only_the_final_file(tmp_path: Path) -> None:
+    store = FileStorage(tmp_path)
+    await store.put("q/a/1.blk", b"one")
+    await store.put("q/a/1.blk", b"two")
+    await store.put("q/b", b"three")
+    assert files_under(tmp_path) == ["q/a/1.blk", "q/b"]
+
+
+async def test_file_put_keeps_the_old_value_when_the_rename_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStorage(tmp_path)
+    await store.put("q/meta", b"old")
+
+    def failing_replace(src: object, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(StorageUnavailable, match="q/meta"):
+        await store.put("q/meta", b"new")
+    with pytest.raises(StorageUnavailable):
+        await store.put("q/other", b"new")
+    monkeypatch.undo()
+
+    assert await store.get("q/meta") == b"old"
+    assert await store.list("") == ["q/meta"]
+    assert files_under(tmp_path) == ["q/meta"]
+
+
+async def test_file_list_ignores_temporary_leftovers(tmp_path: Path) -> None:
+    store = FileStorage(tmp_path)
+    await store.put("q/meta", b"v")
+    (tmp_path / "q" / "meta.tmp-0123abcd").write_bytes(b"half")
+    assert await store.list("") == ["q/meta"]
+
+
+async def test_file_a_directory_or_a_path_through_a_file_holds_no_value(tmp_path: Path) -> None:
+    store = FileStorage(tmp_path)
+    await store.put("q/a/1.blk", b"v")
+    with pytest.raises(KeyNotFound):
+        await store.get("q/a")
+    with pytest.raises(KeyNotFound):
+        await store.get("q/a/1.blk/x")
+    await store.delete("q/a")
+    assert await store.get("q/a/1.blk") == b"v"
+
+
+async def test_file_write_errors_become_storage_unavailable(tmp_path: Path) -> None:
+    store = FileStorage(tmp_path)
+    await store.put("q", b"a file where a directory is needed")
+    with pytest.raises(StorageUnavailable, match="q/x"):
+        await store.put("q/x", b"v")
+    with pytest.raises(StorageUnavailable, match="q/j"):
+        await store.journal("q/j")
+
+
+async def test_file_journal_appends_reach_the_file_by_sync(tmp_path: Path) -> None:
+    store = FileStorage(tmp_path)
+    journal = await store.journal("j")
+    await journal.append(b"buffered")
+    await journal.sync()
+    assert (tmp_path / "j").read_bytes() == b"buffered"
+    await journal.close()
+
+
+async def test_file_journal_refuses_use_after_a_failed_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStorage(tmp_path)
+    journal = await store.journal("j")
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(StorageUnavailable, match="'j'"):
+        await journal.append_and_sync(b"lost?")
+    monkeypatch.undo()
+    # The kernel may have dropped the pages; a retry must not report them durable.
+    with pytest.raises(StorageUnavailable, match="failed earlier"):
+        await journal.sync()
+    await journal.close()
+
+
+# --- zstd --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [1000, 1024 * 1024], ids=["inline", "threaded"])
+async def test_zstd_stores_compressed_frames(tmp_path: Path, size: int) -> None:
+    store = ZstdStorage(FileStorage(tmp_path), level=3)
+    value = b"message " * (size // 8)
+    await store.put("b.blk", value)
+    packed = (tmp_path / "b.blk").read_bytes()
+    assert packed.startswith(MAGIC)
+    assert len(packed) < len(value) // 10
+    assert await store.get("b.blk") == value
+
+
+@pytest.mark.parametrize("size", [1000, 1024 * 1024], ids=["inline", "threaded"])
+async def test_zstd_reports_corrupted_bytes(tmp_path: Path, size: int) -> None:
+    store = ZstdStorage(FileStorage(tmp_path))
+    await store.put("b.blk", os.urandom(size))
+    path = tmp_path / "b.blk"
+    packed = bytearray(path.read_bytes())
+    packed[len(packed) // 2] ^= 0xFF
+    path.write_bytes(bytes(packed))
+    with pytest.raises(CorruptData, match=r"b\.blk"):
+        await store.get("b.blk")
+
+
+async def test_zstd_reports_a_cut_short_frame(tmp_path: Path) -> None:
+    store = ZstdStorage(FileStorage(tmp_path))
+    await store.put("b.blk", b"abc" * 1000)
+    path = tmp_path / "b.blk"
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(CorruptData):
+        await store.get("b.blk")
+
+
+async def test_zstd_returns_values_written_before_compression_as_they_are(tmp_path: Path) -> None:
+    await FileStorage(tmp_path).put("meta.json", b'{"legacy": true}')
+    assert await ZstdStorage(FileStorage(tmp_path)).get("meta.json") == b'{"legacy": true}'
+
+
+async def test_zstd_journals_are_stored_uncompressed(tmp_path: Path) -> None:
+    store = ZstdStorage(FileStorage(tmp_path))
+    journal = await store.journal("open.blk")
+    await journal.append_and_sync(b"raw bytes")
+    await journal.close()
+    assert (tmp_path / "open.blk").read_bytes() == b"raw bytes"
