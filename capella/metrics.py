@@ -43,7 +43,9 @@ def render(cluster: Cluster) -> str:
     for q, s in stats:
         by_state = s.get("blocks", {}).get("by_state", {})
         for state, count in sorted(by_state.items()):
-            out.append(f'capella_queue_blocks{{queue="{escape(q.name)}",state="{escape(state)}"}} {_num(count)}')
+            out.append(
+                f'capella_queue_blocks{{queue="{escape(q.name)}",state="{escape(state)}"}} {_num(count)}'
+            )
 
     for name, help_text, attr in _QUEUE_COUNTERS:
         _header(out, name, help_text, "counter")

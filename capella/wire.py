@@ -26,9 +26,7 @@ INT64_MAX = 2**63 - 1
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
 
-_RFC3339 = re.compile(
-    r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})"
-)
+_RFC3339 = re.compile(r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})")
 
 
 def dumps(value: Any) -> bytes:

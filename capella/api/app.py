@@ -50,8 +50,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except CapellaError as exc:
         if status_for(exc) >= 500:
-            log.warning("request failed method=%s path=%s code=%s: %s",
-                        request.method, request.path, exc.code, exc.message)
+            log.warning(
+                "request failed method=%s path=%s code=%s: %s",
+                request.method,
+                request.path,
+                exc.code,
+                exc.message,
+            )
         return error_response(status_for(exc), exc.code, exc.message, exc.details)
     except web.HTTPException as exc:
         if exc.status < 400:

@@ -10,12 +10,11 @@ import asyncio
 import base64
 import binascii
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 from aiohttp import web
-from multidict import CIMultiDictProxy, MultiDictProxy
 
 from capella import wire
 from capella.api.request import (
@@ -171,8 +170,8 @@ def parse_draft(item: Any, index: int, max_size: int) -> Draft:
 
 def raw_draft(
     body: bytes,
-    query: MultiDictProxy[str],
-    http_headers: CIMultiDictProxy[str],
+    query: Mapping[str, str],
+    http_headers: Mapping[str, str],
     settings: ServerSettings,
 ) -> Draft:
     """An ``application/octet-stream`` body: metadata from the query and Capella-Header-* headers."""
@@ -250,7 +249,9 @@ def _query_int(text: str, name: str) -> object:
     try:
         return int(text)
     except ValueError:
-        raise InvalidMessage(f"message 0: {name}: expected an integer, got {text!r}", index=0, field=name) from None
+        raise InvalidMessage(
+            f"message 0: {name}: expected an integer, got {text!r}", index=0, field=name
+        ) from None
 
 
 def _query_time(text: str) -> object:
@@ -311,9 +312,7 @@ def messages_response(request: web.Request, result: ReadResult) -> web.Response:
             content_type=wire.NDJSON,
             headers={"Capella-Last-Id": str(result.last_id)},
         )
-    body = orjson.dumps(
-        {"messages": [stored_message(m) for m in result.messages], "last_id": result.last_id}
-    )
+    body = orjson.dumps({"messages": [stored_message(m) for m in result.messages], "last_id": result.last_id})
     return web.Response(body=body, content_type=wire.JSON)
 
 
@@ -355,14 +354,14 @@ def _at_least(result: ReadResult, after: int) -> ReadResult:
     return result if result.last_id >= after else ReadResult(result.messages, after)
 
 
-async def wait_new(app: web.Application, queue: Queue, cursor: int, timeout: float) -> str:
+async def wait_new(app: web.Application, queue: Queue, cursor: int, seconds: float) -> str:
     """Wait for an id past ``cursor``: ``"new"``, ``"timeout"`` or ``"stopped"`` (shutdown, drop)."""
     stopping = app[STOPPING]
     if stopping.is_set():
         return "stopped"
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    waiter = asyncio.ensure_future(queue.wait_for(cursor, timeout))
+    deadline = loop.time() + seconds
+    waiter = asyncio.ensure_future(queue.wait_for(cursor, seconds))
     stop = asyncio.ensure_future(stopping.wait())
     try:
         await asyncio.wait((waiter, stop), return_when=asyncio.FIRST_COMPLETED)

@@ -45,36 +45,41 @@ def answer(description: str, schema: dict[str, Any] | None = None) -> dict[str, 
     return {"description": description, "content": json_content(schema)}
 
 
-def errors(*statuses: int) -> dict[str, Any]:
-    text = {
-        400: "Invalid request, message, name or save mode",
-        404: "Queue, subscription or route not found",
-        408: "The body did not arrive within the read deadline",
-        409: "Conflict",
-        413: "Body, message or batch over the limit",
-        503: "Storage unavailable, corrupt data or shutting down",
+def param(
+    name: str, where: str, schema: dict[str, Any], description: str, required: bool = False
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": where,
+        "required": required or where == "path",
+        "schema": schema,
+        "description": description,
     }
-    return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in statuses} | {
-        "default": {"$ref": "#/components/responses/Error"}
-    } if statuses else {s: v for s, v in text.items() if False}
-
-
-def param(name: str, where: str, schema: dict[str, Any], description: str, required: bool = False) -> dict[str, Any]:
-    return {"name": name, "in": where, "required": required or where == "path", "schema": schema,
-            "description": description}
 
 
 QUEUE = param("queue", "path", {"type": "string", "pattern": NAME_PATTERN}, "Queue name")
 SUBSCRIPTION = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "Subscription name")
 SAVE = param("save", "query", {"type": "string", "enum": SAVE_MODES}, "Save mode (default: the queue's)")
 AFTER = param("after", "query", MESSAGE_ID, "Return messages with an id greater than this")
-LIMIT = param("limit", "query", {"type": "integer", "minimum": 1, "maximum": wire.INT64_MAX, "default": 100},
-              "At most this many messages (capped at the server's max_limit)")
-SEGMENTS = param("segments", "query", {"type": "string", "pattern": SEGMENTS_PATTERN},
-                 "Inclusive segment ranges, e.g. 0-9,20-29,42")
+LIMIT = param(
+    "limit",
+    "query",
+    {"type": "integer", "minimum": 1, "maximum": wire.INT64_MAX, "default": 100},
+    "At most this many messages (capped at the server's max_limit)",
+)
+SEGMENTS = param(
+    "segments",
+    "query",
+    {"type": "string", "pattern": SEGMENTS_PATTERN},
+    "Inclusive segment ranges, e.g. 0-9,20-29,42",
+)
 WAIT = param("wait", "query", DURATION, "Long-poll up to this many seconds (capped at max_wait)")
-ACCEPT = param("Accept", "header", {"type": "string"},
-               "application/x-ndjson for one StoredMessage per line (last_id in Capella-Last-Id)")
+ACCEPT = param(
+    "Accept",
+    "header",
+    {"type": "string"},
+    "application/x-ndjson for one StoredMessage per line (last_id in Capella-Last-Id)",
+)
 
 MESSAGES_ANSWER = {
     "description": "Messages after the cursor",
@@ -109,8 +114,11 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "limits": {
                 "type": "object",
-                "properties": {"max_count": {"type": "integer", "minimum": 1}, "max_bytes": SIZE,
-                               "max_age": DURATION},
+                "properties": {
+                    "max_count": {"type": "integer", "minimum": 1},
+                    "max_bytes": SIZE,
+                    "max_age": DURATION,
+                },
             },
             "save": {"type": "string", "enum": SAVE_MODES},
             "subscription_save": {"type": "string", "enum": SAVE_MODES},
@@ -177,8 +185,12 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "data": {"type": "string"},
             "data_b64": {"type": "string", "contentEncoding": "base64"},
-            "source": {"type": "string", "minLength": 1, "maxLength": 63,
-                       "description": "at most 255 bytes of UTF-8; default the cluster name"},
+            "source": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 255,
+                "description": "at most 255 bytes of UTF-8; default the cluster name",
+            },
             "external_id": INT64,
             "external_time": {
                 "oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "format": "date-time"}],
@@ -285,8 +297,14 @@ def fails(*statuses: int) -> dict[str, Any]:
     return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in (*statuses, 503)}
 
 
-def operation(op_id: str, summary: str, answers: dict[str, Any], *params: dict[str, Any],
-              body: dict[str, Any] | None = None, tag: str = "") -> dict[str, Any]:
+def operation(
+    op_id: str,
+    summary: str,
+    answers: dict[str, Any],
+    *params: dict[str, Any],
+    body: dict[str, Any] | None = None,
+    tag: str = "",
+) -> dict[str, Any]:
     op: dict[str, Any] = {"operationId": op_id, "summary": summary, "responses": answers}
     if tag:
         op["tags"] = [tag]
@@ -299,33 +317,51 @@ def operation(op_id: str, summary: str, answers: dict[str, Any], *params: dict[s
 
 PATHS: dict[str, Any] = {
     "/v1/queues": {
-        "get": operation("listQueues", "List queues", {"200": answer("Queues", ref("QueueList")), **fails()},
-                         tag="queues"),
+        "get": operation(
+            "listQueues", "List queues", {"200": answer("Queues", ref("QueueList")), **fails()}, tag="queues"
+        ),
     },
     "/v1/queues/{queue}": {
         "parameters": [QUEUE],
         "put": operation(
-            "putQueue", "Create (201) or update (200) a queue",
-            {"200": answer("Updated", ref("QueueInfo")), "201": answer("Created", ref("QueueInfo")),
-             **fails(400, 408, 409, 413)},
-            body={"required": False, "content": json_content(ref("QueueDefinition"))}, tag="queues",
+            "putQueue",
+            "Create (201) or update (200) a queue",
+            {
+                "200": answer("Updated", ref("QueueInfo")),
+                "201": answer("Created", ref("QueueInfo")),
+                **fails(400, 408, 409, 413),
+            },
+            body={"required": False, "content": json_content(ref("QueueDefinition"))},
+            tag="queues",
         ),
-        "get": operation("getQueue", "Describe a queue",
-                         {"200": answer("The queue", ref("QueueInfo")), **fails(404)}, tag="queues"),
-        "delete": operation("dropQueue", "Drop a queue and all its messages",
-                            {"204": answer("Dropped"), **fails(404)}, tag="queues"),
+        "get": operation(
+            "getQueue",
+            "Describe a queue",
+            {"200": answer("The queue", ref("QueueInfo")), **fails(404)},
+            tag="queues",
+        ),
+        "delete": operation(
+            "dropQueue",
+            "Drop a queue and all its messages",
+            {"204": answer("Dropped"), **fails(404)},
+            tag="queues",
+        ),
     },
     "/v1/queues/{queue}/messages": {
         "parameters": [QUEUE],
         "post": operation(
-            "produce", "Append messages (a batch is stored whole or not at all)",
-            {"200": answer("One result per message, in request order", ref("ProduceResults")),
-             **fails(400, 404, 408, 413)},
+            "produce",
+            "Append messages (a batch is stored whole or not at all)",
+            {
+                "200": answer("One result per message, in request order", ref("ProduceResults")),
+                **fails(400, 404, 408, 413),
+            },
             SAVE,
             param("source", "query", {"type": "string", "minLength": 1}, "octet-stream only: source"),
             param("external_id", "query", INT64, "octet-stream only: external id"),
-            param("external_time", "query", {"type": "string"},
-                  "octet-stream only: UNIX seconds or RFC 3339"),
+            param(
+                "external_time", "query", {"type": "string"}, "octet-stream only: UNIX seconds or RFC 3339"
+            ),
             param("segment", "query", INT64, "octet-stream only: segment"),
             body={
                 "required": True,
@@ -341,75 +377,130 @@ PATHS: dict[str, Any] = {
             tag="messages",
         ),
         "get": operation(
-            "readMessages", "Read messages after an id (long-poll with wait)",
+            "readMessages",
+            "Read messages after an id (long-poll with wait)",
             {"200": MESSAGES_ANSWER, **fails(400, 404)},
-            AFTER, LIMIT, SEGMENTS, WAIT, ACCEPT, tag="messages",
+            AFTER,
+            LIMIT,
+            SEGMENTS,
+            WAIT,
+            ACCEPT,
+            tag="messages",
         ),
     },
     "/v1/queues/{queue}/stream": {
         "parameters": [QUEUE],
         "get": operation(
-            "streamMessages", "Server-Sent Events tail (event: message, id: message id)",
-            {"200": {"description": "An endless text/event-stream",
-                     "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-             **fails(400, 404)},
-            AFTER, SEGMENTS,
-            param("Last-Event-ID", "header", {"type": "string", "pattern": r"^\s*\d+\s*$"},
-                  "Resume after this message id (wins over after)"),
+            "streamMessages",
+            "Server-Sent Events tail (event: message, id: message id)",
+            {
+                "200": {
+                    "description": "An endless text/event-stream",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                },
+                **fails(400, 404),
+            },
+            AFTER,
+            SEGMENTS,
+            param(
+                "Last-Event-ID",
+                "header",
+                {"type": "string", "pattern": r"^\s*\d+\s*$"},
+                "Resume after this message id (wins over after)",
+            ),
             tag="messages",
         ),
     },
     "/v1/queues/{queue}/subscriptions": {
         "parameters": [QUEUE],
-        "get": operation("listSubscriptions", "List a queue's subscriptions",
-                         {"200": answer("Subscriptions", ref("SubscriptionList")), **fails(404)},
-                         tag="subscriptions"),
+        "get": operation(
+            "listSubscriptions",
+            "List a queue's subscriptions",
+            {"200": answer("Subscriptions", ref("SubscriptionList")), **fails(404)},
+            tag="subscriptions",
+        ),
     },
     "/v1/queues/{queue}/subscriptions/{name}": {
         "parameters": [QUEUE, SUBSCRIPTION],
         "put": operation(
-            "commitSubscription", "Create (201) or commit (200); never moves backwards unless reset",
-            {"200": answer("Committed", ref("Subscription")), "201": answer("Created", ref("Subscription")),
-             **fails(400, 404, 408, 413)},
-            SAVE, body={"required": False, "content": json_content(ref("SubscriptionCommit"))},
+            "commitSubscription",
+            "Create (201) or commit (200); never moves backwards unless reset",
+            {
+                "200": answer("Committed", ref("Subscription")),
+                "201": answer("Created", ref("Subscription")),
+                **fails(400, 404, 408, 413),
+            },
+            SAVE,
+            body={"required": False, "content": json_content(ref("SubscriptionCommit"))},
             tag="subscriptions",
         ),
-        "get": operation("getSubscription", "Describe a subscription",
-                         {"200": answer("The subscription", ref("Subscription")), **fails(404)},
-                         tag="subscriptions"),
-        "delete": operation("deleteSubscription", "Delete a subscription",
-                            {"204": answer("Deleted"), **fails(404)}, tag="subscriptions"),
+        "get": operation(
+            "getSubscription",
+            "Describe a subscription",
+            {"200": answer("The subscription", ref("Subscription")), **fails(404)},
+            tag="subscriptions",
+        ),
+        "delete": operation(
+            "deleteSubscription",
+            "Delete a subscription",
+            {"204": answer("Deleted"), **fails(404)},
+            tag="subscriptions",
+        ),
     },
     "/v1/queues/{queue}/subscriptions/{name}/messages": {
         "parameters": [QUEUE, SUBSCRIPTION],
         "get": operation(
-            "readSubscription", "Read after the subscription's cursor; commit=auto moves it",
+            "readSubscription",
+            "Read after the subscription's cursor; commit=auto moves it",
             {"200": MESSAGES_ANSWER, **fails(400, 404)},
-            LIMIT, SEGMENTS, WAIT, SAVE,
-            param("commit", "query", {"type": "string", "enum": ["auto", "none"], "default": "auto"},
-                  "auto: move the cursor to last_id (creating the subscription); none: only read"),
-            ACCEPT, tag="subscriptions",
+            LIMIT,
+            SEGMENTS,
+            WAIT,
+            SAVE,
+            param(
+                "commit",
+                "query",
+                {"type": "string", "enum": ["auto", "none"], "default": "auto"},
+                "auto: move the cursor to last_id (creating the subscription); none: only read",
+            ),
+            ACCEPT,
+            tag="subscriptions",
         ),
     },
     "/v1/queues/{queue}/replicas": {
         "parameters": [QUEUE],
         "get": operation(
-            "replicas", "Replica subscriptions whose cursor is at or past id",
+            "replicas",
+            "Replica subscriptions whose cursor is at or past id",
             {"200": answer("Replicas", ref("Replicas")), **fails(400, 404)},
-            param("id", "query", MESSAGE_ID, "Message id", required=True), tag="subscriptions",
+            param("id", "query", MESSAGE_ID, "Message id", required=True),
+            tag="subscriptions",
         ),
     },
-    "/healthz": {"get": operation("healthz", "Liveness", {"200": answer("Serving", ref("Status"))},
-                                  tag="operations")},
-    "/readyz": {"get": operation("readyz", "Readiness: every queue recovered",
-                                 {"200": answer("Ready", ref("Status")),
-                                  "503": answer("Recovering", ref("Status"))}, tag="operations")},
-    "/metrics": {"get": operation(
-        "metrics", "Prometheus text format 0.0.4",
-        {"200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}},
-        tag="operations")},
-    "/v1/openapi.json": {"get": operation(
-        "openapi", "This document", {"200": answer("OpenAPI 3.1", {"type": "object"})}, tag="operations")},
+    "/healthz": {
+        "get": operation("healthz", "Liveness", {"200": answer("Serving", ref("Status"))}, tag="operations")
+    },
+    "/readyz": {
+        "get": operation(
+            "readyz",
+            "Readiness: every queue recovered",
+            {"200": answer("Ready", ref("Status")), "503": answer("Recovering", ref("Status"))},
+            tag="operations",
+        )
+    },
+    "/metrics": {
+        "get": operation(
+            "metrics",
+            "Prometheus text format 0.0.4",
+            {"200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+            tag="operations",
+        )
+    },
+    "/v1/openapi.json": {
+        "get": operation(
+            "openapi", "This document", {"200": answer("OpenAPI 3.1", {"type": "object"})}, tag="operations"
+        )
+    },
 }
 
 DOCUMENT: dict[str, Any] = {

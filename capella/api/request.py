@@ -30,9 +30,7 @@ async def read_body(request: web.Request) -> bytes:
         async with asyncio.timeout(settings.body_timeout):
             return await request.read()
     except TimeoutError:
-        raise RequestTimeout(
-            f"the request body did not arrive within {settings.body_timeout:g} s"
-        ) from None
+        raise RequestTimeout(f"the request body did not arrive within {settings.body_timeout:g} s") from None
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(
             f"the request body is larger than {settings.max_body_size} bytes",
@@ -119,9 +117,7 @@ def segments_param(request: web.Request) -> list[tuple[int, int]] | None:
 
 
 def parse_range(part: str) -> tuple[int, int]:
-    bad = InvalidRequest(
-        f"segments: expected ranges like 0-9,20-29, got {part!r}", parameter="segments"
-    )
+    bad = InvalidRequest(f"segments: expected ranges like 0-9,20-29, got {part!r}", parameter="segments")
     # The separator is the first '-' that is not a sign: one after a digit.
     cut = next((i for i in range(1, len(part)) if part[i] == "-" and part[i - 1].isdigit()), -1)
     try:

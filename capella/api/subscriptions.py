@@ -80,7 +80,7 @@ async def get_subscription(request: web.Request) -> web.Response:
 
 
 async def delete_subscription(request: web.Request) -> web.Response:
-    await _queue(request).delete_subscription(request.match_info["name"])
+    await _queue(request).delete_subscription(request.match_info["name"], save_param(request))
     return web.Response(status=204)
 
 

@@ -142,7 +142,12 @@ class AsyncClient:
         )
 
     async def stream(
-        self, queue: str, *, after: int = 0, retries: int | None = None
+        self,
+        queue: str,
+        *,
+        after: int = 0,
+        segments: Segments | None = None,
+        retries: int | None = None,
     ) -> AsyncGenerator[dict[str, Any], None]:
         """Follow the queue's Server-Sent Events tail, one message (with ``payload``) at a time.
 
@@ -155,7 +160,7 @@ class AsyncClient:
         connected = False
         while True:
             try:
-                async with contextlib.aclosing(self._events(queue, last_id)) as events:
+                async with contextlib.aclosing(self._events(queue, last_id, segments)) as events:
                     async for event_id, message in events:
                         connected = True
                         failures = 0
@@ -282,7 +287,7 @@ class AsyncClient:
             raise CapellaError(f"{method} {url}: the answer is not JSON") from None
 
     async def _events(
-        self, queue: str, after: int
+        self, queue: str, after: int, segments: Segments | None
     ) -> AsyncGenerator[tuple[int | None, dict[str, Any]], None]:
         """One SSE connection: ``(id, message)`` per message event until the server closes.
 
@@ -293,7 +298,7 @@ class AsyncClient:
         timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout, sock_read=STREAM_IDLE_TIMEOUT)
         try:
             async with self._http().get(
-                url, params={"after": str(after)}, headers=headers, timeout=timeout
+                url, params=_params(after=after, segments=segments), headers=headers, timeout=timeout
             ) as resp:
                 if resp.status >= 400:
                     error = error_from_answer(resp.status, await resp.read())

@@ -103,9 +103,16 @@ class Client:
     ) -> dict[str, Any]:
         return self._run(self._client.read(queue, after=after, limit=limit, segments=segments, wait=wait))
 
-    def stream(self, queue: str, *, after: int = 0, retries: int | None = None) -> Iterator[dict[str, Any]]:
+    def stream(
+        self,
+        queue: str,
+        *,
+        after: int = 0,
+        segments: Segments | None = None,
+        retries: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
         """Follow the queue's tail; see ``AsyncClient.stream``. Close the iterator to stop."""
-        events = self._client.stream(queue, after=after, retries=retries)
+        events = self._client.stream(queue, after=after, segments=segments, retries=retries)
         try:
             while True:
                 try:

@@ -215,6 +215,8 @@ _BLOCK_FOOT = struct.Struct("<Q4sI")
 _BLOCK_FOOT_HEAD = struct.Struct("<Q4s")
 _ZSTD_LEVEL = 3
 
+Buffer = bytes | bytearray | memoryview
+
 # Columns go through array for bulk packing; the format is little-endian whatever the host.
 _SWAP = sys.byteorder == "big"
 assert array("Q").itemsize == 8 and array("q").itemsize == 8 and array("d").itemsize == 8
@@ -255,24 +257,23 @@ def encode_block(messages: Sequence[Message]) -> bytes:
             raw = source.encode()
             source_table += (_U16.pack(len(raw)), raw)
         has_headers = any(map(attrgetter("headers"), messages))
-        header_blobs = [_encode_headers(m.headers) if m.headers else b"" for m in messages]
-        if not has_headers:
-            header_blobs = []
-    except (struct.error, UnicodeEncodeError) as exc:
-        raise InvalidMessage(f"block: a source or header cannot be stored: {exc}") from exc
-
-    payloads = list(map(attrgetter("payload"), messages))
-    columns = [
-        _column("Q", id_deltas),
-        _column("Q", time_deltas),
-        _column("Q", external_id_deltas),
-        _column("Q", external_time_deltas),
-        _column("q", segments),
-        _column("I", source_ids),
-        _column("I", map(len, payloads)),
-    ]
-    if has_headers:
-        columns.append(_column("I", map(len, header_blobs)))
+        header_blobs = (
+            [_encode_headers(m.headers) if m.headers else b"" for m in messages] if has_headers else []
+        )
+        payloads = list(map(attrgetter("payload"), messages))
+        columns = [
+            _column("Q", id_deltas),
+            _column("Q", time_deltas),
+            _column("Q", external_id_deltas),
+            _column("Q", external_time_deltas),
+            _column("q", segments),
+            _column("I", source_ids),
+            _column("I", map(len, payloads)),
+        ]
+        if has_headers:
+            columns.append(_column("I", map(len, header_blobs)))
+    except (struct.error, UnicodeEncodeError, OverflowError) as exc:
+        raise InvalidMessage(f"block: a source, header or payload cannot be stored: {exc}") from exc
     raw_meta = b"".join((*columns, *source_table, *header_blobs))
     meta = zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(raw_meta)
     payload_len = sum(map(len, payloads))
@@ -287,7 +288,7 @@ def encode_block(messages: Sequence[Message]) -> bytes:
     return body + _U32.pack(zlib.crc32(body))
 
 
-def decode_block(data: bytes) -> list[Message]:
+def decode_block(data: Buffer) -> list[Message]:
     """Every message in a sealed block; ``CorruptData`` if any byte is wrong."""
     if not isinstance(data, bytes):
         data = bytes(data)  # payloads are sliced from it and must come out as bytes
@@ -309,7 +310,7 @@ def decode_block(data: bytes) -> list[Message]:
     return _build_messages(n, columns)
 
 
-def block_keys(data: bytes) -> tuple[list[int], list[tuple[str, int]]]:
+def block_keys(data: Buffer) -> tuple[list[int], list[tuple[str, int]]]:
     """The ids and ``(source, external_id)`` keys of a sealed block, without its payloads."""
     block = _open_block(data)
     return block.ids, list(zip(block.sources, block.external_ids, strict=True))
@@ -329,7 +330,7 @@ class _Columns:
     headers: list[dict[str, str]] | None
 
 
-def _open_block(data: bytes) -> _Columns:
+def _open_block(data: Buffer) -> _Columns:
     """Check a block's framing and checksum, then decode its metadata columns."""
     size = len(data)
     if size < _BLOCK_HEAD.size + _BLOCK_FOOT.size:
@@ -362,7 +363,13 @@ def _open_block(data: bytes) -> _Columns:
 
 
 def _decode_meta(
-    data: bytes, n: int, flags: int, ids_range: tuple[int, int], meta_len: int, raw_len: int, payload_len: int
+    data: Buffer,
+    n: int,
+    flags: int,
+    ids_range: tuple[int, int],
+    meta_len: int,
+    raw_len: int,
+    payload_len: int,
 ) -> _Columns:
     first_id, last_id = ids_range
     meta_start = _BLOCK_HEAD.size

@@ -1,0 +1,71 @@
+"""Builds the objects, connects them, and serves HTTP until SIGTERM or SIGINT.
+
+Shutdown order matters for durability: stop accepting connections, let running requests
+finish (bounded by ``server.shutdown_timeout``), then close the cluster, which flushes every
+queue's pending writes and cursors before the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from capella.api.app import create_app
+from capella.config import Config
+from capella.core.cluster import Cluster
+
+log = logging.getLogger(__name__)
+
+
+async def serve(config: Config, *, started: Callable[[str], Awaitable[None] | None] | None = None) -> None:
+    """Run until a stop signal; ``started`` is called with the listening URL."""
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    cluster = await Cluster.open(config)
+    app = create_app(cluster, config.server)
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=None,
+        keepalive_timeout=config.server.keepalive_timeout,
+        shutdown_timeout=config.server.shutdown_timeout,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, config.server.host, config.server.port, backlog=1024, reuse_address=True)
+        await site.start()
+        host = config.server.host
+        url = f"http://{'[' + host + ']' if ':' in host else host}:{config.server.port}"
+        log.info("capella serving cluster=%s url=%s data_dir=%s", cluster.name, url, config.data_dir)
+        if started is not None:
+            result = started(url)
+            if result is not None:
+                await result
+        await stop.wait()
+        log.info("capella stopping: finishing requests and flushing queues")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+        await cluster.close()
+        log.info("capella stopped")
+
+
+def run(config: Config) -> None:
+    """Serve ``config`` on uvloop when it is installed, else on asyncio's own loop."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+    except ImportError:  # uvloop is optional (not on Windows)
+        asyncio.run(serve(config))
+        return
+    with contextlib.suppress(KeyboardInterrupt):
+        uvloop.run(serve(config))

@@ -1,0 +1,99 @@
+"""Queues over HTTP: create, update, describe, list, drop, and every error they answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp.test_utils import TestClient
+
+
+async def error_of(resp: Any, status: int) -> dict[str, Any]:
+    assert resp.status == status, await resp.text()
+    body = await resp.json()
+    assert set(body) == {"error"}
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return dict(body["error"])
+
+
+async def test_put_creates_then_updates(api: TestClient) -> None:
+    resp = await api.put("/v1/queues/orders", json={"limits": {"max_count": 5}, "save": "mark"})
+    assert resp.status == 201
+    info = await resp.json()
+    assert info["name"] == "orders"
+    assert info["definition"]["limits"]["max_count"] == 5
+    assert info["definition"]["save"] == "mark"
+    assert info["stats"]["last_id"] == 0
+    assert info["stats"]["messages"] == 0
+
+    resp = await api.put("/v1/queues/orders", json={"limits": {"max_bytes": "1MiB", "max_age": "1h"}})
+    assert resp.status == 200
+    definition = (await resp.json())["definition"]
+    assert definition["limits"] == {"max_count": 5, "max_bytes": 1024 * 1024, "max_age": 3600.0}
+
+
+async def test_put_with_an_empty_body_uses_the_defaults(api: TestClient) -> None:
+    resp = await api.put("/v1/queues/plain")
+    assert resp.status == 201
+    assert (await resp.json())["definition"]["save"] == "wait"
+
+
+async def test_get_and_list(api: TestClient) -> None:
+    for name in ("zeta", "alpha"):
+        assert (await api.put(f"/v1/queues/{name}", json={})).status == 201
+    await api.post("/v1/queues/alpha/messages", json={"data": "x"})
+    resp = await api.get("/v1/queues/alpha")
+    assert resp.status == 200
+    info = await resp.json()
+    assert info["stats"]["last_id"] == 1
+    assert info["stats"]["messages"] == 1
+    resp = await api.get("/v1/queues")
+    assert [q["name"] for q in (await resp.json())["queues"]] == ["alpha", "zeta"]
+
+
+async def test_delete(api: TestClient) -> None:
+    await api.put("/v1/queues/gone", json={})
+    resp = await api.delete("/v1/queues/gone")
+    assert resp.status == 204
+    assert (await error_of(await api.get("/v1/queues/gone"), 404))["code"] == "queue_not_found"
+    assert (await error_of(await api.delete("/v1/queues/gone"), 404))["code"] == "queue_not_found"
+
+
+async def test_unknown_queue_is_404(api: TestClient) -> None:
+    for resp in (
+        await api.get("/v1/queues/nope"),
+        await api.post("/v1/queues/nope/messages", json={"data": "x"}),
+        await api.get("/v1/queues/nope/messages"),
+        await api.get("/v1/queues/nope/stream"),
+        await api.get("/v1/queues/nope/subscriptions"),
+        await api.get("/v1/queues/nope/replicas", params={"id": "1"}),
+    ):
+        assert (await error_of(resp, 404))["code"] == "queue_not_found"
+
+
+async def test_bad_queue_name_is_invalid_name(api: TestClient) -> None:
+    for name in (".hidden", "-dash", "a" * 129, "sp%20ace"):
+        error = await error_of(await api.put(f"/v1/queues/{name}", json={}), 400)
+        assert error["code"] == "invalid_name", name
+
+
+async def test_bad_definitions(api: TestClient) -> None:
+    cases: list[tuple[Any, str]] = [
+        ({"colour": "blue"}, "invalid_request"),
+        ({"limits": {"max_count": 0}}, "invalid_request"),
+        ({"limits": {"max_bytes": "lots"}}, "invalid_request"),
+        ({"save": "sometimes"}, "invalid_save_mode"),
+        ({"segments": {"min": 5, "max": 1}}, "invalid_request"),
+        ({"mounts": {"meta": "nowhere"}}, "invalid_request"),
+        ([1, 2], "invalid_request"),
+    ]
+    for body, code in cases:
+        error = await error_of(await api.put("/v1/queues/q", json=body), 400)
+        assert error["code"] == code, body
+    assert (await api.get("/v1/queues/q")).status == 404
+
+
+async def test_invalid_json_body(api: TestClient) -> None:
+    resp = await api.put("/v1/queues/q", data=b"{not json", headers={"Content-Type": "application/json"})
+    error = await error_of(resp, 400)
+    assert error["code"] == "invalid_request"
+    assert "JSON" in error["message"]
