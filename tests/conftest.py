@@ -101,12 +101,12 @@ def free_port() -> int:
 class ServerProcess:
     """``capella serve`` in a subprocess, with its data dir and log file."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
         self.data_dir = data_dir
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
-        self._log = self.log_path.open("wb")
+        self._log = self.log_path.open("ab")
         command = [sys.executable, "-m", "capella", "serve", "--data-dir", str(data_dir)]
         self.process = subprocess.Popen(
             [*command, "--listen", f"127.0.0.1:{self.port}"],

@@ -51,7 +51,11 @@ def parse_metrics(text: str) -> dict[str, float]:
             continue
         m = SAMPLE.match(line)
         assert m, f"not a valid sample line: {line!r}"
-        family = re.sub(r"_(bucket|sum|count)$", "", m.group(1)) if m.group(1).startswith("capella_flush") else m.group(1)
+        family = (
+            re.sub(r"_(bucket|sum|count)$", "", m.group(1))
+            if m.group(1).startswith("capella_flush")
+            else m.group(1)
+        )
         assert family in types, f"sample before its TYPE: {line!r}"
         samples[m.group(1) + (m.group(2) or "")] = float(m.group(3))
     return samples
@@ -168,7 +172,7 @@ async def test_slow_body_is_408(api: TestClient) -> None:
     reader, writer = await asyncio.open_connection(api.server.host, api.server.port)
     writer.write(
         b"POST /v1/queues/q/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 100\r\n\r\n{\"data\": "
+        b'Content-Length: 100\r\n\r\n{"data": '
     )
     await writer.drain()
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
