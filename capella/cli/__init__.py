@@ -20,7 +20,16 @@ from capella.errors import CapellaError, Unreachable
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    root = parser()
+    args, extra = root.parse_known_args(argv)
+    # argparse stops filling `produce QUEUE MESSAGE...` at the first option, so messages
+    # after an option (`produce q --save wait a b`) arrive here; anything else is an error.
+    if extra and isinstance(getattr(args, "messages", None), list) and "--" not in extra:
+        if unknown := [a for a in extra if a.startswith("-") and len(a) > 1]:
+            root.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.messages.extend(extra)
+    elif extra:
+        root.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if not args.uses_client:
             return int(args.func(args))

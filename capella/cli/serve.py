@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from capella import server
 from capella.cli.output import error
 from capella.config import load_config
 from capella.errors import InvalidConfig
+from capella.server import run as run_server
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,5 +29,5 @@ def serve(args: argparse.Namespace) -> int:
     except InvalidConfig as exc:
         error(exc.message)
         return 2
-    server.run(config)
+    run_server(config)
     return 0

@@ -1,0 +1,360 @@
+"""The ``capella`` command against a real ``capella serve`` process on loopback.
+
+Most tests call ``main([...])`` in-process and read what it printed; the ones about pipes,
+raw bytes and Ctrl-C run ``python -m capella`` as a subprocess.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ServerProcess, free_port
+
+from capella.cli import main
+from capella.client import Client
+
+COMMAND_TIMEOUT = 30.0
+
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def run(server_process: ServerProcess, capsys: pytest.CaptureFixture[str]) -> Run:
+    """``run("queue", "list")`` → (exit code, stdout, stderr), against the test server."""
+
+    def run_main(*argv: str, url: str | None = None) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(["--url", url or server_process.url, *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run_main
+
+
+@pytest.fixture
+def client(server_process: ServerProcess) -> Iterator[Client]:
+    with Client(server_process.url, timeout=10.0) as c:
+        yield c
+
+
+def capella(
+    server: ServerProcess, *argv: str, stdin: bytes = b"", timeout: float = COMMAND_TIMEOUT
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "capella", "--url", server.url, *argv],
+        input=stdin,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+# --- queue -------------------------------------------------------------------------------
+
+
+def test_a_queue_is_created_listed_shown_and_dropped(run: Run) -> None:
+    code, out, _ = run("queue", "create", "cli-orders", "--max-count", "50", "--max-bytes", "64KiB")
+    assert (code, out) == (0, "queue cli-orders saved\n")
+
+    code, out, _ = run("queue", "list")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split() == ["NAME", "MESSAGES", "FIRST_ID", "LAST_ID", "BYTES", "SUBSCRIPTIONS"]
+    assert any(row.split()[0] == "cli-orders" for row in rows)
+
+    code, out, _ = run("queue", "show", "cli-orders", "--json")
+    limits = json.loads(out)["definition"]["limits"]
+    assert (code, limits["max_count"], limits["max_bytes"]) == (0, 50, 64 * 1024)
+
+    code, out, _ = run("queue", "drop", "cli-orders", "--yes")
+    assert (code, out) == (0, "queue cli-orders dropped\n")
+    code, _, err = run("queue", "show", "cli-orders")
+    assert code == 1
+    assert err.startswith("capella: queue_not_found: ")
+
+
+def test_queue_create_takes_save_modes_and_a_segment_range(run: Run) -> None:
+    code, out, _ = run(
+        "--json", "queue", "create", "cli-def", "--save", "mark", "--subscription-save", "none",
+        "--segments", "0-9", "--max-age", "10m",
+    )  # fmt: skip
+
+    definition = json.loads(out)["definition"]
+    assert code == 0
+    assert (definition["save"], definition["subscription_save"]) == ("mark", "none")
+    assert definition["segments"] == {"min": 0, "max": 9}
+    assert definition["limits"]["max_age"] == 600
+
+
+def test_queue_list_prints_json_with_the_option_after_the_command(run: Run) -> None:
+    run("queue", "create", "cli-json-list")
+
+    code, out, _ = run("queue", "list", "--json")
+
+    assert code == 0
+    assert "cli-json-list" in [q["name"] for q in json.loads(out)]
+
+
+def test_drop_without_yes_and_no_terminal_refuses(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    run("queue", "create", "cli-keep")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+
+    code, _, err = run("queue", "drop", "cli-keep")
+
+    assert code == 2
+    assert "--yes" in err
+    assert run("queue", "show", "cli-keep")[0] == 0
+
+
+def test_a_bad_definition_is_a_clean_error(run: Run) -> None:
+    code, out, err = run("queue", "create", "cli-bad", "--save", "sometimes")
+
+    assert (code, out) == (1, "")
+    assert err.startswith("capella: invalid_save_mode: ")
+
+
+# --- produce -----------------------------------------------------------------------------
+
+
+def test_produce_from_arguments_prints_the_ids(run: Run, client: Client) -> None:
+    client.put_queue("cli-args")
+
+    code, out, _ = run("produce", "cli-args", "one", "two", "--save", "immediate")
+
+    assert (code, out) == (0, "1\n2\n")
+    assert [m["data"] for m in client.read("cli-args")["messages"]] == ["one", "two"]
+
+
+def test_produce_reads_stdin_one_message_per_line(
+    run: Run, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.put_queue("cli-stdin")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a\r\nb\n\nc")))
+
+    code, out, _ = run("--json", "produce", "cli-stdin")
+
+    assert code == 0
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"id": i, "duplicate": False} for i in (1, 2, 3, 4)
+    ]
+    assert [m["data"] for m in client.read("cli-stdin")["messages"]] == ["a", "b", "", "c"]
+
+
+def test_produce_from_a_file_applies_source_and_segment(run: Run, client: Client, tmp_path: Path) -> None:
+    client.put_queue("cli-file")
+    path = tmp_path / "lines.txt"
+    path.write_bytes(b"x\n\xff\xfe\n")
+
+    code, out, _ = run("produce", "cli-file", "--file", str(path), "--source", "sensor", "--segment", "4")
+
+    assert (code, out) == (0, "1\n2\n")
+    messages = client.read("cli-file")["messages"]
+    assert [m["payload"] for m in messages] == [b"x", b"\xff\xfe"]
+    assert {(m["source"], m["segment"]) for m in messages} == {("sensor", 4)}
+
+
+def test_produce_sends_batches_of_a_thousand(run: Run, client: Client, tmp_path: Path) -> None:
+    client.put_queue("cli-batches")
+    path = tmp_path / "many.txt"
+    path.write_text("".join(f"m{i}\n" for i in range(2500)))
+
+    code, out, _ = run("produce", "cli-batches", "--file", str(path))
+
+    assert code == 0
+    assert out.split() == [str(i) for i in range(1, 2501)]
+    assert client.queue("cli-batches")["stats"]["last_id"] == 2500
+
+
+def test_produce_ndjson_marks_duplicates(run: Run, client: Client, tmp_path: Path) -> None:
+    client.put_queue("cli-ndjson")
+    path = tmp_path / "messages.ndjson"
+    lines = [
+        {"data": "a", "external_id": 10},
+        {"data_b64": "AAE=", "external_id": 11, "headers": {"k": "v"}},
+        {"data": "a again", "external_id": 10},
+    ]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+
+    code, out, _ = run("produce", "cli-ndjson", "--ndjson", "--file", str(path), "--source", "src")
+
+    assert (code, out) == (0, "1\n2\n1 duplicate\n")
+    messages = client.read("cli-ndjson")["messages"]
+    assert [(m["source"], m["external_id"], m["payload"]) for m in messages] == [
+        ("src", 10, b"a"),
+        ("src", 11, b"\x00\x01"),
+    ]
+    assert messages[1]["headers"] == {"k": "v"}
+
+
+def test_produce_ndjson_reports_the_bad_line(run: Run, client: Client) -> None:
+    client.put_queue("cli-ndjson-bad")
+
+    code, _, err = run("produce", "cli-ndjson-bad", "--ndjson", '{"data": "ok"}', "[1]")
+
+    assert code == 1
+    assert err.startswith("capella: invalid_message: line 2 ")
+
+
+def test_produce_from_a_pipe(server_process: ServerProcess, client: Client) -> None:
+    client.put_queue("cli-pipe")
+
+    done = capella(server_process, "produce", "cli-pipe", stdin=b"first\nsecond\n")
+
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"1\n2\n", b"")
+
+
+# --- consume -----------------------------------------------------------------------------
+
+
+def test_consume_prints_payloads_after_an_id(run: Run, client: Client) -> None:
+    client.put_queue("cli-consume")
+    client.produce("cli-consume", [f"m{i}" for i in range(1, 6)])
+
+    assert run("consume", "cli-consume") == (0, "m1\nm2\nm3\nm4\nm5\n", "")
+    assert run("consume", "cli-consume", "--after", "3") == (0, "m4\nm5\n", "")
+    assert run("consume", "cli-consume", "--after", "1", "--limit", "2") == (0, "m2\nm3\n", "")
+
+
+def test_consume_json_prints_whole_messages(run: Run, client: Client) -> None:
+    client.put_queue("cli-consume-json")
+    client.produce("cli-consume-json", [{"data": "a", "segment": 2}, b"\xff"])
+
+    code, out, _ = run("consume", "cli-consume-json", "--json")
+
+    messages = [json.loads(line) for line in out.splitlines()]
+    assert code == 0
+    assert [(m["id"], m["segment"]) for m in messages] == [(1, 2), (2, 0)]
+    assert (messages[0]["data"], messages[1]["data_b64"]) == ("a", "/w==")
+    assert "payload" not in messages[0]
+
+
+def test_consume_filters_segments(run: Run, client: Client) -> None:
+    client.put_queue("cli-consume-seg")
+    client.produce("cli-consume-seg", [{"data": str(s), "segment": s} for s in range(5)])
+
+    assert run("consume", "cli-consume-seg", "--segments", "1-2,4") == (0, "1\n2\n4\n", "")
+
+
+def test_consume_with_a_subscription_moves_its_cursor(run: Run, client: Client) -> None:
+    client.put_queue("cli-sub")
+    client.produce("cli-sub", ["a", "b"])
+
+    assert run("consume", "cli-sub", "--subscription", "worker") == (0, "a\nb\n", "")
+    client.produce("cli-sub", ["c"])
+    assert run("consume", "cli-sub", "--subscription", "worker", "--limit", "5") == (0, "c\n", "")
+    assert run("consume", "cli-sub", "--subscription", "worker") == (0, "", "")
+    assert client.subscription("cli-sub", "worker")["last_id"] == 3
+
+
+def test_consume_writes_binary_payloads_raw(server_process: ServerProcess, client: Client) -> None:
+    client.put_queue("cli-binary")
+    client.produce("cli-binary", ["text", b"\xff\x00"])
+
+    done = capella(server_process, "consume", "cli-binary")
+
+    assert (done.returncode, done.stdout) == (0, b"text\n\xff\x00\n")
+
+
+def test_consume_follow_waits_for_new_messages_until_ctrl_c(
+    server_process: ServerProcess, client: Client
+) -> None:
+    client.put_queue("cli-follow")
+    client.produce("cli-follow", ["before"])
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "capella", "--url", server_process.url, "consume", "cli-follow", "-f"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert follower.stdout is not None
+        assert _readline(follower, timeout=COMMAND_TIMEOUT) == b"before\n"
+        client.produce("cli-follow", ["after"])
+        assert _readline(follower, timeout=COMMAND_TIMEOUT) == b"after\n"
+        follower.send_signal(signal.SIGINT)
+        _, err = follower.communicate(timeout=COMMAND_TIMEOUT)
+        assert follower.returncode == 130
+        assert b"Traceback" not in err
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate(timeout=COMMAND_TIMEOUT)
+
+
+def _readline(process: subprocess.Popen[bytes], timeout: float) -> bytes:
+    """One line of the process's stdout, or fail after ``timeout`` seconds."""
+    assert process.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        line = b""
+        while not line.endswith(b"\n"):
+            if not selector.select(max(0.0, deadline - time.monotonic())):
+                pytest.fail(f"no output line within {timeout}s (got {line!r})")
+            chunk = os.read(process.stdout.fileno(), 1024)
+            if not chunk:
+                pytest.fail(f"output ended early (got {line!r})")
+            line += chunk
+        return line
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+def test_an_unreachable_server_is_explained_with_its_url(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+
+    code = main(["--url", url, "--timeout", "2", "queue", "list"])
+
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("capella: unreachable: cannot reach ")
+    assert url in err
+    assert "capella serve" in err
+
+
+def test_serve_with_a_bad_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[server]\nlisten = 'nowhere'\n")
+
+    code = main(["serve", "--config", str(path)])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("capella: listen address 'nowhere'")
+
+
+def test_serve_with_a_missing_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["serve", "--config", str(tmp_path / "missing.toml")])
+
+    assert code == 2
+    assert "cannot read config file" in capsys.readouterr().err
+
+
+def test_serve_runs_until_sigterm(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "data")
+    try:
+        server.wait_ready()
+        with Client(server.url, timeout=5.0) as c:
+            c.put_queue("kept", save="immediate")
+            c.produce("kept", ["x"])
+    finally:
+        code = server.stop()
+    assert code == 0
+
+    again = ServerProcess(tmp_path / "data")
+    try:
+        again.wait_ready()
+        with Client(again.url, timeout=5.0) as c:
+            assert [m["data"] for m in c.read("kept")["messages"]] == ["x"]
+    finally:
+        again.stop()

@@ -1,0 +1,203 @@
+"""kill -9 a real server while producers write with save=wait and save=immediate.
+
+After every restart, each answered message must be readable with the same id and payload,
+nothing may be stored twice (producers resend unanswered batches with the same external ids,
+which dedup must absorb), and new ids must be above every id ever answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+pytestmark = pytest.mark.slow
+
+CYCLES = 5
+PRODUCERS = 4
+BATCH = 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    def __init__(self, data_dir: Path, port: int) -> None:
+        self.data_dir = data_dir
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        config = self.data_dir.parent / "crash.toml"
+        config.write_text(
+            f'[cluster]\nname = "crash"\ndata_dir = "{self.data_dir}"\n'
+            f'[server]\nlisten = "127.0.0.1:{self.port}"\n'
+            "[queue_defaults]\nlimits = { max_count = 300 }\n"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "capella", "serve", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(f"{self.url}/readyz") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            assert self.proc.poll() is None, "server exited during start-up"
+            await asyncio.sleep(0.05)
+        raise AssertionError("server did not become ready in 20 s")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+
+async def produce_until_killed(
+    session: aiohttp.ClientSession,
+    url: str,
+    producer: int,
+    next_seq: list[int],
+    answered: dict[int, bytes],
+    resend: list[list[int]],
+) -> None:
+    """Send batches until the server dies; remember what was answered and what was not."""
+    save = "wait" if producer % 2 == 0 else "immediate"
+    while True:
+        if resend[producer]:
+            seqs = resend[producer]
+        else:
+            seqs = list(range(next_seq[producer], next_seq[producer] + BATCH))
+            next_seq[producer] += BATCH
+        resend[producer] = seqs
+        body = {
+            "messages": [
+                {"data": f"p{producer}-{seq}", "source": f"producer-{producer}", "external_id": seq}
+                for seq in seqs
+            ]
+        }
+        try:
+            async with session.post(f"{url}/v1/queues/crash/messages?save={save}", json=body) as resp:
+                if resp.status != 200:
+                    return
+                results = (await resp.json())["results"]
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return
+        for seq, result in zip(seqs, results, strict=True):
+            answered[result["id"]] = f"p{producer}-{seq}".encode()
+        resend[producer] = []
+
+
+async def read_all(session: aiohttp.ClientSession, url: str) -> list[dict[str, object]]:
+    messages: list[dict[str, object]] = []
+    after = 0
+    while True:
+        async with session.get(
+            f"{url}/v1/queues/crash/messages", params={"after": after, "limit": 5000}
+        ) as resp:
+            assert resp.status == 200
+            page = await resp.json()
+        if not page["messages"]:
+            return messages
+        messages.extend(page["messages"])
+        after = page["last_id"]
+
+
+async def test_answered_writes_survive_kill_minus_9(tmp_path: Path) -> None:
+    rng = random.Random(int(os.environ.get("CRASH_SEED", "7")))
+    server = ServerProcess(tmp_path / "data", free_port())
+    answered: dict[int, bytes] = {}
+    next_seq = [1] * PRODUCERS
+    resend: list[list[int]] = [[] for _ in range(PRODUCERS)]
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        try:
+            await server.start(session)
+            async with session.put(f"{server.url}/v1/queues/crash", json={}) as resp:
+                assert resp.status == 201
+            for cycle in range(CYCLES):
+                producers = [
+                    asyncio.create_task(
+                        produce_until_killed(session, server.url, p, next_seq, answered, resend)
+                    )
+                    for p in range(PRODUCERS)
+                ]
+                await asyncio.sleep(rng.uniform(0.3, 1.2))
+                server.kill()
+                await asyncio.wait_for(asyncio.gather(*producers), 15)
+                highest_answered = max(answered, default=0)
+
+                await server.start(session)
+                stored = await read_all(session, server.url)
+                by_id = {int(str(m["id"])): str(m["data"]).encode() for m in stored}
+                missing = [i for i, payload in answered.items() if by_id.get(i) != payload]
+                assert not missing, f"cycle {cycle}: answered messages lost or changed: {missing[:10]}"
+                payloads = [m["data"] for m in stored]
+                assert len(payloads) == len(set(payloads)), f"cycle {cycle}: a message is stored twice"
+
+                async with session.post(
+                    f"{server.url}/v1/queues/crash/messages?save=wait", json={"data": f"probe-{cycle}"}
+                ) as resp:
+                    probe = (await resp.json())["results"][0]["id"]
+                assert probe > highest_answered, f"cycle {cycle}: id {probe} reused"
+                answered[probe] = f"probe-{cycle}".encode()
+            assert len(answered) > CYCLES * PRODUCERS * BATCH
+        finally:
+            server.stop()
+
+
+async def test_sigterm_flushes_writes_that_were_not_yet_saved(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "data", free_port())
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        try:
+            await server.start(session)
+            async with session.put(f"{server.url}/v1/queues/crash", json={"save": "none"}) as resp:
+                assert resp.status == 201
+            for mode in ("none", "mark"):
+                body = {"messages": [{"data": f"{mode}-{i}"} for i in range(50)]}
+                async with session.post(
+                    f"{server.url}/v1/queues/crash/messages?save={mode}", json=body
+                ) as resp:
+                    assert resp.status == 200
+            async with session.put(
+                f"{server.url}/v1/queues/crash/subscriptions/reader?save=none", json={"last_id": 42}
+            ) as resp:
+                assert resp.status == 201
+            server.stop()
+            assert server.proc is not None and server.proc.returncode == 0
+
+            await server.start(session)
+            stored = await read_all(session, server.url)
+            assert [m["data"] for m in stored] == [
+                f"{mode}-{i}" for mode in ("none", "mark") for i in range(50)
+            ]
+            async with session.get(f"{server.url}/v1/queues/crash/subscriptions/reader") as resp:
+                assert (await resp.json())["last_id"] == 42
+        finally:
+            server.stop()
