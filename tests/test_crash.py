@@ -107,7 +107,7 @@ async def produce_until_killed(
                 if resp.status != 200:
                     return
                 results = (await resp.json())["results"]
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             return
         for seq, result in zip(seqs, results, strict=True):
             answered[result["id"]] = f"p{producer}-{seq}".encode()
