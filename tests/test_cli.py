@@ -23,6 +23,8 @@ from conftest import ServerProcess, free_port
 from capella.cli import main
 from capella.client import Client
 
+pytestmark = pytest.mark.slow  # a real server process per module
+
 COMMAND_TIMEOUT = 30.0
 
 Run = Callable[..., tuple[int, str, str]]
@@ -129,10 +131,11 @@ def test_a_bad_definition_is_a_clean_error(run: Run) -> None:
 def test_produce_from_arguments_prints_the_ids(run: Run, client: Client) -> None:
     client.put_queue("cli-args")
 
-    code, out, _ = run("produce", "cli-args", "one", "two", "--save", "immediate")
+    code, out, _ = run("produce", "cli-args", "one", "--save", "immediate", "two")
 
     assert (code, out) == (0, "1\n2\n")
     assert [m["data"] for m in client.read("cli-args")["messages"]] == ["one", "two"]
+    assert run("produce", "cli-args", "three", "--nope")[0] == 2
 
 
 def test_produce_reads_stdin_one_message_per_line(

@@ -260,6 +260,7 @@ async def test_stream_of_a_missing_queue_raises_at_once(client: AsyncClient) -> 
                 pass
 
 
+@pytest.mark.slow
 async def test_stream_resumes_after_the_server_restarts(tmp_path: Path) -> None:
     """A real server process is stopped and started again on the same port and data."""
     data_dir = tmp_path / "data"
@@ -352,6 +353,7 @@ def test_an_unknown_code_or_a_non_json_answer_still_raises_a_capella_error() -> 
 # --- the blocking client -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_blocking_client_produces_reads_and_streams(server_process: ServerProcess) -> None:
     with Client(server_process.url, timeout=10.0) as c:
         c.put_queue("sync-q")
@@ -376,12 +378,14 @@ def test_the_blocking_client_produces_reads_and_streams(server_process: ServerPr
             c.queue("sync-q")
 
 
+@pytest.mark.slow
 async def test_the_blocking_client_works_while_a_loop_runs(server_process: ServerProcess) -> None:
     # As in Jupyter: this test's own loop is running, the client brings its own.
     with Client(server_process.url, timeout=10.0) as c:
         assert c.health()["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_a_closed_blocking_client_refuses_calls(server_process: ServerProcess) -> None:
     c = Client(server_process.url)
     c.close()

@@ -21,17 +21,25 @@ Event = tuple[str, ...]
 def events(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
     recorded: list[Event] = []
     real_fsync, real_replace = os.fsync, os.replace
+    real_fdatasync = getattr(os, "fdatasync", os.fsync)
 
     def fsync(fd: int) -> None:
         path = os.readlink(f"/proc/self/fd/{fd}")
         recorded.append(("fsync", path, held(fd, path)))
         real_fsync(fd)
 
+    # Journals use fdatasync where it exists (enough for append-only data); it counts the same.
+    def fdatasync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        recorded.append(("fsync", path, held(fd, path)))
+        real_fdatasync(fd)
+
     def replace(src: str | Path, dst: str | Path) -> None:
         recorded.append(("replace", str(src), str(dst)))
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "fdatasync", fdatasync, raising=False)
     monkeypatch.setattr(os, "replace", replace)
     return recorded
 

