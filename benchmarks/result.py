@@ -51,15 +51,15 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(rank, len(ordered)) - 1]
 
 
-def summary(values: Sequence[float]) -> dict[str, float | int]:
-    """Count, p50, p90, p99, p99.9 and max: the shape of a latency list."""
+def summary(values: Sequence[float], scale: float = 1.0) -> dict[str, float]:
+    """Count, p50, p90, p99, p99.9 and max of ``values``, each multiplied by ``scale``."""
     return {
         "count": len(values),
-        "p50": percentile(values, 50),
-        "p90": percentile(values, 90),
-        "p99": percentile(values, 99),
-        "p99_9": percentile(values, 99.9),
-        "max": max(values) if values else math.nan,
+        "p50": percentile(values, 50) * scale,
+        "p90": percentile(values, 90) * scale,
+        "p99": percentile(values, 99) * scale,
+        "p99_9": percentile(values, 99.9) * scale,
+        "max": (max(values) if values else math.nan) * scale,
     }
 
 
@@ -70,11 +70,11 @@ def render_table(rows: Sequence[Row]) -> str:
     for row in rows:
         target = "" if row.target is None else f"{'≥' if row.higher_is_better else '≤'} {_number(row.target)}"
         status = {True: "ok", False: "BELOW", None: ""}[row.met]
-        lines.append(
-            (row.scenario, row.metric, f"{_number(row.value)} {row.unit}", target, status, row.note)
-        )
+        lines.append((row.scenario, row.metric, f"{_number(row.value)} {row.unit}", target, status, row.note))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    rendered = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines]
+    rendered = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    ]
     rendered.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(rendered)
 

@@ -18,6 +18,7 @@ from aiohttp import web
 from capella.api.app import create_app
 from capella.config import Config
 from capella.core.cluster import Cluster
+from capella.errors import InvalidConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,12 @@ async def serve(config: Config, *, started: Callable[[str], Awaitable[None] | No
     try:
         await runner.setup()
         site = web.TCPSite(runner, config.server.host, config.server.port, backlog=1024, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise InvalidConfig(
+                f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror}"
+            ) from None
         host = config.server.host
         url = f"http://{'[' + host + ']' if ':' in host else host}:{config.server.port}"
         log.info("capella serving cluster=%s url=%s data_dir=%s", cluster.name, url, config.data_dir)

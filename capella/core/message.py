@@ -31,7 +31,7 @@ class Message:
         return (self.source, self.external_id)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Draft:
     """A message as a producer sends it, before the queue gives it an id.
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -344,11 +345,21 @@ class Queue:
         return blocks
 
     async def close(self) -> None:
-        """Flush every write and cursor, then stop the background tasks."""
+        """Finish the seal in progress, flush every write and cursor, then stop."""
         if self._closing:
             return
         self._closing = True
         self._arrived.set()
+        flusher, sealer = self._tasks or (None, None)
+        # The tasks stop on their own between steps; cancelling one mid-write would leave a
+        # half-written temporary file and an open descriptor behind. The sealer goes first:
+        # it may still need the flusher to complete its block's journal.
+        for task, wake in ((sealer, self._seal_wanted), (flusher, self._flush_wanted)):
+            if task is not None:
+                wake.set()
+                (result,) = await asyncio.gather(task, return_exceptions=True)
+                if isinstance(result, BaseException):
+                    log.error("background task failed queue=%s", self.name, exc_info=result)
         try:
             await self._flush_journals()
             await self._save_subscriptions()
@@ -357,9 +368,6 @@ class Queue:
                 self._key("state.json"), orjson.dumps({"version": 1, "lease_until": self._next_id})
             )
         finally:
-            for task in self._tasks:
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
             for w in self._waiters:
                 if not w.done():
                     w.set_exception(ShuttingDown("the queue is closing"))
@@ -493,7 +501,7 @@ class Queue:
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
-            if delay > 0 and not self._urgent:
+            if delay > 0 and not self._urgent and not self._closing:
                 await asyncio.sleep(delay)
             self._urgent = False
             waiters, self._waiters = self._waiters, []
@@ -503,10 +511,12 @@ class Queue:
                 for w in waiters:
                     if not w.done():
                         w.set_exception(exc)
-                continue
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+            else:
+                for w in waiters:
+                    if not w.done():
+                        w.set_result(None)
+            if self._closing and not self._waiters:
+                return
 
     async def _flush_journals(self) -> None:
         async with self._flush_lock:
@@ -564,7 +574,7 @@ class Queue:
 
     async def _run_sealer(self) -> None:
         failures = 0
-        while True:
+        while not self._closing:
             await self._seal_wanted.wait()
             self._seal_wanted.clear()
             while self._sealing and not self._closing:
@@ -575,13 +585,17 @@ class Queue:
                     failures += 1
                     self.last_error = exc.message
                     log.error("seal failed queue=%s attempt=%d", self.name, failures, exc_info=exc)
-                    await asyncio.sleep(min(30.0, 0.1 * 2**failures))
+                    # Back off, but wake at once when the queue closes.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(min(30.0, 0.1 * 2**failures)):
+                            await self._seal_wanted.wait()
 
     async def _seal_first(self) -> None:
         block = self._sealing[0]
         if block.pending:
             await self._commit(urgent=True)
-        data = await asyncio.to_thread(encode_block, block.messages)
+        # Encoding and the Bloom filter take ~30 ms for a full block: keep them off the loop.
+        data, summary = await asyncio.to_thread(_encode_sealed, block)
         mark = 0
         meta = BlockMeta(
             first_id=block.ids[0],
@@ -593,7 +607,6 @@ class Queue:
             sealed=self._clock(),
             key=self._key("blocks", f"{block.ids[0]:020d}-{block.ids[-1]:020d}.blk"),
         )
-        summary = BlockSummary.build(meta.first_id, block.keys, meta.count)
         await self._mounts[self.definition.mount_for_mark(mark)].put(meta.key, data)
         await self._meta.put(self._summary_key(meta.first_id), summary.dump())
         async with self._manifest_lock:
@@ -884,3 +897,7 @@ class Queue:
             "recovery": self.recovery.to_dict(),
             "last_error": self.last_error,
         }
+
+
+def _encode_sealed(block: OpenBlock) -> tuple[bytes, BlockSummary]:
+    return encode_block(block.messages), BlockSummary.build(block.ids[0], block.keys, len(block.ids))

@@ -1,0 +1,45 @@
+"""Start-up time (spawn → ``/readyz`` 200) and idle RSS of a fresh server with one queue."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+from benchmarks.client import new_session, put_queue
+from benchmarks.result import Outcome, Row
+from benchmarks.server import running_server
+from benchmarks.settings import Settings
+
+IDLE_SECONDS = 2.0
+TARGET_IDLE_MB = 40.0
+
+
+async def run(settings: Settings) -> Outcome:
+    outcome = Outcome()
+    startups = []
+    for attempt in range(settings.pick(5, 2)):
+        name = f"memory-{attempt}"
+        async with running_server(settings.data_dir(name), settings.log_path(name)) as server:
+            startups.append(server.startup)
+            if attempt == 0:
+                async with new_session() as session:
+                    await put_queue(session, server.url)
+                await asyncio.sleep(IDLE_SECONDS)
+                outcome.details["idle_rss_mb"] = server.rss_mb()
+                outcome.details["idle_peak_rss_mb"] = server.peak_rss_mb()
+    outcome.details["startup_s"] = startups
+    startup = statistics.median(startups)
+    idle = outcome.details["idle_rss_mb"]
+    outcome.rows += [
+        Row("memory", f"idle RSS, 1 queue, after {IDLE_SECONDS:g} s", idle, "MB", TARGET_IDLE_MB, False),
+        Row(
+            "startup",
+            "spawn → /readyz, empty data dir",
+            startup,
+            "s",
+            higher_is_better=False,
+            note=f"median of {len(startups)}",
+        ),
+    ]
+    print(f"  idle RSS {idle:.1f} MB, start-up {startup:.3f} s", flush=True)
+    return outcome
