@@ -118,3 +118,26 @@ async def wait_sealed(session: aiohttp.ClientSession, base: str, blocks: int, wi
         if time.perf_counter() - started > within:
             raise BenchmarkFailed(f"blocks not sealed after {within:g} s: {by_state}")
         await asyncio.sleep(0.1)
+
+
+async def flush_totals(session: aiohttp.ClientSession, base: str) -> tuple[int, float]:
+    """The server's flush count and total flush seconds, from ``/metrics``."""
+    async with session.get(f"{base}/metrics") as resp:
+        text = await resp.text()
+    values = dict(
+        line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("capella_flush_seconds_")
+    )
+    return int(float(values.get("capella_flush_seconds_count", "0"))), float(
+        values.get("capella_flush_seconds_sum", "0")
+    )
+
+
+def flush_delta(before: tuple[int, float], after: tuple[int, float], wall: float) -> dict[str, float]:
+    """Flushes per second, mean flush time and the share of the wall time spent flushing."""
+    count, seconds = after[0] - before[0], after[1] - before[1]
+    return {
+        "flushes": count,
+        "flushes_per_s": count / wall,
+        "mean_flush_ms": 1000 * seconds / count if count else float("nan"),
+        "flushing_share": seconds / wall,
+    }

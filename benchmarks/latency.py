@@ -16,7 +16,15 @@ from typing import Any
 import aiohttp
 import orjson
 
-from benchmarks.client import JSON_HEADERS, messages_url, new_session, post_batch, put_queue
+from benchmarks.client import (
+    JSON_HEADERS,
+    flush_delta,
+    flush_totals,
+    messages_url,
+    new_session,
+    post_batch,
+    put_queue,
+)
 from benchmarks.meter import Meter
 from benchmarks.result import BenchmarkFailed, Outcome, Row, summary
 from benchmarks.server import Server, profiled, running_server
@@ -94,6 +102,7 @@ async def paced(server: Server, count: int) -> dict[str, Any]:
 
         reader = asyncio.create_task(read_tail(reader_session, server, start_after, count, end_to_end))
         meter = Meter(server)
+        flushes = await flush_totals(session, server.url)
         tasks: set[asyncio.Task[None]] = set()
         start = time.perf_counter() + 0.05
         meter.start(start)
@@ -109,6 +118,7 @@ async def paced(server: Server, count: int) -> dict[str, Any]:
                 await asyncio.sleep(max(0.0, start + sent / RATE - time.perf_counter()))
             await asyncio.gather(*tasks)
             meter.stop()
+            flushed = flush_delta(flushes, await flush_totals(session, server.url), meter.wall)
             await asyncio.wait_for(reader, timeout=10)
         finally:
             reader.cancel()
@@ -124,6 +134,7 @@ async def paced(server: Server, count: int) -> dict[str, Any]:
         "send_lag_ms": summary(send_lag, scale=1000),
         "end_to_end_ms": summary(end_to_end, scale=1000),
         "cpu": meter.to_dict(),
+        "flush": flushed,
     }
 
 

@@ -11,7 +11,15 @@ import asyncio
 import time
 from typing import Any
 
-from benchmarks.client import messages_url, new_session, produce_sequentially, put_queue, text_batches
+from benchmarks.client import (
+    flush_delta,
+    flush_totals,
+    messages_url,
+    new_session,
+    produce_sequentially,
+    put_queue,
+    text_batches,
+)
 from benchmarks.meter import Meter
 from benchmarks.result import Outcome, Row, summary
 from benchmarks.server import profiled, running_server
@@ -55,6 +63,7 @@ async def produce_run(
     async with running_server(settings.data_dir(name), settings.log_path(name)) as server:
         async with new_session() as session:
             await put_queue(session, server.url)
+            flushes = await flush_totals(session, server.url)
         url = messages_url(server.url, save)
         requests = total // producers // BATCH
         barrier = asyncio.Barrier(producers + 1)
@@ -89,6 +98,8 @@ async def produce_run(
                     task.cancel()
             meter.stop()
         elapsed = max(ends) - min(starts)
+        async with new_session() as session:
+            flushed = flush_delta(flushes, await flush_totals(session, server.url), elapsed)
         return {
             "save": save,
             "producers": producers,
@@ -99,6 +110,7 @@ async def produce_run(
             "timed_out": sent < requests * producers * BATCH,
             "request_latency_ms": summary(latencies, scale=1000),
             "cpu": meter.to_dict(),
+            "flush": flushed,
             "peak_rss_mb": server.peak_rss_mb(),
             "startup_s": server.startup,
         }

@@ -123,6 +123,12 @@ class CorruptData(CapellaError):
     code = "corrupt_data"
 
 
+class NotReady(CapellaError):
+    """The server is still recovering its queues."""
+
+    code = "not_ready"
+
+
 class ShuttingDown(CapellaError):
     """The server is stopping and takes no new work."""
 

@@ -26,7 +26,7 @@ _QUEUE_COUNTERS = (
 
 def render(cluster: Cluster) -> str:
     """Every Capella metric as Prometheus text, ending with a newline."""
-    queues = cluster.queues()
+    queues = cluster.queues() if cluster.ready else []
     stats = [(q, q.stats()) for q in queues]
     out: list[str] = []
 

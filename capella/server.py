@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -23,10 +22,11 @@ from capella.errors import InvalidConfig
 log = logging.getLogger(__name__)
 
 
-async def serve(config: Config, *, started: Callable[[str], Awaitable[None] | None] | None = None) -> None:
-    """Run until a stop signal; ``started`` is called with the listening URL."""
+async def serve(config: Config) -> None:
+    """Run until SIGTERM or SIGINT, then flush everything and return."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    cluster = await Cluster.open(config)
+    # Listen before recovering, so /healthz answers and /readyz says 503 while queues recover.
+    cluster = Cluster.create(config)
     app = create_app(cluster, config.server)
     runner = web.AppRunner(
         app,
@@ -50,11 +50,8 @@ async def serve(config: Config, *, started: Callable[[str], Awaitable[None] | No
             ) from None
         host = config.server.host
         url = f"http://{'[' + host + ']' if ':' in host else host}:{config.server.port}"
-        log.info("capella serving cluster=%s url=%s data_dir=%s", cluster.name, url, config.data_dir)
-        if started is not None:
-            result = started(url)
-            if result is not None:
-                await result
+        log.info("capella listening cluster=%s url=%s data_dir=%s", cluster.name, url, config.data_dir)
+        await cluster.start()
         await stop.wait()
         log.info("capella stopping: finishing requests and flushing queues")
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -14,7 +15,7 @@ from aiohttp.test_utils import TestClient
 
 from capella.api import create_app
 from capella.api.openapi import DOCUMENT
-from capella.config import ServerSettings
+from capella.config import ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.metrics import escape
 
@@ -184,3 +185,24 @@ async def test_slow_body_is_408(api: TestClient) -> None:
     await writer.wait_closed()
     assert (await api.get("/v1/queues/q")).status == 200
     assert (await (await api.get("/v1/queues/q")).json())["stats"]["last_id"] == 0
+
+
+async def test_a_recovering_cluster_is_live_but_not_ready(aiohttp_client: Any, tmp_path: Path) -> None:
+    config = parse_config(
+        {"cluster": {"name": "test"}, "mounts": {"default": {"provider": "memory"}}}, {}, tmp_path
+    )
+    cluster = Cluster.create(config)
+    client = await aiohttp_client(create_app(cluster, config.server))
+    assert (await client.get("/healthz")).status == 200
+    resp = await client.get("/readyz")
+    assert resp.status == 503
+    resp = await client.get("/v1/queues")
+    assert resp.status == 503
+    assert (await resp.json())["error"]["code"] == "not_ready"
+    assert (await client.get("/metrics")).status == 200
+    await cluster.start()
+    try:
+        assert (await client.get("/readyz")).status == 200
+        assert (await client.get("/v1/queues")).status == 200
+    finally:
+        await cluster.close()

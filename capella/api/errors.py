@@ -10,6 +10,7 @@ from capella.errors import (
     InvalidConfig,
     InvalidRequest,
     NotFound,
+    NotReady,
     PayloadTooLarge,
     RequestTimeout,
     ShuttingDown,
@@ -27,6 +28,7 @@ STATUS: dict[type[CapellaError], int] = {
     Conflict: 409,
     StorageUnavailable: 503,
     ShuttingDown: 503,
+    NotReady: 503,
     CorruptData: 503,
 }
 

@@ -21,7 +21,7 @@ from capella.config import Config
 from capella.core.definition import QueueDefinition, check_name, default_definition, parse_definition
 from capella.core.queue import Queue
 from capella.core.stats import Histogram
-from capella.errors import CapellaError, CorruptData, InvalidRequest, KeyNotFound, QueueNotFound
+from capella.errors import CapellaError, CorruptData, InvalidRequest, KeyNotFound, NotReady, QueueNotFound
 from capella.storage import Storage, open_storage
 
 log = logging.getLogger(__name__)
@@ -46,14 +46,29 @@ class Cluster:
         self._ticker: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, config: Config, clock: Callable[[], float] = time.time) -> Cluster:
+    def create(cls, config: Config, clock: Callable[[], float] = time.time) -> Cluster:
+        """The cluster with its mounts, not yet recovered (``ready`` is False until ``start``)."""
         mounts = {name: open_storage(m.provider, m.options) for name, m in config.mounts.items()}
-        cluster = cls(config, mounts, clock)
-        await cluster._recover()
-        cluster._ticker = asyncio.create_task(cluster._tick_loop(), name="cluster-tick")
-        cluster.ready = True
-        log.info("cluster ready name=%s queues=%d", cluster.name, len(cluster._queues))
+        return cls(config, mounts, clock)
+
+    @classmethod
+    async def open(cls, config: Config, clock: Callable[[], float] = time.time) -> Cluster:
+        cluster = cls.create(config, clock)
+        await cluster.start()
         return cluster
+
+    async def start(self) -> None:
+        """Recover every queue, then start the periodic tick and report ready."""
+        started = time.perf_counter()
+        await self._recover()
+        self._ticker = asyncio.create_task(self._tick_loop(), name="cluster-tick")
+        self.ready = True
+        log.info(
+            "cluster ready name=%s queues=%d recovery_seconds=%.3f",
+            self.name,
+            len(self._queues),
+            time.perf_counter() - started,
+        )
 
     @property
     def _home(self) -> Storage:
@@ -114,16 +129,19 @@ class Cluster:
     # --- queues ----------------------------------------------------------------------------
 
     def queue(self, name: str) -> Queue:
+        self._check_ready()
         try:
             return self._queues[name]
         except KeyError:
             raise QueueNotFound(f"no queue {name!r}") from None
 
     def queues(self) -> list[Queue]:
+        self._check_ready()
         return [self._queues[name] for name in sorted(self._queues)]
 
     async def put_queue(self, name: str, data: dict[str, Any]) -> tuple[Queue, bool]:
         """Create the queue, or update its definition; ``True`` when it was created."""
+        self._check_ready()
         check_name(name)
         mounts = set(self._mounts)
         async with self._registry_lock:
@@ -165,6 +183,10 @@ class Cluster:
                 await storage.delete(key)
         del self._registry[name]
         log.info("unfinished drop completed queue=%s", name)
+
+    def _check_ready(self) -> None:
+        if not self.ready:
+            raise NotReady("the cluster is still recovering its queues; retry shortly")
 
     async def _save_registry(self) -> None:
         await self._home.put(REGISTRY_KEY, orjson.dumps({"version": 1, "queues": self._registry}))
