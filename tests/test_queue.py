@@ -13,7 +13,14 @@ import pytest
 from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
-from capella.errors import InvalidMessage, InvalidName, InvalidRequest, QueueNotFound, SubscriptionNotFound
+from capella.errors import (
+    InvalidMessage,
+    InvalidName,
+    InvalidRequest,
+    QueueNotFound,
+    StorageUnavailable,
+    SubscriptionNotFound,
+)
 
 
 class Clock:
@@ -454,3 +461,56 @@ async def test_long_poll_returns_when_a_message_arrives(cluster: Cluster) -> Non
     started = asyncio.get_running_loop().time()
     await q.wait_for(1, 0.05)
     assert asyncio.get_running_loop().time() - started >= 0.04
+
+
+async def test_readers_racing_seals_see_every_id_once_in_order(cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("race", {"limits": {"max_count": 7}})
+    total = 600
+    done = asyncio.Event()
+
+    async def produce() -> None:
+        for i in range(0, total, 3):
+            await q.append(drafts(3, f"b{i}-"), SaveMode.WAIT if i % 2 else SaveMode.NONE)
+        done.set()
+
+    async def read() -> list[int]:
+        seen: list[int] = []
+        after = 0
+        while not (done.is_set() and after >= total):
+            page = await q.read_after(after, 5)
+            seen.extend(m.id for m in page.messages)
+            after = page.last_id
+            if not page.messages:
+                await q.wait_for(after, 0.05)
+        return seen
+
+    results = await asyncio.gather(produce(), *(read() for _ in range(3)))
+    for seen in results[1:]:
+        assert seen == list(range(1, total + 1))
+    # Seals really happened while the readers ran (the sealer trails the writers).
+    assert q.stats()["blocks"]["by_state"]["sealed"] >= 10
+
+
+async def test_a_failed_fsync_answers_503_and_the_write_is_retried(
+    tmp_path: Path, clock: Clock, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q, _ = await cluster.put_queue("enospc", {})
+    await q.append(drafts(2, "ok"), SaveMode.WAIT)
+    real = os.fdatasync
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fdatasync", full_disk)
+    with pytest.raises(StorageUnavailable):
+        await q.append(drafts(1, "unsure"), SaveMode.WAIT)
+    assert q.stats()["last_error"]
+    monkeypatch.setattr(os, "fdatasync", real)
+    # The next flush reopens the journal at its last durable length and writes both.
+    await q.append(drafts(1, "later"), SaveMode.WAIT)
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        page = await cluster.queue("enospc").read_after(0, 10)
+        assert [m.payload for m in page.messages] == [b"ok0", b"ok1", b"unsure0", b"later0"]
+    finally:
+        await cluster.close()
