@@ -695,9 +695,10 @@ class Queue:
 
     def _blocks_after(self, after: int) -> Iterator[BlockMeta | OpenBlock]:
         # Snapshot the lists: a seal may move a block from sealing to sealed while we await.
-        sealed, sealing, open_block = list(self._sealed), list(self._sealing), self._open
-        start = max(0, bisect.bisect_right([b.first_id for b in sealed], after) - 1)
-        for meta in sealed[start:]:
+        # Only the tail from the block holding ``after + 1`` is copied.
+        start = max(0, bisect.bisect_right(self._firsts, after) - 1)
+        sealed, sealing, open_block = self._sealed[start:], list(self._sealing), self._open
+        for meta in sealed:
             if meta.last_id > after:
                 yield meta
         for block in sealing:
