@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 
@@ -31,8 +31,6 @@ SCENARIOS: dict[str, Callable[[Settings], Awaitable[Outcome]]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so the servers are stopped and the temp dirs removed.
-    signal.signal(signal.SIGTERM, _interrupt)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="capella-bench-", dir=args.data_root) as work:
         settings = Settings(quick=args.quick, work_dir=Path(work), profile_dir=args.profile)
@@ -47,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 0
         try:
             _run_loop(run_all(settings, args.only or list(SCENARIOS), report, rows))
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, asyncio.CancelledError):
             print("interrupted: the servers were stopped; partial results follow", file=sys.stderr)
             code = 130
         except BenchmarkFailed as exc:
@@ -68,6 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def run_all(settings: Settings, names: list[str], report: dict[str, Any], rows: list[Row]) -> None:
+    # SIGTERM unwinds like Ctrl-C, so the servers are stopped and the temp dirs removed.
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     for name in names:
         print(f"{name}:", flush=True)
         started = time.perf_counter()
@@ -115,10 +117,6 @@ def _run_loop(coro: Coroutine[Any, Any, None]) -> None:
         asyncio.run(coro)
         return
     uvloop.run(coro)
-
-
-def _interrupt(signum: int, frame: object) -> NoReturn:
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -107,7 +107,12 @@ class Server:
         started = time.perf_counter()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            if not await _exited(self.proc, STOP_TIMEOUT):
+            try:
+                exited = await _exited(self.proc, STOP_TIMEOUT)
+            except asyncio.CancelledError:
+                self.proc.kill()  # interrupted again while waiting: leave nothing behind
+                raise
+            if not exited:
                 self.proc.kill()
                 self.proc.wait()
                 raise BenchmarkFailed(f"server ignored SIGTERM for {STOP_TIMEOUT:g} s and was killed")
@@ -127,8 +132,7 @@ async def running_server(data_dir: Path, log_path: Path) -> AsyncIterator[Server
     try:
         yield server
     finally:
-        # Shielded so a Ctrl-C that cancels the scenario still waits for the clean exit.
-        await asyncio.shield(server.stop())
+        await server.stop()
 
 
 @contextlib.asynccontextmanager

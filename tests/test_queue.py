@@ -514,3 +514,27 @@ async def test_a_failed_fsync_answers_503_and_the_write_is_retried(
         assert [m.payload for m in page.messages] == [b"ok0", b"ok1", b"unsure0", b"later0"]
     finally:
         await cluster.close()
+
+
+async def test_own_keys_are_found_by_id_range_after_seal_and_restart(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    # A message produced here without an external id has the identity (cluster, id); a copy
+    # that comes back (A -> B -> A) carries exactly that identity and must be recognised.
+    q, _ = await cluster.put_queue("own", {})
+    produced = await q.append(drafts(25), SaveMode.WAIT)
+    await q.append([Draft(payload=b"foreign", source="edge", external_id=10_000)], SaveMode.WAIT)
+    await asyncio.sleep(0.05)
+    assert q.stats()["blocks"]["by_state"]["sealed"] == 2
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        q = cluster.queue("own")
+        echoes = await q.append([Draft(payload=b"echo", source="edge", external_id=a.id) for a in produced])
+        assert [(a.id, a.duplicate) for a in echoes] == [(a.id, True) for a in produced]
+        again = await q.append([Draft(payload=b"foreign", source="edge", external_id=10_000)])
+        assert again[0].duplicate
+        # An id that was never assigned here is new, even below the highest id.
+        fresh = await q.append([Draft(payload=b"x", source="edge", external_id=-3)])
+        assert not fresh[0].duplicate
+    finally:
+        await cluster.close()

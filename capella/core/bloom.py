@@ -10,6 +10,7 @@ import hashlib
 import math
 import struct
 import zlib
+from collections.abc import Iterable
 
 from capella.errors import CorruptData
 
@@ -58,6 +59,25 @@ class BloomFilter:
     def hashes(self) -> int:
         """The number of bit positions each key sets."""
         return self._hashes
+
+    def update(self, keys: Iterable[bytes]) -> None:
+        """Add many keys; the loop is inlined because a sealed block adds thousands at once."""
+        bits, size, hashes, blake2b, unpack = (
+            self._bits,
+            self._size,
+            self._hashes,
+            hashlib.blake2b,
+            _HALVES.unpack,
+        )
+        count = 0
+        for key in keys:
+            first, second = unpack(blake2b(key, digest_size=16).digest())
+            second |= 1
+            for i in range(hashes):
+                position = ((first + i * second) & _U64_MASK) % size
+                bits[position >> 3] |= 1 << (position & 7)
+            count += 1
+        self._count += count
 
     def add(self, key: bytes) -> None:
         bits = self._bits

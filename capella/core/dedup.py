@@ -2,14 +2,20 @@
 
 The common case costs one dict lookup: a source whose external ids only grow is new
 whenever the id is above the highest one seen. Otherwise the recent (unsealed) blocks are
-checked exactly, and sealed blocks through their summaries — a per-source id range and a
-Bloom filter — so only blocks that may hold the key have their exact keys loaded.
+checked exactly, and sealed blocks through their summaries, so only blocks that may hold
+the key have their exact keys loaded:
+
+- a message produced here without an external id has the key ``(cluster name, its own id)``;
+  such "own" keys are not put in the summary at all, because the block's id range already
+  says exactly which block could hold them (and building a Bloom filter for every message
+  would cost more than the rest of the write path);
+- every other key goes into a per-source external-id range and a Bloom filter.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import orjson
@@ -17,7 +23,8 @@ import orjson
 from capella.core.bloom import BloomFilter, dedup_key
 from capella.errors import CorruptData
 
-_SUMMARY_MAGIC = b"CPS1"
+_SUMMARY_MAGIC = b"CPS2"
+_HEAD = struct.Struct("<4sQQI")
 
 
 @dataclass(slots=True)
@@ -25,37 +32,46 @@ class BlockSummary:
     """What dedup needs to know about one sealed block without reading it."""
 
     first_id: int
+    last_id: int
+    own: str
     ranges: dict[str, tuple[int, int]]
     bloom: BloomFilter
 
     def may_hold(self, source: str, external_id: int, key: bytes) -> bool:
+        if source == self.own and self.first_id <= external_id <= self.last_id:
+            return True
         span = self.ranges.get(source)
         return span is not None and span[0] <= external_id <= span[1] and key in self.bloom
 
     def dump(self) -> bytes:
-        ranges = orjson.dumps({s: list(r) for s, r in self.ranges.items()})
+        head = orjson.dumps({"own": self.own, "ranges": {s: list(r) for s, r in self.ranges.items()}})
         return (
-            _SUMMARY_MAGIC + struct.pack("<QI", self.first_id, len(ranges)) + ranges + self.bloom.to_bytes()
+            _HEAD.pack(_SUMMARY_MAGIC, self.first_id, self.last_id, len(head)) + head + self.bloom.to_bytes()
         )
 
     @classmethod
     def load(cls, data: bytes) -> BlockSummary:
         try:
-            if data[:4] != _SUMMARY_MAGIC:
-                raise ValueError("bad magic")
-            first_id, size = struct.unpack_from("<QI", data, 4)
-            ranges = orjson.loads(data[16 : 16 + size])
-            bloom = BloomFilter.from_bytes(data[16 + size :])
-            return cls(first_id, {s: (int(r[0]), int(r[1])) for s, r in ranges.items()}, bloom)
-        except (ValueError, struct.error, orjson.JSONDecodeError, TypeError, IndexError) as exc:
+            magic, first_id, last_id, size = _HEAD.unpack_from(data)
+            if magic != _SUMMARY_MAGIC:
+                raise ValueError(f"bad magic {magic!r}")
+            head = orjson.loads(data[_HEAD.size : _HEAD.size + size])
+            bloom = BloomFilter.from_bytes(data[_HEAD.size + size :])
+            ranges = {s: (int(r[0]), int(r[1])) for s, r in head["ranges"].items()}
+            return cls(first_id, last_id, str(head["own"]), ranges, bloom)
+        except (ValueError, struct.error, orjson.JSONDecodeError, TypeError, KeyError, IndexError) as exc:
             raise CorruptData(f"block summary is not valid: {exc}") from None
 
     @classmethod
-    def build(cls, first_id: int, keys: Iterable[tuple[str, int]], count: int) -> BlockSummary:
-        bloom = BloomFilter(max(count, 1))
+    def build(cls, keys: Mapping[tuple[str, int], int], own: str) -> BlockSummary:
+        """The summary of a block whose keys map to their ids (ids ascending)."""
+        ids = keys.values()
+        first_id, last_id = min(ids), max(ids)
+        foreign = [(s, e) for (s, e), i in keys.items() if s != own or e != i]
+        bloom = BloomFilter(len(foreign))
+        bloom.update(dedup_key(s, e) for s, e in foreign)
         ranges: dict[str, tuple[int, int]] = {}
-        for source, ext in keys:
-            bloom.add(dedup_key(source, ext))
+        for source, ext in foreign:
             span = ranges.get(source)
             if span is None:
                 ranges[source] = (ext, ext)
@@ -63,7 +79,7 @@ class BlockSummary:
                 ranges[source] = (ext, span[1])
             elif ext > span[1]:
                 ranges[source] = (span[0], ext)
-        return cls(first_id, ranges, bloom)
+        return cls(first_id, last_id, own, ranges, bloom)
 
 
 KeyLoader = Callable[[int], Awaitable[dict[tuple[str, int], int]]]
@@ -86,6 +102,7 @@ class DedupIndex:
     def add_summary(self, summary: BlockSummary) -> None:
         self.summaries.append(summary)
         self.summaries.sort(key=lambda s: s.first_id)
+        self.note(summary.own, summary.last_id)
         for source, (_, hi) in summary.ranges.items():
             self.note(source, hi)
 

@@ -424,19 +424,29 @@ class Queue:
     async def _assign(self, drafts: Sequence[Draft], now: float) -> list[Appended]:
         if self._next_id + len(drafts) > self._lease_until:
             await self._extend_lease(len(drafts))
+        # This loop runs once per produced message: limits and bound methods are read once.
+        limits = self.definition.limits
+        max_count, max_bytes = limits.max_count, limits.max_bytes
+        own = self._cluster_name
+        dedup = self._dedup
         results: list[Appended] = []
         added = 0
-        dedup = self._dedup
+        block = self._open
+        if block is not None and block.is_full(self.definition, now):
+            self._rotate()
+            block = None
         for d in drafts:
-            source = self._cluster_name if d.source is None else d.source
-            if d.external_id is not None:
-                found = await dedup.find(source, d.external_id)
+            source = own if d.source is None else d.source
+            external_id = d.external_id
+            if external_id is not None:
+                found = await dedup.find(source, external_id)
                 if found is not None:
                     results.append(Appended(found, True))
                     continue
             message_id = self._next_id
-            self._next_id += 1
-            external_id = message_id if d.external_id is None else d.external_id
+            self._next_id = message_id + 1
+            if external_id is None:
+                external_id = message_id
             message = Message(
                 message_id,
                 now,
@@ -447,22 +457,24 @@ class Queue:
                 d.payload,
                 d.headers,
             )
-            block = self._open
             if block is None:
                 block = self._open = OpenBlock(message_id, now, self._journal_key(message_id))
                 self._refresh_recent()
             block.add(message, encode_record(message))
-            dedup.note(source, external_id)
-            self._last_id = message_id
+            if source is not own or external_id != message_id:
+                dedup.note(source, external_id)
             added += 1
             results.append(Appended(message_id, False))
-            if block.is_full(self.definition, now):
+            if len(block.ids) >= max_count or block.size >= max_bytes:
                 self._rotate()
-        self.counters.produced += added
-        self.counters.duplicates += len(results) - added
+                block = None
         if added:
+            self._last_id = self._next_id - 1
+            dedup.note(own, self._last_id)
+            self.counters.produced += added
             self._arrived.set()
             self._arrived = asyncio.Event()
+        self.counters.duplicates += len(results) - added
         return results
 
     async def _extend_lease(self, needed: int) -> None:
@@ -595,7 +607,7 @@ class Queue:
         if block.pending:
             await self._commit(urgent=True)
         # Encoding and the Bloom filter take ~30 ms for a full block: keep them off the loop.
-        data, summary = await asyncio.to_thread(_encode_sealed, block)
+        data, summary = await asyncio.to_thread(_encode_sealed, block, self._cluster_name)
         mark = 0
         meta = BlockMeta(
             first_id=block.ids[0],
@@ -770,7 +782,7 @@ class Queue:
             keys = await self._keys_of_block(meta.first_id)
             if meta.state != "sealed":
                 return
-            summary = BlockSummary.build(meta.first_id, keys, meta.count)
+            summary = BlockSummary.build(keys, self._cluster_name)
             await self._meta.put(self._summary_key(meta.first_id), summary.dump())
         self._dedup.add_summary(summary)
 
@@ -900,5 +912,5 @@ class Queue:
         }
 
 
-def _encode_sealed(block: OpenBlock) -> tuple[bytes, BlockSummary]:
-    return encode_block(block.messages), BlockSummary.build(block.ids[0], block.keys, len(block.ids))
+def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary]:
+    return encode_block(block.messages), BlockSummary.build(block.keys, own)
