@@ -27,6 +27,9 @@ async def read_body(request: web.Request) -> bytes:
     """The whole body, within ``body_timeout`` and ``max_body_size``."""
     settings = request.app[SETTINGS]
     try:
+        if request.content.is_eof():
+            # Already complete (the usual case for small bodies): no deadline to arm.
+            return await request.read()
         async with asyncio.timeout(settings.body_timeout):
             return await request.read()
     except TimeoutError:
