@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 # are never exactly equal, and a copy must not be refused for a few milliseconds of skew).
 FUTURE_SKEW = 5.0
 # Sealed blocks whose contents stay in memory after a read (the unload handler trims more).
-LOADED_BLOCKS = 4
+LOADED_BLOCKS = 8
 KEY_SETS = 8
 # A filtered read stops scanning after this many messages and answers with what it has.
 SCAN_LIMIT = 100_000
@@ -182,7 +182,7 @@ class Queue:
         self._lease_until = 1  # ids below this may have been answered already
 
         self._loaded: OrderedDict[int, tuple[list[int], list[Message]]] = OrderedDict()
-        self._loading: dict[int, asyncio.Future[tuple[list[int], list[Message]]]] = {}
+        self._loading: dict[int, asyncio.Task[tuple[list[int], list[Message]]]] = {}
         self._key_sets: OrderedDict[int, dict[tuple[str, int], int]] = OrderedDict()
         self._dedup = DedupIndex(self._keys_of_block)
         self._subs = Subscriptions()
@@ -360,6 +360,7 @@ class Queue:
                 (result,) = await asyncio.gather(task, return_exceptions=True)
                 if isinstance(result, BaseException):
                     log.error("background task failed queue=%s", self.name, exc_info=result)
+        await asyncio.gather(*self._loading.values(), return_exceptions=True)
         try:
             await self._flush_journals()
             await self._save_subscriptions()
@@ -703,7 +704,25 @@ class Queue:
             if len(out) >= limit or scanned >= SCAN_LIMIT:
                 break
         self.counters.read += len(out)
+        self._prefetch_after(last)
         return ReadResult(out, last)
+
+    def _prefetch_after(self, last: int) -> None:
+        """Start loading the next sealed block while the reader handles this page.
+
+        A sequential reader would otherwise wait for every block's decode; this way the
+        decode runs while the answer is sent and the client parses it.
+        """
+        index = bisect.bisect_right(self._firsts, last)
+        if index >= len(self._sealed):
+            return
+        meta = self._sealed[index]
+        if meta.state != "sealed" or meta.first_id in self._loaded or meta.first_id in self._loading:
+            return
+        # Only when the reader is close: within the last tenth of the block it is in.
+        if index > 0 and last < self._sealed[index - 1].last_id - self._sealed[index - 1].count // 10:
+            return
+        self._start_load(meta)
 
     def _blocks_after(self, after: int) -> Iterator[BlockMeta | OpenBlock]:
         # Snapshot the lists: a seal may move a block from sealing to sealed while we await.
@@ -724,29 +743,30 @@ class Queue:
         if cached is not None:
             self._loaded.move_to_end(meta.first_id)
             return cached
-        pending = self._loading.get(meta.first_id)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[tuple[list[int], list[Message]]] = asyncio.get_running_loop().create_future()
-        self._loading[meta.first_id] = future
+        # The load is a task of its own: a reader that goes away does not cancel it for the
+        # others waiting on the same block.
+        return await asyncio.shield(self._start_load(meta))
+
+    def _start_load(self, meta: BlockMeta) -> asyncio.Task[tuple[list[int], list[Message]]]:
+        task = self._loading.get(meta.first_id)
+        if task is None:
+            task = asyncio.create_task(self._load_block(meta), name=f"load:{self.name}:{meta.first_id}")
+            task.add_done_callback(_retrieve)
+            self._loading[meta.first_id] = task
+        return task
+
+    async def _load_block(self, meta: BlockMeta) -> tuple[list[int], list[Message]]:
         try:
             data = await self._mounts[self.definition.mount_for_mark(meta.mark)].get(meta.key)
             messages = await asyncio.to_thread(decode_block, data)
-            contents = ([m.id for m in messages], messages)
         except CorruptData as exc:
             await self._quarantine(meta, exc.message)
-            future.set_exception(exc)
-            future.exception()  # retrieved here; other readers get it from shield
-            raise
-        except CapellaError as exc:
-            future.set_exception(exc)
-            future.exception()
             raise
         finally:
             del self._loading[meta.first_id]
+        contents = ([m.id for m in messages], messages)
         self._loaded[meta.first_id] = contents
         self._trim_loaded()
-        future.set_result(contents)
         return contents
 
     def _trim_loaded(self) -> None:
@@ -914,3 +934,9 @@ class Queue:
 
 def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary]:
     return encode_block(block.messages), BlockSummary.build(block.keys, own)
+
+
+def _retrieve(task: asyncio.Task[tuple[list[int], list[Message]]]) -> None:
+    # Readers get the error from the task; this only keeps asyncio from logging it as lost.
+    if not task.cancelled():
+        task.exception()
