@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from capella.config import Config, parse_config
+from capella.core import queue as queue_module
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import (
@@ -536,5 +537,39 @@ async def test_own_keys_are_found_by_id_range_after_seal_and_restart(
         # An id that was never assigned here is new, even below the highest id.
         fresh = await q.append([Draft(payload=b"x", source="edge", external_id=-3)])
         assert not fresh[0].duplicate
+    finally:
+        await cluster.close()
+
+
+async def test_writers_wait_for_a_stuck_sealer_and_resume_when_it_recovers(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(queue_module, "SEAL_BACKLOG_WAIT", 0.3)
+    blocked = tmp_path / "cold"
+    blocked.write_text("a file where the mount's directory should be")
+    config = parse_config(
+        {
+            "cluster": {"name": "edge", "data_dir": str(tmp_path / "data")},
+            "mounts": {"default": {"provider": "file"}, "cold": {"provider": "file", "path": str(blocked)}},
+        },
+        {},
+        base=tmp_path,
+    )
+    cluster = await Cluster.open(config, clock=clock)
+    try:
+        q, _ = await cluster.put_queue(
+            "stuck", {"limits": {"max_count": 2}, "mounts": {"marks": {"0": "cold"}}}
+        )
+        await q.append(drafts(4), SaveMode.WAIT)  # two full blocks the sealer cannot write
+        with pytest.raises(StorageUnavailable, match="not being sealed"):
+            await q.append(drafts(1), SaveMode.WAIT)
+        assert "cannot write" in (q.stats()["last_error"] or "")
+        blocked.unlink()
+        blocked.mkdir()
+        monkeypatch.setattr(queue_module, "SEAL_BACKLOG_WAIT", 30.0)
+        answers = await asyncio.wait_for(q.append(drafts(1, "after"), SaveMode.WAIT), 10)
+        assert answers[0].id == 5
+        page = await q.read_after(0, 10)
+        assert [m.id for m in page.messages] == [1, 2, 3, 4, 5]
     finally:
         await cluster.close()

@@ -57,7 +57,11 @@ log = logging.getLogger(__name__)
 # are never exactly equal, and a copy must not be refused for a few milliseconds of skew).
 FUTURE_SKEW = 5.0
 # Sealed blocks whose contents stay in memory after a read (the unload handler trims more).
-LOADED_BLOCKS = 8
+LOADED_BLOCKS = 4
+# Full blocks waiting for the sealer; writers wait beyond this so memory stays bounded
+# when the disk is slower than the producers.
+MAX_SEALING = 2
+SEAL_BACKLOG_WAIT = 30.0
 KEY_SETS = 8
 # A filtered read stops scanning after this many messages and answers with what it has.
 SCAN_LIMIT = 100_000
@@ -194,6 +198,7 @@ class Queue:
         self._arrived = asyncio.Event()
         self._flush_wanted = asyncio.Event()
         self._seal_wanted = asyncio.Event()
+        self._seal_done = asyncio.Event()
         self._waiters: list[asyncio.Future[None]] = []
         self._urgent = False
         self._marked = False
@@ -350,6 +355,7 @@ class Queue:
             return
         self._closing = True
         self._arrived.set()
+        self._seal_done.set()
         flusher, sealer = self._tasks or (None, None)
         # The tasks stop on their own between steps; cancelling one mid-write would leave a
         # half-written temporary file and an open descriptor behind. The sealer goes first:
@@ -395,6 +401,8 @@ class Queue:
         self._validate(drafts, now)
         mode = save.resolve(self.definition.save)
         self.counters.produce_requests += 1
+        if len(self._sealing) >= MAX_SEALING:
+            await self._wait_for_sealer()
         async with self._write_lock:
             results = await self._assign(drafts, now)
         if mode is SaveMode.IMMEDIATE or mode is SaveMode.WAIT:
@@ -402,6 +410,17 @@ class Queue:
         elif mode is SaveMode.MARK:
             self._marked = True
         return results
+
+    async def _wait_for_sealer(self) -> None:
+        try:
+            async with asyncio.timeout(SEAL_BACKLOG_WAIT):
+                while len(self._sealing) >= MAX_SEALING and not self._closing:
+                    await self._seal_done.wait()
+        except TimeoutError:
+            reason = self.last_error or "storage is slow"
+            raise StorageUnavailable(f"queue {self.name}: full blocks are not being sealed ({reason})") from None
+        if self._closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
 
     def _validate(self, drafts: Sequence[Draft], now: float) -> None:
         segments = self.definition.segments
@@ -628,6 +647,8 @@ class Queue:
             self._sealed.append(meta)
             self._firsts.append(meta.first_id)
             self._sealing.pop(0)
+            self._seal_done.set()
+            self._seal_done = asyncio.Event()
             self._loaded[meta.first_id] = (block.ids, block.messages)
             self._trim_loaded()
             self._key_sets[meta.first_id] = block.keys
