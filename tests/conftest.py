@@ -129,6 +129,13 @@ class ServerProcess:
             time.sleep(0.05)
         raise RuntimeError(f"capella serve not ready after {timeout}s:\n{self.log()}")
 
+    def kill(self) -> None:
+        """``kill -9``: no flush, no clean-up, as in a crash."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(SERVER_STOP_TIMEOUT)
+        self._log.close()
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

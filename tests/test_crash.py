@@ -10,15 +10,11 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import aiohttp
 import pytest
+from conftest import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -27,56 +23,10 @@ PRODUCERS = 4
 BATCH = 20
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ServerProcess:
-    def __init__(self, data_dir: Path, port: int) -> None:
-        self.data_dir = data_dir
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    async def start(self, session: aiohttp.ClientSession) -> None:
-        config = self.data_dir.parent / "crash.toml"
-        config.write_text(
-            f'[cluster]\nname = "crash"\ndata_dir = "{self.data_dir}"\n'
-            f'[server]\nlisten = "127.0.0.1:{self.port}"\n'
-            "[queue_defaults]\nlimits = { max_count = 300 }\n"
-        )
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "capella", "serve", "--config", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                async with session.get(f"{self.url}/readyz") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            assert self.proc.poll() is None, "server exited during start-up"
-            await asyncio.sleep(0.05)
-        raise AssertionError("server did not become ready in 20 s")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+async def start(data_dir: Path, port: int) -> ServerProcess:
+    server = ServerProcess(data_dir, port)
+    await asyncio.to_thread(server.wait_ready)
+    return server
 
 
 async def produce_until_killed(
@@ -131,15 +81,18 @@ async def read_all(session: aiohttp.ClientSession, url: str) -> list[dict[str, o
 
 async def test_answered_writes_survive_kill_minus_9(tmp_path: Path) -> None:
     rng = random.Random(int(os.environ.get("CRASH_SEED", "7")))
-    server = ServerProcess(tmp_path / "data", free_port())
+    data_dir, port = tmp_path / "data", free_port()
+    server = await start(data_dir, port)
     answered: dict[int, bytes] = {}
     next_seq = [1] * PRODUCERS
     resend: list[list[int]] = [[] for _ in range(PRODUCERS)]
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         try:
-            await server.start(session)
-            async with session.put(f"{server.url}/v1/queues/crash", json={}) as resp:
+            # Small blocks, so kills land during seals too.
+            async with session.put(
+                f"{server.url}/v1/queues/crash", json={"limits": {"max_count": 300}}
+            ) as resp:
                 assert resp.status == 201
             for cycle in range(CYCLES):
                 producers = [
@@ -153,7 +106,7 @@ async def test_answered_writes_survive_kill_minus_9(tmp_path: Path) -> None:
                 await asyncio.wait_for(asyncio.gather(*producers), 15)
                 highest_answered = max(answered, default=0)
 
-                await server.start(session)
+                server = await start(data_dir, port)
                 stored = await read_all(session, server.url)
                 by_id = {int(str(m["id"])): str(m["data"]).encode() for m in stored}
                 missing = [i for i, payload in answered.items() if by_id.get(i) != payload]
@@ -173,10 +126,10 @@ async def test_answered_writes_survive_kill_minus_9(tmp_path: Path) -> None:
 
 
 async def test_sigterm_flushes_writes_that_were_not_yet_saved(tmp_path: Path) -> None:
-    server = ServerProcess(tmp_path / "data", free_port())
+    data_dir, port = tmp_path / "data", free_port()
+    server = await start(data_dir, port)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         try:
-            await server.start(session)
             async with session.put(f"{server.url}/v1/queues/crash", json={"save": "none"}) as resp:
                 assert resp.status == 201
             for mode in ("none", "mark"):
@@ -189,10 +142,9 @@ async def test_sigterm_flushes_writes_that_were_not_yet_saved(tmp_path: Path) ->
                 f"{server.url}/v1/queues/crash/subscriptions/reader?save=none", json={"last_id": 42}
             ) as resp:
                 assert resp.status == 201
-            server.stop()
-            assert server.proc is not None and server.proc.returncode == 0
+            assert server.stop() == 0
 
-            await server.start(session)
+            server = await start(data_dir, port)
             stored = await read_all(session, server.url)
             assert [m["data"] for m in stored] == [
                 f"{mode}-{i}" for mode in ("none", "mark") for i in range(50)
