@@ -418,7 +418,8 @@ class Queue:
                     await self._seal_done.wait()
         except TimeoutError:
             reason = self.last_error or "storage is slow"
-            raise StorageUnavailable(f"queue {self.name}: full blocks are not being sealed ({reason})") from None
+            message = f"queue {self.name}: full blocks are not being sealed ({reason})"
+            raise StorageUnavailable(message) from None
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
 
