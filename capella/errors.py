@@ -84,6 +84,12 @@ class SubscriptionNotFound(NotFound):
     code = "subscription_not_found"
 
 
+class HandlerNotFound(NotFound):
+    """No handler has this name."""
+
+    code = "handler_not_found"
+
+
 class KeyNotFound(NotFound):
     """A storage key holds no value."""
 

@@ -18,6 +18,7 @@ from aiohttp import web
 from capella.api.app import create_app
 from capella.config import Config
 from capella.core.cluster import Cluster
+from capella.handlers.supervisor import Supervisor
 from capella.errors import InvalidConfig
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,8 @@ async def serve(config: Config) -> None:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     # Listen before recovering, so /healthz answers and /readyz says 503 while queues recover.
     cluster = Cluster.create(config)
-    app = create_app(cluster, config.server)
+    supervisor = Supervisor(cluster)
+    app = create_app(cluster, config.server, supervisor)
     runner = web.AppRunner(
         app,
         handle_signals=False,
@@ -53,6 +55,7 @@ async def serve(config: Config) -> None:
         url = f"http://{'[' + host + ']' if ':' in host else host}:{config.server.port}"
         log.info("capella listening cluster=%s url=%s data_dir=%s", cluster.name, url, config.data_dir)
         await cluster.start()
+        await supervisor.start()
         # Everything built so far lives until exit: keep it out of every future GC pass, and
         # collect the young generation less often (each request allocates hundreds of objects).
         gc.collect()
@@ -64,6 +67,7 @@ async def serve(config: Config) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await runner.cleanup()
+        await supervisor.close()
         await cluster.close()
         log.info("capella stopped")
 

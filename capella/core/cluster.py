@@ -71,12 +71,17 @@ class Cluster:
         )
 
     @property
-    def _home(self) -> Storage:
+    def home(self) -> Storage:
+        """The default mount, which holds the cluster's own registries."""
         return self._mounts[self._config.default_mount]
+
+    @property
+    def mounts(self) -> dict[str, Storage]:
+        return dict(self._mounts)
 
     async def _recover(self) -> None:
         try:
-            doc = orjson.loads(await self._home.get(REGISTRY_KEY))
+            doc = orjson.loads(await self.home.get(REGISTRY_KEY))
             self._registry = dict(doc["queues"])
         except KeyNotFound:
             self._registry = {}
@@ -189,4 +194,4 @@ class Cluster:
             raise NotReady("the cluster is still recovering its queues; retry shortly")
 
     async def _save_registry(self) -> None:
-        await self._home.put(REGISTRY_KEY, orjson.dumps({"version": 1, "queues": self._registry}))
+        await self.home.put(REGISTRY_KEY, orjson.dumps({"version": 1, "queues": self._registry}))

@@ -43,6 +43,7 @@ from capella.core.stats import Histogram, QueueCounters
 from capella.core.subscription import Subscription, Subscriptions
 from capella.errors import (
     CapellaError,
+    Conflict,
     CorruptData,
     InvalidMessage,
     KeyNotFound,
@@ -186,6 +187,8 @@ class Queue:
         self._lease_until = 1  # ids below this may have been answered already
 
         self._loaded: OrderedDict[int, tuple[list[int], list[Message]]] = OrderedDict()
+        self._used: dict[int, float] = {}  # first id of a loaded block -> when it was last read
+        self._blocks_lock = asyncio.Lock()  # moves, deletes and leftover clean-up, one at a time
         self._loading: dict[int, asyncio.Task[tuple[list[int], list[Message]]]] = {}
         self._key_sets: OrderedDict[int, dict[tuple[str, int], int]] = OrderedDict()
         self._dedup = DedupIndex(self._keys_of_block)
@@ -651,6 +654,7 @@ class Queue:
             self._seal_done.set()
             self._seal_done = asyncio.Event()
             self._loaded[meta.first_id] = (block.ids, block.messages)
+            self._used[meta.first_id] = self._clock()
             self._trim_loaded()
             self._key_sets[meta.first_id] = block.keys
             self._dedup.add_summary(summary)
@@ -673,6 +677,10 @@ class Queue:
         await self._meta.put(self._key("manifest.json"), orjson.dumps(doc))
 
     # --- reading ---------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """The queue's clock (tests inject one)."""
+        return self._clock()
 
     @property
     def last_id(self) -> int:
@@ -764,6 +772,7 @@ class Queue:
         cached = self._loaded.get(meta.first_id)
         if cached is not None:
             self._loaded.move_to_end(meta.first_id)
+            self._used[meta.first_id] = self._clock()
             return cached
         # The load is a task of its own: a reader that goes away does not cancel it for the
         # others waiting on the same block.
@@ -788,12 +797,14 @@ class Queue:
             del self._loading[meta.first_id]
         contents = ([m.id for m in messages], messages)
         self._loaded[meta.first_id] = contents
+        self._used[meta.first_id] = self._clock()
         self._trim_loaded()
         return contents
 
     def _trim_loaded(self) -> None:
         while len(self._loaded) > LOADED_BLOCKS:
-            self._loaded.popitem(last=False)
+            first_id, _ = self._loaded.popitem(last=False)
+            self._used.pop(first_id, None)
 
     async def _keys_of_block(self, first_id: int) -> dict[tuple[str, int], int]:
         keys = self._key_sets.get(first_id)
@@ -917,6 +928,117 @@ class Queue:
             await self._meta.put(self._key("subscriptions.json"), data)
             self._subs.saved_version = version
 
+    # --- block maintenance (used by the unload, archive and expire handlers) ----------------
+
+    def sealed_blocks(self) -> list[BlockMeta]:
+        """The sealed blocks, oldest first (a copy of the list; do not change the entries)."""
+        return list(self._sealed)
+
+    def unload(self, *, idle: float | None, age: float | None) -> tuple[int, int]:
+        """Drop the contents of sealed blocks not read for ``idle`` s or sealed ``age`` s ago.
+
+        Answers (blocks, bytes) dropped. The next read of such a block loads it again.
+        """
+        now = self._clock()
+        by_id = {b.first_id: b for b in self._sealed}
+        dropped = dropped_bytes = 0
+        for first_id in list(self._loaded):
+            meta = by_id.get(first_id)
+            unused = now - self._used.get(first_id, now)
+            old = meta is not None and now - meta.sealed
+            if (idle is not None and unused >= idle) or (age is not None and meta is not None and old >= age):
+                del self._loaded[first_id]
+                self._used.pop(first_id, None)
+                self._key_sets.pop(first_id, None)
+                dropped += 1
+                dropped_bytes += meta.bytes if meta is not None else 0
+        return dropped, dropped_bytes
+
+    async def delete_block(self, first_id: int) -> int:
+        """Delete the oldest sealed block (expiry); answers the bytes it held.
+
+        The manifest forgets the block first, durably; then its objects go. A crash in
+        between leaves only unreferenced objects, which ``clean_leftovers`` removes.
+        """
+        async with self._blocks_lock:
+            if not self._sealed or self._sealed[0].first_id != first_id:
+                raise Conflict(f"queue {self.name}: only the oldest sealed block can be deleted")
+            meta = self._sealed[0]
+            async with self._manifest_lock:
+                remaining = self._sealed[1:]
+                await self._save_manifest(remaining)
+                self._sealed = remaining
+                self._firsts = [b.first_id for b in remaining]
+            self._loaded.pop(first_id, None)
+            self._used.pop(first_id, None)
+            self._key_sets.pop(first_id, None)
+            self._dedup.drop_summary(first_id)
+            await self._mounts[self.definition.mount_for_mark(meta.mark)].delete(meta.key)
+            await self._meta.delete(self._summary_key(first_id))
+        log.info("block deleted queue=%s first_id=%d messages=%d", self.name, first_id, meta.count)
+        return meta.bytes
+
+    async def move_block(self, first_id: int, mark: int) -> int:
+        """Move a sealed block to the mount of ``mark``; answers the bytes copied.
+
+        The new copy is written, read back and compared, the manifest is switched durably,
+        and only then is the old copy deleted: a crash at any point leaves a readable copy,
+        and the other one is a leftover for ``clean_leftovers``.
+        """
+        async with self._blocks_lock:
+            meta = next((b for b in self._sealed if b.first_id == first_id), None)
+            if meta is None or meta.state != "sealed":
+                raise Conflict(f"queue {self.name}: no sealed block starts at id {first_id}")
+            source_name = self.definition.mount_for_mark(meta.mark)
+            target_name = self.definition.mount_for_mark(mark)
+            copied = 0
+            if target_name != source_name:
+                source, target = self._mounts[source_name], self._mounts[target_name]
+                data = await source.get(meta.key)
+                try:
+                    await asyncio.to_thread(block_keys, data)  # never spread a corrupt block
+                except CorruptData as exc:
+                    await self._quarantine(meta, exc.message)
+                    raise
+                await target.put(meta.key, data)
+                if await target.get(meta.key) != data:
+                    raise StorageUnavailable(f"mount {target_name}: {meta.key} did not read back intact")
+                copied = len(data)
+            async with self._manifest_lock:
+                moved = BlockMeta(**{**meta.to_dict(), "mark": mark})
+                blocks = [moved if b is meta else b for b in self._sealed]
+                await self._save_manifest(blocks)
+                self._sealed = blocks
+            if target_name != source_name:
+                await self._mounts[source_name].delete(meta.key)
+        log.info("block moved queue=%s first_id=%d mark=%d mount=%s", self.name, first_id, mark, target_name)
+        return copied
+
+    async def clean_leftovers(self) -> int:
+        """Delete block copies the manifest does not point at (interrupted moves and deletes)."""
+        async with self._blocks_lock:
+            sealed_last = self._sealed[-1].last_id if self._sealed else 0
+            where = {b.key: self.definition.mount_for_mark(b.mark) for b in self._sealed}
+            removed = 0
+            for mount_name in sorted({self.definition.meta_mount, *self.definition.marks.values()}):
+                storage = self._mounts[mount_name]
+                for key in await storage.list(self._key("blocks", "")):
+                    last = _last_id_of(key)
+                    # A block past the manifest may be sealing right now: not a leftover.
+                    if last is None or last > sealed_last or where.get(key) == mount_name:
+                        continue
+                    await storage.delete(key)
+                    removed += 1
+                    log.info(
+                        "leftover block copy deleted queue=%s mount=%s key=%s", self.name, mount_name, key
+                    )
+            first = self._sealed[0].first_id if self._sealed else sealed_last + 1
+            for key in await self._meta.list(self._key("summaries", "")):
+                last = _first_id_of(key)
+                if last is not None and last < first:
+                    await self._meta.delete(key)
+            return removed
+
     # --- stats -----------------------------------------------------------------------------
 
     def definition_dict(self) -> dict[str, Any]:
@@ -962,3 +1084,16 @@ def _retrieve(task: asyncio.Task[tuple[list[int], list[Message]]]) -> None:
     # Readers get the error from the task; this only keeps asyncio from logging it as lost.
     if not task.cancelled():
         task.exception()
+
+
+def _last_id_of(key: str) -> int | None:
+    """The last id in a block key ``.../<first>-<last>.blk``, or None for other names."""
+    name = key.rsplit("/", 1)[-1]
+    stem, _, ext = name.partition(".")
+    first, _, last = stem.partition("-")
+    return int(last) if ext == "blk" and first.isdigit() and last.isdigit() else None
+
+
+def _first_id_of(key: str) -> int | None:
+    stem = key.rsplit("/", 1)[-1].partition(".")[0]
+    return int(stem) if stem.isdigit() else None

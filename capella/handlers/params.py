@@ -1,0 +1,109 @@
+"""Reading a handler's ``params`` object with errors that name the field."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from capella.config import parse_duration, parse_size
+from capella.core.cluster import Cluster
+from capella.core.queue import Queue
+from capella.errors import InvalidConfig, InvalidRequest, QueueNotFound
+
+# The original API took durations in nanoseconds; no sane interval is 31,700 years of seconds.
+NANOSECOND_THRESHOLD = 10**12
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    """What one pass did: items handled (blocks, queues) and bytes moved or freed."""
+
+    items: int = 0
+    bytes: int = 0
+
+    def __add__(self, other: PassResult) -> PassResult:
+        return PassResult(self.items + other.items, self.bytes + other.bytes)
+
+
+class Params:
+    """A handler's ``params`` object, read field by field."""
+
+    def __init__(self, data: object, allowed: Iterable[str]) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise InvalidRequest("params must be an object", field="params")
+        if unknown := sorted(set(data) - set(allowed)):
+            raise InvalidRequest(f"params.{unknown[0]}: unknown parameter", field=f"params.{unknown[0]}")
+        self._data: dict[str, Any] = data
+
+    def has(self, name: str) -> bool:
+        return self._data.get(name) is not None
+
+    def raw(self, name: str) -> Any:
+        return self._data.get(name)
+
+    def duration(self, name: str, default: float | None = None, *, positive: bool = True) -> float | None:
+        value = self._data.get(name)
+        if value is None:
+            return default
+        return duration(value, f"params.{name}", positive=positive)
+
+    def size(self, name: str) -> int | None:
+        value = self._data.get(name)
+        if value is None:
+            return None
+        try:
+            size = parse_size(value, f"params.{name}")
+        except InvalidConfig as exc:
+            raise InvalidRequest(exc.message, field=f"params.{name}") from None
+        if size <= 0:
+            raise InvalidRequest(f"params.{name} must be greater than 0", field=f"params.{name}")
+        return size
+
+    def integer(self, name: str, default: int | None = None, *, low: int = 1) -> int | None:
+        value = self._data.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InvalidRequest(f"params.{name} must be an integer ≥ {low}", field=f"params.{name}")
+        return value
+
+
+def duration(value: object, field: str, *, positive: bool = True) -> float:
+    """Seconds from ``"30s"``, a number of seconds, or the original's nanosecond integers."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= NANOSECOND_THRESHOLD:
+        seconds = value / 1e9
+    else:
+        try:
+            seconds = parse_duration(value, field)
+        except InvalidConfig as exc:
+            raise InvalidRequest(exc.message, field=field) from None
+    if positive and seconds <= 0:
+        raise InvalidRequest(f"{field} must be greater than 0", field=field)
+    return seconds
+
+
+def queue_patterns(data: dict[str, Any], cluster: Cluster) -> list[str]:
+    """``queues`` (names or fnmatch patterns) from a definition; plain names must exist."""
+    raw = data.get("queues", [data["queue"]] if "queue" in data else None)
+    if not isinstance(raw, list) or not raw or not all(isinstance(q, str) and q for q in raw):
+        raise InvalidRequest("queues must be a non-empty list of queue names or patterns", field="queues")
+    for name in raw:
+        if not _is_pattern(name):
+            try:
+                cluster.queue(name)
+            except QueueNotFound:
+                raise InvalidRequest(f"queues: unknown queue {name!r}", field="queues") from None
+    return list(raw)
+
+
+def selected(cluster: Cluster, patterns: list[str]) -> list[Queue]:
+    """The queues a handler works on right now (queues created later match too)."""
+    return [q for q in cluster.queues() if any(fnmatch.fnmatchcase(q.name, p) for p in patterns)]
+
+
+def _is_pattern(name: str) -> bool:
+    return any(c in name for c in "*?[")

@@ -1,0 +1,289 @@
+"""The supervisor: persisted handler definitions, one loop per started handler, and status.
+
+Definitions live in ``.capella/handlers.json`` on the default mount and come back on restart
+in the state they had. A pass that fails records its error and is retried with backoff; an
+exception in a pass never leaves the loop. Stopping waits for a running pass to finish (a
+bounded time) and then cancels the loop, so a stopped handler does nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from capella.core.cluster import Cluster
+from capella.core.definition import check_name
+from capella.errors import CapellaError, CorruptData, HandlerNotFound, InvalidRequest, KeyNotFound
+from capella.handlers.archive import ArchiveHandler, ArchiveParams
+from capella.handlers.expire import ExpireHandler, ExpireParams
+from capella.handlers.flush import FlushHandler, FlushParams
+from capella.handlers.params import PassResult, queue_patterns, selected
+from capella.handlers.unload import UnloadHandler, UnloadParams
+
+log = logging.getLogger(__name__)
+
+REGISTRY_KEY = ".capella/handlers.json"
+MAX_BACKOFF = 3600.0
+STOP_GRACE = 10.0
+
+
+class Handler(Protocol):
+    interval: float
+
+    async def run_once(self) -> PassResult: ...
+
+
+class HandlerParams(Protocol):
+    @property
+    def interval(self) -> float: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def build(cluster: Cluster, kind: str, queues: list[str], raw: object) -> tuple[HandlerParams, Handler]:
+    """Parse ``raw`` params for ``kind`` and build the handler (errors name the field)."""
+    if kind == "flush":
+        flush = FlushParams.parse(raw)
+        return flush, FlushHandler(cluster, queues, flush)
+    if kind == "unload":
+        unload = UnloadParams.parse(raw)
+        return unload, UnloadHandler(cluster, queues, unload)
+    if kind == "archive":
+        archive = ArchiveParams.parse(raw)
+        for queue in selected(cluster, [q for q in queues if not any(c in q for c in "*?[")]):
+            archive.check_marks(queue)
+        return archive, ArchiveHandler(cluster, queues, archive)
+    if kind == "expire":
+        expire = ExpireParams.parse(raw)
+        return expire, ExpireHandler(cluster, queues, expire)
+    raise InvalidRequest(
+        f"type: unknown handler type {kind!r} (known: archive, expire, flush, unload)", field="type"
+    )
+
+
+@dataclass(slots=True)
+class HandlerState:
+    """One handler: its definition, its running loop, and what it has done."""
+
+    name: str
+    type: str
+    queues: list[str]
+    params: HandlerParams
+    handler: Handler
+    started: bool
+    runs: int = 0
+    items: int = 0
+    bytes: int = 0
+    failures: int = 0
+    running: bool = False
+    last_complete: float | None = None
+    last_error: tuple[str, float] | None = None
+    next_run: float | None = None
+    task: asyncio.Task[None] | None = None
+    pass_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def definition(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "queues": self.queues,
+            "params": self.params.to_dict(),
+            "started": self.started,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            **self.definition(),
+            "status": {
+                "running": self.running,
+                "runs": self.runs,
+                "items": self.items,
+                "bytes": self.bytes,
+                "last_complete": self.last_complete,
+                "last_error": None
+                if self.last_error is None
+                else {"message": self.last_error[0], "time": self.last_error[1]},
+                "next_run": self.next_run if self.task is not None else None,
+            },
+        }
+
+
+class Supervisor:
+    """Owns every handler's loop and timing; the API and the CLI talk to it."""
+
+    def __init__(self, cluster: Cluster, clock: Callable[[], float] = time.time) -> None:
+        self._cluster = cluster
+        self._clock = clock
+        self._states: dict[str, HandlerState] = {}
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Load the persisted definitions and start the handlers that were started."""
+        try:
+            doc = orjson.loads(await self._cluster.home.get(REGISTRY_KEY))
+            definitions: dict[str, Any] = doc["handlers"]
+        except KeyNotFound:
+            definitions = {}
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CorruptData(f"handler registry {REGISTRY_KEY} is not valid: {exc}") from None
+        for name, d in sorted(definitions.items()):
+            try:
+                params, handler = build(self._cluster, d["type"], list(d["queues"]), d["params"])
+            except CapellaError as exc:
+                log.error("handler cannot be loaded handler=%s: %s", name, exc.message)
+                continue
+            state = HandlerState(name, d["type"], list(d["queues"]), params, handler, bool(d["started"]))
+            self._states[name] = state
+            if state.started:
+                self._launch(state)
+        log.info(
+            "handlers loaded count=%d started=%d",
+            len(self._states),
+            sum(s.started for s in self._states.values()),
+        )
+
+    async def close(self) -> None:
+        """Stop every loop; the persisted ``started`` flags stay as they are."""
+        for state in list(self._states.values()):
+            await self._halt(state)
+
+    def handlers(self) -> list[HandlerState]:
+        return [self._states[name] for name in sorted(self._states)]
+
+    def handler(self, name: str) -> HandlerState:
+        try:
+            return self._states[name]
+        except KeyError:
+            raise HandlerNotFound(f"no handler {name!r}") from None
+
+    async def put(self, name: str, data: dict[str, Any]) -> tuple[HandlerState, bool]:
+        """Create or replace a handler from its JSON definition; ``True`` when created."""
+        check_name(name, "handler")
+        if not isinstance(data, dict):
+            raise InvalidRequest("a handler definition must be a JSON object")
+        if unknown := sorted(set(data) - {"type", "queue", "queues", "params", "started"}):
+            raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
+        kind = data.get("type")
+        if not isinstance(kind, str):
+            raise InvalidRequest("type is required: archive, expire, flush or unload", field="type")
+        queues = queue_patterns(data, self._cluster)
+        params, handler = build(self._cluster, kind, queues, data.get("params"))
+        started = data.get("started", True)
+        if not isinstance(started, bool):
+            raise InvalidRequest("started must be true or false", field="started")
+        async with self._lock:
+            old = self._states.get(name)
+            if old is not None:
+                await self._halt(old)
+            state = HandlerState(name, kind, queues, params, handler, started)
+            self._states[name] = state
+            await self._save()
+            if started:
+                self._launch(state)
+        log.info("handler %s handler=%s type=%s", "created" if old is None else "replaced", name, kind)
+        return state, old is None
+
+    async def drop(self, name: str) -> None:
+        async with self._lock:
+            state = self.handler(name)
+            await self._halt(state)
+            del self._states[name]
+            await self._save()
+        log.info("handler dropped handler=%s", name)
+
+    async def start_handler(self, name: str) -> HandlerState:
+        async with self._lock:
+            state = self.handler(name)
+            if not state.started:
+                state.started = True
+                await self._save()
+            if state.task is None:
+                self._launch(state)
+        return state
+
+    async def stop_handler(self, name: str) -> HandlerState:
+        async with self._lock:
+            state = self.handler(name)
+            if state.started:
+                state.started = False
+                await self._save()
+            await self._halt(state)
+        return state
+
+    async def run_now(self, name: str) -> HandlerState:
+        """One pass right now, also for a stopped handler; its outcome is in the status."""
+        state = self.handler(name)
+        await self._run_pass(state)
+        return state
+
+    # --- loops ---------------------------------------------------------------------------
+
+    def _launch(self, state: HandlerState) -> None:
+        state.failures = 0
+        state.task = asyncio.create_task(self._loop(state), name=f"handler:{state.name}")
+
+    async def _loop(self, state: HandlerState) -> None:
+        delay = 0.0  # the first pass runs at once, then every interval
+        while True:
+            state.next_run = self._clock() + delay
+            await asyncio.sleep(delay)
+            await self._run_pass(state)
+            interval = state.handler.interval
+            # Back off after failures: interval, 2x, 4x ... up to an hour (or the interval).
+            delay = min(interval * 2**state.failures, max(MAX_BACKOFF, interval))
+
+    async def _run_pass(self, state: HandlerState) -> None:
+        async with state.pass_lock:
+            state.running = True
+            try:
+                result = await state.handler.run_once()
+            except CapellaError as exc:
+                self._failed(state, exc.message)
+            except Exception as exc:  # a bug in a pass must not take the server down
+                log.exception("handler pass crashed handler=%s", state.name)
+                self._failed(state, f"internal error: {exc!r}")
+            else:
+                state.runs += 1
+                state.items += result.items
+                state.bytes += result.bytes
+                state.failures = 0
+                state.last_error = None
+                state.last_complete = self._clock()
+                log.debug(
+                    "handler pass done handler=%s items=%d bytes=%d", state.name, result.items, result.bytes
+                )
+            finally:
+                state.running = False
+
+    def _failed(self, state: HandlerState, message: str) -> None:
+        state.runs += 1
+        state.failures += 1
+        state.last_error = (message, self._clock())
+        log.error("handler pass failed handler=%s failures=%d: %s", state.name, state.failures, message)
+
+    async def _halt(self, state: HandlerState) -> None:
+        task, state.task = state.task, None
+        state.next_run = None
+        if task is None:
+            return
+        if state.running:
+            # Let the pass in progress finish its step; moves and deletes are crash-safe,
+            # but finishing is cleaner than an interrupted write.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STOP_GRACE):
+                    async with state.pass_lock:
+                        task.cancel()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _save(self) -> None:
+        doc = {"version": 1, "handlers": {s.name: s.definition() for s in self.handlers()}}
+        await self._cluster.home.put(REGISTRY_KEY, orjson.dumps(doc))

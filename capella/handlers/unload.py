@@ -1,0 +1,52 @@
+"""Drop the contents of sealed blocks from memory when they are idle or old.
+
+Reads load a dropped block again on demand, so a queue of millions of messages keeps a flat
+memory profile: only block metadata, dedup summaries and the open block stay in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from capella.core.cluster import Cluster
+from capella.errors import InvalidRequest
+from capella.handlers.params import Params, PassResult, selected
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadParams:
+    interval: float = 10.0
+    idle: float | None = 60.0
+    age: float | None = None
+
+    @classmethod
+    def parse(cls, data: object) -> UnloadParams:
+        params = Params(data, {"interval", "idle", "age"})
+        idle = params.duration("idle")
+        age = params.duration("age")
+        if idle is None and age is None:
+            if params.has("idle") or params.has("age"):
+                raise InvalidRequest("params: give idle or age", field="params.idle")
+            idle = 60.0
+        return cls(interval=params.duration("interval", 10.0) or 10.0, idle=idle, age=age)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"interval": self.interval, "idle": self.idle, "age": self.age}
+
+
+class UnloadHandler:
+    """Drop loaded block contents not read for ``idle`` seconds or sealed ``age`` seconds ago."""
+
+    def __init__(self, cluster: Cluster, queues: list[str], params: UnloadParams) -> None:
+        self._cluster = cluster
+        self._queues = queues
+        self.params = params
+        self.interval = params.interval
+
+    async def run_once(self) -> PassResult:
+        result = PassResult()
+        for queue in selected(self._cluster, self._queues):
+            blocks, size = queue.unload(idle=self.params.idle, age=self.params.age)
+            result += PassResult(blocks, size)
+        return result
