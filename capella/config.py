@@ -202,6 +202,7 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any], base: Path) -> 
         mounts[mount_name] = MountConfig(name=mount_name, provider=provider, options=options)
     if not mounts:
         mounts["default"] = MountConfig("default", "file", {"root": data_dir / "queues"})
+    _check_distinct(mounts)
     default_mount = str(st.get("default_mount", "default" if "default" in mounts else next(iter(mounts))))
     if default_mount not in mounts:
         raise InvalidConfig(f"storage.default_mount {default_mount!r} is not a configured mount")
@@ -214,6 +215,27 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any], base: Path) -> 
         default_mount=default_mount,
         queue_defaults=_table(raw, "queue_defaults"),
     )
+
+
+def _check_distinct(mounts: dict[str, MountConfig]) -> None:
+    # Two mounts on one place would make a block move overwrite, then delete, its only copy.
+    seen: dict[tuple[object, ...], str] = {}
+    for mount in mounts.values():
+        options = mount.options
+        if mount.provider == "file":
+            place: tuple[object, ...] = ("file", Path(options["root"]).resolve())
+        elif mount.provider == "s3":
+            place = (
+                "s3",
+                options.get("endpoint_url"),
+                options.get("bucket"),
+                str(options.get("prefix", "")).strip("/"),
+            )
+        else:
+            continue
+        if place in seen:
+            raise InvalidConfig(f"mounts.{mount.name} and mounts.{seen[place]} point at the same place")
+        seen[place] = mount.name
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

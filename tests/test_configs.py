@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from capella.config import load_config
+from capella.config import load_config, parse_config
 from capella.core.definition import default_definition
+from capella.errors import InvalidConfig
 from capella.storage import open_storage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,3 +54,15 @@ def test_the_datacenter_config_has_hot_and_cold_mounts() -> None:
     assert config.mounts["cold"].options["compression"] == "zstd"
     definition = default_definition(config.queue_defaults, config.default_mount, set(config.mounts))
     assert definition.marks == {0: "hot", 1: "cold"}
+
+
+def test_two_mounts_on_the_same_directory_are_refused(tmp_path: Path) -> None:
+    raw = {
+        "cluster": {"data_dir": str(tmp_path)},
+        "mounts": {
+            "hot": {"provider": "file", "path": "blocks"},
+            "warm": {"provider": "file", "path": str(tmp_path / "blocks"), "compression": "zstd"},
+        },
+    }
+    with pytest.raises(InvalidConfig, match="same place"):
+        parse_config(raw, {}, base=tmp_path)
