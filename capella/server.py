@@ -18,8 +18,8 @@ from aiohttp import web
 from capella.api.app import create_app
 from capella.config import Config
 from capella.core.cluster import Cluster
-from capella.handlers.supervisor import Supervisor
 from capella.errors import InvalidConfig
+from capella.handlers.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 

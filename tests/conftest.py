@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import subprocess
@@ -9,8 +10,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -19,31 +22,149 @@ from aiohttp.test_utils import TestClient
 from capella.api import create_app
 from capella.config import Config, ServerSettings, parse_config
 from capella.core.cluster import Cluster
+from capella.handlers.supervisor import Supervisor
 from capella.storage import Storage, open_storage
 
 # --- storage -----------------------------------------------------------------------------
 
-# Every provider runs the same suite. "s3" joins this list (behind an s3 marker, against a
-# moto server on 127.0.0.1) when that provider lands.
-STORAGE_KINDS = ["memory", "file", "file_zstd"]
+# Every provider runs the same suite; "s3" runs against a moto server on 127.0.0.1 (see the
+# s3 section below) and can be left out with `-m "not s3"`.
+STORAGE_KINDS = ["memory", "file", "file_zstd", pytest.param("s3", marks=pytest.mark.s3)]
 
 
-async def make_storage(kind: str, tmp_path: Path) -> Storage:
-    """A fresh, empty storage of ``kind``, built the way a mount builds it."""
+async def make_storage(kind: str, tmp_path: Path, request: pytest.FixtureRequest | None = None) -> Storage:
+    """A fresh, empty storage of ``kind``, built the way a mount builds it.
+
+    ``s3`` needs ``request`` to reach the moto server and gets a bucket of its own.
+    """
     if kind == "memory":
         return open_storage("memory", {})
     if kind == "file":
         return open_storage("file", {"root": tmp_path / "store"})
     if kind == "file_zstd":
         return open_storage("file", {"root": tmp_path / "store", "compression": "zstd", "level": 3})
+    if kind == "s3":
+        if request is None:
+            raise ValueError("make_storage('s3', ...) needs the pytest request")
+        s3: S3Server = request.getfixturevalue("s3_server")
+        bucket = await asyncio.to_thread(s3.create_bucket)
+        return open_storage("s3", s3.mount_options(bucket, prefix="capella"))
     raise ValueError(f"unknown storage kind {kind!r}")
 
 
 @pytest.fixture(params=STORAGE_KINDS)
 async def storage(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Storage]:
-    store = await make_storage(request.param, tmp_path)
+    store = await make_storage(request.param, tmp_path, request)
     yield store
     await store.close()
+
+
+# --- s3 ----------------------------------------------------------------------------------
+# moto's S3 server (`python -m moto.server`) in a subprocess on a free loopback port, one per
+# test session, so the broker's event loop never shares a process with it. Each test gets a
+# bucket with a unique name. Credentials are dummies passed as mount options, never through
+# the environment, so nothing leaks into other tests and boto3 never looks further for any.
+
+S3_START_TIMEOUT = 20.0
+S3_STOP_TIMEOUT = 10.0
+S3_ACCESS_KEY = "capella-test"
+S3_SECRET_KEY = "capella-test-secret"
+S3_REGION = "us-east-1"
+
+
+class S3Server:
+    """A moto server process on 127.0.0.1 and how to reach it."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout: float = S3_START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"moto server exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/moto-api/", timeout=1.0) as resp:
+                    if resp.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"moto server not ready after {timeout}s:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(S3_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(S3_STOP_TIMEOUT)
+        self._log.close()
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def mount_options(self, bucket: str, **options: object) -> dict[str, object]:
+        """A mount's options for ``bucket`` on this server (``endpoint_url`` may be overridden)."""
+        return {
+            "bucket": bucket,
+            "endpoint_url": self.url,
+            "region": S3_REGION,
+            "access_key_id": S3_ACCESS_KEY,
+            "secret_access_key": S3_SECRET_KEY,
+            "connect_timeout": 2,
+            "read_timeout": 5,
+            "max_attempts": 3,
+            **options,
+        }
+
+    def client(self) -> Any:
+        """A plain boto3 client, to look at buckets the way an operator's tools would."""
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            region_name=S3_REGION,
+            aws_access_key_id=S3_ACCESS_KEY,
+            aws_secret_access_key=S3_SECRET_KEY,
+        )
+
+    def create_bucket(self) -> str:
+        bucket = f"capella-{uuid.uuid4().hex[:16]}"
+        client = self.client()
+        try:
+            client.create_bucket(Bucket=bucket)
+        finally:
+            client.close()
+        return bucket
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = S3Server(tmp_path_factory.mktemp("s3") / "moto.log")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    """An empty bucket of this test's own on the moto server."""
+    return s3_server.create_bucket()
 
 
 # --- api ---------------------------------------------------------------------------------
@@ -60,6 +181,15 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     opened = await Cluster.open(api_config(tmp_path))
     yield opened
     await opened.close()
+
+
+@pytest.fixture
+async def supervisor(cluster: Cluster) -> AsyncIterator[Supervisor]:
+    """The cluster's handler supervisor, started (it loads the persisted handlers)."""
+    started = Supervisor(cluster)
+    await started.start()
+    yield started
+    await started.close()
 
 
 @pytest.fixture
@@ -80,8 +210,9 @@ async def api(
     aiohttp_client: Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]],
     cluster: Cluster,
     api_settings: ServerSettings,
+    supervisor: Supervisor,
 ) -> TestClient[web.Request, web.Application]:
-    return await aiohttp_client(create_app(cluster, api_settings))
+    return await aiohttp_client(create_app(cluster, api_settings, supervisor))
 
 
 # --- client and cli ----------------------------------------------------------------------

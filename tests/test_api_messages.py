@@ -16,6 +16,7 @@ from capella.api import create_app
 from capella.api.messages import HEARTBEAT
 from capella.config import ServerSettings
 from capella.core.cluster import Cluster
+from capella.handlers.supervisor import Supervisor
 
 Q = "/v1/queues/q"
 
@@ -316,8 +317,10 @@ async def test_limit_and_paging(q: TestClient) -> None:
     assert page == {"messages": [], "last_id": 10}
 
 
-async def test_limit_is_capped_at_max_limit(aiohttp_client: Any, cluster: Cluster) -> None:
-    client = await aiohttp_client(create_app(cluster, ServerSettings(max_limit=3)))
+async def test_limit_is_capped_at_max_limit(
+    aiohttp_client: Any, cluster: Cluster, supervisor: Supervisor
+) -> None:
+    client = await aiohttp_client(create_app(cluster, ServerSettings(max_limit=3), supervisor))
     await client.put(Q, json={})
     await client.post(f"{Q}/messages", json={"messages": [{"data": "x"}] * 5})
     resp = await client.get(f"{Q}/messages", params={"limit": "1000"})
@@ -384,8 +387,10 @@ async def test_long_poll_returns_when_a_message_arrives(q: TestClient) -> None:
     assert 0.15 <= elapsed < 1.5
 
 
-async def test_long_poll_times_out_empty_and_wait_is_capped(aiohttp_client: Any, cluster: Cluster) -> None:
-    client = await aiohttp_client(create_app(cluster, ServerSettings(max_wait=0.3)))
+async def test_long_poll_times_out_empty_and_wait_is_capped(
+    aiohttp_client: Any, cluster: Cluster, supervisor: Supervisor
+) -> None:
+    client = await aiohttp_client(create_app(cluster, ServerSettings(max_wait=0.3), supervisor))
     await client.put(Q, json={})
     started = time.monotonic()
     resp = await client.get(f"{Q}/messages", params={"wait": "60s"})
@@ -471,16 +476,20 @@ async def test_stream_bad_parameters(q: TestClient) -> None:
     assert (await q.get(f"{Q}/stream", params={"segments": "z"})).status == 400
 
 
-async def stream_app(aiohttp_client: Any, cluster: Cluster) -> tuple[TestClient, web.Application]:
-    app = create_app(cluster, ServerSettings())
+async def stream_app(
+    aiohttp_client: Any, cluster: Cluster, supervisor: Supervisor
+) -> tuple[TestClient, web.Application]:
+    app = create_app(cluster, ServerSettings(), supervisor)
     app[HEARTBEAT] = 0.05
     client = await aiohttp_client(app)
     await client.put(Q, json={})
     return client, app
 
 
-async def test_stream_heartbeat_and_stop_on_shutdown(aiohttp_client: Any, cluster: Cluster) -> None:
-    client, app = await stream_app(aiohttp_client, cluster)
+async def test_stream_heartbeat_and_stop_on_shutdown(
+    aiohttp_client: Any, cluster: Cluster, supervisor: Supervisor
+) -> None:
+    client, app = await stream_app(aiohttp_client, cluster, supervisor)
     resp = await client.get(f"{Q}/stream")
     comments = 0
     while comments < 3:
@@ -492,16 +501,20 @@ async def test_stream_heartbeat_and_stop_on_shutdown(aiohttp_client: Any, cluste
     assert b"event:" not in rest
 
 
-async def test_stream_ends_when_the_queue_is_dropped(aiohttp_client: Any, cluster: Cluster) -> None:
-    client, _ = await stream_app(aiohttp_client, cluster)
+async def test_stream_ends_when_the_queue_is_dropped(
+    aiohttp_client: Any, cluster: Cluster, supervisor: Supervisor
+) -> None:
+    client, _ = await stream_app(aiohttp_client, cluster, supervisor)
     resp = await client.get(f"{Q}/stream")
     await asyncio.wait_for(resp.content.readline(), 5)
     assert (await client.delete(Q)).status == 204
     await asyncio.wait_for(resp.content.read(), 5)
 
 
-async def test_stream_survives_a_client_going_away(aiohttp_client: Any, cluster: Cluster) -> None:
-    client, _ = await stream_app(aiohttp_client, cluster)
+async def test_stream_survives_a_client_going_away(
+    aiohttp_client: Any, cluster: Cluster, supervisor: Supervisor
+) -> None:
+    client, _ = await stream_app(aiohttp_client, cluster, supervisor)
     for _ in range(3):
         resp = await client.get(f"{Q}/stream")
         await asyncio.wait_for(resp.content.readline(), 5)

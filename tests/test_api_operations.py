@@ -17,6 +17,7 @@ from capella.api import create_app
 from capella.api.openapi import DOCUMENT
 from capella.config import ServerSettings, parse_config
 from capella.core.cluster import Cluster
+from capella.handlers.supervisor import Supervisor
 from capella.metrics import escape
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_]+="(?:[^"\\]|\\.)*",?)*\})? (\S+)$')
@@ -110,6 +111,11 @@ async def test_openapi_describes_every_path(api: TestClient) -> None:
         "/v1/queues/{queue}/subscriptions/{name}": {"put", "get", "delete"},
         "/v1/queues/{queue}/subscriptions/{name}/messages": {"get"},
         "/v1/queues/{queue}/replicas": {"get"},
+        "/v1/handlers": {"get"},
+        "/v1/handlers/{name}": {"put", "get", "delete"},
+        "/v1/handlers/{name}/start": {"post"},
+        "/v1/handlers/{name}/stop": {"post"},
+        "/v1/handlers/{name}/run": {"post"},
         "/healthz": {"get"},
         "/readyz": {"get"},
         "/metrics": {"get"},
@@ -140,9 +146,9 @@ async def test_unknown_route_and_wrong_method(api: TestClient) -> None:
 
 
 async def test_unexpected_errors_are_500_internal_and_logged_once(
-    aiohttp_client: Any, cluster: Cluster, caplog: pytest.LogCaptureFixture
+    aiohttp_client: Any, cluster: Cluster, supervisor: Supervisor, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = create_app(cluster, ServerSettings())
+    app = create_app(cluster, ServerSettings(), supervisor)
 
     async def boom(request: web.Request) -> web.Response:
         raise RuntimeError("kaboom")
@@ -192,17 +198,22 @@ async def test_a_recovering_cluster_is_live_but_not_ready(aiohttp_client: Any, t
         {"cluster": {"name": "test"}, "mounts": {"default": {"provider": "memory"}}}, {}, tmp_path
     )
     cluster = Cluster.create(config)
-    client = await aiohttp_client(create_app(cluster, config.server))
+    supervisor = Supervisor(cluster)
+    client = await aiohttp_client(create_app(cluster, config.server, supervisor))
     assert (await client.get("/healthz")).status == 200
     resp = await client.get("/readyz")
     assert resp.status == 503
-    resp = await client.get("/v1/queues")
-    assert resp.status == 503
-    assert (await resp.json())["error"]["code"] == "not_ready"
+    for path in ("/v1/queues", "/v1/handlers"):
+        resp = await client.get(path)
+        assert resp.status == 503
+        assert (await resp.json())["error"]["code"] == "not_ready"
     assert (await client.get("/metrics")).status == 200
     await cluster.start()
+    await supervisor.start()
     try:
         assert (await client.get("/readyz")).status == 200
         assert (await client.get("/v1/queues")).status == 200
+        assert (await client.get("/v1/handlers")).status == 200
     finally:
+        await supervisor.close()
         await cluster.close()

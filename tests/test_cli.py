@@ -125,6 +125,111 @@ def test_a_bad_definition_is_a_clean_error(run: Run) -> None:
     assert err.startswith("capella: invalid_save_mode: ")
 
 
+# --- handler -----------------------------------------------------------------------------
+
+
+def test_a_handler_is_created_listed_shown_stopped_run_and_dropped(run: Run, client: Client) -> None:
+    client.put_queue("cli-h-orders", limits={"max_count": 2})
+    client.produce("cli-h-orders", [f"m{i}" for i in range(5)], save="wait")
+    # Full blocks are sealed by a background task: give it a bounded time to catch up.
+    deadline = time.monotonic() + 5.0
+    while client.queue("cli-h-orders")["stats"]["blocks"]["by_state"]["sealed"] < 2:
+        assert time.monotonic() < deadline, "blocks still sealing after 5 s"
+        time.sleep(0.01)
+
+    code, out, _ = run(
+        "handler", "create", "cli-trim", "--type", "expire", "--queue", "cli-h-orders",
+        "--param", "max_messages=1", "--param", "interval=1h", "--stopped",
+    )  # fmt: skip
+    assert (code, out) == (0, "handler cli-trim saved (stopped)\n")
+
+    code, out, _ = run("handler", "list")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split() == ["NAME", "TYPE", "QUEUES", "STARTED", "RUNS", "LAST_ERROR"]
+    assert ["cli-trim", "expire", "cli-h-orders", "no", "0", "-"] in [row.split() for row in rows]
+
+    code, out, _ = run("handler", "show", "cli-trim", "--json")
+    info = json.loads(out)
+    assert (code, info["params"]["max_messages"], info["params"]["interval"]) == (0, 1, 3600)
+
+    code, out, _ = run("handler", "run", "cli-trim")
+    assert (code, out) == (0, "handler cli-trim ran: runs=1 items=2 bytes=" + out.split("bytes=")[1])
+    assert client.queue("cli-h-orders")["stats"]["first_id"] == 5
+    assert client.handler("cli-trim")["started"] is False
+
+    assert run("handler", "start", "cli-trim") == (0, "handler cli-trim started\n", "")
+    assert client.handler("cli-trim")["started"] is True
+    assert run("handler", "stop", "cli-trim") == (0, "handler cli-trim stopped\n", "")
+    assert client.handler("cli-trim")["started"] is False
+
+    assert run("handler", "drop", "cli-trim", "--yes") == (0, "handler cli-trim dropped\n", "")
+    code, _, err = run("handler", "show", "cli-trim")
+    assert code == 1
+    assert err.startswith("capella: handler_not_found: ")
+
+
+def test_handler_create_takes_params_as_json_and_patterns(run: Run, client: Client) -> None:
+    params = '{"conditions": [{"mark": 0, "from_age": "1d"}], "limit": 5}'
+
+    code, out, _ = run(
+        "--json", "handler", "create", "cli-arch", "--type", "archive", "--queue", "cli-later-*",
+        "--queue", "cli-later2-*", "--params-json", params, "--param", "limit=7",
+    )  # fmt: skip
+
+    info = json.loads(out)
+    assert code == 0
+    assert info["queues"] == ["cli-later-*", "cli-later2-*"]
+    assert info["params"]["limit"] == 7
+    assert info["params"]["conditions"] == [{"mark": 0, "from_age": 86400.0, "to_age": None}]
+    assert info["started"] is True
+    assert "cli-arch" in [h["name"] for h in json.loads(run("handler", "list", "--json")[1])]
+    client.drop_handler("cli-arch")
+
+
+def test_handler_errors_are_clean(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, err = run("handler", "create", "cli-bad", "--type", "flush", "--queue", "cli-no-such-queue")
+    assert (code, out) == (1, "")
+    assert err.startswith("capella: invalid_request: ") and "unknown queue" in err
+
+    code, _, err = run(
+        "handler", "create", "cli-bad", "--type", "expire", "--queue", "x-*", "--param", "max_age=soon"
+    )
+    assert code == 1 and "params.max_age" in err
+
+    assert run("handler", "create", "cli-bad", "--type", "compact", "--queue", "x-*")[0] == 2
+    assert run("handler", "create", "cli-bad", "--type", "flush", "--queue", "x-*", "--param", "oops")[0] == 2
+    assert (
+        run("handler", "create", "cli-bad", "--type", "flush", "--queue", "x-*", "--params-json", "[1]")[0]
+        == 2
+    )
+    assert run("handler", "run", "cli-nothing")[0] == 1
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    run("handler", "create", "cli-keep", "--type", "flush", "--queue", "x-*", "--stopped")
+    code, _, err = run("handler", "drop", "cli-keep")
+    assert code == 2 and "--yes" in err
+    assert run("handler", "show", "cli-keep")[0] == 0
+
+
+def test_a_failed_run_exits_1_with_the_error(run: Run, client: Client) -> None:
+    # The pattern matches a queue that maps no mount to mark 1: the archive pass fails.
+    client.put_handler(
+        "cli-fail", "archive", queues="cli-fail-*", params={"conditions": [{"mark": 1}]}, started=False
+    )
+    client.put_queue("cli-fail-1")
+
+    code, out, err = run("handler", "run", "cli-fail")
+
+    assert code == 1
+    assert out.startswith("handler cli-fail ran: runs=1 ")
+    assert err.startswith("capella: the pass failed: ") and "cli-fail-1" in err
+    code, out, _ = run("handler", "list")
+    row = next(r for r in out.splitlines() if r.startswith("cli-fail "))
+    assert "cli-fail-1" in row
+    client.drop_handler("cli-fail")
+
+
 # --- produce -----------------------------------------------------------------------------
 
 

@@ -25,19 +25,24 @@ from capella.core.cluster import Cluster
 from capella.errors import (
     AlreadyExists,
     CapellaError,
+    HandlerNotFound,
     InvalidMessage,
+    InvalidRequest,
     InvalidSaveMode,
     QueueNotFound,
     SubscriptionNotFound,
     Unreachable,
 )
+from capella.handlers.supervisor import Supervisor
 
 ServerFactory = Callable[[web.Application], Awaitable[TestServer]]
 
 
 @pytest.fixture
-async def client(aiohttp_server: ServerFactory, cluster: Cluster) -> AsyncIterator[AsyncClient]:
-    server = await aiohttp_server(create_app(cluster, ServerSettings(max_wait=5.0)))
+async def client(
+    aiohttp_server: ServerFactory, cluster: Cluster, supervisor: Supervisor
+) -> AsyncIterator[AsyncClient]:
+    server = await aiohttp_server(create_app(cluster, ServerSettings(max_wait=5.0), supervisor))
     async with AsyncClient(f"http://127.0.0.1:{server.port}", timeout=10.0) as c:
         yield c
 
@@ -232,6 +237,32 @@ async def test_replicas_count_the_replica_subscriptions_past_an_id(client: Async
     assert answer["subscriptions"] == ["dc2"]
 
 
+# --- handlers ----------------------------------------------------------------------------
+
+
+async def test_a_handler_is_defined_controlled_and_dropped(client: AsyncClient) -> None:
+    await client.put_queue("orders")
+
+    info = await client.put_handler(
+        "trim", "expire", queues="orders", params={"max_age": "1d"}, started=False
+    )
+
+    assert (info["name"], info["queues"], info["started"]) == ("trim", ["orders"], False)
+    assert info["params"]["max_age"] == 86400
+    assert [h["name"] for h in await client.handlers()] == ["trim"]
+    assert (await client.start_handler("trim"))["started"] is True
+    stopped = await client.stop_handler("trim")
+    assert stopped["started"] is False
+    assert (await client.run_handler("trim"))["status"]["runs"] == stopped["status"]["runs"] + 1
+    assert (await client.handler("trim"))["status"]["last_error"] is None
+    await client.drop_handler("trim")
+    with pytest.raises(HandlerNotFound):
+        await client.handler("trim")
+    with pytest.raises(InvalidRequest) as caught:
+        await client.put_handler("bad", "expire", queues=["orders", "logs-*"])
+    assert caught.value.details["field"] == "params.max_age"
+
+
 # --- stream ------------------------------------------------------------------------------
 
 
@@ -317,10 +348,12 @@ async def test_no_server_raises_unreachable_naming_the_url() -> None:
     assert caught.value.code == "unreachable"
 
 
-async def test_a_shared_session_is_left_open(aiohttp_server: ServerFactory, cluster: Cluster) -> None:
+async def test_a_shared_session_is_left_open(
+    aiohttp_server: ServerFactory, cluster: Cluster, supervisor: Supervisor
+) -> None:
     import aiohttp
 
-    server = await aiohttp_server(create_app(cluster, ServerSettings()))
+    server = await aiohttp_server(create_app(cluster, ServerSettings(), supervisor))
     async with aiohttp.ClientSession() as session:
         async with AsyncClient(f"http://127.0.0.1:{server.port}", session=session) as c:
             await c.health()

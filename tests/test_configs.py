@@ -66,3 +66,13 @@ def test_two_mounts_on_the_same_directory_are_refused(tmp_path: Path) -> None:
     }
     with pytest.raises(InvalidConfig, match="same place"):
         parse_config(raw, {}, base=tmp_path)
+
+
+def test_the_tiers_config_maps_four_marks_and_keeps_meta_appendable() -> None:
+    config = load_config(ROOT / "configs" / "tiers.toml")
+
+    assert [config.mounts[name].provider for name in ("hot", "warm", "cold", "s3")] == ["file"] * 3 + ["s3"]
+    assert config.mounts["s3"].options["endpoint_url"].startswith("http://")
+    definition = default_definition(config.queue_defaults, config.default_mount, set(config.mounts))
+    assert definition.marks == {0: "hot", 1: "warm", 2: "cold", 3: "s3"}
+    assert config.mounts[definition.meta_mount].provider == "file"

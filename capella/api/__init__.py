@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from capella.api.app import CLUSTER, SETTINGS, create_app
+from capella.api.app import CLUSTER, SETTINGS, SUPERVISOR, create_app
 
-__all__ = ["CLUSTER", "SETTINGS", "create_app"]
+__all__ = ["CLUSTER", "SETTINGS", "SUPERVISOR", "create_app"]

@@ -8,14 +8,15 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from capella.api import health, messages, openapi, queues, subscriptions
+from capella.api import handlers, health, messages, openapi, queues, subscriptions
 from capella.api.errors import status_for
-from capella.api.request import CLUSTER, SETTINGS, STOPPING, json_response
+from capella.api.request import CLUSTER, SETTINGS, STOPPING, SUPERVISOR, json_response
 from capella.config import ServerSettings
 from capella.core.cluster import Cluster
 from capella.errors import CapellaError
+from capella.handlers.supervisor import Supervisor
 
-__all__ = ["CLUSTER", "SETTINGS", "create_app"]
+__all__ = ["CLUSTER", "SETTINGS", "SUPERVISOR", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +30,14 @@ _HTTP_CODES = {
 }
 
 
-def create_app(cluster: Cluster, settings: ServerSettings) -> web.Application:
+def create_app(cluster: Cluster, settings: ServerSettings, supervisor: Supervisor) -> web.Application:
     app = web.Application(client_max_size=settings.max_body_size, middlewares=[error_middleware])
     app[CLUSTER] = cluster
     app[SETTINGS] = settings
+    app[SUPERVISOR] = supervisor
     app[STOPPING] = asyncio.Event()
     app.on_shutdown.append(_stop_streams)
-    for module in (queues, messages, subscriptions, health, openapi):
+    for module in (queues, messages, subscriptions, handlers, health, openapi):
         module.add_routes(app.router)
     return app
 

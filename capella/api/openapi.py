@@ -26,6 +26,14 @@ DURATION = {
         {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ns|us|ms|s|m|h|d)?\s*$"},
     ]
 }
+# Handler durations also take integers of nanoseconds (>= 1e12), as the original API did.
+HANDLER_DURATION = {
+    "oneOf": [
+        {"type": "number", "exclusiveMinimum": 0},
+        {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ns|us|ms|s|m|h|d)?\s*$"},
+    ]
+}
+HANDLER_TYPES = ["flush", "unload", "archive", "expire"]
 SIZE = {
     "oneOf": [
         {"type": "integer", "minimum": 0},
@@ -62,6 +70,7 @@ def param(
 
 QUEUE = param("queue", "path", {"type": "string", "pattern": NAME_PATTERN}, "Queue name")
 SUBSCRIPTION = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "Subscription name")
+HANDLER = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "Handler name")
 SAVE = param("save", "query", {"type": "string", "enum": SAVE_MODES}, "Save mode (default: the queue's)")
 AFTER = param("after", "query", MESSAGE_ID, "Return messages with an id greater than this")
 LIMIT = param(
@@ -293,12 +302,130 @@ SCHEMAS: dict[str, Any] = {
             "subscriptions": {"type": "array", "items": {"type": "string"}},
         },
     },
+    "HandlerDefinition": {
+        "type": "object",
+        "required": ["type"],
+        "description": "queues (or its shorthand queue) is required; params depend on type",
+        "additionalProperties": False,
+        "properties": {
+            "type": {"type": "string", "enum": HANDLER_TYPES},
+            "queues": {
+                "type": "array",
+                "minItems": 1,
+                "items": {"type": "string", "minLength": 1},
+                "description": "queue names or fnmatch patterns (orders, logs-*); "
+                "a plain name must name an existing queue, a pattern may match none yet",
+            },
+            "queue": {"type": "string", "minLength": 1, "description": "shorthand for one queue"},
+            "params": {
+                "description": "by type; see HandlerParams",
+                "oneOf": [
+                    ref("FlushParams"),
+                    ref("UnloadParams"),
+                    ref("ArchiveParams"),
+                    ref("ExpireParams"),
+                ],
+            },
+            "started": {"type": "boolean", "default": True},
+        },
+    },
+    "FlushParams": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"interval": HANDLER_DURATION},
+    },
+    "UnloadParams": {
+        "type": "object",
+        "description": "at least one of idle and age",
+        "additionalProperties": False,
+        "properties": {
+            "interval": HANDLER_DURATION,
+            "idle": {**HANDLER_DURATION, "description": "unload blocks not read for this long"},
+            "age": {**HANDLER_DURATION, "description": "unload blocks older than this"},
+        },
+    },
+    "ArchiveParams": {
+        "type": "object",
+        "required": ["conditions"],
+        "additionalProperties": False,
+        "properties": {
+            "interval": HANDLER_DURATION,
+            "conditions": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["mark"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "mark": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "maximum": 255,
+                            "description": "a mark the queue maps to a mount",
+                        },
+                        "from_age": {**DURATION, "description": "default 0"},
+                        "to_age": {
+                            "oneOf": [DURATION, {"type": "null"}],
+                            "description": "null: no upper bound",
+                        },
+                    },
+                },
+            },
+            "limit": {"type": "integer", "minimum": 1, "description": "blocks moved per pass"},
+        },
+    },
+    "ExpireParams": {
+        "type": "object",
+        "description": "at least one of max_age, max_bytes and max_messages",
+        "additionalProperties": False,
+        "properties": {
+            "interval": HANDLER_DURATION,
+            "max_age": HANDLER_DURATION,
+            "max_bytes": SIZE,
+            "max_messages": {"type": "integer", "minimum": 1},
+        },
+    },
+    "HandlerStatus": {
+        "type": "object",
+        "required": ["running", "runs", "items", "bytes", "last_complete", "last_error", "next_run"],
+        "properties": {
+            "running": {"type": "boolean", "description": "a pass is in progress"},
+            "runs": {"type": "integer", "minimum": 0, "description": "passes completed"},
+            "items": {"type": "integer", "minimum": 0, "description": "blocks or messages handled"},
+            "bytes": {"type": "integer", "minimum": 0, "description": "bytes handled"},
+            "last_complete": {**TIME, "type": ["number", "null"], "description": "end of the last good pass"},
+            "last_error": {
+                "type": ["object", "null"],
+                "required": ["message", "time"],
+                "properties": {"message": {"type": "string"}, "time": TIME},
+            },
+            "next_run": {**TIME, "type": ["number", "null"], "description": "null when stopped"},
+        },
+    },
+    "HandlerInfo": {
+        "type": "object",
+        "required": ["name", "type", "queues", "params", "started", "status"],
+        "properties": {
+            "name": {"type": "string"},
+            "type": {"type": "string", "enum": HANDLER_TYPES},
+            "queues": {"type": "array", "items": {"type": "string"}},
+            "params": {"type": "object", "description": "fully resolved; durations in seconds"},
+            "started": {"type": "boolean"},
+            "status": ref("HandlerStatus"),
+        },
+    },
+    "HandlerList": {
+        "type": "object",
+        "required": ["handlers"],
+        "properties": {"handlers": {"type": "array", "items": ref("HandlerInfo")}},
+    },
     "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
 }
 
 _ERROR_TEXT = {
     400: "invalid_request, invalid_message (with index), invalid_name, invalid_save_mode, invalid_config",
-    404: "not_found, queue_not_found, subscription_not_found",
+    404: "not_found, queue_not_found, subscription_not_found, handler_not_found",
     405: "method_not_allowed",
     408: "request_timeout: the body did not arrive within the read deadline",
     409: "already_exists, conflict",
@@ -501,6 +628,67 @@ PATHS: dict[str, Any] = {
             {"200": answer("Replicas", ref("Replicas")), **fails(400, 404)},
             param("id", "query", MESSAGE_ID, "Message id", required=True),
             tag="subscriptions",
+        ),
+    },
+    "/v1/handlers": {
+        "get": operation(
+            "listHandlers",
+            "List handlers, sorted by name",
+            {"200": answer("Handlers", ref("HandlerList")), **fails()},
+            tag="handlers",
+        ),
+    },
+    "/v1/handlers/{name}": {
+        "parameters": [HANDLER],
+        "put": operation(
+            "putHandler",
+            "Create (201) or replace (200) a handler; started unless started is false",
+            {
+                "200": answer("Replaced", ref("HandlerInfo")),
+                "201": answer("Created", ref("HandlerInfo")),
+                **fails(400, 408, 413),
+            },
+            body={"required": True, "content": json_content(ref("HandlerDefinition"))},
+            tag="handlers",
+        ),
+        "get": operation(
+            "getHandler",
+            "Describe a handler and its status",
+            {"200": answer("The handler", ref("HandlerInfo")), **fails(404)},
+            tag="handlers",
+        ),
+        "delete": operation(
+            "dropHandler",
+            "Stop a handler and delete its definition",
+            {"204": answer("Dropped"), **fails(404)},
+            tag="handlers",
+        ),
+    },
+    "/v1/handlers/{name}/start": {
+        "parameters": [HANDLER],
+        "post": operation(
+            "startHandler",
+            "Start the handler's loop (kept across restarts)",
+            {"200": answer("The handler", ref("HandlerInfo")), **fails(404)},
+            tag="handlers",
+        ),
+    },
+    "/v1/handlers/{name}/stop": {
+        "parameters": [HANDLER],
+        "post": operation(
+            "stopHandler",
+            "Stop the handler's loop, waiting for a running pass to end (kept across restarts)",
+            {"200": answer("The handler", ref("HandlerInfo")), **fails(404)},
+            tag="handlers",
+        ),
+    },
+    "/v1/handlers/{name}/run": {
+        "parameters": [HANDLER],
+        "post": operation(
+            "runHandler",
+            "Run one pass now, started or not; answers after it",
+            {"200": answer("The handler after the pass", ref("HandlerInfo")), **fails(404)},
+            tag="handlers",
         ),
     },
     "/healthz": {

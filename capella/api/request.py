@@ -12,9 +12,11 @@ from capella.config import ServerSettings, parse_duration
 from capella.core.cluster import Cluster
 from capella.core.message import SaveMode
 from capella.errors import InvalidConfig, InvalidRequest, PayloadTooLarge, RequestTimeout
+from capella.handlers.supervisor import Supervisor
 
 CLUSTER = web.AppKey("cluster", Cluster)
 SETTINGS = web.AppKey("settings", ServerSettings)
+SUPERVISOR = web.AppKey("supervisor", Supervisor)
 # Set when the server starts shutting down, so long-lived streams end cleanly.
 STOPPING = web.AppKey("stopping", asyncio.Event)
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from capella import __version__
-from capella.cli import data, queue, serve
+from capella.cli import data, handler, queue, serve
 from capella.cli.output import error
 from capella.client import DEFAULT_URL, Client
 from capella.errors import CapellaError, Unreachable
@@ -73,6 +73,7 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve.add_parser(commands)
     queue.add_parser(commands, common)
+    handler.add_parser(commands, common)
     data.add_parsers(commands, common)
     return root
 

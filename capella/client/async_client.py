@@ -229,6 +229,49 @@ class AsyncClient:
         """The replica subscriptions at or past message ``id``: ``{"id", "count", "subscriptions"}``."""
         return dict(await self._call("GET", _queue_path(queue, "replicas"), params={"id": str(id)}))
 
+    # --- handlers --------------------------------------------------------------------
+
+    async def put_handler(
+        self,
+        name: str,
+        type: str,
+        *,
+        queues: str | Iterable[str],
+        params: Mapping[str, Any] | None = None,
+        started: bool = True,
+    ) -> dict[str, Any]:
+        """Create or replace a handler (``flush``, ``unload``, ``archive``, ``expire``).
+
+        ``queues`` holds queue names or fnmatch patterns (``"logs-*"``); a single string is
+        one of them. ``params`` are the type's parameters; durations may be ``"10m"``.
+        """
+        body = {
+            "type": type,
+            "queues": [queues] if isinstance(queues, str) else list(queues),
+            "params": dict(params or {}),
+            "started": started,
+        }
+        return dict(await self._call("PUT", _handler_path(name), json=body))
+
+    async def handlers(self) -> list[dict[str, Any]]:
+        return list((await self._call("GET", "/v1/handlers"))["handlers"])
+
+    async def handler(self, name: str) -> dict[str, Any]:
+        return dict(await self._call("GET", _handler_path(name)))
+
+    async def drop_handler(self, name: str) -> None:
+        await self._call("DELETE", _handler_path(name))
+
+    async def start_handler(self, name: str) -> dict[str, Any]:
+        return dict(await self._call("POST", _handler_path(name, "start")))
+
+    async def stop_handler(self, name: str) -> dict[str, Any]:
+        return dict(await self._call("POST", _handler_path(name, "stop")))
+
+    async def run_handler(self, name: str) -> dict[str, Any]:
+        """One pass now (also for a stopped handler); the handler as it is after the pass."""
+        return dict(await self._call("POST", _handler_path(name, "run")))
+
     # --- operations ------------------------------------------------------------------
 
     async def health(self) -> dict[str, Any]:
@@ -435,3 +478,7 @@ def _queue_path(queue: str, *rest: str) -> str:
 
 def _subscription_path(queue: str, name: str, *rest: str) -> str:
     return _queue_path(queue, "subscriptions", quote(name, safe=""), *rest)
+
+
+def _handler_path(name: str, *rest: str) -> str:
+    return "/".join(("/v1/handlers", quote(name, safe=""), *rest))

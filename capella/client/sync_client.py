@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncGenerator, Coroutine, Iterable, Iterator
+from collections.abc import AsyncGenerator, Coroutine, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -167,6 +167,40 @@ class Client:
 
     def replicas(self, queue: str, id: int) -> dict[str, Any]:
         return self._run(self._client.replicas(queue, id))
+
+    # --- handlers --------------------------------------------------------------------
+
+    def put_handler(
+        self,
+        name: str,
+        type: str,
+        *,
+        queues: str | Iterable[str],
+        params: Mapping[str, Any] | None = None,
+        started: bool = True,
+    ) -> dict[str, Any]:
+        queue_list = [queues] if isinstance(queues, str) else list(queues)
+        return self._run(
+            self._client.put_handler(name, type, queues=queue_list, params=params, started=started)
+        )
+
+    def handlers(self) -> list[dict[str, Any]]:
+        return self._run(self._client.handlers())
+
+    def handler(self, name: str) -> dict[str, Any]:
+        return self._run(self._client.handler(name))
+
+    def drop_handler(self, name: str) -> None:
+        self._run(self._client.drop_handler(name))
+
+    def start_handler(self, name: str) -> dict[str, Any]:
+        return self._run(self._client.start_handler(name))
+
+    def stop_handler(self, name: str) -> dict[str, Any]:
+        return self._run(self._client.stop_handler(name))
+
+    def run_handler(self, name: str) -> dict[str, Any]:
+        return self._run(self._client.run_handler(name))
 
     # --- operations ------------------------------------------------------------------
 

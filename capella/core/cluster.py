@@ -21,7 +21,15 @@ from capella.config import Config
 from capella.core.definition import QueueDefinition, check_name, default_definition, parse_definition
 from capella.core.queue import Queue
 from capella.core.stats import Histogram
-from capella.errors import CapellaError, CorruptData, InvalidRequest, KeyNotFound, NotReady, QueueNotFound
+from capella.errors import (
+    CapellaError,
+    CorruptData,
+    InvalidConfig,
+    InvalidRequest,
+    KeyNotFound,
+    NotReady,
+    QueueNotFound,
+)
 from capella.storage import Storage, open_storage
 
 log = logging.getLogger(__name__)
@@ -43,6 +51,10 @@ class Cluster:
         self._registry: dict[str, dict[str, Any]] = {}
         self._registry_lock = asyncio.Lock()
         self._base = default_definition(config.queue_defaults, config.default_mount, set(mounts))
+        try:
+            self._check_meta_mount(self._base)
+        except InvalidRequest as exc:
+            raise InvalidConfig(f"[queue_defaults] / storage.default_mount: {exc.message}") from None
         self._ticker: asyncio.Task[None] | None = None
 
     @classmethod
@@ -162,6 +174,7 @@ class Cluster:
                 queue.definition = definition
                 return queue, False
             definition = parse_definition(data, self._base, mounts)
+            self._check_meta_mount(definition)
             self._registry[name] = {"definition": definition.to_dict(), "state": "active"}
             await self._save_registry()
             queue = await self._open_queue(name, definition)
@@ -188,6 +201,16 @@ class Cluster:
                 await storage.delete(key)
         del self._registry[name]
         log.info("unfinished drop completed queue=%s", name)
+
+    def _check_meta_mount(self, definition: QueueDefinition) -> None:
+        # Journals are appended to; object stores cannot append.
+        provider = self._config.mounts[definition.meta_mount].provider
+        if provider not in ("file", "memory"):
+            raise InvalidRequest(
+                f"mounts.meta: mount {definition.meta_mount!r} ({provider}) cannot hold journals; "
+                "use a file or memory mount",
+                field="mounts.meta",
+            )
 
     def _check_ready(self) -> None:
         if not self.ready:

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -189,6 +189,8 @@ class Queue:
         self._loaded: OrderedDict[int, tuple[list[int], list[Message]]] = OrderedDict()
         self._used: dict[int, float] = {}  # first id of a loaded block -> when it was last read
         self._blocks_lock = asyncio.Lock()  # moves, deletes and leftover clean-up, one at a time
+        # A crash (before this start) or a failed move or delete may have left copies behind.
+        self._leftovers_possible = True
         self._loading: dict[int, asyncio.Task[tuple[list[int], list[Message]]]] = {}
         self._key_sets: OrderedDict[int, dict[tuple[str, int], int]] = OrderedDict()
         self._dedup = DedupIndex(self._keys_of_block)
@@ -960,7 +962,7 @@ class Queue:
         The manifest forgets the block first, durably; then its objects go. A crash in
         between leaves only unreferenced objects, which ``clean_leftovers`` removes.
         """
-        async with self._blocks_lock:
+        async with self._blocks_lock, self._noting_leftovers():
             if not self._sealed or self._sealed[0].first_id != first_id:
                 raise Conflict(f"queue {self.name}: only the oldest sealed block can be deleted")
             meta = self._sealed[0]
@@ -985,7 +987,7 @@ class Queue:
         and only then is the old copy deleted: a crash at any point leaves a readable copy,
         and the other one is a leftover for ``clean_leftovers``.
         """
-        async with self._blocks_lock:
+        async with self._blocks_lock, self._noting_leftovers():
             meta = next((b for b in self._sealed if b.first_id == first_id), None)
             if meta is None or meta.state != "sealed":
                 raise Conflict(f"queue {self.name}: no sealed block starts at id {first_id}")
@@ -1015,7 +1017,13 @@ class Queue:
         return copied
 
     async def clean_leftovers(self) -> int:
-        """Delete block copies the manifest does not point at (interrupted moves and deletes)."""
+        """Delete block copies the manifest does not point at (interrupted moves and deletes).
+
+        Only lists the mounts when something may have been left: after a start, or after a
+        move or delete failed half-way. A healthy pass costs nothing here.
+        """
+        if not self._leftovers_possible:
+            return 0
         async with self._blocks_lock:
             sealed_last = self._sealed[-1].last_id if self._sealed else 0
             where = {b.key: self.definition.mount_for_mark(b.mark) for b in self._sealed}
@@ -1037,7 +1045,16 @@ class Queue:
                 last = _first_id_of(key)
                 if last is not None and last < first:
                     await self._meta.delete(key)
+            self._leftovers_possible = False
             return removed
+
+    @contextlib.asynccontextmanager
+    async def _noting_leftovers(self) -> AsyncIterator[None]:
+        try:
+            yield
+        except BaseException:
+            self._leftovers_possible = True
+            raise
 
     # --- stats -----------------------------------------------------------------------------
 

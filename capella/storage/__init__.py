@@ -19,6 +19,7 @@ from capella.errors import InvalidConfig
 PROVIDERS = {
     "memory": "capella.storage.memory:MemoryStorage",
     "file": "capella.storage.file:FileStorage",
+    "s3": "capella.storage.s3:S3Storage",  # needs the [s3] extra (boto3)
 }
 
 
@@ -82,7 +83,15 @@ def open_storage(provider: str, options: dict[str, Any]) -> Storage:
         known = ", ".join(sorted(PROVIDERS))
         raise InvalidConfig(f"unknown storage provider {provider!r} (known: {known})") from None
     module_name, _, class_name = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            raise
+        raise InvalidConfig(
+            f"storage provider {provider!r} needs the {exc.name} package: pip install 'capella[{provider}]'"
+        ) from None
+    cls = getattr(module, class_name)
     try:
         store: Storage = cls(**options)
     except TypeError as exc:

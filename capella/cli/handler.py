@@ -1,0 +1,189 @@
+"""``capella handler create|list|show|start|stop|run|drop``: manage background handlers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+
+from capella.cli.output import error, print_json, print_table
+from capella.client import Client
+
+TYPES = ("flush", "unload", "archive", "expire")
+
+
+def add_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    handler = commands.add_parser(
+        "handler", help="create, list, show, start, stop, run and drop handlers", parents=[common]
+    )
+    actions = handler.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    create = actions.add_parser(
+        "create", help="create a handler, or replace its definition", parents=[common]
+    )
+    create.add_argument("name")
+    create.add_argument("--type", required=True, choices=TYPES, help="what the handler does")
+    create.add_argument(
+        "--queue",
+        dest="queues",
+        action="append",
+        required=True,
+        metavar="QUEUE",
+        help="a queue name or pattern such as 'logs-*' (repeat for more)",
+    )
+    create.add_argument(
+        "--param",
+        dest="params",
+        action="append",
+        type=_param,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a parameter such as interval=10m or max_messages=1000 (JSON values are read as JSON)",
+    )
+    create.add_argument(
+        "--params-json", type=_params_json, metavar="JSON", help="all parameters as one JSON object"
+    )
+    create.add_argument("--stopped", action="store_true", help="save it without starting it")
+    create.set_defaults(func=create_handler, uses_client=True)
+
+    listing = actions.add_parser("list", help="list handlers and their status", parents=[common])
+    listing.set_defaults(func=list_handlers, uses_client=True)
+
+    show = actions.add_parser("show", help="show a handler's definition and status", parents=[common])
+    show.add_argument("name")
+    show.set_defaults(func=show_handler, uses_client=True)
+
+    for action, help_text in (
+        ("start", "start a handler's periodic runs"),
+        ("stop", "stop a handler's periodic runs (waits for a running pass)"),
+        ("run", "run one pass now and wait for it"),
+    ):
+        command = actions.add_parser(action, help=help_text, parents=[common])
+        command.add_argument("name")
+        command.set_defaults(func=control_handler, uses_client=True)
+
+    drop = actions.add_parser("drop", help="stop a handler and delete its definition", parents=[common])
+    drop.add_argument("name")
+    drop.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    drop.set_defaults(func=drop_handler, uses_client=True)
+
+
+def create_handler(args: argparse.Namespace, client: Client) -> int:
+    params: dict[str, Any] = dict(args.params_json or {})
+    params.update(args.params)
+    info = client.put_handler(
+        args.name, args.type, queues=args.queues, params=params, started=not args.stopped
+    )
+    if args.json:
+        print_json(info)
+    else:
+        state = "started" if info.get("started") else "stopped"
+        print(f"handler {info.get('name', args.name)} saved ({state})")
+    return 0
+
+
+def list_handlers(args: argparse.Namespace, client: Client) -> int:
+    handlers = client.handlers()
+    if args.json:
+        print_json(handlers)
+        return 0
+    rows = []
+    for info in handlers:
+        status = info.get("status") or {}
+        last_error = status.get("last_error")
+        rows.append(
+            [
+                str(info["name"]),
+                str(info.get("type", "")),
+                ",".join(str(q) for q in info.get("queues", [])),
+                "yes" if info.get("started") else "no",
+                str(status.get("runs", "")),
+                str(last_error["message"]) if last_error else "-",
+            ]
+        )
+    print_table(["NAME", "TYPE", "QUEUES", "STARTED", "RUNS", "LAST_ERROR"], rows)
+    return 0
+
+
+def show_handler(args: argparse.Namespace, client: Client) -> int:
+    print_json(client.handler(args.name), pretty=not args.json)
+    return 0
+
+
+def control_handler(args: argparse.Namespace, client: Client) -> int:
+    if args.action == "start":
+        info = client.start_handler(args.name)
+    elif args.action == "stop":
+        info = client.stop_handler(args.name)
+    else:
+        info = client.run_handler(args.name)
+    if args.json:
+        print_json(info)
+    elif args.action == "run":
+        status = info.get("status") or {}
+        print(
+            f"handler {args.name} ran: runs={status.get('runs', 0)} "
+            f"items={status.get('items', 0)} bytes={status.get('bytes', 0)}"
+        )
+    else:
+        print(f"handler {args.name} {'started' if args.action == 'start' else 'stopped'}")
+    if args.action == "run" and _last_pass_failed(info):
+        error(f"the pass failed: {info['status']['last_error']['message']}")
+        return 1
+    return 0
+
+
+def drop_handler(args: argparse.Namespace, client: Client) -> int:
+    if not args.yes:
+        if not sys.stdin.isatty():
+            error(f"not dropping handler {args.name} without --yes")
+            return 2
+        answer = input(f"drop handler {args.name}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            error("not dropped")
+            return 1
+    client.drop_handler(args.name)
+    if args.json:
+        print_json({"dropped": args.name})
+    else:
+        print(f"handler {args.name} dropped")
+    return 0
+
+
+def _last_pass_failed(info: dict[str, Any]) -> bool:
+    # The answer comes right after the pass, so an error newer than the last success is its.
+    status = info.get("status") or {}
+    last_error = status.get("last_error")
+    if not last_error:
+        return False
+    last_complete = status.get("last_complete")
+    return last_complete is None or float(last_error["time"]) >= float(last_complete)
+
+
+def _param(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), _value(raw)
+
+
+def _value(raw: str) -> Any:
+    # Numbers, lists and objects go as JSON; anything else ("7d", "64MiB") goes as text.
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+
+
+def _params_json(text: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value

@@ -1,0 +1,192 @@
+"""Values as objects in an S3 bucket (AWS, MinIO or any S3-compatible endpoint), via boto3.
+
+A key ``queues/orders/blocks/00000001.blk`` is the object ``<prefix>/queues/orders/blocks/
+00000001.blk``, so ``aws s3 ls s3://BUCKET/PREFIX/queues/orders/blocks/`` lists a queue's
+blocks. Every ``put`` is one ``PutObject``, which S3 applies whole or not at all: a reader
+sees the old object or the new one, never a part, and a failed upload leaves nothing behind.
+No temporary name or rename is needed (S3 has no rename), and over plain HTTP botocore signs
+the payload's SHA-256, so a body damaged on the way is refused by the server.
+
+Object stores cannot append, so ``journal`` raises ``Unsupported``: a queue keeps its
+metadata and open block on a file (or memory) mount and only sealed blocks move here.
+
+boto3 is blocking, so every call runs in a thread. The client is built on first use, in
+that thread, so opening a mount (and parsing a config that names one) needs neither a
+reachable endpoint nor credentials. botocore retries throttling, 5xx answers, timeouts and
+dropped connections itself ("standard" mode, ``max_attempts`` tries); whatever error is
+left after that leaves this module as ``StorageUnavailable`` naming the bucket, the key and
+the error code, so nothing above storage ever sees a botocore exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import boto3
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from capella.config import parse_duration
+from capella.errors import InvalidConfig, InvalidRequest, KeyNotFound, StorageUnavailable, Unsupported
+from capella.storage import Journal
+
+T = TypeVar("T")
+
+_MISSING_KEY = {"NoSuchKey", "404", "NotFound"}
+_MISSING_BUCKET = "NoSuchBucket"
+_ADDRESSING_STYLES = ("auto", "path", "virtual")
+
+
+class S3Storage:
+    """Values as objects under one prefix of a bucket; every put is atomic."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        storage_class: str | None = None,
+        connect_timeout: float | str = 5,
+        read_timeout: float | str = 30,
+        max_attempts: int = 5,
+        addressing_style: str | None = None,
+    ) -> None:
+        if not isinstance(bucket, str) or not bucket:
+            raise InvalidConfig("s3: 'bucket' is required")
+        if not isinstance(prefix, str):
+            raise InvalidConfig(f"s3: prefix must be a string, got {prefix!r}")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise InvalidConfig(f"s3: max_attempts must be a positive integer, got {max_attempts!r}")
+        if (access_key_id is None) != (secret_access_key is None):
+            raise InvalidConfig("s3: give both access_key_id and secret_access_key, or neither")
+        # MinIO and most S3-compatible servers want the bucket in the path, not the host name.
+        style = addressing_style or ("path" if endpoint_url else "auto")
+        if style not in _ADDRESSING_STYLES:
+            raise InvalidConfig(f"s3: addressing_style must be one of {', '.join(_ADDRESSING_STYLES)}")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self._base = f"{self.prefix}/" if self.prefix else ""
+        self._endpoint_url = endpoint_url
+        self._region = region
+        self._credentials = {
+            "aws_access_key_id": access_key_id,
+            "aws_secret_access_key": secret_access_key,
+            "aws_session_token": session_token,
+        }
+        self._storage_class = storage_class
+        self._max_attempts = max_attempts
+        self._config = BotoConfig(
+            connect_timeout=parse_duration(connect_timeout, "s3.connect_timeout"),
+            read_timeout=parse_duration(read_timeout, "s3.read_timeout"),
+            # total_max_attempts counts the first try too (botocore's max_attempts would not).
+            retries={"mode": "standard", "total_max_attempts": max_attempts},
+            s3={"addressing_style": style},
+        )
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+
+    async def get(self, key: str) -> bytes:
+        name = self._name(key)
+
+        def read() -> bytes:
+            # botocore retries a request until its headers arrive; a connection lost while the
+            # body streams in is retried here, with the same budget of attempts.
+            for attempt in range(1, self._max_attempts + 1):
+                response = self._s3().get_object(Bucket=self.bucket, Key=name)
+                try:
+                    return bytes(response["Body"].read())
+                except BotoCoreError:
+                    if attempt == self._max_attempts:
+                        raise
+                    time.sleep(min(2.0, 0.05 * 2**attempt))
+            raise AssertionError("unreachable")
+
+        return await self._call("read", key, read, missing_key_is_not_found=True)
+
+    async def put(self, key: str, value: bytes) -> None:
+        name = self._name(key)
+        extra = {"StorageClass": self._storage_class} if self._storage_class else {}
+
+        def write() -> None:
+            self._s3().put_object(Bucket=self.bucket, Key=name, Body=value, **extra)
+
+        await self._call("write", key, write)
+
+    async def delete(self, key: str) -> None:
+        name = self._name(key)
+
+        def remove() -> None:
+            # DeleteObject succeeds for a key that is not there, so a repeated delete is fine.
+            self._s3().delete_object(Bucket=self.bucket, Key=name)
+
+        await self._call("delete", key, remove)
+
+    async def list(self, prefix: str) -> list[str]:
+        if prefix.startswith("/"):
+            raise InvalidRequest(f"s3: bad prefix {prefix!r}")
+        full = self._base + prefix
+        cut = len(self._base)
+
+        def walk() -> list[str]:
+            pages = self._s3().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full)
+            return [item["Key"][cut:] for page in pages for item in page.get("Contents", [])]
+
+        return sorted(await self._call("list", prefix, walk))
+
+    async def journal(self, key: str, *, truncate_to: int | None = None) -> Journal:
+        raise Unsupported(f"s3 cannot append ({key!r}); keep journals on a file mount (mounts.meta)")
+
+    async def close(self) -> None:
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            await asyncio.to_thread(client.close)
+
+    def _name(self, key: str) -> str:
+        parts = key.split("/")
+        if not key or any(part in ("", ".", "..") for part in parts):
+            raise InvalidRequest(f"s3: bad key {key!r}")
+        return self._base + key
+
+    def _s3(self) -> Any:
+        """The boto3 client, built on first use (in a worker thread: it loads JSON models)."""
+        with self._client_lock:
+            if self._client is None:
+                # A session of our own: the options given here (or, where absent, boto3's usual
+                # chain of environment, profile and instance role) and nobody else's defaults.
+                session = boto3.session.Session(region_name=self._region, **self._credentials)
+                self._client = session.client("s3", endpoint_url=self._endpoint_url, config=self._config)
+            return self._client
+
+    async def _call(
+        self, action: str, key: str, fn: Callable[[], T], *, missing_key_is_not_found: bool = False
+    ) -> T:
+        try:
+            return await asyncio.to_thread(fn)
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code") or "Unknown")
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            where = f"s3://{self.bucket}/{self._base}{key}"
+            if code == _MISSING_BUCKET:
+                raise StorageUnavailable(
+                    f"s3: cannot {action} {key!r}: bucket {self.bucket!r} does not exist (NoSuchBucket)"
+                ) from None
+            if missing_key_is_not_found and (code in _MISSING_KEY or status == 404):
+                raise KeyNotFound(f"s3: no value at {key!r} ({where})") from None
+            detail = f"{code} (HTTP {status}) {error.get('Message') or ''}".rstrip()
+            raise StorageUnavailable(
+                f"s3: cannot {action} {key!r} in bucket {self.bucket!r}: {detail}"
+            ) from exc
+        except BotoCoreError as exc:
+            raise StorageUnavailable(
+                f"s3: cannot {action} {key!r} in bucket {self.bucket!r}: {type(exc).__name__}: {exc}"
+            ) from exc
