@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks import disk, latency, machine, memory, produce, read
+from benchmarks import disk, latency, machine, memory, produce, read, tiers_archive, tiers_memory, tiers_read
 from benchmarks.profile import summarize
 from benchmarks.result import BenchmarkFailed, Outcome, Row, render_table
 from benchmarks.settings import Settings
@@ -26,6 +26,9 @@ SCENARIOS: dict[str, Callable[[Settings], Awaitable[Outcome]]] = {
     "latency": latency.run,
     "memory": memory.run,
     "disk": disk.run,
+    "tiers-memory": tiers_memory.run,
+    "tiers-archive": tiers_archive.run,
+    "tiers-read-s3": tiers_read.run,
 }
 
 

@@ -62,8 +62,11 @@ def _text(rng: random.Random, size: int) -> str:
     return bytes(rng.choices(_ALPHABET, k=size)).decode()
 
 
-async def put_queue(session: aiohttp.ClientSession, base: str, queue: str = QUEUE) -> None:
-    async with session.put(f"{base}/v1/queues/{queue}", json={}) as resp:
+async def put_queue(
+    session: aiohttp.ClientSession, base: str, queue: str = QUEUE, definition: dict[str, Any] | None = None
+) -> None:
+    """Create ``queue`` with ``definition`` (the PUT body; default: the server's defaults)."""
+    async with session.put(f"{base}/v1/queues/{queue}", json=definition or {}) as resp:
         if resp.status not in (200, 201):
             raise BenchmarkFailed(f"PUT queue {queue}: HTTP {resp.status}: {await resp.text()}")
 
@@ -108,11 +111,13 @@ async def produce_sequentially(
     return sent
 
 
-async def wait_sealed(session: aiohttp.ClientSession, base: str, blocks: int, within: float) -> float:
-    """Poll the queue until ``blocks`` blocks are sealed and nothing is open; seconds waited."""
+async def wait_sealed(
+    session: aiohttp.ClientSession, base: str, blocks: int, within: float, queue: str = QUEUE
+) -> float:
+    """Poll the queue until ``blocks`` blocks are sealed and nothing is sealing; seconds waited."""
     started = time.perf_counter()
     while True:
-        by_state = (await queue_stats(session, base))["blocks"]["by_state"]
+        by_state = (await queue_stats(session, base, queue))["blocks"]["by_state"]
         if by_state.get("sealed", 0) >= blocks and by_state.get("sealing", 0) == 0:
             return time.perf_counter() - started
         if time.perf_counter() - started > within:
@@ -141,3 +146,17 @@ def flush_delta(before: tuple[int, float], after: tuple[int, float], wall: float
         "mean_flush_ms": 1000 * seconds / count if count else float("nan"),
         "flushing_share": seconds / wall,
     }
+
+
+async def produce_concurrently(
+    url: URL, bodies: list[bytes], batch: int, total: int, producers: int, deadline: float
+) -> int:
+    """``producers`` sessions, each sending its share of ``total`` sequentially; messages sent."""
+    requests = total // batch // producers
+
+    async def producer(index: int) -> int:
+        async with new_session() as session:
+            own = bodies[index::producers] or bodies
+            return await produce_sequentially(session, url, own, batch, requests, deadline)
+
+    return sum(await asyncio.gather(*(producer(i) for i in range(producers))))

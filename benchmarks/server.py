@@ -43,8 +43,8 @@ class Server:
         return self.proc.pid
 
     @classmethod
-    async def start(cls, data_dir: Path, log_path: Path) -> Server:
-        port = _free_port()
+    async def start(cls, data_dir: Path, log_path: Path, config: Path | None = None) -> Server:
+        port = free_port()
         command = [
             sys.executable,
             "-m",
@@ -55,6 +55,8 @@ class Server:
             "--listen",
             f"127.0.0.1:{port}",
         ]
+        if config is not None:
+            command += ["--config", str(config)]
         with log_path.open("ab") as log:
             spawned = time.perf_counter()
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
@@ -98,9 +100,7 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """User plus system CPU time of every thread of the server so far."""
-        with open(f"/proc/{self.pid}/stat", encoding="ascii") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS
+        return cpu_seconds(self.pid)
 
     async def stop(self) -> float:
         """SIGTERM, then wait for the exit (SIGKILL after ``STOP_TIMEOUT``); the seconds it took."""
@@ -108,11 +108,11 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                exited = await _exited(self.proc, STOP_TIMEOUT)
+                stopped = await exited(self.proc, STOP_TIMEOUT)
             except asyncio.CancelledError:
                 self.proc.kill()  # interrupted again while waiting: leave nothing behind
                 raise
-            if not exited:
+            if not stopped:
                 self.proc.kill()
                 self.proc.wait()
                 raise BenchmarkFailed(f"server ignored SIGTERM for {STOP_TIMEOUT:g} s and was killed")
@@ -126,9 +126,17 @@ class Server:
             return "(no log)"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of every thread of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
 @contextlib.asynccontextmanager
-async def running_server(data_dir: Path, log_path: Path) -> AsyncIterator[Server]:
-    server = await Server.start(data_dir, log_path)
+async def running_server(data_dir: Path, log_path: Path, config: Path | None = None) -> AsyncIterator[Server]:
+    """A started server (``config``: a TOML file for ``--config``), stopped on the way out."""
+    server = await Server.start(data_dir, log_path, config)
     try:
         yield server
     finally:
@@ -166,12 +174,12 @@ async def profiled(server: Server, output: Path | None) -> AsyncIterator[None]:
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
-        if not await _exited(proc, 30.0):
+        if not await exited(proc, 30.0):
             proc.kill()
             proc.wait()
 
 
-async def _exited(proc: subprocess.Popen[bytes], within: float) -> bool:
+async def exited(proc: subprocess.Popen[bytes], within: float) -> bool:
     try:
         await asyncio.to_thread(proc.wait, within)
     except subprocess.TimeoutExpired:
@@ -179,7 +187,7 @@ async def _exited(proc: subprocess.Popen[bytes], within: float) -> bool:
     return True
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]

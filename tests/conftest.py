@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from faults import FaultProxy
 
 from capella.api import create_app
 from capella.config import Config, ServerSettings, parse_config
@@ -161,6 +162,17 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
+    """The fault-injecting proxy (tests/faults.py) in front of the moto server."""
+    started = FaultProxy(s3_server.url)
+    started.start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
 @pytest.fixture
 def s3_bucket(s3_server: S3Server) -> str:
     """An empty bucket of this test's own on the moto server."""
@@ -232,13 +244,15 @@ def free_port() -> int:
 class ServerProcess:
     """``capella serve`` in a subprocess, with its data dir and log file."""
 
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, config: Path | None = None) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self._log = self.log_path.open("ab")
         command = [sys.executable, "-m", "capella", "serve", "--data-dir", str(data_dir)]
+        if config is not None:
+            command += ["--config", str(config)]
         self.process = subprocess.Popen(
             [*command, "--listen", f"127.0.0.1:{self.port}"],
             stdin=subprocess.DEVNULL,

@@ -203,16 +203,6 @@ assert "boto3" in sys.modules
 # --- faults ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
-    started = FaultProxy(s3_server.url)
-    started.start()
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
 @pytest.fixture
 def faults(proxy: FaultProxy) -> Iterator[FaultProxy]:
     """The proxy, plain at the start of the test and healed at its end."""

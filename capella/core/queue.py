@@ -790,11 +790,15 @@ class Queue:
 
     async def _load_block(self, meta: BlockMeta) -> tuple[list[int], list[Message]]:
         try:
-            data = await self._mounts[self.definition.mount_for_mark(meta.mark)].get(meta.key)
-            messages = await asyncio.to_thread(decode_block, data)
-        except CorruptData as exc:
-            await self._quarantine(meta, exc.message)
-            raise
+            found = await self._block_bytes(meta.first_id)
+            if found is None:
+                return [], []  # expired while we were on our way: nothing to read here
+            current, data = found
+            try:
+                messages = await asyncio.to_thread(decode_block, data)
+            except CorruptData as exc:
+                await self._quarantine(current, exc.message)
+                raise
         finally:
             del self._loading[meta.first_id]
         contents = ([m.id for m in messages], messages)
@@ -802,6 +806,36 @@ class Queue:
         self._used[meta.first_id] = self._clock()
         self._trim_loaded()
         return contents
+
+    async def _block_bytes(self, first_id: int) -> tuple[BlockMeta, bytes] | None:
+        """The bytes of a sealed block from wherever it is now; None once it was deleted.
+
+        A reader may hold a block's metadata while the archive handler moves it; when the
+        old copy is already gone, follow the manifest to the new one.
+        """
+        for _ in range(3):
+            meta = self._sealed_block(first_id)
+            if meta is None or meta.state != "sealed":
+                return None
+            mount = self.definition.mount_for_mark(meta.mark)
+            try:
+                return meta, await self._mounts[mount].get(meta.key)
+            except KeyNotFound:
+                latest = self._sealed_block(first_id)
+                if latest is None:
+                    return None
+                if latest.mark != meta.mark:
+                    continue
+                raise StorageUnavailable(
+                    f"queue {self.name}: block {meta.key} is missing from mount {mount!r}"
+                ) from None
+        raise StorageUnavailable(f"queue {self.name}: block at id {first_id} keeps moving; retry")
+
+    def _sealed_block(self, first_id: int) -> BlockMeta | None:
+        index = bisect.bisect_left(self._firsts, first_id)
+        if index < len(self._sealed) and self._sealed[index].first_id == first_id:
+            return self._sealed[index]
+        return None
 
     def _trim_loaded(self) -> None:
         while len(self._loaded) > LOADED_BLOCKS:
@@ -813,12 +847,11 @@ class Queue:
         if keys is not None:
             self._key_sets.move_to_end(first_id)
             return keys
-        index = bisect.bisect_left(self._firsts, first_id)
-        meta = self._sealed[index]
-        if meta.state != "sealed":
+        found = await self._block_bytes(first_id)
+        if found is None:
             return {}
+        meta, data = found
         try:
-            data = await self._mounts[self.definition.mount_for_mark(meta.mark)].get(meta.key)
             ids, pairs = await asyncio.to_thread(block_keys, data)
         except CorruptData as exc:
             await self._quarantine(meta, exc.message)
