@@ -322,3 +322,60 @@ async def test_stop_really_stops(cluster: Cluster) -> None:
             supervisor.handler("fast")
     finally:
         await supervisor.close()
+
+
+async def test_a_journal_that_outlived_an_expired_block_is_not_replayed(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    q, _ = await cluster.put_queue("outlive", {})
+    await q.append([Draft(payload=b"x")] * 5, SaveMode.WAIT)
+    journal_dir = tmp_path / "data" / "hot" / "outlive" / "journal"
+    saved = {p.name: p.read_bytes() for p in journal_dir.iterdir()}
+    await q.append([Draft(payload=b"y")] * 5, SaveMode.WAIT)
+    for _ in range(200):
+        if q.stats()["blocks"]["by_state"]["sealed"] == 1 and not any(journal_dir.iterdir()):
+            break
+        await asyncio.sleep(0.01)
+    await ExpireHandler(cluster, ["outlive"], ExpireParams.parse({"max_messages": 1})).run_once()
+    await cluster.close()
+    # A crash between the seal's manifest update and its journal delete leaves this behind.
+    for name, data in saved.items():
+        (journal_dir / name).write_bytes(data)
+    cluster = await Cluster.open(make_config(tmp_path), clock=clock)
+    try:
+        q = cluster.queue("outlive")
+        assert (await q.read_after(0, 100)).messages == []
+        assert q.last_id == 10
+        assert (await q.append([Draft(payload=b"z")], SaveMode.WAIT))[0].id == 11
+    finally:
+        await cluster.close()
+
+
+async def test_a_stored_definition_that_no_longer_builds_is_kept_and_reports(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    await filled(cluster, "arc", 5)
+    supervisor = Supervisor(cluster, clock=clock)
+    await supervisor.start()
+    await supervisor.put(
+        "move",
+        {"type": "archive", "queues": ["arc"], "params": {"conditions": [{"mark": 2}]}, "started": False},
+    )
+    await supervisor.close()
+    # The queue loses its mark 2 mapping; the handler can no longer be built.
+    await cluster.put_queue("arc", {"mounts": {"marks": {"0": "default", "1": "warm"}}})
+    supervisor = Supervisor(cluster, clock=clock)
+    await supervisor.start()
+    try:
+        await supervisor.put("trim", {"type": "expire", "queues": ["arc"], "params": {"max_age": "30d"}})
+        state = await supervisor.run_now("move")
+        assert state.last_error is not None and "cannot be loaded" in state.last_error[0]
+        assert state.to_dict()["params"]["conditions"] == [{"mark": 2, "from_age": 0.0, "to_age": None}]
+    finally:
+        await supervisor.close()
+    supervisor = Supervisor(cluster, clock=clock)
+    await supervisor.start()
+    try:
+        assert [s.name for s in supervisor.handlers()] == ["move", "trim"]
+    finally:
+        await supervisor.close()

@@ -183,6 +183,7 @@ class Queue:
         self._sealing: list[OpenBlock] = []
         self._open: OpenBlock | None = None
         self._last_id = 0
+        self._deleted_through = 0  # highest id of any block deleted (expired) so far
         self._next_id = 1
         self._lease_until = 1  # ids below this may have been answered already
 
@@ -262,6 +263,7 @@ class Queue:
         try:
             manifest = orjson.loads(await self._meta.get(self._key("manifest.json")))
             self._sealed = [BlockMeta(**b) for b in manifest["blocks"]]
+            self._deleted_through = int(manifest.get("deleted_through", 0))
         except KeyNotFound:
             self._sealed = []
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
@@ -279,7 +281,9 @@ class Queue:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise CorruptData(f"queue {self.name}: state is not valid: {exc}") from None
 
-        sealed_last = self._sealed[-1].last_id if self._sealed else 0
+        # A journal may outlive its block (a crash before its delete); its records are in a
+        # sealed block, or were, if that block has expired since: never replay them.
+        sealed_last = max(self._sealed[-1].last_id if self._sealed else 0, self._deleted_through)
         for meta in self._sealed:
             if meta.state == "sealed":
                 await self._load_summary(meta)
@@ -675,7 +679,11 @@ class Queue:
         await self._meta.delete(block.journal_key)
 
     async def _save_manifest(self, blocks: list[BlockMeta]) -> None:
-        doc = {"version": 1, "blocks": [b.to_dict() for b in blocks]}
+        doc = {
+            "version": 1,
+            "deleted_through": self._deleted_through,
+            "blocks": [b.to_dict() for b in blocks],
+        }
         await self._meta.put(self._key("manifest.json"), orjson.dumps(doc))
 
     # --- reading ---------------------------------------------------------------------------
@@ -1001,7 +1009,15 @@ class Queue:
             meta = self._sealed[0]
             async with self._manifest_lock:
                 remaining = self._sealed[1:]
-                await self._save_manifest(remaining)
+                previous, self._deleted_through = (
+                    self._deleted_through,
+                    max(self._deleted_through, meta.last_id),
+                )
+                try:
+                    await self._save_manifest(remaining)
+                except CapellaError:
+                    self._deleted_through = previous
+                    raise
                 self._sealed = remaining
                 self._firsts = [b.first_id for b in remaining]
             self._loaded.pop(first_id, None)

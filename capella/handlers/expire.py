@@ -73,4 +73,6 @@ class ExpireHandler:
             )
             for block in doomed:
                 result += PassResult(1, await queue.delete_block(block.first_id))
+            # Objects of a delete interrupted by a crash (the manifest had already let go).
+            await queue.clean_leftovers()
         return result

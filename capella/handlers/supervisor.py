@@ -20,7 +20,14 @@ import orjson
 
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
-from capella.errors import CapellaError, CorruptData, HandlerNotFound, InvalidRequest, KeyNotFound
+from capella.errors import (
+    CapellaError,
+    CorruptData,
+    HandlerNotFound,
+    InvalidConfig,
+    InvalidRequest,
+    KeyNotFound,
+)
 from capella.handlers.archive import ArchiveHandler, ArchiveParams
 from capella.handlers.expire import ExpireHandler, ExpireParams
 from capella.handlers.flush import FlushHandler, FlushParams
@@ -137,8 +144,9 @@ class Supervisor:
             try:
                 params, handler = build(self._cluster, d["type"], list(d["queues"]), d["params"])
             except CapellaError as exc:
+                # Keep the definition (a later save must not drop it); every pass reports why.
                 log.error("handler cannot be loaded handler=%s: %s", name, exc.message)
-                continue
+                params, handler = _Unloadable(d["params"]), _Unloadable(d["params"], exc.message)
             state = HandlerState(name, d["type"], list(d["queues"]), params, handler, bool(d["started"]))
             self._states[name] = state
             if state.started:
@@ -227,6 +235,7 @@ class Supervisor:
 
     def _launch(self, state: HandlerState) -> None:
         state.failures = 0
+        state.next_run = self._clock()
         state.task = asyncio.create_task(self._loop(state), name=f"handler:{state.name}")
 
     async def _loop(self, state: HandlerState) -> None:
@@ -237,7 +246,7 @@ class Supervisor:
             await self._run_pass(state)
             interval = state.handler.interval
             # Back off after failures: interval, 2x, 4x ... up to an hour (or the interval).
-            delay = min(interval * 2**state.failures, max(MAX_BACKOFF, interval))
+            delay = min(interval * 2 ** min(state.failures, 32), max(MAX_BACKOFF, interval))
 
     async def _run_pass(self, state: HandlerState) -> None:
         async with state.pass_lock:
@@ -287,3 +296,19 @@ class Supervisor:
     async def _save(self) -> None:
         doc = {"version": 1, "handlers": {s.name: s.definition() for s in self.handlers()}}
         await self._cluster.home.put(REGISTRY_KEY, orjson.dumps(doc))
+
+
+class _Unloadable:
+    """A stored definition that no longer builds (e.g. its mark lost its mount): kept as is."""
+
+    interval = 60.0
+
+    def __init__(self, raw: object, error: str = "") -> None:
+        self._raw = raw if isinstance(raw, dict) else {}
+        self._error = error
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._raw)
+
+    async def run_once(self) -> PassResult:
+        raise InvalidConfig(f"this definition cannot be loaded: {self._error}; replace it with PUT")
