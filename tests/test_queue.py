@@ -573,3 +573,18 @@ async def test_writers_wait_for_a_stuck_sealer_and_resume_when_it_recovers(
         assert [m.id for m in page.messages] == [1, 2, 3, 4, 5]
     finally:
         await cluster.close()
+
+
+async def test_memory_per_sealed_block_stays_bounded(cluster: Cluster) -> None:
+    # Found by the tiers-memory benchmark: exact key sets of sealed blocks were kept forever.
+    q, _ = await cluster.put_queue("bounded", {"limits": {"max_count": 10}})
+    for _ in range(30):
+        await q.append(drafts(10), SaveMode.NONE)
+    await q.append([], SaveMode.WAIT)
+    for _ in range(300):
+        if q.stats()["blocks"]["by_state"]["sealed"] == 30:
+            break
+        await asyncio.sleep(0.01)
+    assert q.stats()["blocks"]["by_state"]["sealed"] == 30
+    assert len(q._key_sets) <= queue_module.KEY_SETS
+    assert len(q._loaded) <= queue_module.LOADED_BLOCKS

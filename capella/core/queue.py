@@ -662,7 +662,7 @@ class Queue:
             self._loaded[meta.first_id] = (block.ids, block.messages)
             self._used[meta.first_id] = self._clock()
             self._trim_loaded()
-            self._key_sets[meta.first_id] = block.keys
+            self._remember_keys(meta.first_id, block.keys)
             self._dedup.add_summary(summary)
             self._refresh_recent()
         self.counters.sealed_blocks += 1
@@ -865,10 +865,14 @@ class Queue:
             await self._quarantine(meta, exc.message)
             return {}
         keys = dict(zip(pairs, ids, strict=True))
+        self._remember_keys(first_id, keys)
+        return keys
+
+    def _remember_keys(self, first_id: int, keys: dict[tuple[str, int], int]) -> None:
+        # Bounded: a sealed block's exact keys are ~100 bytes per message.
         self._key_sets[first_id] = keys
         while len(self._key_sets) > KEY_SETS:
             self._key_sets.popitem(last=False)
-        return keys
 
     async def _load_summary(self, meta: BlockMeta) -> None:
         try:
