@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from capella.core.cluster import Cluster
 from capella.core.queue import BlockMeta, Queue
-from capella.errors import CapellaError, InvalidRequest, StorageUnavailable
-from capella.handlers.params import Params, PassResult, duration, selected
+from capella.errors import InvalidRequest
+from capella.handlers.params import Params, duration
+from capella.handlers.queues import PassResult, QueueHandler
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,27 +94,13 @@ class ArchiveParams:
         return planned
 
 
-class ArchiveHandler:
+class ArchiveHandler(QueueHandler[ArchiveParams]):
     """Move sealed blocks to the tier their age calls for."""
 
-    def __init__(self, cluster: Cluster, queues: list[str], params: ArchiveParams) -> None:
-        self._cluster = cluster
-        self._queues = queues
-        self.params = params
-        self.interval = params.interval
-
-    async def run_once(self) -> PassResult:
+    async def run_queue(self, queue: Queue) -> PassResult:
+        self.params.check_marks(queue)
         result = PassResult()
-        errors: list[str] = []
-        for queue in selected(self._cluster, self._queues):
-            try:
-                self.params.check_marks(queue)
-                for block, mark in self.params.moves(queue.sealed_blocks(), queue.now()):
-                    result += PassResult(1, await queue.move_block(block.first_id, mark))
-                await queue.clean_leftovers()
-            except CapellaError as exc:
-                # One queue's unreachable tier must not stop the others; the pass still fails.
-                errors.append(f"{queue.name}: {exc.message}")
-        if errors:
-            raise StorageUnavailable("archive: " + "; ".join(errors))
+        for block, mark in self.params.moves(queue.sealed_blocks(), queue.now()):
+            result += PassResult(1, await queue.move_block(block.first_id, mark))
+        await queue.clean_leftovers()
         return result

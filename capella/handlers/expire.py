@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from capella.core.cluster import Cluster
-from capella.core.queue import BlockMeta
+from capella.core.queue import BlockMeta, Queue
 from capella.errors import InvalidRequest
-from capella.handlers.params import Params, PassResult, selected
+from capella.handlers.params import Params
+from capella.handlers.queues import PassResult, QueueHandler
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,24 +55,16 @@ class ExpireParams:
         return doomed
 
 
-class ExpireHandler:
+class ExpireHandler(QueueHandler[ExpireParams]):
     """Delete whole blocks from the oldest end; ids are never reused afterwards."""
 
-    def __init__(self, cluster: Cluster, queues: list[str], params: ExpireParams) -> None:
-        self._cluster = cluster
-        self._queues = queues
-        self.params = params
-        self.interval = params.interval
-
-    async def run_once(self) -> PassResult:
+    async def run_queue(self, queue: Queue) -> PassResult:
+        stats = queue.stats()
         result = PassResult()
-        for queue in selected(self._cluster, self._queues):
-            stats = queue.stats()
-            doomed = self.params.expired(
-                queue.sealed_blocks(), stats["messages"], stats["bytes"], queue.now()
-            )
-            for block in doomed:
-                result += PassResult(1, await queue.delete_block(block.first_id))
-            # Objects of a delete interrupted by a crash (the manifest had already let go).
-            await queue.clean_leftovers()
+        for block in self.params.expired(
+            queue.sealed_blocks(), stats["messages"], stats["bytes"], queue.now()
+        ):
+            result += PassResult(1, await queue.delete_block(block.first_id))
+        # Objects of a delete interrupted by a crash (the manifest had already let go).
+        await queue.clean_leftovers()
         return result

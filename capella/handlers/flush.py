@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from capella.core.cluster import Cluster
-from capella.handlers.params import Params, PassResult, selected
+from capella.core.queue import Queue
+from capella.handlers.params import Params
+from capella.handlers.queues import PassResult, QueueHandler
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,18 +27,9 @@ class FlushParams:
         return {"interval": self.interval}
 
 
-class FlushHandler:
+class FlushHandler(QueueHandler[FlushParams]):
     """Save what ``mark`` writes left in memory."""
 
-    def __init__(self, cluster: Cluster, queues: list[str], params: FlushParams) -> None:
-        self._cluster = cluster
-        self._queues = queues
-        self.params = params
-        self.interval = params.interval
-
-    async def run_once(self) -> PassResult:
-        result = PassResult()
-        for queue in selected(self._cluster, self._queues):
-            await queue.tick()
-            result += PassResult(items=1)
-        return result
+    async def run_queue(self, queue: Queue) -> PassResult:
+        await queue.tick()
+        return PassResult(items=1)

@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from capella.config import parse_duration, parse_size
-from capella.core.cluster import Cluster
-from capella.core.queue import Queue
-from capella.errors import InvalidConfig, InvalidRequest, QueueNotFound
+from capella.errors import InvalidConfig, InvalidRequest
 
 # The original API took durations in nanoseconds; no sane interval is 31,700 years of seconds.
 NANOSECOND_THRESHOLD = 10**12
-
-
-@dataclass(frozen=True, slots=True)
-class PassResult:
-    """What one pass did: items handled (blocks, queues) and bytes moved or freed."""
-
-    items: int = 0
-    bytes: int = 0
-
-    def __add__(self, other: PassResult) -> PassResult:
-        return PassResult(self.items + other.items, self.bytes + other.bytes)
 
 
 class Params:
@@ -84,26 +69,3 @@ def duration(value: object, field: str, *, positive: bool = True) -> float:
     if positive and seconds <= 0:
         raise InvalidRequest(f"{field} must be greater than 0", field=field)
     return seconds
-
-
-def queue_patterns(data: dict[str, Any], cluster: Cluster) -> list[str]:
-    """``queues`` (names or fnmatch patterns) from a definition; plain names must exist."""
-    raw = data.get("queues", [data["queue"]] if "queue" in data else None)
-    if not isinstance(raw, list) or not raw or not all(isinstance(q, str) and q for q in raw):
-        raise InvalidRequest("queues must be a non-empty list of queue names or patterns", field="queues")
-    for name in raw:
-        if not _is_pattern(name):
-            try:
-                cluster.queue(name)
-            except QueueNotFound:
-                raise InvalidRequest(f"queues: unknown queue {name!r}", field="queues") from None
-    return list(raw)
-
-
-def selected(cluster: Cluster, patterns: list[str]) -> list[Queue]:
-    """The queues a handler works on right now (queues created later match too)."""
-    return [q for q in cluster.queues() if any(fnmatch.fnmatchcase(q.name, p) for p in patterns)]
-
-
-def _is_pattern(name: str) -> bool:
-    return any(c in name for c in "*?[")

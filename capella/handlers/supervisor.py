@@ -31,7 +31,7 @@ from capella.errors import (
 from capella.handlers.archive import ArchiveHandler, ArchiveParams
 from capella.handlers.expire import ExpireHandler, ExpireParams
 from capella.handlers.flush import FlushHandler, FlushParams
-from capella.handlers.params import PassResult, queue_patterns, selected
+from capella.handlers.queues import PassResult, queue_patterns, selected
 from capella.handlers.unload import UnloadHandler, UnloadParams
 
 log = logging.getLogger(__name__)

@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from capella.core.cluster import Cluster
+from capella.core.queue import Queue
 from capella.errors import InvalidRequest
-from capella.handlers.params import Params, PassResult, selected
+from capella.handlers.params import Params
+from capella.handlers.queues import PassResult, QueueHandler
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,18 +36,8 @@ class UnloadParams:
         return {"interval": self.interval, "idle": self.idle, "age": self.age}
 
 
-class UnloadHandler:
+class UnloadHandler(QueueHandler[UnloadParams]):
     """Drop loaded block contents not read for ``idle`` seconds or sealed ``age`` seconds ago."""
 
-    def __init__(self, cluster: Cluster, queues: list[str], params: UnloadParams) -> None:
-        self._cluster = cluster
-        self._queues = queues
-        self.params = params
-        self.interval = params.interval
-
-    async def run_once(self) -> PassResult:
-        result = PassResult()
-        for queue in selected(self._cluster, self._queues):
-            blocks, size = queue.unload(idle=self.params.idle, age=self.params.age)
-            result += PassResult(blocks, size)
-        return result
+    async def run_queue(self, queue: Queue) -> PassResult:
+        return PassResult(*queue.unload(idle=self.params.idle, age=self.params.age))

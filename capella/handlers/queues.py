@@ -1,0 +1,85 @@
+"""Handlers that work queue by queue: which queues they select, and the per-queue pass.
+
+A handler names its queues by name or fnmatch pattern; a pass goes through the queues that
+match at that moment (so queues created later are picked up). One queue's failure does not
+stop the pass for the others; the pass still fails, naming each queue that failed.
+"""
+
+from __future__ import annotations
+
+import abc
+import fnmatch
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from capella.core.cluster import Cluster
+from capella.core.queue import Queue
+from capella.errors import CapellaError, InvalidRequest, QueueNotFound, StorageUnavailable
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    """What one pass did: items handled (blocks, queues) and bytes moved or freed."""
+
+    items: int = 0
+    bytes: int = 0
+
+    def __add__(self, other: PassResult) -> PassResult:
+        return PassResult(self.items + other.items, self.bytes + other.bytes)
+
+
+class HasInterval(Protocol):
+    @property
+    def interval(self) -> float: ...
+
+
+P = TypeVar("P", bound=HasInterval)
+
+
+class QueueHandler(abc.ABC, Generic[P]):
+    """One pass = ``run_queue`` for every selected queue."""
+
+    def __init__(self, cluster: Cluster, queues: list[str], params: P) -> None:
+        self._cluster = cluster
+        self._queues = queues
+        self.params = params
+        self.interval = params.interval
+
+    async def run_once(self) -> PassResult:
+        result = PassResult()
+        errors: list[str] = []
+        for queue in selected(self._cluster, self._queues):
+            try:
+                result += await self.run_queue(queue)
+            except CapellaError as exc:
+                errors.append(f"{queue.name}: {exc.message}")
+        if errors:
+            raise StorageUnavailable(f"{type(self).__name__}: " + "; ".join(errors))
+        return result
+
+    @abc.abstractmethod
+    async def run_queue(self, queue: Queue) -> PassResult:
+        """This handler's work on one queue."""
+
+
+def queue_patterns(data: dict[str, Any], cluster: Cluster) -> list[str]:
+    """``queues`` (names or fnmatch patterns) from a definition; plain names must exist."""
+    raw = data.get("queues", [data["queue"]] if "queue" in data else None)
+    if not isinstance(raw, list) or not raw or not all(isinstance(q, str) and q for q in raw):
+        raise InvalidRequest("queues must be a non-empty list of queue names or patterns", field="queues")
+    for name in raw:
+        if not _is_pattern(name):
+            try:
+                cluster.queue(name)
+            except QueueNotFound:
+                raise InvalidRequest(f"queues: unknown queue {name!r}", field="queues") from None
+    return list(raw)
+
+
+def selected(cluster: Cluster, patterns: list[str]) -> list[Queue]:
+    """The queues a handler works on right now (queues created later match too)."""
+    return [q for q in cluster.queues() if any(fnmatch.fnmatchcase(q.name, p) for p in patterns)]
+
+
+def _is_pattern(name: str) -> bool:
+    return any(c in name for c in "*?[")
