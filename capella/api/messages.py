@@ -37,6 +37,8 @@ from capella.errors import InvalidMessage, InvalidRequest, PayloadTooLarge, Queu
 # Seconds between SSE comment lines that keep proxies from closing an idle stream.
 HEARTBEAT = web.AppKey("heartbeat", float)
 HEARTBEAT_SECONDS = 15.0
+# How long a produce with ``replicas=N`` waits for them when it names no ``replica_timeout``.
+REPLICA_TIMEOUT = 10.0
 STREAM_BATCH = 1000
 HEADER_PREFIX = "capella-header-"
 MAX_SOURCE_BYTES = 255
@@ -67,8 +69,16 @@ async def produce(request: web.Request) -> web.Response:
         drafts = ndjson_drafts(body, settings)
     else:
         drafts = json_drafts(body, settings)
+    replicas = int_param(request, "replicas", 0, low=0, high=1000)
+    replica_wait = wait_param(request, "replica_timeout", REPLICA_TIMEOUT) if replicas else 0.0
     appended = await queue.append(drafts, save) if drafts else []
-    return json_response({"results": [{"id": a.id, "duplicate": a.duplicate} for a in appended]})
+    answer: dict[str, object] = {"results": [{"id": a.id, "duplicate": a.duplicate} for a in appended]}
+    if replicas and appended:
+        # A cross-datacenter receipt: wait until N replica subscriptions have passed the batch.
+        last = max(a.id for a in appended)
+        holders = await queue.wait_replicas(last, replicas, replica_wait)
+        answer["replicas"] = {"required": replicas, "count": len(holders), "subscriptions": holders}
+    return json_response(answer)
 
 
 def _body_kind(content_type: str | None) -> str:

@@ -241,7 +241,17 @@ SCHEMAS: dict[str, Any] = {
                     "required": ["id", "duplicate"],
                     "properties": {"id": MESSAGE_ID, "duplicate": {"type": "boolean"}},
                 },
-            }
+            },
+            "replicas": {
+                "type": "object",
+                "description": "with replicas=N: the replica subscriptions that have the batch",
+                "required": ["required", "count", "subscriptions"],
+                "properties": {
+                    "required": {"type": "integer"},
+                    "count": {"type": "integer"},
+                    "subscriptions": {"type": "array", "items": {"type": "string"}},
+                },
+            },
         },
     },
     "StoredMessage": {
@@ -499,6 +509,18 @@ PATHS: dict[str, Any] = {
                 **fails(400, 404, 408, 413),
             },
             SAVE,
+            param(
+                "replicas",
+                "query",
+                {"type": "integer", "minimum": 0, "maximum": 1000},
+                "wait until this many replica subscriptions have passed the batch (a receipt)",
+            ),
+            param(
+                "replica_timeout",
+                "query",
+                {"type": "string"},
+                "how long to wait for the replicas (seconds or a duration; default 10 s, at most max_wait)",
+            ),
             param(
                 "source",
                 "query",

@@ -80,17 +80,17 @@ def limit_param(request: web.Request, default: int = 100) -> int:
     return min(limit, request.app[SETTINGS].max_limit)
 
 
-def wait_param(request: web.Request) -> float:
-    """``wait``: seconds (or a duration such as ``"5s"``), capped at ``max_wait``."""
-    text = request.query.get("wait")
+def wait_param(request: web.Request, name: str = "wait", default: float = 0.0) -> float:
+    """``wait`` (or ``name``): seconds or a duration such as ``"5s"``, capped at ``max_wait``."""
+    text = request.query.get(name)
     if text is None or text == "":
-        return 0.0
+        return min(default, request.app[SETTINGS].max_wait)
     try:
-        seconds = parse_duration(float(text) if _is_number(text) else text, "wait")
+        seconds = parse_duration(float(text) if _is_number(text) else text, name)
     except InvalidConfig as exc:
-        raise InvalidRequest(exc.message, parameter="wait") from None
+        raise InvalidRequest(exc.message, parameter=name) from None
     if seconds != seconds:  # NaN
-        raise InvalidRequest("wait: expected a number of seconds", parameter="wait")
+        raise InvalidRequest(f"{name}: expected a number of seconds", parameter=name)
     return min(seconds, request.app[SETTINGS].max_wait)
 
 

@@ -202,6 +202,7 @@ class Queue:
         self._manifest_lock = asyncio.Lock()
         self._subs_lock = asyncio.Lock()
         self._arrived = asyncio.Event()
+        self._committed = asyncio.Event()  # set (and replaced) on every cursor change
         self._flush_wanted = asyncio.Event()
         self._seal_wanted = asyncio.Event()
         self._seal_done = asyncio.Event()
@@ -364,6 +365,7 @@ class Queue:
             return
         self._closing = True
         self._arrived.set()
+        self._committed.set()
         self._seal_done.set()
         flusher, sealer = self._tasks or (None, None)
         # The tasks stop on their own between steps; cancelling one mid-write would leave a
@@ -958,7 +960,23 @@ class Queue:
     def replicas(self, message_id: int) -> list[str]:
         return self._subs.replicas(message_id)
 
+    async def wait_replicas(self, message_id: int, count: int, timeout: float) -> list[str]:  # noqa: ASYNC109 (API parameter)
+        """The replica subscriptions past ``message_id`` once there are ``count``, or at ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(holders := self._subs.replicas(message_id)) < count and not self._closing:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            event = self._committed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await event.wait()
+        return holders
+
     async def _after_subscription_change(self, save: SaveMode) -> None:
+        self._committed.set()
+        self._committed = asyncio.Event()
         mode = save.resolve(self.definition.subscription_save)
         if mode is SaveMode.IMMEDIATE or mode is SaveMode.WAIT:
             await self._save_subscriptions()
