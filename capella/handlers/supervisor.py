@@ -27,8 +27,10 @@ from capella.errors import (
     InvalidConfig,
     InvalidRequest,
     KeyNotFound,
+    QueueNotFound,
 )
 from capella.handlers.archive import ArchiveHandler, ArchiveParams
+from capella.handlers.copy import CopyHandler, CopyParams
 from capella.handlers.expire import ExpireHandler, ExpireParams
 from capella.handlers.flush import FlushHandler, FlushParams
 from capella.handlers.queues import PassResult, queue_patterns, selected
@@ -67,11 +69,18 @@ def build(cluster: Cluster, kind: str, queues: list[str], raw: object) -> tuple[
         for queue in selected(cluster, [q for q in queues if not any(c in q for c in "*?[")]):
             archive.check_marks(queue)
         return archive, ArchiveHandler(cluster, queues, archive)
+    if kind == "copy":
+        copy = CopyParams.parse(raw)
+        try:
+            cluster.queue(copy.to)
+        except QueueNotFound:
+            raise InvalidRequest(f"params.to: unknown queue {copy.to!r}", field="params.to") from None
+        return copy, CopyHandler(cluster, queues, copy)
     if kind == "expire":
         expire = ExpireParams.parse(raw)
         return expire, ExpireHandler(cluster, queues, expire)
     raise InvalidRequest(
-        f"type: unknown handler type {kind!r} (known: archive, expire, flush, unload)", field="type"
+        f"type: unknown handler type {kind!r} (known: archive, copy, expire, flush, unload)", field="type"
     )
 
 
@@ -118,6 +127,7 @@ class HandlerState:
                 if self.last_error is None
                 else {"message": self.last_error[0], "time": self.last_error[1]},
                 "next_run": self.next_run if self.task is not None else None,
+                **(self.handler.status() if hasattr(self.handler, "status") else {}),
             },
         }
 
@@ -181,6 +191,9 @@ class Supervisor:
         kind = data.get("type")
         if not isinstance(kind, str):
             raise InvalidRequest("type is required: archive, expire, flush or unload", field="type")
+        if kind == "copy" and "queues" not in data and "queue" not in data:
+            source = data.get("params", {}).get("from") if isinstance(data.get("params"), dict) else None
+            data = {**data, "queues": [source] if isinstance(source, str) else None}
         queues = queue_patterns(data, self._cluster)
         params, handler = build(self._cluster, kind, queues, data.get("params"))
         started = data.get("started", True)
@@ -246,7 +259,11 @@ class Supervisor:
             await self._run_pass(state)
             interval = state.handler.interval
             # Back off after failures: interval, 2x, 4x ... up to an hour (or the interval).
-            delay = min(interval * 2 ** min(state.failures, 32), max(MAX_BACKOFF, interval))
+            if state.failures:
+                # Even a continuous handler (interval 0) waits a little after a failure.
+                delay = min(max(interval, 1.0) * 2 ** min(state.failures - 1, 32), max(MAX_BACKOFF, interval))
+            else:
+                delay = interval
 
     async def _run_pass(self, state: HandlerState) -> None:
         async with state.pass_lock:
