@@ -33,7 +33,7 @@ HANDLER_DURATION = {
         {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ns|us|ms|s|m|h|d)?\s*$"},
     ]
 }
-HANDLER_TYPES = ["flush", "unload", "archive", "expire"]
+HANDLER_TYPES = ["flush", "unload", "archive", "expire", "copy"]
 SIZE = {
     "oneOf": [
         {"type": "integer", "minimum": 0},
@@ -334,6 +334,7 @@ SCHEMAS: dict[str, Any] = {
                     ref("UnloadParams"),
                     ref("ArchiveParams"),
                     ref("ExpireParams"),
+                    ref("CopyParams"),
                 ],
             },
             "started": {"type": "boolean", "default": True},
@@ -394,6 +395,28 @@ SCHEMAS: dict[str, Any] = {
             "max_age": HANDLER_DURATION,
             "max_bytes": SIZE,
             "max_messages": {"type": "integer", "minimum": 1},
+        },
+    },
+    "CopyParams": {
+        "type": "object",
+        "required": ["to"],
+        "additionalProperties": False,
+        "properties": {
+            "from": {"type": "string", "description": "the source queue when the definition names no queues"},
+            "to": {"type": "string", "description": "the destination queue (local)"},
+            "subscription": {
+                "type": "string",
+                "description": "the cursor on each source (default copy-to-<to>)",
+            },
+            "interval": {**HANDLER_DURATION, "description": "pause between passes (default 0: continuous)"},
+            "batch": {"type": "integer", "minimum": 1},
+            "wait": {**HANDLER_DURATION, "description": "long-poll when caught up (default 2 s)"},
+            "segments": {
+                "type": "array",
+                "items": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
+            },
+            "save": {"type": "string", "enum": SAVE_MODES},
+            "commit_save": {"type": "string", "enum": SAVE_MODES},
         },
     },
     "HandlerStatus": {

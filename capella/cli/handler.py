@@ -11,7 +11,7 @@ import orjson
 from capella.cli.output import error, print_json, print_table
 from capella.client import Client
 
-TYPES = ("flush", "unload", "archive", "expire")
+TYPES = ("flush", "unload", "archive", "expire", "copy")
 
 
 def add_parser(
