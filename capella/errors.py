@@ -90,6 +90,12 @@ class HandlerNotFound(NotFound):
     code = "handler_not_found"
 
 
+class LinkNotFound(NotFound):
+    """No external cluster has this name."""
+
+    code = "cluster_not_found"
+
+
 class KeyNotFound(NotFound):
     """A storage key holds no value."""
 

@@ -19,6 +19,7 @@ from capella.api.app import create_app
 from capella.config import Config
 from capella.core.cluster import Cluster
 from capella.errors import InvalidConfig
+from capella.handlers.links import Links
 from capella.handlers.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ async def serve(config: Config) -> None:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     # Listen before recovering, so /healthz answers and /readyz says 503 while queues recover.
     cluster = Cluster.create(config)
-    supervisor = Supervisor(cluster)
+    supervisor = Supervisor(cluster, links=Links(cluster, key_file=config.data_dir / "keys" / "links.key"))
     app = create_app(cluster, config.server, supervisor)
     runner = web.AppRunner(
         app,

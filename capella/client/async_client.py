@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import logging
+import ssl as ssl_module
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal
@@ -17,6 +19,7 @@ from urllib.parse import quote
 
 import aiohttp
 import orjson
+import zstandard
 
 from capella import __version__
 from capella.client.message import MessageLike, Segments, segments_param, to_wire, with_payload
@@ -28,6 +31,8 @@ DEFAULT_URL = "http://127.0.0.1:8676"
 
 # The server sends an SSE comment every 15 s; four missed ones mean the connection is dead.
 STREAM_IDLE_TIMEOUT = 60.0
+# Request bodies below this size are sent as they are, even with compression on.
+COMPRESS_FROM = 1024
 STREAM_MAX_BACKOFF = 5.0
 # Answers that mean "the server is there but cannot serve right now": a stream retries them.
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
@@ -50,11 +55,24 @@ class AsyncClient:
         *,
         timeout: float = 30.0,
         session: aiohttp.ClientSession | None = None,
+        connect_timeout: float | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        ssl: ssl_module.SSLContext | bool | None = None,
+        compression: str | None = None,
     ) -> None:
+        if compression not in (None, "gzip", "zstd"):
+            raise ValueError(f"compression must be gzip or zstd, not {compression!r}")
         self.base_url = base_url.rstrip("/")
         self._timeout = timeout
+        self._connect_timeout = connect_timeout
         self._session = session
         self._owns_session = session is None
+        self._auth = aiohttp.BasicAuth(username, password or "") if username is not None else None
+        self._token = token
+        self._ssl = ssl
+        self._compression = compression
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -292,8 +310,21 @@ class AsyncClient:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(headers={"User-Agent": f"capella-client/{__version__}"})
+            headers = {"User-Agent": f"capella-client/{__version__}"}
+            if self._token is not None:
+                headers["Authorization"] = f"Bearer {self._token}"
+            connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
+            self._session = aiohttp.ClientSession(headers=headers, auth=self._auth, connector=connector)
         return self._session
+
+    def _compressed(self, data: bytes, headers: dict[str, str]) -> bytes:
+        # Small bodies are not worth it; large batches of JSON shrink several times.
+        if self._compression is None or len(data) < COMPRESS_FROM:
+            return data
+        headers["Content-Encoding"] = self._compression
+        if self._compression == "gzip":
+            return gzip.compress(data, compresslevel=5)
+        return zstandard.ZstdCompressor(level=3).compress(data)
 
     async def _call(
         self,
@@ -309,9 +340,9 @@ class AsyncClient:
         """Send one request; the decoded JSON answer, ``None`` for an empty one."""
         url = self.base_url + path
         if json is not None:
-            data = orjson.dumps(json)
             headers = {"Content-Type": "application/json"}
-        timeout = aiohttp.ClientTimeout(total=self._timeout + (wait or 0.0))
+            data = self._compressed(orjson.dumps(json), headers)
+        timeout = aiohttp.ClientTimeout(total=self._timeout + (wait or 0.0), connect=self._connect_timeout)
         try:
             async with self._http().request(
                 method, url, params=params, data=data, headers=headers, timeout=timeout

@@ -33,6 +33,7 @@ from capella.handlers.archive import ArchiveHandler, ArchiveParams
 from capella.handlers.copy import CopyHandler, CopyParams
 from capella.handlers.expire import ExpireHandler, ExpireParams
 from capella.handlers.flush import FlushHandler, FlushParams
+from capella.handlers.links import Links
 from capella.handlers.queues import PassResult, queue_patterns, selected
 from capella.handlers.unload import UnloadHandler, UnloadParams
 
@@ -135,14 +136,19 @@ class HandlerState:
 class Supervisor:
     """Owns every handler's loop and timing; the API and the CLI talk to it."""
 
-    def __init__(self, cluster: Cluster, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, cluster: Cluster, clock: Callable[[], float] = time.time, links: Links | None = None
+    ) -> None:
         self._cluster = cluster
         self._clock = clock
+        # External clusters that copy handlers reach as ``link/queue``.
+        self.links = links if links is not None else Links(cluster)
         self._states: dict[str, HandlerState] = {}
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
         """Load the persisted definitions and start the handlers that were started."""
+        await self.links.start()
         try:
             doc = orjson.loads(await self._cluster.home.get(REGISTRY_KEY))
             definitions: dict[str, Any] = doc["handlers"]
@@ -171,6 +177,7 @@ class Supervisor:
         """Stop every loop; the persisted ``started`` flags stay as they are."""
         for state in list(self._states.values()):
             await self._halt(state)
+        await self.links.close()
 
     def handlers(self) -> list[HandlerState]:
         return [self._states[name] for name in sorted(self._states)]
