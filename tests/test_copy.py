@@ -13,6 +13,7 @@ from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import InvalidRequest, StorageUnavailable
 from capella.handlers.copy import CopyHandler, CopyParams
+from capella.handlers.links import Links
 from capella.handlers.supervisor import Supervisor
 
 
@@ -32,7 +33,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
 
 
 def copier(cluster: Cluster, source: str, to: str, **params: object) -> CopyHandler:
-    return CopyHandler(cluster, [source], CopyParams.parse({"to": to, "wait": 0, **params}))
+    return CopyHandler(cluster, [source], CopyParams.parse({"to": to, "wait": 0, **params}), Links(cluster))
 
 
 async def all_messages(cluster: Cluster, name: str) -> list[tuple[str, int, bytes]]:
@@ -145,6 +146,7 @@ async def test_a_started_copy_follows_new_messages_and_serves_receipts(cluster: 
         ({}, "params.to"),
         ({"to": "nowhere"}, "params.to"),
         ({"to": "dc2/orders"}, "params.to"),
+        ({"to": "dc", "from": "a/b/c"}, "params.from"),
         ({"to": "dc", "batch": 0}, "params.batch"),
         ({"to": "dc", "segments": [[5, 1]]}, "params.segments"),
         ({"to": "dc", "save": "sometimes"}, None),

@@ -14,25 +14,31 @@ up it long-polls the source for ``wait`` seconds instead of sleeping a fixed tim
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import Any
+import base64
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from capella.client import AsyncClient
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
 from capella.core.message import Draft, SaveMode
 from capella.core.queue import Queue
-from capella.errors import InvalidRequest, SubscriptionNotFound
+from capella.errors import CapellaError, InvalidRequest, StorageUnavailable, SubscriptionNotFound
+from capella.handlers.links import Links
 from capella.handlers.params import Params
 from capella.handlers.queues import PassResult, QueueHandler
 
 # A pass with a long backlog ends after this long, so the status shows progress.
 PASS_SECONDS = 5.0
+_REF = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}/)?[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
 @dataclass(frozen=True, slots=True)
 class CopyParams:
     to: str
     subscription: str
+    source: str | None = None  # "cluster/queue" when the source is on an external cluster
     interval: float = 0.0
     batch: int = 1000
     wait: float = 2.0
@@ -47,17 +53,16 @@ class CopyParams:
             {"from", "to", "subscription", "interval", "batch", "wait", "segments", "save", "commit_save"},
         )
         to = params.raw("to")
-        if not isinstance(to, str) or not to:
-            raise InvalidRequest("params.to must name the destination queue", field="params.to")
-        if "/" in to or "/" in str(params.raw("from") or ""):
-            raise InvalidRequest(
-                "params.to: copying to or from an external cluster (cluster/queue) is not available yet",
-                field="params.to",
-            )
-        subscription = params.raw("subscription") or f"copy-to-{to}"
+        if not isinstance(to, str) or not _REF.fullmatch(to):
+            raise InvalidRequest("params.to must be a queue or cluster/queue", field="params.to")
+        source = params.raw("from")
+        if source is not None and (not isinstance(source, str) or not _REF.fullmatch(source)):
+            raise InvalidRequest("params.from must be a queue or cluster/queue", field="params.from")
+        subscription = params.raw("subscription") or f"copy-to-{to.replace('/', '.')}"
         check_name(str(subscription), "subscription")
         return cls(
             to=to,
+            source=source,
             subscription=str(subscription),
             interval=params.duration("interval", 0.0, positive=False) or 0.0,
             batch=params.integer("batch", 1000) or 1000,
@@ -69,6 +74,7 @@ class CopyParams:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "from": self.source,
             "to": self.to,
             "subscription": self.subscription,
             "interval": self.interval,
@@ -80,59 +86,177 @@ class CopyParams:
         }
 
 
-@dataclass(slots=True)
-class _Progress:
-    lag: dict[str, int] = field(default_factory=dict)
-
-
 class CopyHandler(QueueHandler[CopyParams]):
-    """Copy every selected queue into ``params.to``."""
+    """Copy every selected queue (or ``params.from`` on an external cluster) into ``params.to``."""
 
-    def __init__(self, cluster: Cluster, queues: list[str], params: CopyParams) -> None:
+    def __init__(self, cluster: Cluster, queues: list[str], params: CopyParams, links: Links) -> None:
         super().__init__(cluster, queues, params)
-        self._progress = _Progress()
+        self._links = links
+        self._lag: dict[str, int] = {}
 
     def status(self) -> dict[str, Any]:
         """Extra status: messages each source still has beyond the cursor."""
-        return {"lag": sum(self._progress.lag.values()), "lag_by_queue": dict(self._progress.lag)}
+        return {"lag": sum(self._lag.values()), "lag_by_queue": dict(self._lag)}
+
+    async def run_once(self) -> PassResult:
+        if self.params.source is not None and "/" in self.params.source:
+            link, _, name = self.params.source.partition("/")
+            try:
+                return await self._copy(_RemoteSource(self._links.client(link), name, self.params))
+            except CapellaError as exc:
+                raise StorageUnavailable(f"CopyHandler: {self.params.source}: {exc.message}") from None
+        return await super().run_once()
 
     async def run_queue(self, queue: Queue) -> PassResult:
+        return await self._copy(_LocalSource(queue, self.params))
+
+    async def _copy(self, source: _Source) -> PassResult:
         params = self.params
-        target = self._cluster.queue(params.to)
-        if target is queue:
-            raise InvalidRequest(f"queue {queue.name} cannot be copied into itself")
-        try:
-            cursor = queue.subscription(params.subscription).last_id
-        except SubscriptionNotFound:
-            cursor = 0
-        # The cursor is a replica subscription, so producers can ask for receipts.
-        await queue.commit(params.subscription, cursor, replica=True, save=params.commit_save)
+        target = self._destination()
+        if isinstance(source, _LocalSource) and target == ("", source.queue.name):
+            raise InvalidRequest(f"queue {source.queue.name} cannot be copied into itself")
+        cursor = await source.cursor()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PASS_SECONDS
         result = PassResult()
         waited = False
         while loop.time() < deadline:
-            page = await queue.read_after(cursor, params.batch, params.segments)
-            if page.messages:
-                drafts = [
-                    Draft(m.payload, m.source, m.external_id, m.external_time, m.segment, m.headers)
-                    for m in page.messages
-                ]
-                answers = await target.append(drafts, params.save)
-                # Count what the destination stored; repeats (dedup) are not copies.
-                stored = [m for m, a in zip(page.messages, answers, strict=True) if not a.duplicate]
-                result += PassResult(len(stored), sum(len(m.payload) for m in stored))
-            if page.last_id > cursor:
-                await queue.commit(params.subscription, page.last_id, save=params.commit_save)
-                cursor = page.last_id
-                self._progress.lag[queue.name] = queue.last_id - cursor
-                continue
-            self._progress.lag[queue.name] = queue.last_id - cursor
-            if waited or params.wait <= 0:
+            drafts, last_id, source_last = await source.read(cursor, wait=0.0)
+            if not drafts and last_id <= cursor and not waited and params.wait > 0:
+                # Caught up: long-poll the source instead of sleeping a fixed time.
+                drafts, last_id, source_last = await source.read(cursor, wait=params.wait)
+                waited = True
+            if drafts:
+                stored = await self._append(target, drafts)
+                result += PassResult(len(stored), sum(len(d.payload) for d in stored))
+            if last_id > cursor:
+                await source.commit(last_id)
+                cursor = last_id
+            self._lag[source.name] = max(0, source_last - cursor)
+            if last_id <= cursor and not drafts and waited:
                 break
-            await queue.wait_for(cursor, params.wait)
-            waited = True
+            if not drafts and last_id <= cursor and params.wait <= 0:
+                break
         return result
+
+    def _destination(self) -> tuple[str, str]:
+        link, _, name = self.params.to.rpartition("/")
+        return link, name
+
+    async def _append(self, target: tuple[str, str], drafts: list[Draft]) -> list[Draft]:
+        """Append as a dedup insert; answers the drafts the destination stored (not repeats)."""
+        link, name = target
+        if not link:
+            answers = await self._cluster.queue(name).append(drafts, self.params.save)
+            return [d for d, a in zip(drafts, answers, strict=True) if not a.duplicate]
+        client = self._links.client(link)
+        try:
+            results = await client.produce(
+                name, [_wire(d) for d in drafts], save=self.params.save.name.lower()
+            )
+        except CapellaError as exc:
+            raise StorageUnavailable(f"{self.params.to}: {exc.code}: {exc.message}") from None
+        return [d for d, r in zip(drafts, results, strict=True) if not r["duplicate"]]
+
+
+class _Source(Protocol):
+    name: str
+
+    async def cursor(self) -> int: ...
+
+    async def read(self, after: int, *, wait: float) -> tuple[list[Draft], int, int]:
+        """(drafts after ``after``, the id to continue after, the source's last id)."""
+        ...
+
+    async def commit(self, last_id: int) -> None: ...
+
+
+class _LocalSource:
+    def __init__(self, queue: Queue, params: CopyParams) -> None:
+        self.queue = queue
+        self.name = queue.name
+        self._params = params
+
+    async def cursor(self) -> int:
+        try:
+            cursor = self.queue.subscription(self._params.subscription).last_id
+        except SubscriptionNotFound:
+            cursor = 0
+        # The cursor is a replica subscription, so producers can ask for receipts.
+        await self.queue.commit(
+            self._params.subscription, cursor, replica=True, save=self._params.commit_save
+        )
+        return cursor
+
+    async def read(self, after: int, *, wait: float) -> tuple[list[Draft], int, int]:
+        if wait > 0:
+            await self.queue.wait_for(after, wait)
+        page = await self.queue.read_after(after, self._params.batch, self._params.segments)
+        drafts = [
+            Draft(m.payload, m.source, m.external_id, m.external_time, m.segment, m.headers)
+            for m in page.messages
+        ]
+        return drafts, page.last_id, self.queue.last_id
+
+    async def commit(self, last_id: int) -> None:
+        await self.queue.commit(self._params.subscription, last_id, save=self._params.commit_save)
+
+
+class _RemoteSource:
+    def __init__(self, client: AsyncClient, queue: str, params: CopyParams) -> None:
+        self._client = client
+        self._queue = queue
+        self.name = params.source or queue
+        self._params = params
+
+    async def cursor(self) -> int:
+        try:
+            cursor = int((await self._client.subscription(self._queue, self._params.subscription))["last_id"])
+        except SubscriptionNotFound:
+            cursor = 0
+        await self._client.commit(
+            self._queue,
+            self._params.subscription,
+            cursor,
+            replica=True,
+            save=self._params.commit_save.name.lower(),
+        )
+        return cursor
+
+    async def read(self, after: int, *, wait: float) -> tuple[list[Draft], int, int]:
+        segments = None if self._params.segments is None else list(self._params.segments)
+        page = await self._client.read(
+            self._queue, after=after, limit=self._params.batch, segments=segments, wait=wait or None
+        )
+        drafts = [
+            Draft(
+                m["payload"],
+                m["source"],
+                m["external_id"],
+                m["external_time"],
+                m["segment"],
+                m.get("headers") or {},
+            )
+            for m in page["messages"]
+        ]
+        last_id = int(page["last_id"])
+        return drafts, last_id, max(last_id, int(page.get("queue_last_id", last_id)))
+
+    async def commit(self, last_id: int) -> None:
+        await self._client.commit(
+            self._queue, self._params.subscription, last_id, save=self._params.commit_save.name.lower()
+        )
+
+
+def _wire(draft: Draft) -> dict[str, Any]:
+    return {
+        "data_b64": base64.b64encode(draft.payload).decode("ascii"),
+        "source": draft.source,
+        "external_id": draft.external_id,
+        "external_time": draft.external_time,
+        "segment": draft.segment,
+        "headers": draft.headers,
+    }
 
 
 def _segments(value: object) -> tuple[tuple[int, int], ...] | None:

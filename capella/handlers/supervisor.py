@@ -27,6 +27,7 @@ from capella.errors import (
     InvalidConfig,
     InvalidRequest,
     KeyNotFound,
+    LinkNotFound,
     QueueNotFound,
 )
 from capella.handlers.archive import ArchiveHandler, ArchiveParams
@@ -57,7 +58,9 @@ class HandlerParams(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-def build(cluster: Cluster, kind: str, queues: list[str], raw: object) -> tuple[HandlerParams, Handler]:
+def build(
+    cluster: Cluster, kind: str, queues: list[str], raw: object, links: Links
+) -> tuple[HandlerParams, Handler]:
     """Parse ``raw`` params for ``kind`` and build the handler (errors name the field)."""
     if kind == "flush":
         flush = FlushParams.parse(raw)
@@ -72,11 +75,15 @@ def build(cluster: Cluster, kind: str, queues: list[str], raw: object) -> tuple[
         return archive, ArchiveHandler(cluster, queues, archive)
     if kind == "copy":
         copy = CopyParams.parse(raw)
-        try:
-            cluster.queue(copy.to)
-        except QueueNotFound:
-            raise InvalidRequest(f"params.to: unknown queue {copy.to!r}", field="params.to") from None
-        return copy, CopyHandler(cluster, queues, copy)
+        for ref, what in ((copy.to, "to"), (copy.source, "from")):
+            if ref is None:
+                continue
+            link, _, name = ref.rpartition("/")
+            try:
+                links.link(link) if link else cluster.queue(name)
+            except (QueueNotFound, LinkNotFound) as exc:
+                raise InvalidRequest(f"params.{what}: {exc.message}", field=f"params.{what}") from None
+        return copy, CopyHandler(cluster, queues, copy, links)
     if kind == "expire":
         expire = ExpireParams.parse(raw)
         return expire, ExpireHandler(cluster, queues, expire)
@@ -158,7 +165,7 @@ class Supervisor:
             raise CorruptData(f"handler registry {REGISTRY_KEY} is not valid: {exc}") from None
         for name, d in sorted(definitions.items()):
             try:
-                params, handler = build(self._cluster, d["type"], list(d["queues"]), d["params"])
+                params, handler = build(self._cluster, d["type"], list(d["queues"]), d["params"], self.links)
             except CapellaError as exc:
                 # Keep the definition (a later save must not drop it); every pass reports why.
                 log.error("handler cannot be loaded handler=%s: %s", name, exc.message)
@@ -200,9 +207,16 @@ class Supervisor:
             raise InvalidRequest("type is required: archive, expire, flush or unload", field="type")
         if kind == "copy" and "queues" not in data and "queue" not in data:
             source = data.get("params", {}).get("from") if isinstance(data.get("params"), dict) else None
-            data = {**data, "queues": [source] if isinstance(source, str) else None}
-        queues = queue_patterns(data, self._cluster)
-        params, handler = build(self._cluster, kind, queues, data.get("params"))
+            if isinstance(source, str) and "/" in source:
+                # The source is on an external cluster: no local queue is selected.
+                queues: list[str] = [source]
+            else:
+                queues = queue_patterns(
+                    {**data, "queues": [source] if isinstance(source, str) else None}, self._cluster
+                )
+        else:
+            queues = queue_patterns(data, self._cluster)
+        params, handler = build(self._cluster, kind, queues, data.get("params"), self.links)
         started = data.get("started", True)
         if not isinstance(started, bool):
             raise InvalidRequest("started must be true or false", field="started")

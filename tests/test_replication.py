@@ -1,0 +1,139 @@
+"""Copy handlers between two real clusters, each behind its own HTTP server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from capella.api import create_app
+from capella.config import ServerSettings, parse_config
+from capella.core.cluster import Cluster
+from capella.core.message import Draft, SaveMode
+from capella.handlers.supervisor import Supervisor
+
+
+@dataclass
+class Node:
+    cluster: Cluster
+    supervisor: Supervisor
+    url: str
+
+
+@pytest.fixture
+async def nodes(
+    tmp_path: Path, aiohttp_server: Callable[[web.Application], Awaitable[TestServer]]
+) -> AsyncIterator[dict[str, Node]]:
+    made: dict[str, Node] = {}
+    for name in ("edge", "dc"):
+        config = parse_config(
+            {
+                "cluster": {"name": name, "data_dir": str(tmp_path / name)},
+                "queue_defaults": {"limits": {"max_count": 40}},
+            },
+            {},
+            base=tmp_path,
+        )
+        cluster = await Cluster.open(config)
+        supervisor = Supervisor(cluster)
+        await supervisor.start()
+        server = await aiohttp_server(create_app(cluster, ServerSettings(), supervisor))
+        made[name] = Node(cluster, supervisor, str(server.make_url("")).rstrip("/"))
+    for node in made.values():
+        for other_name, other in made.items():
+            if other is not node:
+                await node.supervisor.links.put(other_name, {"url": other.url})
+    yield made
+    for node in made.values():
+        await node.supervisor.close()
+        await node.cluster.close()
+
+
+async def stored(node: Node, queue: str) -> list[tuple[str, int, bytes]]:
+    page = await node.cluster.queue(queue).read_after(0, 10_000)
+    return [(m.source, m.external_id, m.payload) for m in page.messages]
+
+
+async def test_edge_to_datacenter_then_back_without_duplicates_or_loops(nodes: dict[str, Node]) -> None:
+    edge, dc = nodes["edge"], nodes["dc"]
+    await edge.cluster.put_queue("events", {})
+    await dc.cluster.put_queue("events", {})
+    await edge.cluster.queue("events").append([Draft(f"e{i}".encode()) for i in range(100)], SaveMode.WAIT)
+    await dc.cluster.queue("events").append([Draft(f"d{i}".encode()) for i in range(30)], SaveMode.WAIT)
+
+    push = {"type": "copy", "queues": ["events"], "params": {"to": "dc/events", "wait": 0}, "started": False}
+    pull = {"type": "copy", "params": {"from": "dc/events", "to": "events", "wait": 0}, "started": False}
+    await edge.supervisor.put("push", push)
+    await edge.supervisor.put("pull", pull)
+    for _ in range(3):
+        for name in ("push", "pull"):
+            state = await edge.supervisor.run_now(name)
+            assert state.last_error is None, state.last_error
+    edge_events, dc_events = await stored(edge, "events"), await stored(dc, "events")
+    assert sorted(edge_events) == sorted(dc_events)
+    assert len(edge_events) == 130 == len(set(edge_events))
+    # Per-source order is kept on both sides.
+    for events in (edge_events, dc_events):
+        assert [e for e in events if e[0] == "edge"] == [
+            ("edge", i + 1, f"e{i}".encode()) for i in range(100)
+        ]
+    # Quiet: further passes store nothing.
+    before = (len(await stored(edge, "events")), len(await stored(dc, "events")))
+    for name in ("push", "pull"):
+        await edge.supervisor.run_now(name)
+    assert (len(await stored(edge, "events")), len(await stored(dc, "events"))) == before == (130, 130)
+    # The cursor on the datacenter side is a replica subscription there.
+    remote_cursor = dc.cluster.queue("events").subscription("copy-to-events")
+    assert remote_cursor.replica and remote_cursor.last_id == dc.cluster.queue("events").last_id
+
+
+async def test_a_missing_remote_queue_shows_in_the_status_and_copying_resumes(nodes: dict[str, Node]) -> None:
+    edge, dc = nodes["edge"], nodes["dc"]
+    await edge.cluster.put_queue("events", {})
+    await edge.cluster.queue("events").append([Draft(b"kept")], SaveMode.WAIT)
+    await edge.supervisor.put(
+        "push",
+        {"type": "copy", "queues": ["events"], "params": {"to": "dc/events", "wait": 0}, "started": False},
+    )
+    state = await edge.supervisor.run_now("push")
+    assert state.last_error is not None and "queue_not_found" in state.last_error[0]
+    assert edge.cluster.queue("events").subscription("copy-to-dc.events").last_id == 0
+    await dc.cluster.put_queue("events", {})
+    state = await edge.supervisor.run_now("push")
+    assert state.last_error is None and state.items == 1
+    assert await stored(dc, "events") == [("edge", 1, b"kept")]
+
+
+async def test_an_unreachable_cluster_is_an_error_and_nothing_is_lost(nodes: dict[str, Node]) -> None:
+    edge, dc = nodes["edge"], nodes["dc"]
+    await edge.cluster.put_queue("events", {})
+    await dc.cluster.put_queue("events", {})
+    await edge.supervisor.links.put("gone", {"url": "http://127.0.0.1:9", "connect_timeout": 1, "timeout": 2})
+    await edge.supervisor.put(
+        "push",
+        {"type": "copy", "queues": ["events"], "params": {"to": "gone/events", "wait": 0}, "started": False},
+    )
+    await edge.cluster.queue("events").append([Draft(b"x")], SaveMode.WAIT)
+    state = await edge.supervisor.run_now("push")
+    assert state.last_error is not None and "unreachable" in state.last_error[0]
+    assert edge.cluster.queue("events").subscription("copy-to-gone.events").last_id == 0
+    await edge.supervisor.links.put("gone", {"url": dc.url})
+    state = await edge.supervisor.run_now("push")
+    assert state.last_error is None and await stored(dc, "events") == [("edge", 1, b"x")]
+
+
+async def test_a_started_copy_delivers_a_receipt_to_the_producer(nodes: dict[str, Node]) -> None:
+    edge, dc = nodes["edge"], nodes["dc"]
+    await edge.cluster.put_queue("events", {})
+    await dc.cluster.put_queue("events", {})
+    await edge.supervisor.put("push", {"type": "copy", "queues": ["events"], "params": {"to": "dc/events"}})
+    answers = await edge.cluster.queue("events").append([Draft(b"important")], SaveMode.WAIT)
+    holders = await edge.cluster.queue("events").wait_replicas(answers[0].id, 1, 5.0)
+    assert holders == ["copy-to-dc.events"]
+    await asyncio.sleep(0)
+    assert await stored(dc, "events") == [("edge", 1, b"important")]
