@@ -154,3 +154,9 @@ class Unreachable(CapellaError):
     """The server could not be reached, or did not answer in time."""
 
     code = "unreachable"
+
+
+class NotEnoughReplicas(CapellaError):
+    """Fewer clusters than required acknowledged an M-of-K write."""
+
+    code = "not_enough_replicas"

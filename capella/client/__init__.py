@@ -11,13 +11,23 @@ async with AsyncClient("http://127.0.0.1:8676") as client:
 
 Messages read back are the server's StoredMessage dicts plus ``payload`` (the payload as
 ``bytes``). Errors are the ``capella.errors`` classes the server names by code;
-``Unreachable`` means no answer came.
+``Unreachable`` means no answer came. ``MultiWriter`` stores each batch on M of K clusters.
 """
 
 from __future__ import annotations
 
 from capella.client.async_client import DEFAULT_URL, AsyncClient, error_from_answer
 from capella.client.message import MessageLike, Segments
+from capella.client.multi import MultiWriter, Receipt
 from capella.client.sync_client import Client
 
-__all__ = ["DEFAULT_URL", "AsyncClient", "Client", "MessageLike", "Segments", "error_from_answer"]
+__all__ = [
+    "DEFAULT_URL",
+    "AsyncClient",
+    "Client",
+    "MessageLike",
+    "MultiWriter",
+    "Receipt",
+    "Segments",
+    "error_from_answer",
+]
