@@ -230,6 +230,110 @@ def test_a_failed_run_exits_1_with_the_error(run: Run, client: Client) -> None:
     client.drop_handler("cli-fail")
 
 
+# --- cluster -----------------------------------------------------------------------------
+
+
+def test_a_cluster_is_added_listed_shown_pinged_and_dropped(run: Run, server_process: ServerProcess) -> None:
+    secret = "cli-t0ken-never-shown"
+    # The test server links to itself: a real Capella server on the far side.
+    code, out, _ = run("cluster", "add", "cli-self", "--url", server_process.url, "--token", secret)
+    assert (code, out) == (0, "cluster cli-self saved\n")
+
+    code, out, _ = run("cluster", "list")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split() == ["NAME", "URL", "CREDENTIALS", "SOURCE", "COMPRESSION"]
+    row = next(r for r in rows if r.startswith("cli-self "))
+    assert row.split() == ["cli-self", server_process.url, "token", "stored", "encrypted", "none"]
+
+    code, out, _ = run("cluster", "show", "cli-self", "--json")
+    info = json.loads(out)
+    assert (code, info["url"]) == (0, server_process.url)
+    assert info["credentials"] == {"kind": "token", "username": None, "source": "stored encrypted"}
+
+    code, out, err = run("cluster", "ping", "cli-self")
+    assert (code, err) == (0, "")
+    assert out.startswith("cluster cli-self ok: ") and out.endswith(" ms\n")
+
+    outputs = [run("cluster", "list", "--json")[1], run("cluster", "show", "cli-self")[1]]
+    registry = server_process.data_dir / "queues" / ".capella" / "clusters.json"
+    for text in [*outputs, server_process.log(), registry.read_text()]:
+        assert "cli-self" in text
+        assert secret not in text
+
+    assert run("cluster", "drop", "cli-self", "--yes") == (0, "cluster cli-self dropped\n", "")
+    code, _, err = run("cluster", "show", "cli-self")
+    assert code == 1
+    assert err.startswith("capella: cluster_not_found: ")
+
+
+def test_cluster_add_passes_every_option(run: Run, tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("kept as a path\n")
+
+    code, out, _ = run(
+        "--json", "cluster", "add", "cli-opts", "--url", "https://dc2.example.com:8676",
+        "--username", "copier", "--password-env", "DC2_PASSWORD", "--no-verify-tls",
+        "--ca-file", str(ca), "--timeout", "45s", "--connect-timeout", "2", "--compression", "zstd",
+    )  # fmt: skip
+
+    assert code == 0
+    assert json.loads(out) == {
+        "name": "cli-opts",
+        "url": "https://dc2.example.com:8676",
+        "credentials": {"kind": "password", "username": "copier", "source": "env:DC2_PASSWORD"},
+        "tls": {"verify": False, "ca_file": str(ca)},
+        "timeouts": {"connect": 2.0, "request": 45.0},
+        "compression": "zstd",
+    }
+    code, out, _ = run("cluster", "list")
+    row = next(r for r in out.splitlines() if r.startswith("cli-opts "))
+    assert row.split()[2:] == ["password", "(copier)", "env:DC2_PASSWORD", "zstd"]
+    assert run("cluster", "drop", "cli-opts", "--yes")[0] == 0
+
+
+def test_a_failed_cluster_ping_exits_1_with_the_error(run: Run) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    run("cluster", "add", "cli-gone", "--url", url, "--connect-timeout", "1s")
+
+    code, out, err = run("cluster", "ping", "cli-gone")
+
+    assert (code, out) == (1, "")
+    assert err.startswith("capella: cluster cli-gone: unreachable: ") and url in err
+
+    code, out, _ = run("cluster", "ping", "cli-gone", "--json")
+    assert code == 1
+    assert json.loads(out)["error"]["code"] == "unreachable"
+
+    run("cluster", "add", "cli-noenv", "--url", url, "--username", "u", "--password-env", "CAPELLA_CLI_UNSET")
+    code, _, err = run("cluster", "ping", "cli-noenv")
+    assert code == 1
+    assert "invalid_config" in err and "CAPELLA_CLI_UNSET is not set" in err
+    for name in ("cli-gone", "cli-noenv"):
+        run("cluster", "drop", name, "--yes")
+
+
+def test_cluster_errors_are_clean(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, err = run("cluster", "add", "cli-bad", "--url", "http://a", "--ca-file", "/no/such.pem")
+    assert (code, out) == (1, "")
+    assert err.startswith("capella: invalid_request: ca_file: no such file")
+
+    code, _, err = run("cluster", "add", "cli-bad", "--url", "http://a", "--password", "p")
+    assert code == 1 and "a password needs a username" in err
+
+    assert run("cluster", "add", "cli-bad", "--url", "http://a", "--token", "t", "--token-env", "T")[0] == 2
+    assert run("cluster", "add", "cli-bad", "--url", "http://a", "--compression", "lz4")[0] == 2
+    assert run("cluster", "add", "cli-bad")[0] == 2
+    assert run("cluster", "ping", "cli-nothing")[0] == 1
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    run("cluster", "add", "cli-keep", "--url", "http://a")
+    code, _, err = run("cluster", "drop", "cli-keep")
+    assert code == 2 and "--yes" in err
+    assert run("cluster", "show", "cli-keep")[0] == 0
+    run("cluster", "drop", "cli-keep", "--yes")
+
+
 # --- produce -----------------------------------------------------------------------------
 
 

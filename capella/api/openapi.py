@@ -34,6 +34,8 @@ HANDLER_DURATION = {
     ]
 }
 HANDLER_TYPES = ["flush", "unload", "archive", "expire", "copy"]
+COMPRESSIONS = ["none", "gzip", "zstd"]
+ENV_NAME = {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"}
 SIZE = {
     "oneOf": [
         {"type": "integer", "minimum": 0},
@@ -71,6 +73,7 @@ def param(
 QUEUE = param("queue", "path", {"type": "string", "pattern": NAME_PATTERN}, "Queue name")
 SUBSCRIPTION = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "Subscription name")
 HANDLER = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "Handler name")
+CLUSTER = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "External cluster name")
 SAVE = param("save", "query", {"type": "string", "enum": SAVE_MODES}, "Save mode (default: the queue's)")
 AFTER = param("after", "query", MESSAGE_ID, "Return messages with an id greater than this")
 LIMIT = param(
@@ -453,12 +456,98 @@ SCHEMAS: dict[str, Any] = {
         "required": ["handlers"],
         "properties": {"handlers": {"type": "array", "items": ref("HandlerInfo")}},
     },
+    "ClusterDefinition": {
+        "type": "object",
+        "required": ["url"],
+        "description": "at most one of password, password_env, token and token_env; "
+        "a password (stored or from the environment) needs a username",
+        "additionalProperties": False,
+        "properties": {
+            "url": {"type": "string", "pattern": r"^https?://[^\s/@]+(/\S*)?$"},
+            "username": {"type": "string", "minLength": 1},
+            "password": {
+                "type": "string",
+                "minLength": 1,
+                "writeOnly": True,
+                "description": "stored encrypted with the server's key; never shown again",
+            },
+            "password_env": {**ENV_NAME, "description": "the variable the server reads it from"},
+            "token": {
+                "type": "string",
+                "minLength": 1,
+                "writeOnly": True,
+                "description": "a bearer token, stored encrypted; never shown again",
+            },
+            "token_env": {**ENV_NAME, "description": "the variable the server reads it from"},
+            "verify_tls": {"type": "boolean", "default": True},
+            "ca_file": {"type": "string", "description": "a PEM file on the server that exists"},
+            "connect_timeout": {**HANDLER_DURATION, "description": "default 5 s"},
+            "timeout": {**HANDLER_DURATION, "description": "per request; default 30 s"},
+            "compression": {
+                "type": "string",
+                "enum": COMPRESSIONS,
+                "default": "none",
+                "description": "Content-Encoding of request bodies of 1 KiB or more",
+            },
+        },
+    },
+    "ClusterInfo": {
+        "type": "object",
+        "description": "a link as shown: never its password or token",
+        "required": ["name", "url", "credentials", "tls", "timeouts", "compression"],
+        "properties": {
+            "name": {"type": "string"},
+            "url": {"type": "string"},
+            "credentials": {
+                "type": ["object", "null"],
+                "required": ["kind", "username", "source"],
+                "properties": {
+                    "kind": {"type": "string", "enum": ["password", "token"]},
+                    "username": {"type": ["string", "null"]},
+                    "source": {
+                        "type": "string",
+                        "description": "env:<VARIABLE> or stored encrypted",
+                    },
+                },
+            },
+            "tls": {
+                "type": "object",
+                "required": ["verify", "ca_file"],
+                "properties": {"verify": {"type": "boolean"}, "ca_file": {"type": ["string", "null"]}},
+            },
+            "timeouts": {
+                "type": "object",
+                "required": ["connect", "request"],
+                "properties": {"connect": {"type": "number"}, "request": {"type": "number"}},
+            },
+            "compression": {"type": "string", "enum": COMPRESSIONS},
+        },
+    },
+    "ClusterList": {
+        "type": "object",
+        "required": ["clusters"],
+        "properties": {"clusters": {"type": "array", "items": ref("ClusterInfo")}},
+    },
+    "ClusterPing": {
+        "type": "object",
+        "required": ["ok", "error"],
+        "properties": {
+            "ok": {"type": "boolean", "description": "reached, ready, and the credentials accepted"},
+            "ready": {"type": "boolean"},
+            "latency_ms": {"type": "number", "description": "both calls, in milliseconds"},
+            "error": {
+                "type": ["object", "null"],
+                "required": ["code", "message"],
+                "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
     "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
 }
 
 _ERROR_TEXT = {
     400: "invalid_request, invalid_message (with index), invalid_name, invalid_save_mode, invalid_config",
-    404: "not_found, queue_not_found, subscription_not_found, handler_not_found",
+    404: "not_found, queue_not_found, subscription_not_found, handler_not_found, cluster_not_found",
     405: "method_not_allowed",
     408: "request_timeout: the body did not arrive within the read deadline",
     409: "already_exists, conflict",
@@ -734,6 +823,49 @@ PATHS: dict[str, Any] = {
             "Run one pass now, started or not; answers after it",
             {"200": answer("The handler after the pass", ref("HandlerInfo")), **fails(404)},
             tag="handlers",
+        ),
+    },
+    "/v1/clusters": {
+        "get": operation(
+            "listClusters",
+            "List external clusters, sorted by name (no secrets)",
+            {"200": answer("External clusters", ref("ClusterList")), **fails()},
+            tag="clusters",
+        ),
+    },
+    "/v1/clusters/{name}": {
+        "parameters": [CLUSTER],
+        "put": operation(
+            "putCluster",
+            "Register (201) or replace (200) an external cluster",
+            {
+                "200": answer("Replaced", ref("ClusterInfo")),
+                "201": answer("Created", ref("ClusterInfo")),
+                **fails(400, 408, 413),
+            },
+            body={"required": True, "content": json_content(ref("ClusterDefinition"))},
+            tag="clusters",
+        ),
+        "get": operation(
+            "getCluster",
+            "Describe an external cluster (no secrets)",
+            {"200": answer("The cluster", ref("ClusterInfo")), **fails(404)},
+            tag="clusters",
+        ),
+        "delete": operation(
+            "dropCluster",
+            "Forget an external cluster and its stored secret",
+            {"204": answer("Dropped"), **fails(404)},
+            tag="clusters",
+        ),
+    },
+    "/v1/clusters/{name}/ping": {
+        "parameters": [CLUSTER],
+        "post": operation(
+            "pingCluster",
+            "Reach the cluster's /readyz and one authenticated call; a failure is ok false, not 5xx",
+            {"200": answer("What happened", ref("ClusterPing")), **fails(404)},
+            tag="clusters",
         ),
     },
     "/healthz": {

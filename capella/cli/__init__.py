@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from capella import __version__
-from capella.cli import data, handler, queue, serve
+from capella.cli import cluster, data, handler, queue, serve
 from capella.cli.output import error
 from capella.client import DEFAULT_URL, Client
 from capella.errors import CapellaError, Unreachable
@@ -74,6 +74,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_parser(commands)
     queue.add_parser(commands, common)
     handler.add_parser(commands, common)
+    cluster.add_parser(commands, common)
     data.add_parsers(commands, common)
     return root
 

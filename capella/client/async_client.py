@@ -8,6 +8,7 @@ raises. A server that cannot be reached, or does not answer in time, raises ``Un
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import gzip
 import logging
@@ -69,8 +70,7 @@ class AsyncClient:
         self._connect_timeout = connect_timeout
         self._session = session
         self._owns_session = session is None
-        self._auth = aiohttp.BasicAuth(username, password or "") if username is not None else None
-        self._token = token
+        self._authorization = _authorization(username, password, token)
         self._ssl = ssl
         self._compression = compression
 
@@ -290,6 +290,28 @@ class AsyncClient:
         """One pass now (also for a stopped handler); the handler as it is after the pass."""
         return dict(await self._call("POST", _handler_path(name, "run")))
 
+    # --- external clusters -------------------------------------------------------------
+
+    async def put_cluster(self, name: str, **fields: Any) -> dict[str, Any]:
+        """Register or replace an external cluster; ``fields`` are the PUT fields (url, token_env...).
+
+        The answer never holds the password or token, only where it comes from.
+        """
+        return dict(await self._call("PUT", _cluster_path(name), json=fields))
+
+    async def clusters(self) -> list[dict[str, Any]]:
+        return list((await self._call("GET", "/v1/clusters"))["clusters"])
+
+    async def cluster(self, name: str) -> dict[str, Any]:
+        return dict(await self._call("GET", _cluster_path(name)))
+
+    async def drop_cluster(self, name: str) -> None:
+        await self._call("DELETE", _cluster_path(name))
+
+    async def ping_cluster(self, name: str) -> dict[str, Any]:
+        """``{"ok", "ready", "latency_ms", "error"}``: a failed ping is an answer, not an error."""
+        return dict(await self._call("POST", _cluster_path(name, "ping")))
+
     # --- operations ------------------------------------------------------------------
 
     async def health(self) -> dict[str, Any]:
@@ -311,10 +333,10 @@ class AsyncClient:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             headers = {"User-Agent": f"capella-client/{__version__}"}
-            if self._token is not None:
-                headers["Authorization"] = f"Bearer {self._token}"
+            if self._authorization is not None:
+                headers["Authorization"] = self._authorization
             connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
-            self._session = aiohttp.ClientSession(headers=headers, auth=self._auth, connector=connector)
+            self._session = aiohttp.ClientSession(headers=headers, connector=connector)
         return self._session
 
     def _compressed(self, data: bytes, headers: dict[str, str]) -> bytes:
@@ -468,6 +490,16 @@ def error_from_answer(status: int, body: bytes) -> CapellaError:
     return cls(message, **details)
 
 
+def _authorization(username: str | None, password: str | None, token: str | None) -> str | None:
+    # Built by hand: aiohttp 3.14 deprecates BasicAuth, and its replacement is not in 3.10.
+    if token is not None:
+        return f"Bearer {token}"
+    if username is not None:
+        pair = f"{username}:{password or ''}".encode()
+        return "Basic " + base64.b64encode(pair).decode("ascii")
+    return None
+
+
 def _unreachable(url: str, exc: BaseException, timeout: float) -> Unreachable:
     reason = str(exc) or f"no answer within {timeout:g}s"
     return Unreachable(f"cannot reach {url}: {reason}", url=url)
@@ -513,3 +545,7 @@ def _subscription_path(queue: str, name: str, *rest: str) -> str:
 
 def _handler_path(name: str, *rest: str) -> str:
     return "/".join(("/v1/handlers", quote(name, safe=""), *rest))
+
+
+def _cluster_path(name: str, *rest: str) -> str:
+    return "/".join(("/v1/clusters", quote(name, safe=""), *rest))

@@ -202,6 +202,23 @@ class Client:
     def run_handler(self, name: str) -> dict[str, Any]:
         return self._run(self._client.run_handler(name))
 
+    # --- external clusters -------------------------------------------------------------
+
+    def put_cluster(self, name: str, **fields: Any) -> dict[str, Any]:
+        return self._run(self._client.put_cluster(name, **fields))
+
+    def clusters(self) -> list[dict[str, Any]]:
+        return self._run(self._client.clusters())
+
+    def cluster(self, name: str) -> dict[str, Any]:
+        return self._run(self._client.cluster(name))
+
+    def drop_cluster(self, name: str) -> None:
+        self._run(self._client.drop_cluster(name))
+
+    def ping_cluster(self, name: str) -> dict[str, Any]:
+        return self._run(self._client.ping_cluster(name))
+
     # --- operations ------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:

@@ -196,6 +196,9 @@ class Links:
         url = data.get("url")
         if not isinstance(url, str) or not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", url):
             raise InvalidRequest("url must be an http:// or https:// URL", field="url")
+        if "@" in url.split("/")[2]:
+            # The URL is shown and logged: credentials go in username/password, never in it.
+            raise InvalidRequest("url must not hold credentials: give username and password", field="url")
         secrets = [k for k in ("password", "password_env", "token", "token_env") if data.get(k) is not None]
         if len(secrets) > 1:
             raise InvalidRequest(f"give only one of {', '.join(secrets)}", field=secrets[1])
@@ -302,6 +305,9 @@ def _ssl_for(link: Link) -> ssl.SSLContext | bool | None:
         return None
     if not link.verify_tls:
         return False
-    context = ssl.create_default_context(cafile=link.ca_file)
+    try:
+        context = ssl.create_default_context(cafile=link.ca_file)
+    except OSError as exc:  # ssl.SSLError too: the file went away or holds no certificate
+        raise InvalidConfig(f"cluster {link.name}: ca_file {link.ca_file!r} cannot be used: {exc}") from None
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context

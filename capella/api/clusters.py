@@ -1,0 +1,53 @@
+"""External clusters: register (PUT), describe (GET), list, drop (DELETE), and ping one.
+
+No answer holds a password or token: a link is shown by ``Link.public_dict()``, which says
+only what kind of credential it has and where it comes from.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from capella.api.handlers import supervisor
+from capella.api.request import json_response, read_object
+from capella.handlers.links import Links
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/v1/clusters", list_clusters)
+    router.add_put("/v1/clusters/{name}", put_cluster)
+    router.add_get("/v1/clusters/{name}", get_cluster)
+    router.add_delete("/v1/clusters/{name}", drop_cluster)
+    router.add_post("/v1/clusters/{name}/ping", ping_cluster)
+
+
+async def list_clusters(request: web.Request) -> web.Response:
+    return json_response({"clusters": [link.public_dict() for link in links(request).links()]})
+
+
+async def put_cluster(request: web.Request) -> web.Response:
+    data = await read_object(request)
+    link, created = await links(request).put(request.match_info["name"], data)
+    return json_response(link.public_dict(), 201 if created else 200)
+
+
+async def get_cluster(request: web.Request) -> web.Response:
+    return json_response(links(request).link(request.match_info["name"]).public_dict())
+
+
+async def drop_cluster(request: web.Request) -> web.Response:
+    await links(request).drop(request.match_info["name"])
+    return web.Response(status=204)
+
+
+async def ping_cluster(request: web.Request) -> web.Response:
+    """200 whatever the far side did: ``ok`` and ``error`` say how it went."""
+    registry = links(request)
+    name = request.match_info["name"]
+    registry.link(name)  # an unknown name is a 404, not a failed ping
+    return json_response(await registry.ping(name))
+
+
+def links(request: web.Request) -> Links:
+    # The registry is loaded with the handlers, after the queues: until then, answer 503.
+    return supervisor(request).links
