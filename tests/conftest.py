@@ -26,6 +26,23 @@ from capella.core.cluster import Cluster
 from capella.handlers.supervisor import Supervisor
 from capella.storage import Storage, open_storage
 
+# --- time ------------------------------------------------------------------------------
+# Core code takes its clock as a parameter; tests move this one by hand instead of sleeping.
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
 # --- storage -----------------------------------------------------------------------------
 
 # Every provider runs the same suite; "s3" runs against a moto server on 127.0.0.1 (see the

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Clock
 
 from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
@@ -18,14 +19,6 @@ from capella.handlers.expire import ExpireHandler, ExpireParams
 from capella.handlers.flush import FlushHandler, FlushParams
 from capella.handlers.supervisor import Supervisor
 from capella.handlers.unload import UnloadHandler, UnloadParams
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_config(tmp_path: Path) -> Config:
@@ -46,11 +39,6 @@ def make_config(tmp_path: Path) -> Config:
         {},
         base=tmp_path,
     )
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @pytest.fixture

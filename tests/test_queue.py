@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Clock
 
 from capella.config import Config, parse_config
 from capella.core import queue as queue_module
@@ -24,14 +25,6 @@ from capella.errors import (
 )
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def make_config(tmp_path: Path, **queue_defaults: Any) -> Config:
     return parse_config(
         {
@@ -42,11 +35,6 @@ def make_config(tmp_path: Path, **queue_defaults: Any) -> Config:
         {},
         base=tmp_path,
     )
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @pytest.fixture
