@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl as ssl_module
 import threading
 from collections.abc import AsyncGenerator, Coroutine, Iterable, Iterator, Mapping
 from types import TracebackType
@@ -30,11 +31,32 @@ class Client:
     iterator. A ``KeyboardInterrupt`` while a call waits also cancels the request.
     """
 
-    def __init__(self, base_url: str = DEFAULT_URL, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        timeout: float = 30.0,
+        connect_timeout: float | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        ssl: ssl_module.SSLContext | bool | None = None,
+        compression: str | None = None,
+    ) -> None:
+        """The same options as ``AsyncClient`` (auth, TLS, request compression)."""
+        self._client = AsyncClient(
+            base_url,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            username=username,
+            password=password,
+            token=token,
+            ssl=ssl,
+            compression=compression,
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="capella-client", daemon=True)
         self._thread.start()
-        self._client = AsyncClient(base_url, timeout=timeout)
         self._closed = False
 
     @property
