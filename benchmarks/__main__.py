@@ -15,7 +15,18 @@ from typing import Any
 
 import orjson
 
-from benchmarks import disk, latency, machine, memory, produce, read, tiers_archive, tiers_memory, tiers_read
+from benchmarks import (
+    disk,
+    latency,
+    machine,
+    memory,
+    produce,
+    read,
+    replication,
+    tiers_archive,
+    tiers_memory,
+    tiers_read,
+)
 from benchmarks.profile import summarize
 from benchmarks.result import BenchmarkFailed, Outcome, Row, render_table
 from benchmarks.settings import Settings
@@ -29,6 +40,7 @@ SCENARIOS: dict[str, Callable[[Settings], Awaitable[Outcome]]] = {
     "tiers-memory": tiers_memory.run,
     "tiers-archive": tiers_archive.run,
     "tiers-read-s3": tiers_read.run,
+    "replication": replication.run,
 }
 
 

@@ -18,6 +18,7 @@ import orjson
 
 from benchmarks.client import (
     JSON_HEADERS,
+    QUEUE,
     flush_delta,
     flush_totals,
     messages_url,
@@ -115,7 +116,9 @@ async def paced(server: Server, count: int) -> dict[str, Any]:
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                     sent += 1
-                await asyncio.sleep(max(0.0, start + sent / RATE - time.perf_counter()))
+                # uvloop returns at once from sleeps under 1 ms, which would spin a core:
+                # sleep at least 1 ms and send the messages that fell due meanwhile together.
+                await asyncio.sleep(max(0.001, start + sent / RATE - time.perf_counter()))
             await asyncio.gather(*tasks)
             meter.stop()
             flushed = flush_delta(flushes, await flush_totals(session, server.url), meter.wall)
@@ -139,10 +142,15 @@ async def paced(server: Server, count: int) -> dict[str, Any]:
 
 
 async def read_tail(
-    session: aiohttp.ClientSession, server: Server, after: int, count: int, latencies: list[float]
+    session: aiohttp.ClientSession,
+    server: Server,
+    after: int,
+    count: int,
+    latencies: list[float],
+    queue: str = QUEUE,
 ) -> None:
-    """Long-poll until ``count`` messages after ``after`` are read; note each one's age."""
-    base = messages_url(server.url)
+    """Long-poll ``queue`` until ``count`` messages after ``after`` are read; note each one's age."""
+    base = messages_url(server.url, queue=queue)
     received = 0
     while received < count:
         async with session.get(base.with_query(after=after, limit=1000, wait=READ_WAIT)) as resp:

@@ -44,7 +44,8 @@ class CopyParams:
     wait: float = 2.0
     segments: tuple[tuple[int, int], ...] | None = None
     save: SaveMode = SaveMode.WAIT
-    commit_save: SaveMode = SaveMode.WAIT
+    # A lost cursor commit only sends a batch again, which dedup absorbs: no need to wait.
+    commit_save: SaveMode = SaveMode.MARK
 
     @classmethod
     def parse(cls, data: object) -> CopyParams:
@@ -68,8 +69,8 @@ class CopyParams:
             batch=params.integer("batch", 1000) or 1000,
             wait=params.duration("wait", 2.0, positive=False) or 0.0,
             segments=_segments(params.raw("segments")),
-            save=_save(params.raw("save"), "params.save"),
-            commit_save=_save(params.raw("commit_save"), "params.commit_save"),
+            save=_save(params.raw("save"), "params.save", SaveMode.WAIT),
+            commit_save=_save(params.raw("commit_save"), "params.commit_save", SaveMode.MARK),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -278,9 +279,9 @@ def _segments(value: object) -> tuple[tuple[int, int], ...] | None:
     return tuple(ranges)
 
 
-def _save(value: object, field_name: str) -> SaveMode:
+def _save(value: object, field_name: str, default: SaveMode) -> SaveMode:
     if value is None:
-        return SaveMode.WAIT
+        return default
     if not isinstance(value, str | int) or isinstance(value, bool):
         raise InvalidRequest(f"{field_name} must be a save mode", field=field_name)
     return SaveMode.parse(value)
