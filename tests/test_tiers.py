@@ -56,15 +56,20 @@ async def sealed_queue(cluster: Cluster, count: int = 30) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_while_s3_is_down_archive_fails_loudly_and_blocks_stay_readable(
-    tiered: tuple[Cluster, Supervisor, FaultProxy],
-) -> None:
-    cluster, supervisor, proxy = tiered
+async def sealed_queue_with_archive(cluster: Cluster, supervisor: Supervisor) -> None:
+    """Queue "t" with three sealed blocks on mark 0, and a stopped handler "to-s3" for mark 1."""
     await sealed_queue(cluster)
     await supervisor.put(
         "to-s3",
         {"type": "archive", "queues": ["t"], "params": {"conditions": [{"mark": 1}]}, "started": False},
     )
+
+
+async def test_while_s3_is_down_archive_fails_loudly_and_blocks_stay_readable(
+    tiered: tuple[Cluster, Supervisor, FaultProxy],
+) -> None:
+    cluster, supervisor, proxy = tiered
+    await sealed_queue_with_archive(cluster, supervisor)
     proxy.fail_all(503)
     state = await supervisor.run_now("to-s3")
     assert state.last_error is not None and "SlowDown" in state.last_error[0]
@@ -81,11 +86,7 @@ async def test_a_block_only_on_s3_answers_storage_unavailable_when_s3_is_down(
     tiered: tuple[Cluster, Supervisor, FaultProxy],
 ) -> None:
     cluster, supervisor, proxy = tiered
-    await sealed_queue(cluster)
-    await supervisor.put(
-        "to-s3",
-        {"type": "archive", "queues": ["t"], "params": {"conditions": [{"mark": 1}]}, "started": False},
-    )
+    await sealed_queue_with_archive(cluster, supervisor)
     await supervisor.run_now("to-s3")
     queue = cluster.queue("t")
     queue.unload(idle=0, age=None)
