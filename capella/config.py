@@ -6,6 +6,7 @@ HTTP on ``127.0.0.1:8676``, one ``file`` mount for everything.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 import tomllib
@@ -111,6 +112,22 @@ class StorageSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthSettings:
+    """Who may connect: users and tokens in ``<data_dir>/auth``, checked when ``enabled``."""
+
+    enabled: bool = False
+    # How long a verified Basic password is remembered (keyed digest, memory only).
+    cache_ttl: float = 300.0
+    token_ttl: float = 86400.0
+    token_max_ttl: float = 365 * 86400.0
+    # A verified TLS client certificate whose subject CN names a user logs in as that user.
+    tls_client_users: bool = False
+    # Creates this admin at start when no user exists yet, password from the environment.
+    bootstrap_user: str | None = None
+    bootstrap_password_env: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     cluster_name: str
     data_dir: Path
@@ -119,6 +136,7 @@ class Config:
     mounts: dict[str, MountConfig]
     default_mount: str = "default"
     queue_defaults: dict[str, Any] = field(default_factory=dict)
+    auth: AuthSettings = field(default_factory=AuthSettings)
 
 
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
@@ -140,7 +158,7 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
 
 
 def parse_config(raw: dict[str, Any], overrides: dict[str, Any], base: Path) -> Config:
-    known = {"cluster", "server", "storage", "mounts", "queue_defaults"}
+    known = {"cluster", "server", "storage", "mounts", "queue_defaults", "auth"}
     if unknown := set(raw) - known:
         raise InvalidConfig(f"unknown config section(s): {', '.join(sorted(unknown))}")
     cluster = _table(raw, "cluster")
@@ -206,6 +224,14 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any], base: Path) -> 
     default_mount = str(st.get("default_mount", "default" if "default" in mounts else next(iter(mounts))))
     if default_mount not in mounts:
         raise InvalidConfig(f"storage.default_mount {default_mount!r} is not a configured mount")
+    auth = _auth_settings(_table(raw, "auth"))
+    if not auth.enabled and not is_loopback(server.host):
+        raise InvalidConfig(
+            f"refusing to listen on {listen} without authentication: anyone who can reach it could "
+            "read, write and delete every queue. Set [auth] enabled = true and create an admin "
+            "(`capella user add NAME --admin --data-dir DIR` while the server is stopped, or "
+            "[auth] bootstrap_user + bootstrap_password_env), or listen on 127.0.0.1 / [::1]."
+        )
     return Config(
         cluster_name=name,
         data_dir=data_dir,
@@ -214,7 +240,55 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any], base: Path) -> 
         mounts=mounts,
         default_mount=default_mount,
         queue_defaults=_table(raw, "queue_defaults"),
+        auth=auth,
     )
+
+
+def _auth_settings(table: dict[str, Any]) -> AuthSettings:
+    known = {
+        "enabled",
+        "cache_ttl",
+        "token_ttl",
+        "token_max_ttl",
+        "tls_client_users",
+        "bootstrap_user",
+        "bootstrap_password_env",
+    }
+    if unknown := sorted(set(table) - known):
+        raise InvalidConfig(f"auth.{unknown[0]}: unknown setting")
+    defaults = AuthSettings()
+    for flag in ("enabled", "tls_client_users"):
+        if not isinstance(table.get(flag, False), bool):
+            raise InvalidConfig(f"auth.{flag}: expected true or false")
+    for text in ("bootstrap_user", "bootstrap_password_env"):
+        if table.get(text) is not None and not (isinstance(table[text], str) and table[text]):
+            raise InvalidConfig(f"auth.{text}: expected a non-empty string")
+    if ("bootstrap_user" in table) != ("bootstrap_password_env" in table):
+        raise InvalidConfig("auth.bootstrap_user and auth.bootstrap_password_env go together")
+    settings = AuthSettings(
+        enabled=table.get("enabled", False),
+        cache_ttl=parse_duration(table.get("cache_ttl", defaults.cache_ttl), "auth.cache_ttl"),
+        token_ttl=parse_duration(table.get("token_ttl", defaults.token_ttl), "auth.token_ttl"),
+        token_max_ttl=parse_duration(
+            table.get("token_max_ttl", defaults.token_max_ttl), "auth.token_max_ttl"
+        ),
+        tls_client_users=table.get("tls_client_users", False),
+        bootstrap_user=table.get("bootstrap_user"),
+        bootstrap_password_env=table.get("bootstrap_password_env"),
+    )
+    if not 0 < settings.token_ttl <= settings.token_max_ttl:
+        raise InvalidConfig("auth.token_ttl: must be greater than 0 and at most auth.token_max_ttl")
+    return settings
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is only reachable from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name that could resolve anywhere
 
 
 def _check_distinct(mounts: dict[str, MountConfig]) -> None:

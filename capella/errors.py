@@ -63,6 +63,21 @@ class RequestTimeout(InvalidRequest):
     code = "request_timeout"
 
 
+# --- who is asking ----------------------------------------------------------------------
+
+
+class Unauthorized(CapellaError):
+    """No valid credentials: unknown user, wrong password, disabled user, bad or expired token."""
+
+    code = "unauthorized"
+
+
+class Forbidden(CapellaError):
+    """The user is known but its rules do not allow this."""
+
+    code = "forbidden"
+
+
 # --- lookups -----------------------------------------------------------------------------
 
 
@@ -88,6 +103,18 @@ class HandlerNotFound(NotFound):
     """No handler has this name."""
 
     code = "handler_not_found"
+
+
+class UserNotFound(NotFound):
+    """No user has this name."""
+
+    code = "user_not_found"
+
+
+class TokenNotFound(NotFound):
+    """No token has this id."""
+
+    code = "token_not_found"
 
 
 class LinkNotFound(NotFound):

@@ -11,14 +11,17 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 
 from aiohttp import web
 
 from capella.api.app import create_app
+from capella.auth.authenticator import Authenticator
+from capella.auth.store import AuthStore
 from capella.config import Config
 from capella.core.cluster import Cluster
-from capella.errors import InvalidConfig
+from capella.errors import InvalidConfig, InvalidRequest
 from capella.handlers.links import Links
 from capella.handlers.supervisor import Supervisor
 
@@ -29,9 +32,12 @@ async def serve(config: Config) -> None:
     """Run until SIGTERM or SIGINT, then flush everything and return."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     # Listen before recovering, so /healthz answers and /readyz says 503 while queues recover.
+    authenticator = open_auth(config)
+    users = authenticator.store if authenticator is not None else None
     cluster = Cluster.create(config)
-    supervisor = Supervisor(cluster, links=Links(cluster, key_file=config.data_dir / "keys" / "links.key"))
-    app = create_app(cluster, config.server, supervisor)
+    links = Links(cluster, key_file=config.data_dir / "keys" / "links.key")
+    supervisor = Supervisor(cluster, links=links, users=users)
+    app = create_app(cluster, config.server, supervisor, authenticator)
     runner = web.AppRunner(
         app,
         handle_signals=False,
@@ -70,7 +76,39 @@ async def serve(config: Config) -> None:
         await runner.cleanup()
         await supervisor.close()
         await cluster.close()
+        if users is not None:
+            users.unlock()
         log.info("capella stopped")
+
+
+def open_auth(config: Config) -> Authenticator | None:
+    """The users of ``config.data_dir``, held by this process; None when auth is off."""
+    if not config.auth.enabled:
+        return None
+    store = AuthStore(config.data_dir / "auth")
+    store.lock()
+    if not store.users():
+        user, env = config.auth.bootstrap_user, config.auth.bootstrap_password_env
+        password = os.environ.get(env) if env else None
+        if user is None or env is None or not password:
+            store.unlock()
+            hint = (
+                f"set the environment variable {env}"
+                if env
+                else "set [auth] bootstrap_user and bootstrap_password_env"
+            )
+            raise InvalidConfig(
+                f"authentication is on but {store.directory} has no user yet: {hint}, or create an "
+                f"admin with `capella user add NAME --admin --data-dir {config.data_dir}`"
+            )
+        try:
+            store.add_user(user, password, admin=True)
+        except InvalidRequest as exc:
+            store.unlock()
+            raise InvalidConfig(f"auth.bootstrap_user: {exc.message}") from None
+        log.info("admin user created from the configuration user=%s", user)
+    log.info("authentication on users=%d", len(store.users()))
+    return Authenticator(store, config.auth)
 
 
 def run(config: Config) -> None:

@@ -8,12 +8,14 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from capella.api import clusters, handlers, health, messages, openapi, queues, subscriptions
+from capella.api import clusters, handlers, health, messages, openapi, queues, subscriptions, tokens, users
+from capella.api.access import AUTHENTICATOR, CHALLENGE, access_middleware, check_routes
 from capella.api.errors import status_for
 from capella.api.request import CLUSTER, SETTINGS, STOPPING, SUPERVISOR, json_response
+from capella.auth.authenticator import Authenticator
 from capella.config import ServerSettings
 from capella.core.cluster import Cluster
-from capella.errors import CapellaError
+from capella.errors import CapellaError, Unauthorized
 from capella.handlers.supervisor import Supervisor
 
 __all__ = ["CLUSTER", "SETTINGS", "SUPERVISOR", "create_app"]
@@ -30,15 +32,26 @@ _HTTP_CODES = {
 }
 
 
-def create_app(cluster: Cluster, settings: ServerSettings, supervisor: Supervisor) -> web.Application:
-    app = web.Application(client_max_size=settings.max_body_size, middlewares=[error_middleware])
+def create_app(
+    cluster: Cluster,
+    settings: ServerSettings,
+    supervisor: Supervisor,
+    authenticator: Authenticator | None = None,
+) -> web.Application:
+    """The API; with an ``authenticator`` every non-public route needs credentials."""
+    app = web.Application(
+        client_max_size=settings.max_body_size, middlewares=[error_middleware, access_middleware]
+    )
+    if authenticator is not None:
+        app[AUTHENTICATOR] = authenticator
     app[CLUSTER] = cluster
     app[SETTINGS] = settings
     app[SUPERVISOR] = supervisor
     app[STOPPING] = asyncio.Event()
     app.on_shutdown.append(_stop_streams)
-    for module in (queues, messages, subscriptions, handlers, clusters, health, openapi):
+    for module in (queues, messages, subscriptions, handlers, clusters, users, tokens, health, openapi):
         module.add_routes(app.router)
+    check_routes(app)
     return app
 
 
@@ -59,7 +72,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                 exc.code,
                 exc.message,
             )
-        return error_response(status_for(exc), exc.code, exc.message, exc.details)
+        headers = {"WWW-Authenticate": CHALLENGE} if isinstance(exc, Unauthorized) else None
+        return error_response(status_for(exc), exc.code, exc.message, exc.details, headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from capella.api.access import identity
 from capella.api.handlers import supervisor
 from capella.api.request import json_response, read_object
 from capella.handlers.links import Links
@@ -22,7 +23,9 @@ def add_routes(router: web.UrlDispatcher) -> None:
 
 
 async def list_clusters(request: web.Request) -> web.Response:
-    return json_response({"clusters": [link.public_dict() for link in links(request).links()]})
+    who = identity(request)
+    readable = [link for link in links(request).links() if who.can("external_cluster", "read", link.name)]
+    return json_response({"clusters": [link.public_dict() for link in readable]})
 
 
 async def put_cluster(request: web.Request) -> web.Response:

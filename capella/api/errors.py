@@ -7,6 +7,7 @@ from capella.errors import (
     CapellaError,
     Conflict,
     CorruptData,
+    Forbidden,
     InvalidConfig,
     InvalidRequest,
     NotFound,
@@ -15,12 +16,15 @@ from capella.errors import (
     RequestTimeout,
     ShuttingDown,
     StorageUnavailable,
+    Unauthorized,
 )
 
 # Subclasses come before their bases only for reading; status_for walks the MRO.
 STATUS: dict[type[CapellaError], int] = {
     InvalidRequest: 400,
     InvalidConfig: 400,
+    Unauthorized: 401,
+    Forbidden: 403,
     RequestTimeout: 408,
     PayloadTooLarge: 413,
     NotFound: 404,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from capella.api.access import identity
 from capella.api.request import CLUSTER, SUPERVISOR, json_response, read_object
 from capella.errors import NotReady
 from capella.handlers.supervisor import Supervisor
@@ -20,12 +21,14 @@ def add_routes(router: web.UrlDispatcher) -> None:
 
 
 async def list_handlers(request: web.Request) -> web.Response:
-    return json_response({"handlers": [h.to_dict() for h in supervisor(request).handlers()]})
+    who = identity(request)
+    readable = [h for h in supervisor(request).handlers() if who.can("handler", "read", h.name)]
+    return json_response({"handlers": [h.to_dict() for h in readable]})
 
 
 async def put_handler(request: web.Request) -> web.Response:
     data = await read_object(request)
-    handler, created = await supervisor(request).put(request.match_info["name"], data)
+    handler, created = await supervisor(request).put(request.match_info["name"], data, identity(request))
     return json_response(handler.to_dict(), 201 if created else 200)
 
 

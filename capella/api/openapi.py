@@ -74,6 +74,9 @@ QUEUE = param("queue", "path", {"type": "string", "pattern": NAME_PATTERN}, "Que
 SUBSCRIPTION = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "Subscription name")
 HANDLER = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "Handler name")
 CLUSTER = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "External cluster name")
+USER = param(
+    "name", "path", {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.@\-]{0,127}$"}, "User name"
+)
 SAVE = param("save", "query", {"type": "string", "enum": SAVE_MODES}, "Save mode (default: the queue's)")
 AFTER = param("after", "query", MESSAGE_ID, "Return messages with an id greater than this")
 LIMIT = param(
@@ -543,11 +546,94 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
+    "Rule": {
+        "type": "object",
+        "required": ["effect", "type", "action"],
+        "properties": {
+            "effect": {"enum": ["allow", "deny"]},
+            "type": {
+                "enum": ["cluster", "queue", "subscription", "handler", "external_cluster", "user", "*"]
+            },
+            "action": {"enum": ["read", "write", "admin", "*"]},
+            "name": {"type": "string", "minLength": 1, "description": "Name pattern; * matches anything"},
+        },
+        "additionalProperties": False,
+    },
+    "User": {
+        "type": "object",
+        "required": ["name", "admin", "enabled", "rules"],
+        "properties": {
+            "name": {"type": "string"},
+            "admin": {"type": "boolean"},
+            "enabled": {"type": "boolean"},
+            "rules": {"type": "array", "items": ref("Rule")},
+            "created": TIME,
+            "updated": TIME,
+        },
+    },
+    "UserList": {"type": "object", "properties": {"users": {"type": "array", "items": ref("User")}}},
+    "UserPut": {
+        "type": "object",
+        "description": "password is required for a new user; only an admin may set admin or rules",
+        "properties": {
+            "password": {"type": "string", "minLength": 8, "maxLength": 1024},
+            "admin": {"type": "boolean"},
+            "enabled": {"type": "boolean"},
+            "rules": {"type": "array", "items": ref("Rule")},
+        },
+        "additionalProperties": False,
+    },
+    "PasswordChange": {
+        "type": "object",
+        "required": ["password"],
+        "properties": {
+            "password": {"type": "string", "minLength": 8, "maxLength": 1024},
+            "old_password": {"type": "string", "description": "Required to change your own password"},
+        },
+        "additionalProperties": False,
+    },
+    "Me": {
+        "type": "object",
+        "properties": {
+            "user": {"type": ["string", "null"]},
+            "admin": {"type": "boolean"},
+            "via": {"enum": ["basic", "token", "tls", "none"]},
+            "rules": {"type": "array", "items": ref("Rule")},
+        },
+    },
+    "Token": {
+        "type": "object",
+        "required": ["id", "user", "created"],
+        "properties": {
+            "id": {"type": "string"},
+            "user": {"type": "string"},
+            "created": TIME,
+            "expires": {"type": ["number", "null"]},
+            "description": {"type": "string"},
+            "token": {
+                "type": "string",
+                "description": "The bearer token; only in the answer that created it",
+            },
+        },
+    },
+    "TokenList": {"type": "object", "properties": {"tokens": {"type": "array", "items": ref("Token")}}},
+    "TokenCreate": {
+        "type": "object",
+        "properties": {
+            "ttl": DURATION,
+            "description": {"type": "string", "maxLength": 200},
+            "user": {"type": "string", "description": "Another user (needs user admin on it)"},
+        },
+        "additionalProperties": False,
+    },
 }
 
 _ERROR_TEXT = {
     400: "invalid_request, invalid_message (with index), invalid_name, invalid_save_mode, invalid_config",
-    404: "not_found, queue_not_found, subscription_not_found, handler_not_found, cluster_not_found",
+    401: "unauthorized: no credentials, or not valid ones (with a WWW-Authenticate header)",
+    403: "forbidden: the user's rules do not allow this",
+    404: "not_found, queue_not_found, subscription_not_found, handler_not_found, cluster_not_found, "
+    "user_not_found, token_not_found",
     405: "method_not_allowed",
     408: "request_timeout: the body did not arrive within the read deadline",
     409: "already_exists, conflict",
@@ -558,7 +644,7 @@ _ERROR_TEXT = {
 
 def fails(*statuses: int) -> dict[str, Any]:
     """The error answers of an operation; every one has the Error body."""
-    return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in (*statuses, 503)}
+    return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in (401, 403, *statuses, 503)}
 
 
 def operation(
@@ -868,6 +954,79 @@ PATHS: dict[str, Any] = {
             tag="clusters",
         ),
     },
+    "/v1/users": {
+        "get": operation(
+            "listUsers",
+            "Users the caller may read",
+            {"200": answer("Users", ref("UserList")), **fails(404)},
+            tag="users",
+        ),
+    },
+    "/v1/users/{name}": {
+        "parameters": [USER],
+        "put": operation(
+            "putUser",
+            "Create (password required) or change a user",
+            {
+                "200": answer("Changed", ref("User")),
+                "201": answer("Created", ref("User")),
+                **fails(400, 404, 409),
+            },
+            body={"required": True, "content": json_content(ref("UserPut"))},
+            tag="users",
+        ),
+        "get": operation(
+            "getUser",
+            "A user (never its password)",
+            {"200": answer("User", ref("User")), **fails(404)},
+            tag="users",
+        ),
+        "delete": operation(
+            "dropUser",
+            "Delete a user and revoke its tokens",
+            {"204": answer("Deleted"), **fails(404, 409)},
+            tag="users",
+        ),
+    },
+    "/v1/users/{name}/password": {
+        "parameters": [USER],
+        "post": operation(
+            "changePassword",
+            "Change a password (your own with old_password, or as user admin)",
+            {"200": answer("Changed", ref("User")), **fails(400, 404)},
+            body={"required": True, "content": json_content(ref("PasswordChange"))},
+            tag="users",
+        ),
+    },
+    "/v1/me": {
+        "get": operation(
+            "me",
+            "Who the credentials belong to",
+            {"200": answer("Identity", ref("Me")), **fails()},
+            tag="users",
+        ),
+    },
+    "/v1/tokens": {
+        "post": operation(
+            "createToken",
+            "A bearer token for yourself (from Basic credentials) or, as user admin, for another user",
+            {"201": answer("Created; the token text is shown only now", ref("Token")), **fails(400, 404)},
+            body={"required": False, "content": json_content(ref("TokenCreate"))},
+            tag="users",
+        ),
+        "get": operation(
+            "listTokens",
+            "Your tokens, and those of users you administer",
+            {"200": answer("Tokens", ref("TokenList")), **fails(404)},
+            tag="users",
+        ),
+    },
+    "/v1/tokens/{id}": {
+        "parameters": [param("id", "path", {"type": "string", "pattern": r"^[0-9a-f]{16}$"}, "Token id")],
+        "delete": operation(
+            "revokeToken", "Revoke a token", {"204": answer("Revoked"), **fails(404)}, tag="users"
+        ),
+    },
     "/healthz": {
         "get": operation("healthz", "Liveness", {"200": answer("Serving", ref("Status"))}, tag="operations")
     },
@@ -883,7 +1042,10 @@ PATHS: dict[str, Any] = {
         "get": operation(
             "metrics",
             "Prometheus text format 0.0.4",
-            {"200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+            {
+                "200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                **fails(),
+            },
             tag="operations",
         )
     },
@@ -902,7 +1064,13 @@ DOCUMENT: dict[str, Any] = {
         "description": "A block-based, replicated message broker. See docs/api.md.",
     },
     "paths": PATHS,
+    # Enforced when [auth] enabled = true; with auth off (loopback only) no credentials are needed.
+    "security": [{"basic": []}, {"bearer": []}],
     "components": {
+        "securitySchemes": {
+            "basic": {"type": "http", "scheme": "basic"},
+            "bearer": {"type": "http", "scheme": "bearer", "description": "A token from POST /v1/tokens"},
+        },
         "schemas": SCHEMAS,
         "responses": {
             f"E{status}": {"description": text, "content": json_content(ref("Error"))}
@@ -910,6 +1078,10 @@ DOCUMENT: dict[str, Any] = {
         },
     },
 }
+
+# Liveness, readiness and this document answer without credentials.
+for _public in ("/healthz", "/readyz", "/v1/openapi.json"):
+    PATHS[_public]["get"]["security"] = []
 
 BODY = wire.dumps(DOCUMENT)
 

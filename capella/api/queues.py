@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from capella.api.access import identity
 from capella.api.request import CLUSTER, json_response, read_object
 from capella.core.queue import Queue
 
@@ -22,7 +23,9 @@ def queue_info(queue: Queue) -> dict[str, Any]:
 
 
 async def list_queues(request: web.Request) -> web.Response:
-    return json_response({"queues": [queue_info(q) for q in request.app[CLUSTER].queues()]})
+    who = identity(request)
+    readable = [q for q in request.app[CLUSTER].queues() if who.can("queue", "read", q.name)]
+    return json_response({"queues": [queue_info(q) for q in readable]})
 
 
 async def put_queue(request: web.Request) -> web.Response:

@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from capella import wire
+from capella.api.access import identity
 from capella.api.messages import messages_response, read_waiting
 from capella.api.request import (
     CLUSTER,
@@ -50,7 +51,9 @@ def _queue(request: web.Request) -> Queue:
 
 async def list_subscriptions(request: web.Request) -> web.Response:
     queue = _queue(request)
-    return json_response({"subscriptions": [subscription_info(queue, s) for s in queue.subscriptions()]})
+    who = identity(request)
+    readable = [s for s in queue.subscriptions() if who.can("subscription", "read", f"{queue.name}/{s.name}")]
+    return json_response({"subscriptions": [subscription_info(queue, s) for s in readable]})
 
 
 async def commit(request: web.Request) -> web.Response:
@@ -95,6 +98,9 @@ async def read(request: web.Request) -> web.Response:
     mode = request.query.get("commit", "auto").strip().lower() or "auto"
     if mode not in ("auto", "none"):
         raise InvalidRequest(f"commit: expected auto or none, got {mode!r}", parameter="commit")
+    if mode == "auto":
+        # Reading with commit=auto moves the cursor: that is a write (the table asks for read).
+        identity(request).check("subscription", "write", f"{queue.name}/{name}")
     limit = limit_param(request)
     segments = segments_param(request)
     wait = wait_param(request)

@@ -97,6 +97,8 @@ class ArchiveParams:
 class ArchiveHandler(QueueHandler[ArchiveParams]):
     """Move sealed blocks to the tier their age calls for."""
 
+    needs = "admin"
+
     async def run_queue(self, queue: Queue) -> PassResult:
         self.params.check_marks(queue)
         result = PassResult()

@@ -90,6 +90,8 @@ class CopyParams:
 class CopyHandler(QueueHandler[CopyParams]):
     """Copy every selected queue (or ``params.from`` on an external cluster) into ``params.to``."""
 
+    needs = "read"
+
     def __init__(self, cluster: Cluster, queues: list[str], params: CopyParams, links: Links) -> None:
         super().__init__(cluster, queues, params)
         self._links = links
@@ -116,6 +118,10 @@ class CopyHandler(QueueHandler[CopyParams]):
         target = self._destination()
         if isinstance(source, _LocalSource) and target == ("", source.queue.name):
             raise InvalidRequest(f"queue {source.queue.name} cannot be copied into itself")
+        if not target[0]:
+            self.identity.check("queue", "write", target[1])
+        if isinstance(source, _LocalSource):
+            self.identity.check("subscription", "write", f"{source.queue.name}/{params.subscription}")
         cursor = await source.cursor()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PASS_SECONDS

@@ -58,6 +58,8 @@ class ExpireParams:
 class ExpireHandler(QueueHandler[ExpireParams]):
     """Delete whole blocks from the oldest end; ids are never reused afterwards."""
 
+    needs = "admin"
+
     async def run_queue(self, queue: Queue) -> PassResult:
         stats = queue.stats()
         result = PassResult()

@@ -12,6 +12,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from capella.auth.rule import UNRESTRICTED, Identity
 from capella.core.cluster import Cluster
 from capella.core.queue import Queue
 from capella.errors import CapellaError, InvalidRequest, QueueNotFound, StorageUnavailable
@@ -37,7 +38,11 @@ P = TypeVar("P", bound=HasInterval)
 
 
 class QueueHandler(abc.ABC, Generic[P]):
-    """One pass = ``run_queue`` for every selected queue."""
+    """One pass = ``run_queue`` for every selected queue the handler's user may work on."""
+
+    # What the handler's user needs on each queue; the supervisor sets ``identity`` per pass.
+    needs = "write"
+    identity: Identity = UNRESTRICTED
 
     def __init__(self, cluster: Cluster, queues: list[str], params: P) -> None:
         self._cluster = cluster
@@ -49,6 +54,12 @@ class QueueHandler(abc.ABC, Generic[P]):
         result = PassResult()
         errors: list[str] = []
         for queue in selected(self._cluster, self._queues):
+            if not self.identity.can("queue", self.needs, queue.name):
+                # A queue matched by a pattern is skipped, as a listing would skip it; a queue
+                # named outright is an error the status shows.
+                if queue.name in self._queues:
+                    errors.append(f"{queue.name}: user {self.identity.name!r} may not {self.needs} it")
+                continue
             try:
                 result += await self.run_queue(queue)
             except CapellaError as exc:

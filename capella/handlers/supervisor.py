@@ -1,8 +1,11 @@
 """The supervisor: persisted handler definitions, one loop per started handler, and status.
 
 Definitions live in ``.capella/handlers.json`` on the default mount and come back on restart
-in the state they had. A pass that fails records its error and is retried with backoff; an
-exception in a pass never leaves the loop. Stopping waits for a running pass to finish (a
+in the state they had. A handler runs as a user (``user`` in its definition, by default
+whoever defined it) and each pass is limited by that user's rules as they are at that moment;
+a handler defined while authentication was off has no user and is not limited. A pass that
+fails records its error and is retried with backoff; an exception in a pass never leaves the
+loop. Stopping waits for a running pass to finish (a
 bounded time) and then cancels the loop, so a stopped handler does nothing more.
 """
 
@@ -18,6 +21,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from capella.auth.rule import UNRESTRICTED, Identity
+from capella.auth.store import AuthStore
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
 from capella.errors import (
@@ -29,6 +34,7 @@ from capella.errors import (
     KeyNotFound,
     LinkNotFound,
     QueueNotFound,
+    Unauthorized,
 )
 from capella.handlers.archive import ArchiveHandler, ArchiveParams
 from capella.handlers.copy import CopyHandler, CopyParams
@@ -47,6 +53,7 @@ STOP_GRACE = 10.0
 
 class Handler(Protocol):
     interval: float
+    identity: Identity
 
     async def run_once(self) -> PassResult: ...
 
@@ -102,6 +109,7 @@ class HandlerState:
     params: HandlerParams
     handler: Handler
     started: bool
+    user: str | None = None
     runs: int = 0
     items: int = 0
     bytes: int = 0
@@ -119,6 +127,7 @@ class HandlerState:
             "queues": self.queues,
             "params": self.params.to_dict(),
             "started": self.started,
+            "user": self.user,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -144,9 +153,14 @@ class Supervisor:
     """Owns every handler's loop and timing; the API and the CLI talk to it."""
 
     def __init__(
-        self, cluster: Cluster, clock: Callable[[], float] = time.time, links: Links | None = None
+        self,
+        cluster: Cluster,
+        clock: Callable[[], float] = time.time,
+        links: Links | None = None,
+        users: AuthStore | None = None,
     ) -> None:
         self._cluster = cluster
+        self._users = users
         self._clock = clock
         # External clusters that copy handlers reach as ``link/queue``.
         self.links = links if links is not None else Links(cluster)
@@ -170,7 +184,9 @@ class Supervisor:
                 # Keep the definition (a later save must not drop it); every pass reports why.
                 log.error("handler cannot be loaded handler=%s: %s", name, exc.message)
                 params, handler = _Unloadable(d["params"]), _Unloadable(d["params"], exc.message)
-            state = HandlerState(name, d["type"], list(d["queues"]), params, handler, bool(d["started"]))
+            state = HandlerState(
+                name, d["type"], list(d["queues"]), params, handler, bool(d["started"]), d.get("user")
+            )
             self._states[name] = state
             if state.started:
                 self._launch(state)
@@ -195,12 +211,18 @@ class Supervisor:
         except KeyError:
             raise HandlerNotFound(f"no handler {name!r}") from None
 
-    async def put(self, name: str, data: dict[str, Any]) -> tuple[HandlerState, bool]:
-        """Create or replace a handler from its JSON definition; ``True`` when created."""
+    async def put(
+        self, name: str, data: dict[str, Any], by: Identity = UNRESTRICTED
+    ) -> tuple[HandlerState, bool]:
+        """Create or replace a handler from its JSON definition; ``True`` when created.
+
+        The handler runs as ``data["user"]``, by default as ``by``; naming another user needs
+        ``user admin`` on it, so nobody hands a handler more rights than they could use.
+        """
         check_name(name, "handler")
         if not isinstance(data, dict):
             raise InvalidRequest("a handler definition must be a JSON object")
-        if unknown := sorted(set(data) - {"type", "queue", "queues", "params", "started"}):
+        if unknown := sorted(set(data) - {"type", "queue", "queues", "params", "started", "user"}):
             raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
         kind = data.get("type")
         if not isinstance(kind, str):
@@ -220,11 +242,12 @@ class Supervisor:
         started = data.get("started", True)
         if not isinstance(started, bool):
             raise InvalidRequest("started must be true or false", field="started")
+        user = self._run_as(data.get("user", by.name), by)
         async with self._lock:
             old = self._states.get(name)
             if old is not None:
                 await self._halt(old)
-            state = HandlerState(name, kind, queues, params, handler, started)
+            state = HandlerState(name, kind, queues, params, handler, started, user)
             self._states[name] = state
             await self._save()
             if started:
@@ -286,10 +309,31 @@ class Supervisor:
             else:
                 delay = interval
 
+    def _run_as(self, user: object, by: Identity) -> str | None:
+        if user is None:
+            return None
+        if not isinstance(user, str) or not user:
+            raise InvalidRequest("user must be a user name", field="user")
+        if self._users is not None:
+            self._users.user(user)
+        if user != by.name:
+            by.check("user", "admin", user)
+        return user
+
+    def _identity(self, state: HandlerState) -> Identity:
+        """The rules this pass runs under: its user's, read now (a change applies at once)."""
+        if state.user is None or self._users is None:
+            return UNRESTRICTED
+        user = self._users.find_user(state.user)
+        if user is None or not user.enabled:
+            raise Unauthorized(f"handler user {state.user!r} does not exist or is disabled")
+        return user.identity("handler")
+
     async def _run_pass(self, state: HandlerState) -> None:
         async with state.pass_lock:
             state.running = True
             try:
+                state.handler.identity = self._identity(state)
                 result = await state.handler.run_once()
             except CapellaError as exc:
                 self._failed(state, exc.message)
@@ -340,6 +384,7 @@ class _Unloadable:
     """A stored definition that no longer builds (e.g. its mark lost its mount): kept as is."""
 
     interval = 60.0
+    identity = UNRESTRICTED
 
     def __init__(self, raw: object, error: str = "") -> None:
         self._raw = raw if isinstance(raw, dict) else {}

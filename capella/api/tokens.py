@@ -1,0 +1,70 @@
+"""Bearer tokens: create one from Basic (or TLS certificate) credentials, list, revoke.
+
+The token's text is in the answer to its creation only; the server keeps a digest. A token
+cannot create tokens, so a stolen one cannot outlive its expiry. Everybody sees and revokes
+their own tokens; ``user admin`` on the owner sees and revokes theirs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from capella.api.access import AUTHENTICATOR, identity
+from capella.api.request import json_response, read_object
+from capella.api.users import store
+from capella.config import parse_duration
+from capella.errors import Forbidden, InvalidConfig, InvalidRequest, TokenNotFound
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_post("/v1/tokens", create_token)
+    router.add_get("/v1/tokens", list_tokens)
+    router.add_delete("/v1/tokens/{id}", revoke_token)
+
+
+async def create_token(request: web.Request) -> web.Response:
+    tokens = store(request)
+    who = identity(request)
+    if who.via == "token":
+        raise Forbidden("a token cannot create tokens: use Basic credentials")
+    body = await read_object(request)
+    if unknown := sorted(set(body) - {"ttl", "description", "user"}):
+        raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
+    owner = body.get("user", who.name)
+    if not isinstance(owner, str):
+        raise InvalidRequest("user must be a user name", field="user")
+    if owner != who.name:
+        who.check("user", "admin", owner)
+    description = body.get("description", "")
+    if not isinstance(description, str) or len(description) > 200:
+        raise InvalidRequest("description must be a string of at most 200 characters", field="description")
+    try:
+        requested = None if body.get("ttl") is None else parse_duration(body["ttl"], "ttl")
+    except InvalidConfig as exc:
+        raise InvalidRequest(exc.message, field="ttl") from None
+    ttl = request.app[AUTHENTICATOR].token_ttl(requested)
+    token, text = await asyncio.to_thread(tokens.create_token, owner, ttl, description)
+    return json_response({**token.public_dict(), "token": text}, 201)
+
+
+async def list_tokens(request: web.Request) -> web.Response:
+    who = identity(request)
+    found = [
+        t.public_dict()
+        for t in store(request).tokens()
+        if t.user == who.name or who.can("user", "admin", t.user)
+    ]
+    return json_response({"tokens": found})
+
+
+async def revoke_token(request: web.Request) -> web.Response:
+    tokens = store(request)
+    who = identity(request)
+    token = tokens.token(request.match_info["id"])
+    if token.user != who.name and not who.can("user", "admin", token.user):
+        # Someone else's token looks like no token at all.
+        raise TokenNotFound(f"no token {token.id!r}")
+    await asyncio.to_thread(tokens.revoke_token, token.id)
+    return web.Response(status=204)

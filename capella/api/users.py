@@ -1,0 +1,95 @@
+"""Users: list, create or change (PUT), show, drop, change a password; and ``/v1/me``.
+
+Only an admin may grant ``admin`` or set rules (a user manager could otherwise hand out
+more than it holds); ``user admin`` on a name is enough to create that user, change its
+password, or enable and disable it. A user changes its own password with the old one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from capella.api.access import AUTHENTICATOR, identity
+from capella.api.request import json_response, read_object
+from capella.auth.password import verify_password
+from capella.auth.store import AuthStore
+from capella.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/v1/users", list_users)
+    router.add_put("/v1/users/{name}", put_user)
+    router.add_get("/v1/users/{name}", get_user)
+    router.add_delete("/v1/users/{name}", drop_user)
+    router.add_post("/v1/users/{name}/password", change_password)
+    router.add_get("/v1/me", me)
+
+
+def store(request: web.Request) -> AuthStore:
+    authenticator = request.app.get(AUTHENTICATOR)
+    if authenticator is None:
+        raise NotFound("authentication is off: there are no users (set [auth] enabled = true)")
+    return authenticator.store
+
+
+async def list_users(request: web.Request) -> web.Response:
+    who = identity(request)
+    users = [u.public_dict() for u in store(request).users() if who.can("user", "read", u.name)]
+    return json_response({"users": users})
+
+
+async def put_user(request: web.Request) -> web.Response:
+    users = store(request)
+    body = await read_object(request)
+    if ("admin" in body or "rules" in body) and not identity(request).admin:
+        raise Forbidden("only an admin may set admin or rules", field="admin" if "admin" in body else "rules")
+    user, created = await asyncio.to_thread(users.put_user, request.match_info["name"], body)
+    return json_response(user.public_dict(), 201 if created else 200)
+
+
+async def get_user(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    who = identity(request)
+    if name != who.name:
+        who.check("user", "read", name)
+    return json_response(store(request).user(name).public_dict())
+
+
+async def drop_user(request: web.Request) -> web.Response:
+    await asyncio.to_thread(store(request).drop_user, request.match_info["name"])
+    return web.Response(status=204)
+
+
+async def change_password(request: web.Request) -> web.Response:
+    users = store(request)
+    name = request.match_info["name"]
+    body = await read_object(request)
+    if unknown := sorted(set(body) - {"password", "old_password"}):
+        raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
+    who = identity(request)
+    if not who.can("user", "admin", name):
+        if name != who.name:
+            who.check("user", "admin", name)
+        old = body.get("old_password")
+        if not isinstance(old, str) or not await asyncio.to_thread(
+            verify_password, old, users.user(name).password_hash
+        ):
+            raise Unauthorized("old_password is required and must be the current password")
+    if "password" not in body:
+        raise InvalidRequest("password is required", field="password")
+    user, _ = await asyncio.to_thread(users.put_user, name, {"password": body["password"]})
+    return json_response(user.public_dict())
+
+
+async def me(request: web.Request) -> web.Response:
+    who = identity(request)
+    return json_response(
+        {
+            "user": who.name,
+            "admin": who.admin,
+            "via": who.via,
+            "rules": [r.to_dict() for r in who.rules],
+        }
+    )

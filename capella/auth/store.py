@@ -1,0 +1,368 @@
+"""Users and tokens, kept in ``<data_dir>/auth/`` as two JSON files written atomically.
+
+Passwords are stored only as scrypt hashes and token secrets only as SHA-256 digests (a token
+secret has 256 random bits, so a fast hash is enough). The files are mode 0600 in a 0700
+directory. A running server holds an exclusive lock on ``auth/lock`` so that the offline
+``capella user ... --data-dir`` commands cannot change the files under it.
+
+Methods are synchronous (small files, rare writes, slow hashes): the server calls the ones
+that hash or write in a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from capella.auth.password import check_password, hash_password
+from capella.auth.rule import Identity, Rule
+from capella.errors import (
+    AlreadyExists,
+    Conflict,
+    CorruptData,
+    InvalidRequest,
+    StorageUnavailable,
+    TokenNotFound,
+    UserNotFound,
+)
+
+USERS_FILE = "users.json"
+TOKENS_FILE = "tokens.json"
+LOCK_FILE = "lock"
+TOKEN_PREFIX = "cap_"
+_USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
+_TOKEN = re.compile(r"cap_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    name: str
+    password_hash: str = field(repr=False)
+    admin: bool = False
+    enabled: bool = True
+    rules: tuple[Rule, ...] = ()
+    created: float = 0.0
+    updated: float = 0.0
+
+    def identity(self, via: str) -> Identity:
+        return Identity(self.name, self.admin, self.rules, via)
+
+    def public_dict(self) -> dict[str, Any]:
+        """What the API shows: never the hash."""
+        return {
+            "name": self.name,
+            "admin": self.admin,
+            "enabled": self.enabled,
+            "rules": [r.to_dict() for r in self.rules],
+            "created": self.created,
+            "updated": self.updated,
+        }
+
+    def stored_dict(self) -> dict[str, Any]:
+        return {**self.public_dict(), "password_hash": self.password_hash}
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    id: str
+    user: str
+    digest: str = field(repr=False)
+    created: float = 0.0
+    expires: float | None = None
+    description: str = ""
+
+    def expired(self, now: float) -> bool:
+        return self.expires is not None and now >= self.expires
+
+    def public_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "user": self.user,
+            "created": self.created,
+            "expires": self.expires,
+            "description": self.description,
+        }
+
+
+def split_token(text: str) -> tuple[str, str] | None:
+    """``(id, secret)`` from a token's text, or None when it is not shaped like one."""
+    m = _TOKEN.fullmatch(text)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def token_digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def check_user_name(name: str) -> str:
+    if not _USER_NAME.fullmatch(name):
+        raise InvalidRequest(
+            f"user name {name!r}: letters, digits, '_', '.', '@', '-'; at most 128; a letter or digit first",
+            field="name",
+        )
+    return name
+
+
+class AuthStore:
+    """The users and tokens of one data directory."""
+
+    def __init__(self, directory: Path, clock: Callable[[], float] = time.time) -> None:
+        self.directory = directory
+        self._clock = clock
+        self._users: dict[str, User] = {}
+        self._tokens: dict[str, Token] = {}
+        self._lock_fd: int | None = None
+        # The server changes users in worker threads (hashing is slow): one change at a time.
+        self._mutex = threading.RLock()
+        self._load()
+
+    # --- ownership -----------------------------------------------------------------------
+
+    def lock(self) -> None:
+        """Hold the directory for this process; ``Conflict`` when another process holds it."""
+        self._mkdir()
+        fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise Conflict(
+                f"{self.directory} is in use by a running server: change users through its API "
+                "(`capella user ... --url URL`) or stop it first"
+            ) from None
+        self._lock_fd = fd
+        self._load()  # what the previous holder wrote
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # --- users ---------------------------------------------------------------------------
+
+    def users(self) -> list[User]:
+        return [self._users[name] for name in sorted(self._users)]
+
+    def user(self, name: str) -> User:
+        try:
+            return self._users[name]
+        except KeyError:
+            raise UserNotFound(f"no user {name!r}") from None
+
+    def find_user(self, name: str) -> User | None:
+        return self._users.get(name)
+
+    def put_user(self, name: str, data: object) -> tuple[User, bool]:
+        """Create (``password`` required) or update a user from an API-style object."""
+        with self._mutex:
+            return self._put_user(name, data)
+
+    def _put_user(self, name: str, data: object) -> tuple[User, bool]:
+        check_user_name(name)
+        if not isinstance(data, dict):
+            raise InvalidRequest("a user must be a JSON object")
+        if unknown := sorted(set(data) - {"password", "admin", "enabled", "rules"}):
+            raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
+        old = self._users.get(name)
+        now = self._clock()
+        if old is None:
+            if "password" not in data:
+                raise InvalidRequest("password is required for a new user", field="password")
+            old = User(name, "", created=now)
+        changes: dict[str, Any] = {"updated": now}
+        if "password" in data:
+            changes["password_hash"] = hash_password(check_password(data["password"]))
+        for flag in ("admin", "enabled"):
+            if flag in data:
+                if not isinstance(data[flag], bool):
+                    raise InvalidRequest(f"{flag} must be true or false", field=flag)
+                changes[flag] = data[flag]
+        if "rules" in data:
+            changes["rules"] = parse_rules(data["rules"])
+        user = replace(old, **changes)
+        created = name not in self._users
+        if not created and not (user.admin and user.enabled):
+            self._keep_an_admin(name)
+        self._users[name] = user
+        self._save_users()
+        return user, created
+
+    def add_user(
+        self, name: str, password: str, *, admin: bool = False, rules: tuple[Rule, ...] = ()
+    ) -> User:
+        with self._mutex:
+            if name in self._users:
+                raise AlreadyExists(f"user {name!r} already exists")
+            data = {"password": password, "admin": admin, "rules": [r.to_dict() for r in rules]}
+            return self._put_user(name, data)[0]
+
+    def drop_user(self, name: str) -> None:
+        """Delete the user and revoke its tokens."""
+        with self._mutex:
+            self.user(name)
+            self._keep_an_admin(name)
+            del self._users[name]
+            self._tokens = {k: t for k, t in self._tokens.items() if t.user != name}
+            self._save_users()
+            self._save_tokens()
+
+    def _keep_an_admin(self, name: str) -> None:
+        # Losing the last enabled admin would lock everybody out of user management.
+        old = self._users.get(name)
+        others = [u for u in self._users.values() if u.admin and u.enabled and u.name != name]
+        if old is not None and old.admin and old.enabled and not others:
+            raise Conflict(f"{name!r} is the last enabled admin: make another user admin first")
+
+    # --- tokens --------------------------------------------------------------------------
+
+    def tokens(self, user: str | None = None) -> list[Token]:
+        now = self._clock()
+        found = [t for t in self._tokens.values() if not t.expired(now) and user in (None, t.user)]
+        return sorted(found, key=lambda t: (t.created, t.id))
+
+    def token(self, token_id: str) -> Token:
+        token = self._tokens.get(token_id)
+        if token is None or token.expired(self._clock()):
+            raise TokenNotFound(f"no token {token_id!r}")
+        return token
+
+    def create_token(self, user: str, ttl: float | None, description: str = "") -> tuple[Token, str]:
+        """A new token for ``user``; the text (``cap_<id>_<secret>``) is shown only now."""
+        with self._mutex:
+            return self._create_token(user, ttl, description)
+
+    def _create_token(self, user: str, ttl: float | None, description: str) -> tuple[Token, str]:
+        self.user(user)
+        now = self._clock()
+        self._tokens = {k: t for k, t in self._tokens.items() if not t.expired(now)}
+        secret = secrets.token_urlsafe(32)
+        token = Token(
+            id=secrets.token_hex(8),
+            user=user,
+            digest=token_digest(secret),
+            created=now,
+            expires=None if ttl is None else now + ttl,
+            description=description,
+        )
+        self._tokens[token.id] = token
+        self._save_tokens()
+        return token, f"{TOKEN_PREFIX}{token.id}_{secret}"
+
+    def revoke_token(self, token_id: str) -> Token:
+        with self._mutex:
+            token = self.token(token_id)
+            self._tokens = {k: t for k, t in self._tokens.items() if k != token_id}
+            self._save_tokens()
+            return token
+
+    def check_token(self, text: str) -> User | None:
+        """The enabled user a valid, unexpired token belongs to; None otherwise."""
+        parts = split_token(text)
+        token = self._tokens.get(parts[0]) if parts else None
+        digest = token_digest(parts[1]) if parts else ""
+        # Compare even when the id is unknown, so both cases cost the same.
+        matches = hmac.compare_digest(digest, token.digest if token is not None else "0" * 64)
+        if token is None or not matches or token.expired(self._clock()):
+            return None
+        user = self._users.get(token.user)
+        return user if user is not None and user.enabled else None
+
+    # --- files ---------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        users = self._read(USERS_FILE, "users")
+        tokens = self._read(TOKENS_FILE, "tokens")
+        try:
+            self._users = {
+                name: User(
+                    name=name,
+                    password_hash=str(u["password_hash"]),
+                    admin=bool(u.get("admin", False)),
+                    enabled=bool(u.get("enabled", True)),
+                    rules=tuple(Rule.parse(r) for r in u.get("rules", [])),
+                    created=float(u.get("created", 0.0)),
+                    updated=float(u.get("updated", 0.0)),
+                )
+                for name, u in users.items()
+            }
+            self._tokens = {
+                tid: Token(
+                    id=tid,
+                    user=str(t["user"]),
+                    digest=str(t["digest"]),
+                    created=float(t.get("created", 0.0)),
+                    expires=None if t.get("expires") is None else float(t["expires"]),
+                    description=str(t.get("description", "")),
+                )
+                for tid, t in tokens.items()
+            }
+        except (KeyError, TypeError, ValueError, InvalidRequest) as exc:
+            raise CorruptData(f"auth files in {self.directory} are not valid: {exc}") from None
+
+    def _read(self, name: str, section: str) -> dict[str, Any]:
+        try:
+            doc = orjson.loads((self.directory / name).read_bytes())
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise StorageUnavailable(f"cannot read {self.directory / name}: {exc.strerror}") from None
+        except orjson.JSONDecodeError as exc:
+            raise CorruptData(f"{self.directory / name} is not valid JSON: {exc}") from None
+        value = doc.get(section) if isinstance(doc, dict) else None
+        if not isinstance(value, dict):
+            raise CorruptData(f"{self.directory / name} has no {section!r} object")
+        return value
+
+    def _save_users(self) -> None:
+        doc = {"version": 1, "users": {u.name: u.stored_dict() for u in self.users()}}
+        self._write(USERS_FILE, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+
+    def _save_tokens(self) -> None:
+        tokens = {t.id: {**t.public_dict(), "digest": t.digest} for t in self._tokens.values()}
+        self._write(TOKENS_FILE, orjson.dumps({"version": 1, "tokens": tokens}, option=orjson.OPT_INDENT_2))
+
+    def _mkdir(self) -> None:
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def _write(self, name: str, data: bytes) -> None:
+        # Atomic and durable: write a temporary file, fsync it, rename it over the old one,
+        # then fsync the directory so the rename itself survives a power failure.
+        self._mkdir()
+        path = self.directory / name
+        tmp = path.with_suffix(".tmp")
+        try:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            dir_fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise StorageUnavailable(f"cannot write {path}: {exc.strerror}") from None
+
+
+def parse_rules(raw: object) -> tuple[Rule, ...]:
+    if not isinstance(raw, list):
+        raise InvalidRequest("rules must be a list", field="rules")
+    if len(raw) > 1000:
+        raise InvalidRequest("rules: at most 1000 rules per user", field="rules")
+    return tuple(Rule.parse(r, f"rules[{i}]") for i, r in enumerate(raw))
