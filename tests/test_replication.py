@@ -12,7 +12,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from capella.api import create_app
-from capella.config import ServerSettings, parse_config
+from capella.auth.authenticator import Authenticator
+from capella.auth.rule import Rule
+from capella.auth.store import AuthStore
+from capella.config import AuthSettings, ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.handlers.supervisor import Supervisor
@@ -137,3 +140,66 @@ async def test_a_started_copy_delivers_a_receipt_to_the_producer(nodes: dict[str
     assert holders == ["copy-to-dc.events"]
     await asyncio.sleep(0)
     assert await stored(dc, "events") == [("edge", 1, b"important")]
+
+
+@pytest.fixture
+async def secure_dc(
+    tmp_path: Path, aiohttp_server: Callable[[web.Application], Awaitable[TestServer]]
+) -> AsyncIterator[Node]:
+    """A datacenter with authentication on: user ``replicator`` may write ``events`` only."""
+    config = parse_config(
+        {"cluster": {"name": "secure", "data_dir": str(tmp_path / "secure")}}, {}, base=tmp_path
+    )
+    users = AuthStore(tmp_path / "secure" / "auth")
+    users.add_user("root", "root-password", admin=True)
+    users.add_user("replicator", "replicator-password", rules=(Rule.parse("allow:queue:write:events"),))
+    cluster = await Cluster.open(config)
+    supervisor = Supervisor(cluster, users=users)
+    await supervisor.start()
+    authenticator = Authenticator(users, AuthSettings(enabled=True))
+    server = await aiohttp_server(create_app(cluster, ServerSettings(), supervisor, authenticator))
+    yield Node(cluster, supervisor, str(server.make_url("")).rstrip("/"))
+    await supervisor.close()
+    await cluster.close()
+
+
+async def test_wrong_credentials_show_in_the_status_and_copying_resumes_once_fixed(
+    nodes: dict[str, Node], secure_dc: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    edge = nodes["edge"]
+    await edge.cluster.put_queue("events", {})
+    await secure_dc.cluster.put_queue("events", {})
+    await secure_dc.cluster.put_queue("other", {})
+    monkeypatch.setenv("SECURE_DC_PASSWORD", "not-the-password")
+    await edge.supervisor.links.put(
+        "secure", {"url": secure_dc.url, "username": "replicator", "password_env": "SECURE_DC_PASSWORD"}
+    )
+    await edge.cluster.queue("events").append([Draft(f"m{i}".encode()) for i in range(5)], SaveMode.WAIT)
+    push = {
+        "type": "copy",
+        "queues": ["events"],
+        "params": {"to": "secure/events", "wait": 0},
+        "started": False,
+    }
+    await edge.supervisor.put("push", push)
+
+    state = await edge.supervisor.run_now("push")
+    assert state.last_error is not None and "unauthorized" in state.last_error[0]
+    assert edge.cluster.queue("events").subscription("copy-to-secure.events").last_id == 0
+    assert await stored(secure_dc, "events") == []
+
+    # Right password, but a queue the user may not write: a clear "forbidden".
+    monkeypatch.setenv("SECURE_DC_PASSWORD", "replicator-password")
+    await edge.supervisor.links.put(
+        "secure", {"url": secure_dc.url, "username": "replicator", "password_env": "SECURE_DC_PASSWORD"}
+    )
+    await edge.supervisor.put("push", {**push, "params": {"to": "secure/other", "wait": 0}})
+    state = await edge.supervisor.run_now("push")
+    assert state.last_error is not None and "forbidden" in state.last_error[0]
+
+    await edge.supervisor.put("push", push)
+    await edge.cluster.queue("events").append([Draft(b"m5")], SaveMode.WAIT)
+    state = await edge.supervisor.run_now("push")
+    assert state.last_error is None
+    assert await stored(secure_dc, "events") == [("edge", i + 1, f"m{i}".encode()) for i in range(6)]
+    assert await stored(secure_dc, "other") == []
