@@ -1,7 +1,9 @@
 """The ``capella`` command: ``serve``, plus admin and data commands that talk to a server.
 
 Every command but ``serve`` uses ``capella.client.Client`` against ``--url`` (default:
-``$CAPELLA_URL`` or http://127.0.0.1:8676). Errors print as ``capella: <code>: <message>``
+``$CAPELLA_URL`` or http://127.0.0.1:8676), signed in as ``cli/login.py`` describes (``--user``,
+``$CAPELLA_USER`` + ``$CAPELLA_PASSWORD``, or ``$CAPELLA_TOKEN``); ``user`` commands can also
+work on a stopped server's data directory. Errors print as ``capella: <code>: <message>``
 and exit 1; bad usage exits 2; Ctrl-C exits 130.
 """
 
@@ -13,10 +15,11 @@ import sys
 from collections.abc import Sequence
 
 from capella import __version__
-from capella.cli import cluster, data, handler, queue, serve
+from capella.cli import cluster, data, handler, queue, serve, token, user
+from capella.cli.login import HINT, connect, login
 from capella.cli.output import error
-from capella.client import DEFAULT_URL, Client
-from capella.errors import CapellaError, Unreachable
+from capella.client import DEFAULT_URL
+from capella.errors import CapellaError, Unauthorized, Unreachable
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -27,13 +30,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not args.uses_client:
             return int(args.func(args))
-        with Client(args.url, timeout=args.timeout) as client:
+        with connect(args, login(args)) as client:
             return int(args.func(args, client))
     except Unreachable as exc:
         error(f"{exc.code}: {exc.message}")
         error(
             f"is a server running at {args.url}? Start one with `capella serve`, or set --url or CAPELLA_URL."
         )
+        return 1
+    except Unauthorized as exc:
+        error(f"{exc.code}: {exc.message}")
+        error(HINT)
         return 1
     except CapellaError as exc:
         error(f"{exc.code}: {exc.message}")
@@ -76,6 +83,8 @@ def parser() -> argparse.ArgumentParser:
     handler.add_parser(commands, common)
     cluster.add_parser(commands, common)
     data.add_parsers(commands, common)
+    user.add_parser(commands, common)
+    token.add_parser(commands, common)
     return root
 
 
@@ -87,6 +96,13 @@ def _add_globals(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         "--url",
         default=default(os.environ.get("CAPELLA_URL") or DEFAULT_URL),
         help=f"the server's base URL (default: $CAPELLA_URL or {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--user",
+        default=default(None),
+        metavar="NAME",
+        help="sign in as NAME, with the password from $CAPELLA_PASSWORD or a prompt (default: "
+        "the token in $CAPELLA_TOKEN, else $CAPELLA_USER)",
     )
     parser.add_argument("--json", action="store_true", default=default(False), help="print JSON for programs")
     parser.add_argument(

@@ -312,6 +312,60 @@ class AsyncClient:
         """``{"ok", "ready", "latency_ms", "error"}``: a failed ping is an answer, not an error."""
         return dict(await self._call("POST", _cluster_path(name, "ping")))
 
+    # --- users and tokens --------------------------------------------------------------
+
+    async def users(self) -> list[dict[str, Any]]:
+        """The users the caller may read; never a password hash."""
+        return list((await self._call("GET", "/v1/users"))["users"])
+
+    async def user(self, name: str) -> dict[str, Any]:
+        return dict(await self._call("GET", _user_path(name)))
+
+    async def put_user(self, name: str, **fields: Any) -> dict[str, Any]:
+        """Create (``password`` required) or change a user: ``password``, ``admin``, ``enabled``, ``rules``.
+
+        Rules are ``{"effect", "type", "action", "name"}`` objects or ``"allow:queue:read:orders-*"``.
+        """
+        return dict(await self._call("PUT", _user_path(name), json=fields))
+
+    async def drop_user(self, name: str) -> None:
+        """Delete the user; its tokens are revoked with it."""
+        await self._call("DELETE", _user_path(name))
+
+    async def change_password(
+        self, name: str, password: str, old_password: str | None = None
+    ) -> dict[str, Any]:
+        """Set a new password; ``old_password`` is needed unless the caller may administer ``name``."""
+        body = {"password": password}
+        if old_password is not None:
+            body["old_password"] = old_password
+        return dict(await self._call("POST", _user_path(name, "password"), json=body))
+
+    async def me(self) -> dict[str, Any]:
+        """Who the server takes the caller for: ``{"user", "admin", "via", "rules"}``."""
+        return dict(await self._call("GET", "/v1/me"))
+
+    async def create_token(
+        self, ttl: float | str | None = None, description: str | None = None, user: str | None = None
+    ) -> dict[str, Any]:
+        """A new bearer token (``ttl`` in seconds or ``"24h"``); its text, ``token``, is only here.
+
+        Needs Basic credentials: a token cannot create tokens.
+        """
+        body = {
+            key: value
+            for key, value in (("ttl", ttl), ("description", description), ("user", user))
+            if value is not None
+        }
+        return dict(await self._call("POST", "/v1/tokens", json=body))
+
+    async def tokens(self) -> list[dict[str, Any]]:
+        """The caller's unexpired tokens (and those of users it may administer), without their text."""
+        return list((await self._call("GET", "/v1/tokens"))["tokens"])
+
+    async def revoke_token(self, id: str) -> None:
+        await self._call("DELETE", "/v1/tokens/" + quote(id, safe=""))
+
     # --- operations ------------------------------------------------------------------
 
     async def health(self) -> dict[str, Any]:
@@ -549,3 +603,7 @@ def _handler_path(name: str, *rest: str) -> str:
 
 def _cluster_path(name: str, *rest: str) -> str:
     return "/".join(("/v1/clusters", quote(name, safe=""), *rest))
+
+
+def _user_path(name: str, *rest: str) -> str:
+    return "/".join(("/v1/users", quote(name, safe=""), *rest))

@@ -241,6 +241,37 @@ class Client:
     def ping_cluster(self, name: str) -> dict[str, Any]:
         return self._run(self._client.ping_cluster(name))
 
+    # --- users and tokens --------------------------------------------------------------
+
+    def users(self) -> list[dict[str, Any]]:
+        return self._run(self._client.users())
+
+    def user(self, name: str) -> dict[str, Any]:
+        return self._run(self._client.user(name))
+
+    def put_user(self, name: str, **fields: Any) -> dict[str, Any]:
+        return self._run(self._client.put_user(name, **fields))
+
+    def drop_user(self, name: str) -> None:
+        self._run(self._client.drop_user(name))
+
+    def change_password(self, name: str, password: str, old_password: str | None = None) -> dict[str, Any]:
+        return self._run(self._client.change_password(name, password, old_password))
+
+    def me(self) -> dict[str, Any]:
+        return self._run(self._client.me())
+
+    def create_token(
+        self, ttl: float | str | None = None, description: str | None = None, user: str | None = None
+    ) -> dict[str, Any]:
+        return self._run(self._client.create_token(ttl, description, user))
+
+    def tokens(self) -> list[dict[str, Any]]:
+        return self._run(self._client.tokens())
+
+    def revoke_token(self, id: str) -> None:
+        self._run(self._client.revoke_token(id))
+
     # --- operations ------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
