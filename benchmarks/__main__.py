@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from benchmarks import (
+    auth,
     disk,
     latency,
     machine,
@@ -41,6 +42,7 @@ SCENARIOS: dict[str, Callable[[Settings], Awaitable[Outcome]]] = {
     "tiers-archive": tiers_archive.run,
     "tiers-read-s3": tiers_read.run,
     "replication": replication.run,
+    "auth": auth.run,
 }
 
 
