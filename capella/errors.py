@@ -63,6 +63,12 @@ class RequestTimeout(InvalidRequest):
     code = "request_timeout"
 
 
+class JsonTooDeep(InvalidRequest):
+    """The JSON body nests arrays and objects deeper than the limit."""
+
+    code = "json_too_deep"
+
+
 # --- lookups -----------------------------------------------------------------------------
 
 
