@@ -16,7 +16,8 @@ import signal
 from aiohttp import web
 
 from capella.api.app import create_app
-from capella.config import Config
+from capella.api.connection import ConnectionGuard, GuardedSite
+from capella.config import Config, ServerSettings
 from capella.core.cluster import Cluster
 from capella.errors import InvalidConfig
 from capella.handlers.links import Links
@@ -31,30 +32,18 @@ async def serve(config: Config) -> None:
     # Listen before recovering, so /healthz answers and /readyz says 503 while queues recover.
     cluster = Cluster.create(config)
     supervisor = Supervisor(cluster, links=Links(cluster, key_file=config.data_dir / "keys" / "links.key"))
-    app = create_app(cluster, config.server, supervisor)
-    runner = web.AppRunner(
-        app,
-        handle_signals=False,
-        access_log=None,
-        keepalive_timeout=config.server.keepalive_timeout,
-        shutdown_timeout=config.server.shutdown_timeout,
-    )
+    guard = ConnectionGuard(config.server)
+    app = create_app(cluster, config.server, supervisor, guard)
+    # The guard builds each connection's protocol with the header limits and keep-alive timeout.
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.server.shutdown_timeout)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
         await runner.setup()
-        site = web.TCPSite(runner, config.server.host, config.server.port, backlog=1024, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise InvalidConfig(
-                f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror}"
-            ) from None
-        host = config.server.host
-        url = f"http://{'[' + host + ']' if ':' in host else host}:{config.server.port}"
-        log.info("capella listening cluster=%s url=%s data_dir=%s", cluster.name, url, config.data_dir)
+        site = await listen(runner, config.server, guard)
+        log.info("capella listening cluster=%s url=%s data_dir=%s", cluster.name, site.name, config.data_dir)
         await cluster.start()
         await supervisor.start()
         # Everything built so far lives until exit: keep it out of every future GC pass, and
@@ -68,9 +57,20 @@ async def serve(config: Config) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await runner.cleanup()
+        guard.close()
         await supervisor.close()
         await cluster.close()
         log.info("capella stopped")
+
+
+async def listen(runner: web.AppRunner, settings: ServerSettings, guard: ConnectionGuard) -> GuardedSite:
+    """Accept connections on ``settings.host:port`` through ``guard``."""
+    site = GuardedSite(runner, guard, settings.host, settings.port)
+    try:
+        await site.start()
+    except OSError as exc:
+        raise InvalidConfig(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
+    return site
 
 
 def run(config: Config) -> None:

@@ -9,6 +9,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from capella.api import clusters, handlers, health, messages, openapi, queues, subscriptions
+from capella.api.connection import ConnectionGuard
 from capella.api.errors import status_for
 from capella.api.request import CLUSTER, SETTINGS, STOPPING, SUPERVISOR, json_response
 from capella.config import ServerSettings
@@ -30,8 +31,16 @@ _HTTP_CODES = {
 }
 
 
-def create_app(cluster: Cluster, settings: ServerSettings, supervisor: Supervisor) -> web.Application:
-    app = web.Application(client_max_size=settings.max_body_size, middlewares=[error_middleware])
+def create_app(
+    cluster: Cluster,
+    settings: ServerSettings,
+    supervisor: Supervisor,
+    guard: ConnectionGuard | None = None,
+) -> web.Application:
+    """The application; ``guard`` is the connection guard of the site that will serve it."""
+    # The guard's middleware goes first: a head is complete whatever the later ones decide.
+    middlewares = [error_middleware] if guard is None else [guard.middleware, error_middleware]
+    app = web.Application(client_max_size=settings.max_body_size, middlewares=middlewares)
     app[CLUSTER] = cluster
     app[SETTINGS] = settings
     app[SUPERVISOR] = supervisor

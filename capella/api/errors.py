@@ -7,6 +7,7 @@ from capella.errors import (
     CapellaError,
     Conflict,
     CorruptData,
+    HeadersTooLarge,
     InvalidConfig,
     InvalidRequest,
     NotFound,
@@ -15,6 +16,7 @@ from capella.errors import (
     RequestTimeout,
     ShuttingDown,
     StorageUnavailable,
+    TooManyConnections,
 )
 
 # Subclasses come before their bases only for reading; status_for walks the MRO.
@@ -23,12 +25,14 @@ STATUS: dict[type[CapellaError], int] = {
     InvalidConfig: 400,
     RequestTimeout: 408,
     PayloadTooLarge: 413,
+    HeadersTooLarge: 431,
     NotFound: 404,
     AlreadyExists: 409,
     Conflict: 409,
     StorageUnavailable: 503,
     ShuttingDown: 503,
     NotReady: 503,
+    TooManyConnections: 503,
     CorruptData: 503,
 }
 
