@@ -1,29 +1,52 @@
-"""Transport hardening against real servers on 127.0.0.1: the connection guard (the connection
-cap and the request-head deadline that defeats slowloris), header limits and the JSON nesting
-limit.
+"""Transport security against real servers on 127.0.0.1: TLS and mutual TLS, the connection
+guard (the connection cap and the request-head deadline that defeats slowloris), header
+limits and the JSON nesting limit.
 
-Servers are real ``capella serve`` processes, one per configuration and module. Every wait
-is bounded: raw sockets read with a timeout and give up after a fixed number of tries.
+Servers are real ``capella serve`` processes, one per configuration and module; the one
+in-process server (``listen`` from ``capella.server``) is there to reach the client
+certificate from a route. Certificates are made per module with ``cryptography``. Every
+wait is bounded: raw sockets read with a timeout and give up after a fixed number of tries.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
+import ipaddress
+import ssl
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient
-from conftest import ServerProcess
+from aiohttp.typedefs import Handler
+from conftest import SERVER_START_TIMEOUT, ServerProcess
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from capella.api import create_app
+from capella.api.connection import ConnectionGuard
 from capella.api.request import nesting, shallow_enough
 from capella.client import AsyncClient
-from capella.errors import HeadersTooLarge, TooManyConnections
+from capella.config import ServerSettings, TlsSettings
+from capella.core.cluster import Cluster
+from capella.errors import HeadersTooLarge, InvalidConfig, TooManyConnections, Unreachable
+from capella.handlers.supervisor import Supervisor
+from capella.server import listen, ssl_context
 
 pytestmark = pytest.mark.slow
 
@@ -31,6 +54,122 @@ HEADER_TIMEOUT = 1.5
 # A loaded CI machine (2 cores, several test runs) may add this much to any deadline.
 SLACK = 2.0
 READ_TIMEOUT = 10.0
+
+
+# --- certificates ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pki:
+    """A throwaway CA, a server certificate for 127.0.0.1/localhost, and client certificates."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path  # CN=alice, signed by the CA
+    client_key: Path
+    rogue_cert: Path  # CN=mallory, signed by another CA
+    rogue_key: Path
+    encrypted_key: Path  # the server key, with a passphrase
+
+    def client_context(self, *, cert: str | None = None) -> ssl.SSLContext:
+        """Trusts the CA; presents ``alice``'s or ``mallory``'s certificate when asked."""
+        context = ssl.create_default_context(cafile=str(self.ca))
+        if cert == "alice":
+            context.load_cert_chain(self.client_cert, self.client_key)
+        elif cert == "mallory":
+            context.load_cert_chain(self.rogue_cert, self.rogue_key)
+        return context
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _issue(
+    cn: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None = None,
+    *,
+    ca: bool = False,
+    server: bool = False,
+) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    issuer_name, issuer_key = issuer or (_name(cn), key)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(issuer_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        ).add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    else:
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False).add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False
+        )
+    if server:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _write(path: Path, cert: x509.Certificate | None = None, key: Any = None, password: bytes = b"") -> Path:
+    if cert is not None:
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    else:
+        encryption = (
+            serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
+        )
+        path.write_bytes(
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+        )
+    return path
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    root = tmp_path_factory.mktemp("pki")
+    ca_key, rogue_ca_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = _issue("Capella Test CA", ca_key, ca=True)
+    rogue_ca = _issue("Someone Else's CA", rogue_ca_key, ca=True)
+    server_key, client_key, rogue_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
+    return Pki(
+        ca=_write(root / "ca.pem", ca),
+        server_cert=_write(
+            root / "server.pem", _issue("localhost", server_key, (ca.subject, ca_key), server=True)
+        ),
+        server_key=_write(root / "server.key", key=server_key),
+        client_cert=_write(root / "alice.pem", _issue("alice", client_key, (ca.subject, ca_key))),
+        client_key=_write(root / "alice.key", key=client_key),
+        rogue_cert=_write(
+            root / "mallory.pem", _issue("mallory", rogue_key, (rogue_ca.subject, rogue_ca_key))
+        ),
+        rogue_key=_write(root / "mallory.key", key=rogue_key),
+        encrypted_key=_write(root / "server-encrypted.key", key=server_key, password=b"secret"),
+    )
 
 
 # --- servers ---------------------------------------------------------------------------
@@ -43,6 +182,29 @@ def write_config(path: Path, server: str, tls: str = "") -> Path:
         '[mounts.default]\nprovider = "memory"\n'
     )
     return path
+
+
+class TlsServerProcess(ServerProcess):
+    """``capella serve`` with ``[server.tls]``: an https:// URL and a TLS readiness check."""
+
+    def __init__(self, data_dir: Path, config: Path, context: ssl.SSLContext) -> None:
+        super().__init__(data_dir, config=config)
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.context = context
+
+    def wait_ready(self, timeout: float = SERVER_START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"capella serve exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1.0, context=self.context) as resp:
+                    if resp.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"capella serve not ready after {timeout}s:\n{self.log()}")
 
 
 def _started(server: ServerProcess) -> Iterator[ServerProcess]:
@@ -70,6 +232,29 @@ def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
     root = tmp_path_factory.mktemp("limited")
     config = write_config(root / "capella.toml", 'max_connections = 20\nheader_timeout = "60s"\n')
     yield from _started(ServerProcess(root / "data", config=config))
+
+
+def _tls_table(pki: Pki, client_ca: bool) -> str:
+    table = f'cert_file = "{pki.server_cert}"\nkey_file = "{pki.server_key}"\n'
+    return table + (f'client_ca_file = "{pki.ca}"\n' if client_ca else "")
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("tls")
+    config = write_config(
+        root / "capella.toml", f'header_timeout = "{HEADER_TIMEOUT}s"', _tls_table(pki, False)
+    )
+    yield from _started(TlsServerProcess(root / "data", config, pki.client_context()))
+
+
+@pytest.fixture(scope="module")
+def mtls_server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("mtls")
+    config = write_config(
+        root / "capella.toml", f'header_timeout = "{HEADER_TIMEOUT}s"', _tls_table(pki, True)
+    )
+    yield from _started(TlsServerProcess(root / "data", config, pki.client_context(cert="alice")))
 
 
 # --- raw HTTP --------------------------------------------------------------------------
@@ -452,3 +637,190 @@ async def test_refusals_past_a_second_max_connections_are_closed_at_once(
 
     assert not lingering
     assert flooded
+
+
+# --- TLS -------------------------------------------------------------------------------
+
+
+async def test_a_client_with_the_ca_talks_https(tls_server: ServerProcess, pki: Pki) -> None:
+    async with AsyncClient(tls_server.url, ssl=pki.client_context()) as client:
+        await client.put_queue("tls")
+        await client.produce("tls", [{"data": "over TLS"}])
+        answer = await client.read("tls", after=0)
+
+    assert [m["data"] for m in answer["messages"]] == ["over TLS"]
+    assert f"url=https://127.0.0.1:{tls_server.port}" in tls_server.log()
+
+
+async def test_a_client_without_the_ca_fails_cleanly_and_the_server_survives(
+    tls_server: ServerProcess, pki: Pki
+) -> None:
+    async with AsyncClient(tls_server.url, timeout=5.0) as client:
+        with pytest.raises(Unreachable, match=r"(?i)certificate verify failed"):
+            await client.queues()
+    async with AsyncClient(tls_server.url, ssl=pki.client_context()) as client:
+        assert await client.ready()
+
+
+async def test_plain_http_on_the_tls_port_is_dropped(tls_server: ServerProcess, pki: Pki) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", tls_server.port)
+    try:
+        writer.write(request_bytes())
+        received = await closed_within(reader, SLACK)
+    finally:
+        writer.close()
+
+    assert not received.startswith(b"HTTP/")
+    async with AsyncClient(tls_server.url, ssl=pki.client_context()) as client:
+        assert await client.ready()
+
+
+async def test_a_tls_handshake_must_finish_within_the_head_deadline(tls_server: ServerProcess) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", tls_server.port)
+    started = time.monotonic()
+    try:
+        await closed_within(reader, HEADER_TIMEOUT + SLACK)
+    finally:
+        writer.close()
+
+    assert HEADER_TIMEOUT - 0.1 <= time.monotonic() - started <= HEADER_TIMEOUT + SLACK
+
+
+def test_the_server_context_refuses_tls_below_1_2(pki: Pki) -> None:
+    context = ssl_context(TlsSettings(pki.server_cert, pki.server_key))
+
+    assert context.minimum_version == ssl.TLSVersion.TLSv1_2
+    assert context.verify_mode == ssl.CERT_NONE
+
+
+async def test_a_link_reaches_a_tls_cluster_with_its_ca_file(tls_server: ServerProcess, pki: Pki) -> None:
+    async with AsyncClient(tls_server.url, ssl=pki.client_context()) as client:
+        await client.put_cluster("self-tls", url=tls_server.url, ca_file=str(pki.ca))
+        with_ca = await client.ping_cluster("self-tls")
+        await client.put_cluster("self-no-ca", url=tls_server.url, connect_timeout=2, timeout=5)
+        without_ca = await client.ping_cluster("self-no-ca")
+
+    assert with_ca["ok"] is True, with_ca
+    assert without_ca["ok"] is False
+    assert without_ca["error"]["code"] == "unreachable"
+    assert "certificate verify failed" in without_ca["error"]["message"].lower()
+
+
+# --- mutual TLS ------------------------------------------------------------------------
+
+
+async def test_mutual_tls_accepts_a_client_certificate_from_the_ca(
+    mtls_server: ServerProcess, pki: Pki
+) -> None:
+    async with AsyncClient(mtls_server.url, ssl=pki.client_context(cert="alice")) as client:
+        await client.put_queue("mtls")
+        assert await client.queues()
+
+
+@pytest.mark.parametrize("cert", [None, "mallory"], ids=["no-certificate", "another-ca"])
+async def test_mutual_tls_refuses_a_client_without_a_good_certificate(
+    mtls_server: ServerProcess, pki: Pki, cert: str | None
+) -> None:
+    async with AsyncClient(mtls_server.url, ssl=pki.client_context(cert=cert), timeout=5.0) as client:
+        with pytest.raises(Unreachable):
+            await client.queues()
+    async with AsyncClient(mtls_server.url, ssl=pki.client_context(cert="alice")) as client:
+        assert await client.ready()
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    cluster: Cluster, supervisor: Supervisor, settings: ServerSettings, route: Handler | None = None
+) -> AsyncIterator[str]:
+    """The app in this process behind the server's own ``listen``; yields its https:// URL."""
+    guard = ConnectionGuard(settings)
+    app = create_app(cluster, settings, supervisor, guard)
+    if route is not None:
+        app.router.add_get("/test/route", route)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    try:
+        site = await listen(runner, settings, guard)
+        yield f"https://127.0.0.1:{site.port}"
+    finally:
+        await runner.cleanup()
+        guard.close()
+
+
+async def test_the_client_certificate_reaches_the_app(
+    cluster: Cluster, supervisor: Supervisor, pki: Pki
+) -> None:
+    async def peer(request: web.Request) -> web.Response:
+        assert request.transport is not None
+        cert = request.transport.get_extra_info("peercert")
+        subject = dict(item[0] for item in cert["subject"])
+        return web.json_response({"cn": subject["commonName"]})
+
+    settings = ServerSettings(port=0, tls=TlsSettings(pki.server_cert, pki.server_key, pki.ca))
+    async with (
+        serving(cluster, supervisor, settings, peer) as url,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=pki.client_context(cert="alice"))) as http,
+        http.get(f"{url}/test/route") as resp,
+    ):
+        assert resp.status == 200
+        assert await resp.json() == {"cn": "alice"}
+
+
+async def test_a_tls_connection_over_max_connections_gets_503_json(
+    cluster: Cluster, supervisor: Supervisor, pki: Pki
+) -> None:
+    settings = ServerSettings(port=0, max_connections=1, tls=TlsSettings(pki.server_cert, pki.server_key))
+    async with (
+        serving(cluster, supervisor, settings) as url,
+        AsyncClient(url, ssl=pki.client_context()) as holder,
+        AsyncClient(url, ssl=pki.client_context()) as other,
+    ):
+        await holder.health()  # holds the one connection (keep-alive)
+        with pytest.raises(TooManyConnections):
+            await other.health()
+        await holder.health()
+
+
+# --- bad TLS files stop the server -----------------------------------------------------
+
+
+def test_a_key_that_does_not_match_the_certificate_is_refused(pki: Pki) -> None:
+    with pytest.raises(InvalidConfig, match=r"(?i)key values mismatch"):
+        ssl_context(TlsSettings(pki.server_cert, pki.client_key))
+
+
+def test_an_encrypted_key_is_refused_without_a_prompt(pki: Pki) -> None:
+    with pytest.raises(InvalidConfig, match="key_file is encrypted"):
+        ssl_context(TlsSettings(pki.server_cert, pki.encrypted_key))
+
+
+def test_a_certificate_file_that_is_not_pem_is_refused(pki: Pki, tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+
+    with pytest.raises(InvalidConfig, match="cannot use cert_file"):
+        ssl_context(TlsSettings(junk, pki.server_key))
+
+
+def test_a_client_ca_file_without_a_certificate_is_refused(pki: Pki, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.pem"
+    empty.write_text("")
+
+    with pytest.raises(InvalidConfig, match=r"client_ca_file .* cannot be used"):
+        ssl_context(TlsSettings(pki.server_cert, pki.server_key, empty))
+
+
+def test_capella_serve_stops_with_a_clear_message_on_a_bad_key(pki: Pki, tmp_path: Path) -> None:
+    tls = f'cert_file = "{pki.server_cert}"\nkey_file = "{pki.client_key}"\n'
+    config = write_config(tmp_path / "capella.toml", 'listen = "127.0.0.1:0"', tls)
+    command = [sys.executable, "-m", "capella", "serve", "--config", str(config)]
+    done = subprocess.run(
+        [*command, "--data-dir", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=SERVER_START_TIMEOUT,
+        check=False,
+    )
+
+    assert done.returncode == 2, done.stderr
+    assert "capella: server.tls: cannot use cert_file" in done.stderr
