@@ -87,11 +87,30 @@ class MountConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """HTTPS: the server's certificate and key, and the CA that client certificates must chain to.
+
+    With ``client_ca_file`` set, every client must present a certificate signed by that CA
+    (mutual TLS). The files are only checked to exist here; ``server.py`` loads them.
+    """
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ServerSettings:
     """HTTP listener and the limits that keep bad or slow clients harmless."""
 
     host: str = "127.0.0.1"
     port: int = 8676
+    tls: TlsSettings | None = None
+    max_connections: int = 1024
+    header_timeout: float = 10.0
+    max_header_size: int = 8 * 1024
+    max_headers: int = 100
+    max_json_depth: int = 32
     keepalive_timeout: float = 75.0
     max_body_size: int = 16 * 1024 * 1024
     max_message_size: int = 1024 * 1024
@@ -176,6 +195,20 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any], base: Path) -> 
     server = ServerSettings(
         host=host,
         port=port,
+        tls=_tls(srv.get("tls"), base),
+        max_connections=_positive_int(
+            srv.get("max_connections", defaults.max_connections), "server.max_connections"
+        ),
+        header_timeout=_positive_duration(
+            srv.get("header_timeout", defaults.header_timeout), "server.header_timeout"
+        ),
+        max_header_size=_positive_size(
+            srv.get("max_header_size", defaults.max_header_size), "server.max_header_size"
+        ),
+        max_headers=_positive_int(srv.get("max_headers", defaults.max_headers), "server.max_headers"),
+        max_json_depth=_positive_int(
+            srv.get("max_json_depth", defaults.max_json_depth), "server.max_json_depth"
+        ),
         keepalive_timeout=parse_duration(
             srv.get("keepalive_timeout", defaults.keepalive_timeout), "server.keepalive_timeout"
         ),
@@ -325,6 +358,51 @@ def _table(raw: dict[str, Any], name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidConfig(f"[{name}] must be a table")
     return value
+
+
+def _tls(table: object, base: Path) -> TlsSettings | None:
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise InvalidConfig("[server.tls] must be a table")
+    if unknown := sorted(set(table) - {"cert_file", "key_file", "client_ca_file"}):
+        raise InvalidConfig(f"server.tls: unknown key(s): {', '.join(unknown)}")
+    missing = [key for key in ("cert_file", "key_file") if table.get(key) is None]
+    if missing:
+        raise InvalidConfig(f"server.tls: {' and '.join(missing)} must be given (PEM files)")
+    client_ca = table.get("client_ca_file")
+    return TlsSettings(
+        cert_file=_existing_file(table["cert_file"], base, "server.tls.cert_file"),
+        key_file=_existing_file(table["key_file"], base, "server.tls.key_file"),
+        client_ca_file=None
+        if client_ca is None
+        else _existing_file(client_ca, base, "server.tls.client_ca_file"),
+    )
+
+
+def _existing_file(value: object, base: Path, what: str) -> Path:
+    if not isinstance(value, str) or not value:
+        raise InvalidConfig(f"{what}: expected a file path, got {value!r}")
+    path = Path(value)
+    if not path.is_absolute():
+        path = (base / path).resolve()
+    if not path.is_file():
+        raise InvalidConfig(f"{what}: no such file {str(path)!r}")
+    return path
+
+
+def _positive_duration(value: object, what: str) -> float:
+    seconds = parse_duration(value, what)
+    if seconds <= 0:
+        raise InvalidConfig(f"{what}: must be greater than 0")
+    return seconds
+
+
+def _positive_size(value: object, what: str) -> int:
+    size = parse_size(value, what)
+    if size <= 0:
+        raise InvalidConfig(f"{what}: must be greater than 0")
+    return size
 
 
 def _positive_int(value: object, what: str) -> int:

@@ -58,9 +58,21 @@ class PayloadTooLarge(InvalidRequest):
 
 
 class RequestTimeout(InvalidRequest):
-    """The request body did not arrive within the read deadline."""
+    """The request head or body did not arrive within its deadline."""
 
     code = "request_timeout"
+
+
+class HeadersTooLarge(InvalidRequest):
+    """The request line or a header is longer than the limit, or there are too many headers."""
+
+    code = "headers_too_large"
+
+
+class JsonTooDeep(InvalidRequest):
+    """The JSON body nests arrays and objects deeper than the limit."""
+
+    code = "json_too_deep"
 
 
 # --- who is asking ----------------------------------------------------------------------
@@ -166,6 +178,12 @@ class NotReady(CapellaError):
     """The server is still recovering its queues."""
 
     code = "not_ready"
+
+
+class TooManyConnections(CapellaError):
+    """The server holds as many connections as it accepts; try again later."""
+
+    code = "too_many_connections"
 
 
 class ShuttingDown(CapellaError):

@@ -12,14 +12,17 @@ import contextlib
 import gc
 import logging
 import os
+import re
 import signal
+import ssl
 
 from aiohttp import web
 
 from capella.api.app import create_app
+from capella.api.connection import ConnectionGuard, GuardedSite
 from capella.auth.authenticator import Authenticator
 from capella.auth.store import AuthStore
-from capella.config import Config
+from capella.config import Config, ServerSettings, TlsSettings
 from capella.core.cluster import Cluster
 from capella.errors import InvalidConfig, InvalidRequest
 from capella.handlers.links import Links
@@ -37,30 +40,18 @@ async def serve(config: Config) -> None:
     cluster = Cluster.create(config)
     links = Links(cluster, key_file=config.data_dir / "keys" / "links.key")
     supervisor = Supervisor(cluster, links=links, users=users)
-    app = create_app(cluster, config.server, supervisor, authenticator)
-    runner = web.AppRunner(
-        app,
-        handle_signals=False,
-        access_log=None,
-        keepalive_timeout=config.server.keepalive_timeout,
-        shutdown_timeout=config.server.shutdown_timeout,
-    )
+    guard = ConnectionGuard(config.server)
+    app = create_app(cluster, config.server, supervisor, authenticator=authenticator, guard=guard)
+    # The guard builds each connection's protocol with the header limits and keep-alive timeout.
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.server.shutdown_timeout)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
         await runner.setup()
-        site = web.TCPSite(runner, config.server.host, config.server.port, backlog=1024, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise InvalidConfig(
-                f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror}"
-            ) from None
-        host = config.server.host
-        url = f"http://{'[' + host + ']' if ':' in host else host}:{config.server.port}"
-        log.info("capella listening cluster=%s url=%s data_dir=%s", cluster.name, url, config.data_dir)
+        site = await listen(runner, config.server, guard)
+        log.info("capella listening cluster=%s url=%s data_dir=%s", cluster.name, site.name, config.data_dir)
         await cluster.start()
         await supervisor.start()
         # Everything built so far lives until exit: keep it out of every future GC pass, and
@@ -74,6 +65,7 @@ async def serve(config: Config) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await runner.cleanup()
+        guard.close()
         await supervisor.close()
         await cluster.close()
         if users is not None:
@@ -109,6 +101,55 @@ def open_auth(config: Config) -> Authenticator | None:
         log.info("admin user created from the configuration user=%s", user)
     log.info("authentication on users=%d", len(store.users()))
     return Authenticator(store, config.auth)
+
+
+async def listen(runner: web.AppRunner, settings: ServerSettings, guard: ConnectionGuard) -> GuardedSite:
+    """Accept connections on ``settings.host:port`` through ``guard``; HTTPS when TLS is configured."""
+    context = None if settings.tls is None else ssl_context(settings.tls)
+    site = GuardedSite(runner, guard, settings.host, settings.port, ssl_context=context)
+    try:
+        await site.start()
+    except OSError as exc:
+        raise InvalidConfig(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
+    return site
+
+
+def ssl_context(tls: TlsSettings) -> ssl.SSLContext:
+    """The server side of TLS 1.2 or later; client certificates are required when a client CA is set."""
+    # A bare server context, not create_default_context(): that one would also trust the
+    # system's CAs, so any publicly issued certificate would pass as a client certificate.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # Client-initiated renegotiation lets one client make the server do handshakes in a loop.
+    context.options |= ssl.OP_NO_RENEGOTIATION
+    try:
+        context.load_cert_chain(tls.cert_file, tls.key_file, password=_no_password)
+    except OSError as exc:  # ssl.SSLError too: not PEM, or the key does not match the certificate
+        raise InvalidConfig(
+            f"server.tls: cannot use cert_file {str(tls.cert_file)!r} with key_file "
+            f"{str(tls.key_file)!r} (PEM files, the key matching the certificate): {_reason(exc)}"
+        ) from None
+    if tls.client_ca_file is not None:
+        try:
+            context.load_verify_locations(cafile=tls.client_ca_file)
+        except OSError as exc:
+            raise InvalidConfig(
+                f"server.tls.client_ca_file {str(tls.client_ca_file)!r} cannot be used: {_reason(exc)}"
+            ) from None
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def _no_password() -> bytes:
+    # Without a callback OpenSSL would prompt on the terminal and block the start.
+    raise InvalidConfig("server.tls.key_file is encrypted: give an unencrypted PEM key (mode 0600)")
+
+
+def _reason(exc: OSError) -> str:
+    if isinstance(exc, ssl.SSLError):
+        # "[SSL: KEY_VALUES_MISMATCH] key values mismatch (_ssl.c:3926)" without the C location
+        return re.sub(r"\s*\(_ssl\.c:\d+\)$", "", str(exc))
+    return str(exc.strerror or exc)
 
 
 def run(config: Config) -> None:

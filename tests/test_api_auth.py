@@ -52,7 +52,7 @@ async def secured(
     supervisor = Supervisor(cluster, users=users)
     await supervisor.start()
     authenticator = Authenticator(users, AuthSettings(enabled=True, token_ttl=3600))
-    yield await aiohttp_client(create_app(cluster, api_settings, supervisor, authenticator))
+    yield await aiohttp_client(create_app(cluster, api_settings, supervisor, authenticator=authenticator))
     await supervisor.close()
 
 

@@ -157,7 +157,9 @@ async def secure_dc(
     supervisor = Supervisor(cluster, users=users)
     await supervisor.start()
     authenticator = Authenticator(users, AuthSettings(enabled=True))
-    server = await aiohttp_server(create_app(cluster, ServerSettings(), supervisor, authenticator))
+    server = await aiohttp_server(
+        create_app(cluster, ServerSettings(), supervisor, authenticator=authenticator)
+    )
     yield Node(cluster, supervisor, str(server.make_url("")).rstrip("/"))
     await supervisor.close()
     await cluster.close()

@@ -6,10 +6,11 @@ import asyncio
 import logging
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from capella.api import clusters, handlers, health, messages, openapi, queues, subscriptions, tokens, users
 from capella.api.access import AUTHENTICATOR, CHALLENGE, access_middleware, check_routes
+from capella.api.connection import ConnectionGuard
 from capella.api.errors import status_for
 from capella.api.request import CLUSTER, SETTINGS, STOPPING, SUPERVISOR, json_response
 from capella.auth.authenticator import Authenticator
@@ -36,12 +37,19 @@ def create_app(
     cluster: Cluster,
     settings: ServerSettings,
     supervisor: Supervisor,
+    *,
     authenticator: Authenticator | None = None,
+    guard: ConnectionGuard | None = None,
 ) -> web.Application:
-    """The API; with an ``authenticator`` every non-public route needs credentials."""
-    app = web.Application(
-        client_max_size=settings.max_body_size, middlewares=[error_middleware, access_middleware]
-    )
+    """The API; with an ``authenticator`` every non-public route needs credentials.
+
+    ``guard`` is the connection guard of the site that will serve it.
+    """
+    # The guard's middleware goes first: a head is complete whatever the later ones decide.
+    middlewares: list[Middleware] = [error_middleware, access_middleware]
+    if guard is not None:
+        middlewares.insert(0, guard.middleware)
+    app = web.Application(client_max_size=settings.max_body_size, middlewares=middlewares)
     if authenticator is not None:
         app[AUTHENTICATOR] = authenticator
     app[CLUSTER] = cluster

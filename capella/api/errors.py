@@ -8,6 +8,7 @@ from capella.errors import (
     Conflict,
     CorruptData,
     Forbidden,
+    HeadersTooLarge,
     InvalidConfig,
     InvalidRequest,
     NotFound,
@@ -16,6 +17,7 @@ from capella.errors import (
     RequestTimeout,
     ShuttingDown,
     StorageUnavailable,
+    TooManyConnections,
     Unauthorized,
 )
 
@@ -27,12 +29,14 @@ STATUS: dict[type[CapellaError], int] = {
     Forbidden: 403,
     RequestTimeout: 408,
     PayloadTooLarge: 413,
+    HeadersTooLarge: 431,
     NotFound: 404,
     AlreadyExists: 409,
     Conflict: 409,
     StorageUnavailable: 503,
     ShuttingDown: 503,
     NotReady: 503,
+    TooManyConnections: 503,
     CorruptData: 503,
 }
 

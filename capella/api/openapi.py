@@ -629,16 +629,17 @@ SCHEMAS: dict[str, Any] = {
 }
 
 _ERROR_TEXT = {
-    400: "invalid_request, invalid_message (with index), invalid_name, invalid_save_mode, invalid_config",
+    400: "invalid_request, invalid_message (with index), invalid_name, invalid_save_mode, invalid_config, "
+    "json_too_deep",
     401: "unauthorized: no credentials, or not valid ones (with a WWW-Authenticate header)",
     403: "forbidden: the user's rules do not allow this",
     404: "not_found, queue_not_found, subscription_not_found, handler_not_found, cluster_not_found, "
     "user_not_found, token_not_found",
     405: "method_not_allowed",
-    408: "request_timeout: the body did not arrive within the read deadline",
+    408: "request_timeout: the body (or the request head) did not arrive within its deadline",
     409: "already_exists, conflict",
     413: "payload_too_large: body, message or batch over the limit",
-    503: "storage_unavailable, shutting_down, corrupt_data",
+    503: "storage_unavailable, shutting_down, corrupt_data, not_ready, too_many_connections",
 }
 
 
