@@ -322,9 +322,9 @@ async def test_users_never_show_a_password_or_hash(secured: Client) -> None:
 async def test_changing_your_own_password_needs_the_old_one(secured: Client) -> None:
     path = "/v1/users/bob/password"
 
-    assert (await secured.post(path, json={"password": "bob-password-2"}, headers=BOB)).status == 401
+    assert (await secured.post(path, json={"password": "bob-password-2"}, headers=BOB)).status == 403
     body = {"password": "bob-password-2", "old_password": "wrong"}
-    assert (await secured.post(path, json=body, headers=BOB)).status == 401
+    assert (await secured.post(path, json=body, headers=BOB)).status == 403
     body = {"password": "bob-password-2", "old_password": "bob-password"}
     assert (await secured.post(path, json=body, headers=BOB)).status == 200
     assert (await secured.get("/v1/me", headers=BOB)).status == 401  # the cached check is gone

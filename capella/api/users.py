@@ -15,7 +15,7 @@ from capella.api.access import AUTHENTICATOR, identity
 from capella.api.request import json_response, read_object
 from capella.auth.password import verify_password
 from capella.auth.store import AuthStore
-from capella.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from capella.errors import Forbidden, InvalidRequest, NotFound
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
@@ -76,7 +76,7 @@ async def change_password(request: web.Request) -> web.Response:
         if not isinstance(old, str) or not await asyncio.to_thread(
             verify_password, old, users.user(name).password_hash
         ):
-            raise Unauthorized("old_password is required and must be the current password")
+            raise Forbidden("old_password is required and must be the current password", field="old_password")
     if "password" not in body:
         raise InvalidRequest("password is required", field="password")
     user, _ = await asyncio.to_thread(users.put_user, name, {"password": body["password"]})
