@@ -6,6 +6,7 @@ HTTP on ``127.0.0.1:8676``, one ``file`` mount for everything.
 
 from __future__ import annotations
 
+import math
 import re
 import socket
 import tomllib
@@ -52,6 +53,9 @@ def parse_duration(value: object, what: str = "duration") -> float:
         seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
     else:
         raise InvalidConfig(f"{what}: expected a duration like '30s', '10m' or '2d', got {value!r}")
+    # Enough digits overflow to inf, which JSON cannot hold: a stored definition would read back null.
+    if not math.isfinite(seconds):
+        raise InvalidConfig(f"{what}: must be a finite duration")
     if seconds < 0:
         raise InvalidConfig(f"{what}: must not be negative")
     return seconds
@@ -68,7 +72,11 @@ def parse_size(value: object, what: str = "size") -> int:
         base = 1024 if "i" in unit else 1000
         letter = unit[:1] if unit not in ("b", "") else ""
         power = " kmgt".index(letter) if letter else 0
-        size = int(float(m.group(1)) * (base**power))
+        scaled = float(m.group(1)) * (base**power)
+        # Enough digits overflow to inf, and int(inf) raises OverflowError.
+        if not math.isfinite(scaled):
+            raise InvalidConfig(f"{what}: too large, got {value!r}")
+        size = int(scaled)
     else:
         raise InvalidConfig(f"{what}: expected a size like '16MiB' or '512k', got {value!r}")
     if size < 0:

@@ -352,6 +352,8 @@ async def test_segment_filter_moves_last_id_past_skipped_messages(q: TestClient)
         {"wait": "soon"},
         {"wait": "-1"},
         {"wait": "nan"},
+        {"wait": "inf"},
+        {"wait": "1e999"},
     ],
 )
 async def test_bad_read_parameters(q: TestClient, params: dict[str, str]) -> None:

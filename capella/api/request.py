@@ -89,8 +89,6 @@ def wait_param(request: web.Request, name: str = "wait", default: float = 0.0) -
         seconds = parse_duration(float(text) if _is_number(text) else text, name)
     except InvalidConfig as exc:
         raise InvalidRequest(exc.message, parameter=name) from None
-    if seconds != seconds:  # NaN
-        raise InvalidRequest(f"{name}: expected a number of seconds", parameter=name)
     return min(seconds, request.app[SETTINGS].max_wait)
 
 
