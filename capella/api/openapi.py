@@ -105,6 +105,22 @@ MESSAGES_ANSWER = {
     },
 }
 
+# One event of the stream, as OpenAPI 3.2 has itemSchema describe it (and 3.1 tools read schema).
+SSE_EVENT = {
+    "type": "object",
+    "description": "event: message, id: the message id, data: the StoredMessage as JSON",
+    "required": ["event", "id", "data"],
+    "properties": {
+        "event": {"const": "message"},
+        "id": {"type": "string", "pattern": r"^\d+$"},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": ref("StoredMessage"),
+        },
+    },
+}
+
 SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
@@ -683,7 +699,7 @@ PATHS: dict[str, Any] = {
             {
                 "200": {
                     "description": "An endless text/event-stream",
-                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    "content": {"text/event-stream": {"schema": SSE_EVENT}},
                 },
                 **fails(400, 404),
             },
