@@ -41,6 +41,12 @@ async def read_body(request: web.Request) -> bytes:
             f"the request body is larger than {settings.max_body_size} bytes",
             limit=settings.max_body_size,
         ) from None
+    except web.RequestPayloadError:
+        # aiohttp decodes gzip, deflate and zstd bodies itself, and says so when one does not decode.
+        encoding = request.headers.get("Content-Encoding", "identity")
+        raise InvalidRequest(
+            f"the request body could not be read: cut short, or not valid {encoding!r} data"
+        ) from None
 
 
 async def read_json(request: web.Request, *, empty: Any = None) -> Any:
