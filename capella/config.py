@@ -39,6 +39,8 @@ _DURATION_UNITS = {
     "d": 86400.0,
     None: 1.0,
 }
+# Sizes end up in stored JSON definitions, and orjson writes no integer past 64 bits.
+MAX_SIZE = 2**63 - 1
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
 
@@ -73,14 +75,16 @@ def parse_size(value: object, what: str = "size") -> int:
         letter = unit[:1] if unit not in ("b", "") else ""
         power = " kmgt".index(letter) if letter else 0
         scaled = float(m.group(1)) * (base**power)
-        # Enough digits overflow to inf, and int(inf) raises OverflowError.
-        if not math.isfinite(scaled):
-            raise InvalidConfig(f"{what}: too large, got {value!r}")
+        # Checked before int(): enough digits make the float inf, and int(inf) raises.
+        if scaled > MAX_SIZE:
+            raise InvalidConfig(f"{what}: larger than {MAX_SIZE} bytes")
         size = int(scaled)
     else:
         raise InvalidConfig(f"{what}: expected a size like '16MiB' or '512k', got {value!r}")
     if size < 0:
         raise InvalidConfig(f"{what}: must not be negative")
+    if size > MAX_SIZE:
+        raise InvalidConfig(f"{what}: larger than {MAX_SIZE} bytes")
     return size
 
 
