@@ -7,6 +7,7 @@ HTTP on ``127.0.0.1:8676``, one ``file`` mount for everything.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 import socket
 import tomllib
@@ -39,6 +40,8 @@ _DURATION_UNITS = {
     "d": 86400.0,
     None: 1.0,
 }
+# Sizes end up in stored JSON definitions, and orjson writes no integer past 64 bits.
+MAX_SIZE = 2**63 - 1
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
 
@@ -53,6 +56,9 @@ def parse_duration(value: object, what: str = "duration") -> float:
         seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
     else:
         raise InvalidConfig(f"{what}: expected a duration like '30s', '10m' or '2d', got {value!r}")
+    # Enough digits overflow to inf, which JSON cannot hold: a stored definition would read back null.
+    if not math.isfinite(seconds):
+        raise InvalidConfig(f"{what}: must be a finite duration")
     if seconds < 0:
         raise InvalidConfig(f"{what}: must not be negative")
     return seconds
@@ -69,11 +75,17 @@ def parse_size(value: object, what: str = "size") -> int:
         base = 1024 if "i" in unit else 1000
         letter = unit[:1] if unit not in ("b", "") else ""
         power = " kmgt".index(letter) if letter else 0
-        size = int(float(m.group(1)) * (base**power))
+        scaled = float(m.group(1)) * (base**power)
+        # Checked before int(): enough digits make the float inf, and int(inf) raises.
+        if scaled > MAX_SIZE:
+            raise InvalidConfig(f"{what}: larger than {MAX_SIZE} bytes")
+        size = int(scaled)
     else:
         raise InvalidConfig(f"{what}: expected a size like '16MiB' or '512k', got {value!r}")
     if size < 0:
         raise InvalidConfig(f"{what}: must not be negative")
+    if size > MAX_SIZE:
+        raise InvalidConfig(f"{what}: larger than {MAX_SIZE} bytes")
     return size
 
 

@@ -176,7 +176,12 @@ async def test_a_ca_file_that_exists_is_kept(api: TestClient, tmp_path: Path) ->
         ({"url": "http://a", "compression": "brotli"}, "compression", "gzip"),
         ({"url": "http://a", "verify_tls": "no"}, "verify_tls", "true or false"),
         ({"url": "http://a", "ca_file": "/no/such/ca.pem"}, "ca_file", "no such file"),
+        # Found by test_fuzz.py: a name too long for the OS raised OSError, a 500.
+        ({"url": "http://a", "ca_file": "c" * 5000}, "ca_file", "no such file"),
+        ({"url": "http://a", "ca_file": "ca\u0000.pem"}, "ca_file", "no such file"),
         ({"url": "http://a", "timeout": "soon"}, "timeout", "timeout"),
+        # Found by test_fuzz.py: an inf timeout was shown as null and made every ping a 500.
+        ({"url": "http://a", "timeout": "9" * 400}, "timeout", "finite"),
         ({"url": "http://a", "connect_timeout": 0}, "connect_timeout", "greater than 0"),
     ],
 )

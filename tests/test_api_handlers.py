@@ -155,6 +155,11 @@ async def test_an_unknown_handler_is_404(api: TestClient) -> None:
         ({"type": "flush", "queues": ["orders"], "params": {"interval": "0s"}}, "params.interval"),
         ({"type": "flush", "queues": ["orders"], "params": {"interval": -1}}, "params.interval"),
         ({"type": "flush", "queues": ["orders"], "params": {"interval": "soon"}}, "params.interval"),
+        # Digits past a float (found by test_fuzz.py): inf was kept, and a size raised OverflowError.
+        ({"type": "flush", "queues": ["orders"], "params": {"interval": "9" * 400}}, "params.interval"),
+        ({"type": "expire", "queues": ["orders"], "params": {"max_bytes": "9" * 400}}, "params.max_bytes"),
+        # Past 64 bits (found by test_fuzz.py): it could not be saved, and every later save failed.
+        ({"type": "expire", "queues": ["orders"], "params": {"max_bytes": str(2**64)}}, "params.max_bytes"),
         ({"type": "unload", "queues": ["orders"], "params": {"idle": "ever"}}, "params.idle"),
         ({"type": "expire", "queues": ["orders"], "params": {}}, "params.max_age"),
         ({"type": "expire", "queues": ["orders"], "params": {"max_bytes": "lots"}}, "params.max_bytes"),

@@ -265,6 +265,16 @@ async def test_invalid_json(q: TestClient) -> None:
     assert (await error_of(resp, 400))["code"] == "invalid_request"
 
 
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "zstd"])
+async def test_a_body_not_in_its_content_encoding_is_400(q: TestClient, encoding: str) -> None:
+    # A 500 until aiohttp's RequestPayloadError was caught.
+    headers = {"Content-Type": "application/json", "Content-Encoding": encoding}
+    resp = await q.post(f"{Q}/messages", data=b"this is not compressed at all", headers=headers)
+    error = await error_of(resp, 400)
+    assert error["code"] == "invalid_request"
+    assert encoding in error["message"]
+
+
 async def test_unsupported_content_type(q: TestClient) -> None:
     resp = await q.post(f"{Q}/messages", data=b"a=b", headers={"Content-Type": "text/csv"})
     assert (await error_of(resp, 400))["code"] == "invalid_request"
@@ -352,6 +362,8 @@ async def test_segment_filter_moves_last_id_past_skipped_messages(q: TestClient)
         {"wait": "soon"},
         {"wait": "-1"},
         {"wait": "nan"},
+        {"wait": "inf"},
+        {"wait": "1e999"},
     ],
 )
 async def test_bad_read_parameters(q: TestClient, params: dict[str, str]) -> None:

@@ -92,6 +92,15 @@ async def test_bad_definitions(api: TestClient) -> None:
     assert (await api.get("/v1/queues/q")).status == 404
 
 
+async def test_limits_past_a_float_are_400_not_500_or_null(api: TestClient) -> None:
+    # Found by test_fuzz.py: enough digits make float() inf. A size then raised OverflowError
+    # (500) and an age was stored as inf, which the definition's JSON holds as null.
+    for limits in ({"max_bytes": "9" * 400}, {"max_age": "9" * 400}, {"max_age": "9" * 400 + "s"}):
+        error = await error_of(await api.put("/v1/queues/q", json={"limits": limits}), 400)
+        assert error["code"] == "invalid_request", limits
+    assert (await api.get("/v1/queues/q")).status == 404
+
+
 async def test_invalid_json_body(api: TestClient) -> None:
     resp = await api.put("/v1/queues/q", data=b"{not json", headers={"Content-Type": "application/json"})
     error = await error_of(resp, 400)

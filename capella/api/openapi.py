@@ -20,28 +20,18 @@ SAVE_MODES = ["none", "immediate", "mark", "wait", "default", "0", "1", "2", "3"
 DEFINITION_SAVE_MODES = ["none", "immediate", "mark", "wait", "0", "1", "2", "3"]
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 TIME_TEXT_PATTERN = r"^(\d+(\.\d+)?|\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2}))$"
-DURATION = {
-    "oneOf": [
-        {"type": "number", "minimum": 0},
-        {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ns|us|ms|s|m|h|d)?\s*$"},
-    ]
-}
+DURATION_TEXT = {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ns|us|ms|s|m|h|d)?\s*$"}
+DURATION = {"oneOf": [{"type": "number", "minimum": 0}, DURATION_TEXT]}
+# A text duration of zero ("0s") is refused too; a pattern that said so would be unreadable.
+POSITIVE_DURATION = {"oneOf": [{"type": "number", "exclusiveMinimum": 0}, DURATION_TEXT]}
 # Handler durations also take integers of nanoseconds (>= 1e12), as the original API did.
-HANDLER_DURATION = {
-    "oneOf": [
-        {"type": "number", "exclusiveMinimum": 0},
-        {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ns|us|ms|s|m|h|d)?\s*$"},
-    ]
-}
+HANDLER_DURATION = POSITIVE_DURATION
 HANDLER_TYPES = ["flush", "unload", "archive", "expire", "copy"]
 COMPRESSIONS = ["none", "gzip", "zstd"]
 ENV_NAME = {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"}
-SIZE = {
-    "oneOf": [
-        {"type": "integer", "minimum": 0},
-        {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*([kmgtKMGT][iI]?[bB]?|[bB])?\s*$"},
-    ]
-}
+SIZE_TEXT = {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*([kmgtKMGT][iI]?[bB]?|[bB])?\s*$"}
+SIZE = {"oneOf": [{"type": "integer", "minimum": 0}, SIZE_TEXT]}
+CREDENTIALS = ("password", "password_env", "token", "token_env")
 
 
 def ref(name: str) -> dict[str, str]:
@@ -108,6 +98,22 @@ MESSAGES_ANSWER = {
     },
 }
 
+# One event of the stream, as OpenAPI 3.2 has itemSchema describe it (and 3.1 tools read schema).
+SSE_EVENT = {
+    "type": "object",
+    "description": "event: message, id: the message id, data: the StoredMessage as JSON",
+    "required": ["event", "id", "data"],
+    "properties": {
+        "event": {"const": "message"},
+        "id": {"type": "string", "pattern": r"^\d+$"},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": ref("StoredMessage"),
+        },
+    },
+}
+
 SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
@@ -136,8 +142,11 @@ SCHEMAS: dict[str, Any] = {
                 "additionalProperties": False,
                 "properties": {
                     "max_count": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
-                    "max_bytes": {**SIZE, "description": "from 1 KiB to 1 GiB"},
-                    "max_age": {**DURATION, "description": "greater than 0"},
+                    "max_bytes": {
+                        "oneOf": [{"type": "integer", "minimum": 1024, "maximum": 1024**3}, SIZE_TEXT],
+                        "description": "from 1 KiB to 1 GiB",
+                    },
+                    "max_age": {**POSITIVE_DURATION, "description": "greater than 0"},
                 },
             },
             "save": {"type": "string", "enum": DEFINITION_SAVE_MODES},
@@ -333,18 +342,18 @@ SCHEMAS: dict[str, Any] = {
                 "a plain name must name an existing queue, a pattern may match none yet",
             },
             "queue": {"type": "string", "minLength": 1, "description": "shorthand for one queue"},
-            "params": {
-                "description": "by type; see HandlerParams",
-                "oneOf": [
-                    ref("FlushParams"),
-                    ref("UnloadParams"),
-                    ref("ArchiveParams"),
-                    ref("ExpireParams"),
-                    ref("CopyParams"),
-                ],
-            },
+            "params": {"type": "object", "description": "by type: FlushParams for flush, and so on"},
             "started": {"type": "boolean", "default": True},
         },
+        # The params of one type: a oneOf over all five would refuse {"interval": 5}, which
+        # is valid flush, unload and expire params alike.
+        "allOf": [
+            {
+                "if": {"required": ["type"], "properties": {"type": {"const": kind}}},
+                "then": {"properties": {"params": ref(f"{kind.capitalize()}Params")}},
+            }
+            for kind in HANDLER_TYPES
+        ],
     },
     "FlushParams": {
         "type": "object",
@@ -353,7 +362,7 @@ SCHEMAS: dict[str, Any] = {
     },
     "UnloadParams": {
         "type": "object",
-        "description": "at least one of idle and age",
+        "description": "with neither idle nor age, idle is 60 s",
         "additionalProperties": False,
         "properties": {
             "interval": HANDLER_DURATION,
@@ -395,6 +404,7 @@ SCHEMAS: dict[str, Any] = {
     "ExpireParams": {
         "type": "object",
         "description": "at least one of max_age, max_bytes and max_messages",
+        "anyOf": [{"required": ["max_age"]}, {"required": ["max_bytes"]}, {"required": ["max_messages"]}],
         "additionalProperties": False,
         "properties": {
             "interval": HANDLER_DURATION,
@@ -464,6 +474,10 @@ SCHEMAS: dict[str, Any] = {
         "required": ["url"],
         "description": "at most one of password, password_env, token and token_env; "
         "a password (stored or from the environment) needs a username",
+        "not": {
+            "anyOf": [{"required": [a, b]} for i, a in enumerate(CREDENTIALS) for b in CREDENTIALS[i + 1 :]]
+        },
+        "dependentRequired": {"password": ["username"], "password_env": ["username"]},
         "additionalProperties": False,
         "properties": {
             "url": {"type": "string", "pattern": r"^https?://[^\s/@]+(/\S*)?$"},
@@ -717,7 +731,7 @@ PATHS: dict[str, Any] = {
             param(
                 "replica_timeout",
                 "query",
-                {"type": "string"},
+                DURATION,
                 "how long to wait for the replicas (seconds or a duration; default 10 s, at most max_wait)",
             ),
             param(
@@ -770,7 +784,7 @@ PATHS: dict[str, Any] = {
             {
                 "200": {
                     "description": "An endless text/event-stream",
-                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    "content": {"text/event-stream": {"schema": SSE_EVENT}},
                 },
                 **fails(400, 404),
             },

@@ -45,6 +45,12 @@ async def read_body(request: web.Request) -> bytes:
             f"the request body is larger than {settings.max_body_size} bytes",
             limit=settings.max_body_size,
         ) from None
+    except web.RequestPayloadError:
+        # aiohttp decodes gzip, deflate and zstd bodies itself, and says so when one does not decode.
+        encoding = request.headers.get("Content-Encoding", "identity")
+        raise InvalidRequest(
+            f"the request body could not be read: cut short, or not valid {encoding!r} data"
+        ) from None
 
 
 async def read_json(request: web.Request, *, empty: Any = None) -> Any:
@@ -126,8 +132,6 @@ def wait_param(request: web.Request, name: str = "wait", default: float = 0.0) -
         seconds = parse_duration(float(text) if _is_number(text) else text, name)
     except InvalidConfig as exc:
         raise InvalidRequest(exc.message, parameter=name) from None
-    if seconds != seconds:  # NaN
-        raise InvalidRequest(f"{name}: expected a number of seconds", parameter=name)
     return min(seconds, request.app[SETTINGS].max_wait)
 
 

@@ -223,7 +223,8 @@ class Links:
         if not isinstance(verify, bool):
             raise InvalidRequest("verify_tls must be true or false", field="verify_tls")
         ca_file = data.get("ca_file")
-        if ca_file is not None and (not isinstance(ca_file, str) or not Path(ca_file).is_file()):
+        # os.path.isfile, not Path.is_file: a name too long for the OS is False, not an OSError.
+        if ca_file is not None and (not isinstance(ca_file, str) or not os.path.isfile(ca_file)):
             raise InvalidRequest(f"ca_file: no such file {ca_file!r}", field="ca_file")
         link = Link(
             name=name,
