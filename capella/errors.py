@@ -96,6 +96,12 @@ class LinkNotFound(NotFound):
     code = "cluster_not_found"
 
 
+class ScheduledNotFound(NotFound):
+    """Nothing scheduled has this id: it was released, cancelled or never scheduled."""
+
+    code = "scheduled_not_found"
+
+
 class KeyNotFound(NotFound):
     """A storage key holds no value."""
 

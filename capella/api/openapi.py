@@ -72,6 +72,7 @@ def param(
 
 QUEUE = param("queue", "path", {"type": "string", "pattern": NAME_PATTERN}, "Queue name")
 SUBSCRIPTION = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "Subscription name")
+SCHEDULED_ID = param("id", "path", MESSAGE_ID, "Scheduled message id (scheduled_id)")
 HANDLER = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "Handler name")
 CLUSTER = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "External cluster name")
 SAVE = param("save", "query", {"type": "string", "enum": SAVE_MODES}, "Save mode (default: the queue's)")
@@ -225,6 +226,12 @@ SCHEMAS: dict[str, Any] = {
             },
             "segment": INT64,
             "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "deliver_at": {
+                "oneOf": [{"type": "number"}, {"type": "string", "format": "date-time"}],
+                "description": "UNIX seconds or RFC 3339: hold the message back until then (at most "
+                "ten years ahead; a time in the past delivers at once)",
+            },
+            "delay": {**DURATION, "description": "hold the message back this long (not with deliver_at)"},
         },
     },
     "MessageBatch": {
@@ -241,8 +248,15 @@ SCHEMAS: dict[str, Any] = {
                 "type": "array",
                 "items": {
                     "type": "object",
-                    "required": ["id", "duplicate"],
-                    "properties": {"id": MESSAGE_ID, "duplicate": {"type": "boolean"}},
+                    "description": "id for a message stored now; scheduled_id and deliver_at for a "
+                    "delayed one (its id comes when it is delivered)",
+                    "required": ["duplicate"],
+                    "properties": {
+                        "id": MESSAGE_ID,
+                        "scheduled_id": MESSAGE_ID,
+                        "deliver_at": TIME,
+                        "duplicate": {"type": "boolean"},
+                    },
                 },
             },
             "replicas": {
@@ -278,6 +292,67 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "messages": {"type": "array", "items": ref("StoredMessage")},
             "last_id": {"type": "integer", "description": "pass as the next after"},
+        },
+    },
+    "ScheduledMessage": {
+        "type": "object",
+        "required": [
+            "scheduled_id",
+            "deliver_at",
+            "created",
+            "source",
+            "external_id",
+            "external_time",
+            "segment",
+            "headers",
+        ],
+        "properties": {
+            "scheduled_id": MESSAGE_ID,
+            "deliver_at": TIME,
+            "created": TIME,
+            "source": {"type": "string"},
+            "external_id": {**INT64, "description": "the scheduled_id when the producer gave none"},
+            "external_time": {**TIME, "type": ["number", "null"]},
+            "segment": INT64,
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "data": {"type": "string"},
+            "data_b64": {"type": "string", "contentEncoding": "base64"},
+        },
+    },
+    "ScheduledList": {
+        "type": "object",
+        "required": ["scheduled", "count", "next"],
+        "properties": {
+            "scheduled": {"type": "array", "items": ref("ScheduledMessage")},
+            "count": {"type": "integer", "description": "everything scheduled in the queue"},
+            "next": {"type": ["string", "null"], "description": "pass as after for the next page"},
+        },
+    },
+    "Reschedule": {
+        "type": "object",
+        "description": "exactly one of deliver_at and delay",
+        "additionalProperties": False,
+        "properties": {
+            "deliver_at": {"oneOf": [{"type": "number"}, {"type": "string", "format": "date-time"}]},
+            "delay": DURATION,
+        },
+    },
+    "CancelScheduled": {
+        "type": "object",
+        "required": ["ids"],
+        "additionalProperties": False,
+        "properties": {"ids": {"type": "array", "maxItems": 10_000, "items": MESSAGE_ID}},
+    },
+    "CancelledScheduled": {
+        "type": "object",
+        "required": ["cancelled", "not_cancelled"],
+        "properties": {
+            "cancelled": {"type": "array", "items": MESSAGE_ID},
+            "not_cancelled": {
+                "type": "array",
+                "items": MESSAGE_ID,
+                "description": "already delivered, being delivered right now, or unknown",
+            },
         },
     },
     "SubscriptionCommit": {
@@ -547,7 +622,8 @@ SCHEMAS: dict[str, Any] = {
 
 _ERROR_TEXT = {
     400: "invalid_request, invalid_message (with index), invalid_name, invalid_save_mode, invalid_config",
-    404: "not_found, queue_not_found, subscription_not_found, handler_not_found, cluster_not_found",
+    404: "not_found, queue_not_found, subscription_not_found, scheduled_not_found, handler_not_found, "
+    "cluster_not_found",
     405: "method_not_allowed",
     408: "request_timeout: the body did not arrive within the read deadline",
     409: "already_exists, conflict",
@@ -696,6 +772,52 @@ PATHS: dict[str, Any] = {
                 "Resume after this message id (wins over after)",
             ),
             tag="messages",
+        ),
+    },
+    "/v1/queues/{queue}/scheduled": {
+        "parameters": [QUEUE],
+        "get": operation(
+            "listScheduled",
+            "Delayed messages in delivery order",
+            {"200": answer("A page of delayed messages", ref("ScheduledList")), **fails(400, 404)},
+            LIMIT,
+            param("after", "query", {"type": "string"}, "the next value of the previous page"),
+            tag="scheduled",
+        ),
+    },
+    "/v1/queues/{queue}/scheduled/cancel": {
+        "parameters": [QUEUE],
+        "post": operation(
+            "cancelScheduledMany",
+            "Cancel delayed messages by id",
+            {"200": answer("What was cancelled", ref("CancelledScheduled")), **fails(400, 404, 408, 413)},
+            SAVE,
+            body={"required": True, "content": json_content(ref("CancelScheduled"))},
+            tag="scheduled",
+        ),
+    },
+    "/v1/queues/{queue}/scheduled/{id}": {
+        "parameters": [QUEUE, SCHEDULED_ID],
+        "get": operation(
+            "getScheduled",
+            "Describe a delayed message",
+            {"200": answer("The delayed message", ref("ScheduledMessage")), **fails(400, 404)},
+            tag="scheduled",
+        ),
+        "patch": operation(
+            "reschedule",
+            "Move a delayed message to another time (409 while it is being delivered)",
+            {"200": answer("Rescheduled", ref("ScheduledMessage")), **fails(400, 404, 408, 409, 413)},
+            SAVE,
+            body={"required": True, "content": json_content(ref("Reschedule"))},
+            tag="scheduled",
+        ),
+        "delete": operation(
+            "cancelScheduled",
+            "Cancel a delayed message (409 while it is being delivered)",
+            {"204": answer("Cancelled"), **fails(400, 404, 409)},
+            SAVE,
+            tag="scheduled",
         ),
     },
     "/v1/queues/{queue}/subscriptions": {

@@ -194,6 +194,63 @@ class AsyncClient:
             log.debug("stream reconnect queue=%s after=%d in=%.1fs", queue, last_id, delay)
             await asyncio.sleep(delay)
 
+    # --- delayed delivery -------------------------------------------------------------
+
+    async def schedule(
+        self,
+        queue: str,
+        messages: Iterable[MessageLike],
+        *,
+        deliver_at: float | str | None = None,
+        delay: float | str | None = None,
+        save: Save = None,
+    ) -> list[dict[str, Any]]:
+        """Produce messages held back until ``deliver_at`` or for ``delay`` (one of the two).
+
+        ``deliver_at`` is UNIX seconds or an RFC 3339 string; ``delay`` is seconds or a
+        duration such as ``"10m"``. Each answer holds ``scheduled_id`` and ``deliver_at``.
+        """
+        if (deliver_at is None) == (delay is None):
+            raise ValueError("give exactly one of deliver_at and delay")
+        due = {"deliver_at": deliver_at} if deliver_at is not None else {"delay": delay}
+        return await self.produce(queue, [{**to_wire(m), **due} for m in messages], save=save)
+
+    async def scheduled(self, queue: str, *, limit: int = 100, after: str | None = None) -> dict[str, Any]:
+        """A page of delayed messages in delivery order: ``{"scheduled", "count", "next"}``.
+
+        Pass ``next`` as ``after`` for the following page; it is ``None`` on the last one.
+        """
+        params = _params(limit=limit, after=after)
+        return dict(await self._call("GET", _queue_path(queue, "scheduled"), params=params))
+
+    async def scheduled_message(self, queue: str, id: int) -> dict[str, Any]:
+        return dict(await self._call("GET", _queue_path(queue, "scheduled", str(id))))
+
+    async def reschedule(
+        self,
+        queue: str,
+        id: int,
+        *,
+        deliver_at: float | str | None = None,
+        delay: float | str | None = None,
+        save: Save = None,
+    ) -> dict[str, Any]:
+        """Move a delayed message; a time in the past delivers it at once."""
+        body = {"deliver_at": deliver_at} if deliver_at is not None else {"delay": delay}
+        path = _queue_path(queue, "scheduled", str(id))
+        return dict(await self._call("PATCH", path, params=_params(save=save), json=body))
+
+    async def cancel_scheduled(self, queue: str, id: int, *, save: Save = None) -> None:
+        """Cancel one delayed message (``ScheduledNotFound`` once it was delivered)."""
+        await self._call("DELETE", _queue_path(queue, "scheduled", str(id)), params=_params(save=save))
+
+    async def cancel_scheduled_many(
+        self, queue: str, ids: Iterable[int], *, save: Save = None
+    ) -> dict[str, Any]:
+        """Cancel many: ``{"cancelled": [...], "not_cancelled": [...]}``."""
+        path = _queue_path(queue, "scheduled", "cancel")
+        return dict(await self._call("POST", path, params=_params(save=save), json={"ids": list(ids)}))
+
     # --- subscriptions ---------------------------------------------------------------
 
     async def read_subscription(

@@ -148,6 +148,44 @@ class Client:
                 with contextlib.suppress(RuntimeError):
                     self._run(_close(events))
 
+    # --- delayed delivery -------------------------------------------------------------
+
+    def schedule(
+        self,
+        queue: str,
+        messages: Iterable[MessageLike],
+        *,
+        deliver_at: float | str | None = None,
+        delay: float | str | None = None,
+        save: Save = None,
+    ) -> list[dict[str, Any]]:
+        return self._run(
+            self._client.schedule(queue, list(messages), deliver_at=deliver_at, delay=delay, save=save)
+        )
+
+    def scheduled(self, queue: str, *, limit: int = 100, after: str | None = None) -> dict[str, Any]:
+        return self._run(self._client.scheduled(queue, limit=limit, after=after))
+
+    def scheduled_message(self, queue: str, id: int) -> dict[str, Any]:
+        return self._run(self._client.scheduled_message(queue, id))
+
+    def reschedule(
+        self,
+        queue: str,
+        id: int,
+        *,
+        deliver_at: float | str | None = None,
+        delay: float | str | None = None,
+        save: Save = None,
+    ) -> dict[str, Any]:
+        return self._run(self._client.reschedule(queue, id, deliver_at=deliver_at, delay=delay, save=save))
+
+    def cancel_scheduled(self, queue: str, id: int, *, save: Save = None) -> None:
+        self._run(self._client.cancel_scheduled(queue, id, save=save))
+
+    def cancel_scheduled_many(self, queue: str, ids: Iterable[int], *, save: Save = None) -> dict[str, Any]:
+        return self._run(self._client.cancel_scheduled_many(queue, list(ids), save=save))
+
     # --- subscriptions ---------------------------------------------------------------
 
     def read_subscription(

@@ -39,6 +39,7 @@ from capella.core.codec import (
 from capella.core.dedup import BlockSummary, DedupIndex
 from capella.core.definition import I64_MAX, I64_MIN, QueueDefinition
 from capella.core.message import Draft, Message, SaveMode
+from capella.core.schedule import Schedule, Scheduled
 from capella.core.stats import Histogram, QueueCounters
 from capella.core.subscription import Subscription, Subscriptions
 from capella.errors import (
@@ -66,11 +67,26 @@ SEAL_BACKLOG_WAIT = 30.0
 KEY_SETS = 8
 # A filtered read stops scanning after this many messages and answers with what it has.
 SCAN_LIMIT = 100_000
+# The releaser of delayed messages looks at the clock at least this often (an injected clock
+# may jump; a chunk of far-future items must be read in before its items fall due).
+RELEASE_POLL = 1.0
 
 
 class Appended(NamedTuple):
     id: int
     duplicate: bool
+
+
+class Delayed(NamedTuple):
+    """A message that waits in the schedule; it gets its id when it is delivered."""
+
+    scheduled: int
+    deliver_at: float
+    duplicate: bool
+
+    @property
+    def id(self) -> int:
+        return 0
 
 
 class ReadResult(NamedTuple):
@@ -196,6 +212,9 @@ class Queue:
         self._key_sets: OrderedDict[int, dict[tuple[str, int], int]] = OrderedDict()
         self._dedup = DedupIndex(self._keys_of_block)
         self._subs = Subscriptions()
+        self.schedule = Schedule(
+            self._meta, self._key("schedule"), release=self._append_released, clock=clock
+        )
 
         self._write_lock = asyncio.Lock()
         self._flush_lock = asyncio.Lock()
@@ -252,9 +271,11 @@ class Queue:
             clock=clock,
         )
         await queue._recover()
+        await queue.schedule.open()
         queue._tasks = [
             asyncio.create_task(queue._run_flusher(), name=f"flush:{name}"),
             asyncio.create_task(queue._run_sealer(), name=f"seal:{name}"),
+            asyncio.create_task(queue._run_releaser(), name=f"release:{name}"),
         ]
         if queue._sealing:
             queue._seal_wanted.set()
@@ -367,11 +388,15 @@ class Queue:
         self._arrived.set()
         self._committed.set()
         self._seal_done.set()
-        flusher, sealer = self._tasks or (None, None)
+        flusher, sealer, releaser = self._tasks or (None, None, None)
         # The tasks stop on their own between steps; cancelling one mid-write would leave a
-        # half-written temporary file and an open descriptor behind. The sealer goes first:
-        # it may still need the flusher to complete its block's journal.
-        for task, wake in ((sealer, self._seal_wanted), (flusher, self._flush_wanted)):
+        # half-written temporary file and an open descriptor behind. The releaser and the
+        # sealer go first: they may still need the flusher to complete a journal write.
+        for task, wake in (
+            (releaser, self.schedule.changed),
+            (sealer, self._seal_wanted),
+            (flusher, self._flush_wanted),
+        ):
             if task is not None:
                 wake.set()
                 (result,) = await asyncio.gather(task, return_exceptions=True)
@@ -381,6 +406,7 @@ class Queue:
         try:
             await self._flush_journals()
             await self._save_subscriptions()
+            await self.schedule.close()
             # Every id handed out is below next_id now, so a clean restart continues without a gap.
             await self._meta.put(
                 self._key("state.json"), orjson.dumps({"version": 1, "lease_until": self._next_id})
@@ -404,7 +430,9 @@ class Queue:
 
     # --- writing ---------------------------------------------------------------------------
 
-    async def append(self, drafts: Sequence[Draft], save: SaveMode = SaveMode.DEFAULT) -> list[Appended]:
+    async def append(
+        self, drafts: Sequence[Draft], save: SaveMode = SaveMode.DEFAULT
+    ) -> list[Appended | Delayed]:
         """Store new messages (dedup by identity) and answer once ``save`` is satisfied."""
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
@@ -414,13 +442,126 @@ class Queue:
         self.counters.produce_requests += 1
         if len(self._sealing) >= MAX_SEALING:
             await self._wait_for_sealer()
+        later = [i for i, d in enumerate(drafts) if d.deliver_at is not None and d.deliver_at > now]
+        results: list[Appended | Delayed]
         async with self._write_lock:
-            results = await self._assign(drafts, now)
+            if later:
+                results = await self._assign_mixed(drafts, later, now)
+            else:
+                results = list(await self._assign(drafts, now))
         if mode is SaveMode.IMMEDIATE or mode is SaveMode.WAIT:
-            await self._commit(urgent=mode is SaveMode.IMMEDIATE)
+            if later:
+                await asyncio.gather(
+                    self._commit(urgent=mode is SaveMode.IMMEDIATE), self.schedule.save(mode)
+                )
+            else:
+                await self._commit(urgent=mode is SaveMode.IMMEDIATE)
         elif mode is SaveMode.MARK:
             self._marked = True
+            self.schedule.mark()
+        if later:
+            await self.schedule.spill_if_needed()
         return results
+
+    async def _assign_mixed(
+        self, drafts: Sequence[Draft], later: list[int], now: float
+    ) -> list[Appended | Delayed]:
+        """Append the drafts due now and schedule the others, answering in request order."""
+        waiting = set(later)
+        at_once = [d for i, d in enumerate(drafts) if i not in waiting]
+        appended = iter(await self._assign(at_once, now))
+        if self._next_id + len(later) > self._lease_until:
+            await self._extend_lease(len(later))
+        results: list[Appended | Delayed] = []
+        own = self._cluster_name
+        for index, d in enumerate(drafts):
+            if index not in waiting:
+                results.append(next(appended))
+                continue
+            source = own if d.source is None else d.source
+            if d.external_id is not None:
+                found = await self._dedup.find(source, d.external_id)
+                if found is not None:
+                    results.append(Appended(found, True))
+                    continue
+                existing = await self.schedule.find((source, d.external_id))
+                if existing is not None:
+                    results.append(Delayed(existing.sid, existing.due, True))
+                    continue
+            # The schedule id is a message id that no message will ever get: it can stand in
+            # for the external id without clashing with a message produced here.
+            sid = self._next_id
+            self._next_id = sid + 1
+            assert d.deliver_at is not None
+            self.schedule.stage(
+                Scheduled(
+                    sid,
+                    d.deliver_at,
+                    now,
+                    source,
+                    d.external_id,
+                    d.external_time,
+                    d.segment,
+                    d.payload,
+                    d.headers,
+                )
+            )
+            results.append(Delayed(sid, d.deliver_at, False))
+        return results
+
+    async def _append_released(self, drafts: list[Draft]) -> list[Appended]:
+        """Append delayed messages that fell due; answered once they are durable.
+
+        They were validated when they were scheduled; the queue's definition may have changed
+        since, but refusing them now would keep them in the schedule forever.
+        """
+        if self._closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+        if len(self._sealing) >= MAX_SEALING:
+            await self._wait_for_sealer()
+        async with self._write_lock:
+            results = await self._assign(drafts, self._clock())
+        await self._commit(urgent=False)
+        return results
+
+    async def _run_releaser(self) -> None:
+        failures = 0
+        schedule = self.schedule
+        while not self._closing:
+            schedule.changed.clear()
+            try:
+                await schedule.release_due(self._clock())
+                failures = 0
+            except ShuttingDown:
+                return
+            except CapellaError as exc:
+                failures += 1
+                self.last_error = exc.message
+                log.error("release of delayed messages failed queue=%s", self.name, exc_info=exc)
+            due = schedule.next_due()
+            if failures:
+                delay: float | None = min(30.0, 0.1 * 2**failures)
+            elif due is None:
+                delay = None  # nothing scheduled: sleep until something is
+            else:
+                delay = min(RELEASE_POLL, max(0.0, due - self._clock()))
+            if delay == 0.0 or self._closing:
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await schedule.changed.wait()
+
+    async def reschedule(self, sid: int, deliver_at: float, save: SaveMode = SaveMode.DEFAULT) -> Scheduled:
+        """Move a scheduled message to ``deliver_at`` (a time in the past releases it at once)."""
+        if self._closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+        return await self.schedule.reschedule(sid, deliver_at, save.resolve(self.definition.save))
+
+    async def cancel_scheduled(self, sids: Sequence[int], save: SaveMode = SaveMode.DEFAULT) -> list[int]:
+        """Cancel scheduled messages; answers the sids that were still waiting."""
+        if self._closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+        return await self.schedule.cancel(sids, save.resolve(self.definition.save))
 
     async def _wait_for_sealer(self) -> None:
         try:
@@ -603,6 +744,7 @@ class Queue:
         """Save everything written so far (what a periodic flush does for ``mark``)."""
         await self._flush_journals()
         await self._save_subscriptions()
+        await self.schedule.flush()
 
     async def tick(self) -> None:
         """The periodic pass: seal an open block past its age, save marked writes and cursors."""
@@ -613,6 +755,7 @@ class Queue:
         if self._subs_marked:
             self._subs_marked = False
             await self._save_subscriptions()
+        await self.schedule.tick()
 
     # --- sealing ---------------------------------------------------------------------------
 
@@ -1159,6 +1302,12 @@ class Queue:
                 },
             },
             "subscriptions": len(self._subs.all()),
+            "scheduled": {
+                "count": self.schedule.count,
+                "in_memory": self.schedule.in_memory,
+                "chunks": self.schedule.chunk_count,
+                "next_due": self.schedule.next_due(),
+            },
             "recovery": self.recovery.to_dict(),
             "last_error": self.last_error,
         }
