@@ -120,6 +120,24 @@ class Conflict(CapellaError):
     code = "conflict"
 
 
+class WrongSubscriptionMode(Conflict):
+    """The call needs the other kind of subscription (a cursor, or ack mode)."""
+
+    code = "wrong_subscription_mode"
+
+
+class LeaseLost(Conflict):
+    """The claim's lease is gone: it expired and the message was claimed again or dead-lettered."""
+
+    code = "lease_lost"
+
+
+class UnknownReceipt(NotFound):
+    """No claim was ever handed out with this receipt."""
+
+    code = "unknown_receipt"
+
+
 # --- storage and data --------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from capella.api import create_app
 from capella.client import AsyncClient, Client
 from capella.config import ServerSettings
 from capella.core.cluster import Cluster
-from capella.errors import ScheduledNotFound
+from capella.errors import LeaseLost, ScheduledNotFound, UnknownReceipt
 from capella.handlers.supervisor import Supervisor
 
 ServerFactory = Callable[[web.Application], Awaitable[TestServer]]
@@ -67,3 +67,48 @@ def test_the_blocking_client_schedules(server_process: ServerProcess) -> None:
         (again,) = c.schedule("sync-delayed", ["x"], delay=60)
         assert c.cancel_scheduled_many("sync-delayed", [again["scheduled_id"]])["cancelled"]
         c.drop_queue("sync-delayed")
+
+
+async def test_a_worker_claims_acks_nacks_and_extends(client: AsyncClient) -> None:
+    await client.put_queue("tasks")
+    await client.put_queue("tasks.dead")
+    info = await client.put_work("tasks", "workers", max_attempts=2, delay=0, dead_letter="tasks.dead")
+    assert info["mode"] == "ack" and info["policy"]["max_attempts"] == 2
+    await client.produce("tasks", ["a", "b", b"\xffc"])
+    claimed = await client.claim("tasks", "workers", limit=2, lease="1m")
+    assert [(m["payload"], m["attempt"]) for m in claimed] == [(b"a", 1), (b"b", 1)]
+    results = await client.ack("tasks", "workers", [m["receipt"] for m in claimed])
+    assert [r["ok"] for r in results] == [True, True]
+    with pytest.raises(UnknownReceipt):
+        await client.ack("tasks", "workers", "99.1")
+    (third,) = await client.claim("tasks", "workers", wait=1)
+    assert third["payload"] == b"\xffc"
+    extended = await client.extend("tasks", "workers", third["receipt"], lease=120)
+    assert extended["lease_until"] > third["lease_until"]
+    nacked = await client.nack("tasks", "workers", third["receipt"], error="bad input", save="wait")
+    assert nacked["ok"] and "retry_at" in nacked
+    with pytest.raises(LeaseLost):
+        await client.extend("tasks", "workers", third["receipt"])
+    (again,) = await client.claim("tasks", "workers")
+    assert (again["attempt"], again["last_error"]) == (2, "bad input")
+    (dead,) = await client.nack("tasks", "workers", [again["receipt"]], error="still bad")
+    assert dead["dead"] is True
+    copies = (await client.read("tasks.dead"))["messages"]
+    assert [(c["payload"], c["headers"]["capella-last-error"]) for c in copies] == [(b"\xffc", "still bad")]
+    assert await client.claim("tasks", "workers") == []
+
+
+@pytest.mark.slow
+def test_the_blocking_client_runs_a_worker(server_process: ServerProcess) -> None:
+    with Client(server_process.url, timeout=10.0) as c:
+        c.put_queue("sync-tasks")
+        c.put_work("sync-tasks", "w", lease="30s")
+        c.produce("sync-tasks", ["one", "two"])
+        (first,) = c.claim("sync-tasks", "w")
+        assert c.extend("sync-tasks", "w", [first["receipt"]])[0]["ok"]
+        assert c.ack("sync-tasks", "w", first["receipt"])["ok"]
+        (second,) = c.claim("sync-tasks", "w", wait=1)
+        assert c.nack("sync-tasks", "w", [second["receipt"]], delay=0, error="x")[0]["ok"]
+        (retry,) = c.claim("sync-tasks", "w", limit=5)
+        assert (retry["payload"], retry["attempt"]) == (b"two", 2)
+        c.drop_queue("sync-tasks")

@@ -8,7 +8,17 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from capella.api import clusters, handlers, health, messages, openapi, queues, scheduled, subscriptions
+from capella.api import (
+    clusters,
+    handlers,
+    health,
+    messages,
+    openapi,
+    queues,
+    scheduled,
+    subscriptions,
+    work,
+)
 from capella.api.errors import status_for
 from capella.api.request import CLUSTER, SETTINGS, STOPPING, SUPERVISOR, json_response
 from capella.config import ServerSettings
@@ -37,7 +47,7 @@ def create_app(cluster: Cluster, settings: ServerSettings, supervisor: Superviso
     app[SUPERVISOR] = supervisor
     app[STOPPING] = asyncio.Event()
     app.on_shutdown.append(_stop_streams)
-    for module in (queues, messages, scheduled, subscriptions, handlers, clusters, health, openapi):
+    for module in (queues, messages, scheduled, subscriptions, work, handlers, clusters, health, openapi):
         module.add_routes(app.router)
     return app
 

@@ -357,24 +357,122 @@ SCHEMAS: dict[str, Any] = {
     },
     "SubscriptionCommit": {
         "type": "object",
+        "description": "a cursor takes last_id, replica and reset; an ack-mode subscription takes "
+        "mode ack and policy (its mode never changes)",
         "additionalProperties": False,
         "properties": {
             "last_id": {"type": ["integer", "null"], "minimum": 0, "maximum": wire.INT64_MAX},
             "replica": {"type": ["boolean", "null"]},
             "reset": {"type": "boolean", "default": False},
+            "mode": {"type": "string", "enum": ["cursor", "ack"], "default": "cursor"},
+            "policy": ref("RetryPolicy"),
+        },
+    },
+    "RetryPolicy": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "lease": {**DURATION, "description": "default lease of a claim (30 s; at most 12 h)"},
+            "max_attempts": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 1_000_000,
+                "description": "claims before a failure goes to the dead letters (5; 0: no limit)",
+            },
+            "backoff": {"type": "string", "enum": ["fixed", "exponential"], "default": "exponential"},
+            "delay": {**DURATION, "description": "first retry delay (1 s); fixed: every retry"},
+            "max_delay": {**DURATION, "description": "cap of a retry delay (300 s)"},
+            "jitter": {"type": "number", "minimum": 0, "maximum": 1, "description": "± fraction (0.1)"},
+            "dead_letter": {
+                "type": ["string", "null"],
+                "description": "an existing queue that gets a copy of each dead message",
+            },
         },
     },
     "Subscription": {
         "type": "object",
-        "required": ["name", "last_id", "replica", "lag", "created", "updated"],
+        "required": ["name", "mode", "last_id", "replica", "lag", "created", "updated"],
         "properties": {
             "name": {"type": "string"},
-            "last_id": {"type": "integer"},
+            "mode": {"type": "string", "enum": ["cursor", "ack"]},
+            "last_id": {"type": "integer", "description": "ack mode: every id up to it is finished"},
             "replica": {"type": "boolean"},
             "lag": {"type": "integer", "minimum": 0},
             "created": TIME,
             "updated": TIME,
+            "policy": {**ref("RetryPolicy"), "description": "ack mode only, fully resolved"},
+            "work": {
+                "type": "object",
+                "description": "ack mode only",
+                "properties": {
+                    "claimed_through": {"type": "integer", "description": "highest id ever claimed"},
+                    "backlog": {"type": "integer", "description": "ids after claimed_through"},
+                    "leased": {"type": "integer"},
+                    "waiting": {"type": "integer", "description": "given back, waiting for a retry"},
+                    "dead": {"type": "integer"},
+                },
+            },
         },
+    },
+    "ClaimedMessage": {
+        "allOf": [
+            ref("StoredMessage"),
+            {
+                "type": "object",
+                "required": ["receipt", "attempt", "lease_until", "last_error"],
+                "properties": {
+                    "receipt": {"type": "string", "pattern": r"^\d+\.\d+$"},
+                    "attempt": {"type": "integer", "minimum": 1},
+                    "lease_until": TIME,
+                    "last_error": {"type": ["string", "null"]},
+                },
+            },
+        ]
+    },
+    "Claimed": {
+        "type": "object",
+        "required": ["messages"],
+        "properties": {"messages": {"type": "array", "items": ref("ClaimedMessage")}},
+    },
+    "Receipts": {
+        "type": "object",
+        "description": "exactly one of receipts (answered per receipt) and receipt (its error is the "
+        "answer's status); nack also takes delay and error, extend takes lease",
+        "additionalProperties": False,
+        "properties": {
+            "receipts": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            "receipt": {"type": "string"},
+            "delay": {**DURATION, "description": "nack: retry after this (default: the backoff)"},
+            "error": {"type": "string", "description": "nack: why it failed (first 2048 characters kept)"},
+            "lease": {**DURATION, "description": "extend: the new lease from now (default: the policy's)"},
+        },
+    },
+    "ReceiptResult": {
+        "type": "object",
+        "required": ["receipt", "id", "ok"],
+        "properties": {
+            "receipt": {"type": "string"},
+            "id": MESSAGE_ID,
+            "ok": {"type": "boolean"},
+            "lease_until": TIME,
+            "retry_at": TIME,
+            "dead": {"type": "boolean", "description": "nack: its attempts were used up"},
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
+    "ReceiptResults": {
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["results"],
+                "properties": {"results": {"type": "array", "items": ref("ReceiptResult")}},
+            },
+            ref("ReceiptResult"),
+        ]
     },
     "SubscriptionList": {
         "type": "object",
@@ -622,11 +720,11 @@ SCHEMAS: dict[str, Any] = {
 
 _ERROR_TEXT = {
     400: "invalid_request, invalid_message (with index), invalid_name, invalid_save_mode, invalid_config",
-    404: "not_found, queue_not_found, subscription_not_found, scheduled_not_found, handler_not_found, "
-    "cluster_not_found",
+    404: "not_found, queue_not_found, subscription_not_found, scheduled_not_found, unknown_receipt, "
+    "handler_not_found, cluster_not_found",
     405: "method_not_allowed",
     408: "request_timeout: the body did not arrive within the read deadline",
-    409: "already_exists, conflict",
+    409: "already_exists, conflict, wrong_subscription_mode, lease_lost",
     413: "payload_too_large: body, message or batch over the limit",
     503: "storage_unavailable, shutting_down, corrupt_data",
 }
@@ -875,6 +973,45 @@ PATHS: dict[str, Any] = {
             ACCEPT,
             tag="subscriptions",
         ),
+    },
+    "/v1/queues/{queue}/subscriptions/{name}/claim": {
+        "parameters": [QUEUE, SUBSCRIPTION],
+        "post": operation(
+            "claim",
+            "Lease messages of an ack-mode subscription: due retries first, then new ones in id order",
+            {"200": answer("Claimed messages (maybe none)", ref("Claimed")), **fails(400, 404, 409)},
+            param(
+                "limit",
+                "query",
+                {"type": "integer", "minimum": 1, "default": 1},
+                "At most this many messages (capped at the server's max_limit)",
+            ),
+            param("lease", "query", DURATION, "How long the claim is held (default: the policy's)"),
+            WAIT,
+            SAVE,
+            tag="work",
+        ),
+    },
+    **{
+        f"/v1/queues/{{queue}}/subscriptions/{{name}}/{verb}": {
+            "parameters": [QUEUE, SUBSCRIPTION],
+            "post": operation(
+                verb,
+                summary,
+                {
+                    "200": answer("One result per receipt", ref("ReceiptResults")),
+                    **fails(400, 404, 408, 409, 413),
+                },
+                SAVE,
+                body={"required": True, "content": json_content(ref("Receipts"))},
+                tag="work",
+            ),
+        }
+        for verb, summary in (
+            ("ack", "Finish claimed messages"),
+            ("nack", "Give claimed messages back with an error: retried after a delay, or dead"),
+            ("extend", "Lengthen the lease of claimed messages"),
+        )
     },
     "/v1/queues/{queue}/replicas": {
         "parameters": [QUEUE],

@@ -304,6 +304,84 @@ class AsyncClient:
         """The replica subscriptions at or past message ``id``: ``{"id", "count", "subscriptions"}``."""
         return dict(await self._call("GET", _queue_path(queue, "replicas"), params={"id": str(id)}))
 
+    # --- work queues (ack-mode subscriptions) ---------------------------------------
+
+    async def put_work(self, queue: str, name: str, *, save: Save = None, **policy: Any) -> dict[str, Any]:
+        """Create an ack-mode subscription, or change its retry policy.
+
+        ``policy`` holds ``lease``, ``max_attempts``, ``backoff`` (``"fixed"`` or
+        ``"exponential"``), ``delay``, ``max_delay``, ``jitter`` and ``dead_letter`` (a queue).
+        """
+        body = {"mode": "ack", "policy": policy}
+        path = _subscription_path(queue, name)
+        return dict(await self._call("PUT", path, params=_params(save=save), json=body))
+
+    async def claim(
+        self,
+        queue: str,
+        name: str,
+        *,
+        limit: int = 1,
+        lease: float | str | None = None,
+        wait: float | None = None,
+        save: Save = None,
+    ) -> list[dict[str, Any]]:
+        """Lease up to ``limit`` messages; each has ``payload``, ``receipt``, ``attempt``,
+        ``lease_until`` and ``last_error``. ``wait`` long-polls when there is none."""
+        params = _params(limit=limit, lease=lease, wait=wait, save=save)
+        path = _subscription_path(queue, name, "claim")
+        answer = await self._call("POST", path, params=params, wait=wait)
+        return list(_with_payloads(answer)["messages"])
+
+    async def ack(self, queue: str, name: str, receipts: str | Iterable[str], *, save: Save = None) -> Any:
+        """Finish claimed messages. One receipt (a ``str``) raises its error (``LeaseLost``...);
+        a list answers one ``{"receipt", "id", "ok"[, "error"]}`` per receipt."""
+        return await self._receipts(queue, name, "ack", receipts, {}, save)
+
+    async def nack(
+        self,
+        queue: str,
+        name: str,
+        receipts: str | Iterable[str],
+        *,
+        delay: float | str | None = None,
+        error: str | None = None,
+        save: Save = None,
+    ) -> Any:
+        """Give claimed messages back with ``error``: retried after ``delay`` (default: the
+        policy's backoff), or dead once their attempts are used up (``"dead": true``)."""
+        return await self._receipts(queue, name, "nack", receipts, {"delay": delay, "error": error}, save)
+
+    async def extend(
+        self,
+        queue: str,
+        name: str,
+        receipts: str | Iterable[str],
+        *,
+        lease: float | str | None = None,
+        save: Save = None,
+    ) -> Any:
+        """Hold claimed messages for ``lease`` more from now (default: the policy's lease)."""
+        return await self._receipts(queue, name, "extend", receipts, {"lease": lease}, save)
+
+    async def _receipts(
+        self,
+        queue: str,
+        name: str,
+        verb: str,
+        receipts: str | Iterable[str],
+        fields: dict[str, Any],
+        save: Save,
+    ) -> Any:
+        body = {k: v for k, v in fields.items() if v is not None}
+        if isinstance(receipts, str):
+            body["receipt"] = receipts
+        else:
+            body["receipts"] = list(receipts)
+        path = _subscription_path(queue, name, verb)
+        answer = await self._call("POST", path, params=_params(save=save), json=body)
+        return dict(answer) if isinstance(receipts, str) else list(answer["results"])
+
     # --- handlers --------------------------------------------------------------------
 
     async def put_handler(

@@ -228,6 +228,52 @@ class Client:
     def replicas(self, queue: str, id: int) -> dict[str, Any]:
         return self._run(self._client.replicas(queue, id))
 
+    # --- work queues (ack-mode subscriptions) ---------------------------------------
+
+    def put_work(self, queue: str, name: str, *, save: Save = None, **policy: Any) -> dict[str, Any]:
+        return self._run(self._client.put_work(queue, name, save=save, **policy))
+
+    def claim(
+        self,
+        queue: str,
+        name: str,
+        *,
+        limit: int = 1,
+        lease: float | str | None = None,
+        wait: float | None = None,
+        save: Save = None,
+    ) -> list[dict[str, Any]]:
+        return self._run(self._client.claim(queue, name, limit=limit, lease=lease, wait=wait, save=save))
+
+    def ack(self, queue: str, name: str, receipts: str | Iterable[str], *, save: Save = None) -> Any:
+        items = receipts if isinstance(receipts, str) else list(receipts)
+        return self._run(self._client.ack(queue, name, items, save=save))
+
+    def nack(
+        self,
+        queue: str,
+        name: str,
+        receipts: str | Iterable[str],
+        *,
+        delay: float | str | None = None,
+        error: str | None = None,
+        save: Save = None,
+    ) -> Any:
+        items = receipts if isinstance(receipts, str) else list(receipts)
+        return self._run(self._client.nack(queue, name, items, delay=delay, error=error, save=save))
+
+    def extend(
+        self,
+        queue: str,
+        name: str,
+        receipts: str | Iterable[str],
+        *,
+        lease: float | str | None = None,
+        save: Save = None,
+    ) -> Any:
+        items = receipts if isinstance(receipts, str) else list(receipts)
+        return self._run(self._client.extend(queue, name, items, lease=lease, save=save))
+
     # --- handlers --------------------------------------------------------------------
 
     def put_handler(

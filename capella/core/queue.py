@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
@@ -39,17 +40,22 @@ from capella.core.codec import (
 from capella.core.dedup import BlockSummary, DedupIndex
 from capella.core.definition import I64_MAX, I64_MIN, QueueDefinition
 from capella.core.message import Draft, Message, SaveMode
+from capella.core.retry import RetryPolicy
 from capella.core.schedule import Schedule, Scheduled
 from capella.core.stats import Histogram, QueueCounters
-from capella.core.subscription import Subscription, Subscriptions
+from capella.core.subscription import ACK, Subscription, Subscriptions
+from capella.core.work import WorkQueue
 from capella.errors import (
     CapellaError,
     Conflict,
     CorruptData,
     InvalidMessage,
+    InvalidRequest,
     KeyNotFound,
+    QueueNotFound,
     ShuttingDown,
     StorageUnavailable,
+    WrongSubscriptionMode,
 )
 from capella.storage import Journal, Storage
 
@@ -182,6 +188,7 @@ class Queue:
         settings: StorageSettings,
         flush_latency: Histogram | None = None,
         clock: Callable[[], float] = time.time,
+        lookup: Callable[[str], Queue] | None = None,
     ) -> None:
         self.name = name
         self.definition = definition
@@ -193,6 +200,7 @@ class Queue:
         self._settings = settings
         self._flush_latency = flush_latency or Histogram()
         self._clock = clock
+        self._lookup = lookup
 
         self._sealed: list[BlockMeta] = []
         self._firsts: list[int] = []
@@ -212,6 +220,7 @@ class Queue:
         self._key_sets: OrderedDict[int, dict[tuple[str, int], int]] = OrderedDict()
         self._dedup = DedupIndex(self._keys_of_block)
         self._subs = Subscriptions()
+        self._work: dict[str, WorkQueue] = {}
         self.schedule = Schedule(
             self._meta, self._key("schedule"), release=self._append_released, clock=clock
         )
@@ -260,6 +269,7 @@ class Queue:
         settings: StorageSettings,
         flush_latency: Histogram | None = None,
         clock: Callable[[], float] = time.time,
+        lookup: Callable[[str], Queue] | None = None,
     ) -> Queue:
         queue = cls(
             name,
@@ -269,6 +279,7 @@ class Queue:
             settings=settings,
             flush_latency=flush_latency,
             clock=clock,
+            lookup=lookup,
         )
         await queue._recover()
         await queue.schedule.open()
@@ -331,6 +342,11 @@ class Queue:
             self._subs.saved_version = self._subs.version
         except KeyNotFound:
             pass
+        for sub in self._subs.all():
+            if sub.mode == ACK and sub.policy is not None:
+                work = self._new_work(sub.name, sub.policy)
+                await work.open()
+                self._work[sub.name] = work
         log.info(
             "queue recovered queue=%s last_id=%d sealed_blocks=%d open_messages=%d truncated_bytes=%d",
             self.name,
@@ -407,6 +423,8 @@ class Queue:
             await self._flush_journals()
             await self._save_subscriptions()
             await self.schedule.close()
+            for work in self._work.values():
+                await work.close()
             # Every id handed out is below next_id now, so a clean restart continues without a gap.
             await self._meta.put(
                 self._key("state.json"), orjson.dumps({"version": 1, "lease_until": self._next_id})
@@ -745,6 +763,8 @@ class Queue:
         await self._flush_journals()
         await self._save_subscriptions()
         await self.schedule.flush()
+        for work in list(self._work.values()):
+            await work.flush()
 
     async def tick(self) -> None:
         """The periodic pass: seal an open block past its age, save marked writes and cursors."""
@@ -756,6 +776,8 @@ class Queue:
             self._subs_marked = False
             await self._save_subscriptions()
         await self.schedule.tick()
+        for work in list(self._work.values()):
+            await work.tick()
 
     # --- sealing ---------------------------------------------------------------------------
 
@@ -1075,10 +1097,72 @@ class Queue:
     # --- subscriptions ---------------------------------------------------------------------
 
     def subscription(self, name: str) -> Subscription:
-        return self._subs.get(name)
+        return self._with_floor(self._subs.get(name))
 
     def subscriptions(self) -> list[Subscription]:
-        return self._subs.all()
+        return [self._with_floor(s) for s in self._subs.all()]
+
+    def _with_floor(self, sub: Subscription) -> Subscription:
+        # An ack-mode subscription's cursor is the id below which everything is finished.
+        if sub.mode == ACK:
+            return dataclasses.replace(sub, last_id=self._work[sub.name].state.floor)
+        return sub
+
+    def work(self, name: str) -> WorkQueue:
+        """The work queue of an ack-mode subscription."""
+        sub = self._subs.get(name)
+        if sub.mode != ACK:
+            raise WrongSubscriptionMode(f"subscription {name!r} is a cursor, not in ack mode")
+        return self._work[name]
+
+    def work_queues(self) -> list[WorkQueue]:
+        return [self._work[name] for name in sorted(self._work)]
+
+    async def define_work(
+        self, name: str, policy: RetryPolicy, save: SaveMode = SaveMode.DEFAULT
+    ) -> tuple[Subscription, bool]:
+        """Create an ack-mode subscription (a work queue) or change its retry policy."""
+        if self._closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+        if policy.dead_letter is not None:
+            if policy.dead_letter == self.name:
+                raise InvalidRequest("policy.dead_letter must name another queue", field="policy.dead_letter")
+            try:
+                if self._lookup is not None:
+                    self._lookup(policy.dead_letter)
+            except QueueNotFound:
+                raise InvalidRequest(
+                    f"policy.dead_letter: no queue {policy.dead_letter!r}", field="policy.dead_letter"
+                ) from None
+        sub, created = self._subs.define_ack(name, policy, now=self._clock())
+        if created:
+            # A subscription of this name deleted before a crash may have left its files.
+            for key in await self._meta.list(self._key("work", name, "")):
+                await self._meta.delete(key)
+            work = self._new_work(name, policy)
+            await work.open()
+            self._work[name] = work
+        else:
+            self._work[name].policy = policy
+        await self._after_subscription_change(save)
+        return self._with_floor(sub), created
+
+    def _new_work(self, name: str, policy: RetryPolicy) -> WorkQueue:
+        return WorkQueue(
+            self,
+            name,
+            policy,
+            self._meta,
+            self._key("work", name),
+            clock=self._clock,
+            dead_letter=self._dead_letter,
+            default_save=lambda: self.definition.subscription_save,
+        )
+
+    async def _dead_letter(self, target: str, drafts: list[Draft]) -> None:
+        if self._lookup is None or not drafts:
+            return
+        await self._lookup(target).append(drafts, SaveMode.WAIT)
 
     async def commit(
         self,
@@ -1099,6 +1183,9 @@ class Queue:
     async def delete_subscription(self, name: str, save: SaveMode = SaveMode.DEFAULT) -> None:
         self._subs.delete(name)
         await self._after_subscription_change(save)
+        work = self._work.pop(name, None)
+        if work is not None:
+            await work.destroy()
 
     def replicas(self, message_id: int) -> list[str]:
         return self._subs.replicas(message_id)
