@@ -96,6 +96,12 @@ class LinkNotFound(NotFound):
     code = "cluster_not_found"
 
 
+class MessageNotFound(NotFound):
+    """The queue holds no message with this id (never stored, or expired)."""
+
+    code = "message_not_found"
+
+
 class ScheduledNotFound(NotFound):
     """Nothing scheduled has this id: it was released, cancelled or never scheduled."""
 

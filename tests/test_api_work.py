@@ -188,3 +188,139 @@ async def test_bad_claims(q: TestClient) -> None:
         resp = await q.post(f"{W}/claim", params=params)
         assert resp.status == 400, params
     assert (await q.get(f"{W}/claim")).status == 405
+
+
+# --- the operator's view -------------------------------------------------------------------
+
+
+@pytest.fixture
+async def shop(api: TestClient) -> TestClient:
+    """Orders 1-8: JSON payloads from two sources, segments 0/1, a header on the even ones."""
+    await ok(await api.put("/v1/queues/shop", json={}), 201)
+    policy = {"max_attempts": 1, "delay": 0, "jitter": 0}
+    await ok(await api.put("/v1/queues/shop/subscriptions/w", json={"mode": "ack", "policy": policy}), 201)
+    orders = [
+        {
+            "data": f'{{"customer": {{"id": {40 + i % 3}}}, "rush": {str(i % 2 == 0).lower()}}}',
+            "source": "web" if i <= 4 else "app",
+            "segment": i % 2,
+            "headers": {"kind": "even"} if i % 2 == 0 else {},
+        }
+        for i in range(1, 9)
+    ]
+    await ok(await api.post("/v1/queues/shop/messages", json={"messages": orders}))
+    return api
+
+
+SW = "/v1/queues/shop/subscriptions/w"
+
+
+async def listed(api: TestClient, **params: str) -> tuple[list[tuple[int, str]], Any]:
+    page = await ok(await api.get(f"{SW}/work", params=params))
+    return [(m["id"], m["status"]) for m in page["messages"]], page["next_after"]
+
+
+async def test_operators_list_messages_by_status_and_filters(shop: TestClient) -> None:
+    claimed = (await ok(await shop.post(f"{SW}/claim", params={"limit": "3"})))["messages"]
+    await ok(await shop.post(f"{SW}/nack", json={"receipt": claimed[0]["receipt"], "error": "no stock"}))
+    assert await listed(shop) == (
+        [(1, "dead"), (2, "leased"), (3, "leased"), *((i, "ready") for i in range(4, 9))],
+        None,
+    )
+    assert await listed(shop, status="leased,dead") == ([(1, "dead"), (2, "leased"), (3, "leased")], None)
+    assert await listed(shop, status="ready", source="app") == (
+        [(5, "ready"), (6, "ready"), (7, "ready"), (8, "ready")],
+        None,
+    )
+    assert (await listed(shop, segments="1"))[0] == [(1, "dead"), (3, "leased"), (5, "ready"), (7, "ready")]
+    assert (await listed(shop, **{"header.kind": "even"}))[0] == [
+        (2, "leased"),
+        (4, "ready"),
+        (6, "ready"),
+        (8, "ready"),
+    ]
+    assert (await listed(shop, **{"json.customer.id": "41"}))[0] == [(1, "dead"), (4, "ready"), (7, "ready")]
+    assert (await listed(shop, **{"json.rush": "true", "status": "ready"}))[0] == [
+        (4, "ready"),
+        (6, "ready"),
+        (8, "ready"),
+    ]
+    assert (await listed(shop, **{"json.customer.id": '"41"'}))[0] == []  # the string is not the number
+    page, next_after = await listed(shop, limit="2")
+    assert (page, next_after) == ([(1, "dead"), (2, "leased")], 2)
+    page, next_after = await listed(shop, limit="4", after="2")
+    assert (page, next_after) == ([(3, "leased"), (4, "ready"), (5, "ready"), (6, "ready")], 6)
+
+    one = await ok(await shop.get(f"{SW}/work/1"))
+    assert (one["status"], one["attempts"], one["last_error"], one["source"]) == (
+        "dead",
+        1,
+        "no stock",
+        "web",
+    )
+    assert "died" in one
+    two = await ok(await shop.get(f"{SW}/work/2"))
+    assert (two["status"], two["attempts"], two["lease_until"]) == ("leased", 1, claimed[1]["lease_until"])
+    assert (await error_of(await shop.get(f"{SW}/work/99"), 404))["code"] == "message_not_found"
+    assert (await error_of(await shop.get(f"{SW}/work/x"), 400))["parameter"] == "id"
+
+
+async def test_operators_retry_and_move_dead_back(shop: TestClient) -> None:
+    claimed = (await ok(await shop.post(f"{SW}/claim", params={"limit": "2"})))["messages"]
+    receipts = [m["receipt"] for m in claimed]
+    await ok(await shop.post(f"{SW}/nack", json={"receipts": receipts, "error": "down"}))
+    assert (await listed(shop, status="dead"))[0] == [(1, "dead"), (2, "dead")]
+    answer = await ok(await shop.post(f"{SW}/work/retry", json={"json": {"customer.id": 42}}))
+    assert answer == {"retried": [2], "next_after": None}
+    (back,) = (await ok(await shop.post(f"{SW}/claim")))["messages"]
+    assert (back["id"], back["attempt"], back["last_error"]) == (2, 1, "down")
+    answer = await ok(await shop.post(f"{SW}/work/retry", json={"ids": [1], "delay": "1h"}))
+    assert answer["retried"] == [1]
+    assert (await listed(shop, status="waiting"))[0] == [(1, "waiting")]
+    await ok(await shop.post(f"{SW}/work/retry", json={"status": ["waiting"]}))
+    assert (await listed(shop, status="ready", limit="1"))[0] == [(1, "ready")]
+
+
+async def test_operators_delete_by_filter(shop: TestClient) -> None:
+    answer = await ok(await shop.post(f"{SW}/work/delete", json={"status": ["ready"], "source": "app"}))
+    assert answer == {"deleted": [5, 6, 7, 8], "next_after": None}
+    answer = await ok(await shop.post(f"{SW}/work/delete", json={"ids": [3, 99]}))
+    assert answer["deleted"] == [3]
+    claimed = (await ok(await shop.post(f"{SW}/claim", params={"limit": "10"})))["messages"]
+    assert [m["id"] for m in claimed] == [1, 2, 4]
+    answer = await ok(await shop.post(f"{SW}/work/delete", json={"status": ["leased"], "limit": 1}))
+    assert answer == {"deleted": [1], "next_after": 1}
+    info = await ok(await shop.get(SW))
+    assert info["work"]["leased"] == 2
+
+
+@pytest.mark.parametrize(
+    ("verb", "body", "field"),
+    [
+        ("delete", {}, "status"),
+        ("delete", {"status": ["gone"]}, "status"),
+        ("delete", {"status": "ready"}, "status"),
+        ("retry", {"status": ["leased"]}, "status"),
+        ("retry", {"limit": 0}, "limit"),
+        ("retry", {"after": -1}, "after"),
+        ("retry", {"ids": ["1"]}, "ids"),
+        ("retry", {"segments": [0, 1]}, "segments"),
+        ("retry", {"headers": {"k": 1}}, "headers"),
+        ("retry", {"json": ["a"]}, "json"),
+        ("retry", {"source": 5}, "source"),
+        ("retry", {"at": "tomorrow"}, "at"),
+        ("retry", {"at": 1, "delay": 1}, "delay"),
+        ("retry", {"everything": True}, "everything"),
+    ],
+)
+async def test_bad_operator_requests(shop: TestClient, verb: str, body: dict[str, Any], field: str) -> None:
+    error = await error_of(await shop.post(f"{SW}/work/{verb}", json=body), 400)
+    assert (error["code"], error["field"]) == ("invalid_request", field)
+
+
+async def test_bad_operator_queries(shop: TestClient) -> None:
+    for params in ({"status": "gone"}, {"after": "x"}, {"segments": "a"}, {"color": "red"}):
+        assert (await shop.get(f"{SW}/work", params=params)).status == 400, params
+    await ok(await shop.put("/v1/queues/shop/subscriptions/c", json={}), 201)
+    resp = await shop.get("/v1/queues/shop/subscriptions/c/work")
+    assert (await error_of(resp, 409))["code"] == "wrong_subscription_mode"

@@ -434,6 +434,61 @@ SCHEMAS: dict[str, Any] = {
         "required": ["messages"],
         "properties": {"messages": {"type": "array", "items": ref("ClaimedMessage")}},
     },
+    "WorkMessage": {
+        "allOf": [
+            ref("StoredMessage"),
+            {
+                "type": "object",
+                "required": ["status", "attempts", "last_error"],
+                "properties": {
+                    "status": {
+                        "type": "string",
+                        "enum": ["leased", "waiting", "ready", "dead", "done", "deleted"],
+                    },
+                    "attempts": {"type": "integer", "minimum": 0},
+                    "last_error": {"type": ["string", "null"]},
+                    "lease_until": {**TIME, "description": "leased"},
+                    "retry_at": {**TIME, "description": "waiting (or ready again after a failure)"},
+                    "died": {**TIME, "description": "dead"},
+                },
+            },
+        ]
+    },
+    "WorkList": {
+        "type": "object",
+        "required": ["messages", "next_after"],
+        "properties": {
+            "messages": {"type": "array", "items": ref("WorkMessage")},
+            "next_after": {
+                "type": ["integer", "null"],
+                "description": "pass as after for the next page; null when everything was looked at",
+            },
+        },
+    },
+    "WorkSelection": {
+        "type": "object",
+        "description": "which messages: status (retry: default waiting and dead; delete: status or ids is "
+        "required), optional filters, at most limit of them after after",
+        "additionalProperties": False,
+        "properties": {
+            "status": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["leased", "waiting", "ready", "dead"]},
+            },
+            "ids": {"type": "array", "maxItems": 10_000, "items": MESSAGE_ID},
+            "source": {"type": "string"},
+            "segments": {"type": "string", "pattern": SEGMENTS_PATTERN},
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "json": {"type": "object", "description": "dotted path of the JSON payload → value, all equal"},
+            "after": MESSAGE_ID,
+            "limit": {"type": "integer", "minimum": 1, "maximum": 10_000, "default": 1000},
+            "at": {
+                "oneOf": [{"type": "number"}, {"type": "string", "format": "date-time"}],
+                "description": "retry: claimable from then (default now)",
+            },
+            "delay": {**DURATION, "description": "retry: claimable after this"},
+        },
+    },
     "Receipts": {
         "type": "object",
         "description": "exactly one of receipts (answered per receipt) and receipt (its error is the "
@@ -720,7 +775,8 @@ SCHEMAS: dict[str, Any] = {
 
 _ERROR_TEXT = {
     400: "invalid_request, invalid_message (with index), invalid_name, invalid_save_mode, invalid_config",
-    404: "not_found, queue_not_found, subscription_not_found, scheduled_not_found, unknown_receipt, "
+    404: "not_found, queue_not_found, subscription_not_found, message_not_found, scheduled_not_found, "
+    "unknown_receipt, "
     "handler_not_found, cluster_not_found",
     405: "method_not_allowed",
     408: "request_timeout: the body did not arrive within the read deadline",
@@ -1012,6 +1068,95 @@ PATHS: dict[str, Any] = {
             ("nack", "Give claimed messages back with an error: retried after a delay, or dead"),
             ("extend", "Lengthen the lease of claimed messages"),
         )
+    },
+    "/v1/queues/{queue}/subscriptions/{name}/work": {
+        "parameters": [QUEUE, SUBSCRIPTION],
+        "get": operation(
+            "listWork",
+            "Messages of an ack-mode subscription by status, filtered, in id order",
+            {"200": answer("A page", ref("WorkList")), **fails(400, 404, 409)},
+            param(
+                "status",
+                "query",
+                {"type": "string"},
+                "comma-separated: leased, waiting, ready, dead (default all)",
+            ),
+            param("source", "query", {"type": "string"}, "only this source"),
+            SEGMENTS,
+            param(
+                "header.{name}",
+                "query",
+                {"type": "string"},
+                "only messages whose header {name} has this value (repeatable, any name)",
+            ),
+            param(
+                "json.{path}",
+                "query",
+                {"type": "string"},
+                "only JSON payloads whose field at the dotted path equals this JSON value "
+                '(42, true, "text"; anything else is a string)',
+            ),
+            AFTER,
+            LIMIT,
+            tag="work",
+        ),
+    },
+    "/v1/queues/{queue}/subscriptions/{name}/work/{id}": {
+        "parameters": [QUEUE, SUBSCRIPTION, param("id", "path", MESSAGE_ID, "Message id")],
+        "get": operation(
+            "getWork",
+            "One message's status, attempts and last error",
+            {"200": answer("The message", ref("WorkMessage")), **fails(400, 404, 409)},
+            tag="work",
+        ),
+    },
+    "/v1/queues/{queue}/subscriptions/{name}/work/retry": {
+        "parameters": [QUEUE, SUBSCRIPTION],
+        "post": operation(
+            "retryWork",
+            "Make waiting messages claimable now (or at), and move dead ones back",
+            {
+                "200": answer(
+                    "What was retried",
+                    {
+                        "type": "object",
+                        "required": ["retried", "next_after"],
+                        "properties": {
+                            "retried": {"type": "array", "items": MESSAGE_ID},
+                            "next_after": {"type": ["integer", "null"]},
+                        },
+                    },
+                ),
+                **fails(400, 404, 408, 409, 413),
+            },
+            SAVE,
+            body={"required": False, "content": json_content(ref("WorkSelection"))},
+            tag="work",
+        ),
+    },
+    "/v1/queues/{queue}/subscriptions/{name}/work/delete": {
+        "parameters": [QUEUE, SUBSCRIPTION],
+        "post": operation(
+            "deleteWork",
+            "Finish messages without processing them (skip)",
+            {
+                "200": answer(
+                    "What was deleted",
+                    {
+                        "type": "object",
+                        "required": ["deleted", "next_after"],
+                        "properties": {
+                            "deleted": {"type": "array", "items": MESSAGE_ID},
+                            "next_after": {"type": ["integer", "null"]},
+                        },
+                    },
+                ),
+                **fails(400, 404, 408, 409, 413),
+            },
+            SAVE,
+            body={"required": True, "content": json_content(ref("WorkSelection"))},
+            tag="work",
+        ),
     },
     "/v1/queues/{queue}/replicas": {
         "parameters": [QUEUE],

@@ -364,6 +364,61 @@ class AsyncClient:
         """Hold claimed messages for ``lease`` more from now (default: the policy's lease)."""
         return await self._receipts(queue, name, "extend", receipts, {"lease": lease}, save)
 
+    async def work(
+        self,
+        queue: str,
+        name: str,
+        *,
+        status: str | Iterable[str] | None = None,
+        source: str | None = None,
+        segments: Segments | None = None,
+        headers: Mapping[str, str] | None = None,
+        json: Mapping[str, Any] | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> dict[str, Any]:
+        """An operator's page of messages: ``{"messages": [...], "next_after": id | None}``.
+
+        ``status`` is some of leased, waiting, ready, dead; ``json`` maps a dotted path of the
+        JSON payload to the value it must equal (``{"customer.id": 42}``).
+        """
+        params = _params(
+            status=status if status is None or isinstance(status, str) else ",".join(status),
+            source=source,
+            segments=segments,
+            after=after,
+            limit=limit,
+        )
+        for key, value in (headers or {}).items():
+            params[f"header.{key}"] = value
+        for path, value in (json or {}).items():
+            params[f"json.{path}"] = orjson.dumps(value).decode()
+        answer = await self._call("GET", _subscription_path(queue, name, "work"), params=params)
+        return _with_payloads(answer)
+
+    async def work_message(self, queue: str, name: str, id: int) -> dict[str, Any]:
+        """One message's ``status``, ``attempts`` and ``last_error``."""
+        answer = await self._call("GET", _subscription_path(queue, name, "work", str(id)))
+        return with_payload(answer)
+
+    async def retry_work(
+        self, queue: str, name: str, *, save: Save = None, **selection: Any
+    ) -> dict[str, Any]:
+        """Waiting messages become claimable now (or ``at``/after ``delay``); dead ones move back.
+
+        ``selection`` holds ``status``, ``ids``, ``source``, ``segments``, ``headers``, ``json``,
+        ``after`` and ``limit``; the answer has ``retried`` and ``next_after``.
+        """
+        path = _subscription_path(queue, name, "work", "retry")
+        return dict(await self._call("POST", path, params=_params(save=save), json=selection))
+
+    async def delete_work(
+        self, queue: str, name: str, *, save: Save = None, **selection: Any
+    ) -> dict[str, Any]:
+        """Finish messages without processing them; ``status`` or ``ids`` is required."""
+        path = _subscription_path(queue, name, "work", "delete")
+        return dict(await self._call("POST", path, params=_params(save=save), json=selection))
+
     async def _receipts(
         self,
         queue: str,

@@ -274,6 +274,42 @@ class Client:
         items = receipts if isinstance(receipts, str) else list(receipts)
         return self._run(self._client.extend(queue, name, items, lease=lease, save=save))
 
+    def work(
+        self,
+        queue: str,
+        name: str,
+        *,
+        status: str | Iterable[str] | None = None,
+        source: str | None = None,
+        segments: Segments | None = None,
+        headers: Mapping[str, str] | None = None,
+        json: Mapping[str, Any] | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> dict[str, Any]:
+        return self._run(
+            self._client.work(
+                queue,
+                name,
+                status=status if status is None or isinstance(status, str) else list(status),
+                source=source,
+                segments=segments,
+                headers=headers,
+                json=json,
+                after=after,
+                limit=limit,
+            )
+        )
+
+    def work_message(self, queue: str, name: str, id: int) -> dict[str, Any]:
+        return self._run(self._client.work_message(queue, name, id))
+
+    def retry_work(self, queue: str, name: str, *, save: Save = None, **selection: Any) -> dict[str, Any]:
+        return self._run(self._client.retry_work(queue, name, save=save, **selection))
+
+    def delete_work(self, queue: str, name: str, *, save: Save = None, **selection: Any) -> dict[str, Any]:
+        return self._run(self._client.delete_work(queue, name, save=save, **selection))
+
     # --- handlers --------------------------------------------------------------------
 
     def put_handler(

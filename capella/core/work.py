@@ -43,6 +43,9 @@ MAX_DEAD = 10_000
 MAX_ERROR = 2048
 # A snapshot is written once the log holds this many records more than the state has entries.
 CHECKPOINT_RECORDS = 20_000
+# An operator's listing of messages nobody claimed yet stops after this many and says where.
+SCAN_LIMIT = 100_000
+STATUSES = ("leased", "waiting", "ready", "dead")
 
 DeadLetter = Callable[[str, list[Draft]], Awaitable[None]]
 
@@ -582,6 +585,53 @@ class WorkQueue:
             self.counters.deleted += len(removed) + len(forgotten) + len(ahead)
         await self._log.save(save.resolve(self._default_save()))
         return [*removed, *forgotten, *ahead]
+
+    async def select(
+        self,
+        statuses: set[str],
+        match: Callable[[Message], bool] | None,
+        after: int,
+        limit: int,
+        scan_limit: int = SCAN_LIMIT,
+    ) -> tuple[list[tuple[Message, str]], int | None]:
+        """Messages after id ``after`` in id order whose status is in ``statuses`` and that match.
+
+        Answers them and the id to continue after (``None`` when everything was looked at).
+        Tracked messages (leased, waiting, dead) come from the state; ``ready`` ones that were
+        never claimed from the log after ``high``, at most ``scan_limit`` of them per call.
+        """
+        now = self._clock()
+        out: list[tuple[Message, str]] = []
+        tracked = sorted(i for i in (*self.state.entries, *self.state.dead) if i > after)
+        for mid in tracked:
+            status = self.status(mid, now)
+            if status not in statuses:
+                continue
+            message = await self._message(mid)
+            if message is None or (match is not None and not match(message)):
+                continue
+            out.append((message, status))
+            if len(out) >= limit:
+                return out, mid
+        if "ready" not in statuses:
+            return out, None
+        cursor = max(after, self.state.high)
+        scanned = 0
+        skipped = self.state.skipped
+        while True:
+            messages, last = await self._messages.read_after(cursor, min(1000, scan_limit - scanned))
+            if not messages:
+                return out, None
+            for m in messages:
+                scanned += 1
+                cursor = m.id
+                if m.id not in skipped and (match is None or match(m)):
+                    out.append((m, "ready"))
+                    if len(out) >= limit:
+                        return out, m.id
+            cursor = max(cursor, last)
+            if scanned >= scan_limit:
+                return out, cursor
 
     def _notify(self) -> None:
         self.changed.set()
