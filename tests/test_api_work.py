@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
+from test_api_operations import parse_metrics
 
 Q = "/v1/queues/q"
 W = f"{Q}/subscriptions/w"
@@ -324,3 +325,29 @@ async def test_bad_operator_queries(shop: TestClient) -> None:
     await ok(await shop.put("/v1/queues/shop/subscriptions/c", json={}), 201)
     resp = await shop.get("/v1/queues/shop/subscriptions/c/work")
     assert (await error_of(resp, 409))["code"] == "wrong_subscription_mode"
+
+
+async def test_metrics_of_work_queues_and_schedules(q: TestClient) -> None:
+    (m1, m2) = await claim(q, limit="2")
+    await ok(await q.post(f"{W}/ack", json={"receipt": m1["receipt"]}))
+    await ok(await q.post(f"{W}/nack", json={"receipt": m2["receipt"], "delay": "1h"}))
+    (m3,) = await claim(q)
+    await ok(await q.post(f"{Q}/messages", json={"messages": [{"data": "later", "delay": "1h"}] * 3}))
+    scheduled = await ok(await q.get(f"{Q}/scheduled"))
+    assert (await q.delete(f"{Q}/scheduled/{scheduled['scheduled'][0]['scheduled_id']}")).status == 204
+    samples = parse_metrics(await (await q.get("/metrics")).text())
+    labels = 'queue="q",subscription="w"'
+    assert samples[f'capella_work_messages{{{labels},state="leased"}}'] == 1
+    assert samples[f'capella_work_messages{{{labels},state="waiting"}}'] == 1
+    assert samples[f'capella_work_messages{{{labels},state="dead"}}'] == 0
+    assert m3["id"] == 3 and samples[f"capella_work_backlog{{{labels}}}"] == 2  # ids 4 and 5
+    assert samples[f"capella_work_claimed_total{{{labels}}}"] == 3
+    assert samples[f"capella_work_acked_total{{{labels}}}"] == 1
+    assert samples[f"capella_work_nacked_total{{{labels}}}"] == 1
+    assert samples[f"capella_work_dead_lettered_total{{{labels}}}"] == 0
+    assert samples['capella_scheduled_messages{queue="q"}'] == 2
+    assert samples['capella_scheduled_total{queue="q"}'] == 3
+    assert samples['capella_scheduled_cancelled_total{queue="q"}'] == 1
+    assert samples['capella_released_total{queue="q"}'] == 0
+    assert samples['capella_scheduled_overdue_seconds{queue="q"}'] == 0
+    assert samples['capella_subscription_last_id{queue="q",subscription="w",replica="false"}'] == 1
