@@ -281,3 +281,33 @@ async def test_modes_do_not_mix(cluster: Cluster) -> None:
     await q.delete_subscription("workers")
     await q.define_work("workers", FIXED)
     assert q.work("workers").state.high == 0  # a new subscription starts from the beginning
+
+
+async def test_a_lost_dead_record_copies_to_the_dead_letters_once(
+    cluster: Cluster, tmp_path: Path, clock: Clock
+) -> None:
+    dead_q, _ = await cluster.put_queue("jobs.dead", {})
+    _, work = await jobs(cluster, 1, RetryPolicy(max_attempts=1, dead_letter="jobs.dead"))
+    (claimed,) = await work.claim(1, None, SaveMode.WAIT)
+    await work.nack([parse_receipt(claimed[1].receipt)], None, "boom", SaveMode.WAIT)
+    assert len((await dead_q.read_after(0, 10)).messages) == 1
+    await cluster.close()
+    # A crash after the copy but before the dead record: cut that record off the log.
+    (log_file,) = (tmp_path / "data" / "queues" / "jobs" / "work" / "workers" / "log").iterdir()
+    data = log_file.read_bytes()
+    pos = last = 0
+    while pos < len(data):
+        last = pos
+        pos += 8 + int.from_bytes(data[pos : pos + 4], "little")
+    assert data[last + 8 : last + 12] == b'["D"'
+    log_file.write_bytes(data[:last])
+
+    cluster = await Cluster.open(make_config(tmp_path), clock=clock)
+    work = cluster.queue("jobs").work("workers")
+    assert work.status(1, clock.now) == "leased"
+    clock.now += 31
+    assert await work.expire() == 1
+    assert work.status(1, clock.now) == "dead"
+    (copy,) = (await cluster.queue("jobs.dead").read_after(0, 10)).messages
+    assert copy.headers["capella-last-error"] == "boom"
+    await cluster.close()
