@@ -282,7 +282,7 @@ class Queue:
             lookup=lookup,
         )
         await queue._recover()
-        await queue.schedule.open()
+        await queue.schedule.open(first_new_sid=queue._next_id)
         queue._tasks = [
             asyncio.create_task(queue._run_flusher(), name=f"flush:{name}"),
             asyncio.create_task(queue._run_sealer(), name=f"seal:{name}"),
@@ -527,18 +527,19 @@ class Queue:
             results.append(Delayed(sid, d.deliver_at, False))
         return results
 
-    async def _append_released(self, drafts: list[Draft]) -> list[Appended]:
+    async def _append_released(self, drafts: list[Draft], new: bool) -> list[Appended]:
         """Append delayed messages that fell due; answered once they are durable.
 
         They were validated when they were scheduled; the queue's definition may have changed
-        since, but refusing them now would keep them in the schedule forever.
+        since, but refusing them now would keep them in the schedule forever. ``new`` says the
+        schedule knows none of them can be in the log yet (the dedup lookup is skipped).
         """
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
         if len(self._sealing) >= MAX_SEALING:
             await self._wait_for_sealer()
         async with self._write_lock:
-            results = await self._assign(drafts, self._clock())
+            results = await self._assign(drafts, self._clock(), check=not new)
         await self._commit(urgent=False)
         return results
 
@@ -612,7 +613,9 @@ class Queue:
                     f"message {index}: external_id must be a 64-bit integer", index=index, field="external_id"
                 )
 
-    async def _assign(self, drafts: Sequence[Draft], now: float) -> list[Appended]:
+    async def _assign(self, drafts: Sequence[Draft], now: float, *, check: bool = True) -> list[Appended]:
+        """Give the drafts ids and add them to the open block; ``check=False`` skips the dedup
+        lookup for drafts whose identity is known to be new (it is still noted)."""
         if self._next_id + len(drafts) > self._lease_until:
             await self._extend_lease(len(drafts))
         # This loop runs once per produced message: limits and bound methods are read once.
@@ -629,7 +632,7 @@ class Queue:
         for d in drafts:
             source = own if d.source is None else d.source
             external_id = d.external_id
-            if external_id is not None:
+            if external_id is not None and check:
                 found = await dedup.find(source, external_id)
                 if found is not None:
                     results.append(Appended(found, True))

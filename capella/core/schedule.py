@@ -63,7 +63,8 @@ _INDEX_MAGIC = b"CPSI"
 _SNAPSHOT_HEAD = struct.Struct("<I")
 _CRC = struct.Struct("<I")
 
-Release = Callable[[list[Draft]], Awaitable[Any]]
+# (drafts, new): ``new`` when none of the drafts can be in the log already.
+Release = Callable[[list[Draft], bool], Awaitable[Any]]
 
 
 @dataclass(slots=True)
@@ -157,6 +158,10 @@ class Schedule:
         self._next_chunk = 1
         self._unspilled = 0  # items with chunk 0, roughly (a checkpoint recounts)
         self._releasing: set[int] = set()
+        # Sids at or above this were handed out by this process; those without an external id
+        # cannot have been released before unless a release of theirs failed (``_tried``).
+        self._first_new_sid = 2**63
+        self._tried: set[int] = set()
         self._release_lock = asyncio.Lock()
         self._checkpoint_lock = asyncio.Lock()
         self.changed = asyncio.Event()  # set when an item may now be due earlier than before
@@ -166,7 +171,9 @@ class Schedule:
 
     # --- recovery -----------------------------------------------------------------------
 
-    async def open(self) -> None:
+    async def open(self, first_new_sid: int = 2**63) -> None:
+        """Recover; ``first_new_sid`` is the first id the queue hands out in this process."""
+        self._first_new_sid = first_new_sid
         document, records = await self._log.load()
         carried: list[bytes] = []
         if document is not None:
@@ -388,29 +395,54 @@ class Schedule:
         async with self._release_lock:
             await self._load_near(now)
             while True:
-                batch = self._take_due(now)
-                if not batch:
+                # Two batches in flight: the second is assigned ids while the first one's fsync
+                # runs, and both share the queue's group commit.
+                batches = [b for b in (self._take_due(now), self._take_due(now)) if b]
+                if not batches:
                     break
-                try:
-                    results = await self._release([item.draft() for item in batch])
-                except BaseException:
-                    for item in batch:
-                        self._releasing.discard(item.sid)
-                        heapq.heappush(self._heap, (item.due, item.sid))
-                    raise
-                for item in batch:
-                    self._releasing.discard(item.sid)
-                    if self._items.get(item.sid) is item:
-                        self._forget(item.sid)
-                # The messages are durable now. If this record is lost in a crash, the items
-                # come back and are released again as duplicates, which dedup absorbs.
-                self._log.append(_DEL + array("q", [item.sid for item in batch]).tobytes())
-                self._log.marked = True
-                duplicates = sum(1 for r in results if r.duplicate)
-                self.counters.released += len(batch) - duplicates
-                self.counters.released_duplicates += duplicates
-                released += len(batch)
+                outcomes = await asyncio.gather(*map(self._release_batch, batches), return_exceptions=True)
+                for outcome in outcomes:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                    released += outcome
         return released
+
+    async def _release_batch(self, batch: list[Scheduled]) -> int:
+        # The dedup lookup is what makes a repeated release harmless; it is skipped only for
+        # items that cannot have been released before (the common case, ~25 % of the cost).
+        first_new, tried = self._first_new_sid, self._tried
+        new = all(i.external_id is None and i.sid >= first_new for i in batch) and not (
+            tried and any(i.sid in tried for i in batch)
+        )
+        sids = [item.sid for item in batch]
+        try:
+            results = await self._release([item.draft() for item in batch], new)
+        except BaseException:
+            self._releasing.difference_update(sids)
+            tried.update(sids)
+            for item in batch:
+                heapq.heappush(self._heap, (item.due, item.sid))
+            raise
+        self._releasing.difference_update(sids)
+        if tried:
+            tried.difference_update(sids)
+        # Once per released message: the common case (in memory, in no chunk, no external id)
+        # is a dict delete; _forget handles the rest.
+        items = self._items
+        for item in batch:
+            if items.get(item.sid) is item:
+                if item.chunk or item.external_id is not None:
+                    self._forget(item.sid)
+                else:
+                    del items[item.sid]
+        # The messages are durable now. If this record is lost in a crash, the items come back
+        # and are released again as duplicates, which dedup absorbs.
+        self._log.append(_DEL + array("q", sids).tobytes())
+        self._log.marked = True
+        duplicates = sum(1 for r in results if r.duplicate)
+        self.counters.released += len(batch) - duplicates
+        self.counters.released_duplicates += duplicates
+        return len(batch)
 
     def _take_due(self, now: float) -> list[Scheduled]:
         heap, items, releasing = self._heap, self._items, self._releasing
