@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from benchmarks import (
+    delayed,
     disk,
     latency,
     machine,
@@ -26,6 +27,7 @@ from benchmarks import (
     tiers_archive,
     tiers_memory,
     tiers_read,
+    work,
 )
 from benchmarks.profile import summarize
 from benchmarks.result import BenchmarkFailed, Outcome, Row, render_table
@@ -41,6 +43,8 @@ SCENARIOS: dict[str, Callable[[Settings], Awaitable[Outcome]]] = {
     "tiers-archive": tiers_archive.run,
     "tiers-read-s3": tiers_read.run,
     "replication": replication.run,
+    "delayed": delayed.run,
+    "work": work.run,
 }
 
 

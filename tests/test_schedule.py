@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -238,3 +239,28 @@ async def test_a_message_being_released_cannot_be_changed(cluster: Cluster, cloc
 async def test_due_in_the_past_is_delivered_at_once(cluster: Cluster, clock: Clock) -> None:
     q, _ = await cluster.put_queue("jobs", {})
     assert await q.append([later("x", clock.now - 1)]) == [(1, False)]
+
+
+async def test_many_items_falling_due_at_once_are_released_in_due_order(
+    cluster: Cluster, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(schedule_module, "RELEASE_BATCH", 700)
+    q, _ = await cluster.put_queue("jobs", {})
+    now = clock.now
+    rng = random.Random(5)
+    dues = [now + rng.uniform(1, 10) for _ in range(3000)]
+    answers = await q.append([later(f"{i}", due) for i, due in enumerate(dues)], SaveMode.WAIT)
+    sids = [a.scheduled for a in answers if isinstance(a, Delayed)]
+    cancelled = set(sids[::7])
+    await q.cancel_scheduled(list(cancelled))
+    await q.reschedule(sids[1], now + 20)
+    clock.now = now + 5
+    await q.schedule.release_due()
+    expected = sorted(
+        (due, i) for i, due in enumerate(dues) if due <= now + 5 and sids[i] not in cancelled and i != 1
+    )
+    assert await payloads(q) == [str(i).encode() for _, i in expected]
+    clock.now = now + 30
+    await q.schedule.release_due()
+    assert len(await payloads(q)) == 3000 - len(cancelled)
+    assert q.schedule.count == 0
