@@ -264,3 +264,16 @@ async def test_many_items_falling_due_at_once_are_released_in_due_order(
     await q.schedule.release_due()
     assert len(await payloads(q)) == 3000 - len(cancelled)
     assert q.schedule.count == 0
+
+
+async def test_only_far_items_make_the_schedule_spill(
+    cluster: Cluster, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(schedule_module, "SPILL_AT", 50)
+    q, _ = await cluster.put_queue("jobs", {})
+    await q.append([later(f"near{i}", clock.now + 5) for i in range(100)], SaveMode.WAIT)
+    await q.schedule.tick()
+    assert (q.schedule.chunk_count, q.schedule.in_memory) == (0, 100)  # near ones stay, unwritten
+    await q.append([later(f"far{i}", clock.now + 3600) for i in range(60)], SaveMode.WAIT)
+    assert q.schedule.in_memory == 100 and q.schedule.count == 160  # the far ones spilled at once
+    assert q.schedule.chunk_count >= 2

@@ -157,7 +157,10 @@ class Schedule:
         self._by_identity: dict[tuple[str, int], int] = {}
         self._chunks: dict[int, Chunk] = {}
         self._next_chunk = 1
-        self._unspilled = 0  # items with chunk 0, roughly (a checkpoint recounts)
+        # Far-future items that are only in the log: the memory a checkpoint gives back. Near
+        # ones are not counted: they stay in memory anyway, and spilling them would rewrite
+        # them at every checkpoint when many short delays are in flight.
+        self._far_unspilled: set[int] = set()
         self._releasing: set[int] = set()
         # Sids at or above this were handed out by this process; those without an external id
         # cannot have been released before unless a release of theirs failed (``_tried``).
@@ -367,13 +370,14 @@ class Schedule:
         heapq.heappush(self._heap, (item.due, item.sid))
         if item.external_id is not None:
             self._by_identity[item.identity] = item.sid
-        if item.chunk == 0:
-            self._unspilled += 1
+        if item.chunk == 0 and item.due > self._clock() + self.horizon:
+            self._far_unspilled.add(item.sid)
 
     def _forget(self, sid: int) -> bool:
         """Drop ``sid`` wherever it is (memory and its chunk); whether it was there."""
         item = self._items.pop(sid, None)
         if item is not None:
+            self._far_unspilled.discard(sid)
             if item.external_id is not None and self._by_identity.get(item.identity) == sid:
                 del self._by_identity[item.identity]
             if item.chunk:
@@ -442,13 +446,14 @@ class Schedule:
             tried.difference_update(sids)
         # Once per released message: the common case (in memory, in no chunk, no external id)
         # is a dict delete; _forget handles the rest.
-        items = self._items
+        items, far = self._items, self._far_unspilled
         for item in batch:
             if items.get(item.sid) is item:
                 if item.chunk or item.external_id is not None:
                     self._forget(item.sid)
                 else:
                     del items[item.sid]
+                    far.discard(item.sid)
         # The messages are durable now. If this record is lost in a crash, the items come back
         # and are released again as duplicates, which dedup absorbs.
         self._log.append(_DEL + array("q", sids).tobytes())
@@ -511,14 +516,14 @@ class Schedule:
         """The periodic pass: save marked changes, and checkpoint when the log has grown."""
         if self._log.marked:
             await self._log.flush()
-        if self._unspilled >= SPILL_AT or self._log.bytes_since_checkpoint >= CHECKPOINT_BYTES:
+        if len(self._far_unspilled) >= SPILL_AT or self._log.bytes_since_checkpoint >= CHECKPOINT_BYTES:
             await self.checkpoint()
 
     async def flush(self) -> None:
         await self._log.flush()
 
     async def spill_if_needed(self) -> None:
-        if self._unspilled >= SPILL_AT and not self._checkpoint_lock.locked():
+        if len(self._far_unspilled) >= SPILL_AT and not self._checkpoint_lock.locked():
             await self.checkpoint()
 
     async def checkpoint(self) -> None:
@@ -571,7 +576,9 @@ class Schedule:
                     self._chunks.pop(chunk.number, None)
                 raise
             self.counters.checkpoints += 1
-            self._unspilled = sum(1 for i in self._items.values() if i.chunk == 0)
+            self._far_unspilled = {
+                i.sid for i in self._items.values() if i.chunk == 0 and i.sid in self._far_unspilled
+            }
             self._evict_far(self._clock())
             for number in dropped:
                 await self._storage.delete(self._chunk_key(number, "sch"))
