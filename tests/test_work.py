@@ -132,7 +132,9 @@ async def test_claims_hand_each_message_to_one_worker_in_id_order(cluster: Clust
     assert twice[0].error is None and isinstance(twice[1].error, InvalidRequest)
     rest = await work.claim(100, None, SaveMode.WAIT)
     assert [m.id for m, _ in rest] == [9, 10]
+    records = work._log.records_since_checkpoint
     assert await work.claim(100, None, SaveMode.WAIT) == []
+    assert work._log.records_since_checkpoint == records  # idle polling costs no write
     await work.ack(receipts(second + rest), SaveMode.WAIT)
     assert q.subscription("workers").last_id == 10 and not work.state.entries
 

@@ -179,6 +179,8 @@ class WorkState:
     # --- changes (each emits a record) ---------------------------------------------------
 
     def lease(self, entries: list[Entry], high: int) -> None:
+        if not entries and high <= self.high:
+            return  # an empty claim changes nothing: no record, no fsync
         for e in entries:
             self.entries[e.id] = e
             self._push(e)
