@@ -17,6 +17,7 @@ import orjson
 
 from benchmarks import (
     auth,
+    delayed,
     disk,
     latency,
     machine,
@@ -27,6 +28,7 @@ from benchmarks import (
     tiers_archive,
     tiers_memory,
     tiers_read,
+    work,
 )
 from benchmarks.profile import summarize
 from benchmarks.result import BenchmarkFailed, Outcome, Row, render_table
@@ -43,6 +45,8 @@ SCENARIOS: dict[str, Callable[[Settings], Awaitable[Outcome]]] = {
     "tiers-read-s3": tiers_read.run,
     "replication": replication.run,
     "auth": auth.run,
+    "delayed": delayed.run,
+    "work": work.run,
 }
 
 

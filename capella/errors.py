@@ -135,6 +135,18 @@ class LinkNotFound(NotFound):
     code = "cluster_not_found"
 
 
+class MessageNotFound(NotFound):
+    """The queue holds no message with this id (never stored, or expired)."""
+
+    code = "message_not_found"
+
+
+class ScheduledNotFound(NotFound):
+    """Nothing scheduled has this id: it was released, cancelled or never scheduled."""
+
+    code = "scheduled_not_found"
+
+
 class KeyNotFound(NotFound):
     """A storage key holds no value."""
 
@@ -151,6 +163,24 @@ class Conflict(CapellaError):
     """The request conflicts with the current state."""
 
     code = "conflict"
+
+
+class WrongSubscriptionMode(Conflict):
+    """The call needs the other kind of subscription (a cursor, or ack mode)."""
+
+    code = "wrong_subscription_mode"
+
+
+class LeaseLost(Conflict):
+    """The claim's lease is gone: it expired and the message was claimed again or dead-lettered."""
+
+    code = "lease_lost"
+
+
+class UnknownReceipt(NotFound):
+    """No claim was ever handed out with this receipt."""
+
+    code = "unknown_receipt"
 
 
 # --- storage and data --------------------------------------------------------------------

@@ -7,6 +7,7 @@ only reads them, so a scrape costs a walk over the queues and nothing between sc
 from __future__ import annotations
 
 from capella.core.cluster import Cluster
+from capella.core.queue import Queue
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -66,6 +67,9 @@ def render(cluster: Cluster) -> str:
     _header(out, "capella_subscription_last_id", "A subscription's cursor.", "gauge")
     out.extend(cursor_lines)
 
+    _schedule_metrics(out, queues)
+    _work_metrics(out, queues)
+
     hist = cluster.flush_latency
     _header(out, "capella_flush_seconds", "Time to save and fsync one flush.", "histogram")
     cumulative = 0
@@ -79,6 +83,76 @@ def render(cluster: Cluster) -> str:
     out.append(f"capella_flush_seconds_count {total}")
     out.append("")
     return "\n".join(out)
+
+
+_SCHEDULE_COUNTERS = (
+    ("capella_scheduled_total", "Delayed messages scheduled.", "scheduled"),
+    ("capella_released_total", "Delayed messages delivered into the log when due.", "released"),
+    (
+        "capella_released_duplicates_total",
+        "Delayed messages whose identity was already in the log when due (not stored again).",
+        "released_duplicates",
+    ),
+    ("capella_scheduled_cancelled_total", "Delayed messages cancelled.", "cancelled"),
+    ("capella_rescheduled_total", "Delayed messages moved to another time.", "rescheduled"),
+)
+_WORK_COUNTERS = (
+    ("capella_work_claimed_total", "Messages handed out by claims (retries included).", "claimed"),
+    ("capella_work_acked_total", "Claimed messages acked.", "acked"),
+    ("capella_work_nacked_total", "Claimed messages given back with an error.", "nacked"),
+    ("capella_work_expired_total", "Leases that ran out (counted as failures).", "expired"),
+    ("capella_work_dead_lettered_total", "Messages that used up their attempts.", "dead_lettered"),
+    ("capella_work_moved_back_total", "Dead messages moved back by an operator.", "moved_back"),
+    ("capella_work_deleted_total", "Messages an operator finished without processing.", "deleted"),
+)
+
+
+def _schedule_metrics(out: list[str], queues: list[Queue]) -> None:
+    _header(out, "capella_scheduled_messages", "Delayed messages waiting for their time.", "gauge")
+    out.extend(f'capella_scheduled_messages{{queue="{escape(q.name)}"}} {q.schedule.count}' for q in queues)
+    _header(out, "capella_scheduled_in_memory", "Delayed messages held in memory (due soon).", "gauge")
+    out.extend(
+        f'capella_scheduled_in_memory{{queue="{escape(q.name)}"}} {q.schedule.in_memory}' for q in queues
+    )
+    _header(
+        out,
+        "capella_scheduled_overdue_seconds",
+        "How long the earliest delayed message has been due without being delivered (0 when none).",
+        "gauge",
+    )
+    for q in queues:
+        due = q.schedule.next_due()
+        late = 0.0 if due is None else max(0.0, q.now() - due)
+        out.append(f'capella_scheduled_overdue_seconds{{queue="{escape(q.name)}"}} {_num(late)}')
+    for name, help_text, attr in _SCHEDULE_COUNTERS:
+        _header(out, name, help_text, "counter")
+        out.extend(
+            f'{name}{{queue="{escape(q.name)}"}} {_num(getattr(q.schedule.counters, attr))}' for q in queues
+        )
+
+
+def _work_metrics(out: list[str], queues: list[Queue]) -> None:
+    works = [
+        (f'queue="{escape(q.name)}",subscription="{escape(w.name)}"', q, w)
+        for q in queues
+        for w in q.work_queues()
+    ]
+    _header(out, "capella_work_messages", "Messages of an ack-mode subscription by state.", "gauge")
+    for labels, _, w in works:
+        state = w.state
+        for name, count in (
+            ("leased", state.count("leased")),
+            ("waiting", state.count("waiting")),
+            ("dead", len(state.dead)),
+        ):
+            out.append(f'capella_work_messages{{{labels},state="{name}"}} {count}')
+    _header(out, "capella_work_backlog", "Message ids after the highest one ever claimed.", "gauge")
+    out.extend(
+        f"capella_work_backlog{{{labels}}} {max(0, q.last_id - w.state.high)}" for labels, q, w in works
+    )
+    for name, help_text, attr in _WORK_COUNTERS:
+        _header(out, name, help_text, "counter")
+        out.extend(f"{name}{{{labels}}} {_num(getattr(w.counters, attr))}" for labels, _, w in works)
 
 
 def escape(value: str) -> str:

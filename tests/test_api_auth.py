@@ -425,3 +425,37 @@ async def test_a_handler_for_another_user_needs_user_admin(secured: Client, user
         assert resp.status == 404
     async with secured.put("/v1/handlers/h", json={**definition, "user": "bob"}, headers=ROOT) as resp:
         assert resp.status == 201 and (await resp.json())["user"] == "bob"
+
+
+# --- work queues ---------------------------------------------------------------------------
+
+
+async def test_defining_a_work_queue_needs_subscription_admin_and_write_on_its_dead_letters(
+    secured: Client, users: AuthStore
+) -> None:
+    for name in ("jobs", "jobs-dead", "payroll"):
+        await secured.put(f"/v1/queues/{name}", json={}, headers=ROOT)
+    path = "/v1/queues/jobs/subscriptions/workers"
+    set_rules(users, "bob", "allow:queue:read:jobs", "allow:subscription:write:jobs/*")
+
+    assert (await secured.put(path, json={"mode": "ack"}, headers=BOB)).status == 403
+    set_rules(
+        users,
+        "bob",
+        "allow:queue:read:jobs",
+        "allow:subscription:admin:jobs/*",
+        "allow:queue:write:jobs-dead",
+    )
+    body = {"mode": "ack", "policy": {"dead_letter": "payroll"}}
+    async with secured.put(path, json=body, headers=BOB) as resp:
+        assert resp.status == 403
+        assert (await resp.json())["error"]["name"] == "payroll"
+    body = {"mode": "ack", "policy": {"dead_letter": "jobs-dead", "max_attempts": 2}}
+    assert (await secured.put(path, json=body, headers=BOB)).status == 201
+    # A worker with write on the subscription claims; without it, it cannot.
+    await secured.post("/v1/queues/jobs/messages", json={"messages": [{"data": "job"}]}, headers=ROOT)
+    set_rules(users, "bob", "allow:queue:read:jobs", "allow:subscription:read:jobs/*")
+    assert (await secured.post(f"{path}/claim", headers=BOB)).status == 403
+    set_rules(users, "bob", "allow:queue:read:jobs", "allow:subscription:write:jobs/*")
+    async with secured.post(f"{path}/claim", headers=BOB) as resp:
+        assert resp.status == 200

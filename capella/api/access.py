@@ -60,12 +60,27 @@ PERMISSIONS: dict[tuple[str, str], tuple[Need, ...]] = {
     ("GET", f"{_Q}/messages"): (_q("read"),),
     ("GET", f"{_Q}/stream"): (_q("read"),),
     ("GET", f"{_Q}/replicas"): (_q("read"),),
+    # delayed delivery
+    ("GET", f"{_Q}/scheduled"): (_q("read"),),
+    ("GET", f"{_Q}/scheduled/{{id}}"): (_q("read"),),
+    ("PATCH", f"{_Q}/scheduled/{{id}}"): (_q("write"),),
+    ("DELETE", f"{_Q}/scheduled/{{id}}"): (_q("write"),),
+    ("POST", f"{_Q}/scheduled/cancel"): (_q("write"),),
     # subscriptions (named queue/subscription in rules)
     ("GET", f"{_Q}/subscriptions"): (_q("read"),),
     ("PUT", _S): (_sub("write"),),
     ("GET", _S): (_sub("read"),),
     ("DELETE", _S): (_sub("admin"),),
     ("GET", f"{_S}/messages"): (_q("read"), _sub("read")),
+    # work queues (ack-mode subscriptions): workers write, operators administer
+    ("POST", f"{_S}/claim"): (_q("read"), _sub("write")),
+    ("POST", f"{_S}/ack"): (_sub("write"),),
+    ("POST", f"{_S}/nack"): (_sub("write"),),
+    ("POST", f"{_S}/extend"): (_sub("write"),),
+    ("GET", f"{_S}/work"): (_q("read"), _sub("read")),
+    ("GET", f"{_S}/work/{{id}}"): (_q("read"), _sub("read")),
+    ("POST", f"{_S}/work/retry"): (_sub("admin"),),
+    ("POST", f"{_S}/work/delete"): (_sub("admin"),),
     # handlers
     ("GET", "/v1/handlers"): (),
     ("PUT", "/v1/handlers/{name}"): (Need("handler", "admin", "{name}"),),

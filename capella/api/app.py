@@ -8,7 +8,19 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from capella.api import clusters, handlers, health, messages, openapi, queues, subscriptions, tokens, users
+from capella.api import (
+    clusters,
+    handlers,
+    health,
+    messages,
+    openapi,
+    queues,
+    scheduled,
+    subscriptions,
+    tokens,
+    users,
+    work,
+)
 from capella.api.access import AUTHENTICATOR, CHALLENGE, access_middleware, check_routes
 from capella.api.connection import ConnectionGuard
 from capella.api.errors import status_for
@@ -57,7 +69,20 @@ def create_app(
     app[SUPERVISOR] = supervisor
     app[STOPPING] = asyncio.Event()
     app.on_shutdown.append(_stop_streams)
-    for module in (queues, messages, subscriptions, handlers, clusters, users, tokens, health, openapi):
+    modules = (
+        queues,
+        messages,
+        scheduled,
+        subscriptions,
+        work,
+        handlers,
+        clusters,
+        users,
+        tokens,
+        health,
+        openapi,
+    )
+    for module in modules:
         module.add_routes(app.router)
     check_routes(app)
     return app

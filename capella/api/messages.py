@@ -29,10 +29,10 @@ from capella.api.request import (
     segments_param,
     wait_param,
 )
-from capella.config import ServerSettings
+from capella.config import ServerSettings, parse_duration
 from capella.core.message import Draft, Message
-from capella.core.queue import Queue, ReadResult
-from capella.errors import InvalidMessage, InvalidRequest, PayloadTooLarge, QueueNotFound
+from capella.core.queue import Appended, Delayed, Queue, ReadResult
+from capella.errors import InvalidConfig, InvalidMessage, InvalidRequest, PayloadTooLarge, QueueNotFound
 
 # Seconds between SSE comment lines that keep proxies from closing an idle stream.
 HEARTBEAT = web.AppKey("heartbeat", float)
@@ -42,6 +42,8 @@ REPLICA_TIMEOUT = 10.0
 STREAM_BATCH = 1000
 HEADER_PREFIX = "capella-header-"
 MAX_SOURCE_BYTES = 255
+# How far ahead a delayed message may be scheduled (ten years).
+MAX_DELAY = 10 * 365 * 86_400.0
 
 _INT64_MIN = wire.INT64_MIN
 _INT64_MAX = wire.INT64_MAX
@@ -63,22 +65,29 @@ async def produce(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     kind = _body_kind(request.headers.get("Content-Type"))
     body = await read_body(request)
+    now = queue.now()
     if kind == "octet":
-        drafts = [raw_draft(body, request.query, request.headers, settings)]
+        drafts = [raw_draft(body, request.query, request.headers, settings, now)]
     elif kind == "ndjson":
-        drafts = ndjson_drafts(body, settings)
+        drafts = ndjson_drafts(body, settings, now)
     else:
-        drafts = json_drafts(body, settings)
+        drafts = json_drafts(body, settings, now)
     replicas = int_param(request, "replicas", 0, low=0, high=1000)
     replica_wait = wait_param(request, "replica_timeout", REPLICA_TIMEOUT) if replicas else 0.0
     appended = await queue.append(drafts, save) if drafts else []
-    answer: dict[str, object] = {"results": [{"id": a.id, "duplicate": a.duplicate} for a in appended]}
-    if replicas and appended:
+    answer: dict[str, object] = {"results": [_result(a) for a in appended]}
+    if replicas and any(a.id for a in appended):
         # A cross-datacenter receipt: wait until N replica subscriptions have passed the batch.
         last = max(a.id for a in appended)
         holders = await queue.wait_replicas(last, replicas, replica_wait)
         answer["replicas"] = {"required": replicas, "count": len(holders), "subscriptions": holders}
     return json_response(answer)
+
+
+def _result(a: Appended | Delayed) -> dict[str, object]:
+    if isinstance(a, Delayed):
+        return {"scheduled_id": a.scheduled, "deliver_at": a.deliver_at, "duplicate": a.duplicate}
+    return {"id": a.id, "duplicate": a.duplicate}
 
 
 def _body_kind(content_type: str | None) -> str:
@@ -97,7 +106,7 @@ def _body_kind(content_type: str | None) -> str:
     )
 
 
-def json_drafts(body: bytes, settings: ServerSettings) -> list[Draft]:
+def json_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> list[Draft]:
     value = wire.loads(body)
     if type(value) is dict and "messages" in value:
         if len(value) != 1:
@@ -116,10 +125,10 @@ def json_drafts(body: bytes, settings: ServerSettings) -> list[Draft]:
             limit=settings.max_batch,
         )
     size = settings.max_message_size
-    return [parse_draft(item, i, size) for i, item in enumerate(items)]
+    return [parse_draft(item, i, size, now) for i, item in enumerate(items)]
 
 
-def ndjson_drafts(body: bytes, settings: ServerSettings) -> list[Draft]:
+def ndjson_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> list[Draft]:
     lines = [line for line in body.split(b"\n") if line.strip()]
     if len(lines) > settings.max_batch:
         raise PayloadTooLarge(
@@ -133,12 +142,15 @@ def ndjson_drafts(body: bytes, settings: ServerSettings) -> list[Draft]:
             item = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             raise InvalidMessage(f"message {i}: not valid JSON: {exc}", index=i) from None
-        drafts.append(parse_draft(item, i, size))
+        drafts.append(parse_draft(item, i, size, now))
     return drafts
 
 
-def parse_draft(item: Any, index: int, max_size: int) -> Draft:
-    """One Message object → Draft, or ``InvalidMessage`` naming the index and the field."""
+def parse_draft(item: Any, index: int, max_size: int, now: float = 0.0) -> Draft:
+    """One Message object → Draft, or ``InvalidMessage`` naming the index and the field.
+
+    ``now`` (the queue's clock) turns a relative ``delay`` into ``deliver_at``.
+    """
     if type(item) is not dict:
         raise InvalidMessage(f"message {index}: expected a JSON object", index=index)
     # The common case, {"data": "..."}, skips the field loop.
@@ -148,6 +160,7 @@ def parse_draft(item: Any, index: int, max_size: int) -> Draft:
             raise _too_large(index, len(payload), max_size)
         return Draft(payload)
     data = data_b64 = source = external_id = external_time = headers = segment = None
+    deliver_at = delay = None
     for key, value in item.items():
         if key == "data":
             data = value
@@ -163,6 +176,10 @@ def parse_draft(item: Any, index: int, max_size: int) -> Draft:
             segment = value
         elif key == "headers":
             headers = value
+        elif key == "deliver_at":
+            deliver_at = value
+        elif key == "delay":
+            delay = value
         else:
             raise _bad(index, key, "unknown field")
     payload = _payload(data, data_b64, index)
@@ -175,7 +192,29 @@ def parse_draft(item: Any, index: int, max_size: int) -> Draft:
         None if external_time is None else _time(external_time, index),
         0 if segment is None else _int64(segment, index, "segment"),
         _NO_HEADERS if headers is None else _headers(headers, index),
+        None if deliver_at is None and delay is None else _due(deliver_at, delay, index, now),
     )
+
+
+def _due(deliver_at: object, delay: object, index: int, now: float) -> float:
+    """The delivery time from ``deliver_at`` (a time) or ``delay`` (a duration), not both."""
+    if deliver_at is not None and delay is not None:
+        raise _bad(index, "delay", "give either deliver_at or delay, not both")
+    if delay is not None:
+        try:
+            due = now + parse_duration(delay, "delay")
+        except InvalidConfig as exc:
+            raise _bad(index, "delay", exc.message.removeprefix("delay: ")) from None
+        field = "delay"
+    else:
+        try:
+            due = wire.parse_time(deliver_at)
+        except ValueError as exc:
+            raise _bad(index, "deliver_at", str(exc)) from None
+        field = "deliver_at"
+    if not math.isfinite(due) or due > now + MAX_DELAY:
+        raise _bad(index, field, "more than ten years ahead")
+    return due
 
 
 def raw_draft(
@@ -183,6 +222,7 @@ def raw_draft(
     query: Mapping[str, str],
     http_headers: Mapping[str, str],
     settings: ServerSettings,
+    now: float = 0.0,
 ) -> Draft:
     """An ``application/octet-stream`` body: metadata from the query and Capella-Header-* headers."""
     if len(body) > settings.max_message_size:
@@ -191,6 +231,7 @@ def raw_draft(
     external_id = query.get("external_id")
     external_time = query.get("external_time")
     segment = query.get("segment")
+    deliver_at, delay = query.get("deliver_at"), query.get("delay")
     headers = {
         name[len(HEADER_PREFIX) :]: value
         for name, value in http_headers.items()
@@ -203,6 +244,9 @@ def raw_draft(
         None if external_time is None else _time(_query_time(external_time), 0),
         0 if segment is None else _int64(_query_int(segment, "segment"), 0, "segment"),
         headers,
+        None
+        if deliver_at is None and delay is None
+        else _due(None if deliver_at is None else _query_time(deliver_at), delay, 0, now),
     )
 
 

@@ -62,6 +62,7 @@ def param(
 
 QUEUE = param("queue", "path", {"type": "string", "pattern": NAME_PATTERN}, "Queue name")
 SUBSCRIPTION = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "Subscription name")
+SCHEDULED_ID = param("id", "path", MESSAGE_ID, "Scheduled message id (scheduled_id)")
 HANDLER = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "Handler name")
 CLUSTER = param("name", "path", {"type": "string", "pattern": NAME_PATTERN}, "External cluster name")
 USER = param(
@@ -237,6 +238,12 @@ SCHEMAS: dict[str, Any] = {
             },
             "segment": INT64,
             "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "deliver_at": {
+                "oneOf": [{"type": "number"}, {"type": "string", "format": "date-time"}],
+                "description": "UNIX seconds or RFC 3339: hold the message back until then (at most "
+                "ten years ahead; a time in the past delivers at once)",
+            },
+            "delay": {**DURATION, "description": "hold the message back this long (not with deliver_at)"},
         },
     },
     "MessageBatch": {
@@ -253,8 +260,15 @@ SCHEMAS: dict[str, Any] = {
                 "type": "array",
                 "items": {
                     "type": "object",
-                    "required": ["id", "duplicate"],
-                    "properties": {"id": MESSAGE_ID, "duplicate": {"type": "boolean"}},
+                    "description": "id for a message stored now; scheduled_id and deliver_at for a "
+                    "delayed one (its id comes when it is delivered)",
+                    "required": ["duplicate"],
+                    "properties": {
+                        "id": MESSAGE_ID,
+                        "scheduled_id": MESSAGE_ID,
+                        "deliver_at": TIME,
+                        "duplicate": {"type": "boolean"},
+                    },
                 },
             },
             "replicas": {
@@ -292,26 +306,240 @@ SCHEMAS: dict[str, Any] = {
             "last_id": {"type": "integer", "description": "pass as the next after"},
         },
     },
+    "ScheduledMessage": {
+        "type": "object",
+        "required": [
+            "scheduled_id",
+            "deliver_at",
+            "created",
+            "source",
+            "external_id",
+            "external_time",
+            "segment",
+            "headers",
+        ],
+        "properties": {
+            "scheduled_id": MESSAGE_ID,
+            "deliver_at": TIME,
+            "created": TIME,
+            "source": {"type": "string"},
+            "external_id": {**INT64, "description": "the scheduled_id when the producer gave none"},
+            "external_time": {**TIME, "type": ["number", "null"]},
+            "segment": INT64,
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "data": {"type": "string"},
+            "data_b64": {"type": "string", "contentEncoding": "base64"},
+        },
+    },
+    "ScheduledList": {
+        "type": "object",
+        "required": ["scheduled", "count", "next"],
+        "properties": {
+            "scheduled": {"type": "array", "items": ref("ScheduledMessage")},
+            "count": {"type": "integer", "description": "everything scheduled in the queue"},
+            "next": {"type": ["string", "null"], "description": "pass as after for the next page"},
+        },
+    },
+    "Reschedule": {
+        "type": "object",
+        "description": "exactly one of deliver_at and delay",
+        "additionalProperties": False,
+        "properties": {
+            "deliver_at": {"oneOf": [{"type": "number"}, {"type": "string", "format": "date-time"}]},
+            "delay": DURATION,
+        },
+    },
+    "CancelScheduled": {
+        "type": "object",
+        "required": ["ids"],
+        "additionalProperties": False,
+        "properties": {"ids": {"type": "array", "maxItems": 10_000, "items": MESSAGE_ID}},
+    },
+    "CancelledScheduled": {
+        "type": "object",
+        "required": ["cancelled", "not_cancelled"],
+        "properties": {
+            "cancelled": {"type": "array", "items": MESSAGE_ID},
+            "not_cancelled": {
+                "type": "array",
+                "items": MESSAGE_ID,
+                "description": "already delivered, being delivered right now, or unknown",
+            },
+        },
+    },
     "SubscriptionCommit": {
         "type": "object",
+        "description": "a cursor takes last_id, replica and reset; an ack-mode subscription takes "
+        "mode ack and policy (its mode never changes)",
         "additionalProperties": False,
         "properties": {
             "last_id": {"type": ["integer", "null"], "minimum": 0, "maximum": wire.INT64_MAX},
             "replica": {"type": ["boolean", "null"]},
             "reset": {"type": "boolean", "default": False},
+            "mode": {"type": "string", "enum": ["cursor", "ack"], "default": "cursor"},
+            "policy": ref("RetryPolicy"),
+        },
+    },
+    "RetryPolicy": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "lease": {**DURATION, "description": "default lease of a claim (30 s; at most 12 h)"},
+            "max_attempts": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 1_000_000,
+                "description": "claims before a failure goes to the dead letters (5; 0: no limit)",
+            },
+            "backoff": {"type": "string", "enum": ["fixed", "exponential"], "default": "exponential"},
+            "delay": {**DURATION, "description": "first retry delay (1 s); fixed: every retry"},
+            "max_delay": {**DURATION, "description": "cap of a retry delay (300 s)"},
+            "jitter": {"type": "number", "minimum": 0, "maximum": 1, "description": "± fraction (0.1)"},
+            "dead_letter": {
+                "type": ["string", "null"],
+                "description": "an existing queue that gets a copy of each dead message",
+            },
         },
     },
     "Subscription": {
         "type": "object",
-        "required": ["name", "last_id", "replica", "lag", "created", "updated"],
+        "required": ["name", "mode", "last_id", "replica", "lag", "created", "updated"],
         "properties": {
             "name": {"type": "string"},
-            "last_id": {"type": "integer"},
+            "mode": {"type": "string", "enum": ["cursor", "ack"]},
+            "last_id": {"type": "integer", "description": "ack mode: every id up to it is finished"},
             "replica": {"type": "boolean"},
             "lag": {"type": "integer", "minimum": 0},
             "created": TIME,
             "updated": TIME,
+            "policy": {**ref("RetryPolicy"), "description": "ack mode only, fully resolved"},
+            "work": {
+                "type": "object",
+                "description": "ack mode only",
+                "properties": {
+                    "claimed_through": {"type": "integer", "description": "highest id ever claimed"},
+                    "backlog": {"type": "integer", "description": "ids after claimed_through"},
+                    "leased": {"type": "integer"},
+                    "waiting": {"type": "integer", "description": "given back, waiting for a retry"},
+                    "dead": {"type": "integer"},
+                },
+            },
         },
+    },
+    "ClaimedMessage": {
+        "allOf": [
+            ref("StoredMessage"),
+            {
+                "type": "object",
+                "required": ["receipt", "attempt", "lease_until", "last_error"],
+                "properties": {
+                    "receipt": {"type": "string", "pattern": r"^\d+\.\d+$"},
+                    "attempt": {"type": "integer", "minimum": 1},
+                    "lease_until": TIME,
+                    "last_error": {"type": ["string", "null"]},
+                },
+            },
+        ]
+    },
+    "Claimed": {
+        "type": "object",
+        "required": ["messages"],
+        "properties": {"messages": {"type": "array", "items": ref("ClaimedMessage")}},
+    },
+    "WorkMessage": {
+        "allOf": [
+            ref("StoredMessage"),
+            {
+                "type": "object",
+                "required": ["status", "attempts", "last_error"],
+                "properties": {
+                    "status": {
+                        "type": "string",
+                        "enum": ["leased", "waiting", "ready", "dead", "done", "deleted"],
+                    },
+                    "attempts": {"type": "integer", "minimum": 0},
+                    "last_error": {"type": ["string", "null"]},
+                    "lease_until": {**TIME, "description": "leased"},
+                    "retry_at": {**TIME, "description": "waiting (or ready again after a failure)"},
+                    "died": {**TIME, "description": "dead"},
+                },
+            },
+        ]
+    },
+    "WorkList": {
+        "type": "object",
+        "required": ["messages", "next_after"],
+        "properties": {
+            "messages": {"type": "array", "items": ref("WorkMessage")},
+            "next_after": {
+                "type": ["integer", "null"],
+                "description": "pass as after for the next page; null when everything was looked at",
+            },
+        },
+    },
+    "WorkSelection": {
+        "type": "object",
+        "description": "which messages: status (retry: default waiting and dead; delete: status or ids is "
+        "required), optional filters, at most limit of them after after",
+        "additionalProperties": False,
+        "properties": {
+            "status": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["leased", "waiting", "ready", "dead"]},
+            },
+            "ids": {"type": "array", "maxItems": 10_000, "items": MESSAGE_ID},
+            "source": {"type": "string"},
+            "segments": {"type": "string", "pattern": SEGMENTS_PATTERN},
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "json": {"type": "object", "description": "dotted path of the JSON payload → value, all equal"},
+            "after": MESSAGE_ID,
+            "limit": {"type": "integer", "minimum": 1, "maximum": 10_000, "default": 1000},
+            "at": {
+                "oneOf": [{"type": "number"}, {"type": "string", "format": "date-time"}],
+                "description": "retry: claimable from then (default now)",
+            },
+            "delay": {**DURATION, "description": "retry: claimable after this"},
+        },
+    },
+    "Receipts": {
+        "type": "object",
+        "description": "exactly one of receipts (answered per receipt) and receipt (its error is the "
+        "answer's status); nack also takes delay and error, extend takes lease",
+        "additionalProperties": False,
+        "properties": {
+            "receipts": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            "receipt": {"type": "string"},
+            "delay": {**DURATION, "description": "nack: retry after this (default: the backoff)"},
+            "error": {"type": "string", "description": "nack: why it failed (first 2048 characters kept)"},
+            "lease": {**DURATION, "description": "extend: the new lease from now (default: the policy's)"},
+        },
+    },
+    "ReceiptResult": {
+        "type": "object",
+        "required": ["receipt", "id", "ok"],
+        "properties": {
+            "receipt": {"type": "string"},
+            "id": MESSAGE_ID,
+            "ok": {"type": "boolean"},
+            "lease_until": TIME,
+            "retry_at": TIME,
+            "dead": {"type": "boolean", "description": "nack: its attempts were used up"},
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
+    "ReceiptResults": {
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["results"],
+                "properties": {"results": {"type": "array", "items": ref("ReceiptResult")}},
+            },
+            ref("ReceiptResult"),
+        ]
     },
     "SubscriptionList": {
         "type": "object",
@@ -647,11 +875,11 @@ _ERROR_TEXT = {
     "json_too_deep",
     401: "unauthorized: no credentials, or not valid ones (with a WWW-Authenticate header)",
     403: "forbidden: the user's rules do not allow this",
-    404: "not_found, queue_not_found, subscription_not_found, handler_not_found, cluster_not_found, "
-    "user_not_found, token_not_found",
+    404: "not_found, queue_not_found, subscription_not_found, message_not_found, scheduled_not_found, "
+    "unknown_receipt, handler_not_found, cluster_not_found, user_not_found, token_not_found",
     405: "method_not_allowed",
     408: "request_timeout: the body (or the request head) did not arrive within its deadline",
-    409: "already_exists, conflict",
+    409: "already_exists, conflict, wrong_subscription_mode, lease_lost",
     413: "payload_too_large: body, message or batch over the limit",
     503: "storage_unavailable, shutting_down, corrupt_data, not_ready, too_many_connections",
 }
@@ -799,6 +1027,52 @@ PATHS: dict[str, Any] = {
             tag="messages",
         ),
     },
+    "/v1/queues/{queue}/scheduled": {
+        "parameters": [QUEUE],
+        "get": operation(
+            "listScheduled",
+            "Delayed messages in delivery order",
+            {"200": answer("A page of delayed messages", ref("ScheduledList")), **fails(400, 404)},
+            LIMIT,
+            param("after", "query", {"type": "string"}, "the next value of the previous page"),
+            tag="scheduled",
+        ),
+    },
+    "/v1/queues/{queue}/scheduled/cancel": {
+        "parameters": [QUEUE],
+        "post": operation(
+            "cancelScheduledMany",
+            "Cancel delayed messages by id",
+            {"200": answer("What was cancelled", ref("CancelledScheduled")), **fails(400, 404, 408, 413)},
+            SAVE,
+            body={"required": True, "content": json_content(ref("CancelScheduled"))},
+            tag="scheduled",
+        ),
+    },
+    "/v1/queues/{queue}/scheduled/{id}": {
+        "parameters": [QUEUE, SCHEDULED_ID],
+        "get": operation(
+            "getScheduled",
+            "Describe a delayed message",
+            {"200": answer("The delayed message", ref("ScheduledMessage")), **fails(400, 404)},
+            tag="scheduled",
+        ),
+        "patch": operation(
+            "reschedule",
+            "Move a delayed message to another time (409 while it is being delivered)",
+            {"200": answer("Rescheduled", ref("ScheduledMessage")), **fails(400, 404, 408, 409, 413)},
+            SAVE,
+            body={"required": True, "content": json_content(ref("Reschedule"))},
+            tag="scheduled",
+        ),
+        "delete": operation(
+            "cancelScheduled",
+            "Cancel a delayed message (409 while it is being delivered)",
+            {"204": answer("Cancelled"), **fails(400, 404, 409)},
+            SAVE,
+            tag="scheduled",
+        ),
+    },
     "/v1/queues/{queue}/subscriptions": {
         "parameters": [QUEUE],
         "get": operation(
@@ -853,6 +1127,134 @@ PATHS: dict[str, Any] = {
             ),
             ACCEPT,
             tag="subscriptions",
+        ),
+    },
+    "/v1/queues/{queue}/subscriptions/{name}/claim": {
+        "parameters": [QUEUE, SUBSCRIPTION],
+        "post": operation(
+            "claim",
+            "Lease messages of an ack-mode subscription: due retries first, then new ones in id order",
+            {"200": answer("Claimed messages (maybe none)", ref("Claimed")), **fails(400, 404, 409)},
+            param(
+                "limit",
+                "query",
+                {"type": "integer", "minimum": 1, "default": 1},
+                "At most this many messages (capped at the server's max_limit)",
+            ),
+            param("lease", "query", DURATION, "How long the claim is held (default: the policy's)"),
+            WAIT,
+            SAVE,
+            tag="work",
+        ),
+    },
+    **{
+        f"/v1/queues/{{queue}}/subscriptions/{{name}}/{verb}": {
+            "parameters": [QUEUE, SUBSCRIPTION],
+            "post": operation(
+                verb,
+                summary,
+                {
+                    "200": answer("One result per receipt", ref("ReceiptResults")),
+                    **fails(400, 404, 408, 409, 413),
+                },
+                SAVE,
+                body={"required": True, "content": json_content(ref("Receipts"))},
+                tag="work",
+            ),
+        }
+        for verb, summary in (
+            ("ack", "Finish claimed messages"),
+            ("nack", "Give claimed messages back with an error: retried after a delay, or dead"),
+            ("extend", "Lengthen the lease of claimed messages"),
+        )
+    },
+    "/v1/queues/{queue}/subscriptions/{name}/work": {
+        "parameters": [QUEUE, SUBSCRIPTION],
+        "get": operation(
+            "listWork",
+            "Messages of an ack-mode subscription by status, filtered, in id order",
+            {"200": answer("A page", ref("WorkList")), **fails(400, 404, 409)},
+            param(
+                "status",
+                "query",
+                {"type": "string"},
+                "comma-separated: leased, waiting, ready, dead (default all)",
+            ),
+            param("source", "query", {"type": "string"}, "only this source"),
+            SEGMENTS,
+            param(
+                "header.{name}",
+                "query",
+                {"type": "string"},
+                "only messages whose header {name} has this value (repeatable, any name)",
+            ),
+            param(
+                "json.{path}",
+                "query",
+                {"type": "string"},
+                "only JSON payloads whose field at the dotted path equals this JSON value "
+                '(42, true, "text"; anything else is a string)',
+            ),
+            AFTER,
+            LIMIT,
+            tag="work",
+        ),
+    },
+    "/v1/queues/{queue}/subscriptions/{name}/work/{id}": {
+        "parameters": [QUEUE, SUBSCRIPTION, param("id", "path", MESSAGE_ID, "Message id")],
+        "get": operation(
+            "getWork",
+            "One message's status, attempts and last error",
+            {"200": answer("The message", ref("WorkMessage")), **fails(400, 404, 409)},
+            tag="work",
+        ),
+    },
+    "/v1/queues/{queue}/subscriptions/{name}/work/retry": {
+        "parameters": [QUEUE, SUBSCRIPTION],
+        "post": operation(
+            "retryWork",
+            "Make waiting messages claimable now (or at), and move dead ones back",
+            {
+                "200": answer(
+                    "What was retried",
+                    {
+                        "type": "object",
+                        "required": ["retried", "next_after"],
+                        "properties": {
+                            "retried": {"type": "array", "items": MESSAGE_ID},
+                            "next_after": {"type": ["integer", "null"]},
+                        },
+                    },
+                ),
+                **fails(400, 404, 408, 409, 413),
+            },
+            SAVE,
+            body={"required": False, "content": json_content(ref("WorkSelection"))},
+            tag="work",
+        ),
+    },
+    "/v1/queues/{queue}/subscriptions/{name}/work/delete": {
+        "parameters": [QUEUE, SUBSCRIPTION],
+        "post": operation(
+            "deleteWork",
+            "Finish messages without processing them (skip)",
+            {
+                "200": answer(
+                    "What was deleted",
+                    {
+                        "type": "object",
+                        "required": ["deleted", "next_after"],
+                        "properties": {
+                            "deleted": {"type": "array", "items": MESSAGE_ID},
+                            "next_after": {"type": ["integer", "null"]},
+                        },
+                    },
+                ),
+                **fails(400, 404, 408, 409, 413),
+            },
+            SAVE,
+            body={"required": True, "content": json_content(ref("WorkSelection"))},
+            tag="work",
         ),
     },
     "/v1/queues/{queue}/replicas": {

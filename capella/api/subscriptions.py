@@ -1,4 +1,5 @@
-"""Subscriptions: named cursors on a queue, reading after them, and replica counts."""
+"""Subscriptions: named cursors on a queue, reading after them, replica counts, and the
+definition of ack-mode subscriptions (their claims and acks are in ``api/work.py``)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from capella.api.request import (
     wait_param,
 )
 from capella.core.queue import Queue
-from capella.core.subscription import Subscription
-from capella.errors import InvalidRequest, SubscriptionNotFound
+from capella.core.retry import RetryPolicy, parse_policy
+from capella.core.subscription import ACK, CURSOR, Subscription
+from capella.errors import InvalidRequest, SubscriptionNotFound, WrongSubscriptionMode
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
@@ -35,14 +37,26 @@ def add_routes(router: web.UrlDispatcher) -> None:
 
 
 def subscription_info(queue: Queue, sub: Subscription) -> dict[str, Any]:
-    return {
+    info: dict[str, Any] = {
         "name": sub.name,
+        "mode": sub.mode,
         "last_id": sub.last_id,
         "replica": sub.replica,
         "lag": max(0, queue.last_id - sub.last_id),
         "created": sub.created,
         "updated": sub.updated,
     }
+    if sub.mode == ACK and sub.policy is not None:
+        state = queue.work(sub.name).state
+        info["policy"] = sub.policy.to_dict()
+        info["work"] = {
+            "claimed_through": state.high,
+            "backlog": max(0, queue.last_id - state.high),
+            "leased": state.count("leased"),
+            "waiting": state.count("waiting"),
+            "dead": len(state.dead),
+        }
+    return info
 
 
 def _queue(request: web.Request) -> Queue:
@@ -60,8 +74,27 @@ async def commit(request: web.Request) -> web.Response:
     queue = _queue(request)
     save = save_param(request)
     body = await read_object(request)
-    if unknown := sorted(set(body) - {"last_id", "replica", "reset"}):
+    if unknown := sorted(set(body) - {"last_id", "replica", "reset", "mode", "policy"}):
         raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", field=unknown[0])
+    name = request.match_info["name"]
+    mode = body.get("mode")
+    if mode is not None and mode not in (CURSOR, ACK):
+        raise InvalidRequest("mode: expected cursor or ack", field="mode")
+    if mode == ACK or "policy" in body:
+        # Defining a work queue sets its retry policy: more than moving a cursor (the table
+        # asks for write); its dead-letter queue receives writes on the definer's behalf.
+        who = identity(request)
+        who.check("subscription", "admin", f"{queue.name}/{name}")
+        policy = body.get("policy")
+        if isinstance(policy, dict) and isinstance(policy.get("dead_letter"), str):
+            who.check("queue", "write", policy["dead_letter"])
+        return await _define_work(queue, name, body, save)
+    if mode == CURSOR:
+        try:
+            if queue.subscription(name).mode != CURSOR:
+                raise WrongSubscriptionMode(f"subscription {name!r} is in ack mode; its mode cannot change")
+        except SubscriptionNotFound:
+            pass
     last_id = body.get("last_id")
     if last_id is not None and (type(last_id) is not int or not 0 <= last_id <= wire.INT64_MAX):
         raise InvalidRequest("last_id: expected a message id (an integer >= 0)", field="last_id")
@@ -71,9 +104,25 @@ async def commit(request: web.Request) -> web.Response:
     reset = body.get("reset", False)
     if type(reset) is not bool:
         raise InvalidRequest("reset: expected true or false", field="reset")
-    sub, created = await queue.commit(
-        request.match_info["name"], last_id, replica=replica, reset=reset, save=save
-    )
+    sub, created = await queue.commit(name, last_id, replica=replica, reset=reset, save=save)
+    return json_response(subscription_info(queue, sub), 201 if created else 200)
+
+
+async def _define_work(queue: Queue, name: str, body: dict[str, Any], save: Any) -> web.Response:
+    if extra := sorted(set(body) & {"last_id", "replica", "reset"}):
+        raise InvalidRequest(f"{extra[0]}: not for an ack-mode subscription", field=extra[0])
+    if body.get("mode", ACK) != ACK:
+        raise InvalidRequest("policy: only an ack-mode subscription has one", field="policy")
+    try:
+        current = queue.subscription(name)
+    except SubscriptionNotFound:
+        base = RetryPolicy()
+    else:
+        if current.mode != ACK:
+            raise WrongSubscriptionMode(f"subscription {name!r} is a cursor; its mode cannot change")
+        base = current.policy or RetryPolicy()
+    policy = parse_policy(body.get("policy", {}), base)
+    sub, created = await queue.define_work(name, policy, save)
     return json_response(subscription_info(queue, sub), 201 if created else 200)
 
 
@@ -109,6 +158,8 @@ async def read(request: web.Request) -> web.Response:
         sub: Subscription | None = queue.subscription(name)
     except SubscriptionNotFound:
         sub = None
+    if sub is not None and sub.mode == ACK:
+        raise WrongSubscriptionMode(f"subscription {name!r} is in ack mode: claim its messages instead")
     after = sub.last_id if sub is not None else 0
     result = await read_waiting(request.app, queue, after, limit, segments, wait)
     if mode == "auto" and (sub is None or result.last_id > after):

@@ -194,6 +194,63 @@ class AsyncClient:
             log.debug("stream reconnect queue=%s after=%d in=%.1fs", queue, last_id, delay)
             await asyncio.sleep(delay)
 
+    # --- delayed delivery -------------------------------------------------------------
+
+    async def schedule(
+        self,
+        queue: str,
+        messages: Iterable[MessageLike],
+        *,
+        deliver_at: float | str | None = None,
+        delay: float | str | None = None,
+        save: Save = None,
+    ) -> list[dict[str, Any]]:
+        """Produce messages held back until ``deliver_at`` or for ``delay`` (one of the two).
+
+        ``deliver_at`` is UNIX seconds or an RFC 3339 string; ``delay`` is seconds or a
+        duration such as ``"10m"``. Each answer holds ``scheduled_id`` and ``deliver_at``.
+        """
+        if (deliver_at is None) == (delay is None):
+            raise ValueError("give exactly one of deliver_at and delay")
+        due = {"deliver_at": deliver_at} if deliver_at is not None else {"delay": delay}
+        return await self.produce(queue, [{**to_wire(m), **due} for m in messages], save=save)
+
+    async def scheduled(self, queue: str, *, limit: int = 100, after: str | None = None) -> dict[str, Any]:
+        """A page of delayed messages in delivery order: ``{"scheduled", "count", "next"}``.
+
+        Pass ``next`` as ``after`` for the following page; it is ``None`` on the last one.
+        """
+        params = _params(limit=limit, after=after)
+        return dict(await self._call("GET", _queue_path(queue, "scheduled"), params=params))
+
+    async def scheduled_message(self, queue: str, id: int) -> dict[str, Any]:
+        return dict(await self._call("GET", _queue_path(queue, "scheduled", str(id))))
+
+    async def reschedule(
+        self,
+        queue: str,
+        id: int,
+        *,
+        deliver_at: float | str | None = None,
+        delay: float | str | None = None,
+        save: Save = None,
+    ) -> dict[str, Any]:
+        """Move a delayed message; a time in the past delivers it at once."""
+        body = {"deliver_at": deliver_at} if deliver_at is not None else {"delay": delay}
+        path = _queue_path(queue, "scheduled", str(id))
+        return dict(await self._call("PATCH", path, params=_params(save=save), json=body))
+
+    async def cancel_scheduled(self, queue: str, id: int, *, save: Save = None) -> None:
+        """Cancel one delayed message (``ScheduledNotFound`` once it was delivered)."""
+        await self._call("DELETE", _queue_path(queue, "scheduled", str(id)), params=_params(save=save))
+
+    async def cancel_scheduled_many(
+        self, queue: str, ids: Iterable[int], *, save: Save = None
+    ) -> dict[str, Any]:
+        """Cancel many: ``{"cancelled": [...], "not_cancelled": [...]}``."""
+        path = _queue_path(queue, "scheduled", "cancel")
+        return dict(await self._call("POST", path, params=_params(save=save), json={"ids": list(ids)}))
+
     # --- subscriptions ---------------------------------------------------------------
 
     async def read_subscription(
@@ -246,6 +303,139 @@ class AsyncClient:
     async def replicas(self, queue: str, id: int) -> dict[str, Any]:
         """The replica subscriptions at or past message ``id``: ``{"id", "count", "subscriptions"}``."""
         return dict(await self._call("GET", _queue_path(queue, "replicas"), params={"id": str(id)}))
+
+    # --- work queues (ack-mode subscriptions) ---------------------------------------
+
+    async def put_work(self, queue: str, name: str, *, save: Save = None, **policy: Any) -> dict[str, Any]:
+        """Create an ack-mode subscription, or change its retry policy.
+
+        ``policy`` holds ``lease``, ``max_attempts``, ``backoff`` (``"fixed"`` or
+        ``"exponential"``), ``delay``, ``max_delay``, ``jitter`` and ``dead_letter`` (a queue).
+        """
+        body = {"mode": "ack", "policy": policy}
+        path = _subscription_path(queue, name)
+        return dict(await self._call("PUT", path, params=_params(save=save), json=body))
+
+    async def claim(
+        self,
+        queue: str,
+        name: str,
+        *,
+        limit: int = 1,
+        lease: float | str | None = None,
+        wait: float | None = None,
+        save: Save = None,
+    ) -> list[dict[str, Any]]:
+        """Lease up to ``limit`` messages; each has ``payload``, ``receipt``, ``attempt``,
+        ``lease_until`` and ``last_error``. ``wait`` long-polls when there is none."""
+        params = _params(limit=limit, lease=lease, wait=wait, save=save)
+        path = _subscription_path(queue, name, "claim")
+        answer = await self._call("POST", path, params=params, wait=wait)
+        return list(_with_payloads(answer)["messages"])
+
+    async def ack(self, queue: str, name: str, receipts: str | Iterable[str], *, save: Save = None) -> Any:
+        """Finish claimed messages. One receipt (a ``str``) raises its error (``LeaseLost``...);
+        a list answers one ``{"receipt", "id", "ok"[, "error"]}`` per receipt."""
+        return await self._receipts(queue, name, "ack", receipts, {}, save)
+
+    async def nack(
+        self,
+        queue: str,
+        name: str,
+        receipts: str | Iterable[str],
+        *,
+        delay: float | str | None = None,
+        error: str | None = None,
+        save: Save = None,
+    ) -> Any:
+        """Give claimed messages back with ``error``: retried after ``delay`` (default: the
+        policy's backoff), or dead once their attempts are used up (``"dead": true``)."""
+        return await self._receipts(queue, name, "nack", receipts, {"delay": delay, "error": error}, save)
+
+    async def extend(
+        self,
+        queue: str,
+        name: str,
+        receipts: str | Iterable[str],
+        *,
+        lease: float | str | None = None,
+        save: Save = None,
+    ) -> Any:
+        """Hold claimed messages for ``lease`` more from now (default: the policy's lease)."""
+        return await self._receipts(queue, name, "extend", receipts, {"lease": lease}, save)
+
+    async def work(
+        self,
+        queue: str,
+        name: str,
+        *,
+        status: str | Iterable[str] | None = None,
+        source: str | None = None,
+        segments: Segments | None = None,
+        headers: Mapping[str, str] | None = None,
+        json: Mapping[str, Any] | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> dict[str, Any]:
+        """An operator's page of messages: ``{"messages": [...], "next_after": id | None}``.
+
+        ``status`` is some of leased, waiting, ready, dead; ``json`` maps a dotted path of the
+        JSON payload to the value it must equal (``{"customer.id": 42}``).
+        """
+        params = _params(
+            status=status if status is None or isinstance(status, str) else ",".join(status),
+            source=source,
+            segments=segments,
+            after=after,
+            limit=limit,
+        )
+        for key, value in (headers or {}).items():
+            params[f"header.{key}"] = value
+        for path, value in (json or {}).items():
+            params[f"json.{path}"] = orjson.dumps(value).decode()
+        answer = await self._call("GET", _subscription_path(queue, name, "work"), params=params)
+        return _with_payloads(answer)
+
+    async def work_message(self, queue: str, name: str, id: int) -> dict[str, Any]:
+        """One message's ``status``, ``attempts`` and ``last_error``."""
+        answer = await self._call("GET", _subscription_path(queue, name, "work", str(id)))
+        return with_payload(answer)
+
+    async def retry_work(
+        self, queue: str, name: str, *, save: Save = None, **selection: Any
+    ) -> dict[str, Any]:
+        """Waiting messages become claimable now (or ``at``/after ``delay``); dead ones move back.
+
+        ``selection`` holds ``status``, ``ids``, ``source``, ``segments``, ``headers``, ``json``,
+        ``after`` and ``limit``; the answer has ``retried`` and ``next_after``.
+        """
+        path = _subscription_path(queue, name, "work", "retry")
+        return dict(await self._call("POST", path, params=_params(save=save), json=selection))
+
+    async def delete_work(
+        self, queue: str, name: str, *, save: Save = None, **selection: Any
+    ) -> dict[str, Any]:
+        """Finish messages without processing them; ``status`` or ``ids`` is required."""
+        path = _subscription_path(queue, name, "work", "delete")
+        return dict(await self._call("POST", path, params=_params(save=save), json=selection))
+
+    async def _receipts(
+        self,
+        queue: str,
+        name: str,
+        verb: str,
+        receipts: str | Iterable[str],
+        fields: dict[str, Any],
+        save: Save,
+    ) -> Any:
+        body = {k: v for k, v in fields.items() if v is not None}
+        if isinstance(receipts, str):
+            body["receipt"] = receipts
+        else:
+            body["receipts"] = list(receipts)
+        path = _subscription_path(queue, name, verb)
+        answer = await self._call("POST", path, params=_params(save=save), json=body)
+        return dict(answer) if isinstance(receipts, str) else list(answer["results"])
 
     # --- handlers --------------------------------------------------------------------
 

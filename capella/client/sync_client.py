@@ -148,6 +148,44 @@ class Client:
                 with contextlib.suppress(RuntimeError):
                     self._run(_close(events))
 
+    # --- delayed delivery -------------------------------------------------------------
+
+    def schedule(
+        self,
+        queue: str,
+        messages: Iterable[MessageLike],
+        *,
+        deliver_at: float | str | None = None,
+        delay: float | str | None = None,
+        save: Save = None,
+    ) -> list[dict[str, Any]]:
+        return self._run(
+            self._client.schedule(queue, list(messages), deliver_at=deliver_at, delay=delay, save=save)
+        )
+
+    def scheduled(self, queue: str, *, limit: int = 100, after: str | None = None) -> dict[str, Any]:
+        return self._run(self._client.scheduled(queue, limit=limit, after=after))
+
+    def scheduled_message(self, queue: str, id: int) -> dict[str, Any]:
+        return self._run(self._client.scheduled_message(queue, id))
+
+    def reschedule(
+        self,
+        queue: str,
+        id: int,
+        *,
+        deliver_at: float | str | None = None,
+        delay: float | str | None = None,
+        save: Save = None,
+    ) -> dict[str, Any]:
+        return self._run(self._client.reschedule(queue, id, deliver_at=deliver_at, delay=delay, save=save))
+
+    def cancel_scheduled(self, queue: str, id: int, *, save: Save = None) -> None:
+        self._run(self._client.cancel_scheduled(queue, id, save=save))
+
+    def cancel_scheduled_many(self, queue: str, ids: Iterable[int], *, save: Save = None) -> dict[str, Any]:
+        return self._run(self._client.cancel_scheduled_many(queue, list(ids), save=save))
+
     # --- subscriptions ---------------------------------------------------------------
 
     def read_subscription(
@@ -189,6 +227,88 @@ class Client:
 
     def replicas(self, queue: str, id: int) -> dict[str, Any]:
         return self._run(self._client.replicas(queue, id))
+
+    # --- work queues (ack-mode subscriptions) ---------------------------------------
+
+    def put_work(self, queue: str, name: str, *, save: Save = None, **policy: Any) -> dict[str, Any]:
+        return self._run(self._client.put_work(queue, name, save=save, **policy))
+
+    def claim(
+        self,
+        queue: str,
+        name: str,
+        *,
+        limit: int = 1,
+        lease: float | str | None = None,
+        wait: float | None = None,
+        save: Save = None,
+    ) -> list[dict[str, Any]]:
+        return self._run(self._client.claim(queue, name, limit=limit, lease=lease, wait=wait, save=save))
+
+    def ack(self, queue: str, name: str, receipts: str | Iterable[str], *, save: Save = None) -> Any:
+        items = receipts if isinstance(receipts, str) else list(receipts)
+        return self._run(self._client.ack(queue, name, items, save=save))
+
+    def nack(
+        self,
+        queue: str,
+        name: str,
+        receipts: str | Iterable[str],
+        *,
+        delay: float | str | None = None,
+        error: str | None = None,
+        save: Save = None,
+    ) -> Any:
+        items = receipts if isinstance(receipts, str) else list(receipts)
+        return self._run(self._client.nack(queue, name, items, delay=delay, error=error, save=save))
+
+    def extend(
+        self,
+        queue: str,
+        name: str,
+        receipts: str | Iterable[str],
+        *,
+        lease: float | str | None = None,
+        save: Save = None,
+    ) -> Any:
+        items = receipts if isinstance(receipts, str) else list(receipts)
+        return self._run(self._client.extend(queue, name, items, lease=lease, save=save))
+
+    def work(
+        self,
+        queue: str,
+        name: str,
+        *,
+        status: str | Iterable[str] | None = None,
+        source: str | None = None,
+        segments: Segments | None = None,
+        headers: Mapping[str, str] | None = None,
+        json: Mapping[str, Any] | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> dict[str, Any]:
+        return self._run(
+            self._client.work(
+                queue,
+                name,
+                status=status if status is None or isinstance(status, str) else list(status),
+                source=source,
+                segments=segments,
+                headers=headers,
+                json=json,
+                after=after,
+                limit=limit,
+            )
+        )
+
+    def work_message(self, queue: str, name: str, id: int) -> dict[str, Any]:
+        return self._run(self._client.work_message(queue, name, id))
+
+    def retry_work(self, queue: str, name: str, *, save: Save = None, **selection: Any) -> dict[str, Any]:
+        return self._run(self._client.retry_work(queue, name, save=save, **selection))
+
+    def delete_work(self, queue: str, name: str, *, save: Save = None, **selection: Any) -> dict[str, Any]:
+        return self._run(self._client.delete_work(queue, name, save=save, **selection))
 
     # --- handlers --------------------------------------------------------------------
 

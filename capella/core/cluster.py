@@ -116,6 +116,7 @@ class Cluster:
             settings=self._config.storage,
             flush_latency=self.flush_latency,
             clock=self._clock,
+            lookup=self._lookup,
         )
 
     async def close(self) -> None:
@@ -147,6 +148,13 @@ class Cluster:
 
     def queue(self, name: str) -> Queue:
         self._check_ready()
+        try:
+            return self._queues[name]
+        except KeyError:
+            raise QueueNotFound(f"no queue {name!r}") from None
+
+    def _lookup(self, name: str) -> Queue:
+        # For queues that reach other queues (dead letters), also while the cluster recovers.
         try:
             return self._queues[name]
         except KeyError:

@@ -75,6 +75,28 @@ def encode_record(m: Message) -> bytes:
         raise InvalidMessage(f"message {m.id} cannot be stored: {exc}") from exc
 
 
+def message_body(m: Message) -> bytes:
+    """``m`` as the body of a journal frame, without the frame (for other logs that hold messages)."""
+    try:
+        source = m.source.encode()
+        head = _RECORD.pack(m.id, m.time, m.external_id, m.external_time, m.segment, len(source))
+        headers = _encode_headers(m.headers) if m.headers else _NO_HEADERS
+        return b"".join((head, source, headers, m.payload))
+    except (struct.error, UnicodeEncodeError, OverflowError) as exc:
+        raise InvalidMessage(f"message {m.id} cannot be stored: {exc}") from exc
+
+
+def message_from_body(data: bytes, start: int = 0, end: int | None = None) -> Message:
+    """The message in ``data[start:end]`` as ``message_body`` wrote it (``CorruptData`` if it cannot be)."""
+    end = len(data) if end is None else end
+    if end - start < _MIN_BODY:
+        raise CorruptData(f"message body of {end - start} bytes is too short")
+    try:
+        return _decode_record(data, start, end)
+    except (_Malformed, struct.error) as exc:
+        raise CorruptData(f"message body does not parse: {exc}") from None
+
+
 def decode_journal(data: bytes) -> JournalScan:
     """Every message in a journal up to the first frame that is torn, corrupt or out of order.
 

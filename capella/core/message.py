@@ -36,7 +36,8 @@ class Draft:
     """A message as a producer sends it, before the queue gives it an id.
 
     ``None`` means "use the default": the cluster name for ``source``, the new id for
-    ``external_id``, the receive time for ``external_time``.
+    ``external_id``, the receive time for ``external_time``. ``deliver_at`` (UNIX seconds)
+    holds the message back until then (delayed delivery); ``None`` delivers it at once.
     """
 
     payload: bytes
@@ -45,6 +46,7 @@ class Draft:
     external_time: float | None = None
     segment: int = 0
     headers: dict[str, str] = field(default_factory=dict)
+    deliver_at: float | None = None
 
 
 class SaveMode(enum.IntEnum):

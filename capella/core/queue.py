@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
@@ -39,16 +40,22 @@ from capella.core.codec import (
 from capella.core.dedup import BlockSummary, DedupIndex
 from capella.core.definition import I64_MAX, I64_MIN, QueueDefinition
 from capella.core.message import Draft, Message, SaveMode
+from capella.core.retry import RetryPolicy
+from capella.core.schedule import Schedule, Scheduled
 from capella.core.stats import Histogram, QueueCounters
-from capella.core.subscription import Subscription, Subscriptions
+from capella.core.subscription import ACK, Subscription, Subscriptions
+from capella.core.work import WorkQueue
 from capella.errors import (
     CapellaError,
     Conflict,
     CorruptData,
     InvalidMessage,
+    InvalidRequest,
     KeyNotFound,
+    QueueNotFound,
     ShuttingDown,
     StorageUnavailable,
+    WrongSubscriptionMode,
 )
 from capella.storage import Journal, Storage
 
@@ -66,11 +73,26 @@ SEAL_BACKLOG_WAIT = 30.0
 KEY_SETS = 8
 # A filtered read stops scanning after this many messages and answers with what it has.
 SCAN_LIMIT = 100_000
+# The releaser of delayed messages looks at the clock at least this often (an injected clock
+# may jump; a chunk of far-future items must be read in before its items fall due).
+RELEASE_POLL = 1.0
 
 
 class Appended(NamedTuple):
     id: int
     duplicate: bool
+
+
+class Delayed(NamedTuple):
+    """A message that waits in the schedule; it gets its id when it is delivered."""
+
+    scheduled: int
+    deliver_at: float
+    duplicate: bool
+
+    @property
+    def id(self) -> int:
+        return 0
 
 
 class ReadResult(NamedTuple):
@@ -166,6 +188,7 @@ class Queue:
         settings: StorageSettings,
         flush_latency: Histogram | None = None,
         clock: Callable[[], float] = time.time,
+        lookup: Callable[[str], Queue] | None = None,
     ) -> None:
         self.name = name
         self.definition = definition
@@ -177,6 +200,7 @@ class Queue:
         self._settings = settings
         self._flush_latency = flush_latency or Histogram()
         self._clock = clock
+        self._lookup = lookup
 
         self._sealed: list[BlockMeta] = []
         self._firsts: list[int] = []
@@ -196,6 +220,10 @@ class Queue:
         self._key_sets: OrderedDict[int, dict[tuple[str, int], int]] = OrderedDict()
         self._dedup = DedupIndex(self._keys_of_block)
         self._subs = Subscriptions()
+        self._work: dict[str, WorkQueue] = {}
+        self.schedule = Schedule(
+            self._meta, self._key("schedule"), release=self._append_released, clock=clock
+        )
 
         self._write_lock = asyncio.Lock()
         self._flush_lock = asyncio.Lock()
@@ -241,6 +269,7 @@ class Queue:
         settings: StorageSettings,
         flush_latency: Histogram | None = None,
         clock: Callable[[], float] = time.time,
+        lookup: Callable[[str], Queue] | None = None,
     ) -> Queue:
         queue = cls(
             name,
@@ -250,11 +279,14 @@ class Queue:
             settings=settings,
             flush_latency=flush_latency,
             clock=clock,
+            lookup=lookup,
         )
         await queue._recover()
+        await queue.schedule.open(first_new_sid=queue._next_id)
         queue._tasks = [
             asyncio.create_task(queue._run_flusher(), name=f"flush:{name}"),
             asyncio.create_task(queue._run_sealer(), name=f"seal:{name}"),
+            asyncio.create_task(queue._run_releaser(), name=f"release:{name}"),
         ]
         if queue._sealing:
             queue._seal_wanted.set()
@@ -310,6 +342,11 @@ class Queue:
             self._subs.saved_version = self._subs.version
         except KeyNotFound:
             pass
+        for sub in self._subs.all():
+            if sub.mode == ACK and sub.policy is not None:
+                work = self._new_work(sub.name, sub.policy)
+                await work.open()
+                self._work[sub.name] = work
         log.info(
             "queue recovered queue=%s last_id=%d sealed_blocks=%d open_messages=%d truncated_bytes=%d",
             self.name,
@@ -367,11 +404,15 @@ class Queue:
         self._arrived.set()
         self._committed.set()
         self._seal_done.set()
-        flusher, sealer = self._tasks or (None, None)
+        flusher, sealer, releaser = self._tasks or (None, None, None)
         # The tasks stop on their own between steps; cancelling one mid-write would leave a
-        # half-written temporary file and an open descriptor behind. The sealer goes first:
-        # it may still need the flusher to complete its block's journal.
-        for task, wake in ((sealer, self._seal_wanted), (flusher, self._flush_wanted)):
+        # half-written temporary file and an open descriptor behind. The releaser and the
+        # sealer go first: they may still need the flusher to complete a journal write.
+        for task, wake in (
+            (releaser, self.schedule.changed),
+            (sealer, self._seal_wanted),
+            (flusher, self._flush_wanted),
+        ):
             if task is not None:
                 wake.set()
                 (result,) = await asyncio.gather(task, return_exceptions=True)
@@ -381,6 +422,9 @@ class Queue:
         try:
             await self._flush_journals()
             await self._save_subscriptions()
+            await self.schedule.close()
+            for work in self._work.values():
+                await work.close()
             # Every id handed out is below next_id now, so a clean restart continues without a gap.
             await self._meta.put(
                 self._key("state.json"), orjson.dumps({"version": 1, "lease_until": self._next_id})
@@ -404,7 +448,9 @@ class Queue:
 
     # --- writing ---------------------------------------------------------------------------
 
-    async def append(self, drafts: Sequence[Draft], save: SaveMode = SaveMode.DEFAULT) -> list[Appended]:
+    async def append(
+        self, drafts: Sequence[Draft], save: SaveMode = SaveMode.DEFAULT
+    ) -> list[Appended | Delayed]:
         """Store new messages (dedup by identity) and answer once ``save`` is satisfied."""
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
@@ -414,13 +460,127 @@ class Queue:
         self.counters.produce_requests += 1
         if len(self._sealing) >= MAX_SEALING:
             await self._wait_for_sealer()
+        later = [i for i, d in enumerate(drafts) if d.deliver_at is not None and d.deliver_at > now]
+        results: list[Appended | Delayed]
         async with self._write_lock:
-            results = await self._assign(drafts, now)
+            if later:
+                results = await self._assign_mixed(drafts, later, now)
+            else:
+                results = list(await self._assign(drafts, now))
         if mode is SaveMode.IMMEDIATE or mode is SaveMode.WAIT:
-            await self._commit(urgent=mode is SaveMode.IMMEDIATE)
+            if later:
+                await asyncio.gather(
+                    self._commit(urgent=mode is SaveMode.IMMEDIATE), self.schedule.save(mode)
+                )
+            else:
+                await self._commit(urgent=mode is SaveMode.IMMEDIATE)
         elif mode is SaveMode.MARK:
             self._marked = True
+            self.schedule.mark()
+        if later:
+            await self.schedule.spill_if_needed()
         return results
+
+    async def _assign_mixed(
+        self, drafts: Sequence[Draft], later: list[int], now: float
+    ) -> list[Appended | Delayed]:
+        """Append the drafts due now and schedule the others, answering in request order."""
+        waiting = set(later)
+        at_once = [d for i, d in enumerate(drafts) if i not in waiting]
+        appended = iter(await self._assign(at_once, now))
+        if self._next_id + len(later) > self._lease_until:
+            await self._extend_lease(len(later))
+        results: list[Appended | Delayed] = []
+        own = self._cluster_name
+        for index, d in enumerate(drafts):
+            if index not in waiting:
+                results.append(next(appended))
+                continue
+            source = own if d.source is None else d.source
+            if d.external_id is not None:
+                found = await self._dedup.find(source, d.external_id)
+                if found is not None:
+                    results.append(Appended(found, True))
+                    continue
+                existing = await self.schedule.find((source, d.external_id))
+                if existing is not None:
+                    results.append(Delayed(existing.sid, existing.due, True))
+                    continue
+            # The schedule id is a message id that no message will ever get: it can stand in
+            # for the external id without clashing with a message produced here.
+            sid = self._next_id
+            self._next_id = sid + 1
+            assert d.deliver_at is not None
+            self.schedule.stage(
+                Scheduled(
+                    sid,
+                    d.deliver_at,
+                    now,
+                    source,
+                    d.external_id,
+                    d.external_time,
+                    d.segment,
+                    d.payload,
+                    d.headers,
+                )
+            )
+            results.append(Delayed(sid, d.deliver_at, False))
+        return results
+
+    async def _append_released(self, drafts: list[Draft], new: bool) -> list[Appended]:
+        """Append delayed messages that fell due; answered once they are durable.
+
+        They were validated when they were scheduled; the queue's definition may have changed
+        since, but refusing them now would keep them in the schedule forever. ``new`` says the
+        schedule knows none of them can be in the log yet (the dedup lookup is skipped).
+        """
+        if self._closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+        if len(self._sealing) >= MAX_SEALING:
+            await self._wait_for_sealer()
+        async with self._write_lock:
+            results = await self._assign(drafts, self._clock(), check=not new)
+        await self._commit(urgent=False)
+        return results
+
+    async def _run_releaser(self) -> None:
+        failures = 0
+        schedule = self.schedule
+        while not self._closing:
+            schedule.changed.clear()
+            try:
+                await schedule.release_due(self._clock())
+                failures = 0
+            except ShuttingDown:
+                return
+            except CapellaError as exc:
+                failures += 1
+                self.last_error = exc.message
+                log.error("release of delayed messages failed queue=%s", self.name, exc_info=exc)
+            due = schedule.next_due()
+            if failures:
+                delay: float | None = min(30.0, 0.1 * 2**failures)
+            elif due is None:
+                delay = None  # nothing scheduled: sleep until something is
+            else:
+                delay = min(RELEASE_POLL, max(0.0, due - self._clock()))
+            if delay == 0.0 or self._closing:
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await schedule.changed.wait()
+
+    async def reschedule(self, sid: int, deliver_at: float, save: SaveMode = SaveMode.DEFAULT) -> Scheduled:
+        """Move a scheduled message to ``deliver_at`` (a time in the past releases it at once)."""
+        if self._closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+        return await self.schedule.reschedule(sid, deliver_at, save.resolve(self.definition.save))
+
+    async def cancel_scheduled(self, sids: Sequence[int], save: SaveMode = SaveMode.DEFAULT) -> list[int]:
+        """Cancel scheduled messages; answers the sids that were still waiting."""
+        if self._closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+        return await self.schedule.cancel(sids, save.resolve(self.definition.save))
 
     async def _wait_for_sealer(self) -> None:
         try:
@@ -453,7 +613,9 @@ class Queue:
                     f"message {index}: external_id must be a 64-bit integer", index=index, field="external_id"
                 )
 
-    async def _assign(self, drafts: Sequence[Draft], now: float) -> list[Appended]:
+    async def _assign(self, drafts: Sequence[Draft], now: float, *, check: bool = True) -> list[Appended]:
+        """Give the drafts ids and add them to the open block; ``check=False`` skips the dedup
+        lookup for drafts whose identity is known to be new (it is still noted)."""
         if self._next_id + len(drafts) > self._lease_until:
             await self._extend_lease(len(drafts))
         # This loop runs once per produced message: limits and bound methods are read once.
@@ -470,7 +632,7 @@ class Queue:
         for d in drafts:
             source = own if d.source is None else d.source
             external_id = d.external_id
-            if external_id is not None:
+            if external_id is not None and check:
                 found = await dedup.find(source, external_id)
                 if found is not None:
                     results.append(Appended(found, True))
@@ -603,6 +765,9 @@ class Queue:
         """Save everything written so far (what a periodic flush does for ``mark``)."""
         await self._flush_journals()
         await self._save_subscriptions()
+        await self.schedule.flush()
+        for work in list(self._work.values()):
+            await work.flush()
 
     async def tick(self) -> None:
         """The periodic pass: seal an open block past its age, save marked writes and cursors."""
@@ -613,6 +778,9 @@ class Queue:
         if self._subs_marked:
             self._subs_marked = False
             await self._save_subscriptions()
+        await self.schedule.tick()
+        for work in list(self._work.values()):
+            await work.tick()
 
     # --- sealing ---------------------------------------------------------------------------
 
@@ -932,10 +1100,72 @@ class Queue:
     # --- subscriptions ---------------------------------------------------------------------
 
     def subscription(self, name: str) -> Subscription:
-        return self._subs.get(name)
+        return self._with_floor(self._subs.get(name))
 
     def subscriptions(self) -> list[Subscription]:
-        return self._subs.all()
+        return [self._with_floor(s) for s in self._subs.all()]
+
+    def _with_floor(self, sub: Subscription) -> Subscription:
+        # An ack-mode subscription's cursor is the id below which everything is finished.
+        if sub.mode == ACK:
+            return dataclasses.replace(sub, last_id=self._work[sub.name].state.floor)
+        return sub
+
+    def work(self, name: str) -> WorkQueue:
+        """The work queue of an ack-mode subscription."""
+        sub = self._subs.get(name)
+        if sub.mode != ACK:
+            raise WrongSubscriptionMode(f"subscription {name!r} is a cursor, not in ack mode")
+        return self._work[name]
+
+    def work_queues(self) -> list[WorkQueue]:
+        return [self._work[name] for name in sorted(self._work)]
+
+    async def define_work(
+        self, name: str, policy: RetryPolicy, save: SaveMode = SaveMode.DEFAULT
+    ) -> tuple[Subscription, bool]:
+        """Create an ack-mode subscription (a work queue) or change its retry policy."""
+        if self._closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+        if policy.dead_letter is not None:
+            if policy.dead_letter == self.name:
+                raise InvalidRequest("policy.dead_letter must name another queue", field="policy.dead_letter")
+            try:
+                if self._lookup is not None:
+                    self._lookup(policy.dead_letter)
+            except QueueNotFound:
+                raise InvalidRequest(
+                    f"policy.dead_letter: no queue {policy.dead_letter!r}", field="policy.dead_letter"
+                ) from None
+        sub, created = self._subs.define_ack(name, policy, now=self._clock())
+        if created:
+            # A subscription of this name deleted before a crash may have left its files.
+            for key in await self._meta.list(self._key("work", name, "")):
+                await self._meta.delete(key)
+            work = self._new_work(name, policy)
+            await work.open()
+            self._work[name] = work
+        else:
+            self._work[name].policy = policy
+        await self._after_subscription_change(save)
+        return self._with_floor(sub), created
+
+    def _new_work(self, name: str, policy: RetryPolicy) -> WorkQueue:
+        return WorkQueue(
+            self,
+            name,
+            policy,
+            self._meta,
+            self._key("work", name),
+            clock=self._clock,
+            dead_letter=self._dead_letter,
+            default_save=lambda: self.definition.subscription_save,
+        )
+
+    async def _dead_letter(self, target: str, drafts: list[Draft]) -> None:
+        if self._lookup is None or not drafts:
+            return
+        await self._lookup(target).append(drafts, SaveMode.WAIT)
 
     async def commit(
         self,
@@ -956,6 +1186,9 @@ class Queue:
     async def delete_subscription(self, name: str, save: SaveMode = SaveMode.DEFAULT) -> None:
         self._subs.delete(name)
         await self._after_subscription_change(save)
+        work = self._work.pop(name, None)
+        if work is not None:
+            await work.destroy()
 
     def replicas(self, message_id: int) -> list[str]:
         return self._subs.replicas(message_id)
@@ -1159,6 +1392,12 @@ class Queue:
                 },
             },
             "subscriptions": len(self._subs.all()),
+            "scheduled": {
+                "count": self.schedule.count,
+                "in_memory": self.schedule.in_memory,
+                "chunks": self.schedule.chunk_count,
+                "next_due": self.schedule.next_due(),
+            },
             "recovery": self.recovery.to_dict(),
             "last_error": self.last_error,
         }

@@ -1,4 +1,5 @@
-"""Named cursors on a queue: the last-read id, which never moves backwards on commit."""
+"""Named subscriptions of a queue: cursors (the last-read id, never moving backwards on commit)
+and ack-mode subscriptions (work queues, whose state lives in ``capella.core.work``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from typing import Any
 import orjson
 
 from capella.core.definition import check_name
-from capella.errors import CorruptData, InvalidRequest, SubscriptionNotFound
+from capella.core.retry import RetryPolicy, parse_policy
+from capella.errors import CorruptData, InvalidRequest, SubscriptionNotFound, WrongSubscriptionMode
+
+CURSOR = "cursor"
+ACK = "ack"
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +23,8 @@ class Subscription:
     replica: bool
     created: float
     updated: float
+    mode: str = CURSOR
+    policy: RetryPolicy | None = None  # ack mode only
 
 
 class Subscriptions:
@@ -51,6 +58,10 @@ class Subscriptions:
         if last_id is not None and (isinstance(last_id, bool) or not isinstance(last_id, int) or last_id < 0):
             raise InvalidRequest("last_id must be a non-negative integer", field="last_id")
         current = self._subs.get(name)
+        if current is not None and current.mode != CURSOR:
+            raise WrongSubscriptionMode(
+                f"subscription {name!r} is in ack mode: claim and ack its messages instead of committing"
+            )
         if current is None:
             check_name(name, "subscription")
             sub = Subscription(name, last_id or 0, bool(replica), now, now)
@@ -62,6 +73,22 @@ class Subscriptions:
             if new_last == current.last_id and new_replica == current.replica:
                 return current, False
             sub = replace(current, last_id=new_last, replica=new_replica, updated=now)
+        self._subs[name] = sub
+        self.version += 1
+        return sub, current is None
+
+    def define_ack(self, name: str, policy: RetryPolicy, *, now: float) -> tuple[Subscription, bool]:
+        """Create an ack-mode subscription, or change its policy; ``True`` when created."""
+        current = self._subs.get(name)
+        if current is None:
+            check_name(name, "subscription")
+            sub = Subscription(name, 0, False, now, now, ACK, policy)
+        elif current.mode != ACK:
+            raise WrongSubscriptionMode(f"subscription {name!r} is a cursor; its mode cannot change")
+        elif current.policy == policy:
+            return current, False
+        else:
+            sub = replace(current, policy=policy, updated=now)
         self._subs[name] = sub
         self.version += 1
         return sub, current is None
@@ -84,6 +111,7 @@ class Subscriptions:
                         "replica": s.replica,
                         "created": s.created,
                         "updated": s.updated,
+                        **({"mode": s.mode, "policy": s.policy.to_dict()} if s.policy is not None else {}),
                     }
                     for s in self.all()
                 },
@@ -95,9 +123,15 @@ class Subscriptions:
             doc: dict[str, Any] = orjson.loads(data)
             self._subs = {
                 name: Subscription(
-                    name, int(v["last_id"]), bool(v["replica"]), float(v["created"]), float(v["updated"])
+                    name,
+                    int(v["last_id"]),
+                    bool(v["replica"]),
+                    float(v["created"]),
+                    float(v["updated"]),
+                    str(v.get("mode", CURSOR)),
+                    parse_policy(v["policy"], RetryPolicy()) if v.get("mode") == ACK else None,
                 )
                 for name, v in doc["subscriptions"].items()
             }
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, InvalidRequest) as exc:
             raise CorruptData(f"subscriptions document is not valid: {exc}") from None

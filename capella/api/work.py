@@ -1,0 +1,403 @@
+"""Work queues over HTTP: claim, ack, nack and extend on an ack-mode subscription, and the
+operator's view (``/work``): each message's status, attempts and last error, filtered, and
+retried or deleted in bulk.
+
+Ack, nack and extend take ``{"receipts": [...]}`` and answer 200 with one result per receipt
+(a receipt may fail while the others work), or ``{"receipt": "..."}`` and answer with the
+error's own status when that one receipt fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from capella import wire
+from capella.api.messages import MAX_DELAY, stored_message
+from capella.api.request import (
+    CLUSTER,
+    SETTINGS,
+    STOPPING,
+    int_param,
+    json_response,
+    limit_param,
+    parse_range,
+    read_object,
+    save_param,
+    segments_param,
+    wait_param,
+)
+from capella.config import parse_duration
+from capella.core.filter import MessageFilter, matches, parse_path
+from capella.core.message import Message, SaveMode
+from capella.core.queue import Queue
+from capella.core.retry import MAX_LEASE
+from capella.core.work import STATUSES, Entry, Outcome, WorkQueue, parse_receipt
+from capella.errors import InvalidConfig, InvalidRequest, MessageNotFound
+
+# At most this many messages are retried or deleted by one request (the answer says where to
+# go on from).
+MAX_BULK = 10_000
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    base = "/v1/queues/{queue}/subscriptions/{name}"
+    router.add_post(f"{base}/claim", claim)
+    router.add_post(f"{base}/ack", ack)
+    router.add_post(f"{base}/nack", nack)
+    router.add_post(f"{base}/extend", extend)
+    router.add_get(f"{base}/work", list_work)
+    router.add_post(f"{base}/work/retry", retry)
+    router.add_post(f"{base}/work/delete", delete)
+    router.add_get(f"{base}/work/{{id}}", get_work)
+
+
+def _work(request: web.Request) -> tuple[Queue, WorkQueue]:
+    queue = request.app[CLUSTER].queue(request.match_info["queue"])
+    return queue, queue.work(request.match_info["name"])
+
+
+def claimed_message(message: Message, entry: Entry) -> dict[str, Any]:
+    """A StoredMessage with the claim: ``receipt``, ``attempt``, ``lease_until``, ``last_error``."""
+    return {
+        **stored_message(message),
+        "receipt": entry.receipt,
+        "attempt": entry.attempts,
+        "lease_until": entry.until,
+        "last_error": entry.error,
+    }
+
+
+def _lease(value: object, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value, name)
+    except InvalidConfig as exc:
+        raise InvalidRequest(exc.message, field=name, parameter=name) from None
+    if not 0 < seconds <= MAX_LEASE:
+        raise InvalidRequest(f"{name}: must be more than 0 and at most 12h", field=name, parameter=name)
+    return seconds
+
+
+async def claim(request: web.Request) -> web.Response:
+    """Lease up to ``limit`` messages for ``lease`` (default: the policy's), long-polling ``wait``."""
+    queue, work = _work(request)
+    limit = limit_param(request, default=1)
+    text = request.query.get("lease")
+    lease = _lease(text if text else None, "lease")
+    wait = wait_param(request)
+    save = save_param(request)
+    claimed = await work.claim(limit, lease, save)
+    if not claimed and wait > 0:
+        claimed = await _claim_waiting(request.app, queue, work, limit, lease, save, wait)
+    return json_response({"messages": [claimed_message(m, e) for m, e in claimed]})
+
+
+async def _claim_waiting(
+    app: web.Application,
+    queue: Queue,
+    work: WorkQueue,
+    limit: int,
+    lease: float | None,
+    save: SaveMode,
+    wait: float,
+) -> list[tuple[Message, Entry]]:
+    """Claim again whenever a message arrives, a retry falls due, or a message is given back."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    stopping = app[STOPPING]
+    while not stopping.is_set():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return []
+        timer = work.state.next_timer()
+        if timer is not None:
+            remaining = min(remaining, max(0.001, timer - queue.now()))
+        waiters = [
+            asyncio.ensure_future(queue.wait_for(work.state.high, remaining)),
+            asyncio.ensure_future(work.changed.wait()),
+            asyncio.ensure_future(stopping.wait()),
+        ]
+        try:
+            await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        claimed = await work.claim(limit, lease, save)
+        if claimed:
+            return claimed
+    return []
+
+
+async def _receipts(
+    request: web.Request, allowed: set[str]
+) -> tuple[list[tuple[int, int]], bool, dict[str, Any]]:
+    """The receipts of the body, whether it named a single one, and the body."""
+    body = await read_object(request)
+    if unknown := sorted(set(body) - allowed - {"receipts", "receipt"}):
+        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", field=unknown[0])
+    if ("receipt" in body) == ("receipts" in body):
+        raise InvalidRequest("give receipts (a list) or receipt (one)", field="receipts")
+    if "receipt" in body:
+        return [parse_receipt(body["receipt"])], True, body
+    items = body["receipts"]
+    limit = request.app[SETTINGS].max_batch
+    if type(items) is not list or not items:
+        raise InvalidRequest("receipts: expected a non-empty list of receipts", field="receipts")
+    if len(items) > limit:
+        raise InvalidRequest(f"receipts: at most {limit} in one request", field="receipts")
+    return [parse_receipt(r) for r in items], False, body
+
+
+def _answer(outcomes: Sequence[Outcome], single: bool, field: str | None = None) -> web.Response:
+    if single and outcomes[0].error is not None:
+        raise outcomes[0].error
+    results = []
+    for o in outcomes:
+        if o.error is None:
+            result: dict[str, Any] = {"receipt": o.receipt, "id": o.id, "ok": True}
+            if field is not None and o.entry is not None:
+                result[field] = o.entry.until
+            elif field == "retry_at":
+                result["dead"] = True  # its attempts were used up
+        else:
+            error = {"code": o.error.code, "message": o.error.message}
+            result = {"receipt": o.receipt, "id": o.id, "ok": False, "error": error}
+        results.append(result)
+    return json_response(results[0] if single else {"results": results})
+
+
+async def ack(request: web.Request) -> web.Response:
+    _, work = _work(request)
+    save = save_param(request)
+    receipts, single, _ = await _receipts(request, set())
+    return _answer(await work.ack(receipts, save), single)
+
+
+async def nack(request: web.Request) -> web.Response:
+    """Give messages back: retried after ``delay`` (default: the policy's backoff), with ``error``."""
+    _, work = _work(request)
+    save = save_param(request)
+    receipts, single, body = await _receipts(request, {"delay", "error"})
+    delay = body.get("delay")
+    if delay is not None:
+        try:
+            delay = parse_duration(delay, "delay")
+        except InvalidConfig as exc:
+            raise InvalidRequest(exc.message, field="delay") from None
+        if delay > MAX_DELAY:
+            raise InvalidRequest("delay: more than ten years", field="delay")
+    error = body.get("error")
+    if error is not None and type(error) is not str:
+        raise InvalidRequest("error: expected a string", field="error")
+    return _answer(await work.nack(receipts, delay, error, save), single, "retry_at")
+
+
+async def extend(request: web.Request) -> web.Response:
+    _, work = _work(request)
+    save = save_param(request)
+    receipts, single, body = await _receipts(request, {"lease"})
+    lease = _lease(body.get("lease"), "lease")
+    return _answer(await work.extend(receipts, lease, save), single, "lease_until")
+
+
+# --- operators ------------------------------------------------------------------------------
+
+
+def work_message(work: WorkQueue, message: Message, status: str) -> dict[str, Any]:
+    """A StoredMessage with its ``status``, ``attempts``, ``last_error`` and times."""
+    info: dict[str, Any] = {**stored_message(message), "status": status, "attempts": 0, "last_error": None}
+    entry = work.state.entries.get(message.id)
+    dead = work.state.dead.get(message.id)
+    if entry is not None:
+        info.update(attempts=entry.attempts, last_error=entry.error)
+        info["lease_until" if entry.state == "leased" else "retry_at"] = entry.until
+    elif dead is not None:
+        info.update(attempts=dead.attempts, last_error=dead.error, died=dead.died)
+    return info
+
+
+def _statuses(
+    value: object, where: str, default: tuple[str, ...] = STATUSES, *, text: bool = False
+) -> set[str]:
+    """``status``: a comma-separated text in a query, a list in a body."""
+    if value is None:
+        return set(default)
+    items = value.split(",") if text and isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(i, str) and i.strip() in STATUSES for i in items):
+        raise InvalidRequest(f"status: expected some of {', '.join(STATUSES)}", field=where, parameter=where)
+    return {i.strip() for i in items}
+
+
+def _json_value(text: str) -> Any:
+    # A query value is JSON when it parses (42, true, "42"); anything else is a plain string.
+    try:
+        return wire.loads(text)
+    except InvalidRequest:
+        return text
+
+
+def _query_filter(request: web.Request) -> MessageFilter:
+    headers = []
+    fields = []
+    for key, value in request.query.items():
+        if key.startswith("header.") and len(key) > 7:
+            headers.append((key[7:], value))
+        elif key.startswith("json.") and len(key) > 5:
+            fields.append((parse_path(key[5:]), _json_value(value)))
+        elif key not in ("status", "source", "segments", "after", "limit"):
+            raise InvalidRequest(f"unknown parameter {key!r}", parameter=key)
+    segments = segments_param(request)
+    return MessageFilter(
+        request.query.get("source"),
+        None if segments is None else tuple(segments),
+        tuple(headers),
+        tuple(fields),
+    )
+
+
+def _body_filter(body: dict[str, Any]) -> MessageFilter:
+    source = body.get("source")
+    if source is not None and type(source) is not str:
+        raise InvalidRequest("source: expected a string", field="source")
+    segments = body.get("segments")
+    if segments is not None:
+        if type(segments) is not str:
+            raise InvalidRequest('segments: expected ranges like "0-9,20"', field="segments")
+        segments = tuple(parse_range(part.strip()) for part in segments.split(","))
+    headers = body.get("headers") or {}
+    if type(headers) is not dict or not all(type(v) is str for v in headers.values()):
+        raise InvalidRequest("headers: expected an object of string values", field="headers")
+    fields = body.get("json") or {}
+    if type(fields) is not dict:
+        raise InvalidRequest('json: expected an object such as {"customer.id": 42}', field="json")
+    return MessageFilter(
+        source,
+        segments,
+        tuple(headers.items()),
+        tuple((parse_path(path), value) for path, value in fields.items()),
+    )
+
+
+async def list_work(request: web.Request) -> web.Response:
+    """Messages of the subscription by status, filtered, in id order, a page at a time."""
+    _, work = _work(request)
+    statuses = _statuses(request.query.get("status"), "status", text=True)
+    match = _query_filter(request)
+    after = int_param(request, "after", 0, low=0)
+    limit = limit_param(request)
+    found, next_after = await work.select(statuses, None if match.empty else _matcher(match), after, limit)
+    return json_response(
+        {"messages": [work_message(work, m, status) for m, status in found], "next_after": next_after}
+    )
+
+
+def _matcher(f: MessageFilter) -> Any:
+    return lambda m: matches(f, m)
+
+
+async def get_work(request: web.Request) -> web.Response:
+    queue, work = _work(request)
+    text = request.match_info["id"]
+    if not text.isdigit() or not 0 < int(text) <= wire.INT64_MAX:
+        raise InvalidRequest(f"id: expected a message id, got {text!r}", parameter="id")
+    mid = int(text)
+    messages, _ = await queue.read_after(mid - 1, 1)
+    if not messages or messages[0].id != mid:
+        raise MessageNotFound(f"queue {queue.name} holds no message {mid}")
+    return json_response(work_message(work, messages[0], work.status(mid, queue.now())))
+
+
+async def _bulk(
+    request: web.Request, allowed: set[str], default: tuple[str, ...] | None
+) -> tuple[dict[str, Any], list[tuple[Message, str]], int | None]:
+    """The messages a retry or delete body selects, and where the next call should go on from."""
+    queue, work = _work(request)
+    body = await read_object(request)
+    known = {"status", "source", "segments", "headers", "json", "ids", "after", "limit"}
+    if unknown := sorted(set(body) - known - allowed):
+        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", field=unknown[0])
+    if default is None and "status" not in body and "ids" not in body:
+        raise InvalidRequest("status or ids: say which messages", field="status")
+    statuses = _statuses(body.get("status"), "status", default or STATUSES)
+    match = _body_filter(body)
+    after = body.get("after", 0)
+    if type(after) is not int or not 0 <= after <= wire.INT64_MAX:
+        raise InvalidRequest("after: expected a message id", field="after")
+    limit = body.get("limit", 1000)
+    if type(limit) is not int or not 1 <= limit <= MAX_BULK:
+        raise InvalidRequest(f"limit: expected 1 to {MAX_BULK}", field="limit")
+    ids = body.get("ids")
+    if ids is not None:
+        if type(ids) is not list or not all(type(i) is int and 0 < i <= wire.INT64_MAX for i in ids):
+            raise InvalidRequest("ids: expected a list of message ids", field="ids")
+        if len(ids) > MAX_BULK:
+            raise InvalidRequest(f"ids: at most {MAX_BULK}", field="ids")
+        return body, *await _pick(queue, work, sorted(set(ids)), statuses, match, after, limit)
+    found, next_after = await work.select(statuses, None if match.empty else _matcher(match), after, limit)
+    return body, found, next_after
+
+
+async def _pick(
+    queue: Queue,
+    work: WorkQueue,
+    ids: list[int],
+    statuses: set[str],
+    match: MessageFilter,
+    after: int,
+    limit: int,
+) -> tuple[list[tuple[Message, str]], int | None]:
+    """The messages among ``ids`` with one of ``statuses`` that match."""
+    found: list[tuple[Message, str]] = []
+    now = queue.now()
+    for mid in ids:
+        if mid <= after or (status := work.status(mid, now)) not in statuses:
+            continue
+        messages, _ = await queue.read_after(mid - 1, 1)
+        if messages and messages[0].id == mid and (match.empty or matches(match, messages[0])):
+            found.append((messages[0], status))
+            if len(found) >= limit:
+                return found, mid
+    return found, None
+
+
+def _when(body: dict[str, Any], now: float) -> float | None:
+    if "at" in body and "delay" in body:
+        raise InvalidRequest("give at or delay, not both", field="delay")
+    if body.get("delay") is not None:
+        try:
+            return now + parse_duration(body["delay"], "delay")
+        except InvalidConfig as exc:
+            raise InvalidRequest(exc.message, field="delay") from None
+    if body.get("at") is not None:
+        try:
+            return wire.parse_time(body["at"])
+        except ValueError as exc:
+            raise InvalidRequest(f"at: {exc}", field="at") from None
+    return None
+
+
+async def retry(request: web.Request) -> web.Response:
+    """Waiting messages become claimable now (or ``at``); dead ones are moved back."""
+    queue, work = _work(request)
+    save = save_param(request)
+    body, found, next_after = await _bulk(request, {"at", "delay"}, ("waiting", "dead"))
+    statuses = _statuses(body.get("status"), "status", ("waiting", "dead"))
+    if statuses - {"waiting", "dead", "ready"}:
+        raise InvalidRequest("status: only waiting and dead messages can be retried", field="status")
+    at = _when(body, queue.now())
+    retried = await work.retry([m.id for m, _ in found], at, save)
+    return json_response({"retried": retried, "next_after": next_after})
+
+
+async def delete(request: web.Request) -> web.Response:
+    """Finish messages without processing them (``status`` or ``ids`` is required)."""
+    _, work = _work(request)
+    save = save_param(request)
+    _, found, next_after = await _bulk(request, set(), None)
+    deleted = await work.delete([m.id for m, _ in found], save)
+    return json_response({"deleted": sorted(deleted), "next_after": next_after})

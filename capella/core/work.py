@@ -1,0 +1,678 @@
+"""Ack-mode subscriptions (work queues): claims with a lease, ack, nack, extend, retries, dead letters.
+
+Competing consumers *claim* messages: each claimed message is leased to one of them until
+``lease_until`` and comes with a *receipt* (``"<id>.<claim number>"``). The holder acks it
+(done), nacks it (failed: retried after a delay, with its error text) or extends the lease.
+A lease that runs out counts as a failure. After ``max_attempts`` claims that did not end in
+an ack, the message is dead: it leaves the window, is kept for operators (and copied to the
+dead-letter queue when the policy names one), and can be moved back.
+
+The state is bounded: ``high`` is the highest id ever handed out, and ids above it are simply
+the queue's log. Only messages at or below ``high`` that are not finished have an entry
+(leased or waiting), so the state holds the window between the lowest un-acked id and the
+highest claimed one, never the whole queue. Every change is a record in a ``ChangeLog``
+(``<queue>/work/<subscription>/``), durable per save mode; a snapshot replaces the records
+now and then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import random
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+import orjson
+
+from capella.core.changelog import ChangeLog
+from capella.core.message import Draft, Message, SaveMode
+from capella.core.retry import RetryPolicy, exhausted, retry_delay
+from capella.errors import CapellaError, CorruptData, InvalidRequest, LeaseLost, UnknownReceipt
+from capella.storage import Storage
+
+log = logging.getLogger(__name__)
+
+LEASED = "leased"
+WAITING = "waiting"
+# Dead messages kept for operators; the oldest are forgotten beyond this (they stay in the
+# dead-letter queue when there is one).
+MAX_DEAD = 10_000
+MAX_ERROR = 2048
+# A snapshot is written once the log holds this many records more than the state has entries.
+CHECKPOINT_RECORDS = 20_000
+# An operator's listing of messages nobody claimed yet stops after this many and says where.
+SCAN_LIMIT = 100_000
+STATUSES = ("leased", "waiting", "ready", "dead")
+
+DeadLetter = Callable[[str, list[Draft]], Awaitable[None]]
+
+
+class MessageLog(Protocol):
+    """What a work queue needs from its queue."""
+
+    name: str
+
+    @property
+    def last_id(self) -> int: ...
+
+    async def read_after(
+        self, after: int, limit: int, segments: Sequence[tuple[int, int]] | None = None
+    ) -> tuple[list[Message], int]: ...
+
+
+@dataclass(slots=True)
+class Entry:
+    """A claimed message that is not finished."""
+
+    id: int
+    state: str  # LEASED or WAITING
+    claims: int  # claims ever: the second half of the receipt
+    attempts: int  # claims since it was last moved back from the dead letters
+    until: float  # leased: when the lease ends; waiting: when it may be claimed again
+    error: str | None = None
+
+    @property
+    def receipt(self) -> str:
+        return f"{self.id}.{self.claims}"
+
+    def row(self) -> list[Any]:
+        return [self.id, self.state, self.claims, self.attempts, self.until, self.error]
+
+
+@dataclass(slots=True)
+class DeadEntry:
+    id: int
+    claims: int
+    attempts: int
+    error: str | None
+    died: float
+
+    def row(self) -> list[Any]:
+        return [self.id, self.claims, self.attempts, self.error, self.died]
+
+
+@dataclass(slots=True)
+class WorkCounters:
+    claimed: int = 0
+    acked: int = 0
+    nacked: int = 0
+    expired: int = 0
+    dead_lettered: int = 0
+    moved_back: int = 0
+    deleted: int = 0
+
+
+class Outcome(NamedTuple):
+    """What became of one receipt: ``error`` is ``None`` when it worked."""
+
+    receipt: str
+    id: int
+    error: CapellaError | None = None
+    entry: Entry | None = None
+
+
+def parse_receipt(text: object) -> tuple[int, int]:
+    """``"<id>.<claims>"`` → (id, claims)."""
+    if isinstance(text, str):
+        head, _, tail = text.partition(".")
+        if head.isdigit() and tail.isdigit() and len(head) <= 19 and len(tail) <= 19:
+            return int(head), int(tail)
+    raise InvalidRequest(f"receipts: {text!r} is not a receipt (id.claim)", field="receipts")
+
+
+class WorkState:
+    """The window of one ack-mode subscription, in memory; every change emits a log record."""
+
+    def __init__(self) -> None:
+        self.high = 0
+        self.entries: dict[int, Entry] = {}
+        self.dead: dict[int, DeadEntry] = {}
+        self.skipped: set[int] = set()  # ids above ``high`` an operator deleted before any claim
+        self._leases: list[tuple[float, int]] = []
+        self._waits: list[tuple[float, int]] = []
+        self.records: list[bytes] = []
+
+    @property
+    def floor(self) -> int:
+        """Every id at or below this is finished (acked, dead or deleted)."""
+        return min(self.entries, default=self.high + 1) - 1
+
+    def count(self, state: str) -> int:
+        return sum(1 for e in self.entries.values() if e.state == state)
+
+    def next_timer(self) -> float | None:
+        """When the next lease ends or the next waiting message may be claimed."""
+        self._trim(self._leases, LEASED)
+        self._trim(self._waits, WAITING)
+        times = [h[0][0] for h in (self._leases, self._waits) if h]
+        return min(times) if times else None
+
+    def _trim(self, heap: list[tuple[float, int]], state: str) -> None:
+        while heap:
+            until, mid = heap[0]
+            e = self.entries.get(mid)
+            if e is not None and e.state == state and e.until == until:
+                return
+            heapq.heappop(heap)
+
+    def due(self, heap_state: str, now: float, limit: int | None = None) -> list[Entry]:
+        """Entries in ``heap_state`` whose time is up, earliest first (at most ``limit``)."""
+        heap = self._leases if heap_state == LEASED else self._waits
+        out: list[Entry] = []
+        while heap and heap[0][0] <= now and (limit is None or len(out) < limit):
+            until, mid = heapq.heappop(heap)
+            e = self.entries.get(mid)
+            if e is not None and e.state == heap_state and e.until == until:
+                out.append(e)
+        return out
+
+    def put_back(self, entries: Iterable[Entry]) -> None:
+        for e in entries:
+            self._push(e)
+
+    def _push(self, e: Entry) -> None:
+        heapq.heappush(self._leases if e.state == LEASED else self._waits, (e.until, e.id))
+
+    # --- changes (each emits a record) ---------------------------------------------------
+
+    def lease(self, entries: list[Entry], high: int) -> None:
+        if not entries and high <= self.high:
+            return  # an empty claim changes nothing: no record, no fsync
+        for e in entries:
+            self.entries[e.id] = e
+            self._push(e)
+        if high > self.high:
+            self.high = high
+            self.skipped = {i for i in self.skipped if i > high}
+        self._emit(["L", self.high, [[e.id, e.claims, e.attempts, e.until] for e in entries]])
+
+    def wait(self, entries: list[Entry]) -> None:
+        for e in entries:
+            self.entries[e.id] = e
+            self._push(e)
+        self._emit(["W", [[e.id, e.claims, e.attempts, e.until, e.error] for e in entries]])
+
+    def remove(self, ids: list[int]) -> None:
+        for i in ids:
+            self.entries.pop(i, None)
+        self._emit(["A", ids])
+
+    def bury(self, dead: list[DeadEntry]) -> None:
+        for d in dead:
+            self.entries.pop(d.id, None)
+            self.dead[d.id] = d
+        forgotten = self._trim_dead()
+        self._emit(["D", [d.row() for d in dead]])
+        if forgotten:
+            self._emit(["F", forgotten])
+
+    def forget_dead(self, ids: list[int]) -> None:
+        for i in ids:
+            self.dead.pop(i, None)
+        self._emit(["F", ids])
+
+    def skip(self, ids: list[int]) -> None:
+        self.skipped.update(i for i in ids if i > self.high)
+        self._emit(["S", ids])
+
+    def _trim_dead(self) -> list[int]:
+        if len(self.dead) <= MAX_DEAD:
+            return []
+        oldest = sorted(self.dead.values(), key=lambda d: d.died)[: len(self.dead) - MAX_DEAD]
+        for d in oldest:
+            del self.dead[d.id]
+        return [d.id for d in oldest]
+
+    def _emit(self, record: list[Any]) -> None:
+        self.records.append(orjson.dumps(record))
+
+    # --- durable form --------------------------------------------------------------------
+
+    def apply(self, record: bytes) -> None:
+        """Replay one record at recovery."""
+        try:
+            kind, *rest = orjson.loads(record)
+            if kind == "L":
+                high, rows = rest
+                for i, claims, attempts, until in rows:
+                    self._set(Entry(i, LEASED, claims, attempts, until))
+                if high > self.high:
+                    self.high = high
+                    self.skipped = {i for i in self.skipped if i > high}
+            elif kind == "W":
+                for i, claims, attempts, until, error in rest[0]:
+                    self._set(Entry(i, WAITING, claims, attempts, until, error))
+            elif kind == "A":
+                for i in rest[0]:
+                    self.entries.pop(i, None)
+            elif kind == "D":
+                for i, claims, attempts, error, died in rest[0]:
+                    self.entries.pop(i, None)
+                    self.dead[i] = DeadEntry(i, claims, attempts, error, died)
+            elif kind == "F":
+                for i in rest[0]:
+                    self.dead.pop(i, None)
+            elif kind == "S":
+                self.skipped.update(i for i in rest[0] if i > self.high)
+            else:
+                raise ValueError(f"unknown record kind {kind!r}")
+        except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
+            raise CorruptData(f"work record is not valid: {exc}") from None
+
+    def _set(self, e: Entry) -> None:
+        self.entries[e.id] = e
+        self._push(e)
+
+    def dump(self) -> bytes:
+        return orjson.dumps(
+            {
+                "version": 1,
+                "high": self.high,
+                "entries": [e.row() for e in self.entries.values()],
+                "dead": [d.row() for d in self.dead.values()],
+                "skipped": sorted(self.skipped),
+            }
+        )
+
+    def load(self, data: bytes) -> None:
+        try:
+            doc = orjson.loads(data)
+            self.high = int(doc["high"])
+            for i, state, claims, attempts, until, error in doc["entries"]:
+                if state not in (LEASED, WAITING):
+                    raise ValueError(f"unknown state {state!r}")
+                self._set(Entry(i, state, claims, attempts, until, error))
+            for i, claims, attempts, error, died in doc["dead"]:
+                self.dead[i] = DeadEntry(i, claims, attempts, error, died)
+            self.skipped = set(doc["skipped"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise CorruptData(f"work snapshot is not valid: {exc}") from None
+
+
+class WorkQueue:
+    """One ack-mode subscription of a queue: claims, acks, nacks, extends, and their log."""
+
+    def __init__(
+        self,
+        messages: MessageLog,
+        name: str,
+        policy: RetryPolicy,
+        storage: Storage,
+        prefix: str,
+        *,
+        clock: Callable[[], float],
+        dead_letter: DeadLetter,
+        default_save: Callable[[], SaveMode] = lambda: SaveMode.IMMEDIATE,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.name = name
+        self.policy = policy
+        self.counters = WorkCounters()
+        self.state = WorkState()
+        # Set (and replaced) when a message may be claimable sooner: a long-polling claim takes
+        # the current event and waits on it.
+        self.changed = asyncio.Event()
+        self._messages = messages
+        self._prefix = prefix
+        self._storage = storage
+        self._log = ChangeLog(storage, prefix)
+        self._clock = clock
+        self._dead_letter = dead_letter
+        self._default_save = default_save
+        self._rand = rand
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        document, records = await self._log.load()
+        if document is not None:
+            self.state.load(document)
+        for record in records:
+            self.state.apply(record)
+
+    async def close(self) -> None:
+        await self._log.close()
+
+    async def destroy(self) -> None:
+        await self._log.close()
+        for key in await self._storage.list(f"{self._prefix}/"):
+            await self._storage.delete(key)
+
+    # --- consumers -----------------------------------------------------------------------
+
+    async def claim(self, limit: int, lease: float | None, save: SaveMode) -> list[tuple[Message, Entry]]:
+        """Lease up to ``limit`` messages: retries that are due first, then new ones in id order."""
+        seconds = self.policy.lease if lease is None else lease
+        async with self._lock:
+            now = self._clock()
+            await self._expire(now)
+            out: list[tuple[Message, Entry]] = []
+            ready = self.state.due(WAITING, now, limit)
+            high = self.state.high
+            try:
+                for e in ready:
+                    message = await self._message(e.id)
+                    if message is not None:
+                        out.append((message, e))
+                    else:
+                        # Its block expired meanwhile: there is nothing left to work on.
+                        self.state.remove([e.id])
+                if len(out) < limit:
+                    messages, last = await self._messages.read_after(high, limit - len(out))
+                    skipped = self.state.skipped
+                    out.extend((m, Entry(m.id, WAITING, 0, 0, 0.0)) for m in messages if m.id not in skipped)
+                    high = max(high, last)
+            except BaseException:
+                # Nothing was leased: the retries stay claimable.
+                self.state.put_back(e for e in ready if self.state.entries.get(e.id) is e)
+                self._take_records()
+                raise
+            until = now + seconds
+            leased = [Entry(e.id, LEASED, e.claims + 1, e.attempts + 1, until, e.error) for _, e in out]
+            self.state.lease(leased, high)
+            self._take_records()
+        self.counters.claimed += len(leased)
+        await self._log.save(save.resolve(self._default_save()))
+        return [(m, e) for (m, _), e in zip(out, leased, strict=True)]
+
+    async def ack(self, receipts: Sequence[tuple[int, int]], save: SaveMode) -> list[Outcome]:
+        async with self._lock:
+            outcomes = self._match(receipts, allow_waiting=True)
+            done = [o.id for o in outcomes if o.error is None and o.entry is not None]
+            if done:
+                self.state.remove(done)
+                self._take_records()
+                self.counters.acked += len(done)
+        await self._log.save(save.resolve(self._default_save()))
+        return outcomes
+
+    async def nack(
+        self,
+        receipts: Sequence[tuple[int, int]],
+        delay: float | None,
+        error: str | None,
+        save: SaveMode,
+    ) -> list[Outcome]:
+        """Give claimed messages back: retried after ``delay`` (default: the backoff)."""
+        error = None if error is None else error[:MAX_ERROR]
+        async with self._lock:
+            now = self._clock()
+            outcomes = self._match(receipts, allow_waiting=False)
+            failed = [o.entry for o in outcomes if o.error is None and o.entry is not None]
+            await self._fail(failed, now, error, delay)
+            self.counters.nacked += len(failed)
+        await self._log.save(save.resolve(self._default_save()))
+        # The entry as it is now: waiting for its retry, or None when it went to the dead letters.
+        return [o._replace(entry=self.state.entries.get(o.id)) if o.error is None else o for o in outcomes]
+
+    async def extend(
+        self, receipts: Sequence[tuple[int, int]], lease: float | None, save: SaveMode
+    ) -> list[Outcome]:
+        seconds = self.policy.lease if lease is None else lease
+        async with self._lock:
+            now = self._clock()
+            outcomes = self._match(receipts, allow_waiting=False)
+            extended = [
+                Entry(e.id, LEASED, e.claims, e.attempts, now + seconds, e.error)
+                for o in outcomes
+                if o.error is None and (e := o.entry) is not None
+            ]
+            if extended:
+                self.state.lease(extended, self.state.high)
+                self._take_records()
+        await self._log.save(save.resolve(self._default_save()))
+        by_id = {e.id: e for e in extended}
+        return [o._replace(entry=by_id.get(o.id, o.entry)) for o in outcomes]
+
+    def _match(self, receipts: Sequence[tuple[int, int]], *, allow_waiting: bool) -> list[Outcome]:
+        state = self.state
+        outcomes: list[Outcome] = []
+        seen: set[int] = set()
+        for mid, claims in receipts:
+            receipt = f"{mid}.{claims}"
+            e = state.entries.get(mid)
+            if mid in seen:
+                outcomes.append(Outcome(receipt, mid, InvalidRequest(f"receipt {receipt} is given twice")))
+                continue
+            seen.add(mid)
+            if e is not None and e.claims == claims and (e.state == LEASED or allow_waiting):
+                outcomes.append(Outcome(receipt, mid, None, e))
+            elif e is not None and e.claims == claims:
+                outcomes.append(Outcome(receipt, mid, LeaseLost(f"the lease of {receipt} ran out")))
+            elif e is not None or mid in state.dead:
+                where = "was claimed again" if e is not None else "is in the dead letters"
+                outcomes.append(
+                    Outcome(receipt, mid, LeaseLost(f"the lease of {receipt} is lost: it {where}"))
+                )
+            elif 0 < mid <= state.high and claims > 0:
+                # Finished already (acked by this or a later claim, or deleted): nothing to do.
+                outcomes.append(Outcome(receipt, mid, None, None))
+            else:
+                outcomes.append(Outcome(receipt, mid, UnknownReceipt(f"no claim has the receipt {receipt}")))
+        return outcomes
+
+    # --- failures, expiry and dead letters ------------------------------------------------
+
+    async def expire(self) -> int:
+        """Turn leases that ran out into failures; answers how many."""
+        async with self._lock:
+            count = await self._expire(self._clock())
+        await self._log.save(SaveMode.MARK)
+        return count
+
+    async def _expire(self, now: float) -> int:
+        expired = self.state.due(LEASED, now)
+        if expired:
+            self.counters.expired += len(expired)
+            await self._fail(expired, now, "the lease ran out", None, start=None)
+        return len(expired)
+
+    async def _fail(
+        self,
+        entries: list[Entry],
+        now: float,
+        error: str | None,
+        delay: float | None,
+        *,
+        start: float | None = 0.0,
+    ) -> None:
+        """Failed attempts: wait for a retry, or go to the dead letters when attempts are used up."""
+        retry: list[Entry] = []
+        dead: list[Entry] = []
+        for e in entries:
+            if exhausted(self.policy, e.attempts):
+                dead.append(e)
+                continue
+            # After a lease ran out the delay counts from the end of the lease.
+            base = e.until if start is None else now
+            wait = delay if delay is not None else retry_delay(self.policy, e.attempts, self._rand())
+            retry.append(Entry(e.id, WAITING, e.claims, e.attempts, max(now, base + wait), error or e.error))
+        if retry:
+            self.state.wait(retry)
+            self._notify()
+        if dead:
+            await self._bury(dead, error, now)
+        self._take_records()
+
+    async def _bury(self, entries: list[Entry], error: str | None, now: float) -> None:
+        target = self.policy.dead_letter
+        if target is not None:
+            drafts = []
+            for e in entries:
+                message = await self._message(e.id)
+                if message is not None:
+                    drafts.append(self._dead_draft(message, e, error or e.error))
+            # Copied before it is recorded dead: a crash in between repeats the copy, which
+            # the dead-letter queue's dedup absorbs (the copy keeps the message's identity).
+            try:
+                await self._dead_letter(target, drafts)
+            except CapellaError as exc:
+                log.error(
+                    "dead-letter copy failed queue=%s subscription=%s target=%s",
+                    self._messages.name,
+                    self.name,
+                    target,
+                    exc_info=exc,
+                )
+        self.state.bury([DeadEntry(e.id, e.claims, e.attempts, error or e.error, now) for e in entries])
+        self.counters.dead_lettered += len(entries)
+        log.info(
+            "dead-lettered queue=%s subscription=%s ids=%s",
+            self._messages.name,
+            self.name,
+            ",".join(str(e.id) for e in entries[:20]),
+        )
+
+    def _dead_draft(self, m: Message, e: Entry, error: str | None) -> Draft:
+        headers = {
+            **m.headers,
+            "capella-dead-queue": self._messages.name,
+            "capella-dead-subscription": self.name,
+            "capella-dead-id": str(m.id),
+            "capella-attempts": str(e.attempts),
+            "capella-last-error": error or "",
+        }
+        return Draft(m.payload, m.source, m.external_id, m.external_time, m.segment, headers)
+
+    async def _message(self, mid: int) -> Message | None:
+        messages, _ = await self._messages.read_after(mid - 1, 1)
+        return messages[0] if messages and messages[0].id == mid else None
+
+    # --- operators -----------------------------------------------------------------------
+
+    async def retry(self, ids: list[int], at: float | None, save: SaveMode) -> list[int]:
+        """Waiting messages become claimable at ``at`` (default now); dead ones are moved back.
+
+        A message moved back from the dead letters starts a fresh count of attempts.
+        """
+        async with self._lock:
+            now = self._clock()
+            when = now if at is None else at
+            changed: list[Entry] = []
+            revived: list[int] = []
+            for mid in ids:
+                e = self.state.entries.get(mid)
+                if e is not None and e.state == WAITING:
+                    changed.append(Entry(mid, WAITING, e.claims, e.attempts, when, e.error))
+                elif mid in self.state.dead:
+                    d = self.state.dead[mid]
+                    changed.append(Entry(mid, WAITING, d.claims, 0, when, d.error))
+                    revived.append(mid)
+            if revived:
+                self.state.forget_dead(revived)
+                self.counters.moved_back += len(revived)
+            if changed:
+                self.state.wait(changed)
+                self._notify()
+            self._take_records()
+        await self._log.save(save.resolve(self._default_save()))
+        return [e.id for e in changed]
+
+    async def delete(self, ids: list[int], save: SaveMode) -> list[int]:
+        """Finish messages without processing them: leased, waiting, dead, or not yet claimed."""
+        async with self._lock:
+            removed = [i for i in ids if i in self.state.entries]
+            forgotten = [i for i in ids if i in self.state.dead]
+            last = self._messages.last_id
+            ahead = [i for i in ids if self.state.high < i <= last and i not in self.state.skipped]
+            if removed:
+                self.state.remove(removed)
+            if forgotten:
+                self.state.forget_dead(forgotten)
+            if ahead:
+                self.state.skip(ahead)
+            self._take_records()
+            self.counters.deleted += len(removed) + len(forgotten) + len(ahead)
+        await self._log.save(save.resolve(self._default_save()))
+        return [*removed, *forgotten, *ahead]
+
+    async def select(
+        self,
+        statuses: set[str],
+        match: Callable[[Message], bool] | None,
+        after: int,
+        limit: int,
+        scan_limit: int = SCAN_LIMIT,
+    ) -> tuple[list[tuple[Message, str]], int | None]:
+        """Messages after id ``after`` in id order whose status is in ``statuses`` and that match.
+
+        Answers them and the id to continue after (``None`` when everything was looked at).
+        Tracked messages (leased, waiting, dead) come from the state; ``ready`` ones that were
+        never claimed from the log after ``high``, at most ``scan_limit`` of them per call.
+        """
+        now = self._clock()
+        out: list[tuple[Message, str]] = []
+        tracked = sorted(i for i in (*self.state.entries, *self.state.dead) if i > after)
+        for mid in tracked:
+            status = self.status(mid, now)
+            if status not in statuses:
+                continue
+            message = await self._message(mid)
+            if message is None or (match is not None and not match(message)):
+                continue
+            out.append((message, status))
+            if len(out) >= limit:
+                return out, mid
+        if "ready" not in statuses:
+            return out, None
+        cursor = max(after, self.state.high)
+        scanned = 0
+        skipped = self.state.skipped
+        while True:
+            messages, last = await self._messages.read_after(cursor, min(1000, scan_limit - scanned))
+            if not messages:
+                return out, None
+            for m in messages:
+                scanned += 1
+                cursor = m.id
+                if m.id not in skipped and (match is None or match(m)):
+                    out.append((m, "ready"))
+                    if len(out) >= limit:
+                        return out, m.id
+            cursor = max(cursor, last)
+            if scanned >= scan_limit:
+                return out, cursor
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def status(self, mid: int, now: float) -> str:
+        """``leased``, ``waiting``, ``ready``, ``dead``, ``deleted`` or ``done`` for a message id."""
+        e = self.state.entries.get(mid)
+        if e is not None:
+            if e.state == WAITING:
+                return "ready" if e.until <= now else "waiting"
+            return LEASED
+        if mid in self.state.dead:
+            return "dead"
+        if mid > self.state.high:
+            return "deleted" if mid in self.state.skipped else "ready"
+        return "done"
+
+    # --- saving --------------------------------------------------------------------------
+
+    def _take_records(self) -> None:
+        for record in self.state.records:
+            self._log.append(record)
+        self.state.records.clear()
+
+    async def tick(self) -> None:
+        """The periodic pass: expire leases, save marked changes, checkpoint a long log."""
+        timer = self.state.next_timer()
+        if timer is not None and timer <= self._clock():
+            await self.expire()
+            self._notify()
+        if self._log.marked:
+            await self._log.flush()
+        window = len(self.state.entries) + len(self.state.dead)
+        if self._log.records_since_checkpoint > CHECKPOINT_RECORDS + 4 * window:
+            await self.checkpoint()
+
+    async def checkpoint(self) -> None:
+        await self._log.checkpoint(self.state.dump)
+
+    async def flush(self) -> None:
+        await self._log.flush()
