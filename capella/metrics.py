@@ -141,8 +141,8 @@ def _work_metrics(out: list[str], queues: list[Queue]) -> None:
     for labels, _, w in works:
         state = w.state
         for name, count in (
-            ("leased", state.count("leased")),
-            ("waiting", state.count("waiting")),
+            ("in_flight", state.count("in_flight")),
+            ("failed", state.count("failed")),
             ("dead", len(state.dead)),
         ):
             out.append(f'capella_work_messages{{{labels},state="{name}"}} {count}')

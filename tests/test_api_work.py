@@ -49,7 +49,7 @@ async def test_an_ack_mode_subscription_is_defined_shown_and_updated(q: TestClie
         "jitter": 0.0,
         "dead_letter": "q.dead",
     }
-    assert info["work"] == {"claimed_through": 0, "backlog": 5, "leased": 0, "waiting": 0, "dead": 0}
+    assert info["work"] == {"claimed_through": 0, "backlog": 5, "in_flight": 0, "failed": 0, "dead": 0}
     info = await ok(await q.put(W, json={"policy": {"lease": "1m"}}))
     assert info["policy"]["lease"] == 60.0 and info["policy"]["max_attempts"] == 2
     listed = (await ok(await q.get(f"{Q}/subscriptions")))["subscriptions"]
@@ -225,32 +225,44 @@ async def test_operators_list_messages_by_status_and_filters(shop: TestClient) -
     claimed = (await ok(await shop.post(f"{SW}/claim", params={"limit": "3"})))["messages"]
     await ok(await shop.post(f"{SW}/nack", json={"receipt": claimed[0]["receipt"], "error": "no stock"}))
     assert await listed(shop) == (
-        [(1, "dead"), (2, "leased"), (3, "leased"), *((i, "ready") for i in range(4, 9))],
+        [(1, "dead"), (2, "in_flight"), (3, "in_flight"), *((i, "pending") for i in range(4, 9))],
         None,
     )
-    assert await listed(shop, status="leased,dead") == ([(1, "dead"), (2, "leased"), (3, "leased")], None)
-    assert await listed(shop, status="ready", source="app") == (
-        [(5, "ready"), (6, "ready"), (7, "ready"), (8, "ready")],
+    assert await listed(shop, status="in_flight,dead") == (
+        [(1, "dead"), (2, "in_flight"), (3, "in_flight")],
         None,
     )
-    assert (await listed(shop, segments="1"))[0] == [(1, "dead"), (3, "leased"), (5, "ready"), (7, "ready")]
-    assert (await listed(shop, **{"header.kind": "even"}))[0] == [
-        (2, "leased"),
-        (4, "ready"),
-        (6, "ready"),
-        (8, "ready"),
+    assert await listed(shop, status="pending", source="app") == (
+        [(5, "pending"), (6, "pending"), (7, "pending"), (8, "pending")],
+        None,
+    )
+    assert (await listed(shop, segments="1"))[0] == [
+        (1, "dead"),
+        (3, "in_flight"),
+        (5, "pending"),
+        (7, "pending"),
     ]
-    assert (await listed(shop, **{"json.customer.id": "41"}))[0] == [(1, "dead"), (4, "ready"), (7, "ready")]
-    assert (await listed(shop, **{"json.rush": "true", "status": "ready"}))[0] == [
-        (4, "ready"),
-        (6, "ready"),
-        (8, "ready"),
+    assert (await listed(shop, **{"header.kind": "even"}))[0] == [
+        (2, "in_flight"),
+        (4, "pending"),
+        (6, "pending"),
+        (8, "pending"),
+    ]
+    assert (await listed(shop, **{"json.customer.id": "41"}))[0] == [
+        (1, "dead"),
+        (4, "pending"),
+        (7, "pending"),
+    ]
+    assert (await listed(shop, **{"json.rush": "true", "status": "pending"}))[0] == [
+        (4, "pending"),
+        (6, "pending"),
+        (8, "pending"),
     ]
     assert (await listed(shop, **{"json.customer.id": '"41"'}))[0] == []  # the string is not the number
     page, next_after = await listed(shop, limit="2")
-    assert (page, next_after) == ([(1, "dead"), (2, "leased")], 2)
+    assert (page, next_after) == ([(1, "dead"), (2, "in_flight")], 2)
     page, next_after = await listed(shop, limit="4", after="2")
-    assert (page, next_after) == ([(3, "leased"), (4, "ready"), (5, "ready"), (6, "ready")], 6)
+    assert (page, next_after) == ([(3, "in_flight"), (4, "pending"), (5, "pending"), (6, "pending")], 6)
 
     one = await ok(await shop.get(f"{SW}/work/1"))
     assert (one["status"], one["attempts"], one["last_error"], one["source"]) == (
@@ -261,7 +273,7 @@ async def test_operators_list_messages_by_status_and_filters(shop: TestClient) -
     )
     assert "died" in one
     two = await ok(await shop.get(f"{SW}/work/2"))
-    assert (two["status"], two["attempts"], two["lease_until"]) == ("leased", 1, claimed[1]["lease_until"])
+    assert (two["status"], two["attempts"], two["lease_until"]) == ("in_flight", 1, claimed[1]["lease_until"])
     assert (await error_of(await shop.get(f"{SW}/work/99"), 404))["code"] == "message_not_found"
     assert (await error_of(await shop.get(f"{SW}/work/x"), 400))["parameter"] == "id"
 
@@ -277,22 +289,22 @@ async def test_operators_retry_and_move_dead_back(shop: TestClient) -> None:
     assert (back["id"], back["attempt"], back["last_error"]) == (2, 1, "down")
     answer = await ok(await shop.post(f"{SW}/work/retry", json={"ids": [1], "delay": "1h"}))
     assert answer["retried"] == [1]
-    assert (await listed(shop, status="waiting"))[0] == [(1, "waiting")]
-    await ok(await shop.post(f"{SW}/work/retry", json={"status": ["waiting"]}))
-    assert (await listed(shop, status="ready", limit="1"))[0] == [(1, "ready")]
+    assert (await listed(shop, status="failed"))[0] == [(1, "failed")]
+    await ok(await shop.post(f"{SW}/work/retry", json={"status": ["failed"]}))
+    assert (await listed(shop, status="pending", limit="1"))[0] == [(1, "pending")]
 
 
 async def test_operators_delete_by_filter(shop: TestClient) -> None:
-    answer = await ok(await shop.post(f"{SW}/work/delete", json={"status": ["ready"], "source": "app"}))
+    answer = await ok(await shop.post(f"{SW}/work/delete", json={"status": ["pending"], "source": "app"}))
     assert answer == {"deleted": [5, 6, 7, 8], "next_after": None}
     answer = await ok(await shop.post(f"{SW}/work/delete", json={"ids": [3, 99]}))
     assert answer["deleted"] == [3]
     claimed = (await ok(await shop.post(f"{SW}/claim", params={"limit": "10"})))["messages"]
     assert [m["id"] for m in claimed] == [1, 2, 4]
-    answer = await ok(await shop.post(f"{SW}/work/delete", json={"status": ["leased"], "limit": 1}))
+    answer = await ok(await shop.post(f"{SW}/work/delete", json={"status": ["in_flight"], "limit": 1}))
     assert answer == {"deleted": [1], "next_after": 1}
     info = await ok(await shop.get(SW))
-    assert info["work"]["leased"] == 2
+    assert info["work"]["in_flight"] == 2
 
 
 @pytest.mark.parametrize(
@@ -300,8 +312,8 @@ async def test_operators_delete_by_filter(shop: TestClient) -> None:
     [
         ("delete", {}, "status"),
         ("delete", {"status": ["gone"]}, "status"),
-        ("delete", {"status": "ready"}, "status"),
-        ("retry", {"status": ["leased"]}, "status"),
+        ("delete", {"status": "pending"}, "status"),
+        ("retry", {"status": ["in_flight"]}, "status"),
         ("retry", {"limit": 0}, "limit"),
         ("retry", {"after": -1}, "after"),
         ("retry", {"ids": ["1"]}, "ids"),
@@ -337,8 +349,8 @@ async def test_metrics_of_work_queues_and_schedules(q: TestClient) -> None:
     assert (await q.delete(f"{Q}/scheduled/{scheduled['scheduled'][0]['scheduled_id']}")).status == 204
     samples = parse_metrics(await (await q.get("/metrics")).text())
     labels = 'queue="q",subscription="w"'
-    assert samples[f'capella_work_messages{{{labels},state="leased"}}'] == 1
-    assert samples[f'capella_work_messages{{{labels},state="waiting"}}'] == 1
+    assert samples[f'capella_work_messages{{{labels},state="in_flight"}}'] == 1
+    assert samples[f'capella_work_messages{{{labels},state="failed"}}'] == 1
     assert samples[f'capella_work_messages{{{labels},state="dead"}}'] == 0
     assert m3["id"] == 3 and samples[f"capella_work_backlog{{{labels}}}"] == 2  # ids 4 and 5
     assert samples[f"capella_work_claimed_total{{{labels}}}"] == 3

@@ -104,12 +104,12 @@ async def test_an_operator_lists_retries_and_deletes(client: AsyncClient) -> Non
     await client.produce("ops", [{"data": f'{{"n": {i}}}', "headers": {"h": str(i % 2)}} for i in range(6)])
     (first,) = await client.claim("ops", "w")
     await client.nack("ops", "w", first["receipt"], error="e")
-    page = await client.work("ops", "w", status=["ready"], headers={"h": "1"}, json={"n": 3})
+    page = await client.work("ops", "w", status=["pending"], headers={"h": "1"}, json={"n": 3})
     assert [(m["id"], m["payload"]) for m in page["messages"]] == [(4, b'{"n": 3}')]
     dead = await client.work_message("ops", "w", 1)
     assert (dead["status"], dead["last_error"]) == ("dead", "e")
     assert (await client.retry_work("ops", "w", status=["dead"]))["retried"] == [1]
-    assert (await client.delete_work("ops", "w", status=["ready"], json={"n": 5}))["deleted"] == [6]
+    assert (await client.delete_work("ops", "w", status=["pending"], json={"n": 5}))["deleted"] == [6]
     claimed = await client.claim("ops", "w", limit=10)
     assert [m["id"] for m in claimed] == [1, 2, 3, 4, 5]
 
@@ -127,7 +127,7 @@ def test_the_blocking_client_runs_a_worker(server_process: ServerProcess) -> Non
         assert c.nack("sync-tasks", "w", [second["receipt"]], delay=0, error="x")[0]["ok"]
         (retry,) = c.claim("sync-tasks", "w", limit=5)
         assert (retry["payload"], retry["attempt"]) == (b"two", 2)
-        assert [m["status"] for m in c.work("sync-tasks", "w")["messages"]] == ["leased"]
+        assert [m["status"] for m in c.work("sync-tasks", "w")["messages"]] == ["in_flight"]
         assert c.work_message("sync-tasks", "w", 1)["status"] == "done"
         assert c.retry_work("sync-tasks", "w")["retried"] == []
         assert c.delete_work("sync-tasks", "w", ids=[2])["deleted"] == [2]

@@ -117,7 +117,7 @@ async def test_claims_and_acks_survive_kill_minus_9(tmp_path: Path) -> None:
             for _ in range(600):
                 async with session.get(f"{server.url}{W}") as resp:
                     info = await resp.json()
-                if info["last_id"] == MESSAGES and not info["work"]["leased"] + info["work"]["waiting"]:
+                if info["last_id"] == MESSAGES and not info["work"]["in_flight"] + info["work"]["failed"]:
                     break
                 await asyncio.sleep(0.1)
             server.kill()
@@ -129,6 +129,6 @@ async def test_claims_and_acks_survive_kill_minus_9(tmp_path: Path) -> None:
             # came back and were acked later; any other message must have been acked.
             missing = sorted(set(range(1, MESSAGES + 1)) - ledger.acked - ledger.unanswered)
             assert not missing, f"never acked: {len(missing)} {missing[:10]}; {info}"
-            assert info["last_id"] == MESSAGES and info["work"]["leased"] == 0
+            assert info["last_id"] == MESSAGES and info["work"]["in_flight"] == 0
         finally:
             server.stop()

@@ -123,8 +123,8 @@ async def test_claims_hand_each_message_to_one_worker_in_id_order(cluster: Clust
     outcomes = await work.ack([(1, 1), (2, 1), (4, 1)], SaveMode.WAIT)
     assert [o.error for o in outcomes] == [None, None, None]
     assert q.subscription("workers").last_id == 2  # 3 is still out
-    assert work.status(3, clock.now) == "leased" and work.status(4, clock.now) == "done"
-    assert work.status(9, clock.now) == "ready"
+    assert work.status(3, clock.now) == "in_flight" and work.status(4, clock.now) == "done"
+    assert work.status(9, clock.now) == "pending"
     # Acking again is harmless; a receipt never handed out is not.
     again = await work.ack([(1, 1), (10, 1)], SaveMode.WAIT)
     assert again[0].error is None and isinstance(again[1].error, UnknownReceipt)
@@ -165,8 +165,8 @@ async def test_a_lease_that_runs_out_is_a_failure_retried_after_the_backoff(
     assert (await work.ack([(2, 1)], SaveMode.WAIT))[0].error is None
     assert await work.claim(5, None, SaveMode.WAIT) == []  # 1 waits out its 10 s backoff
     entry = work.state.entries[1]
-    assert (entry.state, entry.until, entry.error) == ("waiting", clock.now - 1 + 10, "the lease ran out")
-    assert work.status(1, clock.now) == "waiting"
+    assert (entry.state, entry.until, entry.error) == ("failed", clock.now - 1 + 10, "the lease ran out")
+    assert work.status(1, clock.now) == "failed"
     clock.now += 9
     (again,) = await work.claim(5, None, SaveMode.WAIT)
     assert (again[0].id, again[1].receipt, again[1].attempts) == (1, "1.2", 2)
@@ -222,7 +222,7 @@ async def test_operators_delete_and_retry_by_id(cluster: Cluster, clock: Clock) 
     _, work = await jobs(cluster, 6)
     claimed = await work.claim(3, None, SaveMode.WAIT)
     await work.nack(receipts(claimed[:1]), 3600.0, "later", SaveMode.WAIT)
-    assert await work.retry([1, 2, 5], clock.now + 5, SaveMode.WAIT) == [1]  # only waiting or dead
+    assert await work.retry([1, 2, 5], clock.now + 5, SaveMode.WAIT) == [1]  # only failed or dead
     assert work.state.entries[1].until == clock.now + 5
     assert sorted(await work.delete([2, 5, 6, 99], SaveMode.WAIT)) == [2, 5, 6]  # 99 does not exist
     assert work.status(5, clock.now) == "deleted"
@@ -252,9 +252,9 @@ async def test_the_state_survives_a_restart_and_stays_bounded(
     work = q.work("workers")
     assert work.state.high == 493 and q.subscription("workers").last_id == 490
     assert {i: e.state for i, e in work.state.entries.items()} == {
-        491: "waiting",
-        492: "leased",
-        493: "leased",
+        491: "failed",
+        492: "in_flight",
+        493: "in_flight",
     }
     assert work.state.entries[491].error == "retry me"
     assert work.policy == FIXED
@@ -306,7 +306,7 @@ async def test_a_lost_dead_record_copies_to_the_dead_letters_once(
 
     cluster = await Cluster.open(make_config(tmp_path), clock=clock)
     work = cluster.queue("jobs").work("workers")
-    assert work.status(1, clock.now) == "leased"
+    assert work.status(1, clock.now) == "in_flight"
     clock.now += 31
     assert await work.expire() == 1
     assert work.status(1, clock.now) == "dead"

@@ -419,8 +419,8 @@ SCHEMAS: dict[str, Any] = {
                 "properties": {
                     "claimed_through": {"type": "integer", "description": "highest id ever claimed"},
                     "backlog": {"type": "integer", "description": "ids after claimed_through"},
-                    "leased": {"type": "integer"},
-                    "waiting": {"type": "integer", "description": "given back, waiting for a retry"},
+                    "in_flight": {"type": "integer"},
+                    "failed": {"type": "integer", "description": "given back, waiting for a retry"},
                     "dead": {"type": "integer"},
                 },
             },
@@ -455,11 +455,11 @@ SCHEMAS: dict[str, Any] = {
                 "properties": {
                     "status": {
                         "type": "string",
-                        "enum": ["leased", "waiting", "ready", "dead", "done", "deleted"],
+                        "enum": ["in_flight", "failed", "pending", "dead", "done", "deleted"],
                     },
                     "attempts": {"type": "integer", "minimum": 0},
                     "last_error": {"type": ["string", "null"]},
-                    "lease_until": {**TIME, "description": "leased"},
+                    "lease_until": {**TIME, "description": "in_flight"},
                     "retry_at": {**TIME, "description": "waiting (or ready again after a failure)"},
                     "died": {**TIME, "description": "dead"},
                 },
@@ -485,7 +485,7 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "status": {
                 "type": "array",
-                "items": {"type": "string", "enum": ["leased", "waiting", "ready", "dead"]},
+                "items": {"type": "string", "enum": ["in_flight", "failed", "pending", "dead"]},
             },
             "ids": {"type": "array", "maxItems": 10_000, "items": MESSAGE_ID},
             "source": {"type": "string"},

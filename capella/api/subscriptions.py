@@ -52,8 +52,8 @@ def subscription_info(queue: Queue, sub: Subscription) -> dict[str, Any]:
         info["work"] = {
             "claimed_through": state.high,
             "backlog": max(0, queue.last_id - state.high),
-            "leased": state.count("leased"),
-            "waiting": state.count("waiting"),
+            "in_flight": state.count("in_flight"),
+            "failed": state.count("failed"),
             "dead": len(state.dead),
         }
     return info

@@ -215,7 +215,7 @@ def work_message(work: WorkQueue, message: Message, status: str) -> dict[str, An
     dead = work.state.dead.get(message.id)
     if entry is not None:
         info.update(attempts=entry.attempts, last_error=entry.error)
-        info["lease_until" if entry.state == "leased" else "retry_at"] = entry.until
+        info["lease_until" if entry.state == "in_flight" else "retry_at"] = entry.until
     elif dead is not None:
         info.update(attempts=dead.attempts, last_error=dead.error, died=dead.died)
     return info
@@ -385,10 +385,10 @@ async def retry(request: web.Request) -> web.Response:
     """Waiting messages become claimable now (or ``at``); dead ones are moved back."""
     queue, work = _work(request)
     save = save_param(request)
-    body, found, next_after = await _bulk(request, {"at", "delay"}, ("waiting", "dead"))
-    statuses = _statuses(body.get("status"), "status", ("waiting", "dead"))
-    if statuses - {"waiting", "dead", "ready"}:
-        raise InvalidRequest("status: only waiting and dead messages can be retried", field="status")
+    body, found, next_after = await _bulk(request, {"at", "delay"}, ("failed", "dead"))
+    statuses = _statuses(body.get("status"), "status", ("failed", "dead"))
+    if statuses - {"failed", "dead", "pending"}:
+        raise InvalidRequest("status: only failed and dead messages can be retried", field="status")
     at = _when(body, queue.now())
     retried = await work.retry([m.id for m, _ in found], at, save)
     return json_response({"retried": retried, "next_after": next_after})

@@ -35,8 +35,8 @@ from capella.storage import Storage
 
 log = logging.getLogger(__name__)
 
-LEASED = "leased"
-WAITING = "waiting"
+LEASED = "in_flight"
+WAITING = "failed"
 # Dead messages kept for operators; the oldest are forgotten beyond this (they stay in the
 # dead-letter queue when there is one).
 MAX_DEAD = 10_000
@@ -45,7 +45,7 @@ MAX_ERROR = 2048
 CHECKPOINT_RECORDS = 20_000
 # An operator's listing of messages nobody claimed yet stops after this many and says where.
 SCAN_LIMIT = 100_000
-STATUSES = ("leased", "waiting", "ready", "dead")
+STATUSES = ("in_flight", "failed", "pending", "dead")
 
 DeadLetter = Callable[[str, list[Draft]], Awaitable[None]]
 
@@ -144,7 +144,7 @@ class WorkState:
         return sum(1 for e in self.entries.values() if e.state == state)
 
     def next_timer(self) -> float | None:
-        """When the next lease ends or the next waiting message may be claimed."""
+        """When the next lease ends or the next failed message may be claimed again."""
         self._trim(self._leases, LEASED)
         self._trim(self._waits, WAITING)
         times = [h[0][0] for h in (self._leases, self._waits) if h]
@@ -571,7 +571,7 @@ class WorkQueue:
         return [e.id for e in changed]
 
     async def delete(self, ids: list[int], save: SaveMode) -> list[int]:
-        """Finish messages without processing them: leased, waiting, dead, or not yet claimed."""
+        """Finish messages without processing them: in flight, failed, dead, or not yet claimed."""
         async with self._lock:
             removed = [i for i in ids if i in self.state.entries]
             forgotten = [i for i in ids if i in self.state.dead]
@@ -615,7 +615,7 @@ class WorkQueue:
             out.append((message, status))
             if len(out) >= limit:
                 return out, mid
-        if "ready" not in statuses:
+        if "pending" not in statuses:
             return out, None
         cursor = max(after, self.state.high)
         scanned = 0
@@ -628,7 +628,7 @@ class WorkQueue:
                 scanned += 1
                 cursor = m.id
                 if m.id not in skipped and (match is None or match(m)):
-                    out.append((m, "ready"))
+                    out.append((m, "pending"))
                     if len(out) >= limit:
                         return out, m.id
             cursor = max(cursor, last)
@@ -640,16 +640,16 @@ class WorkQueue:
         self.changed = asyncio.Event()
 
     def status(self, mid: int, now: float) -> str:
-        """``leased``, ``waiting``, ``ready``, ``dead``, ``deleted`` or ``done`` for a message id."""
+        """``in_flight``, ``failed``, ``pending``, ``dead``, ``deleted`` or ``done`` for a message id."""
         e = self.state.entries.get(mid)
         if e is not None:
             if e.state == WAITING:
-                return "ready" if e.until <= now else "waiting"
+                return "pending" if e.until <= now else "failed"
             return LEASED
         if mid in self.state.dead:
             return "dead"
         if mid > self.state.high:
-            return "deleted" if mid in self.state.skipped else "ready"
+            return "deleted" if mid in self.state.skipped else "pending"
         return "done"
 
     # --- saving --------------------------------------------------------------------------
