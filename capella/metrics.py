@@ -98,6 +98,7 @@ _SCHEDULE_COUNTERS = (
 )
 _WORK_COUNTERS = (
     ("capella_work_claimed_total", "Messages handed out by claims (retries included).", "claimed"),
+    ("capella_work_redelivered_total", "Claims of a message that was claimed before.", "redelivered"),
     ("capella_work_acked_total", "Claimed messages acked.", "acked"),
     ("capella_work_nacked_total", "Claimed messages given back with an error.", "nacked"),
     ("capella_work_expired_total", "Leases that ran out (counted as failures).", "expired"),

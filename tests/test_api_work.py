@@ -363,3 +363,8 @@ async def test_metrics_of_work_queues_and_schedules(q: TestClient) -> None:
     assert samples['capella_released_total{queue="q"}'] == 0
     assert samples['capella_scheduled_overdue_seconds{queue="q"}'] == 0
     assert samples['capella_subscription_last_id{queue="q",subscription="w",replica="false"}'] == 1
+    assert samples[f"capella_work_redelivered_total{{{labels}}}"] == 0
+    await ok(await q.post(f"{W}/nack", json={"receipt": m3["receipt"], "delay": "0s"}))
+    (again,) = await claim(q)
+    samples = parse_metrics(await (await q.get("/metrics")).text())
+    assert again["id"] == 3 and samples[f"capella_work_redelivered_total{{{labels}}}"] == 1

@@ -97,6 +97,7 @@ class DeadEntry:
 @dataclass(slots=True)
 class WorkCounters:
     claimed: int = 0
+    redelivered: int = 0  # claims of a message that was claimed before
     acked: int = 0
     nacked: int = 0
     expired: int = 0
@@ -374,6 +375,7 @@ class WorkQueue:
             self.state.lease(leased, high)
             self._take_records()
         self.counters.claimed += len(leased)
+        self.counters.redelivered += sum(e.claims > 1 for e in leased)
         await self._log.save(save.resolve(self._default_save()))
         return [(m, e) for (m, _), e in zip(out, leased, strict=True)]
 
