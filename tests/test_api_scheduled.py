@@ -190,3 +190,48 @@ async def test_bad_scheduled_requests(q: TestClient) -> None:
     assert (await error_of(await q.get("/v1/queues/nope/scheduled"), 404))["code"] == "queue_not_found"
     resp = await q.delete(f"{S}/{sid}", params={"save": "sometimes"})
     assert (await error_of(resp, 400))["code"] == "invalid_save_mode"
+
+
+async def test_scheduled_messages_are_filtered_and_paged(q: TestClient) -> None:
+    base = time.time() + 3600
+    messages = [
+        {
+            "data": f'{{"customer": {{"id": {i % 3}}}}}',
+            "deliver_at": base + i,
+            "source": "shop" if i % 2 else "web",
+            "segment": i,
+            "headers": {"kind": "even" if i % 2 == 0 else "odd"},
+        }
+        for i in range(30)
+    ]
+    await produce(q, *messages, save="wait")
+
+    async def listed(**params: str) -> tuple[list[int], str | None]:
+        resp = await q.get(S, params=params)
+        assert resp.status == 200, await resp.text()
+        page = await resp.json()
+        return [m["segment"] for m in page["scheduled"]], page["next"]
+
+    assert (await listed(source="shop"))[0] == list(range(1, 30, 2))
+    assert (await listed(**{"header.kind": "even", "segments": "0-9"}))[0] == [0, 2, 4, 6, 8]
+    assert (await listed(**{"json.customer.id": "2"}))[0] == list(range(2, 30, 3))
+    assert (await listed(due_after=str(base + 10), due_before=str(base + 13)))[0] == [10, 11, 12]
+
+    # Paging through a filter visits every match once, in due order.
+    seen: list[int] = []
+    params = {"source": "shop", "limit": "4"}
+    for _ in range(10):
+        page, following = await listed(**params)
+        seen += page
+        if following is None:
+            break
+        params["after"] = following
+    assert seen == list(range(1, 30, 2))
+
+
+@pytest.mark.parametrize(
+    "params", [{"due_after": "soon"}, {"due_before": "nan"}, {"colour": "red"}, {"segments": "x"}]
+)
+async def test_bad_scheduled_filters_are_400(q: TestClient, params: dict[str, str]) -> None:
+    error = await error_of(await q.get(S, params=params), 400)
+    assert error["code"] == "invalid_request"

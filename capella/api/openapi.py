@@ -890,6 +890,25 @@ def fails(*statuses: int) -> dict[str, Any]:
     return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in (401, 403, *statuses, 503)}
 
 
+MESSAGE_FILTERS = [
+    param("source", "query", {"type": "string"}, "only this source"),
+    SEGMENTS,
+    param(
+        "header.{name}",
+        "query",
+        {"type": "string"},
+        "only messages whose header {name} has this value (repeatable, any name)",
+    ),
+    param(
+        "json.{path}",
+        "query",
+        {"type": "string"},
+        "only JSON payloads whose field at the dotted path equals this JSON value "
+        '(42, true, "text"; anything else is a string)',
+    ),
+]
+
+
 def operation(
     op_id: str,
     summary: str,
@@ -1035,6 +1054,11 @@ PATHS: dict[str, Any] = {
             {"200": answer("A page of delayed messages", ref("ScheduledList")), **fails(400, 404)},
             LIMIT,
             param("after", "query", {"type": "string"}, "the next value of the previous page"),
+            param(
+                "due_after", "query", {"type": "string"}, "only due at or after this time (UNIX or RFC 3339)"
+            ),
+            param("due_before", "query", {"type": "string"}, "only due before this time (UNIX or RFC 3339)"),
+            *MESSAGE_FILTERS,
             tag="scheduled",
         ),
     },
@@ -1178,23 +1202,9 @@ PATHS: dict[str, Any] = {
                 "status",
                 "query",
                 {"type": "string"},
-                "comma-separated: leased, waiting, ready, dead (default all)",
+                "comma-separated: pending, in_flight, failed, dead (default all)",
             ),
-            param("source", "query", {"type": "string"}, "only this source"),
-            SEGMENTS,
-            param(
-                "header.{name}",
-                "query",
-                {"type": "string"},
-                "only messages whose header {name} has this value (repeatable, any name)",
-            ),
-            param(
-                "json.{path}",
-                "query",
-                {"type": "string"},
-                "only JSON payloads whose field at the dotted path equals this JSON value "
-                '(42, true, "text"; anything else is a string)',
-            ),
+            *MESSAGE_FILTERS,
             AFTER,
             LIMIT,
             tag="work",

@@ -10,6 +10,7 @@ from aiohttp import web
 from capella import wire
 from capella.config import ServerSettings, parse_duration
 from capella.core.cluster import Cluster
+from capella.core.filter import MessageFilter, parse_path
 from capella.core.message import SaveMode
 from capella.errors import InvalidConfig, InvalidRequest, JsonTooDeep, PayloadTooLarge, RequestTimeout
 from capella.handlers.supervisor import Supervisor
@@ -182,3 +183,32 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _json_value(text: str) -> Any:
+    # A query value is JSON when it parses (42, true, "42"); anything else is a plain string.
+    try:
+        return wire.loads(text)
+    except InvalidRequest:
+        return text
+
+
+def message_filter_param(request: web.Request, others: set[str]) -> MessageFilter:
+    """``source``, ``segments``, ``header.<name>=`` and ``json.<dotted.path>=``; any other
+    parameter than these and ``others`` is refused."""
+    headers = []
+    fields = []
+    for key, value in request.query.items():
+        if key.startswith("header.") and len(key) > 7:
+            headers.append((key[7:], value))
+        elif key.startswith("json.") and len(key) > 5:
+            fields.append((parse_path(key[5:]), _json_value(value)))
+        elif key not in ("source", "segments") and key not in others:
+            raise InvalidRequest(f"unknown parameter {key!r}", parameter=key)
+    segments = segments_param(request)
+    return MessageFilter(
+        request.query.get("source"),
+        None if segments is None else tuple(segments),
+        tuple(headers),
+        tuple(fields),
+    )

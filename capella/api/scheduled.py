@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import base64
+import math
 from typing import Any
 
 from aiohttp import web
 
 from capella import wire
 from capella.api.messages import MAX_DELAY
-from capella.api.request import CLUSTER, json_response, limit_param, read_object, save_param
+from capella.api.request import (
+    CLUSTER,
+    json_response,
+    limit_param,
+    message_filter_param,
+    read_object,
+    save_param,
+)
 from capella.config import parse_duration
+from capella.core.filter import matches
 from capella.core.queue import Queue
 from capella.core.schedule import Scheduled
 from capella.errors import InvalidConfig, InvalidRequest
@@ -64,19 +73,68 @@ def _sid(request: web.Request) -> int:
 
 
 async def list_scheduled(request: web.Request) -> web.Response:
-    """In delivery order; ``after`` is the ``next`` of the previous page."""
+    """In delivery order; ``after`` is the ``next`` of the previous page.
+
+    Filters: ``due_after``/``due_before`` (times), and ``source``, ``segments``,
+    ``header.<name>``, ``json.<path>`` as for work queues. A filtered page looks at most
+    ``SCAN_LIMIT`` items; ``next`` then says where to go on, also when the page is short.
+    """
     queue = _queue(request)
     limit = limit_param(request)
     after = _cursor(request.query.get("after"))
-    items = await queue.schedule.page(after, limit)
-    next_cursor = f"{items[-1].due!r}:{items[-1].sid}" if len(items) == limit else None
+    match = message_filter_param(request, {"after", "limit", "due_after", "due_before"})
+    low, high = _time_param(request, "due_after"), _time_param(request, "due_before")
+    if low is not None and (after is None or after[0] < low):
+        after = (low, -1)
+    found: list[Scheduled] = []
+    scanned = 0
+    done = False  # nothing more to list after ``after``
+    while not done and len(found) < limit and scanned < SCAN_LIMIT:
+        batch = min(limit, SCAN_LIMIT - scanned)
+        items = await queue.schedule.page(after, batch)
+        scanned += len(items)
+        done = len(items) < batch
+        for index, item in enumerate(items):
+            if high is not None and item.due >= high:
+                done = True
+                break
+            after = item.key
+            if match.empty or matches(match, item):
+                found.append(item)
+                if len(found) == limit:
+                    done = done and index == len(items) - 1
+                    break
+    next_cursor = None if done or after is None else after
     return json_response(
         {
-            "scheduled": [scheduled_info(i) for i in items],
+            "scheduled": [scheduled_info(i) for i in found],
             "count": queue.schedule.count,
-            "next": next_cursor,
+            "next": None if next_cursor is None else f"{next_cursor[0]!r}:{next_cursor[1]}",
         }
     )
+
+
+def _time_param(request: web.Request, name: str) -> float | None:
+    text = request.query.get(name)
+    if text is None or text == "":
+        return None
+    try:
+        return wire.parse_time(float(text) if _is_number(text) else text)
+    except ValueError:
+        raise InvalidRequest(
+            f"{name}: expected UNIX seconds or RFC 3339, got {text!r}", parameter=name
+        ) from None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+# A filtered listing reads at most this many items per request.
+SCAN_LIMIT = 10_000
 
 
 def _cursor(text: str | None) -> tuple[float, int] | None:

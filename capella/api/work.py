@@ -24,10 +24,10 @@ from capella.api.request import (
     int_param,
     json_response,
     limit_param,
+    message_filter_param,
     parse_range,
     read_object,
     save_param,
-    segments_param,
     wait_param,
 )
 from capella.config import parse_duration
@@ -233,33 +233,6 @@ def _statuses(
     return {i.strip() for i in items}
 
 
-def _json_value(text: str) -> Any:
-    # A query value is JSON when it parses (42, true, "42"); anything else is a plain string.
-    try:
-        return wire.loads(text)
-    except InvalidRequest:
-        return text
-
-
-def _query_filter(request: web.Request) -> MessageFilter:
-    headers = []
-    fields = []
-    for key, value in request.query.items():
-        if key.startswith("header.") and len(key) > 7:
-            headers.append((key[7:], value))
-        elif key.startswith("json.") and len(key) > 5:
-            fields.append((parse_path(key[5:]), _json_value(value)))
-        elif key not in ("status", "source", "segments", "after", "limit"):
-            raise InvalidRequest(f"unknown parameter {key!r}", parameter=key)
-    segments = segments_param(request)
-    return MessageFilter(
-        request.query.get("source"),
-        None if segments is None else tuple(segments),
-        tuple(headers),
-        tuple(fields),
-    )
-
-
 def _body_filter(body: dict[str, Any]) -> MessageFilter:
     source = body.get("source")
     if source is not None and type(source) is not str:
@@ -287,7 +260,7 @@ async def list_work(request: web.Request) -> web.Response:
     """Messages of the subscription by status, filtered, in id order, a page at a time."""
     _, work = _work(request)
     statuses = _statuses(request.query.get("status"), "status", text=True)
-    match = _query_filter(request)
+    match = message_filter_param(request, {"status", "after", "limit"})
     after = int_param(request, "after", 0, low=0)
     limit = limit_param(request)
     found, next_after = await work.select(statuses, None if match.empty else _matcher(match), after, limit)

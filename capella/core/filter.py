@@ -10,13 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
-from capella.core.message import Message
-
 _MISSING = object()
+
+
+class Filterable(Protocol):
+    """What a filter looks at: a stored ``Message`` or a ``Scheduled`` one alike."""
+
+    source: str
+    segment: int
+    headers: dict[str, str]
+    payload: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +38,7 @@ class MessageFilter:
         return self.source is None and self.segments is None and not self.headers and not self.fields
 
 
-def matches(f: MessageFilter, m: Message) -> bool:
+def matches(f: MessageFilter, m: Filterable) -> bool:
     if f.source is not None and m.source != f.source:
         return False
     if f.segments is not None and not any(lo <= m.segment <= hi for lo, hi in f.segments):
