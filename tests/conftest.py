@@ -43,6 +43,22 @@ def clock() -> Clock:
     return Clock()
 
 
+def file_config(tmp_path: Path, **queue_defaults: Any) -> Config:
+    """A cluster on a file mount in ``tmp_path``, for tests that reopen it and move a ``Clock``.
+
+    The periodic flush is an hour away, so only what a test saves is on disk.
+    """
+    return parse_config(
+        {
+            "cluster": {"name": "edge", "data_dir": str(tmp_path / "data")},
+            "storage": {"flush_interval": "1h"},
+            "queue_defaults": queue_defaults,
+        },
+        {},
+        base=tmp_path,
+    )
+
+
 # --- storage -----------------------------------------------------------------------------
 
 # Every provider runs the same suite; "s3" runs against a moto server on 127.0.0.1 (see the

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Clock
+from conftest import Clock, file_config
 
-from capella.config import Config, parse_config
+from capella.config import parse_config
 from capella.core import queue as queue_module
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
@@ -25,21 +25,9 @@ from capella.errors import (
 )
 
 
-def make_config(tmp_path: Path, **queue_defaults: Any) -> Config:
-    return parse_config(
-        {
-            "cluster": {"name": "edge", "data_dir": str(tmp_path / "data")},
-            "storage": {"flush_interval": "1h"},
-            "queue_defaults": queue_defaults,
-        },
-        {},
-        base=tmp_path,
-    )
-
-
 @pytest.fixture
 async def cluster(tmp_path: Path, clock: Clock) -> AsyncIterator[Cluster]:
-    c = await Cluster.open(make_config(tmp_path, limits={"max_count": 10}), clock=clock)
+    c = await Cluster.open(file_config(tmp_path, limits={"max_count": 10}), clock=clock)
     yield c
     await c.close()
 
@@ -54,7 +42,7 @@ def queue_dir(tmp_path: Path, name: str) -> Path:
 
 async def reopen(cluster: Cluster, tmp_path: Path, clock: Clock) -> Cluster:
     await cluster.close()
-    return await Cluster.open(make_config(tmp_path, limits={"max_count": 10}), clock=clock)
+    return await Cluster.open(file_config(tmp_path, limits={"max_count": 10}), clock=clock)
 
 
 async def test_ids_strictly_increase_and_answers_follow_request_order(cluster: Cluster) -> None:
@@ -220,7 +208,7 @@ async def test_restart_keeps_every_message_and_never_reuses_an_id(
 
 
 async def test_ids_leased_but_not_saved_are_skipped_after_a_crash(tmp_path: Path, clock: Clock) -> None:
-    config = make_config(tmp_path)
+    config = file_config(tmp_path)
     cluster = await Cluster.open(config, clock=clock)
     q, _ = await cluster.put_queue("crash", {})
     await q.append(drafts(3), SaveMode.WAIT)
@@ -239,7 +227,7 @@ async def test_ids_leased_but_not_saved_are_skipped_after_a_crash(tmp_path: Path
 
 
 async def test_a_torn_journal_tail_is_truncated_and_reported(tmp_path: Path, clock: Clock) -> None:
-    config = make_config(tmp_path)
+    config = file_config(tmp_path)
     cluster = await Cluster.open(config, clock=clock)
     q, _ = await cluster.put_queue("torn", {})
     await q.append(drafts(4), SaveMode.WAIT)
@@ -286,7 +274,7 @@ async def test_a_corrupt_sealed_block_is_quarantined_and_never_served(
         assert blocks[0].exists(), "the bad bytes stay for an operator"
     finally:
         await cluster.close()
-    cluster = await Cluster.open(make_config(tmp_path, limits={"max_count": 10}), clock=clock)
+    cluster = await Cluster.open(file_config(tmp_path, limits={"max_count": 10}), clock=clock)
     try:
         assert cluster.queue("bad").stats()["blocks"]["by_state"]["quarantined"] == 1
     finally:
@@ -423,7 +411,7 @@ async def test_bad_queue_names_are_refused(cluster: Cluster) -> None:
 
 
 async def test_an_unfinished_drop_completes_on_start(tmp_path: Path, clock: Clock) -> None:
-    config = make_config(tmp_path)
+    config = file_config(tmp_path)
     cluster = await Cluster.open(config, clock=clock)
     q, _ = await cluster.put_queue("gone", {})
     await q.append(drafts(3), SaveMode.WAIT)

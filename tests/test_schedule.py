@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Clock
+from conftest import Clock, file_config
 
-from capella.config import Config, parse_config
 from capella.core import schedule as schedule_module
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
@@ -19,27 +18,16 @@ from capella.core.queue import Delayed, Queue
 from capella.errors import Conflict, ScheduledNotFound
 
 
-def make_config(tmp_path: Path) -> Config:
-    return parse_config(
-        {
-            "cluster": {"name": "edge", "data_dir": str(tmp_path / "data")},
-            "storage": {"flush_interval": "1h"},
-        },
-        {},
-        base=tmp_path,
-    )
-
-
 @pytest.fixture
 async def cluster(tmp_path: Path, clock: Clock) -> AsyncIterator[Cluster]:
-    c = await Cluster.open(make_config(tmp_path), clock=clock)
+    c = await Cluster.open(file_config(tmp_path), clock=clock)
     yield c
     await c.close()
 
 
 async def reopen(cluster: Cluster, tmp_path: Path, clock: Clock) -> Cluster:
     await cluster.close()
-    return await Cluster.open(make_config(tmp_path), clock=clock)
+    return await Cluster.open(file_config(tmp_path), clock=clock)
 
 
 def later(text: str, at: float, **fields: Any) -> Draft:
@@ -121,7 +109,7 @@ async def test_a_lost_release_record_never_delivers_twice(
     assert data[last + 8 : last + 9] == b"D"
     log_file.write_bytes(data[:last])
 
-    cluster = await Cluster.open(make_config(tmp_path), clock=clock)
+    cluster = await Cluster.open(file_config(tmp_path), clock=clock)
     q = cluster.queue("jobs")
     # The releaser finds both overdue at once; the lock makes this wait for its pass.
     await q.schedule.release_due()

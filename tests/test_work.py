@@ -7,9 +7,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from conftest import Clock
+from conftest import Clock, file_config
 
-from capella.config import Config, parse_config
 from capella.core import work as work_module
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
@@ -27,20 +26,9 @@ from capella.errors import (
 FIXED = RetryPolicy(lease=30.0, max_attempts=3, backoff="fixed", delay=10.0, max_delay=60.0, jitter=0.0)
 
 
-def make_config(tmp_path: Path) -> Config:
-    return parse_config(
-        {
-            "cluster": {"name": "edge", "data_dir": str(tmp_path / "data")},
-            "storage": {"flush_interval": "1h"},
-        },
-        {},
-        base=tmp_path,
-    )
-
-
 @pytest.fixture
 async def cluster(tmp_path: Path, clock: Clock) -> AsyncIterator[Cluster]:
-    c = await Cluster.open(make_config(tmp_path), clock=clock)
+    c = await Cluster.open(file_config(tmp_path), clock=clock)
     yield c
     await c.close()
 
@@ -247,7 +235,7 @@ async def test_the_state_survives_a_restart_and_stays_bounded(
     assert work._log.records_since_checkpoint == 0
     await cluster.close()
 
-    cluster = await Cluster.open(make_config(tmp_path), clock=clock)
+    cluster = await Cluster.open(file_config(tmp_path), clock=clock)
     q = cluster.queue("jobs")
     work = q.work("workers")
     assert work.state.high == 493 and q.subscription("workers").last_id == 490
@@ -304,7 +292,7 @@ async def test_a_lost_dead_record_copies_to_the_dead_letters_once(
     assert data[last + 8 : last + 12] == b'["D"'
     log_file.write_bytes(data[:last])
 
-    cluster = await Cluster.open(make_config(tmp_path), clock=clock)
+    cluster = await Cluster.open(file_config(tmp_path), clock=clock)
     work = cluster.queue("jobs").work("workers")
     assert work.status(1, clock.now) == "in_flight"
     clock.now += 31
