@@ -330,12 +330,16 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
 
-@pytest.fixture(scope="module")
-def server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One running server per test module; tests use their own queue names."""
-    server = ServerProcess(tmp_path_factory.mktemp("server") / "data")
+def running(server: ServerProcess) -> Iterator[ServerProcess]:
+    """For fixtures: ``yield from running(ServerProcess(...))`` waits for it, then stops it."""
     try:
         server.wait_ready()
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One running server per test module; tests use their own queue names."""
+    yield from running(ServerProcess(tmp_path_factory.mktemp("server") / "data"))

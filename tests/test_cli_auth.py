@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ServerProcess
+from conftest import ServerProcess, running
 
 from capella.auth.password import verify_password
 from capella.auth.store import AuthStore
@@ -47,12 +47,7 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
     assert added == 0
     config = root / "capella.toml"
     config.write_text("[auth]\nenabled = true\n")
-    server = ServerProcess(root / "data", config=config)
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+    yield from running(ServerProcess(root / "data", config=config))
 
 
 @pytest.fixture

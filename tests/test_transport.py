@@ -32,7 +32,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from aiohttp.typedefs import Handler
-from conftest import SERVER_START_TIMEOUT, ServerProcess
+from conftest import SERVER_START_TIMEOUT, ServerProcess, running
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -217,14 +217,6 @@ class TlsServerProcess(ServerProcess):
         raise RuntimeError(f"capella serve not ready after {timeout}s:\n{self.log()}")
 
 
-def _started(server: ServerProcess) -> Iterator[ServerProcess]:
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(scope="module")
 def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """Plain HTTP, a short head deadline and small header limits."""
@@ -233,7 +225,7 @@ def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
         root / "capella.toml",
         f'header_timeout = "{HEADER_TIMEOUT}s"\nmax_header_size = "2KiB"\nmax_headers = 20\n',
     )
-    yield from _started(ServerProcess(root / "data", config=config))
+    yield from running(ServerProcess(root / "data", config=config))
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +233,7 @@ def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
     """At most 20 connections; a long head deadline so idle connections stay."""
     root = tmp_path_factory.mktemp("limited")
     config = write_config(root / "capella.toml", 'max_connections = 20\nheader_timeout = "60s"\n')
-    yield from _started(ServerProcess(root / "data", config=config))
+    yield from running(ServerProcess(root / "data", config=config))
 
 
 def _tls_table(pki: Pki, client_ca: bool) -> str:
@@ -255,7 +247,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[S
     config = write_config(
         root / "capella.toml", f'header_timeout = "{HEADER_TIMEOUT}s"', _tls_table(pki, False)
     )
-    yield from _started(TlsServerProcess(root / "data", config, pki.client_context()))
+    yield from running(TlsServerProcess(root / "data", config, pki.client_context()))
 
 
 @pytest.fixture(scope="module")
@@ -264,7 +256,7 @@ def mtls_server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[
     config = write_config(
         root / "capella.toml", f'header_timeout = "{HEADER_TIMEOUT}s"', _tls_table(pki, True)
     )
-    yield from _started(TlsServerProcess(root / "data", config, pki.client_context(cert="alice")))
+    yield from running(TlsServerProcess(root / "data", config, pki.client_context(cert="alice")))
 
 
 # --- raw HTTP --------------------------------------------------------------------------
