@@ -135,9 +135,10 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
     # Unknown paths need credentials too: a stranger learns nothing about what exists.
     identity = await authenticate(request, authenticator)
     request[IDENTITY] = identity
-    names = {**request.match_info, "cluster": request.app[CLUSTER].name}
-    for need in PERMISSIONS.get(key, ()):
-        identity.check(need.type, need.action, need.name.format_map(names))
+    if needs := PERMISSIONS.get(key, ()):
+        names = {**request.match_info, "cluster": request.app[CLUSTER].name}
+        for need in needs:
+            identity.check(need.type, need.action, need.name.format_map(names))
     return await handler(request)
 
 
