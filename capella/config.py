@@ -140,6 +140,9 @@ class StorageSettings:
     flush_interval: float = 1.0
     wait_max_delay: float = 0.0
     id_lease: int = 100_000
+    # The longest a write waits inside the broker (a flush, the sealer, the write lock)
+    # before it is answered 503 storage_timeout instead.
+    write_timeout: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,9 +250,12 @@ def parse_config(raw: dict[str, Any], overrides: dict[str, Any], base: Path) -> 
             st.get("wait_max_delay", sdef.wait_max_delay), "storage.wait_max_delay"
         ),
         id_lease=_positive_int(st.get("id_lease", sdef.id_lease), "storage.id_lease"),
+        write_timeout=parse_duration(st.get("write_timeout", sdef.write_timeout), "storage.write_timeout"),
     )
     if storage.flush_interval <= 0:
         raise InvalidConfig("storage.flush_interval: must be greater than 0")
+    if storage.write_timeout <= 0:
+        raise InvalidConfig("storage.write_timeout: must be greater than 0")
 
     mounts: dict[str, MountConfig] = {}
     for mount_name, table in _table(raw, "mounts").items():

@@ -192,6 +192,12 @@ class StorageUnavailable(CapellaError):
     code = "storage_unavailable"
 
 
+class StorageTimeout(StorageUnavailable):
+    """A write was not saved within ``storage.write_timeout``; it may still be saved later."""
+
+    code = "storage_timeout"
+
+
 class Unsupported(StorageUnavailable):
     """The storage provider cannot do this (for example, append on an object store)."""
 

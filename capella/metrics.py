@@ -67,6 +67,23 @@ def render(cluster: Cluster) -> str:
     _header(out, "capella_subscription_last_id", "A subscription's cursor.", "gauge")
     out.extend(cursor_lines)
 
+    _header(
+        out,
+        "capella_queue_writable",
+        "1 when the queue accepts writes, 0 when a storage fault stops them.",
+        "gauge",
+    )
+    out.extend(f'capella_queue_writable{{queue="{escape(q.name)}"}} {0 if q.faults else 1}' for q in queues)
+
+    _header(
+        out,
+        "capella_task_failures_total",
+        "Failed runs of background tasks (each is retried after a backoff).",
+        "counter",
+    )
+    for task, count in sorted(cluster.task_failures.counts.items()):
+        out.append(f'capella_task_failures_total{{task="{escape(task)}"}} {count}')
+
     _schedule_metrics(out, queues)
     _work_metrics(out, queues)
 

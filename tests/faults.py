@@ -1,4 +1,4 @@
-"""A misbehaving reverse proxy on 127.0.0.1, for testing how a client survives a bad network.
+"""Fault injectors for tests: a misbehaving reverse proxy, and a storage that fails on purpose.
 
 ``FaultProxy(upstream)`` forwards every HTTP request to ``upstream`` unchanged until a test
 flips a switch: fail the next N requests (503 SlowDown, 500 InternalError, with a proper S3
@@ -6,6 +6,9 @@ XML error body), fail every request, add latency, reset connections (TCP RST, no
 blackhole them (accept, read, never answer). It runs its own event loop in a background
 thread, so blocking clients (boto3 in ``asyncio.to_thread``) and async tests can both talk to
 it. Every wait in here is bounded, and ``stop`` ends the thread.
+
+``FlakyStorage(inner)`` wraps any storage provider and makes chosen writes raise, for tests
+of what the queue's background tasks do when a write fails in a way no real disk would show.
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 from yarl import URL
+
+from capella.storage import Journal, Storage
 
 # The proxy holds a blackholed request at most this long (far beyond any client timeout a
 # test sets), so a forgotten switch cannot hang the suite.
@@ -228,3 +234,69 @@ def _reset(request: web.Request) -> None:
 async def _wait(event: asyncio.Event, limit: float) -> None:
     with suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), limit)
+
+
+class FlakyStorage:
+    """Any Storage that fails on purpose: the next ``times`` writes of a key containing ``match``
+    (put, delete, or a journal's sync) raise ``error``. Reads and listings always pass."""
+
+    def __init__(self, inner: Storage) -> None:
+        self._inner = inner
+        self._rules: list[list[Any]] = []
+
+    def fail(self, match: str, error: BaseException, times: int = 1) -> None:
+        self._rules.append([match, error, times])
+
+    def heal(self) -> None:
+        self._rules.clear()
+
+    def check(self, key: str) -> None:
+        for rule in self._rules:
+            if rule[0] in key and rule[2] > 0:
+                rule[2] -= 1
+                raise rule[1]
+
+    async def get(self, key: str) -> bytes:
+        return await self._inner.get(key)
+
+    async def put(self, key: str, value: bytes) -> None:
+        self.check(key)
+        await self._inner.put(key, value)
+
+    async def delete(self, key: str) -> None:
+        self.check(key)
+        await self._inner.delete(key)
+
+    async def list(self, prefix: str) -> list[str]:
+        return await self._inner.list(prefix)
+
+    async def journal(self, key: str, *, truncate_to: int | None = None) -> FlakyJournal:
+        return FlakyJournal(self, key, await self._inner.journal(key, truncate_to=truncate_to))
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+class FlakyJournal:
+    def __init__(self, storage: FlakyStorage, key: str, inner: Journal) -> None:
+        self._storage = storage
+        self._key = key
+        self._inner = inner
+
+    @property
+    def size(self) -> int:
+        return self._inner.size
+
+    async def append(self, data: bytes) -> None:
+        await self._inner.append(data)
+
+    async def sync(self) -> None:
+        self._storage.check(self._key)
+        await self._inner.sync()
+
+    async def append_and_sync(self, data: bytes) -> None:
+        self._storage.check(self._key)
+        await self._inner.append_and_sync(data)
+
+    async def close(self) -> None:
+        await self._inner.close()

@@ -518,9 +518,8 @@ async def test_own_keys_are_found_by_id_range_after_seal_and_restart(
 
 
 async def test_writers_wait_for_a_stuck_sealer_and_resume_when_it_recovers(
-    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, clock: Clock
 ) -> None:
-    monkeypatch.setattr(queue_module, "SEAL_BACKLOG_WAIT", 0.3)
     blocked = tmp_path / "cold"
     blocked.write_text("a file where the mount's directory should be")
     config = parse_config(
@@ -542,7 +541,6 @@ async def test_writers_wait_for_a_stuck_sealer_and_resume_when_it_recovers(
         assert "cannot write" in (q.stats()["last_error"] or "")
         blocked.unlink()
         blocked.mkdir()
-        monkeypatch.setattr(queue_module, "SEAL_BACKLOG_WAIT", 30.0)
         answers = await asyncio.wait_for(q.append(drafts(1, "after"), SaveMode.WAIT), 10)
         assert answers[0].id == 5
         page = await q.read_after(0, 10)

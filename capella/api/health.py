@@ -1,4 +1,10 @@
-"""Operations: liveness (/healthz), readiness (/readyz) and Prometheus metrics (/metrics)."""
+"""Operations: liveness (/healthz), readiness (/readyz) and Prometheus metrics (/metrics).
+
+``/healthz`` answers 200 while the process serves: what an orchestrator's liveness probe
+wants (restarting the process would not help a full disk). ``/readyz`` answers 200 only when
+every queue is recovered and accepts writes; otherwise 503 with the reason, so a load
+balancer sends producers elsewhere while reads keep working on the node itself.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +25,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if request.app[CLUSTER].ready:
-        return json_response({"status": "ready"})
-    return json_response({"status": "recovering"}, 503)
+    cluster = request.app[CLUSTER]
+    if not cluster.ready:
+        return json_response({"status": "recovering"}, 503)
+    faulty = [
+        {"queue": q.name, "reason": q.write_fault, "since": min(since for _, since in q.faults.values())}
+        for q in cluster.queues()
+        if q.faults
+    ]
+    if faulty:
+        return json_response({"status": "not_writable", "queues": faulty}, 503)
+    return json_response({"status": "ready"})
 
 
 async def prometheus(request: web.Request) -> web.Response:

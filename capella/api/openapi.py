@@ -201,6 +201,21 @@ SCHEMAS: dict[str, Any] = {
                     "gaps": {"type": "array"},
                 },
             },
+            "writable": {"type": "boolean", "description": "Whether the queue accepts writes now"},
+            "faults": {
+                "type": "array",
+                "description": "What stops writes: the failing step, its last error, since when",
+                "items": {
+                    "type": "object",
+                    "required": ["step", "error", "since"],
+                    "properties": {
+                        "step": {"enum": ["journal", "seal", "state"]},
+                        "error": {"type": "string"},
+                        "since": {"type": "number"},
+                    },
+                },
+            },
+            "last_error": {"type": ["string", "null"]},
         },
     },
     "QueueInfo": {
@@ -788,6 +803,26 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     "Status": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
+    "Readiness": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {
+            "status": {"enum": ["recovering", "not_writable"]},
+            "queues": {
+                "type": "array",
+                "description": "The queues that cannot accept writes, with the storage error that stops them",
+                "items": {
+                    "type": "object",
+                    "required": ["queue", "reason", "since"],
+                    "properties": {
+                        "queue": {"type": "string"},
+                        "reason": {"type": "string"},
+                        "since": {"type": "number", "description": "UNIX seconds of the first failure"},
+                    },
+                },
+            },
+        },
+    },
     "Rule": {
         "type": "object",
         "required": ["effect", "type", "action"],
@@ -881,7 +916,7 @@ _ERROR_TEXT = {
     408: "request_timeout: the body (or the request head) did not arrive within its deadline",
     409: "already_exists, conflict, wrong_subscription_mode, lease_lost",
     413: "payload_too_large: body, message or batch over the limit",
-    503: "storage_unavailable, shutting_down, corrupt_data, not_ready, too_many_connections",
+    503: "storage_unavailable, storage_timeout, shutting_down, corrupt_data, not_ready, too_many_connections",
 }
 
 
@@ -1460,8 +1495,11 @@ PATHS: dict[str, Any] = {
     "/readyz": {
         "get": operation(
             "readyz",
-            "Readiness: every queue recovered",
-            {"200": answer("Ready", ref("Status")), "503": answer("Recovering", ref("Status"))},
+            "Readiness: every queue recovered and accepting writes",
+            {
+                "200": answer("Ready", ref("Status")),
+                "503": answer("Recovering, or a queue cannot accept writes", ref("Readiness")),
+            },
             tag="operations",
         )
     },

@@ -23,6 +23,7 @@ import orjson
 import zstandard
 
 from capella import __version__
+from capella.backoff import backoff
 from capella.client.message import MessageLike, Segments, segments_param, to_wire, with_payload
 from capella.errors import CapellaError, Unreachable
 
@@ -190,7 +191,7 @@ class AsyncClient:
                 if not connected or (retries is not None and failures >= retries):
                     raise
             failures += 1
-            delay = min(STREAM_MAX_BACKOFF, 0.1 * 2 ** (failures - 1))
+            delay = backoff(failures, 0.1, STREAM_MAX_BACKOFF)
             log.debug("stream reconnect queue=%s after=%d in=%.1fs", queue, last_id, delay)
             await asyncio.sleep(delay)
 

@@ -21,6 +21,7 @@ from capella.config import Config
 from capella.core.definition import QueueDefinition, check_name, default_definition, parse_definition
 from capella.core.queue import Queue
 from capella.core.stats import Histogram
+from capella.core.task import TaskFailures, supervise
 from capella.errors import (
     CapellaError,
     CorruptData,
@@ -44,6 +45,7 @@ class Cluster:
         self.name = config.cluster_name
         self.ready = False
         self.flush_latency = Histogram()
+        self.task_failures = TaskFailures()
         self._config = config
         self._mounts = mounts
         self._clock = clock
@@ -73,7 +75,9 @@ class Cluster:
         """Recover every queue, then start the periodic tick and report ready."""
         started = time.perf_counter()
         await self._recover()
-        self._ticker = asyncio.create_task(self._tick_loop(), name="cluster-tick")
+        self._ticker = asyncio.create_task(
+            supervise("tick", self._tick_loop, failures=self.task_failures), name="tick"
+        )
         self.ready = True
         log.info(
             "cluster ready name=%s queues=%d recovery_seconds=%.3f",
@@ -115,6 +119,7 @@ class Cluster:
             cluster_name=self.name,
             settings=self._config.storage,
             flush_latency=self.flush_latency,
+            task_failures=self.task_failures,
             clock=self._clock,
             lookup=self._lookup,
         )
@@ -135,6 +140,7 @@ class Cluster:
             await mount.close()
 
     async def _tick_loop(self) -> None:
+        """Every ``flush_interval``, each queue's periodic pass; one queue's failure spares the others."""
         interval = self._config.storage.flush_interval
         while True:
             await asyncio.sleep(interval)
@@ -142,7 +148,12 @@ class Cluster:
                 try:
                     await queue.tick()
                 except CapellaError as exc:
-                    log.error("periodic flush failed queue=%s", queue.name, exc_info=exc)
+                    self.task_failures.add(f"tick:{queue.name}")
+                    log.debug("periodic pass failed queue=%s: %s", queue.name, exc.message)
+                except Exception as exc:
+                    self.task_failures.add(f"tick:{queue.name}")
+                    queue.last_error = f"periodic pass crashed: {exc!r}"
+                    log.error("periodic pass crashed queue=%s", queue.name, exc_info=exc)
 
     # --- queues ----------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -44,6 +44,7 @@ from capella.core.retry import RetryPolicy
 from capella.core.schedule import Schedule, Scheduled
 from capella.core.stats import Histogram, QueueCounters
 from capella.core.subscription import ACK, Subscription, Subscriptions
+from capella.core.task import TaskFailures, supervise
 from capella.core.work import WorkQueue
 from capella.errors import (
     CapellaError,
@@ -54,6 +55,7 @@ from capella.errors import (
     KeyNotFound,
     QueueNotFound,
     ShuttingDown,
+    StorageTimeout,
     StorageUnavailable,
     WrongSubscriptionMode,
 )
@@ -66,10 +68,9 @@ log = logging.getLogger(__name__)
 FUTURE_SKEW = 5.0
 # Sealed blocks whose contents stay in memory after a read (the unload handler trims more).
 LOADED_BLOCKS = 4
-# Full blocks waiting for the sealer; writers wait beyond this so memory stays bounded
-# when the disk is slower than the producers.
+# Full blocks waiting for the sealer; writers wait beyond this (at most
+# ``storage.write_timeout``) so memory stays bounded when the disk is slower than the producers.
 MAX_SEALING = 2
-SEAL_BACKLOG_WAIT = 30.0
 KEY_SETS = 8
 # A filtered read stops scanning after this many messages and answers with what it has.
 SCAN_LIMIT = 100_000
@@ -187,6 +188,7 @@ class Queue:
         cluster_name: str,
         settings: StorageSettings,
         flush_latency: Histogram | None = None,
+        task_failures: TaskFailures | None = None,
         clock: Callable[[], float] = time.time,
         lookup: Callable[[str], Queue] | None = None,
     ) -> None:
@@ -195,6 +197,10 @@ class Queue:
         self.counters = QueueCounters()
         self.recovery = Recovery()
         self.last_error: str | None = None
+        # What keeps the queue from accepting writes now, by step ("journal", "seal", "state"):
+        # (error, since). Set when a write step fails, cleared when it next succeeds.
+        self.faults: dict[str, tuple[str, float]] = {}
+        self._task_failures = task_failures or TaskFailures()
         self._mounts = mounts
         self._cluster_name = cluster_name
         self._settings = settings
@@ -234,11 +240,13 @@ class Queue:
         self._flush_wanted = asyncio.Event()
         self._seal_wanted = asyncio.Event()
         self._seal_done = asyncio.Event()
+        self._seal_tried = asyncio.Event()  # set (and replaced) after every seal attempt
         self._waiters: list[asyncio.Future[None]] = []
         self._urgent = False
         self._marked = False
         self._subs_marked = False
         self._closing = False
+        self._stopping = asyncio.Event()  # set by close; wakes loops that back off
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- keys ------------------------------------------------------------------------------
@@ -268,6 +276,7 @@ class Queue:
         cluster_name: str,
         settings: StorageSettings,
         flush_latency: Histogram | None = None,
+        task_failures: TaskFailures | None = None,
         clock: Callable[[], float] = time.time,
         lookup: Callable[[str], Queue] | None = None,
     ) -> Queue:
@@ -278,19 +287,66 @@ class Queue:
             cluster_name=cluster_name,
             settings=settings,
             flush_latency=flush_latency,
+            task_failures=task_failures,
             clock=clock,
             lookup=lookup,
         )
         await queue._recover()
         await queue.schedule.open(first_new_sid=queue._next_id)
         queue._tasks = [
-            asyncio.create_task(queue._run_flusher(), name=f"flush:{name}"),
-            asyncio.create_task(queue._run_sealer(), name=f"seal:{name}"),
-            asyncio.create_task(queue._run_releaser(), name=f"release:{name}"),
+            queue._supervised("flush", queue._run_flusher, wake=queue._flush_wanted),
+            queue._supervised("seal", queue._run_sealer, wake=queue._seal_wanted),
+            queue._supervised("release", queue._run_releaser),
         ]
-        if queue._sealing:
-            queue._seal_wanted.set()
         return queue
+
+    def _supervised(
+        self, kind: str, body: Callable[[], Awaitable[None]], wake: asyncio.Event | None = None
+    ) -> asyncio.Task[None]:
+        """Run ``body`` as a supervised task; a flush or seal that fails is a write fault.
+
+        Between restarts it waits for the backoff, or less when the queue closes or ``wake``
+        is set: a new writer retries a failed flush or seal at once and gets its outcome.
+        """
+        task = f"{kind}:{self.name}"
+        step = {"flush": "journal", "seal": "seal"}.get(kind)
+
+        async def pause(seconds: float) -> None:
+            waits = [self._stopping.wait(), *([wake.wait()] if wake is not None else [])]
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await _first_of(*waits)
+
+        def report(message: str) -> None:
+            if step is None:
+                self.last_error = message
+            else:
+                self._set_fault(step, message)
+
+        return asyncio.create_task(
+            supervise(task, body, failures=self._task_failures, report=report, sleep=pause), name=task
+        )
+
+    # --- faults ----------------------------------------------------------------------------
+
+    def _set_fault(self, step: str, message: str) -> None:
+        self.last_error = message
+        since = self.faults[step][1] if step in self.faults else self._clock()
+        if step not in self.faults:
+            log.error("queue cannot accept writes queue=%s step=%s: %s", self.name, step, message)
+        self.faults[step] = (message, since)
+
+    def _clear_fault(self, step: str) -> None:
+        if self.faults.pop(step, None) is not None:
+            log.info("queue accepts writes again queue=%s step=%s", self.name, step)
+
+    @property
+    def write_fault(self) -> str | None:
+        """Why the queue cannot accept writes now, or None when it can."""
+        if not self.faults:
+            return None
+        step, (message, _) = min(self.faults.items(), key=lambda item: item[1][1])
+        return f"{step}: {message}"
 
     async def _recover(self) -> None:
         try:
@@ -401,6 +457,7 @@ class Queue:
         if self._closing:
             return
         self._closing = True
+        self._stopping.set()
         self._arrived.set()
         self._committed.set()
         self._seal_done.set()
@@ -462,7 +519,7 @@ class Queue:
             await self._wait_for_sealer()
         later = [i for i, d in enumerate(drafts) if d.deliver_at is not None and d.deliver_at > now]
         results: list[Appended | Delayed]
-        async with self._write_lock:
+        async with self._writing():
             if later:
                 results = await self._assign_mixed(drafts, later, now)
             else:
@@ -538,32 +595,23 @@ class Queue:
             raise ShuttingDown(f"queue {self.name} is closing")
         if len(self._sealing) >= MAX_SEALING:
             await self._wait_for_sealer()
-        async with self._write_lock:
+        async with self._writing():
             results = await self._assign(drafts, self._clock(), check=not new)
         await self._commit(urgent=False)
         return results
 
     async def _run_releaser(self) -> None:
-        failures = 0
+        """Deliver delayed messages as they fall due (supervised: a failure backs off and retries)."""
         schedule = self.schedule
         while not self._closing:
             schedule.changed.clear()
             try:
                 await schedule.release_due(self._clock())
-                failures = 0
             except ShuttingDown:
                 return
-            except CapellaError as exc:
-                failures += 1
-                self.last_error = exc.message
-                log.error("release of delayed messages failed queue=%s", self.name, exc_info=exc)
             due = schedule.next_due()
-            if failures:
-                delay: float | None = min(30.0, 0.1 * 2**failures)
-            elif due is None:
-                delay = None  # nothing scheduled: sleep until something is
-            else:
-                delay = min(RELEASE_POLL, max(0.0, due - self._clock()))
+            # Nothing scheduled: sleep until something is.
+            delay = None if due is None else min(RELEASE_POLL, max(0.0, due - self._clock()))
             if delay == 0.0 or self._closing:
                 continue
             with contextlib.suppress(TimeoutError):
@@ -583,16 +631,48 @@ class Queue:
         return await self.schedule.cancel(sids, save.resolve(self.definition.save))
 
     async def _wait_for_sealer(self) -> None:
+        """Wait until the backlog of full blocks has room, at most ``storage.write_timeout``.
+
+        While sealing fails, the writer asks for one retry at once and gets its outcome: the
+        storage error right away, or room to write if the fault has cleared.
+        """
         try:
-            async with asyncio.timeout(SEAL_BACKLOG_WAIT):
+            async with asyncio.timeout(self._settings.write_timeout):
                 while len(self._sealing) >= MAX_SEALING and not self._closing:
-                    await self._seal_done.wait()
+                    failing = self.faults.get("seal")
+                    if failing is not None:
+                        self._seal_wanted.set()
+                    await _first_of(self._seal_done.wait(), self._seal_tried.wait())
+                    if failing is not None and "seal" in self.faults and len(self._sealing) >= MAX_SEALING:
+                        raise StorageUnavailable(
+                            f"queue {self.name}: full blocks are not being sealed ({self.faults['seal'][0]})"
+                        )
         except TimeoutError:
-            reason = self.last_error or "storage is slow"
-            message = f"queue {self.name}: full blocks are not being sealed ({reason})"
-            raise StorageUnavailable(message) from None
+            raise StorageTimeout(
+                f"queue {self.name}: full blocks were not sealed within "
+                f"{self._settings.write_timeout:g}s ({self._fault_text()})"
+            ) from None
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
+
+    @contextlib.asynccontextmanager
+    async def _writing(self) -> AsyncIterator[None]:
+        """The write lock, waited for at most ``storage.write_timeout``."""
+        try:
+            async with asyncio.timeout(self._settings.write_timeout):
+                await self._write_lock.acquire()
+        except TimeoutError:
+            raise StorageTimeout(
+                f"queue {self.name}: another write held the queue for more than "
+                f"{self._settings.write_timeout:g}s ({self._fault_text()})"
+            ) from None
+        try:
+            yield
+        finally:
+            self._write_lock.release()
+
+    def _fault_text(self) -> str:
+        return self.write_fault or "storage is slow"
 
     def _validate(self, drafts: Sequence[Draft], now: float) -> None:
         segments = self.definition.segments
@@ -675,8 +755,18 @@ class Queue:
         # Persist the lease before any id under it is answered: after a crash, numbering
         # resumes above it, so an answered id is never reused (at the cost of a gap).
         lease = self._next_id + needed + self._settings.id_lease
-        await self._meta.put(self._key("state.json"), orjson.dumps({"version": 1, "lease_until": lease}))
+        await self._save_state(lease)
         self._lease_until = lease
+
+    async def _save_state(self, lease_until: int) -> None:
+        try:
+            await self._meta.put(
+                self._key("state.json"), orjson.dumps({"version": 1, "lease_until": lease_until})
+            )
+        except CapellaError as exc:
+            self._set_fault("state", exc.message)
+            raise
+        self._clear_fault("state")
 
     def _rotate(self) -> None:
         if self._open is not None and self._open.ids:
@@ -700,12 +790,23 @@ class Queue:
         self._waiters.append(waiter)
         self._urgent = self._urgent or urgent
         self._flush_wanted.set()
-        await waiter
+        try:
+            async with asyncio.timeout(self._settings.write_timeout):
+                await waiter
+        except TimeoutError:
+            # The flush goes on: what it covers may still be saved, so say the outcome is unknown.
+            raise StorageTimeout(
+                f"queue {self.name}: the write was not saved within {self._settings.write_timeout:g}s "
+                f"({self._fault_text()}); it may still be saved"
+            ) from None
 
     async def _run_flusher(self) -> None:
+        """Flush when a writer asks. A failed flush fails its writers and raises to the
+        supervisor; the restarted loop retries what is still pending without a new writer."""
         delay = self._settings.wait_max_delay
         while True:
-            await self._flush_wanted.wait()
+            if "journal" not in self.faults:
+                await self._flush_wanted.wait()
             self._flush_wanted.clear()
             if delay > 0 and not self._urgent and not self._closing:
                 await asyncio.sleep(delay)
@@ -713,14 +814,14 @@ class Queue:
             waiters, self._waiters = self._waiters, []
             try:
                 await self._flush_journals()
-            except CapellaError as exc:
-                for w in waiters:
-                    if not w.done():
-                        w.set_exception(exc)
-            else:
-                for w in waiters:
-                    if not w.done():
-                        w.set_result(None)
+            except BaseException as exc:
+                _fail(waiters, exc, self.name)
+                if self._closing:
+                    return  # close() makes its own last attempt and reports it
+                raise
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
             if self._closing and not self._waiters:
                 return
 
@@ -736,12 +837,13 @@ class Queue:
                 block.pending.clear()
                 try:
                     await self._write_journal(block, data)
-                except CapellaError as exc:
+                except BaseException as exc:
                     block.pending.insert(0, data)
-                    self.last_error = exc.message
-                    log.error("flush failed queue=%s", self.name, exc_info=exc)
+                    if isinstance(exc, CapellaError):
+                        self._set_fault("journal", exc.message)
                     raise
                 wrote = True
+            self._clear_fault("journal")
             if wrote:
                 self.counters.flushes += 1
                 self._flush_latency.observe(time.perf_counter() - started)
@@ -773,6 +875,13 @@ class Queue:
         """The periodic pass: seal an open block past its age, save marked writes and cursors."""
         if self._open is not None and self._open.is_full(self.definition, self._clock()):
             self._rotate()
+        if "state" in self.faults or (
+            "journal" in self.faults and not any(b.pending for b in self._blocks_in_memory())
+        ):
+            # Nothing left to retry: probe the meta mount with a harmless write of the state,
+            # so the queue says it accepts writes again as soon as it does.
+            await self._save_state(self._lease_until)
+            self._clear_fault("journal")
         if self._marked:
             await self._commit(urgent=True)
         if self._subs_marked:
@@ -785,22 +894,20 @@ class Queue:
     # --- sealing ---------------------------------------------------------------------------
 
     async def _run_sealer(self) -> None:
-        failures = 0
+        """Seal full blocks one at a time (supervised: a failed seal backs off and retries)."""
         while not self._closing:
-            await self._seal_wanted.wait()
+            if not self._sealing:
+                await self._seal_wanted.wait()
+                self._seal_wanted.clear()
+                continue
+            # A writer that sets it from now on gets a retry without the backoff.
             self._seal_wanted.clear()
-            while self._sealing and not self._closing:
-                try:
-                    await self._seal_first()
-                    failures = 0
-                except CapellaError as exc:
-                    failures += 1
-                    self.last_error = exc.message
-                    log.error("seal failed queue=%s attempt=%d", self.name, failures, exc_info=exc)
-                    # Back off, but wake at once when the queue closes.
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(min(30.0, 0.1 * 2**failures)):
-                            await self._seal_wanted.wait()
+            try:
+                await self._seal_first()
+                self._clear_fault("seal")
+            finally:
+                self._seal_tried.set()
+                self._seal_tried = asyncio.Event()
 
     async def _seal_first(self) -> None:
         block = self._sealing[0]
@@ -1399,12 +1506,40 @@ class Queue:
                 "next_due": self.schedule.next_due(),
             },
             "recovery": self.recovery.to_dict(),
+            "writable": not self.faults,
+            "faults": [
+                {"step": step, "error": message, "since": since}
+                for step, (message, since) in sorted(self.faults.items())
+            ],
             "last_error": self.last_error,
         }
 
 
 def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary]:
     return encode_block(block.messages), BlockSummary.build(block.keys, own)
+
+
+def _fail(waiters: list[asyncio.Future[None]], exc: BaseException, queue: str) -> None:
+    """Answer writers of a failed flush: its storage error, or a generic one for anything else."""
+    if isinstance(exc, CapellaError):
+        error: BaseException = exc
+    elif isinstance(exc, asyncio.CancelledError):
+        error = ShuttingDown(f"queue {queue} is closing")
+    else:
+        error = CapellaError(f"queue {queue}: the flush failed unexpectedly ({exc!r})")
+    for w in waiters:
+        if not w.done():
+            w.set_exception(error)
+
+
+async def _first_of(*waits: Awaitable[object]) -> None:
+    """Return when the first of ``waits`` finishes; the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def _retrieve(task: asyncio.Task[tuple[list[int], list[Message]]]) -> None:

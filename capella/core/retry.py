@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from capella.backoff import backoff
 from capella.config import parse_duration
 from capella.core.definition import check_name
 from capella.errors import InvalidConfig, InvalidRequest
@@ -54,9 +55,10 @@ def retry_delay(policy: RetryPolicy, failures: int, rand: float) -> float:
 
     ``rand`` is a number in [0, 1) from the caller, so the rule stays a pure function.
     """
-    # The exponent is capped: 2**1100 would overflow a float long before the cap applies.
-    exponent = 0 if policy.backoff == "fixed" else min(max(failures - 1, 0), 60)
-    base = min(policy.delay * 2.0**exponent, policy.max_delay)
+    if policy.backoff == "fixed":
+        base = min(policy.delay, policy.max_delay)
+    else:
+        base = backoff(max(failures, 1), policy.delay, policy.max_delay)
     spread = base * policy.jitter * (2.0 * rand - 1.0)
     return max(0.0, min(base + spread, policy.max_delay))
 

@@ -23,8 +23,10 @@ import orjson
 
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.auth.store import AuthStore
+from capella.backoff import backoff
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
+from capella.core.task import supervise
 from capella.errors import (
     CapellaError,
     CorruptData,
@@ -293,7 +295,15 @@ class Supervisor:
     def _launch(self, state: HandlerState) -> None:
         state.failures = 0
         state.next_run = self._clock()
-        state.task = asyncio.create_task(self._loop(state), name=f"handler:{state.name}")
+        task = f"handler:{state.name}"
+
+        def report(message: str) -> None:
+            state.last_error = (message, self._clock())
+
+        state.task = asyncio.create_task(
+            supervise(task, lambda: self._loop(state), failures=self._cluster.task_failures, report=report),
+            name=task,
+        )
 
     async def _loop(self, state: HandlerState) -> None:
         delay = 0.0  # the first pass runs at once, then every interval
@@ -303,9 +313,9 @@ class Supervisor:
             await self._run_pass(state)
             interval = state.handler.interval
             # Back off after failures: interval, 2x, 4x ... up to an hour (or the interval).
+            # Even a continuous handler (interval 0) waits a little after a failure.
             if state.failures:
-                # Even a continuous handler (interval 0) waits a little after a failure.
-                delay = min(max(interval, 1.0) * 2 ** min(state.failures - 1, 32), max(MAX_BACKOFF, interval))
+                delay = backoff(state.failures, max(interval, 1.0), max(MAX_BACKOFF, interval))
             else:
                 delay = interval
 
@@ -357,6 +367,7 @@ class Supervisor:
         state.runs += 1
         state.failures += 1
         state.last_error = (message, self._clock())
+        self._cluster.task_failures.add(f"handler:{state.name}")
         log.error("handler pass failed handler=%s failures=%d: %s", state.name, state.failures, message)
 
     async def _halt(self, state: HandlerState) -> None:

@@ -30,6 +30,7 @@ import boto3
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
+from capella.backoff import backoff
 from capella.config import parse_duration
 from capella.errors import InvalidConfig, InvalidRequest, KeyNotFound, StorageUnavailable, Unsupported
 from capella.storage import Journal
@@ -106,7 +107,7 @@ class S3Storage:
                 except BotoCoreError:
                     if attempt == self._max_attempts:
                         raise
-                    time.sleep(min(2.0, 0.05 * 2**attempt))
+                    time.sleep(backoff(attempt, 0.1, 2.0))
             raise AssertionError("unreachable")
 
         return await self._call("read", key, read, missing_key_is_not_found=True)

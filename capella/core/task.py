@@ -1,0 +1,87 @@
+"""Background loops that never die silently.
+
+``supervise`` runs a loop body until it returns. When the body raises, the failure is logged
+(with its traceback when it is not a ``CapellaError``, which are expected: a full disk),
+counted in ``TaskFailures`` (``capella_task_failures_total``), handed to the owner's ``report``
+(a queue's ``last_error``), and the body starts again after ``backoff``. Only cancellation
+ends a supervised loop early. Bodies are written to be restartable: they look at what is
+left to do (pending writes, full blocks) before they wait for more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from capella.backoff import backoff
+from capella.errors import CapellaError
+
+log = logging.getLogger(__name__)
+
+# A restart waits 0.1 s, 0.2 s, 0.4 s ... at most 2 s: a storage fault that clears is noticed
+# within a few seconds, and a loop that fails at once cannot spin.
+RESTART_BASE = 0.1
+RESTART_CAP = 2.0
+
+
+class TaskFailures:
+    """Failed runs of background tasks by task name, since the process started."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def add(self, task: str) -> None:
+        self.counts[task] = self.counts.get(task, 0) + 1
+
+
+def _ignore(message: str) -> None:
+    pass
+
+
+async def supervise(
+    task: str,
+    body: Callable[[], Awaitable[None]],
+    *,
+    failures: TaskFailures,
+    report: Callable[[str], None] = _ignore,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    base: float = RESTART_BASE,
+    cap: float = RESTART_CAP,
+) -> None:
+    """Run ``body`` until it returns, restarting it after ``backoff`` whenever it raises.
+
+    ``sleep`` waits between restarts (a queue passes one that wakes early when it closes);
+    a body that ran longer than ``cap`` before it failed starts a new streak of failures.
+    """
+    streak = 0
+    while True:
+        started = clock()
+        try:
+            await body()
+            return
+        except Exception as exc:
+            streak = 1 if clock() - started > cap else streak + 1
+            delay = backoff(streak, base, cap)
+            failures.add(task)
+            if isinstance(exc, CapellaError):
+                report(exc.message)
+                # The first failure of a streak and then every power of two: a fault that
+                # lasts an hour leaves a dozen lines, not thousands.
+                level = logging.ERROR if streak & (streak - 1) == 0 else logging.DEBUG
+                log.log(
+                    level,
+                    "task failed task=%s failures=%d retry_in=%.2fs: %s",
+                    task,
+                    streak,
+                    delay,
+                    exc.message,
+                )
+            else:
+                report(f"{task} crashed: {exc!r}")
+                log.error(
+                    "task crashed task=%s failures=%d restart_in=%.2fs", task, streak, delay, exc_info=exc
+                )
+            await sleep(delay)
