@@ -135,7 +135,7 @@ async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
 
 async def until_stored(storage: FlakyStorage, key: str, text: bytes) -> None:
     async with asyncio.timeout(5.0):
-        while text not in b"".join(await storage.get(k) for k in await storage.list(key)):  # noqa: ASYNC110 (polls state that has no event of its own)
+        while not await storage.list(key) or text not in await storage.get(key):  # noqa: ASYNC110 (polls state that has no event of its own)
             await asyncio.sleep(0.01)
 
 
