@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck pytest bench clean
+.PHONY: run test lint typecheck pytest bench chaos tools clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,6 +12,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
+
+# Debian tools the fault tests drive: strace attaches to a server to fail or slow its fsyncs.
+tools:
+	@command -v strace >/dev/null || (apt-get update -qq && apt-get install -y -qq strace >/dev/null)
 
 run: $(STAMP)
 	$(BIN)/capella serve
@@ -24,8 +28,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider
+pytest: $(STAMP) tools
+	$(BIN)/pytest -q -p no:cacheprovider -m "not chaos"
+
+# Randomized fault schedules against real processes, a few minutes; prints a summary.
+chaos: $(STAMP) tools
+	$(BIN)/pytest -q -p no:cacheprovider -m chaos -s
 
 test: lint typecheck pytest
 
