@@ -41,7 +41,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root"),
 ]
 
-CYCLES = int(os.environ.get("CHAOS_CYCLES", "24"))
+CYCLES = int(os.environ.get("CHAOS_CYCLES", "48"))
 SEED = int(os.environ.get("CHAOS_SEED", str(int(time.time()))))
 FAULTS = ("kill_a", "kill_b", "disk_full", "blackhole", "reset", "delay")
 BATCH = 10

@@ -284,7 +284,13 @@ async def test_a_very_slow_disk_answers_a_timeout_not_a_hang(tmp_path: Path) -> 
                 assert (status, body["error"]["code"]) == (503, "storage_timeout"), body
                 assert "may still be saved" in body["error"]["message"]
                 assert seconds < 2.5
-                # Reads do not wait for the disk.
+                # A cursor commit is bounded the same way; reads do not wait for the disk.
+                started = time.monotonic()
+                async with http.put(
+                    f"{server.url}/v1/queues/slow/subscriptions/billing?save=immediate", json={"last_id": 1}
+                ) as resp:
+                    assert (resp.status, (await resp.json())["error"]["code"]) == (503, "storage_timeout")
+                assert time.monotonic() - started < 2.5
                 async with http.get(f"{server.url}/v1/queues/slow/messages?after=0&limit=1") as resp:
                     assert resp.status == 200
             started = time.monotonic()

@@ -1319,7 +1319,20 @@ class Queue:
         self._committed = asyncio.Event()
         mode = save.resolve(self.definition.subscription_save)
         if mode is SaveMode.IMMEDIATE or mode is SaveMode.WAIT:
-            await self._save_subscriptions()
+            # The save goes on when the writer stops waiting: saves are serialised by a lock
+            # and versioned, so a late one never overwrites a newer one.
+            save_task = asyncio.ensure_future(self._save_subscriptions())
+            try:
+                async with asyncio.timeout(self._settings.write_timeout):
+                    await asyncio.shield(save_task)
+            except TimeoutError:
+                # Should the late save fail, the periodic tick saves the cursors again.
+                self._subs_marked = True
+                save_task.add_done_callback(_retrieve)
+                raise StorageTimeout(
+                    f"queue {self.name}: the cursor was not saved within {self._settings.write_timeout:g}s "
+                    f"({self._fault_text()}); it may still be saved"
+                ) from None
         elif mode is SaveMode.MARK:
             self._subs_marked = True
 
@@ -1542,7 +1555,7 @@ async def _first_of(*waits: Awaitable[object]) -> None:
             task.cancel()
 
 
-def _retrieve(task: asyncio.Task[tuple[list[int], list[Message]]]) -> None:
+def _retrieve(task: asyncio.Future[Any]) -> None:
     # Readers get the error from the task; this only keeps asyncio from logging it as lost.
     if not task.cancelled():
         task.exception()

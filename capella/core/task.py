@@ -70,7 +70,7 @@ async def supervise(
                 report(exc.message)
                 # The first failure of a streak and then every power of two: a fault that
                 # lasts an hour leaves a dozen lines, not thousands.
-                level = logging.ERROR if streak & (streak - 1) == 0 else logging.DEBUG
+                level = logging.WARNING if streak & (streak - 1) == 0 else logging.DEBUG
                 log.log(
                     level,
                     "task failed task=%s failures=%d retry_in=%.2fs: %s",
