@@ -24,6 +24,7 @@ from capella.core.message import Draft, SaveMode
 from capella.core.retry import RetryPolicy, retry_delay
 from capella.core.task import TaskFailures, supervise
 from capella.errors import CapellaError, StorageUnavailable
+from capella.handlers.supervisor import Supervisor
 from capella.storage.memory import MemoryStorage
 
 FAILURES = 50_000
@@ -223,4 +224,43 @@ async def test_the_periodic_tick_survives_a_crash_in_one_queue(tmp_path: Path, c
         await until_stored(flaky, "b/subscriptions.json", b'"last_id":7')
         await until_stored(flaky, "a/subscriptions.json", b'"last_id":9')
     finally:
+        await cluster.close()
+
+
+async def test_a_failing_handler_is_counted_retried_with_backoff_and_recovers(
+    tmp_path: Path, clock: Clock
+) -> None:
+    config = parse_config(
+        {
+            "cluster": {"name": "edge", "data_dir": str(tmp_path / "data")},
+            "storage": {"flush_interval": "1h"},
+            "mounts": {"default": {"provider": "file"}, "warm": {"provider": "file", "path": "warm"}},
+            "queue_defaults": {
+                "limits": {"max_count": 10},
+                "mounts": {"marks": {"0": "default", "1": "warm"}},
+            },
+        },
+        {},
+        base=tmp_path,
+    )
+    cluster = await Cluster.open(config, clock=clock)
+    supervisor = Supervisor(cluster, clock=clock)
+    await supervisor.start()
+    warm = tmp_path / "data" / "warm"
+    try:
+        q, _ = await cluster.put_queue("q", {})
+        await q.append(drafts(20), SaveMode.WAIT)
+        await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 2)
+        warm.write_text("a file where the tier's directory should be")
+        move = {"type": "archive", "queues": ["q"], "params": {"interval": "1s", "conditions": [{"mark": 1}]}}
+        await supervisor.put("move", move)
+        await until(lambda: cluster.task_failures.counts.get("handler:move", 0) >= 2)
+        state = supervisor.handler("move")
+        assert state.last_error is not None and "warm" in state.last_error[0]
+        assert state.next_run is not None and 2.0 <= state.next_run - clock.now <= 60.0
+        warm.unlink()
+        await until(lambda: state.last_error is None, seconds=10.0)  # the next retry, 4 s at most
+        assert q.stats()["blocks"]["by_mark"] == {"1": 2}
+    finally:
+        await supervisor.close()
         await cluster.close()

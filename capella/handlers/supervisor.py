@@ -49,7 +49,8 @@ from capella.handlers.unload import UnloadHandler, UnloadParams
 log = logging.getLogger(__name__)
 
 REGISTRY_KEY = ".capella/handlers.json"
-MAX_BACKOFF = 3600.0
+# A copy handler whose link comes back resumes within a minute, not after an hour of backoff.
+MAX_BACKOFF = 60.0
 STOP_GRACE = 10.0
 
 
@@ -312,7 +313,7 @@ class Supervisor:
             await asyncio.sleep(delay)
             await self._run_pass(state)
             interval = state.handler.interval
-            # Back off after failures: interval, 2x, 4x ... up to an hour (or the interval).
+            # Back off after failures: interval, 2x, 4x ... up to a minute (or the interval).
             # Even a continuous handler (interval 0) waits a little after a failure.
             if state.failures:
                 delay = backoff(state.failures, max(interval, 1.0), max(MAX_BACKOFF, interval))
