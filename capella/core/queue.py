@@ -519,11 +519,14 @@ class Queue:
             await self._wait_for_sealer()
         later = [i for i, d in enumerate(drafts) if d.deliver_at is not None and d.deliver_at > now]
         results: list[Appended | Delayed]
-        async with self._writing():
+        await self._lock_writes()
+        try:
             if later:
                 results = await self._assign_mixed(drafts, later, now)
             else:
                 results = list(await self._assign(drafts, now))
+        finally:
+            self._write_lock.release()
         if mode is SaveMode.IMMEDIATE or mode is SaveMode.WAIT:
             if later:
                 await asyncio.gather(
@@ -595,8 +598,11 @@ class Queue:
             raise ShuttingDown(f"queue {self.name} is closing")
         if len(self._sealing) >= MAX_SEALING:
             await self._wait_for_sealer()
-        async with self._writing():
+        await self._lock_writes()
+        try:
             results = await self._assign(drafts, self._clock(), check=not new)
+        finally:
+            self._write_lock.release()
         await self._commit(urgent=False)
         return results
 
@@ -655,9 +661,11 @@ class Queue:
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
 
-    @contextlib.asynccontextmanager
-    async def _writing(self) -> AsyncIterator[None]:
-        """The write lock, waited for at most ``storage.write_timeout``."""
+    async def _lock_writes(self) -> None:
+        """Take the write lock, waiting at most ``storage.write_timeout`` for it."""
+        if not self._write_lock.locked():
+            await self._write_lock.acquire()  # free: taken at once, no timer needed
+            return
         try:
             async with asyncio.timeout(self._settings.write_timeout):
                 await self._write_lock.acquire()
@@ -666,10 +674,6 @@ class Queue:
                 f"queue {self.name}: another write held the queue for more than "
                 f"{self._settings.write_timeout:g}s ({self._fault_text()})"
             ) from None
-        try:
-            yield
-        finally:
-            self._write_lock.release()
 
     def _fault_text(self) -> str:
         return self.write_fault or "storage is slow"
