@@ -13,9 +13,11 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-# Debian tools the fault tests drive: strace attaches to a server to fail or slow its fsyncs.
+# Debian tools the fault tests drive: strace attaches to a server to fail or slow its fsyncs;
+# libfuse 3 serves tests/powerfs.py, the filesystem that loses what was not fsync'd.
 tools:
-	@command -v strace >/dev/null || (apt-get update -qq && apt-get install -y -qq strace >/dev/null)
+	@command -v strace >/dev/null && ldconfig -p | grep -q libfuse3.so.3 || \
+		(apt-get update -qq && apt-get install -y -qq strace libfuse3-3 fuse3 >/dev/null)
 
 run: $(STAMP)
 	$(BIN)/capella serve

@@ -25,6 +25,7 @@ from capella.auth.store import AuthStore
 from capella.config import Config, ServerSettings, TlsSettings
 from capella.core.cluster import Cluster
 from capella.errors import InvalidConfig, InvalidRequest
+from capella.fsync import create_directories
 from capella.handlers.links import Links
 from capella.handlers.supervisor import Supervisor
 
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 async def serve(config: Config) -> None:
     """Run until SIGTERM or SIGINT, then flush everything and return."""
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    create_directories(config.data_dir)
     # Listen before recovering, so /healthz answers and /readyz says 503 while queues recover.
     authenticator = open_auth(config)
     users = authenticator.store if authenticator is not None else None

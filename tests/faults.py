@@ -7,6 +7,9 @@ blackhole them (accept, read, never answer). It runs its own event loop in a bac
 thread, so blocking clients (boto3 in ``asyncio.to_thread``) and async tests can both talk to
 it. Every wait in here is bounded, and ``stop`` ends the thread.
 
+``powerfs(mount)`` mounts ``tests/powerfs.py`` (FUSE), whose ``cut()`` is a power failure: only
+what was fsync'd survives.
+
 ``FlakyStorage(inner)`` wraps any storage provider and makes chosen writes raise, for tests
 of what the queue's background tasks do when a write fails in a way no real disk would show.
 """
@@ -14,12 +17,17 @@ of what the queue's background tasks do when a write fails in a way no real disk
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -300,3 +308,50 @@ class FlakyJournal:
 
     async def close(self) -> None:
         await self._inner.close()
+
+
+# --- a filesystem that loses what was not fsync'd ------------------------------------------
+
+POWERFS = Path(__file__).with_name("powerfs.py")
+
+
+class PowerFs:
+    """``powerfs.py`` mounted at ``mount`` in a process of its own."""
+
+    def __init__(self, mount: Path, capacity: int = 0) -> None:
+        self.mount = mount
+        mount.mkdir()
+        self.process = subprocess.Popen(
+            [sys.executable, str(POWERFS), str(mount), str(capacity)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10.0
+        while not os.path.ismount(mount):
+            assert self.process.poll() is None, "powerfs exited"
+            assert time.monotonic() < deadline, "powerfs did not mount"
+            time.sleep(0.05)
+
+    def cut(self) -> None:
+        """The power goes out and comes back: only what was fsync'd is left."""
+        (self.mount / ".power-cut").write_bytes(b"cut")
+
+    def resize(self, capacity: int) -> None:
+        (self.mount / ".power-cut").write_bytes(f"size {capacity}".encode())
+
+    def close(self) -> None:
+        subprocess.run(["umount", "-l", str(self.mount)], check=False)
+        with suppress(subprocess.TimeoutExpired):
+            self.process.wait(10.0)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10.0)
+
+
+@contextmanager
+def powerfs(mount: Path, capacity: int = 0) -> Iterator[PowerFs]:
+    fs = PowerFs(mount, capacity)
+    try:
+        yield fs
+    finally:
+        fs.close()

@@ -38,6 +38,7 @@ from capella.errors import (
     TokenNotFound,
     UserNotFound,
 )
+from capella.fsync import create_directories, fsync_directory
 
 USERS_FILE = "users.json"
 TOKENS_FILE = "tokens.json"
@@ -335,7 +336,7 @@ class AuthStore:
         self._write(TOKENS_FILE, orjson.dumps({"version": 1, "tokens": tokens}, option=orjson.OPT_INDENT_2))
 
     def _mkdir(self) -> None:
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        create_directories(self.directory, mode=0o700)
 
     def _write(self, name: str, data: bytes) -> None:
         # Atomic and durable: write a temporary file, fsync it, rename it over the old one,
@@ -349,11 +350,7 @@ class AuthStore:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            dir_fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            fsync_directory(self.directory)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()

@@ -25,6 +25,7 @@ from capella.client import AsyncClient
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
 from capella.errors import CapellaError, CorruptData, InvalidConfig, InvalidRequest, KeyNotFound, LinkNotFound
+from capella.fsync import create_directories, fsync_directory
 from capella.handlers.params import duration
 
 log = logging.getLogger(__name__)
@@ -277,12 +278,15 @@ class Links:
                 "or give password_env / token_env"
             ) from None
         if not self._key_file.exists():
-            self._key_file.parent.mkdir(parents=True, exist_ok=True)
+            create_directories(self._key_file.parent)
             fd = os.open(self._key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(Fernet.generate_key())
                 f.flush()
                 os.fsync(f.fileno())
+            # Without this the key file's name can vanish at a power cut, and every stored
+            # secret with it.
+            fsync_directory(self._key_file.parent)
         return Fernet(self._key_file.read_bytes().strip())
 
     def _encrypt(self, secret: str) -> str:

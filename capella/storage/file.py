@@ -23,6 +23,7 @@ from pathlib import Path
 import aiofiles
 
 from capella.errors import InvalidRequest, KeyNotFound, StorageUnavailable
+from capella.fsync import create_directories, fsync_directory
 
 TMP_MARK = ".tmp-"
 
@@ -58,7 +59,7 @@ class FileStorage:
                 await _write_synced(tmp, value)
             except FileNotFoundError:
                 # Only the first put under a new directory pays for creating it.
-                await asyncio.to_thread(_make_dirs, path.parent)
+                await asyncio.to_thread(create_directories, path.parent)
                 await _write_synced(tmp, value)
             await asyncio.to_thread(_replace_synced, tmp, path)
         except OSError as exc:
@@ -191,7 +192,7 @@ async def _write_synced(path: Path, value: bytes) -> None:
 def _replace_synced(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
     # fsync the directory as well: without it the rename can be lost on power failure.
-    _fsync_dir(path.parent)
+    fsync_directory(path.parent)
 
 
 def _unlink_synced(path: Path) -> None:
@@ -199,33 +200,12 @@ def _unlink_synced(path: Path) -> None:
         os.unlink(path)
     except _NO_VALUE:
         return
-    _fsync_dir(path.parent)
+    fsync_directory(path.parent)
 
 
 def _remove_quietly(path: Path) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _make_dirs(path: Path) -> None:
-    """Create ``path`` and any missing parents, fsyncing each parent that gained an entry."""
-    missing: list[Path] = []
-    while not path.is_dir():
-        missing.append(path)
-        path = path.parent
-    for directory in reversed(missing):
-        # If another put raced us here, fsync anyway so ours does not return before it is durable.
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(directory)
-        _fsync_dir(directory.parent)
 
 
 def _walk(root: Path, directory: str) -> list[str]:
@@ -267,13 +247,13 @@ def _open_journal(path: Path, key: str, truncate_to: int | None) -> tuple[int, i
 
 def _create_journal(path: Path, flags: int) -> int:
     if not path.parent.is_dir():
-        _make_dirs(path.parent)
+        create_directories(path.parent)
     try:
         fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return os.open(path, flags)
     # The new name is durable only once its directory is fsync'd.
-    _fsync_dir(path.parent)
+    fsync_directory(path.parent)
     return fd
 
 
