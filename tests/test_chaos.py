@@ -1,11 +1,13 @@
 """Chaos: randomized fault schedules against two real clusters copying both ways (``make chaos``).
 
-Cluster A keeps its data on a small tmpfs; B on the ordinary disk. Each cluster copies its
+Cluster A keeps its data on ``tests/powerfs.py``, a 32 MiB filesystem that forgets what was not
+fsync'd when its power is cut; B on the ordinary disk. Each cluster copies its
 queue to the other through a ``FaultProxy`` on 127.0.0.1, and one producer per cluster writes
 with ``save=wait`` or ``immediate`` under its own source, resending an unanswered batch with
 the same external ids. A seeded schedule then draws faults, one at a time: ``kill -9`` of
-either cluster, a full disk on A (a ballast file fills the tmpfs, then goes), and the network
-between them blackholed, reset or slowed. A reader follows A and remembers the highest id it
+either cluster, a power cut on A (``kill -9`` and everything not fsync'd gone), a full disk on
+A (a ballast file fills it, then goes), and the network between them blackholed, reset or
+slowed. A reader follows A and remembers the highest id it
 saw. After the campaign the faults are healed and both clusters must converge:
 
 - every acknowledged message present exactly once on both clusters, byte-exact, with the id
@@ -22,28 +24,25 @@ import asyncio
 import contextlib
 import os
 import random
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 import pytest
 from conftest import ServerProcess, free_port
-from faults import FaultProxy
+from faults import FaultProxy, PowerFs, powerfs
 
 pytestmark = [
     pytest.mark.chaos,
     pytest.mark.slow,
     pytest.mark.timeout(600),
-    pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounts a FUSE filesystem: needs root"),
 ]
 
 CYCLES = int(os.environ.get("CHAOS_CYCLES", "48"))
 SEED = int(os.environ.get("CHAOS_SEED", str(int(time.time()))))
-FAULTS = ("kill_a", "kill_b", "disk_full", "blackhole", "reset", "delay")
+FAULTS = ("kill_a", "kill_b", "power_a", "disk_full", "blackhole", "reset", "delay")
 BATCH = 10
 REQUEST_TIMEOUT = 10.0
 CONVERGE_WITHIN = 90.0
@@ -126,25 +125,17 @@ class Node:
         self.server = ServerProcess(self.data_dir, self.port, self.config)
         await asyncio.to_thread(self.server.wait_ready)
 
-    async def kill_and_restart(self) -> None:
+    async def kill_and_restart(self, power: PowerFs | None = None) -> None:
         assert self.server is not None
         self.server.kill()
+        if power is not None:
+            power.cut()
         self.kills += 1
         await self.start()
 
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
-
-
-@contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def fill(disk: Path) -> Path:
@@ -183,7 +174,8 @@ async def test_two_clusters_copying_both_ways_survive_a_random_fault_schedule(tm
     config = tmp_path / "capella.toml"
     config.write_text('[queue_defaults]\nsave = "wait"\n[queue_defaults.limits]\nmax_count = 500\n')
     counts = dict.fromkeys(FAULTS, 0)
-    with tmpfs(tmp_path / "disk-a", "32m") as disk:
+    with powerfs(tmp_path / "disk-a", capacity=32 << 20) as fs:
+        disk = fs.mount
         a = Node("a", disk / "data", config)
         b = Node("b", tmp_path / "b" / "data", config)
         b.data_dir.parent.mkdir()
@@ -253,6 +245,8 @@ async def test_two_clusters_copying_both_ways_survive_a_random_fault_schedule(tm
                             await a.kill_and_restart()
                         elif fault == "kill_b":
                             await b.kill_and_restart()
+                        elif fault == "power_a":
+                            await a.kill_and_restart(power=fs)
                         elif fault == "disk_full":
                             ballast = await asyncio.to_thread(fill, disk)
                             await asyncio.sleep(hold)
