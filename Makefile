@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 # Debian tools the fault tests drive: strace attaches to a server to fail or slow its fsyncs;
 # libfuse 3 serves tests/powerfs.py, the filesystem that loses what was not fsync'd.
 tools:
-	@command -v strace >/dev/null && ldconfig -p | grep -q libfuse3.so.3 || \
+	@command -v strace >/dev/null && /sbin/ldconfig -p | grep -q libfuse3.so.3 || \
 		(apt-get update -qq && apt-get install -y -qq strace libfuse3-3 fuse3 >/dev/null)
 
 run: $(STAMP)
