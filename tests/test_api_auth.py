@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from capella.api import create_app
-from capella.api.access import PERMISSIONS, PUBLIC
+from capella.api.app import ROUTES
 from capella.auth.authenticator import Authenticator
 from capella.auth.store import AuthStore
 from capella.config import AuthSettings, ServerSettings
@@ -71,6 +71,8 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/users/{name}/password"): {"password": "target-password-2"},
 }
 QUERIES = {("GET", "/v1/queues/{queue}/subscriptions/{name}/messages"): "?commit=none"}
+PERMISSIONS = {(r.method, r.path): r.need for r in ROUTES if r.need is not None}
+PUBLIC = {(r.method, r.path) for r in ROUTES if r.need is None}
 GUARDED = sorted(key for key, needs in PERMISSIONS.items() if needs)
 
 

@@ -8,6 +8,7 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from capella import wire
 from capella.api import (
     clusters,
     handlers,
@@ -21,22 +22,41 @@ from capella.api import (
     users,
     work,
 )
-from capella.api.access import AUTHENTICATOR, CHALLENGE, access_middleware, check_routes
+from capella.api.access import AUTHENTICATOR, CHALLENGE, NEEDS, access_middleware
 from capella.api.connection import ConnectionGuard
 from capella.api.errors import status_for
 from capella.api.request import CLUSTER, SETTINGS, STOPPING, SUPERVISOR, json_response
+from capella.api.route import Route
 from capella.auth.authenticator import Authenticator
 from capella.config import ServerSettings
 from capella.core.cluster import Cluster
 from capella.errors import CapellaError, Unauthorized
 from capella.handlers.supervisor import Supervisor
 
-__all__ = ["CLUSTER", "SETTINGS", "SUPERVISOR", "create_app"]
+__all__ = ["CLUSTER", "DOCUMENT", "ROUTES", "SETTINGS", "SUPERVISOR", "create_app"]
 
 log = logging.getLogger(__name__)
 
+# Every route the API serves, in one table: the app, the access check and the OpenAPI
+# document are built from it.
+ROUTES: list[Route] = [
+    *queues.ROUTES,
+    *messages.ROUTES,
+    *scheduled.ROUTES,
+    *subscriptions.ROUTES,
+    *work.ROUTES,
+    *handlers.ROUTES,
+    *clusters.ROUTES,
+    *users.ROUTES,
+    *tokens.ROUTES,
+    *health.ROUTES,
+    *openapi.ROUTES,
+]
+DOCUMENT = openapi.document(ROUTES)
+_DOCUMENT_BODY = wire.dumps(DOCUMENT)
+
 # aiohttp raises these itself (unknown route, wrong method, body over client_max_size).
-_HTTP_CODES = {
+HTTP_CODES = {
     400: "invalid_request",
     404: "not_found",
     405: "method_not_allowed",
@@ -69,22 +89,13 @@ def create_app(
     app[SUPERVISOR] = supervisor
     app[STOPPING] = asyncio.Event()
     app.on_shutdown.append(_stop_streams)
-    modules = (
-        queues,
-        messages,
-        scheduled,
-        subscriptions,
-        work,
-        handlers,
-        clusters,
-        users,
-        tokens,
-        health,
-        openapi,
-    )
-    for module in modules:
-        module.add_routes(app.router)
-    check_routes(app)
+    for route in ROUTES:
+        if route.method == "GET":
+            app.router.add_get(route.path, route.handler)  # HEAD too
+        else:
+            app.router.add_route(route.method, route.path, route.handler)
+    app[NEEDS] = {(route.method, route.path): route.need for route in ROUTES}
+    app[openapi.DOCUMENT_BODY] = _DOCUMENT_BODY
     return app
 
 
@@ -110,7 +121,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = _HTTP_CODES.get(exc.status, "internal" if exc.status >= 500 else "invalid_request")
+        code = HTTP_CODES.get(exc.status, "internal" if exc.status >= 500 else "invalid_request")
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
         return error_response(exc.status, code, _http_message(request, exc), {}, headers)
     except Exception:

@@ -10,16 +10,10 @@ from aiohttp import web
 
 from capella.api.access import identity
 from capella.api.handlers import supervisor
+from capella.api.openapi import answer, json_content, ref
 from capella.api.request import json_response, read_object
+from capella.api.route import Route, on_named
 from capella.handlers.links import Links
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/v1/clusters", list_clusters)
-    router.add_put("/v1/clusters/{name}", put_cluster)
-    router.add_get("/v1/clusters/{name}", get_cluster)
-    router.add_delete("/v1/clusters/{name}", drop_cluster)
-    router.add_post("/v1/clusters/{name}/ping", ping_cluster)
 
 
 async def list_clusters(request: web.Request) -> web.Response:
@@ -54,3 +48,62 @@ async def ping_cluster(request: web.Request) -> web.Response:
 def links(request: web.Request) -> Links:
     # The registry is loaded with the handlers, after the queues: until then, answer 503.
     return supervisor(request).links
+
+
+ROUTES = [
+    Route(
+        "GET",
+        "/v1/clusters",
+        list_clusters,
+        need=(),
+        op="listClusters",
+        summary="List external clusters, sorted by name (no secrets)",
+        tag="clusters",
+        answers={200: answer("External clusters", ref("ClusterList"))},
+    ),
+    Route(
+        "PUT",
+        "/v1/clusters/{name}",
+        put_cluster,
+        need=(on_named("external_cluster", "admin"),),
+        op="putCluster",
+        summary="Register (201) or replace (200) an external cluster",
+        tag="clusters",
+        answers={200: answer("Replaced", ref("ClusterInfo")), 201: answer("Created", ref("ClusterInfo"))},
+        fails=(400, 408, 413),
+        body={"required": True, "content": json_content(ref("ClusterDefinition"))},
+    ),
+    Route(
+        "GET",
+        "/v1/clusters/{name}",
+        get_cluster,
+        need=(on_named("external_cluster", "read"),),
+        op="getCluster",
+        summary="Describe an external cluster (no secrets)",
+        tag="clusters",
+        answers={200: answer("The cluster", ref("ClusterInfo"))},
+        fails=(404,),
+    ),
+    Route(
+        "DELETE",
+        "/v1/clusters/{name}",
+        drop_cluster,
+        need=(on_named("external_cluster", "admin"),),
+        op="dropCluster",
+        summary="Forget an external cluster and its stored secret",
+        tag="clusters",
+        answers={204: answer("Dropped")},
+        fails=(404,),
+    ),
+    Route(
+        "POST",
+        "/v1/clusters/{name}/ping",
+        ping_cluster,
+        need=(on_named("external_cluster", "write"),),
+        op="pingCluster",
+        summary="Reach the cluster's /readyz and one authenticated call; a failure is ok false, not 5xx",
+        tag="clusters",
+        answers={200: answer("What happened", ref("ClusterPing"))},
+        fails=(404,),
+    ),
+]

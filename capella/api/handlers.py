@@ -5,19 +5,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from capella.api.access import identity
+from capella.api.openapi import answer, json_content, ref
 from capella.api.request import CLUSTER, SUPERVISOR, json_response, read_object
+from capella.api.route import Route, on_named
 from capella.errors import NotReady
 from capella.handlers.supervisor import Supervisor
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/v1/handlers", list_handlers)
-    router.add_put("/v1/handlers/{name}", put_handler)
-    router.add_get("/v1/handlers/{name}", get_handler)
-    router.add_delete("/v1/handlers/{name}", drop_handler)
-    router.add_post("/v1/handlers/{name}/start", start_handler)
-    router.add_post("/v1/handlers/{name}/stop", stop_handler)
-    router.add_post("/v1/handlers/{name}/run", run_handler)
 
 
 async def list_handlers(request: web.Request) -> web.Response:
@@ -62,3 +54,84 @@ def supervisor(request: web.Request) -> Supervisor:
     if not request.app[CLUSTER].ready:
         raise NotReady("the cluster is still recovering its queues; retry shortly")
     return request.app[SUPERVISOR]
+
+
+ROUTES = [
+    Route(
+        "GET",
+        "/v1/handlers",
+        list_handlers,
+        need=(),
+        op="listHandlers",
+        summary="List handlers, sorted by name",
+        tag="handlers",
+        answers={200: answer("Handlers", ref("HandlerList"))},
+    ),
+    Route(
+        "PUT",
+        "/v1/handlers/{name}",
+        put_handler,
+        need=(on_named("handler", "admin"),),
+        op="putHandler",
+        summary="Create (201) or replace (200) a handler; started unless started is false",
+        tag="handlers",
+        answers={200: answer("Replaced", ref("HandlerInfo")), 201: answer("Created", ref("HandlerInfo"))},
+        fails=(400, 408, 413),
+        body={"required": True, "content": json_content(ref("HandlerDefinition"))},
+    ),
+    Route(
+        "GET",
+        "/v1/handlers/{name}",
+        get_handler,
+        need=(on_named("handler", "read"),),
+        op="getHandler",
+        summary="Describe a handler and its status",
+        tag="handlers",
+        answers={200: answer("The handler", ref("HandlerInfo"))},
+        fails=(404,),
+    ),
+    Route(
+        "DELETE",
+        "/v1/handlers/{name}",
+        drop_handler,
+        need=(on_named("handler", "admin"),),
+        op="dropHandler",
+        summary="Stop a handler and delete its definition",
+        tag="handlers",
+        answers={204: answer("Dropped")},
+        fails=(404,),
+    ),
+    Route(
+        "POST",
+        "/v1/handlers/{name}/start",
+        start_handler,
+        need=(on_named("handler", "write"),),
+        op="startHandler",
+        summary="Start the handler's loop (kept across restarts)",
+        tag="handlers",
+        answers={200: answer("The handler", ref("HandlerInfo"))},
+        fails=(404,),
+    ),
+    Route(
+        "POST",
+        "/v1/handlers/{name}/stop",
+        stop_handler,
+        need=(on_named("handler", "write"),),
+        op="stopHandler",
+        summary="Stop the handler's loop, waiting for a running pass to end (kept across restarts)",
+        tag="handlers",
+        answers={200: answer("The handler", ref("HandlerInfo"))},
+        fails=(404,),
+    ),
+    Route(
+        "POST",
+        "/v1/handlers/{name}/run",
+        run_handler,
+        need=(on_named("handler", "write"),),
+        op="runHandler",
+        summary="Run one pass now, started or not; answers after it",
+        tag="handlers",
+        answers={200: answer("The handler after the pass", ref("HandlerInfo"))},
+        fails=(404,),
+    ),
+]

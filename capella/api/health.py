@@ -11,13 +11,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from capella import metrics
+from capella.api.openapi import answer, ref
 from capella.api.request import CLUSTER, json_response
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/healthz", healthz)
-    router.add_get("/readyz", readyz)
-    router.add_get("/metrics", prometheus)
+from capella.api.route import Need, Route
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -41,3 +37,42 @@ async def readyz(request: web.Request) -> web.Response:
 async def prometheus(request: web.Request) -> web.Response:
     text = metrics.render(request.app[CLUSTER])
     return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
+ROUTES = [
+    Route(
+        "GET",
+        "/healthz",
+        healthz,
+        need=None,
+        op="healthz",
+        summary="Liveness",
+        tag="operations",
+        answers={200: answer("Serving", ref("Status"))},
+        fails=None,
+    ),
+    Route(
+        "GET",
+        "/readyz",
+        readyz,
+        need=None,
+        op="readyz",
+        summary="Readiness: every queue recovered and accepting writes",
+        tag="operations",
+        answers={
+            200: answer("Ready", ref("Status")),
+            503: answer("Recovering, or a queue cannot accept writes", ref("Readiness")),
+        },
+        fails=None,
+    ),
+    Route(
+        "GET",
+        "/metrics",
+        prometheus,
+        need=(Need("cluster", "read", "{cluster}"),),
+        op="metrics",
+        summary="Prometheus text format 0.0.4",
+        tag="operations",
+        answers={200: {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+    ),
+]

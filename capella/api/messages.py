@@ -17,6 +17,22 @@ import orjson
 from aiohttp import web
 
 from capella import wire
+from capella.api.openapi import (
+    ACCEPT,
+    AFTER,
+    DURATION,
+    INT64,
+    LIMIT,
+    MESSAGES_ANSWER,
+    SAVE,
+    SEGMENTS,
+    SSE_EVENT,
+    TIME_TEXT_PATTERN,
+    WAIT,
+    answer,
+    param,
+    ref,
+)
 from capella.api.request import (
     CLUSTER,
     SETTINGS,
@@ -29,6 +45,7 @@ from capella.api.request import (
     segments_param,
     wait_param,
 )
+from capella.api.route import Route, on_queue
 from capella.config import ServerSettings, parse_duration
 from capella.core.message import Draft, Message
 from capella.core.queue import Appended, Delayed, Queue, ReadResult
@@ -48,12 +65,6 @@ MAX_DELAY = 10 * 365 * 86_400.0
 _INT64_MIN = wire.INT64_MIN
 _INT64_MAX = wire.INT64_MAX
 _NO_HEADERS: dict[str, str] = {}
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_post("/v1/queues/{queue}/messages", produce)
-    router.add_get("/v1/queues/{queue}/messages", read)
-    router.add_get("/v1/queues/{queue}/stream", stream)
 
 
 # --- produce --------------------------------------------------------------------------------
@@ -484,3 +495,105 @@ async def stream(request: web.Request) -> web.StreamResponse:
     except ConnectionError:
         pass  # the client went away; nothing to answer
     return response
+
+
+ROUTES = [
+    Route(
+        "POST",
+        "/v1/queues/{queue}/messages",
+        produce,
+        need=(on_queue("write"),),
+        op="produce",
+        summary="Append messages (a batch is stored whole or not at all)",
+        tag="messages",
+        answers={200: answer("One result per message, in request order", ref("ProduceResults"))},
+        fails=(400, 404, 408, 413),
+        params=(
+            SAVE,
+            param(
+                "replicas",
+                "query",
+                {"type": "integer", "minimum": 0, "maximum": 1000},
+                "wait until this many replica subscriptions have passed the batch (a receipt)",
+            ),
+            param(
+                "replica_timeout",
+                "query",
+                DURATION,
+                "how long to wait for the replicas (seconds or a duration; default 10 s, at most max_wait)",
+            ),
+            param(
+                "source",
+                "query",
+                {"type": "string", "minLength": 1, "maxLength": 255},
+                "octet-stream only: source (at most 255 bytes)",
+            ),
+            param("external_id", "query", INT64, "octet-stream only: external id"),
+            param(
+                "external_time",
+                "query",
+                {"type": "string", "pattern": TIME_TEXT_PATTERN},
+                "octet-stream only: UNIX seconds or RFC 3339, not in the future",
+            ),
+            param("segment", "query", INT64, "octet-stream only: segment"),
+        ),
+        body={
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"oneOf": [ref("MessageBatch"), ref("Message")]}},
+                wire.NDJSON: {"schema": {"type": "string", "description": "one Message object per line"}},
+                "application/octet-stream": {
+                    "schema": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "the payload; message headers from Capella-Header-<Name>",
+                    },
+                },
+            },
+        },
+    ),
+    Route(
+        "GET",
+        "/v1/queues/{queue}/messages",
+        read,
+        need=(on_queue("read"),),
+        op="readMessages",
+        summary="Read messages after an id (long-poll with wait)",
+        tag="messages",
+        answers={200: MESSAGES_ANSWER},
+        fails=(400, 404),
+        params=(
+            AFTER,
+            LIMIT,
+            SEGMENTS,
+            WAIT,
+            ACCEPT,
+        ),
+    ),
+    Route(
+        "GET",
+        "/v1/queues/{queue}/stream",
+        stream,
+        need=(on_queue("read"),),
+        op="streamMessages",
+        summary="Server-Sent Events tail (event: message, id: message id)",
+        tag="messages",
+        answers={
+            200: {
+                "description": "An endless text/event-stream",
+                "content": {"text/event-stream": {"schema": SSE_EVENT}},
+            }
+        },
+        fails=(400, 404),
+        params=(
+            AFTER,
+            SEGMENTS,
+            param(
+                "Last-Event-ID",
+                "header",
+                {"type": "string", "pattern": r"^\s*\d+\s*$"},
+                "Resume after this message id (wins over after)",
+            ),
+        ),
+    ),
+]

@@ -1,6 +1,8 @@
 """The OpenAPI 3.1 document of the HTTP API (docs/api.md), served at ``GET /v1/openapi.json``.
 
-The document is built once, as plain dicts, and rendered to bytes at import time.
+``document(routes)`` builds it from the route table (each module's ``ROUTES``): paths,
+operations, parameters and answers come from the rows, the schemas from ``SCHEMAS`` here.
+``create_app`` renders it to bytes once.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from capella import wire
+from capella.api.route import Route
 
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$"
 SEGMENTS_PATTERN = r"^\s*-?\d+(--?\d+)?(\s*,\s*-?\d+(--?\d+)?)*\s*$"
@@ -911,12 +914,15 @@ _ERROR_TEXT = {
     401: "unauthorized: no credentials, or not valid ones (with a WWW-Authenticate header)",
     403: "forbidden: the user's rules do not allow this",
     404: "not_found, queue_not_found, subscription_not_found, message_not_found, scheduled_not_found, "
-    "unknown_receipt, handler_not_found, cluster_not_found, user_not_found, token_not_found",
+    "unknown_receipt, handler_not_found, cluster_not_found, user_not_found, token_not_found, key_not_found",
     405: "method_not_allowed",
     408: "request_timeout: the body (or the request head) did not arrive within its deadline",
     409: "already_exists, conflict, wrong_subscription_mode, lease_lost",
     413: "payload_too_large: body, message or batch over the limit",
-    503: "storage_unavailable, storage_timeout, shutting_down, corrupt_data, not_ready, too_many_connections",
+    431: "headers_too_large: the request line, a header or the number of headers is over the limit",
+    500: "internal: a bug; the server log has the details",
+    503: "storage_unavailable, storage_timeout, unsupported, shutting_down, corrupt_data, not_ready, "
+    "too_many_connections",
 }
 
 
@@ -944,616 +950,97 @@ MESSAGE_FILTERS = [
 ]
 
 
-def operation(
-    op_id: str,
-    summary: str,
-    answers: dict[str, Any],
-    *params: dict[str, Any],
-    body: dict[str, Any] | None = None,
-    tag: str = "",
-) -> dict[str, Any]:
-    op: dict[str, Any] = {"operationId": op_id, "summary": summary, "responses": answers}
-    if tag:
-        op["tags"] = [tag]
-    if params:
-        op["parameters"] = list(params)
-    if body is not None:
-        op["requestBody"] = body
+# Path parameters by name and the path segment before them ("name" is a subscription's name
+# under subscriptions/, a handler's under handlers/ ...).
+_PATH_PARAMS = {
+    ("queues", "queue"): QUEUE,
+    ("subscriptions", "name"): SUBSCRIPTION,
+    ("scheduled", "id"): SCHEDULED_ID,
+    ("work", "id"): param("id", "path", MESSAGE_ID, "Message id"),
+    ("handlers", "name"): HANDLER,
+    ("clusters", "name"): CLUSTER,
+    ("users", "name"): USER,
+    ("tokens", "id"): param("id", "path", {"type": "string", "pattern": r"^[0-9a-f]{16}$"}, "Token id"),
+}
+
+
+def path_parameters(path: str) -> list[dict[str, Any]]:
+    parts = path.strip("/").split("/")
+    return [
+        _PATH_PARAMS[(parts[i - 1], part[1:-1])]
+        for i, part in enumerate(parts)
+        if part.startswith("{") and part.endswith("}")
+    ]
+
+
+def operation(route: Route) -> dict[str, Any]:
+    responses = {str(status): answer for status, answer in route.answers.items()}
+    if route.fails is not None:
+        responses.update(fails(*route.fails))
+    op: dict[str, Any] = {
+        "operationId": route.op,
+        "summary": route.summary,
+        "responses": responses,
+        "tags": [route.tag],
+    }
+    if route.params:
+        op["parameters"] = list(route.params)
+    if route.body is not None:
+        op["requestBody"] = route.body
+    if route.need is None:
+        op["security"] = []  # answers without credentials
     return op
 
 
-PATHS: dict[str, Any] = {
-    "/v1/queues": {
-        "get": operation(
-            "listQueues", "List queues", {"200": answer("Queues", ref("QueueList")), **fails()}, tag="queues"
-        ),
-    },
-    "/v1/queues/{queue}": {
-        "parameters": [QUEUE],
-        "put": operation(
-            "putQueue",
-            "Create (201) or update (200) a queue",
-            {
-                "200": answer("Updated", ref("QueueInfo")),
-                "201": answer("Created", ref("QueueInfo")),
-                **fails(400, 408, 409, 413),
-            },
-            body={"required": False, "content": json_content(ref("QueueDefinition"))},
-            tag="queues",
-        ),
-        "get": operation(
-            "getQueue",
-            "Describe a queue",
-            {"200": answer("The queue", ref("QueueInfo")), **fails(404)},
-            tag="queues",
-        ),
-        "delete": operation(
-            "dropQueue",
-            "Drop a queue and all its messages",
-            {"204": answer("Dropped"), **fails(404)},
-            tag="queues",
-        ),
-    },
-    "/v1/queues/{queue}/messages": {
-        "parameters": [QUEUE],
-        "post": operation(
-            "produce",
-            "Append messages (a batch is stored whole or not at all)",
-            {
-                "200": answer("One result per message, in request order", ref("ProduceResults")),
-                **fails(400, 404, 408, 413),
-            },
-            SAVE,
-            param(
-                "replicas",
-                "query",
-                {"type": "integer", "minimum": 0, "maximum": 1000},
-                "wait until this many replica subscriptions have passed the batch (a receipt)",
-            ),
-            param(
-                "replica_timeout",
-                "query",
-                DURATION,
-                "how long to wait for the replicas (seconds or a duration; default 10 s, at most max_wait)",
-            ),
-            param(
-                "source",
-                "query",
-                {"type": "string", "minLength": 1, "maxLength": 255},
-                "octet-stream only: source (at most 255 bytes)",
-            ),
-            param("external_id", "query", INT64, "octet-stream only: external id"),
-            param(
-                "external_time",
-                "query",
-                {"type": "string", "pattern": TIME_TEXT_PATTERN},
-                "octet-stream only: UNIX seconds or RFC 3339, not in the future",
-            ),
-            param("segment", "query", INT64, "octet-stream only: segment"),
-            body={
-                "required": True,
-                "content": {
-                    "application/json": {"schema": {"oneOf": [ref("MessageBatch"), ref("Message")]}},
-                    wire.NDJSON: {"schema": {"type": "string", "description": "one Message object per line"}},
-                    "application/octet-stream": {
-                        "schema": {
-                            "type": "string",
-                            "format": "binary",
-                            "description": "the payload; message headers from Capella-Header-<Name>",
-                        },
-                    },
-                },
-            },
-            tag="messages",
-        ),
-        "get": operation(
-            "readMessages",
-            "Read messages after an id (long-poll with wait)",
-            {"200": MESSAGES_ANSWER, **fails(400, 404)},
-            AFTER,
-            LIMIT,
-            SEGMENTS,
-            WAIT,
-            ACCEPT,
-            tag="messages",
-        ),
-    },
-    "/v1/queues/{queue}/stream": {
-        "parameters": [QUEUE],
-        "get": operation(
-            "streamMessages",
-            "Server-Sent Events tail (event: message, id: message id)",
-            {
-                "200": {
-                    "description": "An endless text/event-stream",
-                    "content": {"text/event-stream": {"schema": SSE_EVENT}},
-                },
-                **fails(400, 404),
-            },
-            AFTER,
-            SEGMENTS,
-            param(
-                "Last-Event-ID",
-                "header",
-                {"type": "string", "pattern": r"^\s*\d+\s*$"},
-                "Resume after this message id (wins over after)",
-            ),
-            tag="messages",
-        ),
-    },
-    "/v1/queues/{queue}/scheduled": {
-        "parameters": [QUEUE],
-        "get": operation(
-            "listScheduled",
-            "Delayed messages in delivery order",
-            {"200": answer("A page of delayed messages", ref("ScheduledList")), **fails(400, 404)},
-            LIMIT,
-            param("after", "query", {"type": "string"}, "the next value of the previous page"),
-            param(
-                "due_after", "query", {"type": "string"}, "only due at or after this time (UNIX or RFC 3339)"
-            ),
-            param("due_before", "query", {"type": "string"}, "only due before this time (UNIX or RFC 3339)"),
-            *MESSAGE_FILTERS,
-            tag="scheduled",
-        ),
-    },
-    "/v1/queues/{queue}/scheduled/cancel": {
-        "parameters": [QUEUE],
-        "post": operation(
-            "cancelScheduledMany",
-            "Cancel delayed messages by id",
-            {"200": answer("What was cancelled", ref("CancelledScheduled")), **fails(400, 404, 408, 413)},
-            SAVE,
-            body={"required": True, "content": json_content(ref("CancelScheduled"))},
-            tag="scheduled",
-        ),
-    },
-    "/v1/queues/{queue}/scheduled/{id}": {
-        "parameters": [QUEUE, SCHEDULED_ID],
-        "get": operation(
-            "getScheduled",
-            "Describe a delayed message",
-            {"200": answer("The delayed message", ref("ScheduledMessage")), **fails(400, 404)},
-            tag="scheduled",
-        ),
-        "patch": operation(
-            "reschedule",
-            "Move a delayed message to another time (409 while it is being delivered)",
-            {"200": answer("Rescheduled", ref("ScheduledMessage")), **fails(400, 404, 408, 409, 413)},
-            SAVE,
-            body={"required": True, "content": json_content(ref("Reschedule"))},
-            tag="scheduled",
-        ),
-        "delete": operation(
-            "cancelScheduled",
-            "Cancel a delayed message (409 while it is being delivered)",
-            {"204": answer("Cancelled"), **fails(400, 404, 409)},
-            SAVE,
-            tag="scheduled",
-        ),
-    },
-    "/v1/queues/{queue}/subscriptions": {
-        "parameters": [QUEUE],
-        "get": operation(
-            "listSubscriptions",
-            "List a queue's subscriptions",
-            {"200": answer("Subscriptions", ref("SubscriptionList")), **fails(404)},
-            tag="subscriptions",
-        ),
-    },
-    "/v1/queues/{queue}/subscriptions/{name}": {
-        "parameters": [QUEUE, SUBSCRIPTION],
-        "put": operation(
-            "commitSubscription",
-            "Create (201) or commit (200); never moves backwards unless reset",
-            {
-                "200": answer("Committed", ref("Subscription")),
-                "201": answer("Created", ref("Subscription")),
-                **fails(400, 404, 408, 413),
-            },
-            SAVE,
-            body={"required": False, "content": json_content(ref("SubscriptionCommit"))},
-            tag="subscriptions",
-        ),
-        "get": operation(
-            "getSubscription",
-            "Describe a subscription",
-            {"200": answer("The subscription", ref("Subscription")), **fails(404)},
-            tag="subscriptions",
-        ),
-        "delete": operation(
-            "deleteSubscription",
-            "Delete a subscription",
-            {"204": answer("Deleted"), **fails(404)},
-            tag="subscriptions",
-        ),
-    },
-    "/v1/queues/{queue}/subscriptions/{name}/messages": {
-        "parameters": [QUEUE, SUBSCRIPTION],
-        "get": operation(
-            "readSubscription",
-            "Read after the subscription's cursor; commit=auto moves it",
-            {"200": MESSAGES_ANSWER, **fails(400, 404)},
-            LIMIT,
-            SEGMENTS,
-            WAIT,
-            SAVE,
-            param(
-                "commit",
-                "query",
-                {"type": "string", "enum": ["auto", "none"], "default": "auto"},
-                "auto: move the cursor to last_id (creating the subscription); none: only read",
-            ),
-            ACCEPT,
-            tag="subscriptions",
-        ),
-    },
-    "/v1/queues/{queue}/subscriptions/{name}/claim": {
-        "parameters": [QUEUE, SUBSCRIPTION],
-        "post": operation(
-            "claim",
-            "Lease messages of an ack-mode subscription: due retries first, then new ones in id order",
-            {"200": answer("Claimed messages (maybe none)", ref("Claimed")), **fails(400, 404, 409)},
-            param(
-                "limit",
-                "query",
-                {"type": "integer", "minimum": 1, "default": 1},
-                "At most this many messages (capped at the server's max_limit)",
-            ),
-            param("lease", "query", DURATION, "How long the claim is held (default: the policy's)"),
-            WAIT,
-            SAVE,
-            tag="work",
-        ),
-    },
-    **{
-        f"/v1/queues/{{queue}}/subscriptions/{{name}}/{verb}": {
-            "parameters": [QUEUE, SUBSCRIPTION],
-            "post": operation(
-                verb,
-                summary,
-                {
-                    "200": answer("One result per receipt", ref("ReceiptResults")),
-                    **fails(400, 404, 408, 409, 413),
-                },
-                SAVE,
-                body={"required": True, "content": json_content(ref("Receipts"))},
-                tag="work",
-            ),
-        }
-        for verb, summary in (
-            ("ack", "Finish claimed messages"),
-            ("nack", "Give claimed messages back with an error: retried after a delay, or dead"),
-            ("extend", "Lengthen the lease of claimed messages"),
-        )
-    },
-    "/v1/queues/{queue}/subscriptions/{name}/work": {
-        "parameters": [QUEUE, SUBSCRIPTION],
-        "get": operation(
-            "listWork",
-            "Messages of an ack-mode subscription by status, filtered, in id order",
-            {"200": answer("A page", ref("WorkList")), **fails(400, 404, 409)},
-            param(
-                "status",
-                "query",
-                {"type": "string"},
-                "comma-separated: pending, in_flight, failed, dead (default all)",
-            ),
-            *MESSAGE_FILTERS,
-            AFTER,
-            LIMIT,
-            tag="work",
-        ),
-    },
-    "/v1/queues/{queue}/subscriptions/{name}/work/{id}": {
-        "parameters": [QUEUE, SUBSCRIPTION, param("id", "path", MESSAGE_ID, "Message id")],
-        "get": operation(
-            "getWork",
-            "One message's status, attempts and last error",
-            {"200": answer("The message", ref("WorkMessage")), **fails(400, 404, 409)},
-            tag="work",
-        ),
-    },
-    "/v1/queues/{queue}/subscriptions/{name}/work/retry": {
-        "parameters": [QUEUE, SUBSCRIPTION],
-        "post": operation(
-            "retryWork",
-            "Make waiting messages claimable now (or at), and move dead ones back",
-            {
-                "200": answer(
-                    "What was retried",
-                    {
-                        "type": "object",
-                        "required": ["retried", "next_after"],
-                        "properties": {
-                            "retried": {"type": "array", "items": MESSAGE_ID},
-                            "next_after": {"type": ["integer", "null"]},
-                        },
-                    },
-                ),
-                **fails(400, 404, 408, 409, 413),
-            },
-            SAVE,
-            body={"required": False, "content": json_content(ref("WorkSelection"))},
-            tag="work",
-        ),
-    },
-    "/v1/queues/{queue}/subscriptions/{name}/work/delete": {
-        "parameters": [QUEUE, SUBSCRIPTION],
-        "post": operation(
-            "deleteWork",
-            "Finish messages without processing them (skip)",
-            {
-                "200": answer(
-                    "What was deleted",
-                    {
-                        "type": "object",
-                        "required": ["deleted", "next_after"],
-                        "properties": {
-                            "deleted": {"type": "array", "items": MESSAGE_ID},
-                            "next_after": {"type": ["integer", "null"]},
-                        },
-                    },
-                ),
-                **fails(400, 404, 408, 409, 413),
-            },
-            SAVE,
-            body={"required": True, "content": json_content(ref("WorkSelection"))},
-            tag="work",
-        ),
-    },
-    "/v1/queues/{queue}/replicas": {
-        "parameters": [QUEUE],
-        "get": operation(
-            "replicas",
-            "Replica subscriptions whose cursor is at or past id",
-            {"200": answer("Replicas", ref("Replicas")), **fails(400, 404)},
-            param("id", "query", MESSAGE_ID, "Message id", required=True),
-            tag="subscriptions",
-        ),
-    },
-    "/v1/handlers": {
-        "get": operation(
-            "listHandlers",
-            "List handlers, sorted by name",
-            {"200": answer("Handlers", ref("HandlerList")), **fails()},
-            tag="handlers",
-        ),
-    },
-    "/v1/handlers/{name}": {
-        "parameters": [HANDLER],
-        "put": operation(
-            "putHandler",
-            "Create (201) or replace (200) a handler; started unless started is false",
-            {
-                "200": answer("Replaced", ref("HandlerInfo")),
-                "201": answer("Created", ref("HandlerInfo")),
-                **fails(400, 408, 413),
-            },
-            body={"required": True, "content": json_content(ref("HandlerDefinition"))},
-            tag="handlers",
-        ),
-        "get": operation(
-            "getHandler",
-            "Describe a handler and its status",
-            {"200": answer("The handler", ref("HandlerInfo")), **fails(404)},
-            tag="handlers",
-        ),
-        "delete": operation(
-            "dropHandler",
-            "Stop a handler and delete its definition",
-            {"204": answer("Dropped"), **fails(404)},
-            tag="handlers",
-        ),
-    },
-    "/v1/handlers/{name}/start": {
-        "parameters": [HANDLER],
-        "post": operation(
-            "startHandler",
-            "Start the handler's loop (kept across restarts)",
-            {"200": answer("The handler", ref("HandlerInfo")), **fails(404)},
-            tag="handlers",
-        ),
-    },
-    "/v1/handlers/{name}/stop": {
-        "parameters": [HANDLER],
-        "post": operation(
-            "stopHandler",
-            "Stop the handler's loop, waiting for a running pass to end (kept across restarts)",
-            {"200": answer("The handler", ref("HandlerInfo")), **fails(404)},
-            tag="handlers",
-        ),
-    },
-    "/v1/handlers/{name}/run": {
-        "parameters": [HANDLER],
-        "post": operation(
-            "runHandler",
-            "Run one pass now, started or not; answers after it",
-            {"200": answer("The handler after the pass", ref("HandlerInfo")), **fails(404)},
-            tag="handlers",
-        ),
-    },
-    "/v1/clusters": {
-        "get": operation(
-            "listClusters",
-            "List external clusters, sorted by name (no secrets)",
-            {"200": answer("External clusters", ref("ClusterList")), **fails()},
-            tag="clusters",
-        ),
-    },
-    "/v1/clusters/{name}": {
-        "parameters": [CLUSTER],
-        "put": operation(
-            "putCluster",
-            "Register (201) or replace (200) an external cluster",
-            {
-                "200": answer("Replaced", ref("ClusterInfo")),
-                "201": answer("Created", ref("ClusterInfo")),
-                **fails(400, 408, 413),
-            },
-            body={"required": True, "content": json_content(ref("ClusterDefinition"))},
-            tag="clusters",
-        ),
-        "get": operation(
-            "getCluster",
-            "Describe an external cluster (no secrets)",
-            {"200": answer("The cluster", ref("ClusterInfo")), **fails(404)},
-            tag="clusters",
-        ),
-        "delete": operation(
-            "dropCluster",
-            "Forget an external cluster and its stored secret",
-            {"204": answer("Dropped"), **fails(404)},
-            tag="clusters",
-        ),
-    },
-    "/v1/clusters/{name}/ping": {
-        "parameters": [CLUSTER],
-        "post": operation(
-            "pingCluster",
-            "Reach the cluster's /readyz and one authenticated call; a failure is ok false, not 5xx",
-            {"200": answer("What happened", ref("ClusterPing")), **fails(404)},
-            tag="clusters",
-        ),
-    },
-    "/v1/users": {
-        "get": operation(
-            "listUsers",
-            "Users the caller may read",
-            {"200": answer("Users", ref("UserList")), **fails(404)},
-            tag="users",
-        ),
-    },
-    "/v1/users/{name}": {
-        "parameters": [USER],
-        "put": operation(
-            "putUser",
-            "Create (password required) or change a user",
-            {
-                "200": answer("Changed", ref("User")),
-                "201": answer("Created", ref("User")),
-                **fails(400, 404, 409),
-            },
-            body={"required": True, "content": json_content(ref("UserPut"))},
-            tag="users",
-        ),
-        "get": operation(
-            "getUser",
-            "A user (never its password)",
-            {"200": answer("User", ref("User")), **fails(404)},
-            tag="users",
-        ),
-        "delete": operation(
-            "dropUser",
-            "Delete a user and revoke its tokens",
-            {"204": answer("Deleted"), **fails(404, 409)},
-            tag="users",
-        ),
-    },
-    "/v1/users/{name}/password": {
-        "parameters": [USER],
-        "post": operation(
-            "changePassword",
-            "Change a password (your own with old_password, or as user admin)",
-            {"200": answer("Changed", ref("User")), **fails(400, 404)},
-            body={"required": True, "content": json_content(ref("PasswordChange"))},
-            tag="users",
-        ),
-    },
-    "/v1/me": {
-        "get": operation(
-            "me",
-            "Who the credentials belong to",
-            {"200": answer("Identity", ref("Me")), **fails()},
-            tag="users",
-        ),
-    },
-    "/v1/tokens": {
-        "post": operation(
-            "createToken",
-            "A bearer token for yourself (from Basic credentials) or, as user admin, for another user",
-            {"201": answer("Created; the token text is shown only now", ref("Token")), **fails(400, 404)},
-            body={"required": False, "content": json_content(ref("TokenCreate"))},
-            tag="users",
-        ),
-        "get": operation(
-            "listTokens",
-            "Your tokens, and those of users you administer",
-            {"200": answer("Tokens", ref("TokenList")), **fails(404)},
-            tag="users",
-        ),
-    },
-    "/v1/tokens/{id}": {
-        "parameters": [param("id", "path", {"type": "string", "pattern": r"^[0-9a-f]{16}$"}, "Token id")],
-        "delete": operation(
-            "revokeToken", "Revoke a token", {"204": answer("Revoked"), **fails(404)}, tag="users"
-        ),
-    },
-    "/healthz": {
-        "get": operation("healthz", "Liveness", {"200": answer("Serving", ref("Status"))}, tag="operations")
-    },
-    "/readyz": {
-        "get": operation(
-            "readyz",
-            "Readiness: every queue recovered and accepting writes",
-            {
-                "200": answer("Ready", ref("Status")),
-                "503": answer("Recovering, or a queue cannot accept writes", ref("Readiness")),
-            },
-            tag="operations",
-        )
-    },
-    "/metrics": {
-        "get": operation(
-            "metrics",
-            "Prometheus text format 0.0.4",
-            {
-                "200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
-                **fails(),
-            },
-            tag="operations",
-        )
-    },
-    "/v1/openapi.json": {
-        "get": operation(
-            "openapi", "This document", {"200": answer("OpenAPI 3.1", {"type": "object"})}, tag="operations"
-        )
-    },
-}
-
-DOCUMENT: dict[str, Any] = {
-    "openapi": "3.1.0",
-    "info": {
-        "title": "Capella",
-        "version": "1",
-        "description": "A block-based, replicated message broker. See docs/api.md.",
-    },
-    "paths": PATHS,
-    # Enforced when [auth] enabled = true; with auth off (loopback only) no credentials are needed.
-    "security": [{"basic": []}, {"bearer": []}],
-    "components": {
-        "securitySchemes": {
-            "basic": {"type": "http", "scheme": "basic"},
-            "bearer": {"type": "http", "scheme": "bearer", "description": "A token from POST /v1/tokens"},
+def document(routes: list[Route]) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``routes``: paths from the table, schemas from ``SCHEMAS``."""
+    paths: dict[str, Any] = {}
+    for route in routes:
+        item = paths.setdefault(route.path, {})
+        if (params := path_parameters(route.path)) and "parameters" not in item:
+            item["parameters"] = params
+        item[route.method.lower()] = operation(route)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Capella",
+            "version": "1",
+            "description": "A block-based, replicated message broker. See docs/api.md.",
         },
-        "schemas": SCHEMAS,
-        "responses": {
-            f"E{status}": {"description": text, "content": json_content(ref("Error"))}
-            for status, text in _ERROR_TEXT.items()
+        "paths": paths,
+        # Enforced when [auth] enabled = true; with auth off (loopback only) no credentials are needed.
+        "security": [{"basic": []}, {"bearer": []}],
+        "components": {
+            "securitySchemes": {
+                "basic": {"type": "http", "scheme": "basic"},
+                "bearer": {"type": "http", "scheme": "bearer", "description": "A token from POST /v1/tokens"},
+            },
+            "schemas": SCHEMAS,
+            "responses": {
+                f"E{status}": {"description": text, "content": json_content(ref("Error"))}
+                for status, text in _ERROR_TEXT.items()
+            },
         },
-    },
-}
-
-# Liveness, readiness and this document answer without credentials.
-for _public in ("/healthz", "/readyz", "/v1/openapi.json"):
-    PATHS[_public]["get"]["security"] = []
-
-BODY = wire.dumps(DOCUMENT)
+    }
 
 
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/v1/openapi.json", serve)
+DOCUMENT_BODY = web.AppKey("openapi", bytes)
 
 
 async def serve(request: web.Request) -> web.Response:
-    return web.Response(body=BODY, content_type=wire.JSON)
+    return web.Response(body=request.app[DOCUMENT_BODY], content_type=wire.JSON)
+
+
+ROUTES = [
+    Route(
+        "GET",
+        "/v1/openapi.json",
+        serve,
+        need=None,
+        op="openapi",
+        summary="This document",
+        tag="operations",
+        answers={200: answer("OpenAPI 3.1", {"type": "object"})},
+        fails=None,
+    ),
+]

@@ -7,15 +7,10 @@ from typing import Any
 from aiohttp import web
 
 from capella.api.access import identity
+from capella.api.openapi import answer, json_content, ref
 from capella.api.request import CLUSTER, json_response, read_object
+from capella.api.route import Route, on_queue
 from capella.core.queue import Queue
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/v1/queues", list_queues)
-    router.add_put("/v1/queues/{queue}", put_queue)
-    router.add_get("/v1/queues/{queue}", get_queue)
-    router.add_delete("/v1/queues/{queue}", drop_queue)
 
 
 def queue_info(queue: Queue) -> dict[str, Any]:
@@ -41,3 +36,51 @@ async def get_queue(request: web.Request) -> web.Response:
 async def drop_queue(request: web.Request) -> web.Response:
     await request.app[CLUSTER].drop_queue(request.match_info["queue"])
     return web.Response(status=204)
+
+
+ROUTES = [
+    Route(
+        "GET",
+        "/v1/queues",
+        list_queues,
+        need=(),
+        op="listQueues",
+        summary="List queues",
+        tag="queues",
+        answers={200: answer("Queues", ref("QueueList"))},
+    ),
+    Route(
+        "PUT",
+        "/v1/queues/{queue}",
+        put_queue,
+        need=(on_queue("admin"),),
+        op="putQueue",
+        summary="Create (201) or update (200) a queue",
+        tag="queues",
+        answers={200: answer("Updated", ref("QueueInfo")), 201: answer("Created", ref("QueueInfo"))},
+        fails=(400, 408, 409, 413),
+        body={"required": False, "content": json_content(ref("QueueDefinition"))},
+    ),
+    Route(
+        "GET",
+        "/v1/queues/{queue}",
+        get_queue,
+        need=(on_queue("read"),),
+        op="getQueue",
+        summary="Describe a queue",
+        tag="queues",
+        answers={200: answer("The queue", ref("QueueInfo"))},
+        fails=(404,),
+    ),
+    Route(
+        "DELETE",
+        "/v1/queues/{queue}",
+        drop_queue,
+        need=(on_queue("admin"),),
+        op="dropQueue",
+        summary="Drop a queue and all its messages",
+        tag="queues",
+        answers={204: answer("Dropped")},
+        fails=(404,),
+    ),
+]

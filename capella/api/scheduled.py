@@ -10,6 +10,7 @@ from aiohttp import web
 
 from capella import wire
 from capella.api.messages import MAX_DELAY
+from capella.api.openapi import LIMIT, MESSAGE_FILTERS, SAVE, answer, json_content, param, ref
 from capella.api.request import (
     CLUSTER,
     json_response,
@@ -18,6 +19,7 @@ from capella.api.request import (
     read_object,
     save_param,
 )
+from capella.api.route import Route, on_queue
 from capella.config import parse_duration
 from capella.core.filter import matches
 from capella.core.queue import Queue
@@ -26,15 +28,6 @@ from capella.errors import InvalidConfig, InvalidRequest
 
 # At most this many ids in one cancel request.
 MAX_CANCEL = 10_000
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    base = "/v1/queues/{queue}/scheduled"
-    router.add_get(base, list_scheduled)
-    router.add_post(f"{base}/cancel", cancel_many)
-    router.add_get(f"{base}/{{id}}", get_scheduled)
-    router.add_patch(f"{base}/{{id}}", reschedule)
-    router.add_delete(f"{base}/{{id}}", cancel_one)
 
 
 def scheduled_info(item: Scheduled) -> dict[str, Any]:
@@ -204,3 +197,76 @@ async def cancel_many(request: web.Request) -> web.Response:
     cancelled = await queue.cancel_scheduled(ids, save)
     done = set(cancelled)
     return json_response({"cancelled": cancelled, "not_cancelled": [i for i in ids if i not in done]})
+
+
+ROUTES = [
+    Route(
+        "GET",
+        "/v1/queues/{queue}/scheduled",
+        list_scheduled,
+        need=(on_queue("read"),),
+        op="listScheduled",
+        summary="Delayed messages in delivery order",
+        tag="scheduled",
+        answers={200: answer("A page of delayed messages", ref("ScheduledList"))},
+        fails=(400, 404),
+        params=(
+            LIMIT,
+            param("after", "query", {"type": "string"}, "the next value of the previous page"),
+            param(
+                "due_after", "query", {"type": "string"}, "only due at or after this time (UNIX or RFC 3339)"
+            ),
+            param("due_before", "query", {"type": "string"}, "only due before this time (UNIX or RFC 3339)"),
+            *MESSAGE_FILTERS,
+        ),
+    ),
+    Route(
+        "POST",
+        "/v1/queues/{queue}/scheduled/cancel",
+        cancel_many,
+        need=(on_queue("write"),),
+        op="cancelScheduledMany",
+        summary="Cancel delayed messages by id",
+        tag="scheduled",
+        answers={200: answer("What was cancelled", ref("CancelledScheduled"))},
+        fails=(400, 404, 408, 413),
+        params=(SAVE,),
+        body={"required": True, "content": json_content(ref("CancelScheduled"))},
+    ),
+    Route(
+        "GET",
+        "/v1/queues/{queue}/scheduled/{id}",
+        get_scheduled,
+        need=(on_queue("read"),),
+        op="getScheduled",
+        summary="Describe a delayed message",
+        tag="scheduled",
+        answers={200: answer("The delayed message", ref("ScheduledMessage"))},
+        fails=(400, 404),
+    ),
+    Route(
+        "PATCH",
+        "/v1/queues/{queue}/scheduled/{id}",
+        reschedule,
+        need=(on_queue("write"),),
+        op="reschedule",
+        summary="Move a delayed message to another time (409 while it is being delivered)",
+        tag="scheduled",
+        answers={200: answer("Rescheduled", ref("ScheduledMessage"))},
+        fails=(400, 404, 408, 409, 413),
+        params=(SAVE,),
+        body={"required": True, "content": json_content(ref("Reschedule"))},
+    ),
+    Route(
+        "DELETE",
+        "/v1/queues/{queue}/scheduled/{id}",
+        cancel_one,
+        need=(on_queue("write"),),
+        op="cancelScheduled",
+        summary="Cancel a delayed message (409 while it is being delivered)",
+        tag="scheduled",
+        answers={204: answer("Cancelled")},
+        fails=(400, 404, 409),
+        params=(SAVE,),
+    ),
+]

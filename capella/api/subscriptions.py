@@ -10,6 +10,19 @@ from aiohttp import web
 from capella import wire
 from capella.api.access import identity
 from capella.api.messages import messages_response, read_waiting
+from capella.api.openapi import (
+    ACCEPT,
+    LIMIT,
+    MESSAGE_ID,
+    MESSAGES_ANSWER,
+    SAVE,
+    SEGMENTS,
+    WAIT,
+    answer,
+    json_content,
+    param,
+    ref,
+)
 from capella.api.request import (
     CLUSTER,
     int_param,
@@ -20,20 +33,11 @@ from capella.api.request import (
     segments_param,
     wait_param,
 )
+from capella.api.route import Route, on_queue, on_subscription
 from capella.core.queue import Queue
 from capella.core.retry import RetryPolicy, parse_policy
 from capella.core.subscription import ACK, CURSOR, Subscription
 from capella.errors import InvalidRequest, SubscriptionNotFound, WrongSubscriptionMode
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    base = "/v1/queues/{queue}"
-    router.add_get(f"{base}/subscriptions", list_subscriptions)
-    router.add_put(f"{base}/subscriptions/{{name}}", commit)
-    router.add_get(f"{base}/subscriptions/{{name}}", get_subscription)
-    router.add_delete(f"{base}/subscriptions/{{name}}", delete_subscription)
-    router.add_get(f"{base}/subscriptions/{{name}}/messages", read)
-    router.add_get(f"{base}/replicas", replicas)
 
 
 def subscription_info(queue: Queue, sub: Subscription) -> dict[str, Any]:
@@ -174,3 +178,89 @@ async def replicas(request: web.Request) -> web.Response:
     message_id = int_param(request, "id", 0, low=0)
     names = queue.replicas(message_id)
     return json_response({"id": message_id, "count": len(names), "subscriptions": names})
+
+
+ROUTES = [
+    Route(
+        "GET",
+        "/v1/queues/{queue}/subscriptions",
+        list_subscriptions,
+        need=(on_queue("read"),),
+        op="listSubscriptions",
+        summary="List a queue's subscriptions",
+        tag="subscriptions",
+        answers={200: answer("Subscriptions", ref("SubscriptionList"))},
+        fails=(404,),
+    ),
+    Route(
+        "PUT",
+        "/v1/queues/{queue}/subscriptions/{name}",
+        commit,
+        need=(on_subscription("write"),),
+        op="commitSubscription",
+        summary="Create (201) or commit (200); never moves backwards unless reset",
+        tag="subscriptions",
+        answers={200: answer("Committed", ref("Subscription")), 201: answer("Created", ref("Subscription"))},
+        fails=(400, 404, 408, 413),
+        params=(SAVE,),
+        body={"required": False, "content": json_content(ref("SubscriptionCommit"))},
+    ),
+    Route(
+        "GET",
+        "/v1/queues/{queue}/subscriptions/{name}",
+        get_subscription,
+        need=(on_subscription("read"),),
+        op="getSubscription",
+        summary="Describe a subscription",
+        tag="subscriptions",
+        answers={200: answer("The subscription", ref("Subscription"))},
+        fails=(404,),
+    ),
+    Route(
+        "DELETE",
+        "/v1/queues/{queue}/subscriptions/{name}",
+        delete_subscription,
+        need=(on_subscription("admin"),),
+        op="deleteSubscription",
+        summary="Delete a subscription",
+        tag="subscriptions",
+        answers={204: answer("Deleted")},
+        fails=(404,),
+    ),
+    Route(
+        "GET",
+        "/v1/queues/{queue}/subscriptions/{name}/messages",
+        read,
+        need=(on_queue("read"), on_subscription("read")),
+        op="readSubscription",
+        summary="Read after the subscription's cursor; commit=auto moves it",
+        tag="subscriptions",
+        answers={200: MESSAGES_ANSWER},
+        fails=(400, 404),
+        params=(
+            LIMIT,
+            SEGMENTS,
+            WAIT,
+            SAVE,
+            param(
+                "commit",
+                "query",
+                {"type": "string", "enum": ["auto", "none"], "default": "auto"},
+                "auto: move the cursor to last_id (creating the subscription); none: only read",
+            ),
+            ACCEPT,
+        ),
+    ),
+    Route(
+        "GET",
+        "/v1/queues/{queue}/replicas",
+        replicas,
+        need=(on_queue("read"),),
+        op="replicas",
+        summary="Replica subscriptions whose cursor is at or past id",
+        tag="subscriptions",
+        answers={200: answer("Replicas", ref("Replicas"))},
+        fails=(400, 404),
+        params=(param("id", "query", MESSAGE_ID, "Message id", required=True),),
+    ),
+]

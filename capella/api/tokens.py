@@ -12,16 +12,12 @@ import asyncio
 from aiohttp import web
 
 from capella.api.access import AUTHENTICATOR, identity
+from capella.api.openapi import answer, json_content, ref
 from capella.api.request import json_response, read_object
+from capella.api.route import Route
 from capella.api.users import store
 from capella.config import parse_duration
 from capella.errors import Forbidden, InvalidConfig, InvalidRequest, TokenNotFound
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_post("/v1/tokens", create_token)
-    router.add_get("/v1/tokens", list_tokens)
-    router.add_delete("/v1/tokens/{id}", revoke_token)
 
 
 async def create_token(request: web.Request) -> web.Response:
@@ -68,3 +64,41 @@ async def revoke_token(request: web.Request) -> web.Response:
         raise TokenNotFound(f"no token {token.id!r}")
     await asyncio.to_thread(tokens.revoke_token, token.id)
     return web.Response(status=204)
+
+
+ROUTES = [
+    Route(
+        "POST",
+        "/v1/tokens",
+        create_token,
+        need=(),
+        op="createToken",
+        summary="A bearer token for yourself (from Basic credentials) or, as user admin, for another user",
+        tag="users",
+        answers={201: answer("Created; the token text is shown only now", ref("Token"))},
+        fails=(400, 404),
+        body={"required": False, "content": json_content(ref("TokenCreate"))},
+    ),
+    Route(
+        "GET",
+        "/v1/tokens",
+        list_tokens,
+        need=(),
+        op="listTokens",
+        summary="Your tokens, and those of users you administer",
+        tag="users",
+        answers={200: answer("Tokens", ref("TokenList"))},
+        fails=(404,),
+    ),
+    Route(
+        "DELETE",
+        "/v1/tokens/{id}",
+        revoke_token,
+        need=(),  # your own, or user admin on the owner
+        op="revokeToken",
+        summary="Revoke a token",
+        tag="users",
+        answers={204: answer("Revoked")},
+        fails=(404,),
+    ),
+]

@@ -12,19 +12,12 @@ import asyncio
 from aiohttp import web
 
 from capella.api.access import AUTHENTICATOR, identity
+from capella.api.openapi import answer, json_content, ref
 from capella.api.request import json_response, read_object
+from capella.api.route import Route, on_named
 from capella.auth.password import verify_password
 from capella.auth.store import AuthStore
 from capella.errors import Forbidden, InvalidRequest, NotFound
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_get("/v1/users", list_users)
-    router.add_put("/v1/users/{name}", put_user)
-    router.add_get("/v1/users/{name}", get_user)
-    router.add_delete("/v1/users/{name}", drop_user)
-    router.add_post("/v1/users/{name}/password", change_password)
-    router.add_get("/v1/me", me)
 
 
 def store(request: web.Request) -> AuthStore:
@@ -93,3 +86,74 @@ async def me(request: web.Request) -> web.Response:
             "rules": [r.to_dict() for r in who.rules],
         }
     )
+
+
+ROUTES = [
+    Route(
+        "GET",
+        "/v1/users",
+        list_users,
+        need=(),
+        op="listUsers",
+        summary="Users the caller may read",
+        tag="users",
+        answers={200: answer("Users", ref("UserList"))},
+        fails=(404,),
+    ),
+    Route(
+        "PUT",
+        "/v1/users/{name}",
+        put_user,
+        need=(on_named("user", "admin"),),
+        op="putUser",
+        summary="Create (password required) or change a user",
+        tag="users",
+        answers={200: answer("Changed", ref("User")), 201: answer("Created", ref("User"))},
+        fails=(400, 404, 409),
+        body={"required": True, "content": json_content(ref("UserPut"))},
+    ),
+    Route(
+        "GET",
+        "/v1/users/{name}",
+        get_user,
+        need=(),  # yourself, or user read (checked by the handler)
+        op="getUser",
+        summary="A user (never its password)",
+        tag="users",
+        answers={200: answer("User", ref("User"))},
+        fails=(404,),
+    ),
+    Route(
+        "DELETE",
+        "/v1/users/{name}",
+        drop_user,
+        need=(on_named("user", "admin"),),
+        op="dropUser",
+        summary="Delete a user and revoke its tokens",
+        tag="users",
+        answers={204: answer("Deleted")},
+        fails=(404, 409),
+    ),
+    Route(
+        "POST",
+        "/v1/users/{name}/password",
+        change_password,
+        need=(),  # yourself (with the old password), or user admin
+        op="changePassword",
+        summary="Change a password (your own with old_password, or as user admin)",
+        tag="users",
+        answers={200: answer("Changed", ref("User"))},
+        fails=(400, 404),
+        body={"required": True, "content": json_content(ref("PasswordChange"))},
+    ),
+    Route(
+        "GET",
+        "/v1/me",
+        me,
+        need=(),
+        op="me",
+        summary="Who the credentials belong to",
+        tag="users",
+        answers={200: answer("Identity", ref("Me"))},
+    ),
+]

@@ -17,6 +17,19 @@ from aiohttp import web
 
 from capella import wire
 from capella.api.messages import MAX_DELAY, stored_message
+from capella.api.openapi import (
+    AFTER,
+    DURATION,
+    LIMIT,
+    MESSAGE_FILTERS,
+    MESSAGE_ID,
+    SAVE,
+    WAIT,
+    answer,
+    json_content,
+    param,
+    ref,
+)
 from capella.api.request import (
     CLUSTER,
     SETTINGS,
@@ -30,6 +43,7 @@ from capella.api.request import (
     save_param,
     wait_param,
 )
+from capella.api.route import Route, on_queue, on_subscription
 from capella.config import parse_duration
 from capella.core.filter import MessageFilter, matches, parse_path
 from capella.core.message import Message, SaveMode
@@ -41,18 +55,6 @@ from capella.errors import InvalidConfig, InvalidRequest, MessageNotFound
 # At most this many messages are retried or deleted by one request (the answer says where to
 # go on from).
 MAX_BULK = 10_000
-
-
-def add_routes(router: web.UrlDispatcher) -> None:
-    base = "/v1/queues/{queue}/subscriptions/{name}"
-    router.add_post(f"{base}/claim", claim)
-    router.add_post(f"{base}/ack", ack)
-    router.add_post(f"{base}/nack", nack)
-    router.add_post(f"{base}/extend", extend)
-    router.add_get(f"{base}/work", list_work)
-    router.add_post(f"{base}/work/retry", retry)
-    router.add_post(f"{base}/work/delete", delete)
-    router.add_get(f"{base}/work/{{id}}", get_work)
 
 
 def _work(request: web.Request) -> tuple[Queue, WorkQueue]:
@@ -374,3 +376,151 @@ async def delete(request: web.Request) -> web.Response:
     _, found, next_after = await _bulk(request, set(), None)
     deleted = await work.delete([m.id for m, _ in found], save)
     return json_response({"deleted": sorted(deleted), "next_after": next_after})
+
+
+ROUTES = [
+    Route(
+        "POST",
+        "/v1/queues/{queue}/subscriptions/{name}/claim",
+        claim,
+        need=(on_queue("read"), on_subscription("write")),
+        op="claim",
+        summary="Lease messages of an ack-mode subscription: due retries first, then new ones in id order",
+        tag="work",
+        answers={200: answer("Claimed messages (maybe none)", ref("Claimed"))},
+        fails=(400, 404, 409),
+        params=(
+            param(
+                "limit",
+                "query",
+                {"type": "integer", "minimum": 1, "default": 1},
+                "At most this many messages (capped at the server's max_limit)",
+            ),
+            param("lease", "query", DURATION, "How long the claim is held (default: the policy's)"),
+            WAIT,
+            SAVE,
+        ),
+    ),
+    Route(
+        "POST",
+        "/v1/queues/{queue}/subscriptions/{name}/ack",
+        ack,
+        need=(on_subscription("write"),),
+        op="ack",
+        summary="Finish claimed messages",
+        tag="work",
+        answers={200: answer("One result per receipt", ref("ReceiptResults"))},
+        fails=(400, 404, 408, 409, 413),
+        params=(SAVE,),
+        body={"required": True, "content": json_content(ref("Receipts"))},
+    ),
+    Route(
+        "POST",
+        "/v1/queues/{queue}/subscriptions/{name}/nack",
+        nack,
+        need=(on_subscription("write"),),
+        op="nack",
+        summary="Give claimed messages back with an error: retried after a delay, or dead",
+        tag="work",
+        answers={200: answer("One result per receipt", ref("ReceiptResults"))},
+        fails=(400, 404, 408, 409, 413),
+        params=(SAVE,),
+        body={"required": True, "content": json_content(ref("Receipts"))},
+    ),
+    Route(
+        "POST",
+        "/v1/queues/{queue}/subscriptions/{name}/extend",
+        extend,
+        need=(on_subscription("write"),),
+        op="extend",
+        summary="Lengthen the lease of claimed messages",
+        tag="work",
+        answers={200: answer("One result per receipt", ref("ReceiptResults"))},
+        fails=(400, 404, 408, 409, 413),
+        params=(SAVE,),
+        body={"required": True, "content": json_content(ref("Receipts"))},
+    ),
+    Route(
+        "GET",
+        "/v1/queues/{queue}/subscriptions/{name}/work",
+        list_work,
+        need=(on_queue("read"), on_subscription("read")),
+        op="listWork",
+        summary="Messages of an ack-mode subscription by status, filtered, in id order",
+        tag="work",
+        answers={200: answer("A page", ref("WorkList"))},
+        fails=(400, 404, 409),
+        params=(
+            param(
+                "status",
+                "query",
+                {"type": "string"},
+                "comma-separated: pending, in_flight, failed, dead (default all)",
+            ),
+            *MESSAGE_FILTERS,
+            AFTER,
+            LIMIT,
+        ),
+    ),
+    Route(
+        "POST",
+        "/v1/queues/{queue}/subscriptions/{name}/work/retry",
+        retry,
+        need=(on_subscription("admin"),),
+        op="retryWork",
+        summary="Make waiting messages claimable now (or at), and move dead ones back",
+        tag="work",
+        answers={
+            200: answer(
+                "What was retried",
+                {
+                    "type": "object",
+                    "required": ["retried", "next_after"],
+                    "properties": {
+                        "retried": {"type": "array", "items": MESSAGE_ID},
+                        "next_after": {"type": ["integer", "null"]},
+                    },
+                },
+            )
+        },
+        fails=(400, 404, 408, 409, 413),
+        params=(SAVE,),
+        body={"required": False, "content": json_content(ref("WorkSelection"))},
+    ),
+    Route(
+        "POST",
+        "/v1/queues/{queue}/subscriptions/{name}/work/delete",
+        delete,
+        need=(on_subscription("admin"),),
+        op="deleteWork",
+        summary="Finish messages without processing them (skip)",
+        tag="work",
+        answers={
+            200: answer(
+                "What was deleted",
+                {
+                    "type": "object",
+                    "required": ["deleted", "next_after"],
+                    "properties": {
+                        "deleted": {"type": "array", "items": MESSAGE_ID},
+                        "next_after": {"type": ["integer", "null"]},
+                    },
+                },
+            )
+        },
+        fails=(400, 404, 408, 409, 413),
+        params=(SAVE,),
+        body={"required": True, "content": json_content(ref("WorkSelection"))},
+    ),
+    Route(
+        "GET",
+        "/v1/queues/{queue}/subscriptions/{name}/work/{id}",
+        get_work,
+        need=(on_queue("read"), on_subscription("read")),
+        op="getWork",
+        summary="One message's status, attempts and last error",
+        tag="work",
+        answers={200: answer("The message", ref("WorkMessage"))},
+        fails=(400, 404, 409),
+    ),
+]

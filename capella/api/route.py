@@ -1,0 +1,61 @@
+"""One row per route: method, path, handler, what the caller needs, and what it answers.
+
+Each resource module declares its ``ROUTES``; ``create_app`` serves them, the access check
+reads their ``need``, and ``openapi.document`` describes them. Nothing else lists routes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """``action`` on the ``type`` object named by ``name`` (a template over the path)."""
+
+    type: str
+    action: str
+    name: str
+
+
+def on_queue(action: str) -> Need:
+    return Need("queue", action, "{queue}")
+
+
+def on_subscription(action: str) -> Need:
+    return Need("subscription", action, "{queue}/{name}")
+
+
+def on_named(kind: str, action: str) -> Need:
+    """``action`` on the handler, external cluster or user named ``{name}`` in the path."""
+    return Need(kind, action, "{name}")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A route and its contract.
+
+    ``need`` is what the caller must be allowed: ``None`` for a public route (no credentials),
+    ``()`` for any signed-in user (the handler filters or checks ownership itself).
+    ``answers`` maps a status to its OpenAPI response; ``fails`` lists the error statuses
+    beyond 401, 403 and 503, which every non-public route can answer (``None``: none at all).
+    ``params`` are the query and header parameters; path parameters follow from ``path``.
+    """
+
+    method: str
+    path: str
+    handler: Handler
+    need: tuple[Need, ...] | None
+    op: str
+    summary: str
+    tag: str
+    answers: Mapping[int, dict[str, Any]]
+    fails: tuple[int, ...] | None = ()
+    params: tuple[dict[str, Any], ...] = ()
+    body: dict[str, Any] | None = None
