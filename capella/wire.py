@@ -6,6 +6,9 @@
 - ``payload_fields(payload)`` → ``("data", text)`` for valid UTF-8, else ``("data_b64", base64)``.
 - ``decode_payload(data, data_b64)`` → the payload bytes from exactly one of the two fields.
 - ``INT64_MIN`` / ``INT64_MAX``: the range of ids, external ids and segments.
+
+Typed bodies (msgspec structs, decoded straight from the JSON bytes; unknown fields refused):
+``Message`` (one message to produce) and ``ProduceBody`` (a message, or ``{"messages": [...]}``).
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ import math
 import re
 from base64 import b64decode, b64encode
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import orjson
 
 from capella.errors import InvalidRequest
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
 
@@ -97,3 +102,27 @@ def decode_payload(data: object, data_b64: object) -> bytes:
         return b64decode(data_b64, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError("data_b64: not valid base64") from None
+
+
+class Message(msgspec.Struct, forbid_unknown_fields=True):
+    """A message to produce: ``data`` (text) or ``data_b64``, and optional metadata.
+
+    ``external_time`` and ``deliver_at`` are UNIX seconds or RFC 3339 text; ``delay`` is
+    seconds or a duration such as ``"10m"`` (give at most one of the two).
+    """
+
+    data: str | None = None
+    data_b64: str | None = None
+    source: str | None = None
+    external_id: Int64 | None = None
+    external_time: float | str | None = None
+    segment: Int64 | None = None
+    headers: dict[str, str] | None = None
+    deliver_at: float | str | None = None
+    delay: float | str | None = None
+
+
+class ProduceBody(Message, forbid_unknown_fields=True):
+    """A produce request: ``{"messages": [Message, ...]}``, or one Message object on its own."""
+
+    messages: list[Message] | None = None

@@ -1,7 +1,8 @@
 """Messages: produce (JSON, NDJSON, raw bytes), read after an id (long-poll), and the SSE tail.
 
-The produce and read paths are hot: parsing is one ``orjson.loads`` plus a short loop per
-message, and an answer is one ``orjson.dumps`` of a list of plain dicts.
+The produce and read paths are hot: a JSON body decodes straight into ``wire`` structs (one
+msgspec pass, unknown fields refused) and each becomes a ``Draft`` in a short loop; an answer
+is one ``orjson.dumps`` of a list of plain dicts.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import asyncio
 import base64
 import binascii
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
 import orjson
 from aiohttp import web
 
@@ -117,26 +120,34 @@ def _body_kind(content_type: str | None) -> str:
     )
 
 
+_BODY = msgspec.json.Decoder(wire.ProduceBody)
+_ONE = msgspec.json.Decoder(wire.Message)
+# The fields a message may carry beside its payload; one of them set means the slow path.
+_METADATA = ("source", "external_id", "external_time", "segment", "headers", "deliver_at", "delay")
+
+
 def json_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> list[Draft]:
-    value = wire.loads(body)
-    if type(value) is dict and "messages" in value:
-        if len(value) != 1:
-            extra = sorted(k for k in value if k != "messages")
+    """The drafts of a JSON body: ``{"messages": [...]}`` or one message object."""
+    try:
+        decoded = _BODY.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _decode_error(str(exc), 0, batch=b'"messages"' in body) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"body is not valid JSON: {exc}") from None
+    items: list[wire.Message]
+    if decoded.messages is not None:
+        if extra := [f for f in wire.Message.__struct_fields__ if getattr(decoded, f) is not None]:
             raise InvalidRequest(f"unknown field(s) next to messages: {', '.join(extra)}")
-        items = value["messages"]
-        if type(items) is not list:
-            raise InvalidRequest("messages: expected a list of message objects")
-    elif type(value) is dict:
-        items = [value]
+        items = decoded.messages
     else:
-        raise InvalidRequest('the body must be {"messages": [...]} or a single message object')
+        items = [decoded]
     if len(items) > settings.max_batch:
         raise PayloadTooLarge(
             f"the batch holds {len(items)} messages; the limit is {settings.max_batch}",
             limit=settings.max_batch,
         )
     size = settings.max_message_size
-    return [parse_draft(item, i, size, now) for i, item in enumerate(items)]
+    return [draft_of(item, i, size, now) for i, item in enumerate(items)]
 
 
 def ndjson_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> list[Draft]:
@@ -150,61 +161,87 @@ def ndjson_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> li
     size = settings.max_message_size
     for i, line in enumerate(lines):
         try:
-            item = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
+            item = _ONE.decode(line)
+        except msgspec.ValidationError as exc:
+            raise _decode_error(str(exc), i, batch=False) from None
+        except msgspec.DecodeError as exc:
             raise InvalidMessage(f"message {i}: not valid JSON: {exc}", index=i) from None
-        drafts.append(parse_draft(item, i, size, now))
+        drafts.append(draft_of(item, i, size, now))
     return drafts
 
 
-def parse_draft(item: Any, index: int, max_size: int, now: float = 0.0) -> Draft:
-    """One Message object → Draft, or ``InvalidMessage`` naming the index and the field.
+def draft_of(item: wire.Message, index: int, max_size: int, now: float = 0.0) -> Draft:
+    """One decoded message → Draft, or ``InvalidMessage`` naming the index and the field.
 
     ``now`` (the queue's clock) turns a relative ``delay`` into ``deliver_at``.
     """
-    if type(item) is not dict:
-        raise InvalidMessage(f"message {index}: expected a JSON object", index=index)
-    # The common case, {"data": "..."}, skips the field loop.
-    if len(item) == 1 and type(data := item.get("data")) is str:
-        payload = data.encode()
-        if len(payload) > max_size:
-            raise _too_large(index, len(payload), max_size)
-        return Draft(payload)
-    data = data_b64 = source = external_id = external_time = headers = segment = None
-    deliver_at = delay = None
-    for key, value in item.items():
-        if key == "data":
-            data = value
-        elif key == "data_b64":
-            data_b64 = value
-        elif key == "source":
-            source = value
-        elif key == "external_id":
-            external_id = value
-        elif key == "external_time":
-            external_time = value
-        elif key == "segment":
-            segment = value
-        elif key == "headers":
-            headers = value
-        elif key == "deliver_at":
-            deliver_at = value
-        elif key == "delay":
-            delay = value
-        else:
-            raise _bad(index, key, "unknown field")
-    payload = _payload(data, data_b64, index)
+    payload = _payload(item.data, item.data_b64, index)
     if len(payload) > max_size:
         raise _too_large(index, len(payload), max_size)
+    # The common case, a payload and nothing else, skips the metadata checks.
+    if all(getattr(item, f) is None for f in _METADATA):
+        return Draft(payload)
+    source, external_time, segment, headers = item.source, item.external_time, item.segment, item.headers
     return Draft(
         payload,
         None if source is None else _source(source, index),
-        None if external_id is None else _int64(external_id, index, "external_id"),
+        item.external_id,
         None if external_time is None else _time(external_time, index),
-        0 if segment is None else _int64(segment, index, "segment"),
-        _NO_HEADERS if headers is None else _headers(headers, index),
-        None if deliver_at is None and delay is None else _due(deliver_at, delay, index, now),
+        0 if segment is None else segment,
+        _NO_HEADERS if headers is None else headers,
+        None
+        if item.deliver_at is None and item.delay is None
+        else _due(item.deliver_at, item.delay, index, now),
     )
+
+
+# msgspec says where a value went wrong as a path: $.messages[3].external_id, $.headers[...] ...
+_AT = re.compile(r"^\$(?:\.messages\[(\d+)\])?(?:\.(\w+))?(.*)$")
+_GOT = {"bool": "a boolean", "int": "an integer", "float": "a number", "str": "a string"}
+_GOT |= {"array": "an array", "object": "an object", "null": "null"}
+_EXPECTED = {
+    "data": "expected a string (use data_b64 for bytes)",
+    "data_b64": "expected a base64 string",
+    "source": "expected a non-empty string",
+    "external_id": "expected a 64-bit integer",
+    "segment": "expected a 64-bit integer",
+    "headers": "expected an object of string values",
+    "external_time": "expected a number or an RFC 3339 string",
+    "deliver_at": "expected a number or an RFC 3339 string",
+    "delay": 'expected seconds or a duration such as "10m"',
+}
+
+
+def _decode_error(text: str, index: int, *, batch: bool) -> InvalidRequest:
+    """Today's error for what msgspec found: the message's index and field, in our words."""
+    problem, _, where = text.partition(" - at `")
+    match = _AT.match(where.rstrip("`") or "$")
+    if match is None:
+        return InvalidRequest(f"body: {problem}")
+    position, field, inside = match.groups()
+    if position is not None:
+        index = int(position)
+    elif batch and field in (None, "messages"):
+        if field == "messages" and "unknown field" not in problem:
+            return InvalidRequest("messages: expected a list of message objects")
+        if unknown := re.search(r"unknown field `(.*)`", problem):
+            return InvalidRequest(f"unknown field(s) next to messages: {unknown.group(1)}")
+    if field is None or field == "messages":
+        if unknown := re.search(r"unknown field `(.*)`", problem):
+            return _bad(index, unknown.group(1), "unknown field")
+        if position is None and not batch:
+            return InvalidRequest('the body must be {"messages": [...]} or a single message object')
+        return InvalidMessage(f"message {index}: expected a JSON object", index=index)
+    reason = _EXPECTED.get(field, problem)
+    if field == "headers" and inside:
+        reason = "a header value is not a string"
+    elif field in ("external_id", "segment") and ("<=" in problem or ">=" in problem):
+        reason = "outside the signed 64-bit range"
+    elif got := re.search(r"got `(\w+)`", problem):
+        reason = f"{reason}, got {_GOT.get(got.group(1), got.group(1))}"
+    elif field == "source" and "length" in problem:
+        reason = "expected a non-empty string"
+    return _bad(index, field, reason)
 
 
 def _due(deliver_at: object, delay: object, index: int, now: float) -> float:
@@ -299,15 +336,6 @@ def _time(value: object, index: int) -> float:
         return wire.parse_time(value)
     except ValueError as exc:
         raise _bad(index, "external_time", str(exc)) from None
-
-
-def _headers(value: object, index: int) -> dict[str, str]:
-    if type(value) is not dict:
-        raise _bad(index, "headers", "expected an object of string values")
-    for name, text in value.items():
-        if type(text) is not str:
-            raise _bad(index, "headers", f"value of {name!r} is not a string")
-    return value
 
 
 def _query_int(text: str, name: str) -> object:
