@@ -53,6 +53,7 @@ from capella.config import ServerSettings, parse_duration
 from capella.core.message import Draft, Message
 from capella.core.queue import Appended, Delayed, Queue, ReadResult
 from capella.errors import InvalidConfig, InvalidMessage, InvalidRequest, PayloadTooLarge, QueueNotFound
+from capella.wire import messages as wire_messages
 
 # Seconds between SSE comment lines that keep proxies from closing an idle stream.
 HEARTBEAT = web.AppKey("heartbeat", float)
@@ -120,8 +121,8 @@ def _body_kind(content_type: str | None) -> str:
     )
 
 
-_BODY = msgspec.json.Decoder(wire.ProduceBody)
-_ONE = msgspec.json.Decoder(wire.Message)
+_BODY = msgspec.json.Decoder(wire_messages.ProduceBody)
+_ONE = msgspec.json.Decoder(wire_messages.Message)
 # The fields a message may carry beside its payload; one of them set means the slow path.
 _METADATA = ("source", "external_id", "external_time", "segment", "headers", "deliver_at", "delay")
 
@@ -134,9 +135,9 @@ def json_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> list
         raise _decode_error(str(exc), 0, batch=b'"messages"' in body) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"body is not valid JSON: {exc}") from None
-    items: list[wire.Message]
+    items: list[wire_messages.Message]
     if decoded.messages is not None:
-        if extra := [f for f in wire.Message.__struct_fields__ if getattr(decoded, f) is not None]:
+        if extra := [f for f in wire_messages.Message.__struct_fields__ if getattr(decoded, f) is not None]:
             raise InvalidRequest(f"unknown field(s) next to messages: {', '.join(extra)}")
         items = decoded.messages
     else:
@@ -170,7 +171,7 @@ def ndjson_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> li
     return drafts
 
 
-def draft_of(item: wire.Message, index: int, max_size: int, now: float = 0.0) -> Draft:
+def draft_of(item: wire_messages.Message, index: int, max_size: int, now: float = 0.0) -> Draft:
     """One decoded message → Draft, or ``InvalidMessage`` naming the index and the field.
 
     ``now`` (the queue's clock) turns a relative ``delay`` into ``deliver_at``.

@@ -378,6 +378,9 @@ async def delete(request: web.Request) -> web.Response:
     return json_response({"deleted": sorted(deleted), "next_after": next_after})
 
 
+# With ``receipts`` one result each; with a single ``receipt``, its result on its own.
+RECEIPT_RESULTS = {"oneOf": [ref("ReceiptResults"), ref("ReceiptResult")]}
+
 ROUTES = [
     Route(
         "POST",
@@ -409,7 +412,7 @@ ROUTES = [
         op="ack",
         summary="Finish claimed messages",
         tag="work",
-        answers={200: answer("One result per receipt", ref("ReceiptResults"))},
+        answers={200: answer("One result per receipt", RECEIPT_RESULTS)},
         fails=(400, 404, 408, 409, 413),
         params=(SAVE,),
         body={"required": True, "content": json_content(ref("Receipts"))},
@@ -422,7 +425,7 @@ ROUTES = [
         op="nack",
         summary="Give claimed messages back with an error: retried after a delay, or dead",
         tag="work",
-        answers={200: answer("One result per receipt", ref("ReceiptResults"))},
+        answers={200: answer("One result per receipt", RECEIPT_RESULTS)},
         fails=(400, 404, 408, 409, 413),
         params=(SAVE,),
         body={"required": True, "content": json_content(ref("Receipts"))},
@@ -435,7 +438,7 @@ ROUTES = [
         op="extend",
         summary="Lengthen the lease of claimed messages",
         tag="work",
-        answers={200: answer("One result per receipt", ref("ReceiptResults"))},
+        answers={200: answer("One result per receipt", RECEIPT_RESULTS)},
         fails=(400, 404, 408, 409, 413),
         params=(SAVE,),
         body={"required": True, "content": json_content(ref("Receipts"))},

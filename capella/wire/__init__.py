@@ -7,8 +7,10 @@
 - ``decode_payload(data, data_b64)`` → the payload bytes from exactly one of the two fields.
 - ``INT64_MIN`` / ``INT64_MAX``: the range of ids, external ids and segments.
 
-Typed bodies (msgspec structs, decoded straight from the JSON bytes; unknown fields refused):
-``Message`` (one message to produce) and ``ProduceBody`` (a message, or ``{"messages": [...]}``).
+Every request and answer body is a msgspec struct in the modules of this package (decoded
+straight from the JSON bytes, unknown fields refused; the OpenAPI schemas are generated from
+them): ``fields`` (the shared field types: ids, times, durations, sizes, names), ``messages``,
+``queues``, ``work``, ``handlers``, ``clusters``, ``auth`` and ``health``.
 """
 
 from __future__ import annotations
@@ -18,16 +20,15 @@ import math
 import re
 from base64 import b64decode, b64encode
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
-import msgspec
 import orjson
 
 from capella.errors import InvalidRequest
+from capella.wire.fields import INT64_MAX, INT64_MIN
 
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
-Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+__all__ = ["INT64_MAX", "INT64_MIN"]
+
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
 
@@ -102,27 +103,3 @@ def decode_payload(data: object, data_b64: object) -> bytes:
         return b64decode(data_b64, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError("data_b64: not valid base64") from None
-
-
-class Message(msgspec.Struct, forbid_unknown_fields=True):
-    """A message to produce: ``data`` (text) or ``data_b64``, and optional metadata.
-
-    ``external_time`` and ``deliver_at`` are UNIX seconds or RFC 3339 text; ``delay`` is
-    seconds or a duration such as ``"10m"`` (give at most one of the two).
-    """
-
-    data: str | None = None
-    data_b64: str | None = None
-    source: str | None = None
-    external_id: Int64 | None = None
-    external_time: float | str | None = None
-    segment: Int64 | None = None
-    headers: dict[str, str] | None = None
-    deliver_at: float | str | None = None
-    delay: float | str | None = None
-
-
-class ProduceBody(Message, forbid_unknown_fields=True):
-    """A produce request: ``{"messages": [Message, ...]}``, or one Message object on its own."""
-
-    messages: list[Message] | None = None

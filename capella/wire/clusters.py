@@ -1,0 +1,93 @@
+"""Links to external clusters on the wire: a definition with its credentials, and how it is shown."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from capella.wire.answers import ErrorDetail
+from capella.wire.fields import EnvName, PositiveDuration, schema
+
+CREDENTIALS = ("password", "password_env", "token", "token_env")
+Compression = Literal["none", "gzip", "zstd"]
+Secret = Annotated[str, schema(minLength=1, writeOnly=True)]
+
+
+class ClusterDefinition(Struct, forbid_unknown_fields=True):
+    """at most one of password, password_env, token and token_env; a password (stored or from
+    the environment) needs a username"""
+
+    __schema_extra__: ClassVar[dict[str, Any]] = {
+        "not": {
+            "anyOf": [{"required": [a, b]} for i, a in enumerate(CREDENTIALS) for b in CREDENTIALS[i + 1 :]]
+        },
+        "dependentRequired": {"password": ["username"], "password_env": ["username"]},
+    }
+
+    url: Annotated[str, schema(pattern=r"^https?://[^\s/@]+(/\S*)?$")]
+    username: Annotated[str, schema(minLength=1)] | None = None
+    password: (
+        Annotated[Secret, Meta(description="stored encrypted with the server's key; never shown again")]
+        | None
+    ) = None
+    password_env: Annotated[EnvName, Meta(description="the variable the server reads it from")] | None = None
+    token: (
+        Annotated[Secret, Meta(description="a bearer token, stored encrypted; never shown again")] | None
+    ) = None
+    token_env: Annotated[EnvName, Meta(description="the variable the server reads it from")] | None = None
+    verify_tls: bool = True
+    ca_file: Annotated[str, Meta(description="a PEM file on the server that exists")] | None = None
+    connect_timeout: Annotated[PositiveDuration, Meta(description="default 5 s")] | None = None
+    timeout: Annotated[PositiveDuration, Meta(description="per request; default 30 s")] | None = None
+    compression: Annotated[
+        Compression, Meta(description="Content-Encoding of request bodies of 1 KiB or more")
+    ] = "none"
+
+
+class LinkCredentials(Struct):
+    """Which credentials a link uses and where they come from; never the secret."""
+
+    kind: Literal["password", "token"]
+    username: str | None
+    source: Annotated[str, Meta(description="env:<VARIABLE> or stored encrypted")]
+
+
+class LinkTls(Struct):
+    """How a link checks the other cluster's certificate."""
+
+    verify: bool
+    ca_file: str | None
+
+
+class LinkTimeouts(Struct):
+    """A link's timeouts in seconds."""
+
+    connect: float
+    request: float
+
+
+class ClusterInfo(Struct):
+    """a link as shown: never its password or token"""
+
+    name: str
+    url: str
+    credentials: LinkCredentials | None
+    tls: LinkTls
+    timeouts: LinkTimeouts
+    compression: Compression
+
+
+class ClusterList(Struct):
+    """Every link the caller may read."""
+
+    clusters: list[ClusterInfo]
+
+
+class ClusterPing(Struct, omit_defaults=True):
+    """Whether the other cluster answers, is ready and takes the credentials."""
+
+    ok: Annotated[bool, Meta(description="reached, ready, and the credentials accepted")]
+    error: ErrorDetail | None
+    ready: bool | UnsetType = UNSET
+    latency_ms: Annotated[float, Meta(description="both calls, in milliseconds")] | UnsetType = UNSET

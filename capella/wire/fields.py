@@ -1,0 +1,60 @@
+"""The field types every body shares: ids, times, durations, sizes, names, save modes.
+
+Each is an ``Annotated`` type whose ``msgspec.Meta`` is its JSON Schema in the OpenAPI
+document, so a pattern is written here once. Decoding checks the JSON types and the 64-bit
+ranges; what a value means (a duration's unit, a name's alphabet, a time's calendar) is
+checked by the code that uses it, in the words of today's error messages. ``schema(...)``
+adds JSON Schema keywords that decoding does not enforce.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta
+
+
+def schema(**keywords: Any) -> Meta:
+    """JSON Schema keywords for the document only (``minimum=0``, ``pattern=...``)."""
+    return Meta(extra_json_schema=keywords)
+
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$"
+USER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@\-]{0,127}$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+SEGMENTS_PATTERN = r"^\s*-?\d+(--?\d+)?(\s*,\s*-?\d+(--?\d+)?)*\s*$"
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ns|us|ms|s|m|h|d)?\s*$"
+SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*([kmgtKMGT][iI]?[bB]?|[bB])?\s*$"
+
+Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX, extra_json_schema={"format": "int64"})]
+MessageId = Annotated[int, Meta(ge=0, le=INT64_MAX, extra_json_schema={"format": "int64"})]
+Time = Annotated[float, Meta(description="UNIX seconds")]
+DateTime = Annotated[str, schema(format="date-time")]
+# A time a client gives: UNIX seconds or RFC 3339 text (wire.parse_time reads both).
+TimeInput = float | DateTime
+Base64 = Annotated[str, schema(contentEncoding="base64", pattern=BASE64_PATTERN)]
+Base64Out = Annotated[str, schema(contentEncoding="base64")]
+Headers = dict[str, str]
+
+DurationText = Annotated[str, schema(pattern=DURATION_PATTERN)]
+# Seconds, or text such as "250ms", "30s", "10m", "2d".
+Duration = Annotated[float, schema(minimum=0)] | DurationText
+# A text duration of zero ("0s") is refused too; a pattern that said so would be unreadable.
+PositiveDuration = Annotated[float, schema(exclusiveMinimum=0)] | DurationText
+# Bytes, or text such as "512k", "8MB", "16MiB".
+SizeText = Annotated[str, schema(pattern=SIZE_PATTERN)]
+Size = Annotated[int, schema(minimum=0)] | SizeText
+
+Name = Annotated[str, schema(pattern=NAME_PATTERN)]
+UserName = Annotated[str, schema(pattern=USER_NAME_PATTERN)]
+EnvName = Annotated[str, schema(pattern=ENV_NAME_PATTERN)]
+SegmentsText = Annotated[str, schema(pattern=SEGMENTS_PATTERN)]
+NonEmpty = Annotated[str, schema(minLength=1)]
+
+SaveModeText = Literal["none", "immediate", "mark", "wait", "default", "0", "1", "2", "3", "4"]
+# A queue's own modes: "default" (and 4) would point back at the definition itself.
+DefinitionSaveMode = Literal["none", "immediate", "mark", "wait", "0", "1", "2", "3"]

@@ -1,0 +1,156 @@
+"""Handlers on the wire: a definition with its type's params, and the handler's status."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from msgspec import Meta, Struct, field
+
+from capella.wire.fields import (
+    Duration,
+    PositiveDuration,
+    SaveModeText,
+    Size,
+    Time,
+    schema,
+)
+
+HANDLER_TYPES = ("flush", "unload", "archive", "expire", "copy")
+HandlerType = Literal["flush", "unload", "archive", "expire", "copy"]
+# Handler durations also take integers of nanoseconds (>= 1e12), as the original API did.
+HandlerDuration = PositiveDuration
+
+
+class HandlerDefinition(Struct, forbid_unknown_fields=True):
+    """queues (or its shorthand queue) is required; params depend on type"""
+
+    # The params of one type: a oneOf over all five would refuse {"interval": 5}, which is
+    # valid flush, unload and expire params alike.
+    __schema_extra__: ClassVar[dict[str, Any]] = {
+        "allOf": [
+            {
+                "if": {"required": ["type"], "properties": {"type": {"const": kind}}},
+                "then": {
+                    "properties": {"params": {"$ref": f"#/components/schemas/{kind.capitalize()}Params"}}
+                },
+            }
+            for kind in HANDLER_TYPES
+        ]
+    }
+
+    type: HandlerType
+    queues: (
+        Annotated[
+            list[Annotated[str, schema(minLength=1)]],
+            schema(
+                minItems=1,
+                description="queue names or fnmatch patterns (orders, logs-*); a plain name must name an "
+                "existing queue, a pattern may match none yet",
+            ),
+        ]
+        | None
+    ) = None
+    queue: Annotated[str, schema(minLength=1, description="shorthand for one queue")] | None = None
+    params: (
+        Annotated[dict[str, Any], Meta(description="by type: FlushParams for flush, and so on")] | None
+    ) = None
+    started: bool = True
+
+
+class FlushParams(Struct, forbid_unknown_fields=True):
+    """Flush the queues' open blocks every interval."""
+
+    interval: HandlerDuration | None = None
+
+
+class UnloadParams(Struct, forbid_unknown_fields=True):
+    """with neither idle nor age, idle is 60 s"""
+
+    interval: HandlerDuration | None = None
+    idle: Annotated[HandlerDuration, Meta(description="unload blocks not read for this long")] | None = None
+    age: Annotated[HandlerDuration, Meta(description="unload blocks older than this")] | None = None
+
+
+class ArchiveCondition(Struct, forbid_unknown_fields=True):
+    """Blocks whose age is in [from_age, to_age) move to mark."""
+
+    mark: Annotated[int, schema(minimum=0, maximum=255, description="a mark the queue maps to a mount")]
+    from_age: Annotated[Duration, Meta(description="default 0")] | None = None
+    to_age: Annotated[Duration | None, Meta(description="null: no upper bound")] = None
+
+
+class ArchiveParams(Struct, forbid_unknown_fields=True):
+    """Move blocks between tiers by age."""
+
+    conditions: Annotated[list[ArchiveCondition], schema(minItems=1)]
+    interval: HandlerDuration | None = None
+    limit: Annotated[int, schema(minimum=1, description="blocks moved per pass")] | None = None
+
+
+class ExpireParams(Struct, forbid_unknown_fields=True):
+    """at least one of max_age, max_bytes and max_messages"""
+
+    __schema_extra__: ClassVar[dict[str, Any]] = {
+        "anyOf": [{"required": ["max_age"]}, {"required": ["max_bytes"]}, {"required": ["max_messages"]}]
+    }
+
+    interval: HandlerDuration | None = None
+    max_age: HandlerDuration | None = None
+    max_bytes: Size | None = None
+    max_messages: Annotated[int, schema(minimum=1)] | None = None
+
+
+class CopyParams(Struct, forbid_unknown_fields=True):
+    """Copy messages from queues (or another cluster) into a queue, once each."""
+
+    to: Annotated[str, Meta(description="the destination queue (local)")]
+    from_: Annotated[str, Meta(description="the source queue when the definition names no queues")] | None = (
+        field(default=None, name="from")
+    )
+    subscription: (
+        Annotated[str, Meta(description="the cursor on each source (default copy-to-<to>)")] | None
+    ) = None
+    interval: (
+        Annotated[HandlerDuration, Meta(description="pause between passes (default 0: continuous)")] | None
+    ) = None
+    batch: Annotated[int, schema(minimum=1)] | None = None
+    wait: Annotated[HandlerDuration, Meta(description="long-poll when caught up (default 2 s)")] | None = None
+    segments: list[Annotated[list[int], schema(minItems=2, maxItems=2)]] | None = None
+    save: SaveModeText | None = None
+    commit_save: SaveModeText | None = None
+
+
+class HandlerError(Struct):
+    """The last failure of a pass."""
+
+    message: str
+    time: Time
+
+
+class HandlerStatus(Struct):
+    """A handler's passes: counters, the last good pass, the last error, the next run."""
+
+    running: Annotated[bool, Meta(description="a pass is in progress")]
+    runs: Annotated[int, schema(minimum=0, description="passes completed")]
+    items: Annotated[int, schema(minimum=0, description="blocks or messages handled")]
+    bytes: Annotated[int, schema(minimum=0, description="bytes handled")]
+    last_complete: Annotated[Time | None, Meta(description="end of the last good pass")]
+    last_error: HandlerError | None
+    next_run: Annotated[Time | None, Meta(description="null when stopped")]
+
+
+class HandlerInfo(Struct):
+    """A handler as defined (params fully resolved; durations in seconds) with its status."""
+
+    name: str
+    type: HandlerType
+    queues: list[str]
+    params: dict[str, Any]
+    started: bool
+    status: HandlerStatus
+
+
+class HandlerList(Struct):
+    """Every handler the caller may read."""
+
+    handlers: list[HandlerInfo]

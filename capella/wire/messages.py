@@ -1,0 +1,171 @@
+"""Messages on the wire: what a producer sends, what a reader gets, and the schedule's views."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from capella.wire.fields import (
+    Base64,
+    Base64Out,
+    DateTime,
+    Duration,
+    Headers,
+    Int64,
+    MessageId,
+    Time,
+    TimeInput,
+    schema,
+)
+
+Source = Annotated[
+    str,
+    schema(minLength=1, maxLength=255, description="at most 255 bytes of UTF-8; default the cluster name"),
+]
+
+
+class Message(Struct, forbid_unknown_fields=True):
+    """Exactly one of data (UTF-8 text) and data_b64 (standard base64)."""
+
+    __schema_extra__: ClassVar[dict[str, Any]] = {
+        "oneOf": [{"required": ["data"]}, {"required": ["data_b64"]}]
+    }
+
+    data: str | None = None
+    data_b64: Base64 | None = None
+    source: Source | None = None
+    external_id: Int64 | None = None
+    external_time: (
+        Annotated[
+            Annotated[float, schema(minimum=0)] | DateTime,
+            Meta(description="UNIX seconds or RFC 3339; not in the future"),
+        ]
+        | None
+    ) = None
+    segment: Int64 | None = None
+    headers: Headers | None = None
+    deliver_at: (
+        Annotated[
+            TimeInput,
+            Meta(
+                description="UNIX seconds or RFC 3339: hold the message back until then (at most ten "
+                "years ahead; a time in the past delivers at once)"
+            ),
+        ]
+        | None
+    ) = None
+    delay: (
+        Annotated[Duration, Meta(description="hold the message back this long (not with deliver_at)")] | None
+    ) = None
+
+
+class ProduceBody(Message, forbid_unknown_fields=True):
+    """A produce request: ``{"messages": [Message, ...]}``, or one Message object on its own."""
+
+    messages: list[Message] | None = None
+
+
+class MessageBatch(Struct, forbid_unknown_fields=True):
+    """Several messages in one request, stored in order."""
+
+    messages: list[Message]
+
+
+class ProduceResult(Struct, omit_defaults=True):
+    """id for a message stored now; scheduled_id and deliver_at for a delayed one (its id comes
+    when it is delivered)"""
+
+    duplicate: bool
+    id: MessageId | UnsetType = UNSET
+    scheduled_id: MessageId | UnsetType = UNSET
+    deliver_at: Time | UnsetType = UNSET
+
+
+class ReplicaReceipt(Struct):
+    """with replicas=N: the replica subscriptions that have the batch"""
+
+    required: int
+    count: int
+    subscriptions: list[str]
+
+
+class ProduceResults(Struct, omit_defaults=True):
+    """One result per message, in the order sent."""
+
+    results: list[ProduceResult]
+    replicas: ReplicaReceipt | UnsetType = UNSET
+
+
+class StoredMessage(Struct, omit_defaults=True):
+    """A stored message: data for UTF-8 payloads, data_b64 for any other bytes."""
+
+    id: MessageId
+    time: Time
+    source: str
+    external_id: Int64
+    external_time: Time
+    segment: Int64
+    headers: Headers
+    data: str | UnsetType = UNSET
+    data_b64: Base64Out | UnsetType = UNSET
+
+
+class Messages(Struct):
+    """A page of messages after the cursor."""
+
+    messages: list[StoredMessage]
+    last_id: Annotated[int, Meta(description="pass as the next after")]
+
+
+class Replicas(Struct):
+    """The replica subscriptions that have a message."""
+
+    id: MessageId
+    count: Annotated[int, Meta(ge=0)]
+    subscriptions: list[str]
+
+
+class ScheduledMessage(Struct, omit_defaults=True):
+    """A delayed message: what will be appended, and when."""
+
+    scheduled_id: MessageId
+    deliver_at: Time
+    created: Time
+    source: str
+    external_id: Annotated[Int64, Meta(description="the scheduled_id when the producer gave none")]
+    external_time: Time | None
+    segment: Int64
+    headers: Headers
+    data: str | UnsetType = UNSET
+    data_b64: Base64Out | UnsetType = UNSET
+
+
+class ScheduledList(Struct):
+    """A page of the schedule, in delivery order."""
+
+    scheduled: list[ScheduledMessage]
+    count: Annotated[int, Meta(description="everything scheduled in the queue")]
+    next: Annotated[str | None, Meta(description="pass as after for the next page")]
+
+
+class Reschedule(Struct, forbid_unknown_fields=True):
+    """exactly one of deliver_at and delay"""
+
+    deliver_at: TimeInput | None = None
+    delay: Duration | None = None
+
+
+class CancelScheduled(Struct, forbid_unknown_fields=True):
+    """The scheduled messages to cancel."""
+
+    ids: Annotated[list[MessageId], Meta(max_length=10_000)]
+
+
+class CancelledScheduled(Struct):
+    """What a cancel did."""
+
+    cancelled: list[MessageId]
+    not_cancelled: Annotated[
+        list[MessageId], Meta(description="already delivered, being delivered right now, or unknown")
+    ]

@@ -1,0 +1,178 @@
+"""Subscriptions and work queues on the wire: cursors, retry policies, claims, receipts."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from capella.wire.answers import ErrorDetail
+from capella.wire.fields import (
+    Duration,
+    Headers,
+    MessageId,
+    SegmentsText,
+    Time,
+    TimeInput,
+    schema,
+)
+from capella.wire.messages import StoredMessage
+
+Mode = Literal["cursor", "ack"]
+WorkStatus = Literal["in_flight", "failed", "pending", "dead", "done", "deleted"]
+
+
+class RetryPolicy(Struct, forbid_unknown_fields=True):
+    """How an ack-mode subscription leases, retries and gives up on a message."""
+
+    lease: Annotated[Duration, Meta(description="default lease of a claim (30 s; at most 12 h)")] | None = (
+        None
+    )
+    max_attempts: (
+        Annotated[
+            int,
+            schema(
+                minimum=0,
+                maximum=1_000_000,
+                description="claims before a failure goes to the dead letters (5; 0: no limit)",
+            ),
+        ]
+        | None
+    ) = None
+    backoff: Literal["fixed", "exponential"] | None = None
+    delay: Annotated[Duration, Meta(description="first retry delay (1 s); fixed: every retry")] | None = None
+    max_delay: Annotated[Duration, Meta(description="cap of a retry delay (300 s)")] | None = None
+    jitter: Annotated[float, schema(minimum=0, maximum=1, description="± fraction (0.1)")] | None = None
+    dead_letter: Annotated[
+        str | None, Meta(description="an existing queue that gets a copy of each dead message")
+    ] = None
+
+
+class SubscriptionCommit(Struct, forbid_unknown_fields=True):
+    """a cursor takes last_id, replica and reset; an ack-mode subscription takes mode ack and
+    policy (its mode never changes)"""
+
+    last_id: MessageId | None = None
+    replica: bool | None = None
+    reset: bool = False
+    mode: Mode = "cursor"
+    policy: RetryPolicy | None = None
+
+
+class WorkCounts(Struct):
+    """ack mode only"""
+
+    claimed_through: Annotated[int, Meta(description="highest id ever claimed")]
+    backlog: Annotated[int, Meta(description="ids after claimed_through")]
+    in_flight: int
+    failed: Annotated[int, Meta(description="given back, waiting for a retry")]
+    dead: int
+
+
+class Subscription(Struct, omit_defaults=True):
+    """A named cursor, or an ack-mode subscription with its policy and work counts."""
+
+    name: str
+    mode: Mode
+    last_id: Annotated[int, Meta(description="ack mode: every id up to it is finished")]
+    replica: bool
+    lag: Annotated[int, Meta(ge=0)]
+    created: Time
+    updated: Time
+    policy: Annotated[RetryPolicy, Meta(description="ack mode only, fully resolved")] | UnsetType = UNSET
+    work: WorkCounts | UnsetType = UNSET
+
+
+class SubscriptionList(Struct):
+    """The subscriptions of a queue the caller may read."""
+
+    subscriptions: list[Subscription]
+
+
+class ClaimedMessage(StoredMessage, omit_defaults=True, kw_only=True):
+    """A claimed message: a stored message with its receipt, attempt and lease."""
+
+    receipt: Annotated[str, schema(pattern=r"^\d+\.\d+$")]
+    attempt: Annotated[int, Meta(ge=1)]
+    lease_until: Time
+    last_error: str | None
+
+
+class Claimed(Struct):
+    """The messages a claim leased (none when nothing was ready)."""
+
+    messages: list[ClaimedMessage]
+
+
+class WorkMessage(StoredMessage, omit_defaults=True, kw_only=True):
+    """A message of a work queue with its status and attempts."""
+
+    status: WorkStatus
+    attempts: Annotated[int, Meta(ge=0)]
+    last_error: str | None
+    lease_until: Annotated[Time, Meta(description="in_flight")] | UnsetType = UNSET
+    retry_at: Annotated[Time, Meta(description="waiting (or ready again after a failure)")] | UnsetType = (
+        UNSET
+    )
+    died: Annotated[Time, Meta(description="dead")] | UnsetType = UNSET
+
+
+class WorkList(Struct):
+    """A page of a work queue's messages."""
+
+    messages: list[WorkMessage]
+    next_after: Annotated[
+        int | None, Meta(description="pass as after for the next page; null when everything was looked at")
+    ]
+
+
+class WorkSelection(Struct, forbid_unknown_fields=True):
+    """which messages: status (retry: default waiting and dead; delete: status or ids is required),
+    optional filters, at most limit of them after after"""
+
+    status: list[Literal["in_flight", "failed", "pending", "dead"]] | None = None
+    ids: Annotated[list[MessageId], schema(maxItems=10_000)] | None = None
+    source: str | None = None
+    segments: SegmentsText | None = None
+    headers: Headers | None = None
+    json: (
+        Annotated[dict[str, Any], Meta(description="dotted path of the JSON payload → value, all equal")]
+        | None
+    ) = None
+    after: MessageId | None = None
+    limit: Annotated[int, schema(minimum=1, maximum=10_000, default=1000)] | None = None
+    at: Annotated[TimeInput, Meta(description="retry: claimable from then (default now)")] | None = None
+    delay: Annotated[Duration, Meta(description="retry: claimable after this")] | None = None
+
+
+class Receipts(Struct, forbid_unknown_fields=True):
+    """exactly one of receipts (answered per receipt) and receipt (its error is the answer's
+    status); nack also takes delay and error, extend takes lease"""
+
+    receipts: Annotated[list[str], schema(minItems=1)] | None = None
+    receipt: str | None = None
+    delay: Annotated[Duration, Meta(description="nack: retry after this (default: the backoff)")] | None = (
+        None
+    )
+    error: Annotated[str, Meta(description="nack: why it failed (first 2048 characters kept)")] | None = None
+    lease: (
+        Annotated[Duration, Meta(description="extend: the new lease from now (default: the policy's)")] | None
+    ) = None
+
+
+class ReceiptResult(Struct, omit_defaults=True):
+    """What happened to one receipt."""
+
+    receipt: str
+    id: MessageId
+    ok: bool
+    lease_until: Time | UnsetType = UNSET
+    retry_at: Time | UnsetType = UNSET
+    dead: Annotated[bool, Meta(description="nack: its attempts were used up")] | UnsetType = UNSET
+    error: ErrorDetail | UnsetType = UNSET
+
+
+class ReceiptResults(Struct):
+    """One result per receipt, in the order given (a single ``receipt`` gets a ReceiptResult)."""
+
+    results: list[ReceiptResult]
