@@ -76,7 +76,7 @@ ROUTES = [
         summary="Create (201) or replace (200) a handler; started unless started is false",
         tag="handlers",
         answers={200: answer("Replaced", ref("HandlerInfo")), 201: answer("Created", ref("HandlerInfo"))},
-        fails=(400, 408, 413),
+        fails=(400, 404, 408, 413),
         body={"required": True, "content": json_content(ref("HandlerDefinition"))},
     ),
     Route(

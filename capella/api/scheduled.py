@@ -16,7 +16,7 @@ from capella.api.request import (
     json_response,
     limit_param,
     message_filter_param,
-    read_object,
+    read_struct,
     save_param,
 )
 from capella.api.route import Route, on_queue
@@ -25,6 +25,7 @@ from capella.core.filter import matches
 from capella.core.queue import Queue
 from capella.core.schedule import Scheduled
 from capella.errors import InvalidConfig, InvalidRequest
+from capella.wire.messages import CancelScheduled, Reschedule
 
 # At most this many ids in one cancel request.
 MAX_CANCEL = 10_000
@@ -150,20 +151,18 @@ async def reschedule(request: web.Request) -> web.Response:
     queue = _queue(request)
     sid = _sid(request)
     save = save_param(request)
-    body = await read_object(request)
-    if unknown := sorted(set(body) - {"deliver_at", "delay"}):
-        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", field=unknown[0])
+    body = await read_struct(request, Reschedule)
     now = queue.now()
-    if ("deliver_at" in body) == ("delay" in body):
+    if (body.deliver_at is None) == (body.delay is None):
         raise InvalidRequest("give exactly one of deliver_at and delay", field="deliver_at")
-    if "delay" in body:
+    if body.delay is not None:
         try:
-            due = now + parse_duration(body["delay"], "delay")
+            due = now + parse_duration(body.delay, "delay")
         except InvalidConfig as exc:
             raise InvalidRequest(exc.message, field="delay") from None
     else:
         try:
-            due = wire.parse_time(body["deliver_at"])
+            due = wire.parse_time(body.deliver_at)
         except ValueError as exc:
             raise InvalidRequest(f"deliver_at: {exc}", field="deliver_at") from None
     if due > now + MAX_DELAY:
@@ -186,11 +185,8 @@ async def cancel_many(request: web.Request) -> web.Response:
     """``{"ids": [...]}`` → what was cancelled; the rest was delivered, is being delivered or is unknown."""
     queue = _queue(request)
     save = save_param(request)
-    body = await read_object(request)
-    if unknown := sorted(set(body) - {"ids"}):
-        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", field=unknown[0])
-    ids = body.get("ids")
-    if type(ids) is not list or not all(type(i) is int and 0 < i <= wire.INT64_MAX for i in ids):
+    ids = (await read_struct(request, CancelScheduled)).ids
+    if not all(i > 0 for i in ids):
         raise InvalidRequest("ids: expected a list of scheduled message ids", field="ids")
     if len(ids) > MAX_CANCEL:
         raise InvalidRequest(f"ids: at most {MAX_CANCEL} in one request", field="ids")

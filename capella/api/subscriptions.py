@@ -201,7 +201,7 @@ ROUTES = [
         summary="Create (201) or commit (200); never moves backwards unless reset",
         tag="subscriptions",
         answers={200: answer("Committed", ref("Subscription")), 201: answer("Created", ref("Subscription"))},
-        fails=(400, 404, 408, 413),
+        fails=(400, 404, 408, 409, 413),
         params=(SAVE,),
         body={"required": False, "content": json_content(ref("SubscriptionCommit"))},
     ),

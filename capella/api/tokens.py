@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
+from msgspec import UNSET
 
 from capella.api.access import AUTHENTICATOR, identity
 from capella.api.openapi import answer, json_content, ref
-from capella.api.request import json_response, read_object
+from capella.api.request import json_response, read_struct
 from capella.api.route import Route
 from capella.api.users import store
 from capella.config import parse_duration
 from capella.errors import Forbidden, InvalidConfig, InvalidRequest, TokenNotFound
+from capella.wire.auth import TokenCreate
 
 
 async def create_token(request: web.Request) -> web.Response:
@@ -25,19 +27,17 @@ async def create_token(request: web.Request) -> web.Response:
     who = identity(request)
     if who.via == "token":
         raise Forbidden("a token cannot create tokens: use Basic credentials")
-    body = await read_object(request)
-    if unknown := sorted(set(body) - {"ttl", "description", "user"}):
-        raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
-    owner = body.get("user", who.name)
-    if not isinstance(owner, str):
-        raise InvalidRequest("user must be a user name", field="user")
+    body = await read_struct(request, TokenCreate)
+    owner = who.name if body.user is UNSET else body.user
+    if owner is None:  # no one signed in: ``store`` already refused that with auth off
+        raise InvalidRequest("name the token's user", field="user")
     if owner != who.name:
         who.check("user", "admin", owner)
-    description = body.get("description", "")
-    if not isinstance(description, str) or len(description) > 200:
+    description = "" if body.description is UNSET else body.description
+    if len(description) > 200:
         raise InvalidRequest("description must be a string of at most 200 characters", field="description")
     try:
-        requested = None if body.get("ttl") is None else parse_duration(body["ttl"], "ttl")
+        requested = None if body.ttl is UNSET else parse_duration(body.ttl, "ttl")
     except InvalidConfig as exc:
         raise InvalidRequest(exc.message, field="ttl") from None
     ttl = request.app[AUTHENTICATOR].token_ttl(requested)

@@ -55,6 +55,13 @@ class HandlerDefinition(Struct, forbid_unknown_fields=True):
         Annotated[dict[str, Any], Meta(description="by type: FlushParams for flush, and so on")] | None
     ) = None
     started: bool = True
+    user: (
+        Annotated[
+            str,
+            Meta(description="the user it runs as (default: who defines it; another user needs user admin)"),
+        ]
+        | None
+    ) = None
 
 
 class FlushParams(Struct, forbid_unknown_fields=True):
@@ -147,6 +154,7 @@ class HandlerInfo(Struct):
     queues: list[str]
     params: dict[str, Any]
     started: bool
+    user: Annotated[str | None, Meta(description="the user it runs as; null with auth off")]
     status: HandlerStatus
 
 
