@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 from aiohttp import web
+from msgspec import UNSET
 
 from capella.api.access import AUTHENTICATOR, identity
 from capella.api.openapi import answer, json_content, ref
-from capella.api.request import json_response, read_object
+from capella.api.request import json_response, read_struct
 from capella.api.route import Route, on_named
 from capella.auth.password import verify_password
 from capella.auth.store import AuthStore
-from capella.errors import Forbidden, InvalidRequest, NotFound
+from capella.errors import Forbidden, NotFound
+from capella.wire.auth import PasswordChange, UserPut
 
 
 def store(request: web.Request) -> AuthStore:
@@ -35,7 +38,8 @@ async def list_users(request: web.Request) -> web.Response:
 
 async def put_user(request: web.Request) -> web.Response:
     users = store(request)
-    body = await read_object(request)
+    # The store checks what the values mean; fields left out are left as they are.
+    body = msgspec.to_builtins(await read_struct(request, UserPut))
     if ("admin" in body or "rules" in body) and not identity(request).admin:
         raise Forbidden("only an admin may set admin or rules", field="admin" if "admin" in body else "rules")
     user, created = await asyncio.to_thread(users.put_user, request.match_info["name"], body)
@@ -58,21 +62,15 @@ async def drop_user(request: web.Request) -> web.Response:
 async def change_password(request: web.Request) -> web.Response:
     users = store(request)
     name = request.match_info["name"]
-    body = await read_object(request)
-    if unknown := sorted(set(body) - {"password", "old_password"}):
-        raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
+    body = await read_struct(request, PasswordChange)
     who = identity(request)
     if not who.can("user", "admin", name):
         if name != who.name:
             who.check("user", "admin", name)
-        old = body.get("old_password")
-        if not isinstance(old, str) or not await asyncio.to_thread(
-            verify_password, old, users.user(name).password_hash
-        ):
+        old = body.old_password
+        if old is UNSET or not await asyncio.to_thread(verify_password, old, users.user(name).password_hash):
             raise Forbidden("old_password is required and must be the current password", field="old_password")
-    if "password" not in body:
-        raise InvalidRequest("password is required", field="password")
-    user, _ = await asyncio.to_thread(users.put_user, name, {"password": body["password"]})
+    user, _ = await asyncio.to_thread(users.put_user, name, {"password": body.password})
     return json_response(user.public_dict())
 
 

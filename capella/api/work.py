@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
+from msgspec import UNSET
 
 from capella import wire
 from capella.api.messages import MAX_DELAY, stored_message
@@ -40,6 +41,7 @@ from capella.api.request import (
     message_filter_param,
     parse_range,
     read_object,
+    read_struct,
     save_param,
     wait_param,
 )
@@ -51,6 +53,7 @@ from capella.core.queue import Queue
 from capella.core.retry import MAX_LEASE
 from capella.core.work import STATUSES, Entry, Outcome, WorkQueue, parse_receipt
 from capella.errors import InvalidConfig, InvalidRequest, MessageNotFound
+from capella.wire.work import Receipts
 
 # At most this many messages are retried or deleted by one request (the answer says where to
 # go on from).
@@ -135,20 +138,21 @@ async def _claim_waiting(
     return []
 
 
-async def _receipts(
-    request: web.Request, allowed: set[str]
-) -> tuple[list[tuple[int, int]], bool, dict[str, Any]]:
+async def _receipts(request: web.Request, allowed: set[str]) -> tuple[list[tuple[int, int]], bool, Receipts]:
     """The receipts of the body, whether it named a single one, and the body."""
-    body = await read_object(request)
-    if unknown := sorted(set(body) - allowed - {"receipts", "receipt"}):
+    body = await read_struct(request, Receipts)
+    given = {name for name in Receipts.__struct_fields__ if getattr(body, name) is not UNSET}
+    if unknown := sorted(given - allowed - {"receipts", "receipt"}):
         raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", field=unknown[0])
-    if ("receipt" in body) == ("receipts" in body):
+    if body.receipt is not UNSET:
+        if body.receipts is not UNSET:
+            raise InvalidRequest("give receipts (a list) or receipt (one)", field="receipts")
+        return [parse_receipt(body.receipt)], True, body
+    if body.receipts is UNSET:
         raise InvalidRequest("give receipts (a list) or receipt (one)", field="receipts")
-    if "receipt" in body:
-        return [parse_receipt(body["receipt"])], True, body
-    items = body["receipts"]
+    items = body.receipts
     limit = request.app[SETTINGS].max_batch
-    if type(items) is not list or not items:
+    if not items:
         raise InvalidRequest("receipts: expected a non-empty list of receipts", field="receipts")
     if len(items) > limit:
         raise InvalidRequest(f"receipts: at most {limit} in one request", field="receipts")
@@ -185,17 +189,15 @@ async def nack(request: web.Request) -> web.Response:
     _, work = _work(request)
     save = save_param(request)
     receipts, single, body = await _receipts(request, {"delay", "error"})
-    delay = body.get("delay")
-    if delay is not None:
+    delay = None
+    if body.delay is not UNSET and body.delay is not None:
         try:
-            delay = parse_duration(delay, "delay")
+            delay = parse_duration(body.delay, "delay")
         except InvalidConfig as exc:
             raise InvalidRequest(exc.message, field="delay") from None
         if delay > MAX_DELAY:
             raise InvalidRequest("delay: more than ten years", field="delay")
-    error = body.get("error")
-    if error is not None and type(error) is not str:
-        raise InvalidRequest("error: expected a string", field="error")
+    error = None if body.error is UNSET else body.error
     return _answer(await work.nack(receipts, delay, error, save), single, "retry_at")
 
 
@@ -203,7 +205,7 @@ async def extend(request: web.Request) -> web.Response:
     _, work = _work(request)
     save = save_param(request)
     receipts, single, body = await _receipts(request, {"lease"})
-    lease = _lease(body.get("lease"), "lease")
+    lease = _lease(None if body.lease is UNSET else body.lease, "lease")
     return _answer(await work.extend(receipts, lease, save), single, "lease_until")
 
 

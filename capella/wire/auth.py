@@ -9,6 +9,10 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from capella.wire.fields import Duration, Time, schema
 
 Password = Annotated[str, schema(minLength=8, maxLength=1024)]
+# A rule in one line, as the CLI writes it: effect:type:action:name ("allow:queue:read:orders").
+RuleText = Annotated[
+    str, schema(pattern=r"^(allow|deny):[^:]+:[^:]+:.+$", description="effect:type:action:name")
+]
 
 
 class Rule(Struct, forbid_unknown_fields=True):
@@ -45,7 +49,7 @@ class UserPut(Struct, forbid_unknown_fields=True):
     password: Password | UnsetType = UNSET
     admin: bool | UnsetType = UNSET
     enabled: bool | UnsetType = UNSET
-    rules: list[Rule] | UnsetType = UNSET
+    rules: list[Rule | RuleText] | UnsetType = UNSET
 
 
 class PasswordChange(Struct, forbid_unknown_fields=True):

@@ -145,19 +145,20 @@ class WorkSelection(Struct, forbid_unknown_fields=True):
     delay: Annotated[Duration, Meta(description="retry: claimable after this")] | None = None
 
 
+NACK_DELAY = "nack: retry after this (default: the backoff)"
+NACK_ERROR = "nack: why it failed (first 2048 characters kept)"
+EXTEND_LEASE = "extend: the new lease from now (default: the policy's)"
+
+
 class Receipts(Struct, forbid_unknown_fields=True):
     """exactly one of receipts (answered per receipt) and receipt (its error is the answer's
     status); nack also takes delay and error, extend takes lease"""
 
-    receipts: Annotated[list[str], schema(minItems=1)] | None = None
-    receipt: str | None = None
-    delay: Annotated[Duration, Meta(description="nack: retry after this (default: the backoff)")] | None = (
-        None
-    )
-    error: Annotated[str, Meta(description="nack: why it failed (first 2048 characters kept)")] | None = None
-    lease: (
-        Annotated[Duration, Meta(description="extend: the new lease from now (default: the policy's)")] | None
-    ) = None
+    receipts: Annotated[list[str], schema(minItems=1)] | UnsetType = UNSET
+    receipt: str | UnsetType = UNSET
+    delay: Annotated[Duration | None, Meta(description=NACK_DELAY)] | UnsetType = UNSET
+    error: Annotated[str | None, Meta(description=NACK_ERROR)] | UnsetType = UNSET
+    lease: Annotated[Duration | None, Meta(description=EXTEND_LEASE)] | UnsetType = UNSET
 
 
 class ReceiptResult(Struct, omit_defaults=True):
