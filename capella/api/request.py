@@ -38,7 +38,9 @@ _JSON_TYPES |= {"array": "an array", "object": "an object", "null": "null"}
 
 
 def json_response(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=wire.dumps(value), status=status, headers=headers, content_type=wire.JSON)
+    """A JSON answer: a wire struct encoded by msgspec, anything else by ``wire.dumps``."""
+    body = msgspec.json.encode(value) if isinstance(value, msgspec.Struct) else wire.dumps(value)
+    return web.Response(body=body, status=status, headers=headers, content_type=wire.JSON)
 
 
 async def read_body(request: web.Request) -> bytes:

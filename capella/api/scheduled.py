@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any
 
 from aiohttp import web
 
@@ -25,29 +24,35 @@ from capella.core.filter import matches
 from capella.core.queue import Queue
 from capella.core.schedule import Scheduled
 from capella.errors import InvalidConfig, InvalidRequest
-from capella.wire.messages import CancelScheduled, Reschedule
+from capella.wire.messages import (
+    CancelledScheduled,
+    CancelScheduled,
+    Reschedule,
+    ScheduledList,
+    ScheduledMessage,
+)
 
 # At most this many ids in one cancel request.
 MAX_CANCEL = 10_000
 
 
-def scheduled_info(item: Scheduled) -> dict[str, Any]:
-    """The ScheduledMessage JSON object: what will be appended, and when."""
+def scheduled_info(item: Scheduled) -> ScheduledMessage:
+    """What will be appended, and when."""
     source, external_id = item.identity
-    info: dict[str, Any] = {
-        "scheduled_id": item.sid,
-        "deliver_at": item.due,
-        "created": item.created,
-        "source": source,
-        "external_id": external_id,
-        "external_time": item.external_time,
-        "segment": item.segment,
-        "headers": item.headers,
-    }
+    info = ScheduledMessage(
+        scheduled_id=item.sid,
+        deliver_at=item.due,
+        created=item.created,
+        source=source,
+        external_id=external_id,
+        external_time=item.external_time,
+        segment=item.segment,
+        headers=item.headers,
+    )
     try:
-        info["data"] = item.payload.decode()
+        info.data = item.payload.decode()
     except UnicodeDecodeError:
-        info["data_b64"] = base64.b64encode(item.payload).decode("ascii")
+        info.data_b64 = base64.b64encode(item.payload).decode("ascii")
     return info
 
 
@@ -100,11 +105,11 @@ async def list_scheduled(request: web.Request) -> web.Response:
                     break
     next_cursor = None if done or after is None else after
     return json_response(
-        {
-            "scheduled": [scheduled_info(i) for i in found],
-            "count": queue.schedule.count,
-            "next": None if next_cursor is None else f"{next_cursor[0]!r}:{next_cursor[1]}",
-        }
+        ScheduledList(
+            scheduled=[scheduled_info(i) for i in found],
+            count=queue.schedule.count,
+            next=None if next_cursor is None else f"{next_cursor[0]!r}:{next_cursor[1]}",
+        )
     )
 
 
@@ -192,7 +197,7 @@ async def cancel_many(request: web.Request) -> web.Response:
         raise InvalidRequest(f"ids: at most {MAX_CANCEL} in one request", field="ids")
     cancelled = await queue.cancel_scheduled(ids, save)
     done = set(cancelled)
-    return json_response({"cancelled": cancelled, "not_cancelled": [i for i in ids if i not in done]})
+    return json_response(CancelledScheduled(cancelled, [i for i in ids if i not in done]))
 
 
 ROUTES = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from capella import wire
@@ -38,28 +39,29 @@ from capella.core.queue import Queue
 from capella.core.retry import RetryPolicy, parse_policy
 from capella.core.subscription import ACK, CURSOR, Subscription
 from capella.errors import InvalidRequest, SubscriptionNotFound, WrongSubscriptionMode
+from capella.wire import work as wire_work
 
 
-def subscription_info(queue: Queue, sub: Subscription) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "name": sub.name,
-        "mode": sub.mode,
-        "last_id": sub.last_id,
-        "replica": sub.replica,
-        "lag": max(0, queue.last_id - sub.last_id),
-        "created": sub.created,
-        "updated": sub.updated,
-    }
+def subscription_info(queue: Queue, sub: Subscription) -> wire_work.Subscription:
+    info = wire_work.Subscription(
+        name=sub.name,
+        mode="ack" if sub.mode == ACK else "cursor",
+        last_id=sub.last_id,
+        replica=sub.replica,
+        lag=max(0, queue.last_id - sub.last_id),
+        created=sub.created,
+        updated=sub.updated,
+    )
     if sub.mode == ACK and sub.policy is not None:
         state = queue.work(sub.name).state
-        info["policy"] = sub.policy.to_dict()
-        info["work"] = {
-            "claimed_through": state.high,
-            "backlog": max(0, queue.last_id - state.high),
-            "in_flight": state.count("in_flight"),
-            "failed": state.count("failed"),
-            "dead": len(state.dead),
-        }
+        info.policy = msgspec.convert(sub.policy.to_dict(), wire_work.RetryPolicy)
+        info.work = wire_work.WorkCounts(
+            claimed_through=state.high,
+            backlog=max(0, queue.last_id - state.high),
+            in_flight=state.count("in_flight"),
+            failed=state.count("failed"),
+            dead=len(state.dead),
+        )
     return info
 
 
@@ -71,7 +73,7 @@ async def list_subscriptions(request: web.Request) -> web.Response:
     queue = _queue(request)
     who = identity(request)
     readable = [s for s in queue.subscriptions() if who.can("subscription", "read", f"{queue.name}/{s.name}")]
-    return json_response({"subscriptions": [subscription_info(queue, s) for s in readable]})
+    return json_response(wire_work.SubscriptionList([subscription_info(queue, s) for s in readable]))
 
 
 async def commit(request: web.Request) -> web.Response:
