@@ -3,9 +3,10 @@
 ``Queue`` puts its parts together and answers for them: the sealed blocks
 (``capella.core.blocks``), the write path of ids, journals and sealing
 (``capella.core.writer``), recovery at open (``capella.core.recovery``), subscriptions and
-work queues (``capella.core.consumers``) and delayed messages (``capella.core.schedule``).
-What it does itself: validate writes, send delayed drafts to the schedule, run the
-background tasks, walk sealed and unsealed blocks for a read, and close in order.
+work queues (``capella.core.consumers``), delayed messages (``capella.core.delay`` at produce
+time, ``capella.core.schedule`` after) and its stats (``capella.core.report``). What it does
+itself: validate writes, run the background tasks under supervision, walk the sealed and
+then the unsealed blocks for a read, and close its parts in order.
 
 Keys on the queue's mounts (``<q>`` is the queue name):
 ``<q>/manifest.json``, ``<q>/state.json``, ``<q>/subscriptions.json``,
@@ -29,8 +30,11 @@ from capella.core.blocks import BlockMeta, BlockStore
 from capella.core.consumers import Consumers
 from capella.core.dedup import DedupIndex
 from capella.core.definition import I64_MAX, I64_MIN, QueueDefinition
+from capella.core.delay import Delayed as Delayed  # answered by ``Queue.append``
+from capella.core.delay import assign_mixed
 from capella.core.message import Draft, Message, SaveMode
 from capella.core.recovery import recover
+from capella.core.report import queue_stats
 from capella.core.retry import RetryPolicy
 from capella.core.schedule import Schedule, Scheduled
 from capella.core.stats import Histogram, QueueCounters, Recovery
@@ -49,21 +53,6 @@ log = logging.getLogger(__name__)
 FUTURE_SKEW = 5.0
 # A filtered read stops scanning after this many messages and answers with what it has.
 SCAN_LIMIT = 100_000
-# The releaser of delayed messages looks at the clock at least this often (an injected clock
-# may jump; a chunk of far-future items must be read in before its items fall due).
-RELEASE_POLL = 1.0
-
-
-class Delayed(NamedTuple):
-    """A message that waits in the schedule; it gets its id when it is delivered."""
-
-    scheduled: int
-    deliver_at: float
-    duplicate: bool
-
-    @property
-    def id(self) -> int:
-        return 0
 
 
 class ReadResult(NamedTuple):
@@ -102,7 +91,6 @@ class Queue:
         self._store = BlockStore(
             name, definition, mounts, cluster_name=cluster_name, recovery=self.recovery, clock=clock
         )
-        self._dedup: DedupIndex = self._store.dedup
         self._writer = Writer(
             name,
             definition,
@@ -125,7 +113,7 @@ class Queue:
             fault_text=self._writer.fault_text,
         )
         self.schedule = Schedule(
-            self._store.meta, self._store.key("schedule"), release=self._append_released, clock=clock
+            self._store.meta, self._store.key("schedule"), release=self._writer.append_released, clock=clock
         )
 
     @property
@@ -173,7 +161,7 @@ class Queue:
         queue._tasks = [
             queue._supervised("flush", writer.run_flusher, wake=writer.flush_wanted),
             queue._supervised("seal", writer.run_sealer, wake=writer.seal_wanted),
-            queue._supervised("release", queue._run_releaser),
+            queue._supervised("release", lambda: queue.schedule.run_releases(queue._stopping)),
         ]
         return queue
 
@@ -287,7 +275,7 @@ class Queue:
         await writer.lock()
         try:
             if later:
-                results = await self._assign_mixed(drafts, later, now)
+                results = await assign_mixed(writer, self.schedule, drafts, later, now)
             else:
                 results = list(await writer.assign(drafts, now))
         finally:
@@ -305,91 +293,6 @@ class Queue:
         if later:
             await self.schedule.spill_if_needed()
         return results
-
-    async def _assign_mixed(
-        self, drafts: Sequence[Draft], later: list[int], now: float
-    ) -> list[Appended | Delayed]:
-        """Append the drafts due now and schedule the others, answering in request order."""
-        writer = self._writer
-        waiting = set(later)
-        at_once = [d for i, d in enumerate(drafts) if i not in waiting]
-        appended = iter(await writer.assign(at_once, now))
-        if writer.next_id + len(later) > writer.lease_until:
-            await writer.extend_lease(len(later))
-        results: list[Appended | Delayed] = []
-        own = self._cluster_name
-        for index, d in enumerate(drafts):
-            if index not in waiting:
-                results.append(next(appended))
-                continue
-            source = own if d.source is None else d.source
-            if d.external_id is not None:
-                found = await self._dedup.find(source, d.external_id)
-                if found is not None:
-                    results.append(Appended(found, True))
-                    continue
-                existing = await self.schedule.find((source, d.external_id))
-                if existing is not None:
-                    results.append(Delayed(existing.sid, existing.due, True))
-                    continue
-            # The schedule id is a message id that no message will ever get: it can stand in
-            # for the external id without clashing with a message produced here.
-            sid = writer.next_id
-            writer.next_id = sid + 1
-            assert d.deliver_at is not None
-            self.schedule.stage(
-                Scheduled(
-                    sid,
-                    d.deliver_at,
-                    now,
-                    source,
-                    d.external_id,
-                    d.external_time,
-                    d.segment,
-                    d.payload,
-                    d.headers,
-                )
-            )
-            results.append(Delayed(sid, d.deliver_at, False))
-        return results
-
-    async def _append_released(self, drafts: list[Draft], new: bool) -> list[Appended]:
-        """Append delayed messages that fell due; answered once they are durable.
-
-        They were validated when they were scheduled; the queue's definition may have changed
-        since, but refusing them now would keep them in the schedule forever. ``new`` says the
-        schedule knows none of them can be in the log yet (the dedup lookup is skipped).
-        """
-        if self._closing:
-            raise ShuttingDown(f"queue {self.name} is closing")
-        writer = self._writer
-        if writer.sealer_behind:
-            await writer.wait_for_sealer()
-        await writer.lock()
-        try:
-            results = await writer.assign(drafts, self._clock(), check=not new)
-        finally:
-            writer.unlock()
-        await writer.commit(urgent=False)
-        return results
-
-    async def _run_releaser(self) -> None:
-        """Deliver delayed messages as they fall due (supervised: a failure backs off and retries)."""
-        schedule = self.schedule
-        while not self._closing:
-            schedule.changed.clear()
-            try:
-                await schedule.release_due(self._clock())
-            except ShuttingDown:
-                return
-            due = schedule.next_due()
-            # Nothing scheduled: sleep until something is.
-            delay = None if due is None else min(RELEASE_POLL, max(0.0, due - self._clock()))
-            if delay == 0.0 or self._closing:
-                continue
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await schedule.changed.wait()
 
     async def reschedule(self, sid: int, deliver_at: float, save: SaveMode = SaveMode.DEFAULT) -> Scheduled:
         """Move a scheduled message to ``deliver_at`` (a time in the past releases it at once)."""
@@ -594,7 +497,11 @@ class Queue:
         """Delete block copies the manifest does not point at (interrupted moves and deletes)."""
         return await self._store.clean_leftovers()
 
-    # The tests look at how much the block store keeps in memory.
+    # The tests look at what the block store keeps in memory and how often dedup reads blocks.
+    @property
+    def _dedup(self) -> DedupIndex:
+        return self._store.dedup
+
     @property
     def _loaded(self) -> OrderedDict[int, tuple[list[int], list[Message]]]:
         return self._store.loaded
@@ -609,46 +516,10 @@ class Queue:
         return self.definition.to_dict()
 
     def stats(self) -> dict[str, Any]:
-        writer = self._writer
-        in_memory = writer.in_memory()
-        all_sealed = self._store.sealed
-        sealed = [b for b in all_sealed if b.state == "sealed"]
-        by_mark: dict[str, int] = {}
-        for b in sealed:
-            by_mark[str(b.mark)] = by_mark.get(str(b.mark), 0) + 1
-        if in_memory:
-            by_mark["0"] = by_mark.get("0", 0) + len(in_memory)
-        count = sum(b.count for b in sealed) + sum(len(b.ids) for b in in_memory)
-        size = sum(b.bytes for b in sealed) + sum(b.size for b in in_memory)
-        open_block = writer.open_block
-        return {
-            "first_id": self.first_id,
-            "last_id": writer.last_id,
-            "messages": count,
-            "bytes": size,
-            "blocks": {
-                "total": len(sealed) + len(in_memory),
-                "by_mark": by_mark,
-                "by_state": {
-                    "open": 1 if open_block is not None and open_block.ids else 0,
-                    "sealing": len(writer.sealing),
-                    "sealed": len(sealed),
-                    "loaded": len(self._store.loaded),
-                    "quarantined": len(all_sealed) - len(sealed),
-                },
-            },
-            "subscriptions": self._consumers.count,
-            "scheduled": {
-                "count": self.schedule.count,
-                "in_memory": self.schedule.in_memory,
-                "chunks": self.schedule.chunk_count,
-                "next_due": self.schedule.next_due(),
-            },
-            "recovery": self.recovery.to_dict(),
-            "writable": not writer.faults,
-            "faults": [
-                {"step": step, "error": message, "since": since}
-                for step, (message, since) in sorted(writer.faults.items())
-            ],
-            "last_error": writer.last_error,
-        }
+        return queue_stats(
+            self._store,
+            self._writer,
+            self.schedule,
+            first_id=self.first_id,
+            subscriptions=self._consumers.count,
+        )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import hashlib
 import heapq
 import logging
@@ -40,7 +41,7 @@ import orjson
 from capella.core.changelog import ChangeLog, frame, unframe
 from capella.core.codec import message_body, message_from_body
 from capella.core.message import Draft, Message, SaveMode
-from capella.errors import CapellaError, Conflict, CorruptData, KeyNotFound, ScheduledNotFound
+from capella.errors import CapellaError, Conflict, CorruptData, KeyNotFound, ScheduledNotFound, ShuttingDown
 from capella.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ CHUNK_ITEMS = 4096
 SPILL_AT = 20_000
 CHECKPOINT_BYTES = 64 * 1024 * 1024
 RELEASE_BATCH = 10_000
+# The release loop looks at the clock at least this often (an injected clock may jump; a
+# chunk of far-future items must be read in before its items fall due).
+RELEASE_POLL = 1.0
 SMALL_RELEASE = 256
 
 _ADD = b"A"
@@ -392,6 +396,24 @@ class Schedule:
         return False
 
     # --- release ------------------------------------------------------------------------
+
+    async def run_releases(self, stopping: asyncio.Event) -> None:
+        """Deliver items as they fall due until ``stopping`` is set (the queue supervises it:
+        a failure backs off and retries)."""
+        while not stopping.is_set():
+            self.changed.clear()
+            try:
+                await self.release_due(self._clock())
+            except ShuttingDown:
+                return
+            due = self.next_due()
+            # Nothing scheduled: sleep until something is.
+            delay = None if due is None else min(RELEASE_POLL, max(0.0, due - self._clock()))
+            if delay == 0.0 or stopping.is_set():
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self.changed.wait()
 
     async def release_due(self, now: float | None = None) -> int:
         """Append every item due at ``now`` to the queue, in due order; answers how many."""

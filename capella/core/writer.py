@@ -103,9 +103,9 @@ class Writer:
         # (error, since). Set when a write step fails, cleared when it next succeeds.
         self.faults: dict[str, tuple[str, float]] = {}
         self.last_error: str | None = None
+        self.dedup = store.dedup
+        self.own = cluster_name  # the source of messages produced here
         self._store = store
-        self._dedup = store.dedup
-        self._cluster_name = cluster_name
         self._settings = settings
         self._flush_latency = flush_latency
         self._clock = clock
@@ -136,7 +136,7 @@ class Writer:
         """Take the blocks recovered from journals and continue numbering after everything seen."""
         for block in blocks:
             for source, ext in block.keys:
-                self._dedup.note(source, ext)
+                self.dedup.note(source, ext)
         if blocks:
             self.open_block = blocks.pop()
             self.sealing = blocks
@@ -232,8 +232,8 @@ class Writer:
         # This loop runs once per produced message: limits and bound methods are read once.
         limits = self.definition.limits
         max_count, max_bytes = limits.max_count, limits.max_bytes
-        own = self._cluster_name
-        dedup = self._dedup
+        own = self.own
+        dedup = self.dedup
         results: list[Appended] = []
         added = 0
         block = self.open_block
@@ -282,6 +282,25 @@ class Writer:
         self.counters.duplicates += len(results) - added
         return results
 
+    async def append_released(self, drafts: list[Draft], new: bool) -> list[Appended]:
+        """Append delayed messages that fell due; answered once they are durable.
+
+        They were validated when they were scheduled; the queue's definition may have changed
+        since, but refusing them now would keep them in the schedule forever. ``new`` says the
+        schedule knows none of them can be in the log yet (the dedup lookup is skipped).
+        """
+        if self.closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+        if self.sealer_behind:
+            await self.wait_for_sealer()
+        await self.lock()
+        try:
+            results = await self.assign(drafts, self._clock(), check=not new)
+        finally:
+            self.unlock()
+        await self.commit(urgent=False)
+        return results
+
     def _journal_key(self, first_id: int) -> str:
         return self._store.key("journal", f"{first_id:020d}.log")
 
@@ -313,7 +332,7 @@ class Writer:
             self.seal_wanted.set()
 
     def refresh_recent(self) -> None:
-        self._dedup.recent = [b.keys for b in self.in_memory()]
+        self.dedup.recent = [b.keys for b in self.in_memory()]
 
     def in_memory(self) -> list[OpenBlock]:
         """The blocks not sealed yet, oldest first."""
@@ -442,7 +461,7 @@ class Writer:
         if block.pending:
             await self.commit(urgent=True)
         # Encoding and the Bloom filter take ~30 ms for a full block: keep them off the loop.
-        data, summary = await asyncio.to_thread(_encode_sealed, block, self._cluster_name)
+        data, summary = await asyncio.to_thread(_encode_sealed, block, self.own)
         meta = BlockMeta(
             first_id=block.ids[0],
             last_id=block.ids[-1],
