@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from capella.core.message import Draft
-from capella.core.schedule import Schedule, Scheduled
+from capella.core.schedule import Schedule
+from capella.core.scheduled import Scheduled
 from capella.core.writer import Appended, Writer
 
 

@@ -36,7 +36,8 @@ from capella.core.message import Draft, Message, SaveMode
 from capella.core.recovery import recover
 from capella.core.report import queue_stats
 from capella.core.retry import RetryPolicy
-from capella.core.schedule import Schedule, Scheduled
+from capella.core.schedule import Schedule
+from capella.core.scheduled import Scheduled
 from capella.core.stats import Histogram, QueueCounters, Recovery
 from capella.core.subscription import Subscription
 from capella.core.task import TaskFailures, first_of, supervise
