@@ -82,7 +82,6 @@ class Queue:
         self.recovery = Recovery()
         self._definition = definition
         self._mounts = mounts
-        self._cluster_name = cluster_name
         self._task_failures = task_failures or TaskFailures()
         self._clock = clock
         self._closing = False
