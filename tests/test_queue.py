@@ -12,7 +12,7 @@ import pytest
 from conftest import Clock, file_config
 
 from capella.config import parse_config
-from capella.core import queue as queue_module
+from capella.core import blocks as queue_module
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import (

@@ -22,7 +22,7 @@ from capella.api.route import Route, on_queue
 from capella.config import parse_duration
 from capella.core.filter import matches
 from capella.core.queue import Queue
-from capella.core.schedule import Scheduled
+from capella.core.scheduled import Scheduled
 from capella.errors import InvalidConfig, InvalidRequest
 from capella.wire.messages import (
     CancelledScheduled,

@@ -51,7 +51,8 @@ from capella.core.filter import MessageFilter, matches, parse_path
 from capella.core.message import Message, SaveMode
 from capella.core.queue import Queue
 from capella.core.retry import MAX_LEASE
-from capella.core.work import STATUSES, Entry, Outcome, WorkQueue, parse_receipt
+from capella.core.window import Entry
+from capella.core.work import STATUSES, Outcome, WorkQueue, parse_receipt
 from capella.errors import InvalidConfig, InvalidRequest, MessageNotFound
 from capella.wire.work import Receipts
 

@@ -14,6 +14,9 @@ Where items live:
   millions of far-future items do not fill memory. A chunk is read back when its earliest
   item comes within the horizon.
 
+An item and its encoding are in ``capella.core.scheduled``, the chunk files in
+``capella.core.chunk``; this module decides what is where and when it is released.
+
 Nothing is released twice: a release is a dedup insert keyed by the item's identity
 ``(source, external_id)``, where an item without an external id uses its sid. The release
 record is written after the messages are durable; if a crash loses it, the items are
@@ -24,23 +27,23 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import hashlib
+import contextlib
 import heapq
 import logging
 import math
 import struct
-import zlib
 from array import array
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
 from capella.core.changelog import ChangeLog, frame, unframe
-from capella.core.codec import message_body, message_from_body
-from capella.core.message import Draft, Message, SaveMode
-from capella.errors import CapellaError, Conflict, CorruptData, KeyNotFound, ScheduledNotFound
+from capella.core.chunk import Chunk, ChunkFiles
+from capella.core.message import Draft, SaveMode
+from capella.core.scheduled import Scheduled, decode_item, encode_item, identity_hash
+from capella.errors import CapellaError, Conflict, CorruptData, ScheduledNotFound, ShuttingDown
 from capella.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -51,75 +54,17 @@ CHUNK_ITEMS = 4096
 SPILL_AT = 20_000
 CHECKPOINT_BYTES = 64 * 1024 * 1024
 RELEASE_BATCH = 10_000
+# The release loop looks at the clock at least this often (an injected clock may jump; a
+# chunk of far-future items must be read in before its items fall due).
+RELEASE_POLL = 1.0
 SMALL_RELEASE = 256
 
 _ADD = b"A"
 _DEL = b"D"
-_ITEM = struct.Struct("<dB")
-_HAS_EXTERNAL_ID = 1
-_HAS_EXTERNAL_TIME = 2
-_CHUNK_HEAD = struct.Struct("<4sII")
-_CHUNK_MAGIC = b"CPSC"
-_INDEX_MAGIC = b"CPSI"
 _SNAPSHOT_HEAD = struct.Struct("<I")
-_CRC = struct.Struct("<I")
 
 # (drafts, new): ``new`` when none of the drafts can be in the log already.
 Release = Callable[[list[Draft], bool], Awaitable[Any]]
-
-
-@dataclass(slots=True)
-class Scheduled:
-    """One message waiting for its time. Replaced, never changed, once it is registered."""
-
-    sid: int
-    due: float
-    created: float
-    source: str
-    external_id: int | None  # None: the sid stands in for it
-    external_time: float | None
-    segment: int
-    payload: bytes
-    headers: dict[str, str]
-    chunk: int = 0  # the chunk file that holds it; 0 while it is only in the log
-
-    @property
-    def identity(self) -> tuple[str, int]:
-        return (self.source, self.sid if self.external_id is None else self.external_id)
-
-    @property
-    def key(self) -> tuple[float, int]:
-        return (self.due, self.sid)
-
-    def draft(self) -> Draft:
-        source, external_id = self.identity
-        return Draft(self.payload, source, external_id, self.external_time, self.segment, self.headers)
-
-
-@dataclass(slots=True)
-class Chunk:
-    """An immutable file of scheduled items, and what is known about it without reading it."""
-
-    number: int
-    count: int
-    min_due: float
-    max_due: float
-    sids: array[int]  # sorted
-    hashes: array[int]  # identity hashes of the items with an external id, sorted
-    deleted: set[int] = field(default_factory=set)
-    loaded: bool = False  # every live item is in memory
-
-    @property
-    def live(self) -> int:
-        return self.count - len(self.deleted)
-
-    def holds(self, sid: int) -> bool:
-        i = bisect.bisect_left(self.sids, sid)
-        return i < len(self.sids) and self.sids[i] == sid and sid not in self.deleted
-
-    def may_hold(self, identity_hash: int) -> bool:
-        i = bisect.bisect_left(self.hashes, identity_hash)
-        return i < len(self.hashes) and self.hashes[i] == identity_hash
 
 
 @dataclass(slots=True)
@@ -145,13 +90,13 @@ class Schedule:
         clock: Callable[[], float],
         horizon: float = HORIZON,
     ) -> None:
-        self._storage = storage
         self._prefix = prefix
         self._release = release
         self._clock = clock
         self.horizon = horizon
         self.counters = ScheduleCounters()
         self._log = ChangeLog(storage, prefix)
+        self._files = ChunkFiles(storage, prefix)
         self._items: dict[int, Scheduled] = {}
         self._heap: list[tuple[float, int]] = []
         self._by_identity: dict[tuple[str, int], int] = {}
@@ -170,9 +115,6 @@ class Schedule:
         self._checkpoint_lock = asyncio.Lock()
         self.changed = asyncio.Event()  # set when an item may now be due earlier than before
 
-    def _chunk_key(self, number: int, ext: str) -> str:
-        return f"{self._prefix}/chunks/{number:012d}.{ext}"
-
     # --- recovery -----------------------------------------------------------------------
 
     async def open(self, first_new_sid: int = 2**63) -> None:
@@ -184,7 +126,8 @@ class Schedule:
             carried = await self._load_snapshot(document)
         for record in [*carried, *records]:
             self._replay(record)
-        await self._clean_leftover_chunks()
+        # A checkpoint that crashed before its snapshot leaves chunk files nobody names.
+        await self._files.delete_unknown(self._chunks)
         await self._load_near(self._clock())
         if self._items or self._chunks:
             log.info(
@@ -205,7 +148,7 @@ class Schedule:
             raise CorruptData(f"{self._prefix}: schedule snapshot is not valid: {exc}") from None
         for entry in entries:
             number = int(entry["n"])
-            sids, hashes = await self._read_index(number)
+            sids, hashes = await self._files.read_index(number)
             self._chunks[number] = Chunk(
                 number,
                 int(entry["count"]),
@@ -229,13 +172,6 @@ class Schedule:
                 self._forget(sid)
         else:
             raise CorruptData(f"{self._prefix}: unknown schedule record {kind!r}")
-
-    async def _clean_leftover_chunks(self) -> None:
-        # A checkpoint that crashed before its snapshot leaves chunk files nobody names.
-        for key in await self._storage.list(f"{self._prefix}/chunks/"):
-            stem = key.rsplit("/", 1)[-1].partition(".")[0]
-            if stem.isdigit() and int(stem) not in self._chunks:
-                await self._storage.delete(key)
 
     # --- what is scheduled -------------------------------------------------------------
 
@@ -275,7 +211,7 @@ class Schedule:
             return item
         for chunk in self._chunks.values():
             if chunk.holds(sid):
-                for found in await self._read_chunk(chunk):
+                for found in await self._files.read(chunk):
                     if found.sid == sid:
                         return found
         raise ScheduledNotFound(f"nothing scheduled has id {sid} (released, cancelled or never scheduled)")
@@ -289,7 +225,7 @@ class Schedule:
         for chunk in list(self._chunks.values()):
             if chunk.loaded or not chunk.may_hold(wanted):
                 continue
-            for item in await self._read_chunk(chunk):
+            for item in await self._files.read(chunk):
                 if item.identity == identity and item.external_id is not None and chunk.holds(item.sid):
                     return item
         return None
@@ -303,7 +239,7 @@ class Schedule:
                 continue
             if len(best) >= limit and chunk.min_due > best[-1].due:
                 break
-            found = [i for i in await self._read_chunk(chunk) if i.key > start and chunk.holds(i.sid)]
+            found = [i for i in await self._files.read(chunk) if i.key > start and chunk.holds(i.sid)]
             best = heapq.nsmallest(limit, [*best, *found], key=_key)
         return best
 
@@ -392,6 +328,24 @@ class Schedule:
         return False
 
     # --- release ------------------------------------------------------------------------
+
+    async def run_releases(self, stopping: asyncio.Event) -> None:
+        """Deliver items as they fall due until ``stopping`` is set (the queue supervises it:
+        a failure backs off and retries)."""
+        while not stopping.is_set():
+            self.changed.clear()
+            try:
+                await self.release_due(self._clock())
+            except ShuttingDown:
+                return
+            due = self.next_due()
+            # Nothing scheduled: sleep until something is.
+            delay = None if due is None else min(RELEASE_POLL, max(0.0, due - self._clock()))
+            if delay == 0.0 or stopping.is_set():
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self.changed.wait()
 
     async def release_due(self, now: float | None = None) -> int:
         """Append every item due at ``now`` to the queue, in due order; answers how many."""
@@ -500,7 +454,7 @@ class Schedule:
                 break
             if chunk.loaded:
                 continue
-            items = await self._read_chunk(chunk)
+            items = await self._files.read(chunk)
             if chunk.loaded or chunk.number not in self._chunks:
                 continue  # someone else loaded or replaced it while we read
             for item in items:
@@ -536,12 +490,12 @@ class Schedule:
             for part in (fresh[:cut], fresh[cut:]):
                 for start in range(0, len(part), CHUNK_ITEMS):
                     group = part[start : start + CHUNK_ITEMS]
-                    written.append((await self._write_chunk(self._take_chunk_number(), group), group))
+                    written.append((await self._files.write(self._take_chunk_number(), group), group))
             rewrites: list[tuple[Chunk, Chunk]] = []
             for chunk in list(self._chunks.values()):
                 if not chunk.loaded and chunk.live and len(chunk.deleted) * 2 >= chunk.count:
-                    kept = [i for i in await self._read_chunk(chunk) if i.sid not in chunk.deleted]
-                    rewrites.append((chunk, await self._write_chunk(self._take_chunk_number(), kept)))
+                    kept = [i for i in await self._files.read(chunk) if i.sid not in chunk.deleted]
+                    rewrites.append((chunk, await self._files.write(self._take_chunk_number(), kept)))
             dropped: list[int] = []
 
             def document() -> bytes:
@@ -581,8 +535,7 @@ class Schedule:
             }
             self._evict_far(self._clock())
             for number in dropped:
-                await self._storage.delete(self._chunk_key(number, "sch"))
-                await self._storage.delete(self._chunk_key(number, "idx"))
+                await self._files.delete(number)
 
     def _take_chunk_number(self) -> int:
         number = self._next_chunk
@@ -632,103 +585,6 @@ class Schedule:
 
     async def close(self) -> None:
         await self._log.close()
-
-    # --- chunk files --------------------------------------------------------------------
-
-    async def _write_chunk(self, number: int, items: list[Scheduled]) -> Chunk:
-        body = b"".join(frame(encode_item(i)) for i in items)
-        head = _CHUNK_HEAD.pack(_CHUNK_MAGIC, len(items), zlib.crc32(body))
-        sids = array("q", sorted(i.sid for i in items))
-        hashes = array("q", sorted(identity_hash(*i.identity) for i in items if i.external_id is not None))
-        index = b"".join(
-            (
-                _CHUNK_HEAD.pack(_INDEX_MAGIC, len(sids), len(hashes)),
-                sids.tobytes(),
-                hashes.tobytes(),
-            )
-        )
-        await self._storage.put(self._chunk_key(number, "sch"), head + body)
-        await self._storage.put(self._chunk_key(number, "idx"), index + _CRC.pack(zlib.crc32(index)))
-        dues = [i.due for i in items]
-        return Chunk(number, len(items), min(dues, default=0.0), max(dues, default=0.0), sids, hashes)
-
-    async def _read_chunk(self, chunk: Chunk) -> list[Scheduled]:
-        try:
-            data = await self._storage.get(self._chunk_key(chunk.number, "sch"))
-        except KeyNotFound:
-            raise CorruptData(f"{self._prefix}: chunk {chunk.number} is missing") from None
-        if len(data) < _CHUNK_HEAD.size:
-            raise CorruptData(f"{self._prefix}: chunk {chunk.number} is shorter than its header")
-        magic, count, crc = _CHUNK_HEAD.unpack_from(data)
-        body = data[_CHUNK_HEAD.size :]
-        if magic != _CHUNK_MAGIC or zlib.crc32(body) != crc:
-            raise CorruptData(f"{self._prefix}: chunk {chunk.number} failed its checksum")
-        records, _ = unframe(body)
-        if len(records) != count:
-            raise CorruptData(f"{self._prefix}: chunk {chunk.number} holds {len(records)} of {count} items")
-        return [decode_item(r, 0, chunk.number) for r in records]
-
-    async def _read_index(self, number: int) -> tuple[array[int], array[int]]:
-        try:
-            data = await self._storage.get(self._chunk_key(number, "idx"))
-        except KeyNotFound:
-            raise CorruptData(f"{self._prefix}: index of chunk {number} is missing") from None
-        if (
-            len(data) < _CHUNK_HEAD.size + 4
-            or zlib.crc32(data[:-4]) != _CRC.unpack_from(data, len(data) - 4)[0]
-        ):
-            raise CorruptData(f"{self._prefix}: index of chunk {number} failed its checksum")
-        magic, n_sids, n_hashes = _CHUNK_HEAD.unpack_from(data)
-        if magic != _INDEX_MAGIC:
-            raise CorruptData(f"{self._prefix}: index of chunk {number} has a bad magic")
-        sids, hashes = array("q"), array("q")
-        start = _CHUNK_HEAD.size
-        sids.frombytes(data[start : start + 8 * n_sids])
-        hashes.frombytes(data[start + 8 * n_sids : start + 8 * (n_sids + n_hashes)])
-        return sids, hashes
-
-
-def encode_item(item: Scheduled) -> bytes:
-    flags = (_HAS_EXTERNAL_ID if item.external_id is not None else 0) | (
-        _HAS_EXTERNAL_TIME if item.external_time is not None else 0
-    )
-    message = Message(
-        item.sid,
-        item.created,
-        item.source,
-        0 if item.external_id is None else item.external_id,
-        0.0 if item.external_time is None else item.external_time,
-        item.segment,
-        item.payload,
-        item.headers,
-    )
-    return _ITEM.pack(item.due, flags) + message_body(message)
-
-
-def decode_item(data: bytes, start: int = 0, chunk: int = 0) -> Scheduled:
-    try:
-        due, flags = _ITEM.unpack_from(data, start)
-    except struct.error:
-        raise CorruptData("scheduled item is too short") from None
-    m = message_from_body(data, start + _ITEM.size)
-    return Scheduled(
-        m.id,
-        due,
-        m.time,
-        m.source,
-        m.external_id if flags & _HAS_EXTERNAL_ID else None,
-        m.external_time if flags & _HAS_EXTERNAL_TIME else None,
-        m.segment,
-        m.payload,
-        m.headers,
-        chunk,
-    )
-
-
-def identity_hash(source: str, external_id: int) -> int:
-    """A stable 64-bit hash of an identity (the same in every process)."""
-    digest = hashlib.blake2b(source.encode() + external_id.to_bytes(8, "little", signed=True), digest_size=8)
-    return int.from_bytes(digest.digest(), "little", signed=True)
 
 
 def _sids_of(record: bytes) -> array[int]:

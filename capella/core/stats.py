@@ -1,9 +1,10 @@
-"""Counters and histograms the core keeps; ``metrics.py`` reads them at scrape time."""
+"""Counters, histograms and findings the core keeps; ``metrics.py`` and the stats read them."""
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Any
 
 FLUSH_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -38,3 +39,19 @@ class QueueCounters:
     read_requests: int = 0
     flushes: int = 0
     sealed_blocks: int = 0
+
+
+@dataclass(slots=True)
+class Recovery:
+    """What recovery found (and quarantines found later); shown in the queue's stats."""
+
+    truncated_bytes: int = 0
+    quarantined: list[str] = field(default_factory=list)
+    gaps: list[tuple[int, int]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "truncated_bytes": self.truncated_bytes,
+            "quarantined_blocks": list(self.quarantined),
+            "gaps": [{"from_id": lo, "to_id": hi} for lo, hi in self.gaps],
+        }

@@ -6,6 +6,9 @@ counted in ``TaskFailures`` (``capella_task_failures_total``), handed to the own
 (a queue's ``last_error``), and the body starts again after ``backoff``. Only cancellation
 ends a supervised loop early. Bodies are written to be restartable: they look at what is
 left to do (pending writes, full blocks) before they wait for more.
+
+``first_of`` (wait for whichever event comes first) and ``retrieve`` (a task whose error is
+read elsewhere) are the two small asyncio steps such loops and their callers share.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from capella.backoff import backoff
 from capella.errors import CapellaError
@@ -85,3 +89,22 @@ async def supervise(
                     "task crashed task=%s failures=%d restart_in=%.2fs", task, streak, delay, exc_info=exc
                 )
             await sleep(delay)
+
+
+async def first_of(*waits: Awaitable[object]) -> None:
+    """Return when the first of ``waits`` finishes; the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def retrieve(task: asyncio.Future[Any]) -> None:
+    """A done callback for a task whose error someone else reads (or nobody needs).
+
+    It only keeps asyncio from logging the error as never retrieved.
+    """
+    if not task.cancelled():
+        task.exception()

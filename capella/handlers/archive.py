@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from capella.core.queue import BlockMeta, Queue
+from capella.core.blocks import BlockMeta
+from capella.core.queue import Queue
 from capella.errors import InvalidRequest
 from capella.handlers.params import Params, duration
 from capella.handlers.queues import PassResult, QueueHandler

@@ -1,0 +1,261 @@
+"""The consumers of one queue: its named subscriptions (cursors) and the work queues of the ack-mode ones.
+
+Cursors are one document, ``<q>/subscriptions.json``, saved as a group commit: concurrent
+commits share one write, and a save never overwrites a newer one. Each work queue keeps its
+own change log under ``<q>/work/<subscription>/`` (``capella.core.work``); a message it gives
+up on is copied to the dead-letter queue its policy names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from capella.config import StorageSettings
+from capella.core.definition import QueueDefinition
+from capella.core.message import Draft, SaveMode
+from capella.core.retry import RetryPolicy
+from capella.core.subscription import ACK, Subscription, Subscriptions
+from capella.core.task import retrieve
+from capella.core.work import MessageLog, WorkQueue
+from capella.errors import (
+    InvalidRequest,
+    KeyNotFound,
+    QueueNotFound,
+    ShuttingDown,
+    StorageTimeout,
+    WrongSubscriptionMode,
+)
+from capella.storage import Storage
+
+
+class DeadLetterQueue(Protocol):
+    """What a work queue needs from the queue its dead messages are copied to."""
+
+    async def append(self, drafts: Sequence[Draft], save: SaveMode = ...) -> Sequence[object]: ...
+
+
+class Consumers:
+    """The subscriptions of one queue and their work queues, and when they are saved."""
+
+    def __init__(
+        self,
+        messages: MessageLog,
+        definition: QueueDefinition,
+        meta: Storage,
+        *,
+        settings: StorageSettings,
+        clock: Callable[[], float],
+        stopping: asyncio.Event,
+        lookup: Callable[[str], DeadLetterQueue] | None,
+        fault_text: Callable[[], str],
+    ) -> None:
+        self.definition = definition  # replaced by the queue when its definition changes
+        self.committed = asyncio.Event()  # set (and replaced) on every cursor change
+        self._messages = messages
+        self._name = messages.name
+        self._meta = meta
+        self._settings = settings
+        self._clock = clock
+        self._stopping = stopping
+        self._lookup = lookup
+        self._fault_text = fault_text
+        self._subs = Subscriptions()
+        self._work: dict[str, WorkQueue] = {}
+        self._lock = asyncio.Lock()
+        self._marked = False
+
+    def _key(self, *parts: str) -> str:
+        return "/".join((self._name, *parts))
+
+    async def open(self) -> None:
+        """Recover the cursors and the work queues from their saved state."""
+        try:
+            self._subs.load(await self._meta.get(self._key("subscriptions.json")))
+            self._subs.saved_version = self._subs.version
+        except KeyNotFound:
+            pass
+        for sub in self._subs.all():
+            if sub.mode == ACK and sub.policy is not None:
+                work = self._new_work(sub.name, sub.policy)
+                await work.open()
+                self._work[sub.name] = work
+
+    def _check_open(self) -> None:
+        if self._stopping.is_set():
+            raise ShuttingDown(f"queue {self._name} is closing")
+
+    # --- reading ---------------------------------------------------------------------------
+
+    @property
+    def count(self) -> int:
+        return len(self._subs.all())
+
+    def subscription(self, name: str) -> Subscription:
+        return self._with_floor(self._subs.get(name))
+
+    def subscriptions(self) -> list[Subscription]:
+        return [self._with_floor(s) for s in self._subs.all()]
+
+    def _with_floor(self, sub: Subscription) -> Subscription:
+        # An ack-mode subscription's cursor is the id below which everything is finished.
+        if sub.mode == ACK:
+            return dataclasses.replace(sub, last_id=self._work[sub.name].state.floor)
+        return sub
+
+    def work(self, name: str) -> WorkQueue:
+        """The work queue of an ack-mode subscription."""
+        sub = self._subs.get(name)
+        if sub.mode != ACK:
+            raise WrongSubscriptionMode(f"subscription {name!r} is a cursor, not in ack mode")
+        return self._work[name]
+
+    def work_queues(self) -> list[WorkQueue]:
+        return [self._work[name] for name in sorted(self._work)]
+
+    def replicas(self, message_id: int) -> list[str]:
+        return self._subs.replicas(message_id)
+
+    async def wait_replicas(self, message_id: int, count: int, timeout: float) -> list[str]:  # noqa: ASYNC109 (API parameter)
+        """The replica subscriptions past ``message_id`` once there are ``count``, or at ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(holders := self._subs.replicas(message_id)) < count and not self._stopping.is_set():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            event = self.committed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await event.wait()
+        return holders
+
+    # --- changes ---------------------------------------------------------------------------
+
+    async def define_work(
+        self, name: str, policy: RetryPolicy, save: SaveMode = SaveMode.DEFAULT
+    ) -> tuple[Subscription, bool]:
+        """Create an ack-mode subscription (a work queue) or change its retry policy."""
+        self._check_open()
+        if policy.dead_letter is not None:
+            if policy.dead_letter == self._name:
+                raise InvalidRequest("policy.dead_letter must name another queue", field="policy.dead_letter")
+            try:
+                if self._lookup is not None:
+                    self._lookup(policy.dead_letter)
+            except QueueNotFound:
+                raise InvalidRequest(
+                    f"policy.dead_letter: no queue {policy.dead_letter!r}", field="policy.dead_letter"
+                ) from None
+        sub, created = self._subs.define_ack(name, policy, now=self._clock())
+        if created:
+            # A subscription of this name deleted before a crash may have left its files.
+            for key in await self._meta.list(self._key("work", name, "")):
+                await self._meta.delete(key)
+            work = self._new_work(name, policy)
+            await work.open()
+            self._work[name] = work
+        else:
+            self._work[name].policy = policy
+        await self._after_change(save)
+        return self._with_floor(sub), created
+
+    def _new_work(self, name: str, policy: RetryPolicy) -> WorkQueue:
+        return WorkQueue(
+            self._messages,
+            name,
+            policy,
+            self._meta,
+            self._key("work", name),
+            clock=self._clock,
+            dead_letter=self._dead_letter,
+            default_save=lambda: self.definition.subscription_save,
+        )
+
+    async def _dead_letter(self, target: str, drafts: list[Draft]) -> None:
+        if self._lookup is None or not drafts:
+            return
+        await self._lookup(target).append(drafts, SaveMode.WAIT)
+
+    async def commit(
+        self,
+        name: str,
+        last_id: int | None,
+        *,
+        replica: bool | None = None,
+        reset: bool = False,
+        save: SaveMode = SaveMode.DEFAULT,
+    ) -> tuple[Subscription, bool]:
+        """Move a cursor forward (or anywhere with ``reset``), creating it on first use."""
+        self._check_open()
+        sub, created = self._subs.commit(name, last_id, replica=replica, reset=reset, now=self._clock())
+        await self._after_change(save)
+        return sub, created
+
+    async def delete(self, name: str, save: SaveMode = SaveMode.DEFAULT) -> None:
+        self._subs.delete(name)
+        await self._after_change(save)
+        work = self._work.pop(name, None)
+        if work is not None:
+            await work.destroy()
+
+    async def _after_change(self, save: SaveMode) -> None:
+        self.committed.set()
+        self.committed = asyncio.Event()
+        mode = save.resolve(self.definition.subscription_save)
+        if mode is SaveMode.IMMEDIATE or mode is SaveMode.WAIT:
+            # The save goes on when the writer stops waiting: saves are serialised by a lock
+            # and versioned, so a late one never overwrites a newer one.
+            save_task = asyncio.ensure_future(self.save())
+            try:
+                async with asyncio.timeout(self._settings.write_timeout):
+                    await asyncio.shield(save_task)
+            except TimeoutError:
+                # Should the late save fail, the periodic tick saves the cursors again.
+                self._marked = True
+                save_task.add_done_callback(retrieve)
+                raise StorageTimeout(
+                    f"queue {self._name}: the cursor was not saved within {self._settings.write_timeout:g}s "
+                    f"({self._fault_text()}); it may still be saved"
+                ) from None
+        elif mode is SaveMode.MARK:
+            self._marked = True
+
+    # --- saving ----------------------------------------------------------------------------
+
+    async def save(self) -> None:
+        """Save the cursors unless a save that covers the latest change already ran."""
+        target = self._subs.version
+        async with self._lock:
+            # Someone else's save already covered this change: share it (group commit).
+            if self._subs.saved_version >= target:
+                return
+            version, data = self._subs.version, self._subs.dump()
+            await self._meta.put(self._key("subscriptions.json"), data)
+            self._subs.saved_version = version
+
+    async def flush_work(self) -> None:
+        for work in list(self._work.values()):
+            await work.flush()
+
+    async def tick_cursors(self) -> None:
+        """Save cursors changed in ``mark`` mode (the periodic pass)."""
+        if self._marked:
+            self._marked = False
+            await self.save()
+
+    async def tick_work(self) -> None:
+        """The work queues' periodic pass: expired leases, marked changes, checkpoints."""
+        for work in list(self._work.values()):
+            await work.tick()
+
+    def wake_waiters(self) -> None:
+        """Closing: wake callers waiting for replicas."""
+        self.committed.set()
+
+    async def close(self) -> None:
+        for work in self._work.values():
+            await work.close()

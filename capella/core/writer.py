@@ -1,0 +1,530 @@
+"""The write path of one queue: ids, the open block, group-commit flushes to its journal, and sealing.
+
+Each record is encoded at once and kept in ``pending`` until a flush appends it to the
+block's journal and fsyncs it. ``wait`` and ``immediate`` writes join the next flush (group
+commit: concurrent writers share one fsync). A full block moves to ``sealing``; the sealer
+writes it once as an immutable block, has the block store record it in the manifest, and
+deletes its journal. Ids come from a lease persisted ahead of use (``<q>/state.json``), so
+an id that was ever answered is never handed out again, even after ``kill -9``.
+
+A step that fails (journal, seal, state) is a *fault*: the queue says it cannot accept
+writes until the step next succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import orjson
+
+from capella.config import StorageSettings
+from capella.core.blocks import BlockMeta, BlockStore
+from capella.core.codec import JOURNAL_HEADER, encode_block, encode_record
+from capella.core.dedup import BlockSummary
+from capella.core.definition import QueueDefinition
+from capella.core.message import Draft, Message
+from capella.core.stats import Histogram, QueueCounters
+from capella.core.task import first_of
+from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
+from capella.storage import Journal
+
+log = logging.getLogger(__name__)
+
+# Full blocks waiting for the sealer; writers wait beyond this (at most
+# ``storage.write_timeout``) so memory stays bounded when the disk is slower than the producers.
+MAX_SEALING = 2
+
+
+class Appended(NamedTuple):
+    id: int
+    duplicate: bool
+
+
+@dataclass(slots=True)
+class OpenBlock:
+    """A block still taking writes (or waiting to be sealed), held in memory with its journal."""
+
+    first_id: int
+    opened_at: float
+    journal_key: str
+    ids: list[int] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    keys: dict[tuple[str, int], int] = field(default_factory=dict)
+    size: int = 0
+    pending: list[bytes] = field(default_factory=list)
+    journal: Journal | None = None
+    durable_size: int = 0
+
+    def add(self, message: Message, record: bytes) -> None:
+        self.ids.append(message.id)
+        self.messages.append(message)
+        self.keys[(message.source, message.external_id)] = message.id
+        self.size += len(record)
+        self.pending.append(record)
+
+    def is_full(self, definition: QueueDefinition, now: float) -> bool:
+        limits = definition.limits
+        return bool(self.ids) and (
+            len(self.ids) >= limits.max_count
+            or self.size >= limits.max_bytes
+            or now - self.opened_at >= limits.max_age
+        )
+
+
+class Writer:
+    """Ids, the blocks still in memory (``sealing`` then ``open_block``) and their journals.
+
+    ``flush_wanted`` and ``seal_wanted`` wake the flusher and the sealer, which the queue
+    runs as supervised tasks; ``stopping`` is the queue's, set when it closes.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        definition: QueueDefinition,
+        store: BlockStore,
+        *,
+        cluster_name: str,
+        settings: StorageSettings,
+        counters: QueueCounters,
+        flush_latency: Histogram,
+        clock: Callable[[], float],
+        stopping: asyncio.Event,
+    ) -> None:
+        self.name = name
+        self.definition = definition  # replaced by the queue when its definition changes
+        self.counters = counters
+        # What keeps the queue from accepting writes now, by step ("journal", "seal", "state"):
+        # (error, since). Set when a write step fails, cleared when it next succeeds.
+        self.faults: dict[str, tuple[str, float]] = {}
+        self.last_error: str | None = None
+        self.dedup = store.dedup
+        self.own = cluster_name  # the source of messages produced here
+        self._store = store
+        self._settings = settings
+        self._flush_latency = flush_latency
+        self._clock = clock
+        self._stopping = stopping
+
+        self.sealing: list[OpenBlock] = []
+        self.open_block: OpenBlock | None = None
+        self.last_id = 0
+        self.next_id = 1
+        self.lease_until = 1  # ids below this may have been answered already
+        self.arrived = asyncio.Event()  # set (and replaced) when messages are added
+        self.marked = False  # a ``mark`` write waits for the next periodic flush
+
+        self.flush_wanted = asyncio.Event()
+        self.seal_wanted = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+        self._flush_lock = asyncio.Lock()
+        self._seal_done = asyncio.Event()
+        self._seal_tried = asyncio.Event()  # set (and replaced) after every seal attempt
+        self._waiters: list[asyncio.Future[None]] = []
+        self._urgent = False
+
+    @property
+    def closing(self) -> bool:
+        return self._stopping.is_set()
+
+    def resume(self, blocks: list[OpenBlock], *, sealed_last: int, lease_until: int) -> None:
+        """Take the blocks recovered from journals and continue numbering after everything seen."""
+        for block in blocks:
+            for source, ext in block.keys:
+                self.dedup.note(source, ext)
+        if blocks:
+            self.open_block = blocks.pop()
+            self.sealing = blocks
+            if self.open_block.is_full(self.definition, self._clock()):
+                self.sealing.append(self.open_block)
+                self.open_block = None
+        self.refresh_recent()
+        self.lease_until = lease_until
+        self.last_id = max(sealed_last, *(b.ids[-1] for b in self.in_memory()), 0)
+        self.next_id = max(self.last_id + 1, lease_until)
+
+    # --- faults ----------------------------------------------------------------------------
+
+    def set_fault(self, step: str, message: str) -> None:
+        self.last_error = message
+        since = self.faults[step][1] if step in self.faults else self._clock()
+        if step not in self.faults:
+            log.error("queue cannot accept writes queue=%s step=%s: %s", self.name, step, message)
+        self.faults[step] = (message, since)
+
+    def clear_fault(self, step: str) -> None:
+        if self.faults.pop(step, None) is not None:
+            log.info("queue accepts writes again queue=%s step=%s", self.name, step)
+
+    @property
+    def write_fault(self) -> str | None:
+        """Why the queue cannot accept writes now, or None when it can."""
+        if not self.faults:
+            return None
+        step, (message, _) = min(self.faults.items(), key=lambda item: item[1][1])
+        return f"{step}: {message}"
+
+    def fault_text(self) -> str:
+        return self.write_fault or "storage is slow"
+
+    # --- writing ---------------------------------------------------------------------------
+
+    @property
+    def sealer_behind(self) -> bool:
+        """Too many full blocks wait for the sealer: a writer waits for room first."""
+        return len(self.sealing) >= MAX_SEALING
+
+    async def wait_for_sealer(self) -> None:
+        """Wait until the backlog of full blocks has room, at most ``storage.write_timeout``.
+
+        While sealing fails, the writer asks for one retry at once and gets its outcome: the
+        storage error right away, or room to write if the fault has cleared.
+        """
+        try:
+            async with asyncio.timeout(self._settings.write_timeout):
+                while len(self.sealing) >= MAX_SEALING and not self.closing:
+                    failing = self.faults.get("seal")
+                    if failing is not None:
+                        self.seal_wanted.set()
+                    await first_of(self._seal_done.wait(), self._seal_tried.wait())
+                    if failing is not None and "seal" in self.faults and len(self.sealing) >= MAX_SEALING:
+                        raise StorageUnavailable(
+                            f"queue {self.name}: full blocks are not being sealed ({self.faults['seal'][0]})"
+                        )
+        except TimeoutError:
+            raise StorageTimeout(
+                f"queue {self.name}: full blocks were not sealed within "
+                f"{self._settings.write_timeout:g}s ({self.fault_text()})"
+            ) from None
+        if self.closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+
+    async def lock(self) -> None:
+        """Take the write lock, waiting at most ``storage.write_timeout`` for it."""
+        if not self._write_lock.locked():
+            await self._write_lock.acquire()  # free: taken at once, no timer needed
+            return
+        try:
+            async with asyncio.timeout(self._settings.write_timeout):
+                await self._write_lock.acquire()
+        except TimeoutError:
+            raise StorageTimeout(
+                f"queue {self.name}: another write held the queue for more than "
+                f"{self._settings.write_timeout:g}s ({self.fault_text()})"
+            ) from None
+
+    def unlock(self) -> None:
+        self._write_lock.release()
+
+    async def assign(self, drafts: Sequence[Draft], now: float, *, check: bool = True) -> list[Appended]:
+        """Give the drafts ids and add them to the open block (holding the write lock).
+
+        ``check=False`` skips the dedup lookup for drafts whose identity is known to be new
+        (it is still noted).
+        """
+        if self.next_id + len(drafts) > self.lease_until:
+            await self.extend_lease(len(drafts))
+        # This loop runs once per produced message: limits and bound methods are read once.
+        limits = self.definition.limits
+        max_count, max_bytes = limits.max_count, limits.max_bytes
+        own = self.own
+        dedup = self.dedup
+        results: list[Appended] = []
+        added = 0
+        block = self.open_block
+        if block is not None and block.is_full(self.definition, now):
+            self.rotate()
+            block = None
+        for d in drafts:
+            source = own if d.source is None else d.source
+            external_id = d.external_id
+            if external_id is not None and check:
+                found = await dedup.find(source, external_id)
+                if found is not None:
+                    results.append(Appended(found, True))
+                    continue
+            message_id = self.next_id
+            self.next_id = message_id + 1
+            if external_id is None:
+                external_id = message_id
+            message = Message(
+                message_id,
+                now,
+                source,
+                external_id,
+                now if d.external_time is None else d.external_time,
+                d.segment,
+                d.payload,
+                d.headers,
+            )
+            if block is None:
+                block = self.open_block = OpenBlock(message_id, now, self._journal_key(message_id))
+                self.refresh_recent()
+            block.add(message, encode_record(message))
+            if source is not own or external_id != message_id:
+                dedup.note(source, external_id)
+            added += 1
+            results.append(Appended(message_id, False))
+            if len(block.ids) >= max_count or block.size >= max_bytes:
+                self.rotate()
+                block = None
+        if added:
+            self.last_id = self.next_id - 1
+            dedup.note(own, self.last_id)
+            self.counters.produced += added
+            self.arrived.set()
+            self.arrived = asyncio.Event()
+        self.counters.duplicates += len(results) - added
+        return results
+
+    async def append_released(self, drafts: list[Draft], new: bool) -> list[Appended]:
+        """Append delayed messages that fell due; answered once they are durable.
+
+        They were validated when they were scheduled; the queue's definition may have changed
+        since, but refusing them now would keep them in the schedule forever. ``new`` says the
+        schedule knows none of them can be in the log yet (the dedup lookup is skipped).
+        """
+        if self.closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+        if self.sealer_behind:
+            await self.wait_for_sealer()
+        await self.lock()
+        try:
+            results = await self.assign(drafts, self._clock(), check=not new)
+        finally:
+            self.unlock()
+        await self.commit(urgent=False)
+        return results
+
+    def _journal_key(self, first_id: int) -> str:
+        return self._store.key("journal", f"{first_id:020d}.log")
+
+    async def extend_lease(self, needed: int) -> None:
+        # Persist the lease before any id under it is answered: after a crash, numbering
+        # resumes above it, so an answered id is never reused (at the cost of a gap).
+        lease = self.next_id + needed + self._settings.id_lease
+        await self.save_state(lease)
+        self.lease_until = lease
+
+    async def save_state(self, lease_until: int) -> None:
+        try:
+            await self.put_state(lease_until)
+        except CapellaError as exc:
+            self.set_fault("state", exc.message)
+            raise
+        self.clear_fault("state")
+
+    async def put_state(self, lease_until: int) -> None:
+        await self._store.meta.put(
+            self._store.key("state.json"), orjson.dumps({"version": 1, "lease_until": lease_until})
+        )
+
+    def rotate(self) -> None:
+        if self.open_block is not None and self.open_block.ids:
+            self.sealing.append(self.open_block)
+            self.open_block = None
+            self.refresh_recent()
+            self.seal_wanted.set()
+
+    def refresh_recent(self) -> None:
+        self.dedup.recent = [b.keys for b in self.in_memory()]
+
+    def in_memory(self) -> list[OpenBlock]:
+        """The blocks not sealed yet, oldest first."""
+        return [*self.sealing, *([self.open_block] if self.open_block is not None else [])]
+
+    def pending(self) -> bool:
+        return any(b.pending for b in self.in_memory())
+
+    # --- flushing (group commit) -----------------------------------------------------------
+
+    async def commit(self, *, urgent: bool) -> None:
+        """Answer once everything added so far is in a journal, fsync'd."""
+        if not self.pending() and not self._flush_lock.locked():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._urgent = self._urgent or urgent
+        self.flush_wanted.set()
+        try:
+            async with asyncio.timeout(self._settings.write_timeout):
+                await waiter
+        except TimeoutError:
+            # The flush goes on: what it covers may still be saved, so say the outcome is unknown.
+            raise StorageTimeout(
+                f"queue {self.name}: the write was not saved within {self._settings.write_timeout:g}s "
+                f"({self.fault_text()}); it may still be saved"
+            ) from None
+
+    async def run_flusher(self) -> None:
+        """Flush when a writer asks. A failed flush fails its writers and raises to the
+        supervisor; the restarted loop retries what is still pending without a new writer."""
+        delay = self._settings.wait_max_delay
+        while True:
+            if "journal" not in self.faults:
+                await self.flush_wanted.wait()
+            self.flush_wanted.clear()
+            if delay > 0 and not self._urgent and not self.closing:
+                await asyncio.sleep(delay)
+            self._urgent = False
+            waiters, self._waiters = self._waiters, []
+            try:
+                await self.flush_journals()
+            except BaseException as exc:
+                _fail(waiters, exc, self.name)
+                if self.closing:
+                    return  # close() makes its own last attempt and reports it
+                raise
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+            if self.closing and not self._waiters:
+                return
+
+    async def flush_journals(self) -> None:
+        async with self._flush_lock:
+            self.marked = False
+            started = time.perf_counter()
+            wrote = False
+            for block in self.in_memory():
+                if not block.pending:
+                    continue
+                data = b"".join(block.pending)
+                block.pending.clear()
+                try:
+                    await self._write_journal(block, data)
+                except BaseException as exc:
+                    block.pending.insert(0, data)
+                    if isinstance(exc, CapellaError):
+                        self.set_fault("journal", exc.message)
+                    raise
+                wrote = True
+            self.clear_fault("journal")
+            if wrote:
+                self.counters.flushes += 1
+                self._flush_latency.observe(time.perf_counter() - started)
+
+    async def _write_journal(self, block: OpenBlock, data: bytes) -> None:
+        try:
+            if block.journal is None:
+                # Reopening after a failed write cuts whatever half-written tail it left.
+                block.journal = await self._store.meta.journal(
+                    block.journal_key, truncate_to=block.durable_size
+                )
+                if block.journal.size == 0:
+                    data = JOURNAL_HEADER + data
+            await block.journal.append_and_sync(data)
+        except CapellaError:
+            if block.journal is not None:
+                journal, block.journal = block.journal, None
+                await asyncio.shield(journal.close())
+            raise
+        block.durable_size = block.journal.size
+
+    async def tick(self) -> None:
+        """Seal an open block past its age, probe a failed step, save marked writes."""
+        if self.open_block is not None and self.open_block.is_full(self.definition, self._clock()):
+            self.rotate()
+        if "state" in self.faults or ("journal" in self.faults and not self.pending()):
+            # Nothing left to retry: probe the meta mount with a harmless write of the state,
+            # so the queue says it accepts writes again as soon as it does.
+            await self.save_state(self.lease_until)
+            self.clear_fault("journal")
+        if self.marked:
+            await self.commit(urgent=True)
+
+    # --- sealing ---------------------------------------------------------------------------
+
+    async def run_sealer(self) -> None:
+        """Seal full blocks one at a time (supervised: a failed seal backs off and retries)."""
+        while not self.closing:
+            if not self.sealing:
+                await self.seal_wanted.wait()
+                self.seal_wanted.clear()
+                continue
+            # A writer that sets it from now on gets a retry without the backoff.
+            self.seal_wanted.clear()
+            try:
+                await self._seal_first()
+                self.clear_fault("seal")
+            finally:
+                self._seal_tried.set()
+                self._seal_tried = asyncio.Event()
+
+    async def _seal_first(self) -> None:
+        block = self.sealing[0]
+        if block.pending:
+            await self.commit(urgent=True)
+        # Encoding and the Bloom filter take ~30 ms for a full block: keep them off the loop.
+        data, summary = await asyncio.to_thread(_encode_sealed, block, self.own)
+        meta = BlockMeta(
+            first_id=block.ids[0],
+            last_id=block.ids[-1],
+            count=len(block.ids),
+            bytes=len(data),
+            mark=0,
+            created=block.opened_at,
+            sealed=self._clock(),
+            key=self._store.block_key(block.ids[0], block.ids[-1]),
+        )
+        store = self._store
+        await store.put_block(meta, data, summary)
+        async with store.manifest_lock:
+            await store.save_manifest([*store.sealed, meta])
+            # No await from here to the end of the swap: a reader sees the block exactly once.
+            store.adopt(meta, (block.ids, block.messages), block.keys, summary)
+            self.sealing.pop(0)
+            self._seal_done.set()
+            self._seal_done = asyncio.Event()
+            self.refresh_recent()
+        self.counters.sealed_blocks += 1
+        log.info(
+            "block sealed queue=%s first_id=%d messages=%d bytes=%d",
+            self.name,
+            meta.first_id,
+            meta.count,
+            meta.bytes,
+        )
+        if block.journal is not None:
+            await block.journal.close()
+            block.journal = None
+        await store.meta.delete(block.journal_key)
+
+    # --- closing ---------------------------------------------------------------------------
+
+    def wake_waiters(self) -> None:
+        """Closing: wake long-polling readers and writers waiting for the sealer."""
+        self.arrived.set()
+        self._seal_done.set()
+
+    async def close_journals(self) -> None:
+        """Closing, last step: fail writers still waiting and close every journal."""
+        for w in self._waiters:
+            if not w.done():
+                w.set_exception(ShuttingDown("the queue is closing"))
+        for block in self.in_memory():
+            if block.journal is not None:
+                await block.journal.close()
+                block.journal = None
+
+
+def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary]:
+    return encode_block(block.messages), BlockSummary.build(block.keys, own)
+
+
+def _fail(waiters: list[asyncio.Future[None]], exc: BaseException, queue: str) -> None:
+    """Answer writers of a failed flush: its storage error, or a generic one for anything else."""
+    if isinstance(exc, CapellaError):
+        error: BaseException = exc
+    elif isinstance(exc, asyncio.CancelledError):
+        error = ShuttingDown(f"queue {queue} is closing")
+    else:
+        error = CapellaError(f"queue {queue}: the flush failed unexpectedly ({exc!r})")
+    for w in waiters:
+        if not w.done():
+            w.set_exception(error)
