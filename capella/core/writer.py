@@ -458,8 +458,9 @@ class Writer:
 
     async def _seal_first(self) -> None:
         block = self.sealing[0]
-        if block.pending:
-            await self.commit(urgent=True)
+        # Also when nothing is pending: a flush may be writing this block's journal right now,
+        # and closing the journal under it would fail writers whose records the block holds.
+        await self.commit(urgent=True)
         # Encoding and the Bloom filter take ~30 ms for a full block: keep them off the loop.
         data, summary = await asyncio.to_thread(_encode_sealed, block, self.own)
         meta = BlockMeta(
