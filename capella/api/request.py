@@ -135,6 +135,11 @@ async def read_struct(request: web.Request, kind: type[S]) -> S:
         raise field_error(str(exc)) from None
 
 
+def present(body: msgspec.Struct) -> set[str]:
+    """The fields a decoded body gave (``null`` counts as given; a field left out is UNSET)."""
+    return {name for name in body.__struct_fields__ if getattr(body, name) is not msgspec.UNSET}
+
+
 def field_error(text: str) -> InvalidRequest:
     """``InvalidRequest`` for a msgspec validation message, in the API's words."""
     problem, path, rest = _PROBLEM.match(text).groups()  # type: ignore[union-attr]  # the pattern always matches

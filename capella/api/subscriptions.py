@@ -3,12 +3,10 @@ definition of ack-mode subscriptions (their claims and acks are in ``api/work.py
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 from aiohttp import web
+from msgspec import UNSET
 
-from capella import wire
 from capella.api.access import identity
 from capella.api.messages import messages_response, read_waiting
 from capella.api.openapi import (
@@ -29,12 +27,14 @@ from capella.api.request import (
     int_param,
     json_response,
     limit_param,
-    read_object,
+    present,
+    read_struct,
     save_param,
     segments_param,
     wait_param,
 )
 from capella.api.route import Route, on_queue, on_subscription
+from capella.core.message import SaveMode
 from capella.core.queue import Queue
 from capella.core.retry import RetryPolicy, parse_policy
 from capella.core.subscription import ACK, CURSOR, Subscription
@@ -79,45 +79,39 @@ async def list_subscriptions(request: web.Request) -> web.Response:
 async def commit(request: web.Request) -> web.Response:
     queue = _queue(request)
     save = save_param(request)
-    body = await read_object(request)
-    if unknown := sorted(set(body) - {"last_id", "replica", "reset", "mode", "policy"}):
-        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", field=unknown[0])
+    body = await read_struct(request, wire_work.SubscriptionCommit)
+    given = present(body)
     name = request.match_info["name"]
-    mode = body.get("mode")
-    if mode is not None and mode not in (CURSOR, ACK):
-        raise InvalidRequest("mode: expected cursor or ack", field="mode")
-    if mode == ACK or "policy" in body:
+    if body.mode == ACK or "policy" in given:
         # Defining a work queue sets its retry policy: more than moving a cursor (the table
         # asks for write); its dead-letter queue receives writes on the definer's behalf.
         who = identity(request)
         who.check("subscription", "admin", f"{queue.name}/{name}")
-        policy = body.get("policy")
-        if isinstance(policy, dict) and isinstance(policy.get("dead_letter"), str):
-            who.check("queue", "write", policy["dead_letter"])
-        return await _define_work(queue, name, body, save)
-    if mode == CURSOR:
+        if body.policy is not UNSET and isinstance(body.policy.dead_letter, str):
+            who.check("queue", "write", body.policy.dead_letter)
+        return await _define_work(queue, name, body, given, save)
+    if body.mode == CURSOR:
         try:
             if queue.subscription(name).mode != CURSOR:
                 raise WrongSubscriptionMode(f"subscription {name!r} is in ack mode; its mode cannot change")
         except SubscriptionNotFound:
             pass
-    last_id = body.get("last_id")
-    if last_id is not None and (type(last_id) is not int or not 0 <= last_id <= wire.INT64_MAX):
-        raise InvalidRequest("last_id: expected a message id (an integer >= 0)", field="last_id")
-    replica = body.get("replica")
-    if replica is not None and type(replica) is not bool:
-        raise InvalidRequest("replica: expected true or false", field="replica")
-    reset = body.get("reset", False)
-    if type(reset) is not bool:
-        raise InvalidRequest("reset: expected true or false", field="reset")
-    sub, created = await queue.commit(name, last_id, replica=replica, reset=reset, save=save)
+    sub, created = await queue.commit(
+        name,
+        None if body.last_id is UNSET else body.last_id,
+        replica=None if body.replica is UNSET else body.replica,
+        reset=False if body.reset is UNSET else body.reset,
+        save=save,
+    )
     return json_response(subscription_info(queue, sub), 201 if created else 200)
 
 
-async def _define_work(queue: Queue, name: str, body: dict[str, Any], save: Any) -> web.Response:
-    if extra := sorted(set(body) & {"last_id", "replica", "reset"}):
+async def _define_work(
+    queue: Queue, name: str, body: wire_work.SubscriptionCommit, given: set[str], save: SaveMode
+) -> web.Response:
+    if extra := sorted(given & {"last_id", "replica", "reset"}):
         raise InvalidRequest(f"{extra[0]}: not for an ack-mode subscription", field=extra[0])
-    if body.get("mode", ACK) != ACK:
+    if body.mode not in (UNSET, ACK):
         raise InvalidRequest("policy: only an ack-mode subscription has one", field="policy")
     try:
         current = queue.subscription(name)
@@ -127,7 +121,7 @@ async def _define_work(queue: Queue, name: str, body: dict[str, Any], save: Any)
         if current.mode != ACK:
             raise WrongSubscriptionMode(f"subscription {name!r} is a cursor; its mode cannot change")
         base = current.policy or RetryPolicy()
-    policy = parse_policy(body.get("policy", {}), base)
+    policy = parse_policy({} if body.policy is UNSET else msgspec.to_builtins(body.policy), base)
     sub, created = await queue.define_work(name, policy, save)
     return json_response(subscription_info(queue, sub), 201 if created else 200)
 

@@ -40,6 +40,7 @@ from capella.api.request import (
     limit_param,
     message_filter_param,
     parse_range,
+    present,
     read_object,
     read_struct,
     save_param,
@@ -142,8 +143,7 @@ async def _claim_waiting(
 async def _receipts(request: web.Request, allowed: set[str]) -> tuple[list[tuple[int, int]], bool, Receipts]:
     """The receipts of the body, whether it named a single one, and the body."""
     body = await read_struct(request, Receipts)
-    given = {name for name in Receipts.__struct_fields__ if getattr(body, name) is not UNSET}
-    if unknown := sorted(given - allowed - {"receipts", "receipt"}):
+    if unknown := sorted(present(body) - allowed - {"receipts", "receipt"}):
         raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", field=unknown[0])
     if body.receipt is not UNSET:
         if body.receipts is not UNSET:

@@ -19,44 +19,39 @@ from capella.wire.fields import (
 from capella.wire.messages import StoredMessage
 
 Mode = Literal["cursor", "ack"]
+MAX_ATTEMPTS = "claims before a failure goes to the dead letters (5; 0: no limit)"
+DEAD_LETTER = "an existing queue that gets a copy of each dead message"
 WorkStatus = Literal["in_flight", "failed", "pending", "dead", "done", "deleted"]
 
 
 class RetryPolicy(Struct, forbid_unknown_fields=True):
-    """How an ack-mode subscription leases, retries and gives up on a message."""
+    """How an ack-mode subscription leases, retries and gives up on a message (in a request,
+    the fields given change the current policy; in an answer, all of them)."""
 
-    lease: Annotated[Duration, Meta(description="default lease of a claim (30 s; at most 12 h)")] | None = (
-        None
-    )
+    lease: (
+        Annotated[Duration, Meta(description="default lease of a claim (30 s; at most 12 h)")] | UnsetType
+    ) = UNSET
     max_attempts: (
-        Annotated[
-            int,
-            schema(
-                minimum=0,
-                maximum=1_000_000,
-                description="claims before a failure goes to the dead letters (5; 0: no limit)",
-            ),
-        ]
-        | None
-    ) = None
-    backoff: Literal["fixed", "exponential"] | None = None
-    delay: Annotated[Duration, Meta(description="first retry delay (1 s); fixed: every retry")] | None = None
-    max_delay: Annotated[Duration, Meta(description="cap of a retry delay (300 s)")] | None = None
-    jitter: Annotated[float, schema(minimum=0, maximum=1, description="± fraction (0.1)")] | None = None
-    dead_letter: Annotated[
-        str | None, Meta(description="an existing queue that gets a copy of each dead message")
-    ] = None
+        Annotated[int, schema(minimum=0, maximum=1_000_000, description=MAX_ATTEMPTS)] | UnsetType
+    ) = UNSET
+    backoff: Literal["fixed", "exponential"] | UnsetType = UNSET
+    delay: (
+        Annotated[Duration, Meta(description="first retry delay (1 s); fixed: every retry")] | UnsetType
+    ) = UNSET
+    max_delay: Annotated[Duration, Meta(description="cap of a retry delay (300 s)")] | UnsetType = UNSET
+    jitter: Annotated[float, schema(minimum=0, maximum=1, description="± fraction (0.1)")] | UnsetType = UNSET
+    dead_letter: Annotated[str | None, Meta(description=DEAD_LETTER)] | UnsetType = UNSET
 
 
 class SubscriptionCommit(Struct, forbid_unknown_fields=True):
     """a cursor takes last_id, replica and reset; an ack-mode subscription takes mode ack and
     policy (its mode never changes)"""
 
-    last_id: MessageId | None = None
-    replica: bool | None = None
-    reset: bool = False
-    mode: Mode = "cursor"
-    policy: RetryPolicy | None = None
+    last_id: MessageId | UnsetType | None = UNSET
+    replica: bool | UnsetType | None = UNSET
+    reset: bool | UnsetType = UNSET
+    mode: Mode | UnsetType | None = UNSET
+    policy: RetryPolicy | UnsetType = UNSET
 
 
 class WorkCounts(Struct):
