@@ -2,33 +2,83 @@
 
 The loop lives in its own thread so the client works anywhere, including inside a program
 that already runs a loop (Jupyter, a web framework). Each method blocks until its answer.
+
+The methods are not written twice: ``produce = blocking(AsyncClient.produce)`` makes the
+async method a blocking one with the same parameters, docstring and (awaited) return type,
+for ``help`` and for mypy alike, so a change to ``AsyncClient`` reaches ``Client`` by itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import ssl as ssl_module
 import threading
-from collections.abc import AsyncGenerator, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-from capella.client.async_client import DEFAULT_URL, AsyncClient, NdjsonLine, Save
-from capella.client.message import MessageLike, Segments
+from capella.client.async_client import DEFAULT_URL, AsyncClient
 from capella.errors import CapellaError
 
+P = ParamSpec("P")
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 # close() waits this long for the loop thread; it only has to close idle connections.
 CLOSE_TIMEOUT = 5.0
+
+
+# ``__call__`` is static so that its first parameter can be named ``self``, as in the methods
+# themselves: mypy refuses ``Concatenate[AsyncClient, P]`` (a positional-only first parameter)
+# for a method that takes ``**kwargs``, since P would then accept a ``self=`` keyword.
+class AsyncMethod(Protocol[P, T_co]):
+    """An ``AsyncClient`` coroutine method, taken from the class (``AsyncClient.produce``)."""
+
+    @staticmethod
+    def __call__(self: AsyncClient, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T_co]: ...
+
+
+class AsyncGeneratorMethod(Protocol[P, T_co]):
+    """An ``AsyncClient`` async generator method, taken from the class (``AsyncClient.stream``)."""
+
+    @staticmethod
+    def __call__(self: AsyncClient, *args: P.args, **kwargs: P.kwargs) -> AsyncGenerator[T_co, None]: ...
+
+
+def blocking(method: AsyncMethod[P, T]) -> Callable[Concatenate[Client, P], T]:
+    """``method`` as a method of ``Client``: run it in the client's loop, return its result."""
+
+    @functools.wraps(method)
+    def call(client: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return client._run(method(client._client, *args, **kwargs))
+
+    return call
+
+
+def blocking_iter(
+    method: AsyncGeneratorMethod[P, T],
+) -> Callable[Concatenate[Client, P], Generator[T, None, None]]:
+    """``method`` as a method of ``Client``: a plain generator of what it yields."""
+
+    @functools.wraps(method)
+    def call(client: Client, /, *args: P.args, **kwargs: P.kwargs) -> Generator[T, None, None]:
+        return client._iterate(method(client._client, *args, **kwargs))
+
+    # help() would otherwise show the async generator as the return type.
+    vars(call)["__signature__"] = inspect.signature(method).replace(return_annotation=inspect.Signature.empty)
+    return call
 
 
 class Client:
     """A Capella server at ``base_url``; the same methods as ``AsyncClient``, blocking.
 
     Use as ``with Client(url) as client:`` or call ``close()``. ``stream`` returns a plain
-    iterator. A ``KeyboardInterrupt`` while a call waits also cancels the request.
+    iterator; close it to stop. A ``KeyboardInterrupt`` while a call waits also cancels the
+    request. Arguments go to ``AsyncClient`` as they are, so an iterable of messages is
+    iterated in the client's thread.
     """
 
     def __init__(
@@ -89,316 +139,82 @@ class Client:
 
     # --- queues ----------------------------------------------------------------------
 
-    def put_queue(self, name: str, **definition: Any) -> dict[str, Any]:
-        return self._run(self._client.put_queue(name, **definition))
-
-    def queues(self) -> list[dict[str, Any]]:
-        return self._run(self._client.queues())
-
-    def queue(self, name: str) -> dict[str, Any]:
-        return self._run(self._client.queue(name))
-
-    def drop_queue(self, name: str) -> None:
-        self._run(self._client.drop_queue(name))
+    put_queue = blocking(AsyncClient.put_queue)
+    queues = blocking(AsyncClient.queues)
+    queue = blocking(AsyncClient.queue)
+    drop_queue = blocking(AsyncClient.drop_queue)
 
     # --- messages --------------------------------------------------------------------
 
-    def produce(
-        self, queue: str, messages: Iterable[MessageLike], *, save: Save = None
-    ) -> list[dict[str, Any]]:
-        return self._run(self._client.produce(queue, list(messages), save=save))
-
-    def produce_ndjson(
-        self, queue: str, lines: Iterable[NdjsonLine], *, save: Save = None
-    ) -> list[dict[str, Any]]:
-        """Like ``AsyncClient.produce_ndjson``; ``lines`` is iterated in the client's thread."""
-        return self._run(self._client.produce_ndjson(queue, lines, save=save))
-
-    def read(
-        self,
-        queue: str,
-        *,
-        after: int = 0,
-        limit: int = 100,
-        segments: Segments | None = None,
-        wait: float | None = None,
-    ) -> dict[str, Any]:
-        return self._run(self._client.read(queue, after=after, limit=limit, segments=segments, wait=wait))
-
-    def stream(
-        self,
-        queue: str,
-        *,
-        after: int = 0,
-        segments: Segments | None = None,
-        retries: int | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        """Follow the queue's tail; see ``AsyncClient.stream``. Close the iterator to stop."""
-        events = self._client.stream(queue, after=after, segments=segments, retries=retries)
-        try:
-            while True:
-                try:
-                    yield self._run(_next(events))
-                except StopAsyncIteration:
-                    return
-        finally:
-            if not self._closed:
-                # After Ctrl-C the generator may still be unwinding in the loop: then it
-                # finishes by itself.
-                with contextlib.suppress(RuntimeError):
-                    self._run(_close(events))
+    produce = blocking(AsyncClient.produce)
+    produce_ndjson = blocking(AsyncClient.produce_ndjson)
+    read = blocking(AsyncClient.read)
+    stream = blocking_iter(AsyncClient.stream)
 
     # --- delayed delivery -------------------------------------------------------------
 
-    def schedule(
-        self,
-        queue: str,
-        messages: Iterable[MessageLike],
-        *,
-        deliver_at: float | str | None = None,
-        delay: float | str | None = None,
-        save: Save = None,
-    ) -> list[dict[str, Any]]:
-        return self._run(
-            self._client.schedule(queue, list(messages), deliver_at=deliver_at, delay=delay, save=save)
-        )
-
-    def scheduled(self, queue: str, *, limit: int = 100, after: str | None = None) -> dict[str, Any]:
-        return self._run(self._client.scheduled(queue, limit=limit, after=after))
-
-    def scheduled_message(self, queue: str, id: int) -> dict[str, Any]:
-        return self._run(self._client.scheduled_message(queue, id))
-
-    def reschedule(
-        self,
-        queue: str,
-        id: int,
-        *,
-        deliver_at: float | str | None = None,
-        delay: float | str | None = None,
-        save: Save = None,
-    ) -> dict[str, Any]:
-        return self._run(self._client.reschedule(queue, id, deliver_at=deliver_at, delay=delay, save=save))
-
-    def cancel_scheduled(self, queue: str, id: int, *, save: Save = None) -> None:
-        self._run(self._client.cancel_scheduled(queue, id, save=save))
-
-    def cancel_scheduled_many(self, queue: str, ids: Iterable[int], *, save: Save = None) -> dict[str, Any]:
-        return self._run(self._client.cancel_scheduled_many(queue, list(ids), save=save))
+    schedule = blocking(AsyncClient.schedule)
+    scheduled = blocking(AsyncClient.scheduled)
+    scheduled_message = blocking(AsyncClient.scheduled_message)
+    reschedule = blocking(AsyncClient.reschedule)
+    cancel_scheduled = blocking(AsyncClient.cancel_scheduled)
+    cancel_scheduled_many = blocking(AsyncClient.cancel_scheduled_many)
 
     # --- subscriptions ---------------------------------------------------------------
 
-    def read_subscription(
-        self,
-        queue: str,
-        name: str,
-        *,
-        limit: int = 100,
-        wait: float | None = None,
-        segments: Segments | None = None,
-        commit: Literal["auto", "none"] = "auto",
-    ) -> dict[str, Any]:
-        return self._run(
-            self._client.read_subscription(
-                queue, name, limit=limit, wait=wait, segments=segments, commit=commit
-            )
-        )
-
-    def commit(
-        self,
-        queue: str,
-        name: str,
-        last_id: int,
-        *,
-        replica: bool | None = None,
-        reset: bool = False,
-        save: Save = None,
-    ) -> dict[str, Any]:
-        return self._run(self._client.commit(queue, name, last_id, replica=replica, reset=reset, save=save))
-
-    def subscription(self, queue: str, name: str) -> dict[str, Any]:
-        return self._run(self._client.subscription(queue, name))
-
-    def subscriptions(self, queue: str) -> list[dict[str, Any]]:
-        return self._run(self._client.subscriptions(queue))
-
-    def delete_subscription(self, queue: str, name: str) -> None:
-        self._run(self._client.delete_subscription(queue, name))
-
-    def replicas(self, queue: str, id: int) -> dict[str, Any]:
-        return self._run(self._client.replicas(queue, id))
+    read_subscription = blocking(AsyncClient.read_subscription)
+    commit = blocking(AsyncClient.commit)
+    subscription = blocking(AsyncClient.subscription)
+    subscriptions = blocking(AsyncClient.subscriptions)
+    delete_subscription = blocking(AsyncClient.delete_subscription)
+    replicas = blocking(AsyncClient.replicas)
 
     # --- work queues (ack-mode subscriptions) ---------------------------------------
 
-    def put_work(self, queue: str, name: str, *, save: Save = None, **policy: Any) -> dict[str, Any]:
-        return self._run(self._client.put_work(queue, name, save=save, **policy))
-
-    def claim(
-        self,
-        queue: str,
-        name: str,
-        *,
-        limit: int = 1,
-        lease: float | str | None = None,
-        wait: float | None = None,
-        save: Save = None,
-    ) -> list[dict[str, Any]]:
-        return self._run(self._client.claim(queue, name, limit=limit, lease=lease, wait=wait, save=save))
-
-    def ack(self, queue: str, name: str, receipts: str | Iterable[str], *, save: Save = None) -> Any:
-        items = receipts if isinstance(receipts, str) else list(receipts)
-        return self._run(self._client.ack(queue, name, items, save=save))
-
-    def nack(
-        self,
-        queue: str,
-        name: str,
-        receipts: str | Iterable[str],
-        *,
-        delay: float | str | None = None,
-        error: str | None = None,
-        save: Save = None,
-    ) -> Any:
-        items = receipts if isinstance(receipts, str) else list(receipts)
-        return self._run(self._client.nack(queue, name, items, delay=delay, error=error, save=save))
-
-    def extend(
-        self,
-        queue: str,
-        name: str,
-        receipts: str | Iterable[str],
-        *,
-        lease: float | str | None = None,
-        save: Save = None,
-    ) -> Any:
-        items = receipts if isinstance(receipts, str) else list(receipts)
-        return self._run(self._client.extend(queue, name, items, lease=lease, save=save))
-
-    def work(
-        self,
-        queue: str,
-        name: str,
-        *,
-        status: str | Iterable[str] | None = None,
-        source: str | None = None,
-        segments: Segments | None = None,
-        headers: Mapping[str, str] | None = None,
-        json: Mapping[str, Any] | None = None,
-        after: int = 0,
-        limit: int = 100,
-    ) -> dict[str, Any]:
-        return self._run(
-            self._client.work(
-                queue,
-                name,
-                status=status if status is None or isinstance(status, str) else list(status),
-                source=source,
-                segments=segments,
-                headers=headers,
-                json=json,
-                after=after,
-                limit=limit,
-            )
-        )
-
-    def work_message(self, queue: str, name: str, id: int) -> dict[str, Any]:
-        return self._run(self._client.work_message(queue, name, id))
-
-    def retry_work(self, queue: str, name: str, *, save: Save = None, **selection: Any) -> dict[str, Any]:
-        return self._run(self._client.retry_work(queue, name, save=save, **selection))
-
-    def delete_work(self, queue: str, name: str, *, save: Save = None, **selection: Any) -> dict[str, Any]:
-        return self._run(self._client.delete_work(queue, name, save=save, **selection))
+    put_work = blocking(AsyncClient.put_work)
+    claim = blocking(AsyncClient.claim)
+    ack = blocking(AsyncClient.ack)
+    nack = blocking(AsyncClient.nack)
+    extend = blocking(AsyncClient.extend)
+    work = blocking(AsyncClient.work)
+    work_message = blocking(AsyncClient.work_message)
+    retry_work = blocking(AsyncClient.retry_work)
+    delete_work = blocking(AsyncClient.delete_work)
 
     # --- handlers --------------------------------------------------------------------
 
-    def put_handler(
-        self,
-        name: str,
-        type: str,
-        *,
-        queues: str | Iterable[str],
-        params: Mapping[str, Any] | None = None,
-        started: bool = True,
-    ) -> dict[str, Any]:
-        queue_list = [queues] if isinstance(queues, str) else list(queues)
-        return self._run(
-            self._client.put_handler(name, type, queues=queue_list, params=params, started=started)
-        )
-
-    def handlers(self) -> list[dict[str, Any]]:
-        return self._run(self._client.handlers())
-
-    def handler(self, name: str) -> dict[str, Any]:
-        return self._run(self._client.handler(name))
-
-    def drop_handler(self, name: str) -> None:
-        self._run(self._client.drop_handler(name))
-
-    def start_handler(self, name: str) -> dict[str, Any]:
-        return self._run(self._client.start_handler(name))
-
-    def stop_handler(self, name: str) -> dict[str, Any]:
-        return self._run(self._client.stop_handler(name))
-
-    def run_handler(self, name: str) -> dict[str, Any]:
-        return self._run(self._client.run_handler(name))
+    put_handler = blocking(AsyncClient.put_handler)
+    handlers = blocking(AsyncClient.handlers)
+    handler = blocking(AsyncClient.handler)
+    drop_handler = blocking(AsyncClient.drop_handler)
+    start_handler = blocking(AsyncClient.start_handler)
+    stop_handler = blocking(AsyncClient.stop_handler)
+    run_handler = blocking(AsyncClient.run_handler)
 
     # --- external clusters -------------------------------------------------------------
 
-    def put_cluster(self, name: str, **fields: Any) -> dict[str, Any]:
-        return self._run(self._client.put_cluster(name, **fields))
-
-    def clusters(self) -> list[dict[str, Any]]:
-        return self._run(self._client.clusters())
-
-    def cluster(self, name: str) -> dict[str, Any]:
-        return self._run(self._client.cluster(name))
-
-    def drop_cluster(self, name: str) -> None:
-        self._run(self._client.drop_cluster(name))
-
-    def ping_cluster(self, name: str) -> dict[str, Any]:
-        return self._run(self._client.ping_cluster(name))
+    put_cluster = blocking(AsyncClient.put_cluster)
+    clusters = blocking(AsyncClient.clusters)
+    cluster = blocking(AsyncClient.cluster)
+    drop_cluster = blocking(AsyncClient.drop_cluster)
+    ping_cluster = blocking(AsyncClient.ping_cluster)
 
     # --- users and tokens --------------------------------------------------------------
 
-    def users(self) -> list[dict[str, Any]]:
-        return self._run(self._client.users())
-
-    def user(self, name: str) -> dict[str, Any]:
-        return self._run(self._client.user(name))
-
-    def put_user(self, name: str, **fields: Any) -> dict[str, Any]:
-        return self._run(self._client.put_user(name, **fields))
-
-    def drop_user(self, name: str) -> None:
-        self._run(self._client.drop_user(name))
-
-    def change_password(self, name: str, password: str, old_password: str | None = None) -> dict[str, Any]:
-        return self._run(self._client.change_password(name, password, old_password))
-
-    def me(self) -> dict[str, Any]:
-        return self._run(self._client.me())
-
-    def create_token(
-        self, ttl: float | str | None = None, description: str | None = None, user: str | None = None
-    ) -> dict[str, Any]:
-        return self._run(self._client.create_token(ttl, description, user))
-
-    def tokens(self) -> list[dict[str, Any]]:
-        return self._run(self._client.tokens())
-
-    def revoke_token(self, id: str) -> None:
-        self._run(self._client.revoke_token(id))
+    users = blocking(AsyncClient.users)
+    user = blocking(AsyncClient.user)
+    put_user = blocking(AsyncClient.put_user)
+    drop_user = blocking(AsyncClient.drop_user)
+    change_password = blocking(AsyncClient.change_password)
+    me = blocking(AsyncClient.me)
+    create_token = blocking(AsyncClient.create_token)
+    tokens = blocking(AsyncClient.tokens)
+    revoke_token = blocking(AsyncClient.revoke_token)
 
     # --- operations ------------------------------------------------------------------
 
-    def health(self) -> dict[str, Any]:
-        return self._run(self._client.health())
-
-    def ready(self) -> bool:
-        return self._run(self._client.ready())
+    health = blocking(AsyncClient.health)
+    ready = blocking(AsyncClient.ready)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:
@@ -412,10 +228,27 @@ class Client:
             future.cancel()
             raise
 
+    def _iterate(self, events: AsyncGenerator[T, None]) -> Generator[T, None, None]:
+        try:
+            while True:
+                try:
+                    yield self._run(_next(events))
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                # After Ctrl-C the generator may still be unwinding in the loop: then it
+                # finishes by itself.
+                with contextlib.suppress(RuntimeError):
+                    self._run(_close(events))
 
-async def _close(events: AsyncGenerator[dict[str, Any], None]) -> None:
-    await events.aclose()
+
+# anext() and aclose() give awaitables, and run_coroutine_threadsafe wants coroutines.
 
 
-async def _next(events: AsyncGenerator[dict[str, Any], None]) -> dict[str, Any]:
+async def _next(events: AsyncGenerator[T, None]) -> T:
     return await anext(events)
+
+
+async def _close(events: AsyncGenerator[Any, None]) -> None:
+    await events.aclose()
