@@ -542,7 +542,7 @@ def test_serve_with_a_bad_config_exits_2(tmp_path: Path, capsys: pytest.CaptureF
 
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith("capella: listen address 'nowhere'")
+    assert err.startswith(f"capella: {path}: server.listen: expected HOST:PORT, got 'nowhere'")
 
 
 def test_serve_with_a_missing_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,15 +7,18 @@ definition) into a ``QueueDefinition``, naming the bad field in every error.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
-from capella.config import parse_duration, parse_size
+from capella.config import closest, unknown_key
 from capella.core.message import SaveMode
 from capella.errors import InvalidConfig, InvalidName, InvalidRequest
+from capella.units import parse_duration, parse_size
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+T = TypeVar("T")
 
 
 def check_name(name: str, what: str = "queue") -> str:
@@ -65,20 +68,39 @@ class QueueDefinition:
         return self.marks[max(candidates)] if candidates else self.marks[min(self.marks)]
 
 
-def default_definition(defaults: dict[str, Any], default_mount: str, mounts: set[str]) -> QueueDefinition:
-    """The definition a new queue starts from: built-ins, then ``[queue_defaults]``."""
+# The fields of a definition, nested; None marks a value without keys of its own to check.
+FIELDS: dict[str, Any] = {
+    "limits": {"max_count": None, "max_bytes": None, "max_age": None},
+    "save": None,
+    "subscription_save": None,
+    "segments": None,
+    "mounts": {"meta": None, "marks": None},
+}
+
+
+def default_definition(
+    defaults: dict[str, Any], default_mount: str, mounts: set[str], source: str = "config"
+) -> QueueDefinition:
+    """The definition a new queue starts from: built-ins, then ``[queue_defaults]`` of ``source``."""
+    if found := _unknown(defaults, FIELDS, "queue_defaults"):
+        raise InvalidConfig(f"{source}: {unknown_key(*found)}")
     base = QueueDefinition(meta_mount=default_mount, marks={0: default_mount})
     try:
         return parse_definition(defaults, base, mounts)
     except InvalidRequest as exc:
-        raise InvalidConfig(f"[queue_defaults]: {exc.message}") from None
+        raise InvalidConfig(f"{source}: queue_defaults: {exc.message}") from None
 
 
 def parse_definition(data: object, base: QueueDefinition, mounts: set[str]) -> QueueDefinition:
     """Apply the fields present in ``data`` on top of ``base``."""
     if not isinstance(data, dict):
         raise InvalidRequest("queue definition must be a JSON object")
-    _only(data, {"limits", "save", "subscription_save", "segments", "mounts"}, "")
+    if found := _unknown(data, FIELDS, ""):
+        path, key, known = found
+        prefix = f"{path}." if path else ""
+        close = closest(key, known)
+        hint = f" (did you mean {prefix + close!r}?)" if close else ""
+        raise InvalidRequest(f"unknown field {prefix + key!r}{hint}", field=prefix + key)
     result = base
     if "limits" in data:
         result = replace(result, limits=_limits(data["limits"], base.limits))
@@ -94,36 +116,47 @@ def parse_definition(data: object, base: QueueDefinition, mounts: set[str]) -> Q
     return result
 
 
-def _only(data: dict[str, Any], allowed: set[str], where: str) -> None:
-    if unknown := set(data) - allowed:
-        field_name = where + sorted(unknown)[0]
-        raise InvalidRequest(f"unknown field {field_name!r}", field=field_name)
+def _unknown(data: object, fields: dict[str, Any], path: str) -> tuple[str, str, list[str]] | None:
+    """The first key in ``data`` that ``fields`` lacks: (the dotted path to its table, the key,
+    the keys that table takes); a value of the wrong kind is left for its parser to name."""
+    if not isinstance(data, dict):
+        return None
+    for key, value in data.items():
+        if key not in fields:
+            return path, key, list(fields)
+        inner = f"{path}.{key}" if path else key
+        if fields[key] is not None and (found := _unknown(value, fields[key], inner)):
+            return found
+    return None
 
 
 def _limits(value: object, base: BlockLimits) -> BlockLimits:
     if not isinstance(value, dict):
         raise InvalidRequest("limits must be an object", field="limits")
-    _only(value, {"max_count", "max_bytes", "max_age"}, "limits.")
     limits = base
-    try:
-        if "max_count" in value:
-            count = value["max_count"]
-            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 10_000_000:
-                raise InvalidRequest("limits.max_count must be an integer from 1 to 10000000")
-            limits = replace(limits, max_count=count)
-        if "max_bytes" in value:
-            size = parse_size(value["max_bytes"], "limits.max_bytes")
-            if not 1024 <= size <= 1024**3:
-                raise InvalidRequest("limits.max_bytes must be from 1 KiB to 1 GiB")
-            limits = replace(limits, max_bytes=size)
-        if "max_age" in value:
-            age = parse_duration(value["max_age"], "limits.max_age")
-            if age <= 0:
-                raise InvalidRequest("limits.max_age must be greater than 0")
-            limits = replace(limits, max_age=age)
-    except InvalidConfig as exc:
-        raise InvalidRequest(exc.message) from None
+    if "max_count" in value:
+        count = value["max_count"]
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 10_000_000:
+            raise InvalidRequest("limits.max_count must be an integer from 1 to 10000000")
+        limits = replace(limits, max_count=count)
+    if "max_bytes" in value:
+        size = _unit(parse_size, value["max_bytes"], "limits.max_bytes")
+        if not 1024 <= size <= 1024**3:
+            raise InvalidRequest("limits.max_bytes must be from 1 KiB to 1 GiB")
+        limits = replace(limits, max_bytes=size)
+    if "max_age" in value:
+        age = _unit(parse_duration, value["max_age"], "limits.max_age")
+        if age <= 0:
+            raise InvalidRequest("limits.max_age must be greater than 0")
+        limits = replace(limits, max_age=age)
     return limits
+
+
+def _unit(parse: Callable[[object], T], value: object, what: str) -> T:
+    try:
+        return parse(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{what}: {exc}") from None
 
 
 def _save(value: object, what: str) -> SaveMode:
@@ -152,7 +185,6 @@ def _segments(value: object) -> tuple[int, int] | None:
 def _mounts(value: object, current: QueueDefinition, mounts: set[str]) -> tuple[str, dict[int, str]]:
     if not isinstance(value, dict):
         raise InvalidRequest("mounts must be an object", field="mounts")
-    _only(value, {"meta", "marks"}, "mounts.")
     meta = value.get("meta", current.meta_mount)
     if meta not in mounts:
         raise InvalidRequest(f"mounts.meta: unknown mount {meta!r}", field="mounts.meta")
