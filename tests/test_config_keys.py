@@ -64,6 +64,10 @@ def load(tmp_path: Path, text: str) -> None:
             "unknown key queue_defaults.limits.max_cont (did you mean queue_defaults.limits.max_count?)",
         ),
         (
+            "[queue_defaults.block]\nmax_mesages = 10\n",
+            "unknown key queue_defaults.block.max_mesages (did you mean queue_defaults.block.max_messages?)",
+        ),
+        (
             '[queue_defaults.mounts]\nmeat = "default"\n',
             "unknown key queue_defaults.mounts.meat (did you mean queue_defaults.mounts.meta?)",
         ),

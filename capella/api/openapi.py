@@ -35,6 +35,13 @@ ENV_NAME = {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"}
 SIZE_TEXT = {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*([kmgtKMGT][iI]?[bB]?|[bB])?\s*$"}
 SIZE = {"oneOf": [{"type": "integer", "minimum": 0}, SIZE_TEXT]}
 CREDENTIALS = ("password", "password_env", "token", "token_env")
+# A queue's block limits: when a block is sealed.
+BLOCK_MESSAGES = {"type": "integer", "minimum": 1, "maximum": 10_000_000}
+BLOCK_BYTES = {
+    "oneOf": [{"type": "integer", "minimum": 1024, "maximum": 1024**3}, SIZE_TEXT],
+    "description": "from 1 KiB to 1 GiB",
+}
+BLOCK_AGE = {**POSITIVE_DURATION, "description": "greater than 0"}
 
 
 def ref(name: str) -> dict[str, str]:
@@ -140,18 +147,24 @@ SCHEMAS: dict[str, Any] = {
     "QueueDefinition": {
         "type": "object",
         "additionalProperties": False,
+        "not": {"required": ["block", "limits"]},
         "properties": {
+            "block": {
+                "type": "object",
+                "additionalProperties": False,
+                "description": "a block is sealed when it reaches any of these (not retention)",
+                "properties": {
+                    "max_messages": BLOCK_MESSAGES,
+                    "max_bytes": BLOCK_BYTES,
+                    "max_age": BLOCK_AGE,
+                },
+            },
             "limits": {
                 "type": "object",
                 "additionalProperties": False,
-                "properties": {
-                    "max_count": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
-                    "max_bytes": {
-                        "oneOf": [{"type": "integer", "minimum": 1024, "maximum": 1024**3}, SIZE_TEXT],
-                        "description": "from 1 KiB to 1 GiB",
-                    },
-                    "max_age": {**POSITIVE_DURATION, "description": "greater than 0"},
-                },
+                "deprecated": True,
+                "description": "the old name of block, with max_count for max_messages; not with block",
+                "properties": {"max_count": BLOCK_MESSAGES, "max_bytes": BLOCK_BYTES, "max_age": BLOCK_AGE},
             },
             "save": {"type": "string", "enum": DEFINITION_SAVE_MODES},
             "subscription_save": {"type": "string", "enum": DEFINITION_SAVE_MODES},

@@ -2,6 +2,10 @@
 
 ``parse_definition`` turns the JSON body of ``PUT /v1/queues/{queue}`` (or a stored
 definition) into a ``QueueDefinition``, naming the bad field in every error.
+
+``block`` was called ``limits`` (with ``max_count`` for ``max_messages``) until the name was
+found to read like retention; the old spelling is still read, in bodies, in
+``[queue_defaults.limits]`` and in definitions stored before the rename, and never written.
 """
 
 from __future__ import annotations
@@ -33,16 +37,17 @@ def check_name(name: str, what: str = "queue") -> str:
 
 @dataclass(frozen=True, slots=True)
 class BlockLimits:
-    """A block is sealed when it reaches any of these."""
+    """A block is sealed when it reaches any of these. Not retention: sealed blocks stay until an
+    expire handler deletes them."""
 
-    max_count: int = 10_000
+    max_messages: int = 10_000
     max_bytes: int = 8 * 1024 * 1024
     max_age: float = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
 class QueueDefinition:
-    limits: BlockLimits = BlockLimits()
+    block: BlockLimits = BlockLimits()
     save: SaveMode = SaveMode.WAIT
     subscription_save: SaveMode = SaveMode.IMMEDIATE
     segments: tuple[int, int] | None = None
@@ -51,10 +56,10 @@ class QueueDefinition:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "limits": {
-                "max_count": self.limits.max_count,
-                "max_bytes": self.limits.max_bytes,
-                "max_age": self.limits.max_age,
+            "block": {
+                "max_messages": self.block.max_messages,
+                "max_bytes": self.block.max_bytes,
+                "max_age": self.block.max_age,
             },
             "save": self.save.name.lower(),
             "subscription_save": self.subscription_save.name.lower(),
@@ -70,7 +75,8 @@ class QueueDefinition:
 
 # The fields of a definition, nested; None marks a value without keys of its own to check.
 FIELDS: dict[str, Any] = {
-    "limits": {"max_count": None, "max_bytes": None, "max_age": None},
+    "block": {"max_messages": None, "max_bytes": None, "max_age": None},
+    "limits": {"max_count": None, "max_bytes": None, "max_age": None},  # block's old name
     "save": None,
     "subscription_save": None,
     "segments": None,
@@ -101,9 +107,13 @@ def parse_definition(data: object, base: QueueDefinition, mounts: set[str]) -> Q
         close = closest(key, known)
         hint = f" (did you mean {prefix + close!r}?)" if close else ""
         raise InvalidRequest(f"unknown field {prefix + key!r}{hint}", field=prefix + key)
+    if "block" in data and "limits" in data:
+        raise InvalidRequest("give block or its deprecated name limits, not both", field="limits")
     result = base
-    if "limits" in data:
-        result = replace(result, limits=_limits(data["limits"], base.limits))
+    if "block" in data:
+        result = replace(result, block=_block(data["block"], base.block, "block", "max_messages"))
+    elif "limits" in data:
+        result = replace(result, block=_block(data["limits"], base.block, "limits", "max_count"))
     if "save" in data:
         result = replace(result, save=_save(data["save"], "save"))
     if "subscription_save" in data:
@@ -130,33 +140,36 @@ def _unknown(data: object, fields: dict[str, Any], path: str) -> tuple[str, str,
     return None
 
 
-def _limits(value: object, base: BlockLimits) -> BlockLimits:
+def _block(value: object, base: BlockLimits, name: str, count: str) -> BlockLimits:
+    """``block`` (``count`` = ``max_messages``), or the old ``limits`` (``count`` = ``max_count``)."""
     if not isinstance(value, dict):
-        raise InvalidRequest("limits must be an object", field="limits")
-    limits = base
-    if "max_count" in value:
-        count = value["max_count"]
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 10_000_000:
-            raise InvalidRequest("limits.max_count must be an integer from 1 to 10000000")
-        limits = replace(limits, max_count=count)
+        raise InvalidRequest(f"{name} must be an object", field=name)
+    block = base
+    if count in value:
+        messages = value[count]
+        if isinstance(messages, bool) or not isinstance(messages, int) or not 1 <= messages <= 10_000_000:
+            raise InvalidRequest(
+                f"{name}.{count} must be an integer from 1 to 10000000", field=f"{name}.{count}"
+            )
+        block = replace(block, max_messages=messages)
     if "max_bytes" in value:
-        size = _unit(parse_size, value["max_bytes"], "limits.max_bytes")
+        size = _unit(parse_size, value["max_bytes"], f"{name}.max_bytes")
         if not 1024 <= size <= 1024**3:
-            raise InvalidRequest("limits.max_bytes must be from 1 KiB to 1 GiB")
-        limits = replace(limits, max_bytes=size)
+            raise InvalidRequest(f"{name}.max_bytes must be from 1 KiB to 1 GiB", field=f"{name}.max_bytes")
+        block = replace(block, max_bytes=size)
     if "max_age" in value:
-        age = _unit(parse_duration, value["max_age"], "limits.max_age")
+        age = _unit(parse_duration, value["max_age"], f"{name}.max_age")
         if age <= 0:
-            raise InvalidRequest("limits.max_age must be greater than 0")
-        limits = replace(limits, max_age=age)
-    return limits
+            raise InvalidRequest(f"{name}.max_age must be greater than 0", field=f"{name}.max_age")
+        block = replace(block, max_age=age)
+    return block
 
 
 def _unit(parse: Callable[[object], T], value: object, what: str) -> T:
     try:
         return parse(value)
     except ValueError as exc:
-        raise InvalidRequest(f"{what}: {exc}") from None
+        raise InvalidRequest(f"{what}: {exc}", field=what) from None
 
 
 def _save(value: object, what: str) -> SaveMode:
@@ -186,7 +199,7 @@ def _mounts(value: object, current: QueueDefinition, mounts: set[str]) -> tuple[
     if not isinstance(value, dict):
         raise InvalidRequest("mounts must be an object", field="mounts")
     meta = value.get("meta", current.meta_mount)
-    if meta not in mounts:
+    if not isinstance(meta, str) or meta not in mounts:
         raise InvalidRequest(f"mounts.meta: unknown mount {meta!r}", field="mounts.meta")
     marks = dict(current.marks)
     if "marks" in value:
@@ -197,7 +210,7 @@ def _mounts(value: object, current: QueueDefinition, mounts: set[str]) -> tuple[
         for key, mount in raw.items():
             if not str(key).isdigit() or int(key) > 255:
                 raise InvalidRequest(f"mounts.marks: mark {key!r} must be 0-255", field="mounts.marks")
-            if mount not in mounts:
+            if not isinstance(mount, str) or mount not in mounts:
                 raise InvalidRequest(f"mounts.marks.{key}: unknown mount {mount!r}", field="mounts.marks")
             marks[int(key)] = mount
         if 0 not in marks:

@@ -152,9 +152,9 @@ class OpenBlock:
         self.pending.append(record)
 
     def is_full(self, definition: QueueDefinition, now: float) -> bool:
-        limits = definition.limits
+        limits = definition.block
         return bool(self.ids) and (
-            len(self.ids) >= limits.max_count
+            len(self.ids) >= limits.max_messages
             or self.size >= limits.max_bytes
             or now - self.opened_at >= limits.max_age
         )
@@ -703,8 +703,8 @@ class Queue:
         if self._next_id + len(drafts) > self._lease_until:
             await self._extend_lease(len(drafts))
         # This loop runs once per produced message: limits and bound methods are read once.
-        limits = self.definition.limits
-        max_count, max_bytes = limits.max_count, limits.max_bytes
+        limits = self.definition.block
+        max_count, max_bytes = limits.max_messages, limits.max_bytes
         own = self._cluster_name
         dedup = self._dedup
         results: list[Appended] = []
