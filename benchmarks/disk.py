@@ -1,7 +1,7 @@
 """Bytes on disk per message: 256 random bytes each (``data_b64``), sealed blocks, clean stop.
 
 Random payloads do not compress, so this measures the format's own overhead. The queue has
-the default limits (blocks of 10,000 messages); the count is a multiple of that, so every
+the default block limits (10,000 messages a block); the count is a multiple of that, so every
 message ends up in a sealed block before the server is stopped with SIGTERM. Everything
 under the data directory counts: blocks, summaries, manifest, state and registry.
 """

@@ -34,7 +34,7 @@ PAGE = 1000
 PAYLOAD = 256
 SEED_BATCH = 1000
 SEED_PRODUCERS = 2
-BLOCK = 10_000  # the default block limit (max_count)
+BLOCK = 10_000  # the default block limit (block.max_messages)
 TARGET = 600_000.0
 _LAST_ID = b'"last_id":'
 

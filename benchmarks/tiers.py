@@ -18,7 +18,7 @@ import orjson
 from benchmarks.result import BenchmarkFailed
 from benchmarks.s3 import MotoServer
 
-BLOCK = 10_000  # the default block limit (max_count)
+BLOCK = 10_000  # the default block limit (block.max_messages)
 _WORDS = ["shipped", "pending", "paid", "refunded", "cancelled", "packed", "returned"]
 _NOTE_TEXT = (
     "leave at door ring twice fragile gift wrap no invoice call before delivery back entrance "

@@ -60,7 +60,7 @@ async def stats(api: TestClient, queue: str) -> dict[str, Any]:
 @pytest.fixture
 async def q(api: TestClient) -> TestClient:
     """The api with a queue ``orders`` whose blocks seal every 2 messages."""
-    assert (await api.put("/v1/queues/orders", json={"limits": {"max_count": 2}})).status == 201
+    assert (await api.put("/v1/queues/orders", json={"block": {"max_messages": 2}})).status == 201
     return api
 
 
@@ -310,7 +310,7 @@ async def tiered(aiohttp_client: ClientFactory, tmp_path: Path) -> AsyncIterator
     await supervisor.start()
     try:
         api = await aiohttp_client(create_app(cluster, ServerSettings(), supervisor))
-        definition = {"limits": {"max_count": 2}, "mounts": {"marks": {"0": "default", "1": "cold"}}}
+        definition = {"block": {"max_messages": 2}, "mounts": {"marks": {"0": "default", "1": "cold"}}}
         assert (await api.put("/v1/queues/logs", json=definition)).status == 201
         assert (await api.put("/v1/queues/plain", json={})).status == 201
         yield api

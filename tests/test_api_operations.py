@@ -143,9 +143,9 @@ BODY_SCHEMAS = {
         ("/v1/clusters/c", {"url": "http://a", "username": "u", "password_env": "P"}, True),
         ("/v1/clusters/c", {"url": "http://a", "password_env": "P"}, False),
         ("/v1/clusters/c", {"url": "http://a", "token_env": "T", "password_env": "P"}, False),
-        ("/v1/queues/q", {"limits": {"max_bytes": 1024, "max_age": 0.5}}, True),
-        ("/v1/queues/q", {"limits": {"max_bytes": 1023}}, False),
-        ("/v1/queues/q", {"limits": {"max_age": 0}}, False),
+        ("/v1/queues/q", {"block": {"max_bytes": 1024, "max_age": 0.5}}, True),
+        ("/v1/queues/q", {"block": {"max_bytes": 1023}}, False),
+        ("/v1/queues/q", {"block": {"max_age": 0}}, False),
     ],
 )
 async def test_the_document_and_the_server_agree_on_a_body(

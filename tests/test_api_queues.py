@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 
 
@@ -16,19 +17,19 @@ async def error_of(resp: Any, status: int) -> dict[str, Any]:
 
 
 async def test_put_creates_then_updates(api: TestClient) -> None:
-    resp = await api.put("/v1/queues/orders", json={"limits": {"max_count": 5}, "save": "mark"})
+    resp = await api.put("/v1/queues/orders", json={"block": {"max_messages": 5}, "save": "mark"})
     assert resp.status == 201
     info = await resp.json()
     assert info["name"] == "orders"
-    assert info["definition"]["limits"]["max_count"] == 5
+    assert info["definition"]["block"]["max_messages"] == 5
     assert info["definition"]["save"] == "mark"
     assert info["stats"]["last_id"] == 0
     assert info["stats"]["messages"] == 0
 
-    resp = await api.put("/v1/queues/orders", json={"limits": {"max_bytes": "1MiB", "max_age": "1h"}})
+    resp = await api.put("/v1/queues/orders", json={"block": {"max_bytes": "1MiB", "max_age": "1h"}})
     assert resp.status == 200
     definition = (await resp.json())["definition"]
-    assert definition["limits"] == {"max_count": 5, "max_bytes": 1024 * 1024, "max_age": 3600.0}
+    assert definition["block"] == {"max_messages": 5, "max_bytes": 1024 * 1024, "max_age": 3600.0}
 
 
 async def test_put_with_an_empty_body_uses_the_defaults(api: TestClient) -> None:
@@ -79,8 +80,8 @@ async def test_bad_queue_name_is_invalid_name(api: TestClient) -> None:
 async def test_bad_definitions(api: TestClient) -> None:
     cases: list[tuple[Any, str]] = [
         ({"colour": "blue"}, "invalid_request"),
-        ({"limits": {"max_count": 0}}, "invalid_request"),
-        ({"limits": {"max_bytes": "lots"}}, "invalid_request"),
+        ({"block": {"max_messages": 0}}, "invalid_request"),
+        ({"block": {"max_bytes": "lots"}}, "invalid_request"),
         ({"save": "sometimes"}, "invalid_save_mode"),
         ({"segments": {"min": 5, "max": 1}}, "invalid_request"),
         ({"mounts": {"meta": "nowhere"}}, "invalid_request"),
@@ -106,3 +107,12 @@ async def test_invalid_json_body(api: TestClient) -> None:
     error = await error_of(resp, 400)
     assert error["code"] == "invalid_request"
     assert "JSON" in error["message"]
+
+
+@pytest.mark.parametrize("mounts", [{"meta": {}}, {"marks": {"0": []}}])
+async def test_a_mount_name_that_is_not_a_string_is_400_not_500(api: TestClient, mounts: object) -> None:
+    # Found by test_fuzz.py: a dict looked up in the set of mount names raised TypeError.
+    resp = await api.put("/v1/queues/q", json={"mounts": mounts})
+
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == "invalid_request"

@@ -72,7 +72,7 @@ async def test_kill_minus_9_during_archive_to_s3_loses_nothing(
     server = await start(data_dir, port, config)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         try:
-            body = {"limits": {"max_count": BLOCK}, "mounts": {"marks": {"0": "default", "1": "s3"}}}
+            body = {"block": {"max_messages": BLOCK}, "mounts": {"marks": {"0": "default", "1": "s3"}}}
             async with session.put(f"{server.url}/v1/queues/arc", json=body) as resp:
                 assert resp.status == 201, await resp.text()
             for start_at in range(0, MESSAGES, 500):

@@ -172,7 +172,7 @@ async def read_all(http: aiohttp.ClientSession, queue_url: str) -> list[dict[str
 async def test_two_clusters_copying_both_ways_survive_a_random_fault_schedule(tmp_path: Path) -> None:
     rng = random.Random(SEED)
     config = tmp_path / "capella.toml"
-    config.write_text('[queue_defaults]\nsave = "wait"\n[queue_defaults.limits]\nmax_count = 500\n')
+    config.write_text('[queue_defaults]\nsave = "wait"\n[queue_defaults.block]\nmax_messages = 500\n')
     counts = dict.fromkeys(FAULTS, 0)
     with powerfs(tmp_path / "disk-a", capacity=32 << 20) as fs:
         disk = fs.mount

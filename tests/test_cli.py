@@ -65,7 +65,9 @@ def capella(
 
 
 def test_a_queue_is_created_listed_shown_and_dropped(run: Run) -> None:
-    code, out, _ = run("queue", "create", "cli-orders", "--max-count", "50", "--max-bytes", "64KiB")
+    code, out, _ = run(
+        "queue", "create", "cli-orders", "--block-max-messages", "50", "--block-max-bytes", "64KiB"
+    )
     assert (code, out) == (0, "queue cli-orders saved\n")
 
     code, out, _ = run("queue", "list")
@@ -75,8 +77,8 @@ def test_a_queue_is_created_listed_shown_and_dropped(run: Run) -> None:
     assert any(row.split()[0] == "cli-orders" for row in rows)
 
     code, out, _ = run("queue", "show", "cli-orders", "--json")
-    limits = json.loads(out)["definition"]["limits"]
-    assert (code, limits["max_count"], limits["max_bytes"]) == (0, 50, 64 * 1024)
+    limits = json.loads(out)["definition"]["block"]
+    assert (code, limits["max_messages"], limits["max_bytes"]) == (0, 50, 64 * 1024)
 
     code, out, _ = run("queue", "drop", "cli-orders", "--yes")
     assert (code, out) == (0, "queue cli-orders dropped\n")
@@ -88,14 +90,28 @@ def test_a_queue_is_created_listed_shown_and_dropped(run: Run) -> None:
 def test_queue_create_takes_save_modes_and_a_segment_range(run: Run) -> None:
     code, out, _ = run(
         "--json", "queue", "create", "cli-def", "--save", "mark", "--subscription-save", "none",
-        "--segments", "0-9", "--max-age", "10m",
+        "--segments", "0-9", "--block-max-age", "10m",
     )  # fmt: skip
 
     definition = json.loads(out)["definition"]
     assert code == 0
     assert (definition["save"], definition["subscription_save"]) == ("mark", "none")
     assert definition["segments"] == {"min": 0, "max": 9}
-    assert definition["limits"]["max_age"] == 600
+    assert definition["block"]["max_age"] == 600
+
+
+def test_queue_create_still_takes_the_old_limit_flags_without_showing_them(
+    run: Run, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(
+        "--json", "queue", "create", "cli-old", "--max-count", "7", "--max-bytes", "4KiB", "--max-age", "1m"
+    )
+
+    assert code == 0
+    assert json.loads(out)["definition"]["block"] == {"max_messages": 7, "max_bytes": 4096, "max_age": 60.0}
+    assert main(["queue", "create", "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert "--block-max-messages" in shown and "--max-count" not in shown
 
 
 def test_queue_list_prints_json_with_the_option_after_the_command(run: Run) -> None:
@@ -129,7 +145,7 @@ def test_a_bad_definition_is_a_clean_error(run: Run) -> None:
 
 
 def test_a_handler_is_created_listed_shown_stopped_run_and_dropped(run: Run, client: Client) -> None:
-    client.put_queue("cli-h-orders", limits={"max_count": 2})
+    client.put_queue("cli-h-orders", block={"max_messages": 2})
     client.produce("cli-h-orders", [f"m{i}" for i in range(5)], save="wait")
     # Full blocks are sealed by a background task: give it a bounded time to catch up.
     deadline = time.monotonic() + 5.0
@@ -542,7 +558,7 @@ def test_serve_with_a_bad_config_exits_2(tmp_path: Path, capsys: pytest.CaptureF
 
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith("capella: listen address 'nowhere'")
+    assert err.startswith(f"capella: {path}: server.listen: expected HOST:PORT, got 'nowhere'")
 
 
 def test_serve_with_a_missing_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -51,10 +51,10 @@ async def client(
 
 
 async def test_a_queue_is_created_listed_shown_and_dropped(client: AsyncClient) -> None:
-    info = await client.put_queue("orders", limits={"max_count": 10}, save="mark")
+    info = await client.put_queue("orders", block={"max_messages": 10}, save="mark")
 
     assert info["name"] == "orders"
-    assert info["definition"]["limits"]["max_count"] == 10
+    assert info["definition"]["block"]["max_messages"] == 10
     assert [q["name"] for q in await client.queues()] == ["orders"]
     assert (await client.queue("orders"))["definition"]["save"] == "mark"
 

@@ -154,7 +154,7 @@ def test_tls_without_a_client_ca_asks_for_no_client_certificate(tmp_path: Path) 
 @pytest.mark.parametrize(
     ("tls", "message"),
     [
-        ("on", "[server.tls] must be a table"),
+        ("on", "server.tls: expected a table"),
         ({"cert_file": "server.pem"}, "server.tls: key_file must be given"),
         ({}, "server.tls: cert_file and key_file must be given"),
         ({"cert_file": "server.pem", "key_file": "missing.key"}, "server.tls.key_file: no such file"),
@@ -163,7 +163,10 @@ def test_tls_without_a_client_ca_asks_for_no_client_certificate(tmp_path: Path) 
             {"cert_file": "server.pem", "key_file": "server.pem", "client_ca_file": "ca.pem"},
             "server.tls.client_ca_file: no such file",
         ),
-        ({"cert_file": "server.pem", "key_file": "server.pem", "ca_file": "x"}, "unknown key(s): ca_file"),
+        (
+            {"cert_file": "server.pem", "key_file": "server.pem", "ca_file": "x"},
+            "unknown key server.tls.ca_file",
+        ),
     ],
 )
 def test_bad_tls_settings_are_refused(tmp_path: Path, tls: object, message: str) -> None:

@@ -22,7 +22,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     config = parse_config(
         {
             "cluster": {"name": "dc1", "data_dir": str(tmp_path / "data")},
-            "queue_defaults": {"limits": {"max_count": 50}},
+            "queue_defaults": {"block": {"max_messages": 50}},
         },
         {},
         base=tmp_path,

@@ -91,7 +91,7 @@ async def test_answered_writes_survive_kill_minus_9(tmp_path: Path) -> None:
         try:
             # Small blocks, so kills land during seals too.
             async with session.put(
-                f"{server.url}/v1/queues/crash", json={"limits": {"max_count": 300}}
+                f"{server.url}/v1/queues/crash", json={"block": {"max_messages": 300}}
             ) as resp:
                 assert resp.status == 201
             for cycle in range(CYCLES):

@@ -88,7 +88,7 @@ async def test_scheduled_messages_survive_kill_minus_9_and_are_delivered_once(tm
     seq = [0] * PRODUCERS
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         try:
-            async with session.put(f"{server.url}{Q}", json={"limits": {"max_count": 500}}) as resp:
+            async with session.put(f"{server.url}{Q}", json={"block": {"max_messages": 500}}) as resp:
                 assert resp.status == 201
             for cycle in range(CYCLES):
                 producers = [

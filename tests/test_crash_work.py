@@ -82,7 +82,7 @@ async def test_claims_and_acks_survive_kill_minus_9(tmp_path: Path) -> None:
     ledger = Ledger()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         try:
-            async with session.put(f"{server.url}{Q}", json={"limits": {"max_count": 500}}) as resp:
+            async with session.put(f"{server.url}{Q}", json={"block": {"max_messages": 500}}) as resp:
                 assert resp.status == 201
             for start_at in range(0, MESSAGES, 5000):
                 body = {"messages": [{"data": f"m{i}"} for i in range(start_at, start_at + 5000)]}

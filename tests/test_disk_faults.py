@@ -186,7 +186,7 @@ async def start(data_dir: Path, config: Path | None = None) -> ServerProcess:
 def small_blocks_config(tmp_path: Path, **storage: str) -> Path:
     path = tmp_path / "capella.toml"
     lines = ["[storage]", *(f'{k} = "{v}"' for k, v in storage.items())]
-    lines += ["[queue_defaults]", 'save = "wait"', "[queue_defaults.limits]", 'max_bytes = "256KiB"']
+    lines += ["[queue_defaults]", 'save = "wait"', "[queue_defaults.block]", 'max_bytes = "256KiB"']
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -291,7 +291,7 @@ class FuzzServer:
         """Create, or put back, the objects the generated paths are steered onto."""
         # Generated PUTs may have narrowed a queue to a segment range: this widens it again.
         for queue in (*QUEUES, "copies"):
-            self.request("PUT", f"/v1/queues/{queue}", {"limits": {"max_count": 5}, "segments": None})
+            self.request("PUT", f"/v1/queues/{queue}", {"block": {"max_messages": 5}, "segments": None})
         messages = [
             {"data": "plain"},
             {"data_b64": "AP8A/w==", "source": "fuzz", "segment": 3, "headers": {"kind": "bytes"}},

@@ -32,7 +32,7 @@ def make_config(tmp_path: Path) -> Config:
                 "cold": {"provider": "file", "path": "cold", "compression": "zstd", "level": 19},
             },
             "queue_defaults": {
-                "limits": {"max_count": 10},
+                "block": {"max_messages": 10},
                 "mounts": {"marks": {"0": "default", "1": "warm", "2": "cold"}},
             },
         },
@@ -174,7 +174,7 @@ async def test_archive_survives_restart_and_cleans_leftovers_of_interrupted_move
 
 
 async def test_flush_handler_saves_marked_writes(tmp_path: Path, cluster: Cluster) -> None:
-    q, _ = await cluster.put_queue("marked", {"save": "mark", "limits": {"max_count": 1000}})
+    q, _ = await cluster.put_queue("marked", {"save": "mark", "block": {"max_messages": 1000}})
     await q.append([Draft(payload=b"x")])
     journal = tmp_path / "data" / "hot" / "marked" / "journal"
     assert not journal.exists()

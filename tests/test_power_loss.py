@@ -126,7 +126,7 @@ async def test_power_cuts_keep_every_acknowledged_write_and_cursor(tmp_path: Pat
                 async with aiohttp.ClientSession() as http:
                     if cycle == 0:
                         resp = await http.put(
-                            f"{server.url}/v1/queues/power", json={"limits": {"max_count": 300}}
+                            f"{server.url}/v1/queues/power", json={"block": {"max_messages": 300}}
                         )
                         assert resp.status == 201
                         writers = [Writer(server.url, "imm", "immediate"), Writer(server.url, "wait", "wait")]

@@ -27,7 +27,7 @@ from capella.errors import (
 
 @pytest.fixture
 async def cluster(tmp_path: Path, clock: Clock) -> AsyncIterator[Cluster]:
-    c = await Cluster.open(file_config(tmp_path, limits={"max_count": 10}), clock=clock)
+    c = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
     yield c
     await c.close()
 
@@ -42,7 +42,7 @@ def queue_dir(tmp_path: Path, name: str) -> Path:
 
 async def reopen(cluster: Cluster, tmp_path: Path, clock: Clock) -> Cluster:
     await cluster.close()
-    return await Cluster.open(file_config(tmp_path, limits={"max_count": 10}), clock=clock)
+    return await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
 
 
 async def test_ids_strictly_increase_and_answers_follow_request_order(cluster: Cluster) -> None:
@@ -76,7 +76,7 @@ async def test_blocks_seal_at_the_count_limit_and_reads_cross_them(cluster: Clus
 
 
 async def test_a_block_seals_at_its_age_on_the_periodic_tick(cluster: Cluster, clock: Clock) -> None:
-    q, _ = await cluster.put_queue("aged", {"limits": {"max_age": "10s"}})
+    q, _ = await cluster.put_queue("aged", {"block": {"max_age": "10s"}})
     await q.append(drafts(2), SaveMode.WAIT)
     await q.tick()
     assert q.stats()["blocks"]["by_state"]["open"] == 1
@@ -96,7 +96,7 @@ async def test_a_block_seals_at_its_age_on_the_periodic_tick(cluster: Cluster, c
 
 
 async def test_a_block_seals_at_its_byte_limit(cluster: Cluster) -> None:
-    q, _ = await cluster.put_queue("big", {"limits": {"max_bytes": "2KiB", "max_count": 1000}})
+    q, _ = await cluster.put_queue("big", {"block": {"max_bytes": "2KiB", "max_messages": 1000}})
     await q.append([Draft(payload=b"x" * 600) for _ in range(10)], SaveMode.WAIT)
     await asyncio.sleep(0.05)
     assert q.stats()["blocks"]["by_state"]["sealed"] >= 2
@@ -169,7 +169,7 @@ async def test_dedup_covers_sealed_blocks_and_restarts(
 
 
 async def test_dedup_of_an_old_key_loads_only_the_blocks_that_may_hold_it(cluster: Cluster) -> None:
-    q, _ = await cluster.put_queue("d", {"limits": {"max_count": 100}})
+    q, _ = await cluster.put_queue("d", {"block": {"max_messages": 100}})
     for start in range(0, 2000, 100):
         await q.append([Draft(payload=b"x", source="s", external_id=i) for i in range(start, start + 100)])
     await q.append([], SaveMode.WAIT)
@@ -274,7 +274,7 @@ async def test_a_corrupt_sealed_block_is_quarantined_and_never_served(
         assert blocks[0].exists(), "the bad bytes stay for an operator"
     finally:
         await cluster.close()
-    cluster = await Cluster.open(file_config(tmp_path, limits={"max_count": 10}), clock=clock)
+    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
     try:
         assert cluster.queue("bad").stats()["blocks"]["by_state"]["quarantined"] == 1
     finally:
@@ -323,7 +323,7 @@ async def test_save_modes_decide_when_the_journal_holds_the_write(tmp_path: Path
 
 
 async def test_concurrent_wait_writers_share_fsyncs(cluster: Cluster) -> None:
-    q, _ = await cluster.put_queue("group", {"limits": {"max_count": 100_000}})
+    q, _ = await cluster.put_queue("group", {"block": {"max_messages": 100_000}})
     await asyncio.gather(*(q.append(drafts(1), SaveMode.WAIT) for _ in range(200)))
     assert q.last_id == 200
     assert q.counters.flushes < 100
@@ -365,10 +365,10 @@ async def test_subscription_commits_never_move_backwards(
 
 
 async def test_definitions_persist_update_and_drop(tmp_path: Path, clock: Clock, cluster: Cluster) -> None:
-    q, _ = await cluster.put_queue("a", {"limits": {"max_count": 5}, "save": "mark"})
-    _, created = await cluster.put_queue("a", {"limits": {"max_age": "2m"}})
+    q, _ = await cluster.put_queue("a", {"block": {"max_messages": 5}, "save": "mark"})
+    _, created = await cluster.put_queue("a", {"block": {"max_age": "2m"}})
     assert not created
-    assert q.definition_dict()["limits"] == {"max_count": 5, "max_bytes": 8 * 1024 * 1024, "max_age": 120.0}
+    assert q.definition_dict()["block"] == {"max_messages": 5, "max_bytes": 8 * 1024 * 1024, "max_age": 120.0}
     await cluster.put_queue("b", {})
     await q.append(drafts(3), SaveMode.WAIT)
     await cluster.drop_queue("b")
@@ -387,9 +387,9 @@ async def test_definitions_persist_update_and_drop(tmp_path: Path, clock: Clock,
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"limits": {"max_count": 0}}, "max_count"),
-        ({"limits": {"max_age": "soon"}}, "max_age"),
-        ({"limits": {"max_bytes": "1b"}}, "max_bytes"),
+        ({"block": {"max_messages": 0}}, "max_messages"),
+        ({"block": {"max_age": "soon"}}, "max_age"),
+        ({"block": {"max_bytes": "1b"}}, "max_bytes"),
         ({"save": "sometimes"}, "save mode"),
         ({"segments": {"min": 5, "max": 1}}, "segments"),
         ({"mounts": {"marks": {"0": "nowhere"}}}, "nowhere"),
@@ -441,7 +441,7 @@ async def test_long_poll_returns_when_a_message_arrives(cluster: Cluster) -> Non
 
 
 async def test_readers_racing_seals_see_every_id_once_in_order(cluster: Cluster) -> None:
-    q, _ = await cluster.put_queue("race", {"limits": {"max_count": 7}})
+    q, _ = await cluster.put_queue("race", {"block": {"max_messages": 7}})
     total = 600
     done = asyncio.Event()
 
@@ -533,7 +533,7 @@ async def test_writers_wait_for_a_stuck_sealer_and_resume_when_it_recovers(
     cluster = await Cluster.open(config, clock=clock)
     try:
         q, _ = await cluster.put_queue(
-            "stuck", {"limits": {"max_count": 2}, "mounts": {"marks": {"0": "cold"}}}
+            "stuck", {"block": {"max_messages": 2}, "mounts": {"marks": {"0": "cold"}}}
         )
         await q.append(drafts(4), SaveMode.WAIT)  # two full blocks the sealer cannot write
         with pytest.raises(StorageUnavailable, match="not being sealed"):
@@ -551,7 +551,7 @@ async def test_writers_wait_for_a_stuck_sealer_and_resume_when_it_recovers(
 
 async def test_memory_per_sealed_block_stays_bounded(cluster: Cluster) -> None:
     # Found by the tiers-memory benchmark: exact key sets of sealed blocks were kept forever.
-    q, _ = await cluster.put_queue("bounded", {"limits": {"max_count": 10}})
+    q, _ = await cluster.put_queue("bounded", {"block": {"max_messages": 10}})
     for _ in range(30):
         await q.append(drafts(10), SaveMode.NONE)
     await q.append([], SaveMode.WAIT)

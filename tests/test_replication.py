@@ -37,7 +37,7 @@ async def nodes(
         config = parse_config(
             {
                 "cluster": {"name": name, "data_dir": str(tmp_path / name)},
-                "queue_defaults": {"limits": {"max_count": 40}},
+                "queue_defaults": {"block": {"max_messages": 40}},
             },
             {},
             base=tmp_path,

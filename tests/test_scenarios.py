@@ -30,7 +30,7 @@ class Node:
         self.port = free_port()
         self.data_dir = root / name
         self.config = root / f"{name}.toml"
-        self.config.write_text(f'[cluster]\nname = "{name}"\n[queue_defaults.limits]\nmax_count = 100\n')
+        self.config.write_text(f'[cluster]\nname = "{name}"\n[queue_defaults.block]\nmax_messages = 100\n')
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: ServerProcess | None = None
         self.client = AsyncClient(self.url, timeout=10)

@@ -117,7 +117,7 @@ def flaky() -> FlakyStorage:
 
 @pytest.fixture
 async def cluster(tmp_path: Path, clock: Clock, flaky: FlakyStorage) -> AsyncIterator[Cluster]:
-    config = file_config(tmp_path, limits={"max_count": 10})
+    config = file_config(tmp_path, block={"max_messages": 10})
     c = Cluster(config, {"default": flaky}, clock)
     await c.start()
     yield c
@@ -237,7 +237,7 @@ async def test_a_failing_handler_is_counted_retried_with_backoff_and_recovers(
             "storage": {"flush_interval": "1h"},
             "mounts": {"default": {"provider": "file"}, "warm": {"provider": "file", "path": "warm"}},
             "queue_defaults": {
-                "limits": {"max_count": 10},
+                "block": {"max_messages": 10},
                 "mounts": {"marks": {"0": "default", "1": "warm"}},
             },
         },

@@ -31,7 +31,10 @@ async def tiered(
         {
             "cluster": {"name": "tiers", "data_dir": str(tmp_path / "data")},
             "mounts": {"default": {"provider": "file"}, "s3": {"provider": "s3", **options}},
-            "queue_defaults": {"limits": {"max_count": 10}, "mounts": {"marks": {"0": "default", "1": "s3"}}},
+            "queue_defaults": {
+                "block": {"max_messages": 10},
+                "mounts": {"marks": {"0": "default", "1": "s3"}},
+            },
         },
         {},
         base=tmp_path,

@@ -762,7 +762,7 @@ async def test_the_client_certificate_reaches_the_app(
         subject = dict(item[0] for item in cert["subject"])
         return web.json_response({"cn": subject["commonName"]})
 
-    settings = ServerSettings(port=0, tls=TlsSettings(pki.server_cert, pki.server_key, pki.ca))
+    settings = ServerSettings(listen="127.0.0.1:0", tls=TlsSettings(pki.server_cert, pki.server_key, pki.ca))
     async with (
         serving(cluster, supervisor, settings, peer) as url,
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=pki.client_context(cert="alice"))) as http,
@@ -779,7 +779,7 @@ async def test_a_client_certificate_signs_in_as_the_user_it_names(
     users.add_user("root", "root-password", admin=True)
     users.add_user("alice", "alice-password", rules=(Rule.parse("allow:queue:read:*"),))
     authenticator = Authenticator(users, AuthSettings(enabled=True, tls_client_users=True))
-    settings = ServerSettings(port=0, tls=TlsSettings(pki.server_cert, pki.server_key, pki.ca))
+    settings = ServerSettings(listen="127.0.0.1:0", tls=TlsSettings(pki.server_cert, pki.server_key, pki.ca))
     async with serving(cluster, supervisor, settings, authenticator=authenticator) as url:
         async with AsyncClient(url, ssl=pki.client_context(cert="alice")) as alice:
             assert (await alice.me())["user"] == "alice"
@@ -803,7 +803,7 @@ async def test_a_client_certificate_is_not_a_sign_in_unless_configured(
     users = AuthStore(tmp_path / "auth")
     users.add_user("alice", "alice-password", admin=True)
     authenticator = Authenticator(users, AuthSettings(enabled=True))
-    settings = ServerSettings(port=0, tls=TlsSettings(pki.server_cert, pki.server_key, pki.ca))
+    settings = ServerSettings(listen="127.0.0.1:0", tls=TlsSettings(pki.server_cert, pki.server_key, pki.ca))
     async with (
         serving(cluster, supervisor, settings, authenticator=authenticator) as url,
         AsyncClient(url, ssl=pki.client_context(cert="alice")) as alice,
@@ -815,7 +815,9 @@ async def test_a_client_certificate_is_not_a_sign_in_unless_configured(
 async def test_a_tls_connection_over_max_connections_gets_503_json(
     cluster: Cluster, supervisor: Supervisor, pki: Pki
 ) -> None:
-    settings = ServerSettings(port=0, max_connections=1, tls=TlsSettings(pki.server_cert, pki.server_key))
+    settings = ServerSettings(
+        listen="127.0.0.1:0", max_connections=1, tls=TlsSettings(pki.server_cert, pki.server_key)
+    )
     async with (
         serving(cluster, supervisor, settings) as url,
         AsyncClient(url, ssl=pki.client_context()) as holder,

@@ -49,10 +49,11 @@ from capella.api.request import (
     wait_param,
 )
 from capella.api.route import Route, on_queue
-from capella.config import ServerSettings, parse_duration
+from capella.config import ServerSettings
 from capella.core.message import Draft, Message
 from capella.core.queue import Appended, Delayed, Queue, ReadResult
-from capella.errors import InvalidConfig, InvalidMessage, InvalidRequest, PayloadTooLarge, QueueNotFound
+from capella.errors import InvalidMessage, InvalidRequest, PayloadTooLarge, QueueNotFound
+from capella.units import parse_duration
 from capella.wire import messages as wire_messages
 
 # Seconds between SSE comment lines that keep proxies from closing an idle stream.
@@ -251,9 +252,9 @@ def _due(deliver_at: object, delay: object, index: int, now: float) -> float:
         raise _bad(index, "delay", "give either deliver_at or delay, not both")
     if delay is not None:
         try:
-            due = now + parse_duration(delay, "delay")
-        except InvalidConfig as exc:
-            raise _bad(index, "delay", exc.message.removeprefix("delay: ")) from None
+            due = now + parse_duration(delay)
+        except ValueError as exc:
+            raise _bad(index, "delay", str(exc)) from None
         field = "delay"
     else:
         try:

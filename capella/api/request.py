@@ -10,12 +10,13 @@ import msgspec
 from aiohttp import web
 
 from capella import wire
-from capella.config import ServerSettings, parse_duration
+from capella.config import ServerSettings
 from capella.core.cluster import Cluster
 from capella.core.filter import MessageFilter, parse_path
 from capella.core.message import SaveMode
-from capella.errors import InvalidConfig, InvalidRequest, JsonTooDeep, PayloadTooLarge, RequestTimeout
+from capella.errors import InvalidRequest, JsonTooDeep, PayloadTooLarge, RequestTimeout
 from capella.handlers.supervisor import Supervisor
+from capella.units import parse_duration
 
 CLUSTER = web.AppKey("cluster", Cluster)
 SETTINGS = web.AppKey("settings", ServerSettings)
@@ -183,9 +184,9 @@ def wait_param(request: web.Request, name: str = "wait", default: float = 0.0) -
     if text is None or text == "":
         return min(default, request.app[SETTINGS].max_wait)
     try:
-        seconds = parse_duration(float(text) if _is_number(text) else text, name)
-    except InvalidConfig as exc:
-        raise InvalidRequest(exc.message, parameter=name) from None
+        seconds = parse_duration(float(text) if _is_number(text) else text)
+    except ValueError as exc:
+        raise InvalidRequest(f"{name}: {exc}", parameter=name) from None
     return min(seconds, request.app[SETTINGS].max_wait)
 
 

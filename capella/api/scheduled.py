@@ -19,11 +19,11 @@ from capella.api.request import (
     save_param,
 )
 from capella.api.route import Route, on_queue
-from capella.config import parse_duration
 from capella.core.filter import matches
 from capella.core.queue import Queue
 from capella.core.scheduled import Scheduled
-from capella.errors import InvalidConfig, InvalidRequest
+from capella.errors import InvalidRequest
+from capella.units import parse_duration
 from capella.wire.messages import (
     CancelledScheduled,
     CancelScheduled,
@@ -162,9 +162,9 @@ async def reschedule(request: web.Request) -> web.Response:
         raise InvalidRequest("give exactly one of deliver_at and delay", field="deliver_at")
     if body.delay is not None:
         try:
-            due = now + parse_duration(body.delay, "delay")
-        except InvalidConfig as exc:
-            raise InvalidRequest(exc.message, field="delay") from None
+            due = now + parse_duration(body.delay)
+        except ValueError as exc:
+            raise InvalidRequest(f"delay: {exc}", field="delay") from None
     else:
         try:
             due = wire.parse_time(body.deliver_at)

@@ -17,8 +17,8 @@ from capella.api.openapi import answer, json_content, ref
 from capella.api.request import json_response, read_struct
 from capella.api.route import Route
 from capella.api.users import store
-from capella.config import parse_duration
-from capella.errors import Forbidden, InvalidConfig, InvalidRequest, TokenNotFound
+from capella.errors import Forbidden, InvalidRequest, TokenNotFound
+from capella.units import parse_duration
 from capella.wire.auth import TokenCreate
 
 
@@ -37,9 +37,9 @@ async def create_token(request: web.Request) -> web.Response:
     if len(description) > 200:
         raise InvalidRequest("description must be a string of at most 200 characters", field="description")
     try:
-        requested = None if body.ttl is UNSET else parse_duration(body.ttl, "ttl")
-    except InvalidConfig as exc:
-        raise InvalidRequest(exc.message, field="ttl") from None
+        requested = None if body.ttl is UNSET else parse_duration(body.ttl)
+    except ValueError as exc:
+        raise InvalidRequest(f"ttl: {exc}", field="ttl") from None
     ttl = request.app[AUTHENTICATOR].token_ttl(requested)
     token, text = await asyncio.to_thread(tokens.create_token, owner, ttl, description)
     return json_response({**token.public_dict(), "token": text}, 201)

@@ -47,14 +47,14 @@ from capella.api.request import (
     wait_param,
 )
 from capella.api.route import Route, on_queue, on_subscription
-from capella.config import parse_duration
 from capella.core.filter import MessageFilter, matches, parse_path
 from capella.core.message import Message, SaveMode
 from capella.core.queue import Queue
 from capella.core.retry import MAX_LEASE
 from capella.core.window import Entry
 from capella.core.work import STATUSES, Outcome, WorkQueue, parse_receipt
-from capella.errors import InvalidConfig, InvalidRequest, MessageNotFound
+from capella.errors import InvalidRequest, MessageNotFound
+from capella.units import parse_duration
 from capella.wire.work import Receipts
 
 # At most this many messages are retried or deleted by one request (the answer says where to
@@ -82,9 +82,9 @@ def _lease(value: object, name: str) -> float | None:
     if value is None:
         return None
     try:
-        seconds = parse_duration(value, name)
-    except InvalidConfig as exc:
-        raise InvalidRequest(exc.message, field=name, parameter=name) from None
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{name}: {exc}", field=name, parameter=name) from None
     if not 0 < seconds <= MAX_LEASE:
         raise InvalidRequest(f"{name}: must be more than 0 and at most 12h", field=name, parameter=name)
     return seconds
@@ -193,9 +193,9 @@ async def nack(request: web.Request) -> web.Response:
     delay = None
     if body.delay is not UNSET and body.delay is not None:
         try:
-            delay = parse_duration(body.delay, "delay")
-        except InvalidConfig as exc:
-            raise InvalidRequest(exc.message, field="delay") from None
+            delay = parse_duration(body.delay)
+        except ValueError as exc:
+            raise InvalidRequest(f"delay: {exc}", field="delay") from None
         if delay > MAX_DELAY:
             raise InvalidRequest("delay: more than ten years", field="delay")
     error = None if body.error is UNSET else body.error
@@ -348,9 +348,9 @@ def _when(body: dict[str, Any], now: float) -> float | None:
         raise InvalidRequest("give at or delay, not both", field="delay")
     if body.get("delay") is not None:
         try:
-            return now + parse_duration(body["delay"], "delay")
-        except InvalidConfig as exc:
-            raise InvalidRequest(exc.message, field="delay") from None
+            return now + parse_duration(body["delay"])
+        except ValueError as exc:
+            raise InvalidRequest(f"delay: {exc}", field="delay") from None
     if body.get("at") is not None:
         try:
             return wire.parse_time(body["at"])

@@ -19,9 +19,15 @@ def add_parser(
 
     create = actions.add_parser("create", help="create a queue, or update its definition", parents=[common])
     create.add_argument("name")
-    create.add_argument("--max-count", type=int, metavar="N", help="seal a block after N messages")
-    create.add_argument("--max-bytes", metavar="SIZE", help="seal a block at this size, e.g. 8MiB")
-    create.add_argument("--max-age", metavar="DUR", help="seal a block at this age, e.g. 1h")
+    # A block is sealed at any of these; they are not retention (that is an expire handler).
+    block = create.add_argument_group("block limits", "when the open block is sealed and a new one begins")
+    block.add_argument("--block-max-messages", type=int, metavar="N", help="seal a block at N messages")
+    block.add_argument("--block-max-bytes", metavar="SIZE", help="seal a block at this size, e.g. 8MiB")
+    block.add_argument("--block-max-age", metavar="DUR", help="seal a block at this age, e.g. 1h")
+    # The old names, before "limits" was found to read like retention; hidden, still accepted.
+    create.add_argument("--max-count", type=int, dest="block_max_messages", help=argparse.SUPPRESS)
+    create.add_argument("--max-bytes", dest="block_max_bytes", help=argparse.SUPPRESS)
+    create.add_argument("--max-age", dest="block_max_age", help=argparse.SUPPRESS)
     create.add_argument("--save", metavar="MODE", help="default save mode: none|immediate|mark|wait")
     create.add_argument("--subscription-save", metavar="MODE", help="save mode of subscription commits")
     create.add_argument("--segments", type=_segment_range, metavar="LO-HI", help="allowed segment range")
@@ -42,17 +48,17 @@ def add_parser(
 
 def create_queue(args: argparse.Namespace, client: Client) -> int:
     definition: dict[str, Any] = {}
-    limits = {
+    block = {
         key: value
         for key, value in (
-            ("max_count", args.max_count),
-            ("max_bytes", _number_or_text(args.max_bytes)),
-            ("max_age", _number_or_text(args.max_age)),
+            ("max_messages", args.block_max_messages),
+            ("max_bytes", _number_or_text(args.block_max_bytes)),
+            ("max_age", _number_or_text(args.block_max_age)),
         )
         if value is not None
     }
-    if limits:
-        definition["limits"] = limits
+    if block:
+        definition["block"] = block
     if args.save is not None:
         definition["save"] = args.save
     if args.subscription_save is not None:

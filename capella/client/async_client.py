@@ -94,7 +94,7 @@ class AsyncClient:
     # --- queues ----------------------------------------------------------------------
 
     async def put_queue(self, name: str, **definition: Any) -> dict[str, Any]:
-        """Create or update a queue; ``definition`` holds the PUT fields (limits, save...)."""
+        """Create or update a queue; ``definition`` holds the PUT fields (block, save...)."""
         return dict(await self._call("PUT", _queue_path(name), json=definition))
 
     async def queues(self) -> list[dict[str, Any]]:

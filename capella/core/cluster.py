@@ -52,11 +52,15 @@ class Cluster:
         self._queues: dict[str, Queue] = {}
         self._registry: dict[str, dict[str, Any]] = {}
         self._registry_lock = asyncio.Lock()
-        self._base = default_definition(config.queue_defaults, config.default_mount, set(mounts))
+        self._base = default_definition(
+            config.queue_defaults, config.default_mount, set(mounts), config.source
+        )
         try:
             self._check_meta_mount(self._base)
         except InvalidRequest as exc:
-            raise InvalidConfig(f"[queue_defaults] / storage.default_mount: {exc.message}") from None
+            raise InvalidConfig(
+                f"{config.source}: queue_defaults / storage.default_mount: {exc.message}"
+            ) from None
         self._ticker: asyncio.Task[None] | None = None
 
     @classmethod

@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from capella.backoff import backoff
-from capella.config import parse_duration
 from capella.core.definition import check_name
-from capella.errors import InvalidConfig, InvalidRequest
+from capella.errors import InvalidRequest
+from capella.units import parse_duration
 
 BACKOFFS = ("fixed", "exponential")
 MAX_LEASE = 12 * 3600.0
@@ -117,9 +117,9 @@ def parse_policy(data: object, base: RetryPolicy) -> RetryPolicy:
 
 def _seconds(value: object, name: str) -> float:
     try:
-        seconds = parse_duration(value, f"policy.{name}")
-    except InvalidConfig as exc:
-        raise InvalidRequest(exc.message, field=f"policy.{name}") from None
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"policy.{name}: {exc}", field=f"policy.{name}") from None
     if seconds != seconds or seconds > 10 * 365 * 86_400:
         raise InvalidRequest(f"policy.{name} must be a finite duration", field=f"policy.{name}")
     return seconds

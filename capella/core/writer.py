@@ -68,9 +68,9 @@ class OpenBlock:
         self.pending.append(record)
 
     def is_full(self, definition: QueueDefinition, now: float) -> bool:
-        limits = definition.limits
+        limits = definition.block
         return bool(self.ids) and (
-            len(self.ids) >= limits.max_count
+            len(self.ids) >= limits.max_messages
             or self.size >= limits.max_bytes
             or now - self.opened_at >= limits.max_age
         )
@@ -230,8 +230,8 @@ class Writer:
         if self.next_id + len(drafts) > self.lease_until:
             await self.extend_lease(len(drafts))
         # This loop runs once per produced message: limits and bound methods are read once.
-        limits = self.definition.limits
-        max_count, max_bytes = limits.max_count, limits.max_bytes
+        limits = self.definition.block
+        max_messages, max_bytes = limits.max_messages, limits.max_bytes
         own = self.own
         dedup = self.dedup
         results: list[Appended] = []
@@ -270,7 +270,7 @@ class Writer:
                 dedup.note(source, external_id)
             added += 1
             results.append(Appended(message_id, False))
-            if len(block.ids) >= max_count or block.size >= max_bytes:
+            if len(block.ids) >= max_messages or block.size >= max_bytes:
                 self.rotate()
                 block = None
         if added:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from capella.config import parse_duration, parse_size
-from capella.errors import InvalidConfig, InvalidRequest
+from capella.errors import InvalidRequest
+from capella.units import parse_duration, parse_size
 
 # The original API took durations in nanoseconds; no sane interval is 31,700 years of seconds.
 NANOSECOND_THRESHOLD = 10**12
@@ -41,9 +41,9 @@ class Params:
         if value is None:
             return None
         try:
-            size = parse_size(value, f"params.{name}")
-        except InvalidConfig as exc:
-            raise InvalidRequest(exc.message, field=f"params.{name}") from None
+            size = parse_size(value)
+        except ValueError as exc:
+            raise InvalidRequest(f"params.{name}: {exc}", field=f"params.{name}") from None
         if size <= 0:
             raise InvalidRequest(f"params.{name} must be greater than 0", field=f"params.{name}")
         return size
@@ -63,9 +63,9 @@ def duration(value: object, field: str, *, positive: bool = True) -> float:
         seconds = value / 1e9
     else:
         try:
-            seconds = parse_duration(value, field)
-        except InvalidConfig as exc:
-            raise InvalidRequest(exc.message, field=field) from None
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            raise InvalidRequest(f"{field}: {exc}", field=field) from None
     if positive and seconds <= 0:
         raise InvalidRequest(f"{field} must be greater than 0", field=field)
     return seconds

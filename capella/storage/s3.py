@@ -31,9 +31,9 @@ from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 from capella.backoff import backoff
-from capella.config import parse_duration
 from capella.errors import InvalidConfig, InvalidRequest, KeyNotFound, StorageUnavailable, Unsupported
 from capella.storage import Journal
+from capella.units import parse_duration
 
 T = TypeVar("T")
 
@@ -84,9 +84,14 @@ class S3Storage:
         }
         self._storage_class = storage_class
         self._max_attempts = max_attempts
+        timeouts: dict[str, float] = {}
+        for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout)):
+            try:
+                timeouts[name] = parse_duration(value)
+            except ValueError as exc:
+                raise InvalidConfig(f"s3: {name}: {exc}") from None
         self._config = BotoConfig(
-            connect_timeout=parse_duration(connect_timeout, "s3.connect_timeout"),
-            read_timeout=parse_duration(read_timeout, "s3.read_timeout"),
+            **timeouts,
             # total_max_attempts counts the first try too (botocore's max_attempts would not).
             retries={"mode": "standard", "total_max_attempts": max_attempts},
             s3={"addressing_style": style},

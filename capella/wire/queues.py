@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from msgspec import Meta, Struct
 
@@ -15,19 +15,28 @@ from capella.wire.fields import (
     schema,
 )
 
+BlockMessages = Annotated[int, schema(minimum=1, maximum=10_000_000)]
+BlockBytes = Annotated[
+    Annotated[int, schema(minimum=1024, maximum=1024**3)] | SizeText, Meta(description="from 1 KiB to 1 GiB")
+]
+BlockAge = Annotated[PositiveDuration, Meta(description="greater than 0")]
+
 
 class BlockLimits(Struct, forbid_unknown_fields=True):
-    """A block is sealed when it reaches any of these (they do not limit what the queue keeps)."""
+    """a block is sealed when it reaches any of these (not retention: they do not limit what the
+    queue keeps)"""
 
-    max_count: Annotated[int, schema(minimum=1, maximum=10_000_000)] | None = None
-    max_bytes: (
-        Annotated[
-            Annotated[int, schema(minimum=1024, maximum=1024**3)] | SizeText,
-            Meta(description="from 1 KiB to 1 GiB"),
-        ]
-        | None
-    ) = None
-    max_age: Annotated[PositiveDuration, Meta(description="greater than 0")] | None = None
+    max_messages: BlockMessages | None = None
+    max_bytes: BlockBytes | None = None
+    max_age: BlockAge | None = None
+
+
+class LegacyBlockLimits(Struct, forbid_unknown_fields=True):
+    """the old name of block, with max_count for max_messages; not with block"""
+
+    max_count: BlockMessages | None = None
+    max_bytes: BlockBytes | None = None
+    max_age: BlockAge | None = None
 
 
 class SegmentRange(Struct, forbid_unknown_fields=True):
@@ -53,7 +62,10 @@ class Mounts(Struct, forbid_unknown_fields=True):
 class QueueDefinition(Struct, forbid_unknown_fields=True):
     """A queue's definition; fields left out keep their current (or default) values."""
 
-    limits: BlockLimits | None = None
+    __schema_extra__: ClassVar[dict[str, Any]] = {"not": {"required": ["block", "limits"]}}
+
+    block: BlockLimits | None = None
+    limits: Annotated[LegacyBlockLimits, schema(deprecated=True)] | None = None
     save: DefinitionSaveMode | None = None
     subscription_save: DefinitionSaveMode | None = None
     segments: SegmentRange | None = None
