@@ -19,7 +19,8 @@ from conftest import ServerProcess, free_port
 
 from capella.api import create_app
 from capella.client import AsyncClient, Client, error_from_answer
-from capella.client.async_client import EventParser, error_codes
+from capella.client.answers import error_codes
+from capella.client.events import EventParser
 from capella.config import ServerSettings
 from capella.core.cluster import Cluster
 from capella.errors import (

@@ -16,7 +16,8 @@ Messages read back are the server's StoredMessage dicts plus ``payload`` (the pa
 
 from __future__ import annotations
 
-from capella.client.async_client import DEFAULT_URL, AsyncClient, error_from_answer
+from capella.client.answers import error_from_answer
+from capella.client.async_client import DEFAULT_URL, AsyncClient
 from capella.client.message import MessageLike, Segments
 from capella.client.multi import MultiWriter, Receipt
 from capella.client.sync_client import Client

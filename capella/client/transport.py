@@ -1,0 +1,156 @@
+"""How the client talks HTTP: one session, credentials, compression, errors back as classes.
+
+``Transport.call`` sends one request and gives the decoded JSON answer; ``Transport.events``
+follows one Server-Sent Events connection. Every non-2xx answer becomes the
+``capella.errors`` class whose ``code`` the server sent (``answers.error_from_answer``); a server
+that cannot be reached, or does not answer in time, raises ``Unreachable``.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import ssl as ssl_module
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import aiohttp
+import orjson
+import zstandard
+
+from capella import __version__
+from capella.client.answers import error_from_answer
+from capella.client.events import EventParser, message_event
+from capella.errors import CapellaError, Unreachable
+
+# The server sends an SSE comment every 15 s; four missed ones mean the connection is dead.
+STREAM_IDLE_TIMEOUT = 60.0
+# Request bodies below this size are sent as they are, even with compression on.
+COMPRESS_FROM = 1024
+# Answers that mean "the server is there but cannot serve right now": a stream retries them.
+RETRYABLE_STATUSES = frozenset({502, 503, 504})
+
+
+class Transport:
+    """The HTTP side of a client: a lazily opened session (or the caller's), and its options."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float,
+        session: aiohttp.ClientSession | None,
+        connect_timeout: float | None,
+        username: str | None,
+        password: str | None,
+        token: str | None,
+        ssl: ssl_module.SSLContext | bool | None,
+        compression: str | None,
+    ) -> None:
+        if compression not in (None, "gzip", "zstd"):
+            raise ValueError(f"compression must be gzip or zstd, not {compression!r}")
+        self.base_url = base_url.rstrip("/")
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        self._session = session
+        self._owns_session = session is None
+        self._authorization = _authorization(username, password, token)
+        self._ssl = ssl
+        self._compression = compression
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            headers = {"User-Agent": f"capella-client/{__version__}"}
+            if self._authorization is not None:
+                headers["Authorization"] = self._authorization
+            connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
+            self._session = aiohttp.ClientSession(headers=headers, connector=connector)
+        return self._session
+
+    def compressed(self, data: bytes, headers: dict[str, str]) -> bytes:
+        # Small bodies are not worth it; large batches of JSON shrink several times.
+        if self._compression is None or len(data) < COMPRESS_FROM:
+            return data
+        headers["Content-Encoding"] = self._compression
+        if self._compression == "gzip":
+            return gzip.compress(data, compresslevel=5)
+        return zstandard.ZstdCompressor(level=3).compress(data)
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        json: object = None,
+        data: Any = None,
+        headers: dict[str, str] | None = None,
+        wait: float | None = None,
+    ) -> Any:
+        """Send one request; the decoded JSON answer, ``None`` for an empty one."""
+        url = self.base_url + path
+        if json is not None:
+            headers = {"Content-Type": "application/json"}
+            data = self.compressed(orjson.dumps(json), headers)
+        timeout = aiohttp.ClientTimeout(total=self._timeout + (wait or 0.0), connect=self._connect_timeout)
+        try:
+            async with self.http().request(
+                method, url, params=params, data=data, headers=headers, timeout=timeout
+            ) as resp:
+                body = await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _unreachable(url, exc, self._timeout) from exc
+        if status >= 400:
+            raise error_from_answer(status, body)
+        if not body:
+            return None
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise CapellaError(f"{method} {url}: the answer is not JSON") from None
+
+    async def events(
+        self, path: str, params: dict[str, str], after: int
+    ) -> AsyncGenerator[tuple[int | None, dict[str, Any]], None]:
+        """One SSE connection: ``(id, message)`` per message event until the server closes.
+
+        ``id`` is ``None`` for events that carry no message (the first, on connecting).
+        """
+        url = self.base_url + path
+        headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
+        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout, sock_read=STREAM_IDLE_TIMEOUT)
+        try:
+            async with self.http().get(url, params=params, headers=headers, timeout=timeout) as resp:
+                if resp.status >= 400:
+                    error = error_from_answer(resp.status, await resp.read())
+                    if resp.status in RETRYABLE_STATUSES:
+                        raise Unreachable(f"{url}: {error.code}: {error.message}", url=url)
+                    raise error
+                yield None, {}  # connected: tells ``stream`` this server answers
+                parser = EventParser()
+                async for chunk in resp.content.iter_any():
+                    for event in parser.feed(chunk):
+                        yield message_event(event)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _unreachable(url, exc, STREAM_IDLE_TIMEOUT) from exc
+
+
+def _authorization(username: str | None, password: str | None, token: str | None) -> str | None:
+    # Built by hand: aiohttp 3.14 deprecates BasicAuth, and its replacement is not in 3.10.
+    if token is not None:
+        return f"Bearer {token}"
+    if username is not None:
+        pair = f"{username}:{password or ''}".encode()
+        return "Basic " + base64.b64encode(pair).decode("ascii")
+    return None
+
+
+def _unreachable(url: str, exc: BaseException, timeout: float) -> Unreachable:
+    reason = str(exc) or f"no answer within {timeout:g}s"
+    return Unreachable(f"cannot reach {url}: {reason}", url=url)
