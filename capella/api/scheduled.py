@@ -8,7 +8,7 @@ import math
 from aiohttp import web
 
 from capella import wire
-from capella.api.messages import MAX_DELAY
+from capella.api.drafts import MAX_DELAY
 from capella.api.openapi import LIMIT, MESSAGE_FILTERS, SAVE, answer, json_content, param, ref
 from capella.api.request import (
     CLUSTER,

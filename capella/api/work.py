@@ -17,7 +17,8 @@ from aiohttp import web
 from msgspec import UNSET
 
 from capella import wire
-from capella.api.messages import MAX_DELAY, stored_message
+from capella.api.drafts import MAX_DELAY
+from capella.api.messages import stored_message
 from capella.api.openapi import (
     AFTER,
     DURATION,
@@ -41,7 +42,6 @@ from capella.api.request import (
     message_filter_param,
     parse_range,
     present,
-    read_object,
     read_struct,
     save_param,
     wait_param,
@@ -55,7 +55,7 @@ from capella.core.window import Entry
 from capella.core.work import STATUSES, Outcome, WorkQueue, parse_receipt
 from capella.errors import InvalidRequest, MessageNotFound
 from capella.units import parse_duration
-from capella.wire.work import Receipts
+from capella.wire.work import Receipts, WorkSelection
 
 # At most this many messages are retried or deleted by one request (the answer says where to
 # go on from).
@@ -238,23 +238,14 @@ def _statuses(
     return {i.strip() for i in items}
 
 
-def _body_filter(body: dict[str, Any]) -> MessageFilter:
-    source = body.get("source")
-    if source is not None and type(source) is not str:
-        raise InvalidRequest("source: expected a string", field="source")
-    segments = body.get("segments")
-    if segments is not None:
-        if type(segments) is not str:
-            raise InvalidRequest('segments: expected ranges like "0-9,20"', field="segments")
-        segments = tuple(parse_range(part.strip()) for part in segments.split(","))
-    headers = body.get("headers") or {}
-    if type(headers) is not dict or not all(type(v) is str for v in headers.values()):
-        raise InvalidRequest("headers: expected an object of string values", field="headers")
-    fields = body.get("json") or {}
-    if type(fields) is not dict:
-        raise InvalidRequest('json: expected an object such as {"customer.id": 42}', field="json")
+def _body_filter(body: WorkSelection) -> MessageFilter:
+    segments = None
+    if body.segments is not UNSET:
+        segments = tuple(parse_range(part.strip()) for part in body.segments.split(","))
+    headers = {} if body.headers is UNSET else body.headers
+    fields = {} if body.json is UNSET else body.json
     return MessageFilter(
-        source,
+        None if body.source is UNSET else body.source,
         segments,
         tuple(headers.items()),
         tuple((parse_path(path), value) for path, value in fields.items()),
@@ -292,30 +283,27 @@ async def get_work(request: web.Request) -> web.Response:
 
 async def _bulk(
     request: web.Request, allowed: set[str], default: tuple[str, ...] | None
-) -> tuple[dict[str, Any], list[tuple[Message, str]], int | None]:
+) -> tuple[WorkSelection, list[tuple[Message, str]], int | None]:
     """The messages a retry or delete body selects, and where the next call should go on from."""
     queue, work = _work(request)
-    body = await read_object(request)
-    known = {"status", "source", "segments", "headers", "json", "ids", "after", "limit"}
-    if unknown := sorted(set(body) - known - allowed):
+    body = await read_struct(request, WorkSelection)
+    given = present(body)
+    if unknown := sorted(given & {"at", "delay"} - allowed):
         raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", field=unknown[0])
-    if default is None and "status" not in body and "ids" not in body:
+    if default is None and not given & {"status", "ids"}:
         raise InvalidRequest("status or ids: say which messages", field="status")
-    statuses = _statuses(body.get("status"), "status", default or STATUSES)
+    statuses = _statuses(None if body.status is UNSET else body.status, "status", default or STATUSES)
     match = _body_filter(body)
-    after = body.get("after", 0)
-    if type(after) is not int or not 0 <= after <= wire.INT64_MAX:
-        raise InvalidRequest("after: expected a message id", field="after")
-    limit = body.get("limit", 1000)
-    if type(limit) is not int or not 1 <= limit <= MAX_BULK:
+    after = 0 if body.after is UNSET else body.after
+    limit = 1000 if body.limit is UNSET else body.limit
+    if not 1 <= limit <= MAX_BULK:
         raise InvalidRequest(f"limit: expected 1 to {MAX_BULK}", field="limit")
-    ids = body.get("ids")
-    if ids is not None:
-        if type(ids) is not list or not all(type(i) is int and 0 < i <= wire.INT64_MAX for i in ids):
+    if body.ids is not UNSET:
+        if not all(i > 0 for i in body.ids):
             raise InvalidRequest("ids: expected a list of message ids", field="ids")
-        if len(ids) > MAX_BULK:
+        if len(body.ids) > MAX_BULK:
             raise InvalidRequest(f"ids: at most {MAX_BULK}", field="ids")
-        return body, *await _pick(queue, work, sorted(set(ids)), statuses, match, after, limit)
+        return body, *await _pick(queue, work, sorted(set(body.ids)), statuses, match, after, limit)
     found, next_after = await work.select(statuses, None if match.empty else _matcher(match), after, limit)
     return body, found, next_after
 
@@ -343,17 +331,17 @@ async def _pick(
     return found, None
 
 
-def _when(body: dict[str, Any], now: float) -> float | None:
-    if "at" in body and "delay" in body:
+def _when(body: WorkSelection, now: float) -> float | None:
+    if body.at is not UNSET and body.delay is not UNSET:
         raise InvalidRequest("give at or delay, not both", field="delay")
-    if body.get("delay") is not None:
+    if body.delay is not UNSET:
         try:
-            return now + parse_duration(body["delay"])
+            return now + parse_duration(body.delay)
         except ValueError as exc:
             raise InvalidRequest(f"delay: {exc}", field="delay") from None
-    if body.get("at") is not None:
+    if body.at is not UNSET:
         try:
-            return wire.parse_time(body["at"])
+            return wire.parse_time(body.at)
         except ValueError as exc:
             raise InvalidRequest(f"at: {exc}", field="at") from None
     return None
@@ -364,7 +352,7 @@ async def retry(request: web.Request) -> web.Response:
     queue, work = _work(request)
     save = save_param(request)
     body, found, next_after = await _bulk(request, {"at", "delay"}, ("failed", "dead"))
-    statuses = _statuses(body.get("status"), "status", ("failed", "dead"))
+    statuses = _statuses(None if body.status is UNSET else body.status, "status", ("failed", "dead"))
     if statuses - {"failed", "dead", "pending"}:
         raise InvalidRequest("status: only failed and dead messages can be retried", field="status")
     at = _when(body, queue.now())

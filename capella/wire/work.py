@@ -125,21 +125,19 @@ class WorkSelection(Struct, forbid_unknown_fields=True):
     """which messages: status (retry: default waiting and dead; delete: status or ids is required),
     optional filters, at most limit of them after after"""
 
-    status: list[Literal["in_flight", "failed", "pending", "dead"]] | None = None
-    ids: Annotated[list[MessageId], schema(maxItems=10_000)] | None = None
-    source: str | None = None
-    segments: SegmentsText | None = None
-    headers: Headers | None = None
-    json: (
-        Annotated[dict[str, Any], Meta(description="dotted path of the JSON payload → value, all equal")]
-        | None
-    ) = None
-    after: MessageId | None = None
-    limit: Annotated[int, schema(minimum=1, maximum=10_000, default=1000)] | None = None
-    at: Annotated[TimeInput, Meta(description="retry: claimable from then (default now)")] | None = None
-    delay: Annotated[Duration, Meta(description="retry: claimable after this")] | None = None
+    status: list[Literal["in_flight", "failed", "pending", "dead"]] | UnsetType = UNSET
+    ids: Annotated[list[MessageId], schema(maxItems=10_000)] | UnsetType = UNSET
+    source: str | UnsetType = UNSET
+    segments: SegmentsText | UnsetType = UNSET
+    headers: Headers | UnsetType = UNSET
+    json: Annotated[dict[str, Any], Meta(description=JSON_FILTER)] | UnsetType = UNSET
+    after: MessageId | UnsetType = UNSET
+    limit: Annotated[int, schema(minimum=1, maximum=10_000, default=1000)] | UnsetType = UNSET
+    at: Annotated[TimeInput, Meta(description="retry: claimable from then (default now)")] | UnsetType = UNSET
+    delay: Annotated[Duration, Meta(description="retry: claimable after this")] | UnsetType = UNSET
 
 
+JSON_FILTER = "dotted path of the JSON payload → value, all equal"
 NACK_DELAY = "nack: retry after this (default: the backoff)"
 NACK_ERROR = "nack: why it failed (first 2048 characters kept)"
 EXTEND_LEASE = "extend: the new lease from now (default: the policy's)"
