@@ -19,8 +19,9 @@ from capella.config import closest, unknown_key
 from capella.core.message import SaveMode
 from capella.errors import InvalidConfig, InvalidName, InvalidRequest
 from capella.units import parse_duration, parse_size
+from capella.wire import fields
 
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_NAME = re.compile(fields.NAME)
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 T = TypeVar("T")
 

@@ -22,7 +22,9 @@ def schema(**keywords: Any) -> Meta:
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
-NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$"
+# Queue, subscription, handler and cluster names become storage keys and URL parts.
+NAME = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
+NAME_PATTERN = f"^{NAME}$"
 USER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@\-]{0,127}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 SEGMENTS_PATTERN = r"^\s*-?\d+(--?\d+)?(\s*,\s*-?\d+(--?\d+)?)*\s*$"
