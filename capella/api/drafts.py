@@ -51,8 +51,6 @@ def body_kind(content_type: str | None) -> str:
 
 _BODY = msgspec.json.Decoder(wire_messages.ProduceBody)
 _ONE = msgspec.json.Decoder(wire_messages.Message)
-# The fields a message may carry beside its payload; one of them set means the slow path.
-_METADATA = ("source", "external_id", "external_time", "segment", "headers", "deliver_at", "delay")
 
 
 def json_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> list[Draft]:
@@ -75,8 +73,7 @@ def json_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> list
             f"the batch holds {len(items)} messages; the limit is {settings.max_batch}",
             limit=settings.max_batch,
         )
-    size = settings.max_message_size
-    return [draft_of(item, i, size, now) for i, item in enumerate(items)]
+    return _drafts(items, settings.max_message_size, now)
 
 
 def ndjson_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> list[Draft]:
@@ -86,16 +83,40 @@ def ndjson_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> li
             f"the batch holds {len(lines)} messages; the limit is {settings.max_batch}",
             limit=settings.max_batch,
         )
-    drafts = []
-    size = settings.max_message_size
+    items = []
     for i, line in enumerate(lines):
         try:
-            item = _ONE.decode(line)
+            items.append(_ONE.decode(line))
         except msgspec.ValidationError as exc:
             raise _decode_error(str(exc), i, batch=False) from None
         except msgspec.DecodeError as exc:
             raise InvalidMessage(f"message {i}: not valid JSON: {exc}", index=i) from None
-        drafts.append(draft_of(item, i, size, now))
+    return _drafts(items, settings.max_message_size, now)
+
+
+def _drafts(items: list[wire_messages.Message], max_size: int, now: float) -> list[Draft]:
+    """Drafts of decoded messages. This loop runs once per produced message: the common one,
+    a text payload and nothing else, is handled inline (a call per message costs ~10 %)."""
+    drafts = []
+    for index, item in enumerate(items):
+        data = item.data
+        if (
+            data is not None
+            and item.data_b64 is None
+            and item.source is None
+            and item.external_id is None
+            and item.external_time is None
+            and item.segment is None
+            and item.headers is None
+            and item.deliver_at is None
+            and item.delay is None
+        ):
+            payload = data.encode()
+            if len(payload) > max_size:
+                raise _too_large(index, len(payload), max_size)
+            drafts.append(Draft(payload))
+        else:
+            drafts.append(draft_of(item, index, max_size, now))
     return drafts
 
 
@@ -107,9 +128,6 @@ def draft_of(item: wire_messages.Message, index: int, max_size: int, now: float 
     payload = _payload(item.data, item.data_b64, index)
     if len(payload) > max_size:
         raise _too_large(index, len(payload), max_size)
-    # The common case, a payload and nothing else, skips the metadata checks.
-    if all(getattr(item, f) is None for f in _METADATA):
-        return Draft(payload)
     source, external_time, segment, headers = item.source, item.external_time, item.segment, item.headers
     return Draft(
         payload,
