@@ -414,11 +414,11 @@ async def test_a_compressed_batch_arrives_intact(api: TestClient, remote: Remote
     await link.put_queue("orders")
     results = await link.produce("orders", texts)
 
-    assert [r["duplicate"] for r in results] == [False] * len(texts)
+    assert [r.duplicate for r in results] == [False] * len(texts)
     assert compression in remote.encodings
     async with AsyncClient(remote.url) as plain:
         read = await plain.read("orders", limit=len(texts))
-    assert [m["data"] for m in read["messages"]] == texts
+    assert [m.data for m in read.messages] == texts
 
 
 async def test_a_small_body_is_sent_uncompressed(api: TestClient, remote: Remote) -> None:

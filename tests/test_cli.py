@@ -149,7 +149,7 @@ def test_a_handler_is_created_listed_shown_stopped_run_and_dropped(run: Run, cli
     client.produce("cli-h-orders", [f"m{i}" for i in range(5)], save="wait")
     # Full blocks are sealed by a background task: give it a bounded time to catch up.
     deadline = time.monotonic() + 5.0
-    while client.queue("cli-h-orders")["stats"]["blocks"]["by_state"]["sealed"] < 2:
+    while client.queue("cli-h-orders").stats.blocks.by_state["sealed"] < 2:
         assert time.monotonic() < deadline, "blocks still sealing after 5 s"
         time.sleep(0.01)
 
@@ -171,13 +171,13 @@ def test_a_handler_is_created_listed_shown_stopped_run_and_dropped(run: Run, cli
 
     code, out, _ = run("handler", "run", "cli-trim")
     assert (code, out) == (0, "handler cli-trim ran: runs=1 items=2 bytes=" + out.split("bytes=")[1])
-    assert client.queue("cli-h-orders")["stats"]["first_id"] == 5
-    assert client.handler("cli-trim")["started"] is False
+    assert client.queue("cli-h-orders").stats.first_id == 5
+    assert client.handler("cli-trim").started is False
 
     assert run("handler", "start", "cli-trim") == (0, "handler cli-trim started\n", "")
-    assert client.handler("cli-trim")["started"] is True
+    assert client.handler("cli-trim").started is True
     assert run("handler", "stop", "cli-trim") == (0, "handler cli-trim stopped\n", "")
-    assert client.handler("cli-trim")["started"] is False
+    assert client.handler("cli-trim").started is False
 
     assert run("handler", "drop", "cli-trim", "--yes") == (0, "handler cli-trim dropped\n", "")
     code, _, err = run("handler", "show", "cli-trim")
@@ -359,7 +359,7 @@ def test_produce_from_arguments_prints_the_ids(run: Run, client: Client) -> None
     code, out, _ = run("produce", "cli-args", "one", "--save", "immediate", "two")
 
     assert (code, out) == (0, "1\n2\n")
-    assert [m["data"] for m in client.read("cli-args")["messages"]] == ["one", "two"]
+    assert [m.data for m in client.read("cli-args").messages] == ["one", "two"]
     assert run("produce", "cli-args", "three", "--nope")[0] == 2
 
 
@@ -375,7 +375,7 @@ def test_produce_reads_stdin_one_message_per_line(
     assert [json.loads(line) for line in out.splitlines()] == [
         {"id": i, "duplicate": False} for i in (1, 2, 3, 4)
     ]
-    assert [m["data"] for m in client.read("cli-stdin")["messages"]] == ["a", "b", "", "c"]
+    assert [m.data for m in client.read("cli-stdin").messages] == ["a", "b", "", "c"]
 
 
 def test_produce_from_a_file_applies_source_and_segment(run: Run, client: Client, tmp_path: Path) -> None:
@@ -386,9 +386,9 @@ def test_produce_from_a_file_applies_source_and_segment(run: Run, client: Client
     code, out, _ = run("produce", "cli-file", "--file", str(path), "--source", "sensor", "--segment", "4")
 
     assert (code, out) == (0, "1\n2\n")
-    messages = client.read("cli-file")["messages"]
-    assert [m["payload"] for m in messages] == [b"x", b"\xff\xfe"]
-    assert {(m["source"], m["segment"]) for m in messages} == {("sensor", 4)}
+    messages = client.read("cli-file").messages
+    assert [m.payload for m in messages] == [b"x", b"\xff\xfe"]
+    assert {(m.source, m.segment) for m in messages} == {("sensor", 4)}
 
 
 def test_produce_sends_batches_of_a_thousand(run: Run, client: Client, tmp_path: Path) -> None:
@@ -400,7 +400,7 @@ def test_produce_sends_batches_of_a_thousand(run: Run, client: Client, tmp_path:
 
     assert code == 0
     assert out.split() == [str(i) for i in range(1, 2501)]
-    assert client.queue("cli-batches")["stats"]["last_id"] == 2500
+    assert client.queue("cli-batches").stats.last_id == 2500
 
 
 def test_produce_ndjson_marks_duplicates(run: Run, client: Client, tmp_path: Path) -> None:
@@ -416,12 +416,12 @@ def test_produce_ndjson_marks_duplicates(run: Run, client: Client, tmp_path: Pat
     code, out, _ = run("produce", "cli-ndjson", "--ndjson", "--file", str(path), "--source", "src")
 
     assert (code, out) == (0, "1\n2\n1 duplicate\n")
-    messages = client.read("cli-ndjson")["messages"]
-    assert [(m["source"], m["external_id"], m["payload"]) for m in messages] == [
+    messages = client.read("cli-ndjson").messages
+    assert [(m.source, m.external_id, m.payload) for m in messages] == [
         ("src", 10, b"a"),
         ("src", 11, b"\x00\x01"),
     ]
-    assert messages[1]["headers"] == {"k": "v"}
+    assert messages[1].headers == {"k": "v"}
 
 
 def test_produce_ndjson_reports_the_bad_line(run: Run, client: Client) -> None:
@@ -481,7 +481,7 @@ def test_consume_with_a_subscription_moves_its_cursor(run: Run, client: Client) 
     client.produce("cli-sub", ["c"])
     assert run("consume", "cli-sub", "--subscription", "worker", "--limit", "5") == (0, "c\n", "")
     assert run("consume", "cli-sub", "--subscription", "worker") == (0, "", "")
-    assert client.subscription("cli-sub", "worker")["last_id"] == 3
+    assert client.subscription("cli-sub", "worker").last_id == 3
 
 
 def test_consume_writes_binary_payloads_raw(server_process: ServerProcess, client: Client) -> None:
@@ -583,6 +583,6 @@ def test_serve_runs_until_sigterm(tmp_path: Path) -> None:
     try:
         again.wait_ready()
         with Client(again.url, timeout=5.0) as c:
-            assert [m["data"] for m in c.read("kept")["messages"]] == ["x"]
+            assert [m.data for m in c.read("kept").messages] == ["x"]
     finally:
         again.stop()

@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from conftest import ServerProcess, running
 
@@ -27,6 +28,7 @@ from capella.auth.store import AuthStore
 from capella.cli import main
 from capella.client import AsyncClient, Client
 from capella.errors import Forbidden, TokenNotFound, Unauthorized, UserNotFound
+from capella.wire.auth import Me, Rule
 
 pytestmark = pytest.mark.slow  # a real server process per module
 
@@ -90,13 +92,13 @@ def sign_in(monkeypatch: pytest.MonkeyPatch, user: str = ADMIN, password: str = 
 
 async def test_client_users_are_created_listed_changed_and_dropped(admin: AsyncClient) -> None:
     created = await admin.put_user("c-alice", password="alice-pass-1", rules=["allow:queue:read:c-*"])
-    assert (created["name"], created["admin"], created["enabled"]) == ("c-alice", False, True)
-    assert "password_hash" not in created
+    assert (created.name, created.admin, created.enabled) == ("c-alice", False, True)
+    assert not hasattr(created, "password_hash")
 
-    assert "c-alice" in [u["name"] for u in await admin.users()]
-    rules = (await admin.user("c-alice"))["rules"]
-    assert rules == [{"effect": "allow", "type": "queue", "action": "read", "name": "c-*"}]
-    assert (await admin.put_user("c-alice", enabled=False))["enabled"] is False
+    assert "c-alice" in [u.name for u in await admin.users()]
+    rules = (await admin.user("c-alice")).rules
+    assert rules == [Rule(effect="allow", type="queue", action="read", name="c-*")]
+    assert (await admin.put_user("c-alice", enabled=False)).enabled is False
 
     await admin.drop_user("c-alice")
     with pytest.raises(UserNotFound):
@@ -108,14 +110,14 @@ async def test_client_me_and_a_password_change_with_the_old_password(
 ) -> None:
     await admin.put_user("c-bob", password="bob-pass-1")
     async with AsyncClient(auth_server.url, username="c-bob", password="bob-pass-1") as bob:
-        assert await bob.me() == {"user": "c-bob", "admin": False, "via": "basic", "rules": []}
+        assert await bob.me() == Me(user="c-bob", admin=False, via="basic", rules=[])
         with pytest.raises(Forbidden):
             await bob.change_password("c-bob", "bob-pass-2")  # no old password
         await bob.change_password("c-bob", "bob-pass-2", old_password="bob-pass-1")
         with pytest.raises(Unauthorized):
             await bob.me()  # the old password stops working at once
     async with AsyncClient(auth_server.url, username="c-bob", password="bob-pass-2") as bob:
-        assert (await bob.me())["user"] == "c-bob"
+        assert (await bob.me()).user == "c-bob"
         assert await bob.users() == []  # only the users bob may read
         with pytest.raises(Forbidden):
             await bob.put_user("c-bob", admin=True)
@@ -125,34 +127,34 @@ async def test_client_tokens_are_created_listed_used_and_revoked(
     admin: AsyncClient, auth_server: ServerProcess
 ) -> None:
     answer = await admin.create_token(ttl="1h", description="client test")
-    assert answer["token"].startswith("cap_")
-    assert (answer["user"], answer["description"]) == (ADMIN, "client test")
-    assert answer["expires"] - answer["created"] == pytest.approx(3600)
-    listed = {t["id"]: t for t in await admin.tokens()}
-    assert "token" not in listed[answer["id"]]
+    assert answer.token.startswith("cap_")
+    assert (answer.user, answer.description) == (ADMIN, "client test")
+    assert answer.expires - answer.created == pytest.approx(3600)
+    listed = {t.id: t for t in await admin.tokens()}
+    assert listed[answer.id].token is msgspec.UNSET
 
-    with Client(auth_server.url, timeout=10.0, token=answer["token"]) as by_token:
-        assert by_token.me()["via"] == "token"
+    with Client(auth_server.url, timeout=10.0, token=answer.token) as by_token:
+        assert by_token.me().via == "token"
         with pytest.raises(Forbidden):
             by_token.create_token()  # a token cannot make more tokens
-        await admin.revoke_token(answer["id"])
+        await admin.revoke_token(answer.id)
         with pytest.raises(Unauthorized):
             by_token.me()
     with pytest.raises(TokenNotFound):
-        await admin.revoke_token(answer["id"])
+        await admin.revoke_token(answer.id)
 
 
 def test_the_blocking_client_manages_users_and_their_tokens(auth_server: ServerProcess) -> None:
     with Client(auth_server.url, timeout=10.0, username=ADMIN, password=ADMIN_PASSWORD) as client:
         client.put_user("c-carol", password="carol-pass-1", rules=[])
         token = client.create_token(ttl=60, user="c-carol")
-        assert token["user"] == "c-carol"
-        assert token["id"] in [t["id"] for t in client.tokens()]
+        assert token.user == "c-carol"
+        assert token.id in [t.id for t in client.tokens()]
         client.change_password("c-carol", "carol-pass-2")  # an admin needs no old password
-        assert client.user("c-carol")["name"] == "c-carol"
+        assert client.user("c-carol").name == "c-carol"
         client.drop_user("c-carol")
-        assert token["id"] not in [t["id"] for t in client.tokens()]  # revoked with its user
-        assert "c-carol" not in [u["name"] for u in client.users()]
+        assert token.id not in [t.id for t in client.tokens()]  # revoked with its user
+        assert "c-carol" not in [u.name for u in client.users()]
 
 
 # --- user, offline -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -19,7 +20,7 @@ from conftest import ServerProcess, free_port
 
 from capella.api import create_app
 from capella.client import AsyncClient, Client, error_from_answer
-from capella.client.answers import error_codes
+from capella.client.answers import decode_answer, error_codes
 from capella.client.events import EventParser
 from capella.config import ServerSettings
 from capella.core.cluster import Cluster
@@ -35,6 +36,8 @@ from capella.errors import (
     Unreachable,
 )
 from capella.handlers.supervisor import Supervisor
+from capella.wire.answers import Status
+from capella.wire.messages import ProduceResult, StoredMessage
 
 ServerFactory = Callable[[web.Application], Awaitable[TestServer]]
 
@@ -54,10 +57,10 @@ async def client(
 async def test_a_queue_is_created_listed_shown_and_dropped(client: AsyncClient) -> None:
     info = await client.put_queue("orders", block={"max_messages": 10}, save="mark")
 
-    assert info["name"] == "orders"
-    assert info["definition"]["block"]["max_messages"] == 10
-    assert [q["name"] for q in await client.queues()] == ["orders"]
-    assert (await client.queue("orders"))["definition"]["save"] == "mark"
+    assert info.name == "orders"
+    assert info.definition.block.max_messages == 10
+    assert [q.name for q in await client.queues()] == ["orders"]
+    assert (await client.queue("orders")).definition.save == "mark"
 
     await client.drop_queue("orders")
 
@@ -72,7 +75,7 @@ async def test_putting_a_queue_again_updates_it(client: AsyncClient) -> None:
     await client.put_queue("q")
     info = await client.put_queue("q", save="immediate")
 
-    assert info["definition"]["save"] == "immediate"
+    assert info.definition.save == "immediate"
 
 
 async def test_a_bad_definition_raises_the_servers_error_class(client: AsyncClient) -> None:
@@ -89,14 +92,14 @@ async def test_text_bytes_and_wire_dicts_come_back_with_their_payload(client: As
 
     results = await client.produce("q", ["text", binary, {"data": "dict", "segment": 3, "source": "s"}])
 
-    assert [r["id"] for r in results] == [1, 2, 3]
-    assert not any(r["duplicate"] for r in results)
+    assert [r.id for r in results] == [1, 2, 3]
+    assert not any(r.duplicate for r in results)
     page = await client.read("q")
-    assert [m["payload"] for m in page["messages"]] == [b"text", binary, b"dict"]
-    assert page["messages"][0]["data"] == "text"
-    assert "data_b64" in page["messages"][1]
-    assert (page["messages"][2]["segment"], page["messages"][2]["source"]) == (3, "s")
-    assert page["last_id"] == 3
+    assert [m.payload for m in page.messages] == [b"text", binary, b"dict"]
+    assert page.messages[0].data == "text"
+    assert page.messages[1].data_b64 is not msgspec.UNSET
+    assert (page.messages[2].segment, page.messages[2].source) == (3, "s")
+    assert page.last_id == 3
 
 
 async def test_read_pages_with_after_and_limit(client: AsyncClient) -> None:
@@ -104,11 +107,11 @@ async def test_read_pages_with_after_and_limit(client: AsyncClient) -> None:
     await client.produce("q", [str(i) for i in range(10)])
 
     first = await client.read("q", limit=4)
-    second = await client.read("q", after=first["last_id"], limit=100)
+    second = await client.read("q", after=first.last_id, limit=100)
 
-    assert [m["data"] for m in first["messages"]] == ["0", "1", "2", "3"]
-    assert [m["data"] for m in second["messages"]] == [str(i) for i in range(4, 10)]
-    assert (await client.read("q", after=second["last_id"]))["messages"] == []
+    assert [m.data for m in first.messages] == ["0", "1", "2", "3"]
+    assert [m.data for m in second.messages] == [str(i) for i in range(4, 10)]
+    assert (await client.read("q", after=second.last_id)).messages == []
 
 
 async def test_read_filters_by_segments(client: AsyncClient) -> None:
@@ -118,8 +121,8 @@ async def test_read_filters_by_segments(client: AsyncClient) -> None:
     as_text = await client.read("q", segments="1-2,5")
     as_values = await client.read("q", segments=[(1, 2), 5])
 
-    assert [m["segment"] for m in as_text["messages"]] == [1, 2, 5]
-    assert [m["segment"] for m in as_values["messages"]] == [1, 2, 5]
+    assert [m.segment for m in as_text.messages] == [1, 2, 5]
+    assert [m.segment for m in as_values.messages] == [1, 2, 5]
 
 
 async def test_a_repeated_external_id_is_answered_as_a_duplicate(client: AsyncClient) -> None:
@@ -128,7 +131,7 @@ async def test_a_repeated_external_id_is_answered_as_a_duplicate(client: AsyncCl
 
     again = await client.produce("q", [{"data": "a", "source": "src", "external_id": 7}], save="immediate")
 
-    assert again == [{"id": first[0]["id"], "duplicate": True}]
+    assert again == [ProduceResult(id=first[0].id, duplicate=True)]
 
 
 async def test_an_invalid_message_raises_with_its_index_and_stores_nothing(client: AsyncClient) -> None:
@@ -138,7 +141,7 @@ async def test_an_invalid_message_raises_with_its_index_and_stores_nothing(clien
         await client.produce("q", ["ok", {"data": 5}])
 
     assert caught.value.details.get("index") == 1
-    assert (await client.read("q"))["messages"] == []
+    assert (await client.read("q")).messages == []
 
 
 async def test_producing_to_a_missing_queue_raises_queue_not_found(client: AsyncClient) -> None:
@@ -157,9 +160,9 @@ async def test_ndjson_lines_may_be_dicts_bytes_or_an_async_iterable(client: Asyn
     from_sync = await client.produce_ndjson("q", [{"data": "zero"}])
     from_async = await client.produce_ndjson("q", lines(), save="wait")
 
-    assert [r["id"] for r in from_sync + from_async] == [1, 2, 3, 4]
+    assert [r.id for r in from_sync + from_async] == [1, 2, 3, 4]
     page = await client.read("q")
-    assert [m["payload"] for m in page["messages"]] == [b"zero", b"one", b"two", b"\x00\x01"]
+    assert [m.payload for m in page.messages] == [b"zero", b"one", b"two", b"\x00\x01"]
 
 
 async def test_a_long_poll_read_returns_when_a_message_arrives(client: AsyncClient) -> None:
@@ -172,7 +175,7 @@ async def test_a_long_poll_read_returns_when_a_message_arrives(client: AsyncClie
 
     async with asyncio.timeout(5.0):
         page = await waiting
-    assert [m["data"] for m in page["messages"]] == ["late"]
+    assert [m.data for m in page.messages] == ["late"]
 
 
 # --- subscriptions -----------------------------------------------------------------------
@@ -185,9 +188,9 @@ async def test_a_subscription_read_moves_its_cursor_by_default(client: AsyncClie
     first = await client.read_subscription("q", "billing", limit=2)
     second = await client.read_subscription("q", "billing")
 
-    assert [m["data"] for m in first["messages"]] == ["a", "b"]
-    assert [m["data"] for m in second["messages"]] == ["c"]
-    assert (await client.subscription("q", "billing"))["last_id"] == 3
+    assert [m.data for m in first.messages] == ["a", "b"]
+    assert [m.data for m in second.messages] == ["c"]
+    assert (await client.subscription("q", "billing")).last_id == 3
 
 
 async def test_without_auto_commit_the_cursor_moves_on_commit_only(client: AsyncClient) -> None:
@@ -196,11 +199,11 @@ async def test_without_auto_commit_the_cursor_moves_on_commit_only(client: Async
     await client.commit("q", "s", 0)
 
     page = await client.read_subscription("q", "s", commit="none")
-    assert (await client.subscription("q", "s"))["last_id"] == 0
-    committed = await client.commit("q", "s", page["last_id"], save="immediate")
+    assert (await client.subscription("q", "s")).last_id == 0
+    committed = await client.commit("q", "s", page.last_id, save="immediate")
 
-    assert committed["last_id"] == 2
-    assert committed["lag"] == 0
+    assert committed.last_id == 2
+    assert committed.lag == 0
 
 
 async def test_a_commit_never_moves_back_unless_reset(client: AsyncClient) -> None:
@@ -208,8 +211,8 @@ async def test_a_commit_never_moves_back_unless_reset(client: AsyncClient) -> No
     await client.produce("q", ["a", "b", "c"])
     await client.commit("q", "s", 3)
 
-    assert (await client.commit("q", "s", 1))["last_id"] == 3
-    assert (await client.commit("q", "s", 1, reset=True))["last_id"] == 1
+    assert (await client.commit("q", "s", 1)).last_id == 3
+    assert (await client.commit("q", "s", 1, reset=True)).last_id == 1
 
 
 async def test_subscriptions_are_listed_and_deleted(client: AsyncClient) -> None:
@@ -217,10 +220,10 @@ async def test_subscriptions_are_listed_and_deleted(client: AsyncClient) -> None
     await client.commit("q", "a", 0)
     await client.commit("q", "b", 0)
 
-    assert sorted(s["name"] for s in await client.subscriptions("q")) == ["a", "b"]
+    assert sorted(s.name for s in await client.subscriptions("q")) == ["a", "b"]
     await client.delete_subscription("q", "a")
 
-    assert [s["name"] for s in await client.subscriptions("q")] == ["b"]
+    assert [s.name for s in await client.subscriptions("q")] == ["b"]
     with pytest.raises(SubscriptionNotFound):
         await client.subscription("q", "a")
 
@@ -234,8 +237,8 @@ async def test_replicas_count_the_replica_subscriptions_past_an_id(client: Async
 
     answer = await client.replicas("q", 2)
 
-    assert answer["count"] == 1
-    assert answer["subscriptions"] == ["dc2"]
+    assert answer.count == 1
+    assert answer.subscriptions == ["dc2"]
 
 
 # --- handlers ----------------------------------------------------------------------------
@@ -248,14 +251,14 @@ async def test_a_handler_is_defined_controlled_and_dropped(client: AsyncClient) 
         "trim", "expire", queues="orders", params={"max_age": "1d"}, started=False
     )
 
-    assert (info["name"], info["queues"], info["started"]) == ("trim", ["orders"], False)
-    assert info["params"]["max_age"] == 86400
-    assert [h["name"] for h in await client.handlers()] == ["trim"]
-    assert (await client.start_handler("trim"))["started"] is True
+    assert (info.name, info.queues, info.started) == ("trim", ["orders"], False)
+    assert info.params["max_age"] == 86400
+    assert [h.name for h in await client.handlers()] == ["trim"]
+    assert (await client.start_handler("trim")).started is True
     stopped = await client.stop_handler("trim")
-    assert stopped["started"] is False
-    assert (await client.run_handler("trim"))["status"]["runs"] == stopped["status"]["runs"] + 1
-    assert (await client.handler("trim"))["status"]["last_error"] is None
+    assert stopped.started is False
+    assert (await client.run_handler("trim")).status.runs == stopped.status.runs + 1
+    assert (await client.handler("trim")).status.last_error is None
     await client.drop_handler("trim")
     with pytest.raises(HandlerNotFound):
         await client.handler("trim")
@@ -282,7 +285,7 @@ async def test_stream_yields_the_backlog_then_the_tail(client: AsyncClient) -> N
                 break
         await stream.aclose()
 
-    assert [(m["id"], m["payload"]) for m in seen] == [(2, b"b"), (3, b"\x00c")]
+    assert [(m.id, m.payload) for m in seen] == [(2, b"b"), (3, b"\x00c")]
 
 
 async def test_stream_of_a_missing_queue_raises_at_once(client: AsyncClient) -> None:
@@ -305,7 +308,7 @@ async def test_stream_resumes_after_the_server_restarts(tmp_path: Path) -> None:
             await c.produce("q", ["a", "b"])
             stream = c.stream("q")
             async for message in stream:
-                seen.append(message["id"])
+                seen.append(message.id)
                 if len(seen) == 2:
                     assert await asyncio.to_thread(server.stop) is not None
                     server = ServerProcess(data_dir, port=server.port)
@@ -334,7 +337,7 @@ def test_the_event_parser_joins_lines_split_across_chunks() -> None:
 
 
 async def test_health_and_ready(client: AsyncClient) -> None:
-    assert (await client.health())["status"] == "ok"
+    assert (await client.health()).status == "ok"
     assert await client.ready() is True
 
 
@@ -359,6 +362,23 @@ async def test_a_shared_session_is_left_open(
         async with AsyncClient(f"http://127.0.0.1:{server.port}", session=session) as c:
             await c.health()
         assert not session.closed
+
+
+def test_an_answer_that_does_not_match_its_type_raises() -> None:
+    with pytest.raises(CapellaError, match="not a Status"):
+        decode_answer(Status, b'{"status": 1}')
+    with pytest.raises(CapellaError, match="not a Status"):
+        decode_answer(Status, b"<html>bad gateway</html>")
+
+
+def test_a_payload_is_the_bytes_of_data_or_data_b64() -> None:
+    def stored(**payload: str) -> StoredMessage:
+        return StoredMessage(1, 0.0, "s", 1, 0.0, 0, {}, **payload)
+
+    assert stored(data="text").payload == b"text"
+    assert stored(data_b64="AAE=").payload == b"\x00\x01"
+    with pytest.raises(InvalidMessage):
+        _ = stored(data_b64="not base64!").payload
 
 
 def test_every_error_code_maps_to_its_class() -> None:
@@ -391,19 +411,19 @@ def test_an_unknown_code_or_a_non_json_answer_still_raises_a_capella_error() -> 
 def test_the_blocking_client_produces_reads_and_streams(server_process: ServerProcess) -> None:
     with Client(server_process.url, timeout=10.0) as c:
         c.put_queue("sync-q")
-        assert [r["id"] for r in c.produce("sync-q", ["a", b"\x00b"])] == [1, 2]
-        assert [m["payload"] for m in c.read("sync-q")["messages"]] == [b"a", b"\x00b"]
-        assert c.produce_ndjson("sync-q", [{"data": "c"}])[0]["id"] == 3
-        assert c.read_subscription("sync-q", "s", limit=1)["last_id"] == 1
-        assert c.commit("sync-q", "s", 2)["last_id"] == 2
-        assert [s["name"] for s in c.subscriptions("sync-q")] == ["s"]
-        assert c.subscription("sync-q", "s")["lag"] == 1
-        assert c.replicas("sync-q", 1)["count"] == 0
-        assert c.health()["status"] == "ok"
+        assert [r.id for r in c.produce("sync-q", ["a", b"\x00b"])] == [1, 2]
+        assert [m.payload for m in c.read("sync-q").messages] == [b"a", b"\x00b"]
+        assert c.produce_ndjson("sync-q", [{"data": "c"}])[0].id == 3
+        assert c.read_subscription("sync-q", "s", limit=1).last_id == 1
+        assert c.commit("sync-q", "s", 2).last_id == 2
+        assert [s.name for s in c.subscriptions("sync-q")] == ["s"]
+        assert c.subscription("sync-q", "s").lag == 1
+        assert c.replicas("sync-q", 1).count == 0
+        assert c.health().status == "ok"
         assert c.ready()
 
         stream = c.stream("sync-q", after=1)
-        assert [next(stream)["id"], next(stream)["id"]] == [2, 3]
+        assert [next(stream).id, next(stream).id] == [2, 3]
         stream.close()
 
         c.delete_subscription("sync-q", "s")
@@ -416,7 +436,7 @@ def test_the_blocking_client_produces_reads_and_streams(server_process: ServerPr
 async def test_the_blocking_client_works_while_a_loop_runs(server_process: ServerProcess) -> None:
     # As in Jupyter: this test's own loop is running, the client brings its own.
     with Client(server_process.url, timeout=10.0) as c:
-        assert c.health()["status"] == "ok"
+        assert c.health().status == "ok"
 
 
 @pytest.mark.slow

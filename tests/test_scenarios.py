@@ -10,12 +10,12 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import ServerProcess, free_port
 
 from capella.client import AsyncClient
+from capella.wire.messages import StoredMessage
 
 pytestmark = pytest.mark.slow
 
@@ -49,18 +49,18 @@ class Node:
             self.process.kill()
             self.process = None
 
-    async def messages(self, queue: str = "events") -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    async def messages(self, queue: str = "events") -> list[StoredMessage]:
+        out: list[StoredMessage] = []
         after = 0
         while True:
             page = await self.client.read(queue, after=after, limit=5000)
-            if not page["messages"]:
+            if not page.messages:
                 return out
-            out.extend(page["messages"])
-            after = page["last_id"]
+            out.extend(page.messages)
+            after = page.last_id
 
     async def identities(self, queue: str = "events") -> list[tuple[str, int]]:
-        return [(m["source"], m["external_id"]) for m in await self.messages(queue)]
+        return [(m.source, m.external_id) for m in await self.messages(queue)]
 
     async def link_and_copy(self, other: Node, queue: str = "events") -> None:
         await self.client.put_cluster(other.name, url=other.url, timeout="5s", connect_timeout="1s")
@@ -111,19 +111,19 @@ async def test_edge_keeps_writing_while_the_datacenter_is_down(cluster_nodes: di
     await edge.client.put_queue("events")
     await edge.link_and_copy(dc)
     await produce(edge, "e", 450)
-    status = (await edge.client.handler("to-b"))["status"]
+    status = (await edge.client.handler("to-b")).status
     for _ in range(50):
-        if status["last_error"]:
+        if status.last_error:
             break
         await asyncio.sleep(0.1)
-        status = (await edge.client.handler("to-b"))["status"]
-    assert status["last_error"] and "unreachable" in status["last_error"]["message"]
+        status = (await edge.client.handler("to-b")).status
+    assert status.last_error and "unreachable" in status.last_error.message
 
     await dc.start()
     await dc.client.put_queue("events")
     [edge_view, dc_view] = await converged([edge, dc], 450)
     assert_union([edge_view, dc_view], 450)
-    assert [m["data"] for m in await dc.messages()] == [f"e{i}" for i in range(450)]
+    assert [m.data for m in await dc.messages()] == [f"e{i}" for i in range(450)]
     # The datacenter has everything: the edge may now free its disk.
     await edge.client.put_handler(
         "trim", "expire", queues=["events"], params={"max_messages": 1}, started=False

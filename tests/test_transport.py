@@ -441,7 +441,7 @@ async def test_a_long_poll_is_not_cut_by_the_head_deadline(plain_server: ServerP
         # The same connection serves the next request.
         await client.produce("long-poll", [{"data": "x"}])
 
-    assert answer["messages"] == []
+    assert answer.messages == []
     assert elapsed >= HEADER_TIMEOUT + 0.9
 
 
@@ -650,7 +650,7 @@ async def test_a_client_with_the_ca_talks_https(tls_server: ServerProcess, pki: 
         await client.produce("tls", [{"data": "over TLS"}])
         answer = await client.read("tls", after=0)
 
-    assert [m["data"] for m in answer["messages"]] == ["over TLS"]
+    assert [m.data for m in answer.messages] == ["over TLS"]
     assert f"url=https://127.0.0.1:{tls_server.port}" in tls_server.log()
 
 
@@ -702,10 +702,10 @@ async def test_a_link_reaches_a_tls_cluster_with_its_ca_file(tls_server: ServerP
         await client.put_cluster("self-no-ca", url=tls_server.url, connect_timeout=2, timeout=5)
         without_ca = await client.ping_cluster("self-no-ca")
 
-    assert with_ca["ok"] is True, with_ca
-    assert without_ca["ok"] is False
-    assert without_ca["error"]["code"] == "unreachable"
-    assert "certificate verify failed" in without_ca["error"]["message"].lower()
+    assert with_ca.ok is True, with_ca
+    assert without_ca.ok is False
+    assert without_ca.error.code == "unreachable"
+    assert "certificate verify failed" in without_ca.error.message.lower()
 
 
 # --- mutual TLS ------------------------------------------------------------------------
@@ -782,15 +782,15 @@ async def test_a_client_certificate_signs_in_as_the_user_it_names(
     settings = ServerSettings(listen="127.0.0.1:0", tls=TlsSettings(pki.server_cert, pki.server_key, pki.ca))
     async with serving(cluster, supervisor, settings, authenticator=authenticator) as url:
         async with AsyncClient(url, ssl=pki.client_context(cert="alice")) as alice:
-            assert (await alice.me())["user"] == "alice"
-            assert (await alice.me())["via"] == "tls"
+            assert (await alice.me()).user == "alice"
+            assert (await alice.me()).via == "tls"
             with pytest.raises(Forbidden):
                 await alice.put_queue("not-allowed")
         # Credentials in the request win over the certificate.
         async with AsyncClient(
             url, ssl=pki.client_context(cert="alice"), username="root", password="root-password"
         ) as root:
-            assert (await root.me())["user"] == "root"
+            assert (await root.me()).user == "root"
         users.put_user("alice", {"enabled": False})
         async with AsyncClient(url, ssl=pki.client_context(cert="alice")) as alice:
             with pytest.raises(Unauthorized):

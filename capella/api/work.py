@@ -24,7 +24,6 @@ from capella.api.openapi import (
     DURATION,
     LIMIT,
     MESSAGE_FILTERS,
-    MESSAGE_ID,
     SAVE,
     WAIT,
     answer,
@@ -55,7 +54,7 @@ from capella.core.window import Entry
 from capella.core.work import STATUSES, Outcome, WorkQueue, parse_receipt
 from capella.errors import InvalidRequest, MessageNotFound
 from capella.units import parse_duration
-from capella.wire.work import Receipts, WorkSelection
+from capella.wire.work import DeletedWork, Receipts, RetriedWork, WorkSelection
 
 # At most this many messages are retried or deleted by one request (the answer says where to
 # go on from).
@@ -357,7 +356,7 @@ async def retry(request: web.Request) -> web.Response:
         raise InvalidRequest("status: only failed and dead messages can be retried", field="status")
     at = _when(body, queue.now())
     retried = await work.retry([m.id for m, _ in found], at, save)
-    return json_response({"retried": retried, "next_after": next_after})
+    return json_response(RetriedWork(retried=retried, next_after=next_after))
 
 
 async def delete(request: web.Request) -> web.Response:
@@ -366,7 +365,7 @@ async def delete(request: web.Request) -> web.Response:
     save = save_param(request)
     _, found, next_after = await _bulk(request, set(), None)
     deleted = await work.delete([m.id for m, _ in found], save)
-    return json_response({"deleted": sorted(deleted), "next_after": next_after})
+    return json_response(DeletedWork(deleted=sorted(deleted), next_after=next_after))
 
 
 # With ``receipts`` one result each; with a single ``receipt``, its result on its own.
@@ -464,19 +463,7 @@ ROUTES = [
         op="retryWork",
         summary="Make waiting messages claimable now (or at), and move dead ones back",
         tag="work",
-        answers={
-            200: answer(
-                "What was retried",
-                {
-                    "type": "object",
-                    "required": ["retried", "next_after"],
-                    "properties": {
-                        "retried": {"type": "array", "items": MESSAGE_ID},
-                        "next_after": {"type": ["integer", "null"]},
-                    },
-                },
-            )
-        },
+        answers={200: answer("What was retried", ref("RetriedWork"))},
         fails=(400, 404, 408, 409, 413),
         params=(SAVE,),
         body={"required": False, "content": json_content(ref("WorkSelection"))},
@@ -489,19 +476,7 @@ ROUTES = [
         op="deleteWork",
         summary="Finish messages without processing them (skip)",
         tag="work",
-        answers={
-            200: answer(
-                "What was deleted",
-                {
-                    "type": "object",
-                    "required": ["deleted", "next_after"],
-                    "properties": {
-                        "deleted": {"type": "array", "items": MESSAGE_ID},
-                        "next_after": {"type": ["integer", "null"]},
-                    },
-                },
-            )
-        },
+        answers={200: answer("What was deleted", ref("DeletedWork"))},
         fails=(400, 404, 408, 409, 413),
         params=(SAVE,),
         body={"required": True, "content": json_content(ref("WorkSelection"))},

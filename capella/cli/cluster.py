@@ -97,7 +97,7 @@ def add_cluster(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         print_json(info)
     else:
-        print(f"cluster {info.get('name', args.name)} saved")
+        print(f"cluster {info.name} saved")
     return 0
 
 
@@ -108,19 +108,12 @@ def list_clusters(args: argparse.Namespace, client: Client) -> int:
         return 0
     rows = []
     for info in clusters:
-        credentials = info.get("credentials") or {}
-        kind = str(credentials.get("kind", "none"))
-        if credentials.get("username"):
-            kind += f" ({credentials['username']})"
-        rows.append(
-            [
-                str(info["name"]),
-                str(info.get("url", "")),
-                kind,
-                str(credentials.get("source", "-")),
-                str(info.get("compression", "")),
-            ]
-        )
+        credentials = info.credentials
+        kind: str = "none" if credentials is None else credentials.kind
+        if credentials is not None and credentials.username:
+            kind += f" ({credentials.username})"
+        source = "-" if credentials is None else credentials.source
+        rows.append([info.name, info.url, kind, source, info.compression])
     print_table(["NAME", "URL", "CREDENTIALS", "SOURCE", "COMPRESSION"], rows)
     return 0
 
@@ -134,13 +127,13 @@ def ping_cluster(args: argparse.Namespace, client: Client) -> int:
     result = client.ping_cluster(args.name)
     if args.json:
         print_json(result)
-    elif result.get("ok"):
-        print(f"cluster {args.name} ok: {float(result.get('latency_ms') or 0.0):.1f} ms")
-    if result.get("ok"):
+    elif result.ok:
+        print(f"cluster {args.name} ok: {float(result.latency_ms or 0.0):.1f} ms")
+    if result.ok:
         return 0
-    failure = result.get("error")
+    failure = result.error
     if failure:
-        error(f"cluster {args.name}: {failure.get('code')}: {failure.get('message')}")
+        error(f"cluster {args.name}: {failure.code}: {failure.message}")
     else:
         error(f"cluster {args.name} is not ready")
     return 1

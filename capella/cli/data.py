@@ -84,7 +84,7 @@ def consume_messages(args: argparse.Namespace, client: Client) -> int:
     if args.subscription is not None:
         # A commit never moves a cursor back, so committing 0 only creates the subscription
         # if needed and tells us where it is.
-        after = int(client.commit(args.queue, args.subscription, 0)["last_id"])
+        after = client.commit(args.queue, args.subscription, 0).last_id
     while remaining is None or remaining > 0:
         limit = BATCH if remaining is None else min(remaining, BATCH)
         if args.subscription is not None:
@@ -93,19 +93,19 @@ def consume_messages(args: argparse.Namespace, client: Client) -> int:
             )
         else:
             page = client.read(args.queue, after=after, limit=limit, wait=wait, segments=args.segments)
-        for message in page["messages"]:
+        for message in page.messages:
             if args.json:
                 print_json(message)
             else:
                 print_payload(message)
         sys.stdout.flush()
-        last_id = int(page["last_id"])
+        last_id = page.last_id
         if args.subscription is not None and last_id > after:
             # Commit after printing: a consumer killed in between sees the batch again.
             client.commit(args.queue, args.subscription, last_id)
         if remaining is not None:
-            remaining -= len(page["messages"])
-        if last_id <= after and not page["messages"] and not args.follow:
+            remaining -= len(page.messages)
+        if last_id <= after and not page.messages and not args.follow:
             break
         after = max(after, last_id)
     return 0
@@ -117,7 +117,7 @@ def _produce_all(client: Client, args: argparse.Namespace, messages: Iterator[di
             if args.json:
                 print_json(result)
             else:
-                print(f"{result['id']} duplicate" if result.get("duplicate") else result["id"])
+                print(f"{result.id} duplicate" if result.duplicate else result.id)
         sys.stdout.flush()
     return 0
 

@@ -10,6 +10,7 @@ import orjson
 
 from capella.cli.output import error, print_json, print_table
 from capella.client import Client
+from capella.wire.handlers import HandlerError, HandlerStatus
 
 TYPES = ("flush", "unload", "archive", "expire", "copy")
 
@@ -81,8 +82,7 @@ def create_handler(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         print_json(info)
     else:
-        state = "started" if info.get("started") else "stopped"
-        print(f"handler {info.get('name', args.name)} saved ({state})")
+        print(f"handler {info.name} saved ({'started' if info.started else 'stopped'})")
     return 0
 
 
@@ -93,16 +93,15 @@ def list_handlers(args: argparse.Namespace, client: Client) -> int:
         return 0
     rows = []
     for info in handlers:
-        status = info.get("status") or {}
-        last_error = status.get("last_error")
+        last_error = info.status.last_error
         rows.append(
             [
-                str(info["name"]),
-                str(info.get("type", "")),
-                ",".join(str(q) for q in info.get("queues", [])),
-                "yes" if info.get("started") else "no",
-                str(status.get("runs", "")),
-                str(last_error["message"]) if last_error else "-",
+                info.name,
+                info.type,
+                ",".join(info.queues),
+                "yes" if info.started else "no",
+                str(info.status.runs),
+                last_error.message if last_error else "-",
             ]
         )
     print_table(["NAME", "TYPE", "QUEUES", "STARTED", "RUNS", "LAST_ERROR"], rows)
@@ -124,15 +123,13 @@ def control_handler(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         print_json(info)
     elif args.action == "run":
-        status = info.get("status") or {}
-        print(
-            f"handler {args.name} ran: runs={status.get('runs', 0)} "
-            f"items={status.get('items', 0)} bytes={status.get('bytes', 0)}"
-        )
+        status = info.status
+        print(f"handler {args.name} ran: runs={status.runs} items={status.items} bytes={status.bytes}")
     else:
         print(f"handler {args.name} {'started' if args.action == 'start' else 'stopped'}")
-    if args.action == "run" and _last_pass_failed(info):
-        error(f"the pass failed: {info['status']['last_error']['message']}")
+    failure = _failure_of_the_pass(info.status) if args.action == "run" else None
+    if failure is not None:
+        error(f"the pass failed: {failure.message}")
         return 1
     return 0
 
@@ -154,14 +151,12 @@ def drop_handler(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-def _last_pass_failed(info: dict[str, Any]) -> bool:
+def _failure_of_the_pass(status: HandlerStatus) -> HandlerError | None:
     # The answer comes right after the pass, so an error newer than the last success is its.
-    status = info.get("status") or {}
-    last_error = status.get("last_error")
-    if not last_error:
-        return False
-    last_complete = status.get("last_complete")
-    return last_complete is None or float(last_error["time"]) >= float(last_complete)
+    last_error = status.last_error
+    if last_error is None or (status.last_complete is not None and last_error.time < status.last_complete):
+        return None
+    return last_error
 
 
 def _param(text: str) -> tuple[str, Any]:

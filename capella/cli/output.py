@@ -5,22 +5,29 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import msgspec
 import orjson
+from msgspec import UnsetType
+
+from capella.wire.messages import StoredMessage
 
 
 def print_json(value: Any, *, pretty: bool = False) -> None:
-    """One JSON document on a line (or indented with ``pretty``); bytes values are dropped."""
+    """One JSON document on a line (or indented with ``pretty``).
+
+    ``value`` may hold the client's wire structs: they print as the JSON the server sent.
+    """
     option = orjson.OPT_INDENT_2 if pretty else 0
-    sys.stdout.write(orjson.dumps(_without_bytes(value), option=option).decode() + "\n")
+    sys.stdout.write(orjson.dumps(msgspec.to_builtins(value), option=option).decode() + "\n")
 
 
-def print_payload(message: dict[str, Any]) -> None:
+def print_payload(message: StoredMessage) -> None:
     """A message's payload on one line: its text, or its raw bytes when it is not UTF-8."""
-    if "data" in message:
-        sys.stdout.write(str(message["data"]) + "\n")
+    if not isinstance(message.data, UnsetType):
+        sys.stdout.write(message.data + "\n")
         return
     sys.stdout.flush()
-    sys.stdout.buffer.write(bytes(message["payload"]) + b"\n")
+    sys.stdout.buffer.write(message.payload + b"\n")
     sys.stdout.buffer.flush()
 
 
@@ -35,11 +42,3 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
 
 def error(message: str) -> None:
     sys.stderr.write(f"capella: {message}\n")
-
-
-def _without_bytes(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_bytes(v) for k, v in value.items() if not isinstance(v, bytes)}
-    if isinstance(value, list):
-        return [_without_bytes(v) for v in value]
-    return value

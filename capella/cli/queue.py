@@ -69,7 +69,7 @@ def create_queue(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         print_json(info)
     else:
-        print(f"queue {info.get('name', args.name)} saved")
+        print(f"queue {info.name} saved")
     return 0
 
 
@@ -80,15 +80,15 @@ def list_queues(args: argparse.Namespace, client: Client) -> int:
         return 0
     rows = []
     for info in queues:
-        stats = info.get("stats", {})
+        stats = info.stats
         rows.append(
             [
-                str(info["name"]),
-                str(stats.get("messages", "")),
-                str(stats.get("first_id", "")),
-                str(stats.get("last_id", "")),
-                str(stats.get("bytes", "")),
-                str(stats.get("subscriptions", "")),
+                info.name,
+                str(stats.messages),
+                str(stats.first_id),
+                str(stats.last_id),
+                str(stats.bytes),
+                str(stats.subscriptions),
             ]
         )
     print_table(["NAME", "MESSAGES", "FIRST_ID", "LAST_ID", "BYTES", "SUBSCRIPTIONS"], rows)

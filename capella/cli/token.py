@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 from datetime import UTC, datetime
-from typing import Any
 
 from capella.cli.output import print_json, print_table
 from capella.client import Client
@@ -51,7 +50,7 @@ def create_token(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         print_json(answer)
     else:
-        print(answer["token"])
+        print(answer.token)
     return 0
 
 
@@ -61,13 +60,7 @@ def list_tokens(args: argparse.Namespace, client: Client) -> int:
         print_json(tokens)
         return 0
     rows = [
-        [
-            str(info["id"]),
-            str(info["user"]),
-            _time(info.get("created")),
-            _time(info.get("expires")),
-            str(info.get("description") or "-"),
-        ]
+        [info.id, info.user, _time(info.created), _time(info.expires), info.description or "-"]
         for info in tokens
     ]
     print_table(["ID", "USER", "CREATED", "EXPIRES", "DESCRIPTION"], rows)
@@ -83,7 +76,7 @@ def revoke_token(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-def _time(value: Any) -> str:
+def _time(value: float | None) -> str:
     if value is None:
         return "never"
     return datetime.fromtimestamp(float(value), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

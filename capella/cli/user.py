@@ -16,29 +16,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
+
 from capella.auth.password import check_password
 from capella.auth.rule import Rule
 from capella.auth.store import AuthStore
+from capella.auth.store import User as StoredUser
 from capella.cli.login import Login, connect, login
 from capella.cli.output import error, print_json, print_table
 from capella.config import load_config
 from capella.errors import AlreadyExists, InvalidRequest, UserNotFound
+from capella.wire.auth import User
 
 
 class Users(Protocol):
     """What the commands need: ``Client`` online, ``StoreUsers`` offline."""
 
-    def users(self) -> list[dict[str, Any]]: ...
+    def users(self) -> list[User]: ...
 
-    def user(self, name: str) -> dict[str, Any]: ...
+    def user(self, name: str) -> User: ...
 
-    def put_user(self, name: str, **fields: Any) -> dict[str, Any]: ...
+    def put_user(self, name: str, **fields: Any) -> User: ...
 
     def drop_user(self, name: str) -> None: ...
 
-    def change_password(
-        self, name: str, password: str, old_password: str | None = None
-    ) -> dict[str, Any]: ...
+    def change_password(self, name: str, password: str, old_password: str | None = None) -> User: ...
 
 
 class StoreUsers:
@@ -47,22 +49,27 @@ class StoreUsers:
     def __init__(self, store: AuthStore) -> None:
         self._store = store
 
-    def users(self) -> list[dict[str, Any]]:
-        return [u.public_dict() for u in self._store.users()]
+    def users(self) -> list[User]:
+        return [_shown(u) for u in self._store.users()]
 
-    def user(self, name: str) -> dict[str, Any]:
-        return self._store.user(name).public_dict()
+    def user(self, name: str) -> User:
+        return _shown(self._store.user(name))
 
-    def put_user(self, name: str, **fields: Any) -> dict[str, Any]:
-        return self._store.put_user(name, fields)[0].public_dict()
+    def put_user(self, name: str, **fields: Any) -> User:
+        return _shown(self._store.put_user(name, fields)[0])
 
     def drop_user(self, name: str) -> None:
         self._store.drop_user(name)
 
-    def change_password(self, name: str, password: str, old_password: str | None = None) -> dict[str, Any]:
+    def change_password(self, name: str, password: str, old_password: str | None = None) -> User:
         # Whoever can write the data directory needs no old password.
         self._store.user(name)
-        return self._store.put_user(name, {"password": password})[0].public_dict()
+        return _shown(self._store.put_user(name, {"password": password})[0])
+
+
+def _shown(user: StoredUser) -> User:
+    """A stored user as the API shows it: the same wire struct the client returns."""
+    return msgspec.convert(user.public_dict(), User)
 
 
 Command = Callable[[argparse.Namespace, Users, Login], int]
@@ -159,7 +166,7 @@ def add_user(args: argparse.Namespace, users: Users, who: Login) -> int:
     if args.json:
         print_json(info)
     else:
-        print(f"user {args.name} added{' (admin)' if info.get('admin') else ''}")
+        print(f"user {args.name} added{' (admin)' if info.admin else ''}")
     return 0
 
 
@@ -193,10 +200,10 @@ def list_users(args: argparse.Namespace, users: Users, who: Login) -> int:
         return 0
     rows = [
         [
-            str(info["name"]),
-            "yes" if info.get("admin") else "no",
-            "yes" if info.get("enabled") else "no",
-            " ".join(str(Rule.parse(r)) for r in info.get("rules", [])) or "-",
+            info.name,
+            "yes" if info.admin else "no",
+            "yes" if info.enabled else "no",
+            " ".join(str(Rule.parse(msgspec.to_builtins(r))) for r in info.rules) or "-",
         ]
         for info in found
     ]
@@ -215,7 +222,7 @@ def set_rules(args: argparse.Namespace, users: Users, who: Login) -> int:
     if args.json:
         print_json(info)
     else:
-        count = len(info.get("rules", []))
+        count = len(info.rules)
         print(f"user {args.name} has {count} rule{'' if count == 1 else 's'}")
     return 0
 

@@ -5,13 +5,15 @@ async with AsyncClient("http://127.0.0.1:8676") as client:
     await client.put_queue("orders", save="wait")
     await client.produce("orders", ["a text", b"\\x00bytes", {"data": "x", "external_id": 7}])
     page = await client.read("orders", after=0)
-    for message in page["messages"]:
-        print(message["id"], message["payload"])
+    for message in page.messages:
+        print(message.id, message.payload)
 ```
 
-Messages read back are the server's StoredMessage dicts plus ``payload`` (the payload as
-``bytes``). Errors are the ``capella.errors`` classes the server names by code;
-``Unreachable`` means no answer came. ``MultiWriter`` stores each batch on M of K clusters.
+Answers are the typed msgspec structs of the HTTP contract in ``capella.wire`` (``QueueInfo``,
+``Messages``, ``ClaimedMessage``...); ``msgspec.to_builtins`` turns one into plain dicts. A
+message read back has ``payload``, the payload as ``bytes``. Errors are the
+``capella.errors`` classes the server names by code; ``Unreachable`` means no answer came.
+``MultiWriter`` stores each batch on M of K clusters.
 """
 
 from __future__ import annotations

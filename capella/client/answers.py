@@ -1,13 +1,39 @@
-"""What a server's error answer means on the client: the ``capella.errors`` class of its code.
+"""What a server's answer means on the client: the ``capella.wire`` struct of a 2xx answer,
+the ``capella.errors`` class of an error's code.
 
-Callers catch the same classes the server raises (``QueueNotFound``, ``InvalidMessage``...).
+Callers get the typed structs of the HTTP contract, and catch the same classes the server
+raises (``QueueNotFound``, ``InvalidMessage``...).
 """
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
+import msgspec
 import orjson
 
 from capella.errors import CapellaError
+
+T = TypeVar("T")
+
+# One decoder per answer type, made on first use: msgspec decodes fastest with a reused one.
+_DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
+def decode_answer(kind: type[T], body: bytes) -> T:
+    """The wire struct ``kind`` decoded straight from an answer's bytes.
+
+    An answer that does not match its type (a missing field, a wrong type) raises
+    ``CapellaError`` rather than reaching the caller half right.
+    """
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
+        decoder = _DECODERS[kind] = msgspec.json.Decoder(kind)
+    try:
+        decoded: T = decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise CapellaError(f"the server's answer is not a {kind.__name__}: {exc}") from None
+    return decoded
 
 
 def error_codes() -> dict[str, type[CapellaError]]:

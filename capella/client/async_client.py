@@ -1,5 +1,9 @@
 """The asynchronous client: one method per call of the HTTP API (docs/api.md).
 
+Every answer is the typed msgspec struct of the HTTP contract in ``capella.wire``
+(``QueueInfo``, ``Messages``, ``ClaimedMessage``...), decoded straight from the answer's
+bytes; ``msgspec.to_builtins`` turns one into plain dicts and lists. A message read back
+has ``payload``, its bytes, whichever of ``data`` and ``data_b64`` the server chose.
 Every non-2xx answer raises the ``capella.errors`` class whose ``code`` the server sent
 (``QueueNotFound``, ``InvalidMessage``...), so callers catch the same classes the server
 raises. A server that cannot be reached, or does not answer in time, raises ``Unreachable``.
@@ -22,9 +26,37 @@ import orjson
 
 from capella.backoff import backoff
 from capella.client import paths
-from capella.client.message import MessageLike, Segments, to_wire, with_payload
+from capella.client.answers import decode_answer
+from capella.client.message import MessageLike, Segments, to_wire
 from capella.client.transport import Transport
 from capella.errors import CapellaError, Unreachable
+from capella.wire.answers import Status
+from capella.wire.auth import Me, Token, TokenList, User, UserList
+from capella.wire.clusters import ClusterInfo, ClusterList, ClusterPing
+from capella.wire.handlers import HandlerInfo, HandlerList
+from capella.wire.messages import (
+    CancelledScheduled,
+    Messages,
+    ProduceResult,
+    ProduceResults,
+    Replicas,
+    ScheduledList,
+    ScheduledMessage,
+    StoredMessage,
+)
+from capella.wire.queues import QueueInfo, QueueList
+from capella.wire.work import (
+    Claimed,
+    ClaimedMessage,
+    DeletedWork,
+    ReceiptResult,
+    ReceiptResults,
+    RetriedWork,
+    Subscription,
+    SubscriptionList,
+    WorkList,
+    WorkMessage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,15 +119,15 @@ class AsyncClient:
 
     # --- queues ----------------------------------------------------------------------
 
-    async def put_queue(self, name: str, **definition: Any) -> dict[str, Any]:
+    async def put_queue(self, name: str, **definition: Any) -> QueueInfo:
         """Create or update a queue; ``definition`` holds the PUT fields (block, save...)."""
-        return dict(await self._call("PUT", paths.queue_path(name), json=definition))
+        return decode_answer(QueueInfo, await self._call("PUT", paths.queue_path(name), json=definition))
 
-    async def queues(self) -> list[dict[str, Any]]:
-        return list((await self._call("GET", "/v1/queues"))["queues"])
+    async def queues(self) -> list[QueueInfo]:
+        return decode_answer(QueueList, await self._call("GET", "/v1/queues")).queues
 
-    async def queue(self, name: str) -> dict[str, Any]:
-        return dict(await self._call("GET", paths.queue_path(name)))
+    async def queue(self, name: str) -> QueueInfo:
+        return decode_answer(QueueInfo, await self._call("GET", paths.queue_path(name)))
 
     async def drop_queue(self, name: str) -> None:
         await self._call("DELETE", paths.queue_path(name))
@@ -104,13 +136,13 @@ class AsyncClient:
 
     async def produce(
         self, queue: str, messages: Iterable[MessageLike], *, save: Save = None
-    ) -> list[dict[str, Any]]:
-        """Append a batch; the answer holds ``{"id", "duplicate"}`` per message, in order."""
+    ) -> list[ProduceResult]:
+        """Append a batch; the answer holds an ``id`` and ``duplicate`` per message, in order."""
         body = {"messages": [to_wire(m) for m in messages]}
         answer = await self._call(
             "POST", paths.queue_path(queue, "messages"), params=paths.params(save=save), json=body
         )
-        return list(answer["results"])
+        return decode_answer(ProduceResults, answer).results
 
     async def produce_ndjson(
         self,
@@ -118,22 +150,19 @@ class AsyncClient:
         lines: AsyncIterable[NdjsonLine] | Iterable[NdjsonLine],
         *,
         save: Save = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[ProduceResult]:
         """Append a batch sent as NDJSON, streamed as ``lines`` are produced.
 
         A line is a wire message dict, or ``bytes`` already holding one JSON object.
         """
-        return list(
-            (
-                await self._call(
-                    "POST",
-                    paths.queue_path(queue, "messages"),
-                    params=paths.params(save=save),
-                    data=_ndjson_body(lines),
-                    headers={"Content-Type": "application/x-ndjson"},
-                )
-            )["results"]
+        answer = await self._call(
+            "POST",
+            paths.queue_path(queue, "messages"),
+            params=paths.params(save=save),
+            data=_ndjson_body(lines),
+            headers={"Content-Type": "application/x-ndjson"},
         )
+        return decode_answer(ProduceResults, answer).results
 
     async def read(
         self,
@@ -143,16 +172,15 @@ class AsyncClient:
         limit: int = 100,
         segments: Segments | None = None,
         wait: float | None = None,
-    ) -> dict[str, Any]:
-        """Messages after ``after``: ``{"messages": [...], "last_id": N}``.
+    ) -> Messages:
+        """Messages after ``after``: ``messages`` and ``last_id``.
 
-        Pass ``last_id`` as the next ``after``. Each message carries ``payload`` (bytes) next
-        to the server's ``data``/``data_b64``. ``wait`` long-polls for up to that many seconds.
+        Pass ``last_id`` as the next ``after``. Each message has ``payload`` (bytes) next to the
+        server's ``data``/``data_b64``. ``wait`` long-polls for up to that many seconds.
         """
         params = paths.params(after=after, limit=limit, segments=segments, wait=wait)
-        return _with_payloads(
-            await self._call("GET", paths.queue_path(queue, "messages"), params=params, wait=wait)
-        )
+        answer = await self._call("GET", paths.queue_path(queue, "messages"), params=params, wait=wait)
+        return decode_answer(Messages, answer)
 
     async def stream(
         self,
@@ -161,7 +189,7 @@ class AsyncClient:
         after: int = 0,
         segments: Segments | None = None,
         retries: int | None = None,
-    ) -> AsyncGenerator[dict[str, Any], None]:
+    ) -> AsyncGenerator[StoredMessage, None]:
         """Follow the queue's Server-Sent Events tail, one message (with ``payload``) at a time.
 
         A lost connection is reopened with ``Last-Event-ID``, so no message is missed or
@@ -180,11 +208,11 @@ class AsyncClient:
                         last_id,
                     )
                 ) as events:
-                    async for event_id, message in events:
+                    async for event in events:
                         connected = True
                         failures = 0
-                        if event_id is not None:
-                            last_id = event_id
+                        if event is not None:
+                            last_id, message = event
                             yield message
                 connected = True  # the server ended the stream cleanly: come back for more
             except Unreachable:
@@ -205,7 +233,7 @@ class AsyncClient:
         deliver_at: float | str | None = None,
         delay: float | str | None = None,
         save: Save = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[ProduceResult]:
         """Produce messages held back until ``deliver_at`` or for ``delay`` (one of the two).
 
         ``deliver_at`` is UNIX seconds or an RFC 3339 string; ``delay`` is seconds or a
@@ -216,16 +244,18 @@ class AsyncClient:
         due = {"deliver_at": deliver_at} if deliver_at is not None else {"delay": delay}
         return await self.produce(queue, [{**to_wire(m), **due} for m in messages], save=save)
 
-    async def scheduled(self, queue: str, *, limit: int = 100, after: str | None = None) -> dict[str, Any]:
-        """A page of delayed messages in delivery order: ``{"scheduled", "count", "next"}``.
+    async def scheduled(self, queue: str, *, limit: int = 100, after: str | None = None) -> ScheduledList:
+        """A page of delayed messages in delivery order: ``scheduled``, ``count`` and ``next``.
 
         Pass ``next`` as ``after`` for the following page; it is ``None`` on the last one.
         """
         params = paths.params(limit=limit, after=after)
-        return dict(await self._call("GET", paths.queue_path(queue, "scheduled"), params=params))
+        answer = await self._call("GET", paths.queue_path(queue, "scheduled"), params=params)
+        return decode_answer(ScheduledList, answer)
 
-    async def scheduled_message(self, queue: str, id: int) -> dict[str, Any]:
-        return dict(await self._call("GET", paths.queue_path(queue, "scheduled", str(id))))
+    async def scheduled_message(self, queue: str, id: int) -> ScheduledMessage:
+        answer = await self._call("GET", paths.queue_path(queue, "scheduled", str(id)))
+        return decode_answer(ScheduledMessage, answer)
 
     async def reschedule(
         self,
@@ -235,11 +265,12 @@ class AsyncClient:
         deliver_at: float | str | None = None,
         delay: float | str | None = None,
         save: Save = None,
-    ) -> dict[str, Any]:
+    ) -> ScheduledMessage:
         """Move a delayed message; a time in the past delivers it at once."""
         body = {"deliver_at": deliver_at} if deliver_at is not None else {"delay": delay}
         path = paths.queue_path(queue, "scheduled", str(id))
-        return dict(await self._call("PATCH", path, params=paths.params(save=save), json=body))
+        answer = await self._call("PATCH", path, params=paths.params(save=save), json=body)
+        return decode_answer(ScheduledMessage, answer)
 
     async def cancel_scheduled(self, queue: str, id: int, *, save: Save = None) -> None:
         """Cancel one delayed message (``ScheduledNotFound`` once it was delivered)."""
@@ -249,10 +280,11 @@ class AsyncClient:
 
     async def cancel_scheduled_many(
         self, queue: str, ids: Iterable[int], *, save: Save = None
-    ) -> dict[str, Any]:
-        """Cancel many: ``{"cancelled": [...], "not_cancelled": [...]}``."""
+    ) -> CancelledScheduled:
+        """Cancel many: the ids ``cancelled`` and ``not_cancelled``."""
         path = paths.queue_path(queue, "scheduled", "cancel")
-        return dict(await self._call("POST", path, params=paths.params(save=save), json={"ids": list(ids)}))
+        answer = await self._call("POST", path, params=paths.params(save=save), json={"ids": list(ids)})
+        return decode_answer(CancelledScheduled, answer)
 
     # --- subscriptions ---------------------------------------------------------------
 
@@ -265,7 +297,7 @@ class AsyncClient:
         wait: float | None = None,
         segments: Segments | None = None,
         commit: Literal["auto", "none"] = "auto",
-    ) -> dict[str, Any]:
+    ) -> Messages:
         """Messages after the subscription's cursor, shaped as ``read``.
 
         With ``commit="auto"`` the cursor moves to the answer's ``last_id`` (at-most-once);
@@ -273,7 +305,7 @@ class AsyncClient:
         """
         params = paths.params(limit=limit, wait=wait, segments=segments, commit=commit)
         path = paths.subscription_path(queue, name, "messages")
-        return _with_payloads(await self._call("GET", path, params=params, wait=wait))
+        return decode_answer(Messages, await self._call("GET", path, params=params, wait=wait))
 
     async def commit(
         self,
@@ -284,7 +316,7 @@ class AsyncClient:
         replica: bool | None = None,
         reset: bool = False,
         save: Save = None,
-    ) -> dict[str, Any]:
+    ) -> Subscription:
         """Move (or create) a subscription's cursor; it never moves back unless ``reset``."""
         body: dict[str, Any] = {"last_id": last_id}
         if replica is not None:
@@ -292,24 +324,27 @@ class AsyncClient:
         if reset:
             body["reset"] = True
         path = paths.subscription_path(queue, name)
-        return dict(await self._call("PUT", path, params=paths.params(save=save), json=body))
+        answer = await self._call("PUT", path, params=paths.params(save=save), json=body)
+        return decode_answer(Subscription, answer)
 
-    async def subscription(self, queue: str, name: str) -> dict[str, Any]:
-        return dict(await self._call("GET", paths.subscription_path(queue, name)))
+    async def subscription(self, queue: str, name: str) -> Subscription:
+        return decode_answer(Subscription, await self._call("GET", paths.subscription_path(queue, name)))
 
-    async def subscriptions(self, queue: str) -> list[dict[str, Any]]:
-        return list((await self._call("GET", paths.queue_path(queue, "subscriptions")))["subscriptions"])
+    async def subscriptions(self, queue: str) -> list[Subscription]:
+        answer = await self._call("GET", paths.queue_path(queue, "subscriptions"))
+        return decode_answer(SubscriptionList, answer).subscriptions
 
     async def delete_subscription(self, queue: str, name: str) -> None:
         await self._call("DELETE", paths.subscription_path(queue, name))
 
-    async def replicas(self, queue: str, id: int) -> dict[str, Any]:
-        """The replica subscriptions at or past message ``id``: ``{"id", "count", "subscriptions"}``."""
-        return dict(await self._call("GET", paths.queue_path(queue, "replicas"), params={"id": str(id)}))
+    async def replicas(self, queue: str, id: int) -> Replicas:
+        """The replica subscriptions at or past message ``id``: ``id``, ``count``, ``subscriptions``."""
+        answer = await self._call("GET", paths.queue_path(queue, "replicas"), params={"id": str(id)})
+        return decode_answer(Replicas, answer)
 
     # --- work queues (ack-mode subscriptions) ---------------------------------------
 
-    async def put_work(self, queue: str, name: str, *, save: Save = None, **policy: Any) -> dict[str, Any]:
+    async def put_work(self, queue: str, name: str, *, save: Save = None, **policy: Any) -> Subscription:
         """Create an ack-mode subscription, or change its retry policy.
 
         ``policy`` holds ``lease``, ``max_attempts``, ``backoff`` (``"fixed"`` or
@@ -317,7 +352,8 @@ class AsyncClient:
         """
         body = {"mode": "ack", "policy": policy}
         path = paths.subscription_path(queue, name)
-        return dict(await self._call("PUT", path, params=paths.params(save=save), json=body))
+        answer = await self._call("PUT", path, params=paths.params(save=save), json=body)
+        return decode_answer(Subscription, answer)
 
     async def claim(
         self,
@@ -328,17 +364,20 @@ class AsyncClient:
         lease: float | str | None = None,
         wait: float | None = None,
         save: Save = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[ClaimedMessage]:
         """Lease up to ``limit`` messages; each has ``payload``, ``receipt``, ``attempt``,
         ``lease_until`` and ``last_error``. ``wait`` long-polls when there is none."""
         params = paths.params(limit=limit, lease=lease, wait=wait, save=save)
         path = paths.subscription_path(queue, name, "claim")
         answer = await self._call("POST", path, params=params, wait=wait)
-        return list(_with_payloads(answer)["messages"])
+        return decode_answer(Claimed, answer).messages
 
-    async def ack(self, queue: str, name: str, receipts: str | Iterable[str], *, save: Save = None) -> Any:
-        """Finish claimed messages. One receipt (a ``str``) raises its error (``LeaseLost``...);
-        a list answers one ``{"receipt", "id", "ok"[, "error"]}`` per receipt."""
+    async def ack(
+        self, queue: str, name: str, receipts: str | Iterable[str], *, save: Save = None
+    ) -> ReceiptResult | list[ReceiptResult]:
+        """Finish claimed messages. One receipt (a ``str``) answers its ``ReceiptResult`` or raises
+        its error (``LeaseLost``...); a list answers one ``ReceiptResult`` per receipt, in order
+        (``ok``, and ``error`` when it failed)."""
         return await self._receipts(queue, name, "ack", receipts, {}, save)
 
     async def nack(
@@ -350,7 +389,7 @@ class AsyncClient:
         delay: float | str | None = None,
         error: str | None = None,
         save: Save = None,
-    ) -> Any:
+    ) -> ReceiptResult | list[ReceiptResult]:
         """Give claimed messages back with ``error``: retried after ``delay`` (default: the
         policy's backoff), or dead once their attempts are used up (``"dead": true``)."""
         return await self._receipts(queue, name, "nack", receipts, {"delay": delay, "error": error}, save)
@@ -363,7 +402,7 @@ class AsyncClient:
         *,
         lease: float | str | None = None,
         save: Save = None,
-    ) -> Any:
+    ) -> ReceiptResult | list[ReceiptResult]:
         """Hold claimed messages for ``lease`` more from now (default: the policy's lease)."""
         return await self._receipts(queue, name, "extend", receipts, {"lease": lease}, save)
 
@@ -379,8 +418,8 @@ class AsyncClient:
         json: Mapping[str, Any] | None = None,
         after: int = 0,
         limit: int = 100,
-    ) -> dict[str, Any]:
-        """An operator's page of messages: ``{"messages": [...], "next_after": id | None}``.
+    ) -> WorkList:
+        """An operator's page of messages: ``messages``, and ``next_after`` (an id or ``None``).
 
         ``status`` is some of leased, waiting, ready, dead; ``json`` maps a dotted path of the
         JSON payload to the value it must equal (``{"customer.id": 42}``).
@@ -397,30 +436,28 @@ class AsyncClient:
         for path, value in (json or {}).items():
             params[f"json.{path}"] = orjson.dumps(value).decode()
         answer = await self._call("GET", paths.subscription_path(queue, name, "work"), params=params)
-        return _with_payloads(answer)
+        return decode_answer(WorkList, answer)
 
-    async def work_message(self, queue: str, name: str, id: int) -> dict[str, Any]:
+    async def work_message(self, queue: str, name: str, id: int) -> WorkMessage:
         """One message's ``status``, ``attempts`` and ``last_error``."""
         answer = await self._call("GET", paths.subscription_path(queue, name, "work", str(id)))
-        return with_payload(answer)
+        return decode_answer(WorkMessage, answer)
 
-    async def retry_work(
-        self, queue: str, name: str, *, save: Save = None, **selection: Any
-    ) -> dict[str, Any]:
+    async def retry_work(self, queue: str, name: str, *, save: Save = None, **selection: Any) -> RetriedWork:
         """Waiting messages become claimable now (or ``at``/after ``delay``); dead ones move back.
 
         ``selection`` holds ``status``, ``ids``, ``source``, ``segments``, ``headers``, ``json``,
         ``after`` and ``limit``; the answer has ``retried`` and ``next_after``.
         """
         path = paths.subscription_path(queue, name, "work", "retry")
-        return dict(await self._call("POST", path, params=paths.params(save=save), json=selection))
+        answer = await self._call("POST", path, params=paths.params(save=save), json=selection)
+        return decode_answer(RetriedWork, answer)
 
-    async def delete_work(
-        self, queue: str, name: str, *, save: Save = None, **selection: Any
-    ) -> dict[str, Any]:
+    async def delete_work(self, queue: str, name: str, *, save: Save = None, **selection: Any) -> DeletedWork:
         """Finish messages without processing them; ``status`` or ``ids`` is required."""
         path = paths.subscription_path(queue, name, "work", "delete")
-        return dict(await self._call("POST", path, params=paths.params(save=save), json=selection))
+        answer = await self._call("POST", path, params=paths.params(save=save), json=selection)
+        return decode_answer(DeletedWork, answer)
 
     async def _receipts(
         self,
@@ -430,7 +467,7 @@ class AsyncClient:
         receipts: str | Iterable[str],
         fields: dict[str, Any],
         save: Save,
-    ) -> Any:
+    ) -> ReceiptResult | list[ReceiptResult]:
         body = {k: v for k, v in fields.items() if v is not None}
         if isinstance(receipts, str):
             body["receipt"] = receipts
@@ -438,7 +475,9 @@ class AsyncClient:
             body["receipts"] = list(receipts)
         path = paths.subscription_path(queue, name, verb)
         answer = await self._call("POST", path, params=paths.params(save=save), json=body)
-        return dict(answer) if isinstance(receipts, str) else list(answer["results"])
+        if isinstance(receipts, str):
+            return decode_answer(ReceiptResult, answer)
+        return decode_answer(ReceiptResults, answer).results
 
     # --- handlers --------------------------------------------------------------------
 
@@ -450,7 +489,7 @@ class AsyncClient:
         queues: str | Iterable[str],
         params: Mapping[str, Any] | None = None,
         started: bool = True,
-    ) -> dict[str, Any]:
+    ) -> HandlerInfo:
         """Create or replace a handler (``flush``, ``unload``, ``archive``, ``expire``).
 
         ``queues`` holds queue names or fnmatch patterns (``"logs-*"``); a single string is
@@ -462,85 +501,83 @@ class AsyncClient:
             "params": dict(params or {}),
             "started": started,
         }
-        return dict(await self._call("PUT", paths.handler_path(name), json=body))
+        return decode_answer(HandlerInfo, await self._call("PUT", paths.handler_path(name), json=body))
 
-    async def handlers(self) -> list[dict[str, Any]]:
-        return list((await self._call("GET", "/v1/handlers"))["handlers"])
+    async def handlers(self) -> list[HandlerInfo]:
+        return decode_answer(HandlerList, await self._call("GET", "/v1/handlers")).handlers
 
-    async def handler(self, name: str) -> dict[str, Any]:
-        return dict(await self._call("GET", paths.handler_path(name)))
+    async def handler(self, name: str) -> HandlerInfo:
+        return decode_answer(HandlerInfo, await self._call("GET", paths.handler_path(name)))
 
     async def drop_handler(self, name: str) -> None:
         await self._call("DELETE", paths.handler_path(name))
 
-    async def start_handler(self, name: str) -> dict[str, Any]:
-        return dict(await self._call("POST", paths.handler_path(name, "start")))
+    async def start_handler(self, name: str) -> HandlerInfo:
+        return decode_answer(HandlerInfo, await self._call("POST", paths.handler_path(name, "start")))
 
-    async def stop_handler(self, name: str) -> dict[str, Any]:
-        return dict(await self._call("POST", paths.handler_path(name, "stop")))
+    async def stop_handler(self, name: str) -> HandlerInfo:
+        return decode_answer(HandlerInfo, await self._call("POST", paths.handler_path(name, "stop")))
 
-    async def run_handler(self, name: str) -> dict[str, Any]:
+    async def run_handler(self, name: str) -> HandlerInfo:
         """One pass now (also for a stopped handler); the handler as it is after the pass."""
-        return dict(await self._call("POST", paths.handler_path(name, "run")))
+        return decode_answer(HandlerInfo, await self._call("POST", paths.handler_path(name, "run")))
 
     # --- external clusters -------------------------------------------------------------
 
-    async def put_cluster(self, name: str, **fields: Any) -> dict[str, Any]:
+    async def put_cluster(self, name: str, **fields: Any) -> ClusterInfo:
         """Register or replace an external cluster; ``fields`` are the PUT fields (url, token_env...).
 
         The answer never holds the password or token, only where it comes from.
         """
-        return dict(await self._call("PUT", paths.cluster_path(name), json=fields))
+        return decode_answer(ClusterInfo, await self._call("PUT", paths.cluster_path(name), json=fields))
 
-    async def clusters(self) -> list[dict[str, Any]]:
-        return list((await self._call("GET", "/v1/clusters"))["clusters"])
+    async def clusters(self) -> list[ClusterInfo]:
+        return decode_answer(ClusterList, await self._call("GET", "/v1/clusters")).clusters
 
-    async def cluster(self, name: str) -> dict[str, Any]:
-        return dict(await self._call("GET", paths.cluster_path(name)))
+    async def cluster(self, name: str) -> ClusterInfo:
+        return decode_answer(ClusterInfo, await self._call("GET", paths.cluster_path(name)))
 
     async def drop_cluster(self, name: str) -> None:
         await self._call("DELETE", paths.cluster_path(name))
 
-    async def ping_cluster(self, name: str) -> dict[str, Any]:
-        """``{"ok", "ready", "latency_ms", "error"}``: a failed ping is an answer, not an error."""
-        return dict(await self._call("POST", paths.cluster_path(name, "ping")))
+    async def ping_cluster(self, name: str) -> ClusterPing:
+        """``ok``, ``ready``, ``latency_ms`` and ``error``: a failed ping is an answer, not an error."""
+        return decode_answer(ClusterPing, await self._call("POST", paths.cluster_path(name, "ping")))
 
     # --- users and tokens --------------------------------------------------------------
 
-    async def users(self) -> list[dict[str, Any]]:
+    async def users(self) -> list[User]:
         """The users the caller may read; never a password hash."""
-        return list((await self._call("GET", "/v1/users"))["users"])
+        return decode_answer(UserList, await self._call("GET", "/v1/users")).users
 
-    async def user(self, name: str) -> dict[str, Any]:
-        return dict(await self._call("GET", paths.user_path(name)))
+    async def user(self, name: str) -> User:
+        return decode_answer(User, await self._call("GET", paths.user_path(name)))
 
-    async def put_user(self, name: str, **fields: Any) -> dict[str, Any]:
+    async def put_user(self, name: str, **fields: Any) -> User:
         """Create (``password`` required) or change a user: ``password``, ``admin``, ``enabled``, ``rules``.
 
         Rules are ``{"effect", "type", "action", "name"}`` objects or ``"allow:queue:read:orders-*"``.
         """
-        return dict(await self._call("PUT", paths.user_path(name), json=fields))
+        return decode_answer(User, await self._call("PUT", paths.user_path(name), json=fields))
 
     async def drop_user(self, name: str) -> None:
         """Delete the user; its tokens are revoked with it."""
         await self._call("DELETE", paths.user_path(name))
 
-    async def change_password(
-        self, name: str, password: str, old_password: str | None = None
-    ) -> dict[str, Any]:
+    async def change_password(self, name: str, password: str, old_password: str | None = None) -> User:
         """Set a new password; ``old_password`` is needed unless the caller may administer ``name``."""
         body = {"password": password}
         if old_password is not None:
             body["old_password"] = old_password
-        return dict(await self._call("POST", paths.user_path(name, "password"), json=body))
+        return decode_answer(User, await self._call("POST", paths.user_path(name, "password"), json=body))
 
-    async def me(self) -> dict[str, Any]:
-        """Who the server takes the caller for: ``{"user", "admin", "via", "rules"}``."""
-        return dict(await self._call("GET", "/v1/me"))
+    async def me(self) -> Me:
+        """Who the server takes the caller for: ``user``, ``admin``, ``via`` and ``rules``."""
+        return decode_answer(Me, await self._call("GET", "/v1/me"))
 
     async def create_token(
         self, ttl: float | str | None = None, description: str | None = None, user: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Token:
         """A new bearer token (``ttl`` in seconds or ``"24h"``); its text, ``token``, is only here.
 
         Needs Basic credentials: a token cannot create tokens.
@@ -550,20 +587,20 @@ class AsyncClient:
             for key, value in (("ttl", ttl), ("description", description), ("user", user))
             if value is not None
         }
-        return dict(await self._call("POST", "/v1/tokens", json=body))
+        return decode_answer(Token, await self._call("POST", "/v1/tokens", json=body))
 
-    async def tokens(self) -> list[dict[str, Any]]:
+    async def tokens(self) -> list[Token]:
         """The caller's unexpired tokens (and those of users it may administer), without their text."""
-        return list((await self._call("GET", "/v1/tokens"))["tokens"])
+        return decode_answer(TokenList, await self._call("GET", "/v1/tokens")).tokens
 
     async def revoke_token(self, id: str) -> None:
         await self._call("DELETE", "/v1/tokens/" + quote(id, safe=""))
 
     # --- operations ------------------------------------------------------------------
 
-    async def health(self) -> dict[str, Any]:
-        """``{"status": "ok"}`` while the server process serves."""
-        return dict(await self._call("GET", "/healthz"))
+    async def health(self) -> Status:
+        """``status`` ``"ok"`` while the server process serves."""
+        return decode_answer(Status, await self._call("GET", "/healthz"))
 
     async def ready(self) -> bool:
         """Whether every queue is recovered and the server takes traffic."""
@@ -574,12 +611,6 @@ class AsyncClient:
         except CapellaError:
             return False
         return True
-
-
-def _with_payloads(answer: dict[str, Any]) -> dict[str, Any]:
-    for message in answer["messages"]:
-        with_payload(message)
-    return answer
 
 
 async def _ndjson_body(

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import orjson
-
-from capella.client.answers import error_from_answer
-from capella.client.message import with_payload
-from capella.errors import CapellaError
+from capella.client.answers import decode_answer, error_from_answer
+from capella.wire.messages import StoredMessage
 
 
 class EventParser:
@@ -46,16 +41,13 @@ class EventParser:
         return events
 
 
-def message_event(event: dict[str, str]) -> tuple[int | None, dict[str, Any]]:
-    """``(id, message)`` of a message event; ``(None, {})`` for any other event."""
+def message_event(event: dict[str, str]) -> tuple[int, StoredMessage] | None:
+    """``(id, message)`` of a message event; ``None`` for any other event."""
     kind = event.get("event", "message")
     if kind == "error":
         raise error_from_answer(500, event.get("data", "").encode())
     if kind != "message" or "data" not in event:
-        return None, {}
-    try:
-        message = orjson.loads(event["data"])
-    except orjson.JSONDecodeError:
-        raise CapellaError("stream: an event's data is not JSON") from None
+        return None
+    message = decode_answer(StoredMessage, event["data"].encode())
     event_id = event.get("id", "")
-    return (int(event_id) if event_id.isdigit() else int(message["id"])), with_payload(message)
+    return (int(event_id) if event_id.isdigit() else message.id), message

@@ -2,8 +2,8 @@
 
 A message to produce is a wire dict (``data`` or ``data_b64`` plus optional metadata), a
 ``str`` (sent as ``data``) or ``bytes`` (sent as ``data_b64``). A message read back is the
-server's StoredMessage dict with one key added: ``payload``, the payload as ``bytes``, so a
-caller never has to look at which of ``data`` and ``data_b64`` the server chose.
+``capella.wire.messages.StoredMessage`` struct, whose ``payload`` property is the payload as
+``bytes``, so a caller never has to look at which of ``data`` and ``data_b64`` the server chose.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeAlias
 
 from capella.errors import InvalidMessage
-from capella.wire import decode_payload
 
 MessageLike: TypeAlias = "Mapping[str, Any] | str | bytes"
 """What ``produce`` accepts for one message."""
@@ -31,15 +30,6 @@ def to_wire(message: MessageLike) -> dict[str, Any]:
     if isinstance(message, Mapping):
         return dict(message)
     raise InvalidMessage(f"a message is a dict, str or bytes, not {type(message).__name__}")
-
-
-def with_payload(stored: dict[str, Any]) -> dict[str, Any]:
-    """Add ``payload`` (bytes) to a StoredMessage dict, in place, and return it."""
-    try:
-        stored["payload"] = decode_payload(stored.get("data"), stored.get("data_b64"))
-    except ValueError as exc:
-        raise InvalidMessage(f"message {stored.get('id')} from the server: {exc}") from None
-    return stored
 
 
 def segments_param(segments: Segments) -> str:

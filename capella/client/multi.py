@@ -20,9 +20,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from msgspec import UnsetType
+
 from capella.client.async_client import AsyncClient, Save
 from capella.client.message import MessageLike, to_wire
 from capella.errors import CapellaError, InvalidRequest, NotEnoughReplicas
+from capella.wire.messages import ProduceResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +74,7 @@ class MultiWriter:
             wire.append(item)
         external_ids = [int(item["external_id"]) for item in wire]
         untried = list(self._clients)
-        running: dict[asyncio.Task[list[dict[str, Any]]], str] = {}
+        running: dict[asyncio.Task[list[ProduceResult]], str] = {}
         holders: dict[str, list[int]] = {}
         failures: dict[str, str] = {}
 
@@ -94,7 +97,8 @@ class MultiWriter:
                         if untried:
                             launch()
                         continue
-                    holders[url] = [int(r["id"]) for r in results]
+                    # A delayed message has no id until it is delivered.
+                    holders[url] = [r.id for r in results if not isinstance(r.id, UnsetType)]
         finally:
             for task in running:
                 task.cancel()

@@ -1,9 +1,10 @@
 """How the client talks HTTP: one session, credentials, compression, errors back as classes.
 
-``Transport.call`` sends one request and gives the decoded JSON answer; ``Transport.events``
-follows one Server-Sent Events connection. Every non-2xx answer becomes the
-``capella.errors`` class whose ``code`` the server sent (``answers.error_from_answer``); a server
-that cannot be reached, or does not answer in time, raises ``Unreachable``.
+``Transport.call`` sends one request and gives the answer's bytes (``answers.decode_answer``
+makes them a wire struct); ``Transport.events`` follows one Server-Sent Events connection.
+Every non-2xx answer becomes the ``capella.errors`` class whose ``code`` the server sent
+(``answers.error_from_answer``); a server that cannot be reached, or does not answer in time,
+raises ``Unreachable``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import zstandard
 from capella import __version__
 from capella.client.answers import error_from_answer
 from capella.client.events import EventParser, message_event
-from capella.errors import CapellaError, Unreachable
+from capella.errors import Unreachable
+from capella.wire.messages import StoredMessage
 
 # The server sends an SSE comment every 15 s; four missed ones mean the connection is dead.
 STREAM_IDLE_TIMEOUT = 60.0
@@ -91,8 +93,8 @@ class Transport:
         data: Any = None,
         headers: dict[str, str] | None = None,
         wait: float | None = None,
-    ) -> Any:
-        """Send one request; the decoded JSON answer, ``None`` for an empty one."""
+    ) -> bytes:
+        """Send one request; the answer's body (empty when there is none)."""
         url = self.base_url + path
         if json is not None:
             headers = {"Content-Type": "application/json"}
@@ -108,19 +110,14 @@ class Transport:
             raise _unreachable(url, exc, self._timeout) from exc
         if status >= 400:
             raise error_from_answer(status, body)
-        if not body:
-            return None
-        try:
-            return orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise CapellaError(f"{method} {url}: the answer is not JSON") from None
+        return body
 
     async def events(
         self, path: str, params: dict[str, str], after: int
-    ) -> AsyncGenerator[tuple[int | None, dict[str, Any]], None]:
+    ) -> AsyncGenerator[tuple[int, StoredMessage] | None, None]:
         """One SSE connection: ``(id, message)`` per message event until the server closes.
 
-        ``id`` is ``None`` for events that carry no message (the first, on connecting).
+        ``None`` stands for an event that carries no message (the first, on connecting).
         """
         url = self.base_url + path
         headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
@@ -132,7 +129,7 @@ class Transport:
                     if resp.status in RETRYABLE_STATUSES:
                         raise Unreachable(f"{url}: {error.code}: {error.message}", url=url)
                     raise error
-                yield None, {}  # connected: tells ``stream`` this server answers
+                yield None  # connected: tells ``stream`` this server answers
                 parser = EventParser()
                 async for chunk in resp.content.iter_any():
                     for event in parser.feed(chunk):

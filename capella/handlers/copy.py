@@ -163,7 +163,7 @@ class CopyHandler(QueueHandler[CopyParams]):
             )
         except CapellaError as exc:
             raise StorageUnavailable(f"{self.params.to}: {exc.code}: {exc.message}") from None
-        return [d for d, r in zip(drafts, results, strict=True) if not r["duplicate"]]
+        return [d for d, r in zip(drafts, results, strict=True) if not r.duplicate]
 
 
 class _Source(Protocol):
@@ -218,7 +218,7 @@ class _RemoteSource:
 
     async def cursor(self) -> int:
         try:
-            cursor = int((await self._client.subscription(self._queue, self._params.subscription))["last_id"])
+            cursor = (await self._client.subscription(self._queue, self._params.subscription)).last_id
         except SubscriptionNotFound:
             cursor = 0
         await self._client.commit(
@@ -236,18 +236,10 @@ class _RemoteSource:
             self._queue, after=after, limit=self._params.batch, segments=segments, wait=wait or None
         )
         drafts = [
-            Draft(
-                m["payload"],
-                m["source"],
-                m["external_id"],
-                m["external_time"],
-                m["segment"],
-                m.get("headers") or {},
-            )
-            for m in page["messages"]
+            Draft(m.payload, m.source, m.external_id, m.external_time, m.segment, m.headers)
+            for m in page.messages
         ]
-        last_id = int(page["last_id"])
-        return drafts, last_id, max(last_id, int(page.get("queue_last_id", last_id)))
+        return drafts, page.last_id, page.last_id
 
     async def commit(self, last_id: int) -> None:
         await self._client.commit(

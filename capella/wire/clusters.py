@@ -84,10 +84,11 @@ class ClusterList(Struct):
     clusters: list[ClusterInfo]
 
 
-class ClusterPing(Struct, omit_defaults=True):
+# kw_only lets the fields keep the order the server writes them in.
+class ClusterPing(Struct, omit_defaults=True, kw_only=True):
     """Whether the other cluster answers, is ready and takes the credentials."""
 
     ok: Annotated[bool, Meta(description="reached, ready, and the credentials accepted")]
-    error: ErrorDetail | None
     ready: bool | UnsetType = UNSET
     latency_ms: Annotated[float, Meta(description="both calls, in milliseconds")] | UnsetType = UNSET
+    error: ErrorDetail | None

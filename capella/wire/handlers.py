@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from msgspec import Meta, Struct, field
+from msgspec import UNSET, Meta, Struct, UnsetType, field
 
 from capella.wire.fields import (
     Duration,
@@ -144,6 +144,11 @@ class HandlerStatus(Struct):
     last_complete: Annotated[Time | None, Meta(description="end of the last good pass")]
     last_error: HandlerError | None
     next_run: Annotated[Time | None, Meta(description="null when stopped")]
+    lag: (
+        Annotated[int, schema(minimum=0, description="copy: messages the sources hold past the cursors")]
+        | UnsetType
+    ) = UNSET
+    lag_by_queue: Annotated[dict[str, int], Meta(description="copy: lag by source")] | UnsetType = UNSET
 
 
 class HandlerInfo(Struct):

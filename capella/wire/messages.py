@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import binascii
+from base64 import b64decode
 from typing import Annotated, Any, ClassVar
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from capella.errors import InvalidMessage
 from capella.wire.fields import (
     Base64,
     Base64Out,
@@ -72,14 +75,15 @@ class MessageBatch(Struct, forbid_unknown_fields=True):
     messages: list[Message]
 
 
-class ProduceResult(Struct, omit_defaults=True):
+# kw_only lets the fields keep the order the server writes them in.
+class ProduceResult(Struct, omit_defaults=True, kw_only=True):
     """id for a message stored now; scheduled_id and deliver_at for a delayed one (its id comes
     when it is delivered)"""
 
-    duplicate: bool
     id: MessageId | UnsetType = UNSET
     scheduled_id: MessageId | UnsetType = UNSET
     deliver_at: Time | UnsetType = UNSET
+    duplicate: bool
 
 
 class ReplicaReceipt(Struct):
@@ -109,6 +113,19 @@ class StoredMessage(Struct, omit_defaults=True):
     headers: Headers
     data: str | UnsetType = UNSET
     data_b64: Base64Out | UnsetType = UNSET
+
+    # A property, not a field: it is not on the wire, so it is not in the schema either.
+    @property
+    def payload(self) -> bytes:
+        """The payload as bytes, whichever of data and data_b64 the server chose."""
+        if not isinstance(self.data, UnsetType):
+            return self.data.encode()
+        if isinstance(self.data_b64, UnsetType):
+            raise InvalidMessage(f"message {self.id} has neither data nor data_b64")
+        try:
+            return b64decode(self.data_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidMessage(f"message {self.id}: data_b64 is not valid base64") from None
 
 
 class Messages(Struct):

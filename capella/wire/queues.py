@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from msgspec import Meta, Struct
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from capella.wire.fields import (
     DefinitionSaveMode,
@@ -65,7 +65,8 @@ class QueueDefinition(Struct, forbid_unknown_fields=True):
     __schema_extra__: ClassVar[dict[str, Any]] = {"not": {"required": ["block", "limits"]}}
 
     block: BlockLimits | None = None
-    limits: Annotated[LegacyBlockLimits, schema(deprecated=True)] | None = None
+    # Left out (UNSET) rather than null when not given: an answer never has it.
+    limits: Annotated[LegacyBlockLimits, schema(deprecated=True)] | UnsetType | None = UNSET
     save: DefinitionSaveMode | None = None
     subscription_save: DefinitionSaveMode | None = None
     segments: SegmentRange | None = None

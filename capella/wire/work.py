@@ -121,6 +121,26 @@ class WorkList(Struct):
     ]
 
 
+class RetriedWork(Struct):
+    """What a retry did."""
+
+    retried: list[MessageId]
+    next_after: Annotated[
+        int | None,
+        Meta(description="pass as after to retry the next page; null when everything was looked at"),
+    ]
+
+
+class DeletedWork(Struct):
+    """What a delete did."""
+
+    deleted: list[MessageId]
+    next_after: Annotated[
+        int | None,
+        Meta(description="pass as after to delete the next page; null when everything was looked at"),
+    ]
+
+
 class WorkSelection(Struct, forbid_unknown_fields=True):
     """which messages: status (retry: default waiting and dead; delete: status or ids is required),
     optional filters, at most limit of them after after"""
