@@ -16,12 +16,14 @@ from aiohttp.test_utils import TestClient
 
 from capella import errors
 from capella.api import create_app
-from capella.api.app import DOCUMENT, HTTP_CODES, ROUTES
+from capella.api.app import HTTP_CODES, ROUTES, document
 from capella.api.errors import status_for
 from capella.config import ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.handlers.supervisor import Supervisor
 from capella.metrics import escape
+
+DOCUMENT = document()
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_]+="(?:[^"\\]|\\.)*",?)*\})? (\S+)$')
 

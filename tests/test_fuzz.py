@@ -44,7 +44,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from capella.api.app import DOCUMENT
+from capella.api.app import document
+
+DOCUMENT = document()
 
 # Examples per operation in the fuzzing phase, on top of the coverage phase's boundary cases;
 # the operations that take a body get four times as many, since most of the parsing is there.

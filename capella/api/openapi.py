@@ -8,6 +8,7 @@ operations, parameters and answers come from the rows, the schemas from the wire
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -249,11 +250,12 @@ def document(routes: list[Route]) -> dict[str, Any]:
     }
 
 
-DOCUMENT_BODY = web.AppKey("openapi", bytes)
+# The rendered document, built on the first request for it.
+DOCUMENT_BODY: web.AppKey[Callable[[], bytes]] = web.AppKey("openapi")
 
 
 async def serve(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[DOCUMENT_BODY], content_type=wire.JSON)
+    return web.Response(body=request.app[DOCUMENT_BODY](), content_type=wire.JSON)
 
 
 ROUTES = [
