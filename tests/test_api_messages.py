@@ -275,6 +275,19 @@ async def test_a_body_not_in_its_content_encoding_is_400(q: TestClient, encoding
     assert encoding in error["message"]
 
 
+async def test_json_sent_as_curl_sends_it_is_taken_as_json(q: TestClient) -> None:
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    resp = await q.post(
+        f"{Q}/messages", data=b'{"data": "pay #17", "source": "shop", "external_id": 17}', headers=form
+    )
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["results"][0]["duplicate"] is False
+    resp = await q.post(f"{Q}/messages", data=b"data=pay+17", headers=form)
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert error["code"] == "invalid_request" and "curl -d" in error["message"], error
+
+
 async def test_unsupported_content_type(q: TestClient) -> None:
     resp = await q.post(f"{Q}/messages", data=b"a=b", headers={"Content-Type": "text/csv"})
     assert (await error_of(resp, 400))["code"] == "invalid_request"

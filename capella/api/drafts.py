@@ -33,12 +33,19 @@ _INT64_MAX = wire.INT64_MAX
 _NO_HEADERS: dict[str, str] = {}
 
 
+# curl -d sends this type; a JSON document sent with it is taken as JSON, as users expect.
+FORM = "application/x-www-form-urlencoded"
+
+
 def body_kind(content_type: str | None) -> str:
+    """``json``, ``form`` (JSON sent as curl -d sends it), ``ndjson`` or ``octet``."""
     if content_type is None:
         return "json"
     mime = content_type.partition(";")[0].strip().lower()
     if mime in ("application/json", "") or mime.endswith("+json"):
         return "json"
+    if mime == FORM:
+        return "form"
     if mime in ("application/x-ndjson", "application/jsonl", "application/x-jsonlines"):
         return "ndjson"
     if mime == "application/octet-stream":
@@ -53,13 +60,24 @@ _BODY = msgspec.json.Decoder(wire_messages.ProduceBody)
 _ONE = msgspec.json.Decoder(wire_messages.Message)
 
 
-def json_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> list[Draft]:
-    """The drafts of a JSON body: ``{"messages": [...]}`` or one message object."""
+def json_drafts(
+    body: bytes, settings: ServerSettings, now: float = 0.0, *, form: bool = False
+) -> list[Draft]:
+    """The drafts of a JSON body: ``{"messages": [...]}`` or one message object.
+
+    With ``form``, the body came as ``application/x-www-form-urlencoded`` (curl -d): it is
+    still read as JSON, and an error says so rather than "not valid JSON" alone.
+    """
     try:
         decoded = _BODY.decode(body)
     except msgspec.ValidationError as exc:
         raise _decode_error(str(exc), 0, batch=b'"messages"' in body) from None
     except msgspec.DecodeError as exc:
+        if form:
+            raise InvalidRequest(
+                f"body is not valid JSON ({exc}): with Content-Type {FORM} (what curl -d sends) "
+                "the body must still be a JSON document; form fields are not supported"
+            ) from None
         raise InvalidRequest(f"body is not valid JSON: {exc}") from None
     items: list[wire_messages.Message]
     if decoded.messages is not None:

@@ -73,7 +73,7 @@ async def produce(request: web.Request) -> web.Response:
     elif kind == "ndjson":
         drafts = ndjson_drafts(body, settings, now)
     else:
-        drafts = json_drafts(body, settings, now)
+        drafts = json_drafts(body, settings, now, form=kind == "form")
     replicas = int_param(request, "replicas", 0, low=0, high=1000)
     replica_wait = wait_param(request, "replica_timeout", REPLICA_TIMEOUT) if replicas else 0.0
     appended = await queue.append(drafts, save) if drafts else []
