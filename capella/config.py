@@ -53,6 +53,18 @@ def _listen_address(value: object) -> str:
     return value
 
 
+def _origins(value: object) -> tuple[str, ...]:
+    """``*``, or web origins as a browser sends them: scheme://host[:port], nothing after."""
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"expected a list of origins, got {value!r}")
+    for origin in value:
+        if origin != "*" and not (isinstance(origin, str) and re.fullmatch(r"https?://[^\s/?#@]+", origin)):
+            raise ValueError(
+                f"expected origins such as https://console.example.com (no path) or *, got {origin!r}"
+            )
+    return tuple(origin.lower() for origin in value)
+
+
 Duration = Annotated[float, _Read(parse_duration)]
 PositiveDuration = Annotated[float, _Read(parse_duration), msgspec.Meta(gt=0)]
 Size = Annotated[int, _Read(parse_size)]
@@ -83,11 +95,27 @@ class TlsSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     client_ca_file: FilePath | None = None
 
 
+Origins = Annotated[tuple[str, ...], _Read(_origins)]
+
+
+class CorsSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """``[server.cors]``: the web origins whose pages may call the API from a browser.
+
+    ``*`` allows any origin, and is refused while authentication is on (a page on any site
+    could then act with a signed-in user's browser credentials).
+    """
+
+    origins: Origins = ()
+    # How long a browser may keep a preflight answer.
+    max_age: Duration = 600.0
+
+
 class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """HTTP listener and the limits that keep bad or slow clients harmless."""
 
     listen: Listen = "127.0.0.1:8676"
     tls: TlsSettings | None = None
+    cors: CorsSettings = msgspec.field(default_factory=CorsSettings)
     max_connections: PositiveInt = 1024
     header_timeout: PositiveDuration = 10.0
     max_header_size: PositiveSize = 8 * 1024
@@ -280,6 +308,11 @@ def _config(raw: dict[str, Any], overrides: dict[str, Any], base: Path, source: 
         raise _Refused("auth.bootstrap_user and auth.bootstrap_password_env go together")
     if not 0 < auth.token_ttl <= auth.token_max_ttl:
         raise _Refused("auth.token_ttl: must be greater than 0 and at most auth.token_max_ttl")
+    if auth.enabled and "*" in server.cors.origins:
+        raise _Refused(
+            "server.cors.origins: * is refused while [auth] is enabled: any web page could then call the "
+            "API with a signed-in user's credentials; list the origins of your own pages instead"
+        )
     if not auth.enabled and not is_loopback(server.host):
         raise _Refused(
             f"refusing to listen on {server.listen} without authentication: anyone who can reach it "

@@ -27,6 +27,7 @@ from capella.api import (
 )
 from capella.api.access import AUTHENTICATOR, CHALLENGE, NEEDS, access_middleware
 from capella.api.connection import ConnectionGuard
+from capella.api.cors import Cors
 from capella.api.errors import status_for
 from capella.api.request import CLUSTER, SETTINGS, STOPPING, SUPERVISOR, json_response
 from capella.api.route import Route
@@ -93,9 +94,14 @@ def create_app(
     """
     # The guard's middleware goes first: a head is complete whatever the later ones decide.
     middlewares: list[Middleware] = [error_middleware, access_middleware]
+    cors = Cors(settings.cors) if settings.cors.origins else None
+    if cors is not None:
+        middlewares.insert(0, cors.middleware)  # a preflight carries no credentials
     if guard is not None:
         middlewares.insert(0, guard.middleware)
     app = web.Application(client_max_size=settings.max_body_size, middlewares=middlewares)
+    if cors is not None:
+        app.on_response_prepare.append(cors.on_prepare)
     if authenticator is not None:
         app[AUTHENTICATOR] = authenticator
     app[CLUSTER] = cluster
