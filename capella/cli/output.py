@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -38,6 +40,22 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
             "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         )
         sys.stdout.write("\n")
+
+
+def utc(seconds: float | None) -> str:
+    """A UNIX time as people read it, in UTC: ``2026-11-25T10:00:00Z`` (``-`` for none)."""
+    if seconds is None:
+        return "-"
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def text_of(message: Any, width: int = 40) -> str:
+    """A message's payload for one table cell: its text on one line, shortened, or its size."""
+    data = getattr(message, "data", msgspec.UNSET)
+    if data is msgspec.UNSET:
+        return f"<{len(base64.b64decode(message.data_b64))} bytes>"
+    text = str(data).replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def error(message: str) -> None:

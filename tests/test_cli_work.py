@@ -1,0 +1,127 @@
+"""``capella scheduled ...`` and ``capella work ...`` against a real ``capella serve`` process."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import pytest
+from conftest import ServerProcess
+
+from capella.cli import main
+from capella.client import Client
+
+pytestmark = pytest.mark.slow  # a real server process per module
+
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def run(server_process: ServerProcess, capsys: pytest.CaptureFixture[str]) -> Run:
+    def run_main(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(["--url", server_process.url, *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run_main
+
+
+@pytest.fixture
+def client(server_process: ServerProcess) -> Iterator[Client]:
+    with Client(server_process.url, timeout=10.0) as c:
+        yield c
+
+
+def rows(out: str) -> list[list[str]]:
+    return [line.split(None, 4) for line in out.splitlines()]
+
+
+def test_scheduled_messages_are_listed_rescheduled_and_cancelled(run: Run, client: Client) -> None:
+    client.put_queue("cli-later")
+    first, second = client.schedule("cli-later", ["send reminder", "close the month"], delay="1h")
+    sid, other = first.scheduled_id, second.scheduled_id
+
+    code, out, _ = run("scheduled", "list", "cli-later")
+    assert code == 0
+    header, *found, footer = rows(out)
+    assert header == ["ID", "DUE", "SOURCE", "SEGMENT", "DATA"]
+    assert [(r[0], r[4]) for r in found] == [(str(sid), "send reminder"), (str(other), "close the month")]
+    assert found[0][1].endswith("Z")
+    assert " ".join(footer) == "2 shown, 2 scheduled in all"
+
+    code, out, _ = run("scheduled", "reschedule", "cli-later", str(sid), "--at", "2030-01-01T00:00:00Z")
+    assert (code, out) == (0, f"scheduled message {sid} due 2030-01-01T00:00:00Z\n")
+    code, out, _ = run("scheduled", "list", "cli-later", "--limit", "1", "--json")
+    page = json.loads(out)
+    assert [m["scheduled_id"] for m in page["scheduled"]] == [other]  # the other one is due first now
+    assert page["next"] is not None
+    code, out, _ = run("scheduled", "list", "cli-later", "--after", page["next"])
+    assert [r[0] for r in rows(out)[1:-1]] == [str(sid)]
+
+    code, out, _ = run("scheduled", "cancel", "cli-later", str(sid), "999999")
+    assert code == 1  # one of them could not be cancelled
+    assert out.splitlines() == [
+        f"cancelled {sid}",
+        "not cancelled 999999: already delivered, being delivered, or unknown",
+    ]
+    assert [m.scheduled_id for m in client.scheduled("cli-later").scheduled] == [other]
+
+    code, _, err = run("scheduled", "reschedule", "cli-later", str(other), "--delay", "soon")
+    assert code == 1 and "invalid_request" in err
+
+
+def test_a_work_queue_from_the_command_line(run: Run, client: Client) -> None:
+    client.put_queue("cli-jobs")
+    client.put_work("cli-jobs", "workers", max_attempts=2, delay=60, max_delay=60)
+    client.produce(
+        "cli-jobs", ["resize photo 1", "resize photo 2", {"data": "test job", "headers": {"kind": "test"}}]
+    )
+
+    code, out, _ = run("work", "claim", "cli-jobs", "workers", "--limit", "2", "--lease", "1m")
+    assert code == 0
+    header, *claimed = rows(out)
+    assert header == ["ID", "RECEIPT", "ATTEMPT", "LEASE_UNTIL", "DATA"]
+    assert [(r[0], r[2], r[4]) for r in claimed] == [
+        ("1", "1", "resize photo 1"),
+        ("2", "1", "resize photo 2"),
+    ]
+    first, second = claimed[0][1], claimed[1][1]
+
+    code, out, _ = run("work", "ack", "cli-jobs", "workers", first)
+    assert (code, out) == (0, f"{first}: done\n")
+    code, out, _ = run("work", "ack", "cli-jobs", "workers", first, "999.1")
+    assert code == 1  # one of the two is not a receipt the server handed out
+    done, unknown = out.splitlines()
+    assert done == f"{first}: done" and unknown.startswith("999.1: unknown_receipt: ")
+
+    code, out, _ = run("work", "nack", "cli-jobs", "workers", second, "--error", "disk full")
+    assert code == 0 and out.startswith(f"{second}: retried from ")
+    code, out, _ = run("work", "list", "cli-jobs", "workers", "--status", "failed", "--status", "pending")
+    header, *listed = rows(out)
+    assert header == ["ID", "STATUS", "ATTEMPTS", "LAST_ERROR", "DATA"]
+    assert [(r[0], r[1], r[2]) for r in listed] == [("2", "failed", "1"), ("3", "pending", "0")]
+    assert "disk full" in out.splitlines()[1] and out.splitlines()[1].endswith("resize photo 2")
+
+    # The operator makes it claimable now; its second failure uses up its attempts: dead.
+    code, out, _ = run("work", "retry", "cli-jobs", "workers", "--status", "failed")
+    assert (code, out) == (0, "retried 1\n")
+    (again,) = client.claim("cli-jobs", "workers", limit=1, wait=2)
+    assert (again.id, again.attempt) == (2, 2)
+    code, out, _ = run("work", "nack", "cli-jobs", "workers", again.receipt, "--json")
+    assert code == 0 and json.loads(out)[0]["dead"] is True
+    code, out, _ = run("work", "retry", "cli-jobs", "workers", "--status", "dead")
+    assert (code, out) == (0, "retried 1\n")
+    code, out, _ = run("work", "list", "cli-jobs", "workers", "--json", "--status", "pending")
+    assert [m["id"] for m in json.loads(out)["messages"]] == [2, 3]
+
+    # Delete needs a selection and a confirmation.
+    code, _, err = run("work", "delete", "cli-jobs", "workers", "--yes")
+    assert code == 2 and "--status or --id" in err
+    code, _, err = run("work", "delete", "cli-jobs", "workers", "--header", "kind=test")
+    assert code == 2
+    code, out, _ = run(
+        "work", "delete", "cli-jobs", "workers", "--status", "pending", "--header", "kind=test", "--yes"
+    )
+    assert (code, out) == (0, "deleted 1\n")
+    assert [m.id for m in client.work("cli-jobs", "workers", status="pending").messages] == [2]
