@@ -80,6 +80,23 @@ def test_a_queue_is_created_listed_shown_and_dropped(run: Run) -> None:
     limits = json.loads(out)["definition"]["block"]
     assert (code, limits["max_messages"], limits["max_bytes"]) == (0, 50, 64 * 1024)
 
+    # For people: one field per line, then the subscriptions with their lag.
+    code, out, _ = run("produce", "cli-orders", "a", "b", "c")
+    code, out, _ = run("consume", "cli-orders", "--subscription", "billing", "--limit", "1")
+    code, out, _ = run("queue", "show", "cli-orders")
+    lines = out.splitlines()
+    fields = {
+        line.split("  ", 1)[0]: line.split("  ", 1)[1].strip()
+        for line in lines
+        if "  " in line and not line.startswith("SUB")
+    }
+    assert code == 0 and fields["name"] == "cli-orders"
+    assert fields["messages"].startswith("3 (ids 1-3)")
+    assert fields["block sealed at"].startswith("50 messages, 65536 bytes")
+    assert fields["writable"] == "yes"
+    assert lines[-2].split() == ["SUBSCRIPTION", "MODE", "LAST_ID", "LAG", "REPLICA"]
+    assert lines[-1].split() == ["billing", "cursor", "1", "2", "no"]
+
     code, out, _ = run("queue", "drop", "cli-orders", "--yes")
     assert (code, out) == (0, "queue cli-orders dropped\n")
     code, _, err = run("queue", "show", "cli-orders")
@@ -171,6 +188,11 @@ def test_a_handler_is_created_listed_shown_stopped_run_and_dropped(run: Run, cli
 
     code, out, _ = run("handler", "run", "cli-trim")
     assert (code, out) == (0, "handler cli-trim ran: runs=1 items=2 bytes=" + out.split("bytes=")[1])
+    code, out, _ = run("handler", "show", "cli-trim")  # for people: one field per line
+    fields = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in out.splitlines()}
+    assert (code, fields["type"], fields["queues"], fields["started"]) == (0, "expire", "cli-h-orders", "no")
+    assert fields["runs"].startswith("1 (2 items") and fields["last error"] == "-"
+    assert "max_messages=1" in fields["params"]
     assert client.queue("cli-h-orders").stats.first_id == 5
     assert client.handler("cli-trim").started is False
 

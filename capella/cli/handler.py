@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from capella.cli.output import error, print_json, print_table
+from capella.cli.output import error, print_fields, print_json, print_table, utc
 from capella.client import Client
 from capella.wire.handlers import HandlerError, HandlerStatus
 
@@ -109,7 +109,27 @@ def list_handlers(args: argparse.Namespace, client: Client) -> int:
 
 
 def show_handler(args: argparse.Namespace, client: Client) -> int:
-    print_json(client.handler(args.name), pretty=not args.json)
+    info = client.handler(args.name)
+    if args.json:
+        print_json(info)
+        return 0
+    status = info.status
+    last_error = status.last_error
+    print_fields(
+        [
+            ("name", info.name),
+            ("type", info.type),
+            ("queues", ", ".join(info.queues)),
+            ("params", ", ".join(f"{k}={v}" for k, v in info.params.items()) or "-"),
+            ("runs as", info.user or "-"),
+            ("started", "yes" if info.started else "no"),
+            ("running", "yes" if status.running else "no"),
+            ("runs", f"{status.runs} ({status.items} items, {status.bytes} bytes)"),
+            ("last complete", utc(status.last_complete)),
+            ("next run", utc(status.next_run)),
+            ("last error", f"{last_error.message} at {utc(last_error.time)}" if last_error else "-"),
+        ]
+    )
     return 0
 
 

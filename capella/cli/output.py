@@ -42,6 +42,13 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
         sys.stdout.write("\n")
 
 
+def print_fields(fields: list[tuple[str, object]]) -> None:
+    """One ``name  value`` line per field, the values lined up: a ``show`` for people."""
+    width = max(len(name) for name, _ in fields)
+    for name, value in fields:
+        sys.stdout.write(f"{name.ljust(width)}  {value}\n")
+
+
 def utc(seconds: float | None) -> str:
     """A UNIX time as people read it, in UTC: ``2026-11-25T10:00:00Z`` (``-`` for none)."""
     if seconds is None:

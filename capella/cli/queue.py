@@ -7,7 +7,7 @@ import re
 import sys
 from typing import Any
 
-from capella.cli.output import error, print_json, print_table
+from capella.cli.output import error, print_fields, print_json, print_table, utc
 from capella.client import Client
 
 
@@ -99,9 +99,41 @@ def show_queue(args: argparse.Namespace, client: Client) -> int:
     info = client.queue(args.name)
     if args.json:
         print_json(info)
-    else:
-        print_json(info, pretty=True)
+        return 0
+    stats, definition = info.stats, info.definition
+    block = definition.block
+    blocks = stats.blocks
+    fields: list[tuple[str, object]] = [
+        ("name", info.name),
+        ("messages", f"{stats.messages} (ids {stats.first_id}-{stats.last_id}), {stats.bytes} bytes"),
+        ("blocks", f"{blocks.total}: " + _counts(blocks.by_state)),
+        ("blocks by mark", _counts(blocks.by_mark) or "-"),
+        ("scheduled", f"{stats.scheduled.count}, next due {utc(stats.scheduled.next_due)}"),
+        (
+            "writable",
+            "yes" if stats.writable else "no: " + "; ".join(f"{f.step}: {f.error}" for f in stats.faults),
+        ),
+        ("last error", stats.last_error or "-"),
+    ]
+    if block is not None:
+        limits = f"{block.max_messages} messages, {block.max_bytes} bytes, {block.max_age} s"
+        fields.append(("block sealed at", limits))
+    fields.append(("save", f"{definition.save} (subscriptions: {definition.subscription_save})"))
+    segments = definition.segments
+    fields.append(("segments", "any" if segments is None else f"{segments.min} to {segments.max}"))
+    print_fields(fields)
+    subscriptions = client.subscriptions(args.name)
+    if subscriptions:
+        print()
+        rows = [
+            [s.name, s.mode, str(s.last_id), str(s.lag), "yes" if s.replica else "no"] for s in subscriptions
+        ]
+        print_table(["SUBSCRIPTION", "MODE", "LAST_ID", "LAG", "REPLICA"], rows)
     return 0
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name} {count}" for name, count in counts.items() if count)
 
 
 def drop_queue(args: argparse.Namespace, client: Client) -> int:
