@@ -1,0 +1,155 @@
+"""The documentation runs as written: README.md and every docs/*.md, block by block, in order.
+
+Each file's shell and Python blocks run against a fresh real server listening where the docs
+say (``localhost:8676``, as ``make run`` does), so every command is executed exactly as it is
+printed, with ``.venv/bin`` first on ``PATH`` for ``capella``. A ``# {...}`` comment right
+after a command is its expected answer and is compared when it is whole JSON; any other answer
+must not be an error. A command that follows a stream (``curl -N``, ``--follow``) runs for a
+few seconds and must print something. A block right after ``<!-- illustrative -->`` is not run:
+it needs what a test cannot have (other clusters, TLS files, a terminal for a password) or runs
+forever (a worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from conftest import ServerProcess, running
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PORT = 8676
+BLOCK = re.compile(r"(<!-- illustrative -->\s*\n)?```(sh|python)\n(.*?)```", re.DOTALL)
+COMMAND_TIMEOUT = 40.0
+FOLLOW_SECONDS = 3.0
+# Runs a Python block as written, top-level ``async with`` and ``await`` included.
+PYTHON_RUNNER = """
+import ast, asyncio, sys
+code = compile(sys.stdin.read(), "README.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+result = eval(code, {"__name__": "__main__"})
+if asyncio.iscoroutine(result):
+    asyncio.run(result)
+"""
+
+pytestmark = pytest.mark.slow
+
+
+def blocks(document: Path) -> list[tuple[str, str]]:
+    """(language, text) of every block that is not marked illustrative, in order."""
+    return [(lang, text) for marker, lang, text in BLOCK.findall(document.read_text()) if not marker]
+
+
+def commands(block: str) -> list[tuple[str, str | None]]:
+    """Each shell command of a block (continuation lines joined) with its expected answer."""
+    found: list[tuple[str, str | None]] = []
+    pending = ""
+    for line in block.splitlines():
+        if pending:
+            pending += "\n" + line
+        elif line.startswith("# {") and found:
+            found[-1] = (found[-1][0], line[2:])
+            continue
+        elif not line.strip() or line.lstrip().startswith("#"):
+            continue
+        else:
+            pending = line
+        if not pending.endswith("\\") and _complete(pending):
+            found.append((pending, None))
+            pending = ""
+    return found
+
+
+def _complete(command: str) -> bool:
+    """False while a quoted string (a JSON body over several lines) is still open."""
+    try:
+        shlex.split(command)
+    except ValueError:
+        return False
+    return True
+
+
+@contextmanager
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", PORT)) == 0:
+            pytest.skip(f"something listens on {PORT} already (a `make run`?); the docs' commands name it")
+    yield from running(ServerProcess(tmp_path / "capella-data", port=PORT))
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    for name in ("CAPELLA_URL", "CAPELLA_USER", "CAPELLA_PASSWORD", "CAPELLA_TOKEN"):
+        env.pop(name, None)
+    return env
+
+
+def run_shell(command: str, cwd: Path) -> str:
+    follows = " -N " in f" {command} " or "--follow" in command
+    process = subprocess.Popen(
+        ["bash", "-c", command], cwd=cwd, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        out, err = process.communicate(timeout=FOLLOW_SECONDS if follows else COMMAND_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        assert follows, f"{command!r} did not finish within {COMMAND_TIMEOUT} s"
+        assert out.strip(), f"{command!r} followed for {FOLLOW_SECONDS} s and printed nothing"
+        return out.decode()
+    assert process.returncode == 0, f"{command!r} exited {process.returncode}: {err.decode()}"
+    return out.decode()
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
+def test_the_documentation_runs_as_written(document: Path, tmp_path: Path) -> None:
+    runnable = blocks(document)
+    if not runnable:
+        pytest.skip(f"{document.name} has no shell or Python block to run")
+    with server(tmp_path):
+        for lang, text in runnable:
+            if lang == "python":
+                run_python(text)
+                continue
+            for command, expected in commands(text):
+                out = run_shell(command, tmp_path)
+                if expected is not None and (want := _json(expected)) is not None:
+                    assert _json(out) == want, f"{command!r} answered {out[:500]}"
+                assert not out.startswith('{"error":'), f"{command!r} answered an error: {out[:500]}"
+
+
+def run_python(text: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PYTHON_RUNNER],
+        input=text.encode(),
+        env=environment(),
+        capture_output=True,
+        timeout=COMMAND_TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, f"a Python block failed:\n{text}\n{done.stderr.decode()}"
+
+
+def _json(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def test_the_command_splitter_keeps_continuations_and_expected_answers() -> None:
+    block = "# a comment\ncurl a \\\n  -d '{}'\n# {\"x\": 1}\n\ncurl b -d '{\n  \"y\": 2}'\n"
+    assert commands(block) == [
+        ("curl a \\\n  -d '{}'", '{"x": 1}'),
+        ("curl b -d '{\n  \"y\": 2}'", None),
+    ]
