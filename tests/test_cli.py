@@ -293,6 +293,11 @@ def test_a_cluster_is_added_listed_shown_pinged_and_dropped(run: Run, server_pro
     assert (code, err) == (0, "")
     assert out.startswith("cluster cli-self ok: ") and out.endswith(" ms\n")
 
+    code, out, _ = run("cluster", "show", "cli-self")  # for people: one field per line
+    fields = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in out.splitlines()}
+    assert (code, fields["url"], fields["credentials"]) == (0, server_process.url, "token, stored encrypted")
+    assert fields["compression"] == "none" and fields["verify tls"] == "yes"
+
     outputs = [run("cluster", "list", "--json")[1], run("cluster", "show", "cli-self")[1]]
     registry = server_process.data_dir / "queues" / ".capella" / "clusters.json"
     for text in [*outputs, server_process.log(), registry.read_text()]:

@@ -308,6 +308,10 @@ def test_a_user_added_with_rules_may_do_what_they_allow(
     assert (code, out) == (0, "user cli-ann added\n")
     code, out, _ = run("user", "show", "cli-ann", "--json")
     assert [r["effect"] for r in json.loads(out)["rules"]] == ["allow", "deny"]
+    code, out, _ = run("user", "show", "cli-ann")  # for people: one field per line
+    fields = dict(line.split(None, 1) for line in out.splitlines())
+    assert (code, fields["admin"], fields["enabled"]) == (0, "no", "yes")
+    assert fields["rules"] == "allow:queue:*:cli-* deny:queue:write:cli-closed"
 
     sign_in(monkeypatch, "cli-ann", "ann-pass-1")
     assert run("produce", "cli-open", "hello")[0] == 0

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from capella.cli.output import error, print_json, print_table
+from capella.cli.output import error, print_fields, print_json, print_table
 from capella.client import Client
 
 COMPRESSIONS = ("none", "gzip", "zstd")
@@ -119,7 +119,29 @@ def list_clusters(args: argparse.Namespace, client: Client) -> int:
 
 
 def show_cluster(args: argparse.Namespace, client: Client) -> int:
-    print_json(client.cluster(args.name), pretty=not args.json)
+    info = client.cluster(args.name)
+    if args.json:
+        print_json(info)
+        return 0
+    credentials = info.credentials
+    signed_in = "none"
+    if credentials is not None:
+        who = f" as {credentials.username}" if credentials.username else ""
+        signed_in = f"{credentials.kind}{who}, {credentials.source}"
+    print_fields(
+        [
+            ("name", info.name),
+            ("url", info.url),
+            ("credentials", signed_in),
+            (
+                "verify tls",
+                ("yes" if info.tls.verify else "no")
+                + (f", CA {info.tls.ca_file}" if info.tls.ca_file else ""),
+            ),
+            ("timeouts", f"connect {info.timeouts.connect:g} s, request {info.timeouts.request:g} s"),
+            ("compression", info.compression),
+        ]
+    )
     return 0
 
 

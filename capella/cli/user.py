@@ -23,7 +23,7 @@ from capella.auth.rule import Rule
 from capella.auth.store import AuthStore
 from capella.auth.store import User as StoredUser
 from capella.cli.login import Login, connect, login
-from capella.cli.output import error, print_json, print_table
+from capella.cli.output import error, print_fields, print_json, print_table, utc
 from capella.config import load_config
 from capella.errors import AlreadyExists, InvalidRequest, UserNotFound
 from capella.wire.auth import User
@@ -212,7 +212,21 @@ def list_users(args: argparse.Namespace, users: Users, who: Login) -> int:
 
 
 def show_user(args: argparse.Namespace, users: Users, who: Login) -> int:
-    print_json(users.user(args.name), pretty=not args.json)
+    info = users.user(args.name)
+    if args.json:
+        print_json(info)
+        return 0
+    rules = [str(Rule.parse(msgspec.to_builtins(r))) for r in info.rules]
+    print_fields(
+        [
+            ("name", info.name),
+            ("admin", "yes" if info.admin else "no"),
+            ("enabled", "yes" if info.enabled else "no"),
+            ("rules", " ".join(rules) or "-"),
+            ("created", utc(info.created)),
+            ("updated", utc(info.updated)),
+        ]
+    )
     return 0
 
 
