@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from capella import __version__
-from capella.cli import cluster, data, handler, queue, scheduled, serve, token, user, work
+from capella.cli import cluster, data, handler, queue, scheduled, serve, token, transfer, user, work
 from capella.cli.login import HINT, connect, login
 from capella.cli.output import error
 from capella.client import DEFAULT_URL
@@ -83,6 +83,7 @@ def parser() -> argparse.ArgumentParser:
     handler.add_parser(commands, common)
     cluster.add_parser(commands, common)
     data.add_parsers(commands, common)
+    transfer.add_parsers(commands, common)
     scheduled.add_parser(commands, common)
     work.add_parser(commands, common)
     user.add_parser(commands, common)
