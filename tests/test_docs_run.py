@@ -12,6 +12,7 @@ forever (a worker).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -80,6 +81,13 @@ def _complete(command: str) -> bool:
 
 @contextmanager
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    # Test runs of several checkouts on one machine take turns on the one port the docs name.
+    with open(Path("/tmp") / f"capella-docs-{PORT}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield from _listening(tmp_path)
+
+
+def _listening(tmp_path: Path) -> Iterator[ServerProcess]:
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", PORT)) == 0:
             pytest.skip(f"something listens on {PORT} already (a `make run`?); the docs' commands name it")
