@@ -111,3 +111,20 @@ def test_the_progress_line_is_drawn_on_a_terminal_only() -> None:
     progress.add(10)
     progress.finish()
     assert quiet.getvalue() == ""
+
+
+def test_the_progress_line_says_how_far_into_a_file_the_reader_is(tmp_path: Path) -> None:
+    path = tmp_path / "lines.txt"
+    path.write_bytes(b"a line\n" * 100)
+    terminal = Terminal()
+    with path.open("rb") as f:
+        progress = Progress("produced", stream=terminal, reading=f)
+        f.read(350)
+        progress.add(50)
+        progress.finish()
+    assert terminal.getvalue().startswith("\rproduced 50 messages (50 % of the file), ")
+
+    with open("/dev/null", "rb") as f:  # not a regular file: no share to show
+        progress = Progress("produced", stream=(terminal := Terminal()), reading=f)
+        progress.finish()
+    assert terminal.getvalue().startswith("\rproduced 0 messages, ")

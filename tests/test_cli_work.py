@@ -125,3 +125,14 @@ def test_a_work_queue_from_the_command_line(run: Run, client: Client) -> None:
     )
     assert (code, out) == (0, "deleted 1\n")
     assert [m.id for m in client.work("cli-jobs", "workers", status="pending").messages] == [2]
+
+
+def test_a_bulk_delete_walks_every_page(run: Run, client: Client) -> None:
+    # The server changes at most 1,000 messages per call; the command repeats until none is left.
+    client.put_queue("cli-bulk")
+    client.put_work("cli-bulk", "workers")
+    for start in range(0, 2500, 500):
+        client.produce("cli-bulk", [f"job {n}" for n in range(start, start + 500)], save="none")
+    code, out, _ = run("work", "delete", "cli-bulk", "workers", "--status", "pending", "--yes", "--json")
+    assert code == 0 and json.loads(out) == {"deleted": list(range(1, 2501)), "next_after": None}
+    assert client.work("cli-bulk", "workers", status="pending").messages == []

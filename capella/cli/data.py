@@ -13,6 +13,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from capella.cli.output import print_json, print_payload
+from capella.cli.progress import Progress
 from capella.client import Client
 from capella.errors import InvalidMessage
 
@@ -70,11 +71,13 @@ def produce_messages(args: argparse.Namespace, client: Client) -> int:
     if args.messages:
         lines: Iterable[bytes] = (m.encode() for m in args.messages)
         messages = _messages(lines, args.ndjson, defaults)
-        return _produce_all(client, args, messages)
+        return _produce_all(client, args, messages, Progress("produced"))
     if args.file is not None:
         with args.file.open("rb") as f:
-            return _produce_all(client, args, _messages(_lines(f), args.ndjson, defaults))
-    return _produce_all(client, args, _messages(_lines(sys.stdin.buffer), args.ndjson, defaults))
+            progress = Progress("produced", reading=f)
+            return _produce_all(client, args, _messages(_lines(f), args.ndjson, defaults), progress)
+    progress = Progress("produced", reading=sys.stdin.buffer)
+    return _produce_all(client, args, _messages(_lines(sys.stdin.buffer), args.ndjson, defaults), progress)
 
 
 def consume_messages(args: argparse.Namespace, client: Client) -> int:
@@ -111,7 +114,9 @@ def consume_messages(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-def _produce_all(client: Client, args: argparse.Namespace, messages: Iterator[dict[str, Any]]) -> int:
+def _produce_all(
+    client: Client, args: argparse.Namespace, messages: Iterator[dict[str, Any]], progress: Progress
+) -> int:
     while batch := list(islice(messages, BATCH)):
         for result in client.produce(args.queue, batch, save=args.save):
             if args.json:
@@ -119,6 +124,8 @@ def _produce_all(client: Client, args: argparse.Namespace, messages: Iterator[di
             else:
                 print(f"{result.id} duplicate" if result.duplicate else result.id)
         sys.stdout.flush()
+        progress.add(len(batch))
+    progress.finish()
     return 0
 
 

@@ -103,7 +103,7 @@ def import_queue(args: argparse.Namespace, client: Client) -> int:
         error(f"cannot read {args.file}: {exc.strerror}")
         return 1
     total_bytes = args.file.stat().st_size if args.file is not None else None
-    progress = Progress("imported")
+    progress = Progress("imported", reading=source)
     stored = duplicates = 0
     try:
         lines = _objects(source)

@@ -13,8 +13,9 @@ from typing import Any
 from msgspec import UnsetType
 
 from capella.cli.output import error, print_json, print_table, text_of, utc
+from capella.cli.progress import Progress
 from capella.client import Client
-from capella.wire.work import ReceiptResult
+from capella.wire.work import DeletedWork, ReceiptResult, RetriedWork
 
 STATUSES = ("pending", "in_flight", "failed", "dead")
 
@@ -147,11 +148,22 @@ def list_work(args: argparse.Namespace, client: Client) -> int:
 
 
 def retry_work(args: argparse.Namespace, client: Client) -> int:
-    answer = client.retry_work(args.queue, args.subscription, **_selected(args), **_when(args))
+    progress = Progress("retried")
+    retried: list[int] = []
+    selection = _selected(args) | _when(args)
+    # The server looks at one page per request; a bulk retry walks them all.
+    while True:
+        answer = client.retry_work(args.queue, args.subscription, **selection)
+        retried += answer.retried
+        progress.add(len(answer.retried))
+        if answer.next_after is None:
+            break
+        selection["after"] = answer.next_after
+    progress.finish()
     if args.json:
-        print_json(answer)
+        print_json(RetriedWork(retried=retried, next_after=None))
     else:
-        print(f"retried {len(answer.retried)}" + _more(answer.next_after))
+        print(f"retried {len(retried)}")
     return 0
 
 
@@ -166,11 +178,21 @@ def delete_work(args: argparse.Namespace, client: Client) -> int:
         if input("finish these messages without processing them? [y/N] ").strip().lower() not in ("y", "yes"):
             error("not deleted")
             return 1
-    answer = client.delete_work(args.queue, args.subscription, **_selected(args))
+    progress = Progress("deleted")
+    deleted: list[int] = []
+    selection = _selected(args)
+    while True:
+        answer = client.delete_work(args.queue, args.subscription, **selection)
+        deleted += answer.deleted
+        progress.add(len(answer.deleted))
+        if answer.next_after is None:
+            break
+        selection["after"] = answer.next_after
+    progress.finish()
     if args.json:
-        print_json(answer)
+        print_json(DeletedWork(deleted=deleted, next_after=None))
     else:
-        print(f"deleted {len(answer.deleted)}" + _more(answer.next_after))
+        print(f"deleted {len(deleted)}")
     return 0
 
 
@@ -188,14 +210,6 @@ def _when(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError:
             return {"at": args.at}
     return {"delay": args.delay} if args.delay is not None else {}
-
-
-def _more(next_after: int | None) -> str:
-    return (
-        ""
-        if next_after is None
-        else f"; more may match: run again with the same selection after id {next_after}"
-    )
 
 
 def _pair(text: str) -> tuple[str, str]:
