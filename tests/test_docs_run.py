@@ -12,11 +12,13 @@ forever (a worker).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +30,7 @@ import pytest
 from conftest import ServerProcess, running
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 PORT = 8676
 BLOCK = re.compile(r"(<!-- illustrative -->\s*\n)?```(sh|python)\n(.*?)```", re.DOTALL)
 COMMAND_TIMEOUT = 40.0
@@ -102,11 +104,17 @@ def environment() -> dict[str, str]:
     return env
 
 
-def run_shell(command: str, cwd: Path) -> str:
+def run_shell(command: str, cwd: Path, groups: list[int]) -> str:
     follows = " -N " in f" {command} " or "--follow" in command
     process = subprocess.Popen(
-        ["bash", "-c", command], cwd=cwd, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
+    groups.append(process.pid)
     try:
         out, err = process.communicate(timeout=FOLLOW_SECONDS if follows else COMMAND_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -124,16 +132,22 @@ def test_the_documentation_runs_as_written(document: Path, tmp_path: Path) -> No
     runnable = blocks(document)
     if not runnable:
         pytest.skip(f"{document.name} has no shell or Python block to run")
-    with server(tmp_path):
-        for lang, text in runnable:
-            if lang == "python":
-                run_python(text)
-                continue
-            for command, expected in commands(text):
-                out = run_shell(command, tmp_path)
-                if expected is not None and (want := _json(expected)) is not None:
-                    assert _json(out) == want, f"{command!r} answered {out[:500]}"
-                assert not out.startswith('{"error":'), f"{command!r} answered an error: {out[:500]}"
+    groups: list[int] = []  # a tutorial starts a second cluster in the background (`&`)
+    try:
+        with server(tmp_path):
+            for lang, text in runnable:
+                if lang == "python":
+                    run_python(text)
+                    continue
+                for command, expected in commands(text):
+                    out = run_shell(command, tmp_path, groups)
+                    if expected is not None and (want := _json(expected)) is not None:
+                        assert _json(out) == want, f"{command!r} answered {out[:500]}"
+                    assert not out.startswith('{"error":'), f"{command!r} answered an error: {out[:500]}"
+    finally:
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
 
 
 def run_python(text: str) -> None:
