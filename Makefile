@@ -39,7 +39,12 @@ chaos: $(STAMP) tools
 
 test: lint typecheck pytest
 
+# The side-by-side scenario (versus) compares with Debian's redis-server when it is installed.
 bench: $(STAMP)
+	@command -v redis-server >/dev/null || \
+		(apt-get -o DPkg::Lock::Timeout=600 update -qq && \
+		 apt-get -o DPkg::Lock::Timeout=600 install -y -qq redis-server >/dev/null) || \
+		echo "redis-server could not be installed: the versus scenario will say so"
 	$(BIN)/python -m benchmarks
 
 clean:

@@ -28,6 +28,7 @@ from benchmarks import (
     tiers_archive,
     tiers_memory,
     tiers_read,
+    versus,
     work,
 )
 from benchmarks.profile import summarize
@@ -47,6 +48,7 @@ SCENARIOS: dict[str, Callable[[Settings], Awaitable[Outcome]]] = {
     "auth": auth.run,
     "delayed": delayed.run,
     "work": work.run,
+    "versus": versus.run,
 }
 
 
