@@ -18,6 +18,7 @@ import orjson
 import pytest
 from pg import PgServer, eventually
 
+from capella.cli import main
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, Message, SaveMode
 from capella.handlers.links import Links
@@ -195,3 +196,20 @@ async def test_a_new_message_wakes_the_inbox_long_before_its_interval(
     assert time.monotonic() - started < 5
     assert await conn.fetchval("SELECT data FROM capella_inbox WHERE source = 'late'") == b"wake up"
     assert await conn.fetchval("SELECT count(*) FROM capella_inbox") == 301
+
+
+async def test_the_cli_prints_a_table_the_handler_accepts(
+    orders: Cluster, pg_server: PgServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["pg", "inbox-ddl", "--table", "app_inbox"]) == 0
+    dsn = pg_server.create_database(f"t{uuid.uuid4().hex[:12]}")
+    conn = await asyncpg.connect(dsn)
+    handler = copier(orders, dsn, table="app_inbox")
+    try:
+        await conn.execute(capsys.readouterr().out)
+        assert (await handler.run_once()).items == 300
+        assert await conn.fetchval("SELECT count(*) FROM app_inbox") == 300
+    finally:
+        await handler.close()
+        await conn.close()
+    assert main(["pg", "inbox-ddl", "--table", "Robert'); DROP TABLE x"]) == 1
