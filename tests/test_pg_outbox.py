@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -360,6 +362,18 @@ async def test_a_dsn_password_is_never_shown_logged_or_stored_in_clear(
     finally:
         await again.close()
     assert [m.payload for m in await messages(orders)] == [b"one", b"two", b"three"]
+    # Without its key the definition cannot be loaded: it says so, shows no secret, and is kept.
+    (tmp_path / "links.key").rename(tmp_path / "lost.key")
+    keyless = Supervisor(orders, links=Links(orders, key_file=tmp_path / "links.key"))
+    await keyless.start()
+    try:
+        failed = (await keyless.run_now("relay")).to_dict()
+        assert "cannot be decrypted" in failed["status"]["last_error"]["message"]
+        assert "dsn_password_encrypted" not in failed["params"]
+        await keyless.put("other", {"type": "flush", "queue": "orders"})
+    finally:
+        await keyless.close()
+    assert b"dsn_password_encrypted" in await orders.home.get(".capella/handlers.json")
 
 
 async def test_bad_definitions_are_refused_with_the_field(orders: Cluster, supervisor: Supervisor) -> None:
@@ -386,3 +400,25 @@ def test_the_ddl_names_the_table_and_the_channel() -> None:
     text = outbox_ddl("app.events", notify=True, keep=True)
     assert 'CREATE TABLE "app"."events"' in text and "pg_notify('events', '')" in text
     assert "relayed_at" in text and 'ON "app"."events"' in text
+
+
+def test_asyncpg_is_imported_only_when_a_pg_handler_connects(tmp_path: Path) -> None:
+    code = """
+import asyncio, sys
+import capella.cli, capella.server
+from capella.errors import DatabaseUnavailable
+from capella.handlers.postgres import Database, Dsn
+
+assert not [name for name in sys.modules if name.startswith("asyncpg")]
+async def connect():
+    try:
+        await Database(Dsn("postgresql://u@127.0.0.1:1/x", None)).connect()
+    except DatabaseUnavailable:
+        pass
+asyncio.run(connect())
+assert "asyncpg" in sys.modules
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr

@@ -439,6 +439,10 @@ class _Unloadable:
         self._error = error
 
     def to_dict(self) -> dict[str, Any]:
+        # A pg handler's stored password stays out of the API even when encrypted.
+        return {k: v for k, v in self._raw.items() if not k.endswith("_encrypted")}
+
+    def stored_dict(self) -> dict[str, Any]:
         return dict(self._raw)
 
     async def run_once(self) -> PassResult:
