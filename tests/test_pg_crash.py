@@ -150,7 +150,7 @@ async def test_kill_9_mid_inbox_copy_leaves_each_message_once_in_the_table(
                     f"{url}/v1/queues/events/messages?save=wait", json={"messages": batch}
                 ) as resp:
                     assert resp.status == 200, await resp.text()
-            definition = {"type": "pg_inbox", "queue": "events", "params": {"dsn": dsn, "batch": 100}}
+            definition = {"type": "pg_inbox", "queue": "events", "params": {"dsn": dsn, "batch": 50}}
             async with session.put(f"{url}/v1/handlers/inbox", json=definition) as resp:
                 assert resp.status == 201, await resp.text()
 

@@ -124,6 +124,7 @@ async def test_the_cursor_stays_until_the_database_has_the_rows(
     )
     status = (await supervisor.run_now("inbox")).to_dict()["status"]
     assert "table capella_inbox does not exist" in status["last_error"]["message"]
+    assert status["lag"] == 300
     queue = orders.queue("orders")
     assert cursor(orders) == 0
     pg_server.psql(database, inbox_ddl())

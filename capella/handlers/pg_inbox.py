@@ -130,14 +130,16 @@ class InboxHandler(QueueHandler[InboxParams]):
     async def run_queue(self, queue: Queue) -> PassResult:
         params = self.params
         self.identity.check("subscription", "write", f"{queue.name}/{params.subscription}")
-        await self._db.connect()
-        # Checked every pass, not once per connection: a table can be created or altered.
-        check_columns(params.table, await self._db.columns(params.table), COLUMNS, {})
         try:
             cursor = queue.subscription(params.subscription).last_id
         except SubscriptionNotFound:
             cursor = 0
             await queue.commit(params.subscription, 0, save=params.commit_save)
+        # Known before the database is asked, so a failing pass still shows how far behind it is.
+        self._lag[queue.name] = max(0, queue.last_id - cursor)
+        await self._db.connect()
+        # Checked every pass, not once per connection: a table can be created or altered.
+        check_columns(params.table, await self._db.columns(params.table), COLUMNS, {})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PASS_SECONDS
         result = PassResult()
