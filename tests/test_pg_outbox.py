@@ -24,7 +24,7 @@ from pg import PASSWORD, PASSWORD_ROLE, PgServer, eventually
 
 from capella.core.cluster import Cluster
 from capella.core.message import Message
-from capella.errors import InvalidRequest
+from capella.errors import InvalidRequest, TableMismatch
 from capella.handlers.links import Links
 from capella.handlers.pg_outbox import OutboxHandler, OutboxParams, outbox_ddl
 from capella.handlers.supervisor import Supervisor
@@ -242,6 +242,26 @@ async def test_a_notify_wakes_the_relay_long_before_its_interval(
     await eventually(relayed, 10)
     assert time.monotonic() - started < 5
     assert_exactly_once(await messages(orders), rows)
+
+
+async def test_a_table_created_after_the_first_pass_still_wakes_the_relay(
+    orders: Cluster, pg_server: PgServer
+) -> None:
+    database = f"t{uuid.uuid4().hex[:12]}"
+    dsn = pg_server.create_database(database)
+    handler = relay(orders, dsn)
+    try:
+        with pytest.raises(TableMismatch):
+            await handler.run_once()
+        pg_server.psql(database, outbox_ddl(notify=True))
+        await handler.run_once()
+        # The connection of the failed pass is the one that now LISTENs.
+        waiting = asyncio.create_task(handler.pause(30))
+        pg_server.psql(database, "INSERT INTO capella_outbox (data) VALUES ('late')")
+        await asyncio.wait_for(waiting, 5)
+        assert (await handler.run_once()).items == 1
+    finally:
+        await handler.close()
 
 
 async def test_a_database_restart_while_relaying_loses_and_repeats_nothing(

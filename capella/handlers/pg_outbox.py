@@ -115,7 +115,7 @@ class OutboxHandler:
         self._select = ""
         self._done = ""
         self._lag = ""
-        self._columns: dict[str, str] = {}
+        self._listening = False
         self._source: str | None = params.source
         self._waiting: int | None = None
         self._oldest_age: float | None = None
@@ -144,8 +144,10 @@ class OutboxHandler:
         queue = self._cluster.queue(params.to)
         # Cleared before reading: a commit notified during this pass wakes the next one at once.
         self._wake.clear()
+        if await self._db.connect():
+            self._listening = False
         # Checked every pass, not once per connection: a table can be created or altered.
-        await self._prepare(listen=await self._db.connect())
+        await self._prepare()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PASS_SECONDS
         result = PassResult()
@@ -168,13 +170,12 @@ class OutboxHandler:
         await self._measure_lag()
         return result
 
-    async def _prepare(self, *, listen: bool) -> None:
-        """Check the columns and build the statements; on a new connection, LISTEN."""
+    async def _prepare(self) -> None:
+        """Check the columns and build the statements; LISTEN once per connection."""
         params = self.params
         columns = await self._db.columns(params.table)
         required = dict(REQUIRED) | ({} if params.delete else {"relayed_at": OPTIONAL["relayed_at"]})
         check_columns(params.table, columns, required, OPTIONAL)
-        self._columns = columns
         table = quoted(params.table)
         wanted = [c for c in ("id", "data", "segment", "headers", "created_at", "deliver_at") if c in columns]
         pending = "" if params.delete else " WHERE relayed_at IS NULL"
@@ -188,8 +189,9 @@ class OutboxHandler:
         if self._source is None:
             database = (await self._db.fetchrow("SELECT current_database()"))[0]
             self._source = f"pg:{database}.{params.table}"
-        if listen:
+        if not self._listening:
             await self._db.listen(params.table.rpartition(".")[2], self._wake.set)
+            self._listening = True
 
     def _draft(self, row: Any) -> Draft:
         data = row["data"]
