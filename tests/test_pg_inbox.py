@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 import orjson
 import pytest
+from conftest import ServerProcess
 from pg import PgServer, eventually
 
 from capella.cli import main
@@ -23,6 +24,7 @@ from capella.core.cluster import Cluster
 from capella.core.message import Draft, Message, SaveMode
 from capella.handlers.links import Links
 from capella.handlers.pg_inbox import InboxHandler, InboxParams, inbox_ddl
+from capella.handlers.pg_outbox import outbox_ddl
 from capella.handlers.supervisor import Supervisor
 
 
@@ -214,3 +216,41 @@ async def test_the_cli_prints_a_table_the_handler_accepts(
         await handler.close()
         await conn.close()
     assert main(["pg", "inbox-ddl", "--table", "Robert'); DROP TABLE x"]) == 1
+
+
+def test_the_cli_defines_runs_and_shows_both_handlers(
+    server_process: ServerProcess, pg_server: PgServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database = f"t{uuid.uuid4().hex[:12]}"
+    dsn = pg_server.create_database(database)
+    pg_server.psql(database, outbox_ddl() + inbox_ddl())
+    pg_server.psql(database, "INSERT INTO capella_outbox (data) VALUES ('one'), ('two')")
+
+    def cli(*argv: str) -> tuple[int, str]:
+        code = main(["--url", server_process.url, *argv])
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+
+    assert cli("queue", "create", "pgcli")[0] == 0
+    outbox = ["--type", "pg_outbox", "--param", "to=pgcli", "--param", f"dsn={dsn}", "--stopped"]
+    assert cli("handler", "create", "pgcli-out", *outbox)[0] == 0
+    assert cli("handler", "run", "pgcli-out") == (0, "handler pgcli-out ran: runs=1 items=2 bytes=6\n")
+    code, shown = cli("handler", "show", "pgcli-out")
+    assert code == 0 and "waiting        0 rows" in shown
+    inbox = ["--type", "pg_inbox", "--queue", "pgcli", "--param", f"dsn={dsn}", "--stopped"]
+    assert cli("handler", "create", "pgcli-in", *inbox)[0] == 0
+    assert cli("handler", "run", "pgcli-in")[0] == 0
+    assert (
+        pg_server.psql(
+            database, "SELECT string_agg(convert_from(data, 'UTF8'), ',' ORDER BY id) FROM capella_inbox"
+        )
+        == "one,two\n"
+    )
+    code, shown = cli("handler", "show", "pgcli-in")
+    assert code == 0 and "lag            0 messages" in shown
+    # A pass that fails exits 1 with the reason.
+    pg_server.psql(database, "DROP TABLE capella_outbox")
+    code, out = cli("handler", "run", "pgcli-out")
+    assert code == 1 and "table capella_outbox does not exist" in out
+    for name in ("pgcli-out", "pgcli-in"):
+        assert cli("handler", "drop", name, "--yes")[0] == 0
