@@ -15,9 +15,13 @@ $(STAMP): pyproject.toml
 
 # Debian tools the fault tests drive: strace attaches to a server to fail or slow its fsyncs;
 # libfuse 3 serves tests/powerfs.py, the filesystem that loses what was not fsync'd.
+# PostgreSQL: tests/pg.py runs a throwaway cluster (initdb) for the pg_outbox / pg_inbox tests.
 tools:
 	@command -v strace >/dev/null && /sbin/ldconfig -p | grep -q libfuse3.so.3 || \
 		(apt-get update -qq && apt-get install -y -qq strace libfuse3-3 fuse3 >/dev/null)
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		(apt-get -o DPkg::Lock::Timeout=600 update -qq && \
+		 apt-get -o DPkg::Lock::Timeout=600 install -y -qq postgresql >/dev/null)
 
 run: $(STAMP)
 	$(BIN)/capella serve

@@ -22,6 +22,7 @@ from benchmarks import (
     latency,
     machine,
     memory,
+    postgres,
     produce,
     read,
     replication,
@@ -48,6 +49,7 @@ SCENARIOS: dict[str, Callable[[Settings], Awaitable[Outcome]]] = {
     "auth": auth.run,
     "delayed": delayed.run,
     "work": work.run,
+    "postgres": postgres.run,
     "versus": versus.run,
 }
 

@@ -204,6 +204,24 @@ class Unsupported(StorageUnavailable):
     code = "unsupported"
 
 
+class DatabaseUnavailable(StorageUnavailable):
+    """A PostgreSQL database cannot be reached, or the connection to it was lost."""
+
+    code = "database_unavailable"
+
+
+class DatabaseRefused(StorageUnavailable):
+    """A PostgreSQL database refused: authentication, an unknown database, a permission, a statement."""
+
+    code = "database_refused"
+
+
+class TableMismatch(InvalidConfig):
+    """A PostgreSQL table is missing, or one of its columns is missing or of the wrong type."""
+
+    code = "table_mismatch"
+
+
 class CorruptData(CapellaError):
     """Stored bytes failed their checksum or framing check; they are never served as data."""
 

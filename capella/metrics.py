@@ -6,8 +6,11 @@ only reads them, so a scrape costs a walk over the queues and nothing between sc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from capella.core.cluster import Cluster
 from capella.core.queue import Queue
+from capella.handlers.supervisor import HandlerState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -25,7 +28,7 @@ _QUEUE_COUNTERS = (
 )
 
 
-def render(cluster: Cluster) -> str:
+def render(cluster: Cluster, handlers: Sequence[HandlerState] = ()) -> str:
     """Every Capella metric as Prometheus text, ending with a newline."""
     queues = cluster.queues() if cluster.ready else []
     stats = [(q, q.stats()) for q in queues]
@@ -86,6 +89,7 @@ def render(cluster: Cluster) -> str:
 
     _schedule_metrics(out, queues)
     _work_metrics(out, queues)
+    _handler_metrics(out, handlers)
 
     hist = cluster.flush_latency
     _header(out, "capella_flush_seconds", "Time to save and fsync one flush.", "histogram")
@@ -171,6 +175,41 @@ def _work_metrics(out: list[str], queues: list[Queue]) -> None:
     for name, help_text, attr in _WORK_COUNTERS:
         _header(out, name, help_text, "counter")
         out.extend(f"{name}{{{labels}}} {_num(getattr(w.counters, attr))}" for labels, _, w in works)
+
+
+def _handler_metrics(out: list[str], handlers: Sequence[HandlerState]) -> None:
+    rows = [
+        (h, f'handler="{escape(h.name)}",type="{escape(h.type)}"', h.to_dict()["status"]) for h in handlers
+    ]
+    _header(
+        out,
+        "capella_handler_items_total",
+        "Items a handler's passes handled (pg handlers: rows or messages relayed).",
+        "counter",
+    )
+    out.extend(f"capella_handler_items_total{{{labels}}} {h.items}" for h, labels, _ in rows)
+    _header(out, "capella_handler_error", "1 while a handler's last pass failed.", "gauge")
+    out.extend(
+        f"capella_handler_error{{{labels}}} {0 if h.last_error is None else 1}" for h, labels, _ in rows
+    )
+    _header(
+        out,
+        "capella_handler_lag",
+        "Work a handler has not done yet: messages past its cursors (copy, pg_inbox), rows waiting "
+        "in the outbox table (pg_outbox).",
+        "gauge",
+    )
+    out.extend(
+        f"capella_handler_lag{{{labels}}} {_num(status['lag'])}"
+        for _, labels, status in rows
+        if status.get("lag") is not None
+    )
+    _header(out, "capella_handler_oldest_age_seconds", "pg_outbox: age of the oldest waiting row.", "gauge")
+    out.extend(
+        f"capella_handler_oldest_age_seconds{{{labels}}} {_num(status['oldest_age'])}"
+        for _, labels, status in rows
+        if status.get("oldest_age") is not None
+    )
 
 
 def escape(value: str) -> str:

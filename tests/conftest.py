@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from faults import FaultProxy
+from pg import PgServer
 
 from capella.api import create_app
 from capella.config import Config, ServerSettings, parse_config
@@ -343,3 +344,13 @@ def running(server: ServerProcess) -> Iterator[ServerProcess]:
 def server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One running server per test module; tests use their own queue names."""
     yield from running(ServerProcess(tmp_path_factory.mktemp("server") / "data"))
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One throwaway PostgreSQL cluster for the session (tests/pg.py); each test its database."""
+    server = PgServer()
+    try:
+        yield server
+    finally:
+        server.close()

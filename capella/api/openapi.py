@@ -136,7 +136,7 @@ def schemas() -> dict[str, Any]:
 
 _ERROR_TEXT = {
     400: "invalid_request, invalid_message (with index), invalid_name, invalid_save_mode, invalid_config, "
-    "json_too_deep",
+    "json_too_deep, table_mismatch",
     401: "unauthorized: no credentials, or not valid ones (with a WWW-Authenticate header)",
     403: "forbidden: the user's rules do not allow this",
     404: "not_found, queue_not_found, subscription_not_found, message_not_found, scheduled_not_found, "
@@ -148,7 +148,7 @@ _ERROR_TEXT = {
     431: "headers_too_large: the request line, a header or the number of headers is over the limit",
     500: "internal: a bug; the server log has the details",
     503: "storage_unavailable, storage_timeout, unsupported, shutting_down, corrupt_data, not_ready, "
-    "too_many_connections",
+    "too_many_connections, database_unavailable, database_refused",
 }
 
 

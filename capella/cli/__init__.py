@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from capella import __version__
-from capella.cli import cluster, data, handler, queue, scheduled, serve, token, transfer, user, work
+from capella.cli import cluster, data, handler, pg, queue, scheduled, serve, token, transfer, user, work
 from capella.cli.login import HINT, connect, login
 from capella.cli.output import error
 from capella.client import DEFAULT_URL
@@ -88,6 +88,7 @@ def parser() -> argparse.ArgumentParser:
     work.add_parser(commands, common)
     user.add_parser(commands, common)
     token.add_parser(commands, common)
+    pg.add_parser(commands)
     return root
 
 

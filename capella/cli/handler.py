@@ -7,12 +7,12 @@ import sys
 from typing import Any
 
 import orjson
+from msgspec import UNSET
 
 from capella.cli.output import error, print_fields, print_json, print_table, utc
 from capella.client import Client
+from capella.wire.handlers import HANDLER_TYPES as TYPES
 from capella.wire.handlers import HandlerError, HandlerStatus
-
-TYPES = ("flush", "unload", "archive", "expire", "copy")
 
 
 def add_parser(
@@ -32,9 +32,8 @@ def add_parser(
         "--queue",
         dest="queues",
         action="append",
-        required=True,
         metavar="QUEUE",
-        help="a queue name or pattern such as 'logs-*' (repeat for more)",
+        help="a queue name or pattern such as 'logs-*' (repeat for more; pg_outbox takes none)",
     )
     create.add_argument(
         "--param",
@@ -127,6 +126,7 @@ def show_handler(args: argparse.Namespace, client: Client) -> int:
             ("runs", f"{status.runs} ({status.items} items, {status.bytes} bytes)"),
             ("last complete", utc(status.last_complete)),
             ("next run", utc(status.next_run)),
+            *_lag(info.type, status),
             ("last error", f"{last_error.message} at {utc(last_error.time)}" if last_error else "-"),
         ]
     )
@@ -169,6 +169,17 @@ def drop_handler(args: argparse.Namespace, client: Client) -> int:
     else:
         print(f"handler {args.name} dropped")
     return 0
+
+
+def _lag(kind: str, status: HandlerStatus) -> list[tuple[str, str]]:
+    """The lines of what is not done yet, for the handlers that report it."""
+    if status.lag is UNSET:
+        return []
+    if kind == "pg_outbox":
+        age = status.oldest_age
+        waiting = "-" if status.lag is None else f"{status.lag} rows"
+        return [("waiting", waiting + ("" if age is UNSET or age is None else f", oldest {age:.1f}s"))]
+    return [("lag", f"{status.lag} messages")]
 
 
 def _failure_of_the_pass(status: HandlerStatus) -> HandlerError | None:

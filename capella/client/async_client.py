@@ -486,21 +486,20 @@ class AsyncClient:
         name: str,
         type: str,
         *,
-        queues: str | Iterable[str],
+        queues: str | Iterable[str] | None = None,
         params: Mapping[str, Any] | None = None,
         started: bool = True,
     ) -> HandlerInfo:
-        """Create or replace a handler (``flush``, ``unload``, ``archive``, ``expire``).
+        """Create or replace a handler (``flush``, ``unload``, ``archive``, ``expire``, ``copy``,
+        ``pg_outbox``, ``pg_inbox``).
 
         ``queues`` holds queue names or fnmatch patterns (``"logs-*"``); a single string is
-        one of them. ``params`` are the type's parameters; durations may be ``"10m"``.
+        one of them (``pg_outbox`` takes none: its queue is ``params["to"]``). ``params`` are
+        the type's parameters; durations may be ``"10m"``.
         """
-        body = {
-            "type": type,
-            "queues": [queues] if isinstance(queues, str) else list(queues),
-            "params": dict(params or {}),
-            "started": started,
-        }
+        body: dict[str, Any] = {"type": type, "params": dict(params or {}), "started": started}
+        if queues is not None:
+            body["queues"] = [queues] if isinstance(queues, str) else list(queues)
         return decode_answer(HandlerInfo, await self._call("PUT", paths.handler_path(name), json=body))
 
     async def handlers(self) -> list[HandlerInfo]:

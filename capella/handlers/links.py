@@ -247,7 +247,7 @@ class Links:
                 "kind": kind,
                 "username": username,
                 "env": secret_env,
-                "encrypted": None if secret is None else self._encrypt(secret),
+                "encrypted": None if secret is None else self.encrypt(secret),
             }
         return link, stored
 
@@ -257,7 +257,7 @@ class Links:
         return replace(
             Link(name=name, url=entry["url"]),
             username=credentials.get("username"),
-            secret=None if encrypted is None else self._decrypt(encrypted),
+            secret=None if encrypted is None else self.decrypt(encrypted),
             secret_kind=credentials.get("kind"),
             secret_env=credentials.get("env"),
             verify_tls=entry["tls"]["verify"],
@@ -289,11 +289,13 @@ class Links:
             fsync_directory(self._key_file.parent)
         return Fernet(self._key_file.read_bytes().strip())
 
-    def _encrypt(self, secret: str) -> str:
+    def encrypt(self, secret: str) -> str:
+        """``secret`` encrypted with the cluster's key (links and pg handlers store it so)."""
         token: bytes = self._fernet().encrypt(secret.encode())
         return token.decode("ascii")
 
-    def _decrypt(self, token: str) -> str:
+    def decrypt(self, token: str) -> str:
+        """The secret ``encrypt`` gave ``token`` for; ``CorruptData`` when the key changed."""
         try:
             plain: bytes = self._fernet().decrypt(token.encode("ascii"))
         except Exception as exc:  # cryptography's InvalidToken: a lost or changed key file

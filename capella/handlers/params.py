@@ -69,3 +69,23 @@ def duration(value: object, field: str, *, positive: bool = True) -> float:
     if positive and seconds <= 0:
         raise InvalidRequest(f"{field} must be greater than 0", field=field)
     return seconds
+
+
+def segments(value: object) -> tuple[tuple[int, int], ...] | None:
+    """``[[lo, hi], ...]`` segment ranges from ``params.segments`` (``None``: every segment)."""
+    if value is None:
+        return None
+    field_name = "params.segments"
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest(f"{field_name} must be a non-empty list of [lo, hi] pairs", field=field_name)
+    ranges = []
+    for item in value:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+            or item[0] > item[1]
+        ):
+            raise InvalidRequest(f"{field_name}: {item!r} is not a [lo, hi] pair", field=field_name)
+        ranges.append((item[0], item[1]))
+    return tuple(ranges)

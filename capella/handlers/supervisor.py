@@ -43,6 +43,8 @@ from capella.handlers.copy import CopyHandler, CopyParams
 from capella.handlers.expire import ExpireHandler, ExpireParams
 from capella.handlers.flush import FlushHandler, FlushParams
 from capella.handlers.links import Links
+from capella.handlers.pg_inbox import InboxHandler, InboxParams
+from capella.handlers.pg_outbox import OutboxHandler, OutboxParams
 from capella.handlers.queues import PassResult, queue_patterns, selected
 from capella.handlers.unload import UnloadHandler, UnloadParams
 
@@ -97,8 +99,20 @@ def build(
     if kind == "expire":
         expire = ExpireParams.parse(raw)
         return expire, ExpireHandler(cluster, queues, expire)
+    if kind == "pg_outbox":
+        outbox = OutboxParams.parse(raw, links)
+        try:
+            cluster.queue(outbox.to)
+        except QueueNotFound as exc:
+            raise InvalidRequest(f"params.to: {exc.message}", field="params.to") from None
+        return outbox, OutboxHandler(cluster, outbox)
+    if kind == "pg_inbox":
+        inbox = InboxParams.parse(raw, links)
+        return inbox, InboxHandler(cluster, queues, inbox)
     raise InvalidRequest(
-        f"type: unknown handler type {kind!r} (known: archive, copy, expire, flush, unload)", field="type"
+        f"type: unknown handler type {kind!r} (known: archive, copy, expire, flush, pg_inbox, pg_outbox, "
+        "unload)",
+        field="type",
     )
 
 
@@ -132,6 +146,11 @@ class HandlerState:
             "started": self.started,
             "user": self.user,
         }
+
+    def stored(self) -> dict[str, Any]:
+        """The definition as the registry keeps it (a secret in params only encrypted)."""
+        stored = getattr(self.params, "stored_dict", None)
+        return self.definition() | ({} if stored is None else {"params": stored()})
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -229,12 +248,20 @@ class Supervisor:
             raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
         kind = data.get("type")
         if not isinstance(kind, str):
-            raise InvalidRequest("type is required: archive, expire, flush or unload", field="type")
-        if kind == "copy" and "queues" not in data and "queue" not in data:
+            raise InvalidRequest(
+                "type is required: archive, copy, expire, flush, pg_inbox, pg_outbox or unload", field="type"
+            )
+        if kind == "pg_outbox":
+            # Its one queue is the destination, params.to.
+            if "queues" in data or "queue" in data:
+                raise InvalidRequest("pg_outbox names its queue in params.to, not queues", field="queues")
+            to = data.get("params", {}).get("to") if isinstance(data.get("params"), dict) else None
+            queues: list[str] = [to] if isinstance(to, str) else []
+        elif kind == "copy" and "queues" not in data and "queue" not in data:
             source = data.get("params", {}).get("from") if isinstance(data.get("params"), dict) else None
             if isinstance(source, str) and "/" in source:
                 # The source is on an external cluster: no local queue is selected.
-                queues: list[str] = [source]
+                queues = [source]
             else:
                 queues = queue_patterns(
                     {**data, "queues": [source] if isinstance(source, str) else None}, self._cluster
@@ -310,7 +337,13 @@ class Supervisor:
         delay = 0.0  # the first pass runs at once, then every interval
         while True:
             state.next_run = self._clock() + delay
-            await asyncio.sleep(delay)
+            pause = getattr(state.handler, "pause", None)
+            if pause is not None and not state.failures:
+                # A handler may end the wait early when there is work (a NOTIFY, a new message);
+                # a backoff after failures is always waited out.
+                await pause(delay)
+            else:
+                await asyncio.sleep(delay)
             await self._run_pass(state)
             interval = state.handler.interval
             # Back off after failures: interval, 2x, 4x ... up to a minute (or the interval).
@@ -374,21 +407,24 @@ class Supervisor:
     async def _halt(self, state: HandlerState) -> None:
         task, state.task = state.task, None
         state.next_run = None
-        if task is None:
-            return
-        if state.running:
-            # Let the pass in progress finish its step; moves and deletes are crash-safe,
-            # but finishing is cleaner than an interrupted write.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(STOP_GRACE):
-                    async with state.pass_lock:
-                        task.cancel()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        if task is not None:
+            if state.running:
+                # Let the pass in progress finish its step; moves and deletes are crash-safe,
+                # but finishing is cleaner than an interrupted write.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(STOP_GRACE):
+                        async with state.pass_lock:
+                            task.cancel()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        close = getattr(state.handler, "close", None)
+        if close is not None:  # a database connection, say (a run-now pass opens one too)
+            async with state.pass_lock:
+                await close()
 
     async def _save(self) -> None:
-        doc = {"version": 1, "handlers": {s.name: s.definition() for s in self.handlers()}}
+        doc = {"version": 1, "handlers": {s.name: s.stored() for s in self.handlers()}}
         await self._cluster.home.put(REGISTRY_KEY, orjson.dumps(doc))
 
 
@@ -403,6 +439,10 @@ class _Unloadable:
         self._error = error
 
     def to_dict(self) -> dict[str, Any]:
+        # A pg handler's stored password stays out of the API even when encrypted.
+        return {k: v for k, v in self._raw.items() if not k.endswith("_encrypted")}
+
+    def stored_dict(self) -> dict[str, Any]:
         return dict(self._raw)
 
     async def run_once(self) -> PassResult:

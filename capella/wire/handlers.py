@@ -15,28 +15,36 @@ from capella.wire.fields import (
     schema,
 )
 
-HANDLER_TYPES = ("flush", "unload", "archive", "expire", "copy")
-HandlerType = Literal["flush", "unload", "archive", "expire", "copy"]
+HANDLER_TYPES = ("flush", "unload", "archive", "expire", "copy", "pg_outbox", "pg_inbox")
+HandlerType = Literal["flush", "unload", "archive", "expire", "copy", "pg_outbox", "pg_inbox"]
 # Handler durations also take integers of nanoseconds (>= 1e12), as the original API did.
 HandlerDuration = PositiveDuration
 
 
-class HandlerDefinition(Struct, forbid_unknown_fields=True):
-    """queues (or its shorthand queue) is required; params depend on type"""
+def params_schema(kind: str) -> str:
+    """The name of a handler type's params schema: ``pg_outbox`` → ``PgOutboxParams``."""
+    return "".join(part.capitalize() for part in kind.split("_")) + "Params"
 
-    # The params of one type: a oneOf over all five would refuse {"interval": 5}, which is
-    # valid flush, unload and expire params alike.
-    __schema_extra__: ClassVar[dict[str, Any]] = {
-        "allOf": [
-            {
-                "if": {"required": ["type"], "properties": {"type": {"const": kind}}},
-                "then": {
-                    "properties": {"params": {"$ref": f"#/components/schemas/{kind.capitalize()}Params"}}
-                },
-            }
-            for kind in HANDLER_TYPES
-        ]
+
+def _params_by_type(kinds: tuple[str, ...]) -> dict[str, Any]:
+    kind, *rest = kinds
+    branch: dict[str, Any] = {
+        "if": {"required": ["type"], "properties": {"type": {"const": kind}}},
+        "then": {"properties": {"params": {"$ref": f"#/components/schemas/{params_schema(kind)}"}}},
     }
+    if rest:
+        branch["else"] = _params_by_type(tuple(rest))
+    return branch
+
+
+class HandlerDefinition(Struct, forbid_unknown_fields=True):
+    """queues (or its shorthand queue) is required, except for pg_outbox (params.to) and copy
+    (params.from); params depend on type"""
+
+    # The params of one type: a oneOf over all of them would refuse {"interval": 5}, which is
+    # valid flush, unload and expire params alike. One chain of if/then/else, not an allOf of
+    # ifs: request generators (schemathesis) give up on an allOf of seven.
+    __schema_extra__: ClassVar[dict[str, Any]] = {"allOf": [_params_by_type(HANDLER_TYPES)]}
 
     type: HandlerType
     queues: (
@@ -127,6 +135,54 @@ class CopyParams(Struct, forbid_unknown_fields=True):
     commit_save: SaveModeText | None = None
 
 
+class PgOutboxParams(Struct, forbid_unknown_fields=True):
+    """Relay committed rows of a PostgreSQL outbox table into a queue (docs/postgres.md)."""
+
+    to: Annotated[str, Meta(description="the destination queue")]
+    dsn: (
+        Annotated[
+            str,
+            Meta(
+                description="postgresql://user:password@host:port/database; the password is stored "
+                "encrypted and never shown"
+            ),
+        ]
+        | None
+    ) = None
+    dsn_env: Annotated[str, Meta(description="an environment variable that holds the DSN")] | None = None
+    table: Annotated[str, Meta(description="the outbox table (default capella_outbox)")] | None = None
+    source: Annotated[str, Meta(description="the identity source (default pg:<database>.<table>)")] | None = (
+        None
+    )
+    batch: Annotated[int, schema(minimum=1, description="rows per relay step (default 1000)")] | None = None
+    save: SaveModeText | None = None
+    delete: (
+        Annotated[bool, Meta(description="delete relayed rows (default); false sets relayed_at instead")]
+        | None
+    ) = None
+    interval: (
+        Annotated[HandlerDuration, Meta(description="pause between passes (default 1 s; a NOTIFY wakes it)")]
+        | None
+    ) = None
+
+
+class PgInboxParams(Struct, forbid_unknown_fields=True):
+    """Copy a queue into a PostgreSQL inbox table, once each (docs/postgres.md)."""
+
+    dsn: Annotated[str, Meta(description="as for pg_outbox")] | None = None
+    dsn_env: Annotated[str, Meta(description="an environment variable that holds the DSN")] | None = None
+    table: Annotated[str, Meta(description="the inbox table (default capella_inbox)")] | None = None
+    subscription: (
+        Annotated[str, Meta(description="the cursor on each queue (default pg_inbox-<table>)")] | None
+    ) = None
+    batch: Annotated[int, schema(minimum=1, description="messages per insert (default 1000)")] | None = None
+    segments: list[Annotated[list[int], schema(minItems=2, maxItems=2)]] | None = None
+    interval: (
+        Annotated[HandlerDuration, Meta(description="pause between passes (default 1 s; a message wakes it)")]
+        | None
+    ) = None
+
+
 class HandlerError(Struct):
     """The last failure of a pass."""
 
@@ -145,10 +201,32 @@ class HandlerStatus(Struct):
     last_error: HandlerError | None
     next_run: Annotated[Time | None, Meta(description="null when stopped")]
     lag: (
-        Annotated[int, schema(minimum=0, description="copy: messages the sources hold past the cursors")]
+        Annotated[
+            int | None,
+            schema(
+                minimum=0,
+                description="copy, pg_inbox: messages the queues hold past the cursors; pg_outbox: rows "
+                "waiting in the table (null before the first pass)",
+            ),
+        ]
         | UnsetType
     ) = UNSET
-    lag_by_queue: Annotated[dict[str, int], Meta(description="copy: lag by source")] | UnsetType = UNSET
+    lag_by_queue: Annotated[dict[str, int], Meta(description="copy, pg_inbox: lag by queue")] | UnsetType = (
+        UNSET
+    )
+    oldest_age: (
+        Annotated[
+            float | None, Meta(description="pg_outbox: seconds since the oldest waiting row's created_at")
+        ]
+        | UnsetType
+    ) = UNSET
+    source: (
+        Annotated[str | None, Meta(description="pg_outbox: the identity source of the rows")] | UnsetType
+    ) = UNSET
+    duplicates: (
+        Annotated[int, schema(minimum=0, description="pg_outbox, pg_inbox: repeats that dedup absorbed")]
+        | UnsetType
+    ) = UNSET
 
 
 class HandlerInfo(Struct):
