@@ -12,7 +12,7 @@ from capella.cli.output import error, print_fields, print_json, print_table, utc
 from capella.client import Client
 from capella.wire.handlers import HandlerError, HandlerStatus
 
-TYPES = ("flush", "unload", "archive", "expire", "copy")
+TYPES = ("flush", "unload", "archive", "expire", "copy", "push")
 
 
 def add_parser(

@@ -26,7 +26,7 @@ from capella.core.message import Draft, SaveMode
 from capella.core.queue import Queue
 from capella.errors import CapellaError, InvalidRequest, StorageUnavailable, SubscriptionNotFound
 from capella.handlers.links import Links
-from capella.handlers.params import Params
+from capella.handlers.params import Params, segment_ranges
 from capella.handlers.queues import PassResult, QueueHandler
 
 # A pass with a long backlog ends after this long, so the status shows progress.
@@ -68,7 +68,7 @@ class CopyParams:
             interval=params.duration("interval", 0.0, positive=False) or 0.0,
             batch=params.integer("batch", 1000) or 1000,
             wait=params.duration("wait", 2.0, positive=False) or 0.0,
-            segments=_segments(params.raw("segments")),
+            segments=segment_ranges(params.raw("segments"), "params.segments"),
             save=_save(params.raw("save"), "params.save", SaveMode.WAIT),
             commit_save=_save(params.raw("commit_save"), "params.commit_save", SaveMode.MARK),
         )
@@ -256,25 +256,6 @@ def _wire(draft: Draft) -> dict[str, Any]:
         "segment": draft.segment,
         "headers": draft.headers,
     }
-
-
-def _segments(value: object) -> tuple[tuple[int, int], ...] | None:
-    if value is None:
-        return None
-    field_name = "params.segments"
-    if not isinstance(value, list) or not value:
-        raise InvalidRequest(f"{field_name} must be a non-empty list of [lo, hi] pairs", field=field_name)
-    ranges = []
-    for item in value:
-        if (
-            not isinstance(item, list)
-            or len(item) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)
-            or item[0] > item[1]
-        ):
-            raise InvalidRequest(f"{field_name}: {item!r} is not a [lo, hi] pair", field=field_name)
-        ranges.append((item[0], item[1]))
-    return tuple(ranges)
 
 
 def _save(value: object, field_name: str, default: SaveMode) -> SaveMode:

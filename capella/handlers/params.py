@@ -69,3 +69,22 @@ def duration(value: object, field: str, *, positive: bool = True) -> float:
     if positive and seconds <= 0:
         raise InvalidRequest(f"{field} must be greater than 0", field=field)
     return seconds
+
+
+def segment_ranges(value: object, field_name: str) -> tuple[tuple[int, int], ...] | None:
+    """Inclusive ``[lo, hi]`` segment ranges from a JSON list (``None`` stays ``None``: every segment)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest(f"{field_name} must be a non-empty list of [lo, hi] pairs", field=field_name)
+    ranges = []
+    for item in value:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+            or item[0] > item[1]
+        ):
+            raise InvalidRequest(f"{field_name}: {item!r} is not a [lo, hi] pair", field=field_name)
+        ranges.append((item[0], item[1]))
+    return tuple(ranges)

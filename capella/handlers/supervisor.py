@@ -43,6 +43,7 @@ from capella.handlers.copy import CopyHandler, CopyParams
 from capella.handlers.expire import ExpireHandler, ExpireParams
 from capella.handlers.flush import FlushHandler, FlushParams
 from capella.handlers.links import Links
+from capella.handlers.push import PushHandler, PushParams
 from capella.handlers.queues import PassResult, queue_patterns, selected
 from capella.handlers.unload import UnloadHandler, UnloadParams
 
@@ -69,9 +70,9 @@ class HandlerParams(Protocol):
 
 
 def build(
-    cluster: Cluster, kind: str, queues: list[str], raw: object, links: Links
+    cluster: Cluster, kind: str, queues: list[str], raw: object, links: Links, name: str = ""
 ) -> tuple[HandlerParams, Handler]:
-    """Parse ``raw`` params for ``kind`` and build the handler (errors name the field)."""
+    """Parse ``raw`` params for handler ``name`` of ``kind`` and build it (errors name the field)."""
     if kind == "flush":
         flush = FlushParams.parse(raw)
         return flush, FlushHandler(cluster, queues, flush)
@@ -97,9 +98,26 @@ def build(
     if kind == "expire":
         expire = ExpireParams.parse(raw)
         return expire, ExpireHandler(cluster, queues, expire)
+    if kind == "push":
+        return build_push(cluster, queues, raw, name)
     raise InvalidRequest(
-        f"type: unknown handler type {kind!r} (known: archive, copy, expire, flush, unload)", field="type"
+        f"type: unknown handler type {kind!r} (known: archive, copy, expire, flush, push, unload)",
+        field="type",
     )
+
+
+def build_push(cluster: Cluster, queues: list[str], raw: object, name: str) -> tuple[PushParams, PushHandler]:
+    if len(queues) != 1 or any(c in queues[0] for c in "*?["):
+        raise InvalidRequest("a push handler takes one queue (queue), not a list or pattern", field="queue")
+    push = PushParams.parse(raw, name)
+    if push.policy.dead_letter is not None:
+        try:
+            cluster.queue(push.policy.dead_letter)
+        except QueueNotFound as exc:
+            raise InvalidRequest(f"params.dead_letter: {exc.message}", field="params.dead_letter") from None
+        if push.policy.dead_letter == queues[0]:
+            raise InvalidRequest("params.dead_letter must name another queue", field="params.dead_letter")
+    return push, PushHandler(cluster, queues[0], push, push.credentials())
 
 
 @dataclass(slots=True)
@@ -182,7 +200,9 @@ class Supervisor:
             raise CorruptData(f"handler registry {REGISTRY_KEY} is not valid: {exc}") from None
         for name, d in sorted(definitions.items()):
             try:
-                params, handler = build(self._cluster, d["type"], list(d["queues"]), d["params"], self.links)
+                params, handler = build(
+                    self._cluster, d["type"], list(d["queues"]), d["params"], self.links, name
+                )
             except CapellaError as exc:
                 # Keep the definition (a later save must not drop it); every pass reports why.
                 log.error("handler cannot be loaded handler=%s: %s", name, exc.message)
@@ -229,7 +249,9 @@ class Supervisor:
             raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
         kind = data.get("type")
         if not isinstance(kind, str):
-            raise InvalidRequest("type is required: archive, expire, flush or unload", field="type")
+            raise InvalidRequest(
+                "type is required: archive, copy, expire, flush, push or unload", field="type"
+            )
         if kind == "copy" and "queues" not in data and "queue" not in data:
             source = data.get("params", {}).get("from") if isinstance(data.get("params"), dict) else None
             if isinstance(source, str) and "/" in source:
@@ -241,7 +263,7 @@ class Supervisor:
                 )
         else:
             queues = queue_patterns(data, self._cluster)
-        params, handler = build(self._cluster, kind, queues, data.get("params"), self.links)
+        params, handler = build(self._cluster, kind, queues, data.get("params"), self.links, name)
         started = data.get("started", True)
         if not isinstance(started, bool):
             raise InvalidRequest("started must be true or false", field="started")
