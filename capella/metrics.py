@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from capella.core.cluster import Cluster
 from capella.core.queue import Queue
+from capella.core.stats import Histogram
+from capella.handlers.push import PushHandler
+from capella.handlers.supervisor import Supervisor
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -25,7 +28,7 @@ _QUEUE_COUNTERS = (
 )
 
 
-def render(cluster: Cluster) -> str:
+def render(cluster: Cluster, supervisor: Supervisor | None = None) -> str:
     """Every Capella metric as Prometheus text, ending with a newline."""
     queues = cluster.queues() if cluster.ready else []
     stats = [(q, q.stats()) for q in queues]
@@ -87,19 +90,27 @@ def render(cluster: Cluster) -> str:
     _schedule_metrics(out, queues)
     _work_metrics(out, queues)
 
-    hist = cluster.flush_latency
+    if supervisor is not None:
+        _push_metrics(out, supervisor)
+
     _header(out, "capella_flush_seconds", "Time to save and fsync one flush.", "histogram")
+    _histogram(out, "capella_flush_seconds", "", cluster.flush_latency)
+    out.append("")
+    return "\n".join(out)
+
+
+def _histogram(out: list[str], name: str, labels: str, hist: Histogram) -> None:
     cumulative = 0
+    sep = "," if labels else ""
     # Histogram.counts are per bucket; Prometheus buckets count everything at or below ``le``.
     for bound, count in zip(hist.bounds, hist.counts, strict=False):
         cumulative += count
-        out.append(f'capella_flush_seconds_bucket{{le="{_num(float(bound))}"}} {cumulative}')
+        out.append(f'{name}_bucket{{{labels}{sep}le="{_num(float(bound))}"}} {cumulative}')
     total = sum(hist.counts)
-    out.append(f'capella_flush_seconds_bucket{{le="+Inf"}} {total}')
-    out.append(f"capella_flush_seconds_sum {_num(float(hist.sum))}")
-    out.append(f"capella_flush_seconds_count {total}")
-    out.append("")
-    return "\n".join(out)
+    out.append(f'{name}_bucket{{{labels}{sep}le="+Inf"}} {total}')
+    braces = f"{{{labels}}}" if labels else ""
+    out.append(f"{name}_sum{braces} {_num(float(hist.sum))}")
+    out.append(f"{name}_count{braces} {total}")
 
 
 _SCHEDULE_COUNTERS = (
@@ -171,6 +182,46 @@ def _work_metrics(out: list[str], queues: list[Queue]) -> None:
     for name, help_text, attr in _WORK_COUNTERS:
         _header(out, name, help_text, "counter")
         out.extend(f"{name}{{{labels}}} {_num(getattr(w.counters, attr))}" for labels, _, w in works)
+
+
+_PUSH_COUNTERS = (
+    (
+        "capella_push_delivered_total",
+        "Messages a push handler delivered (acked by the receiver).",
+        "delivered",
+    ),
+    ("capella_push_delivered_bytes_total", "Payload bytes a push handler delivered.", "delivered_bytes"),
+    ("capella_push_failed_total", "Failed delivery attempts (messages).", "failed"),
+    ("capella_push_dead_total", "Messages a push handler gave up on (dead letters).", "dead"),
+)
+
+
+def _push_metrics(out: list[str], supervisor: Supervisor) -> None:
+    pushes = [
+        (f'handler="{escape(s.name)}",queue="{escape(s.handler.queue)}"', s.handler)
+        for s in supervisor.handlers()
+        if isinstance(s.handler, PushHandler)
+    ]
+    for name, help_text, attr in _PUSH_COUNTERS:
+        _header(out, name, help_text, "counter")
+        out.extend(f"{name}{{{labels}}} {getattr(h.counters, attr)}" for labels, h in pushes)
+    _header(
+        out,
+        "capella_push_requests_total",
+        "Push requests by outcome (2xx, 4xx, 5xx, timeout, ...).",
+        "counter",
+    )
+    for labels, h in pushes:
+        for outcome, count in sorted(h.counters.requests.items()):
+            out.append(f'capella_push_requests_total{{{labels},outcome="{escape(outcome)}"}} {count}')
+    _header(out, "capella_push_in_flight", "Messages in push requests now.", "gauge")
+    out.extend(f"capella_push_in_flight{{{labels}}} {h.in_flight}" for labels, h in pushes)
+    _header(out, "capella_push_lag", "Messages a push handler has not delivered yet.", "gauge")
+    out.extend(f"capella_push_lag{{{labels}}} {h.lag()}" for labels, h in pushes)
+    name = "capella_push_delivery_seconds"
+    _header(out, name, "From the append to the acked delivery of a pushed message.", "histogram")
+    for labels, h in pushes:
+        _histogram(out, name, labels, h.latency)
 
 
 def escape(value: str) -> str:

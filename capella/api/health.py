@@ -12,7 +12,7 @@ from aiohttp import web
 
 from capella import metrics
 from capella.api.openapi import answer, ref
-from capella.api.request import CLUSTER, json_response
+from capella.api.request import CLUSTER, SUPERVISOR, json_response
 from capella.api.route import Need, Route
 
 
@@ -35,7 +35,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def prometheus(request: web.Request) -> web.Response:
-    text = metrics.render(request.app[CLUSTER])
+    text = metrics.render(request.app[CLUSTER], request.app[SUPERVISOR])
     return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
 

@@ -7,10 +7,11 @@ import sys
 from typing import Any
 
 import orjson
+from msgspec import UnsetType
 
 from capella.cli.output import error, print_fields, print_json, print_table, utc
 from capella.client import Client
-from capella.wire.handlers import HandlerError, HandlerStatus
+from capella.wire.handlers import DeliveryError, HandlerError, HandlerStatus
 
 TYPES = ("flush", "unload", "archive", "expire", "copy", "push")
 
@@ -128,9 +129,31 @@ def show_handler(args: argparse.Namespace, client: Client) -> int:
             ("last complete", utc(status.last_complete)),
             ("next run", utc(status.next_run)),
             ("last error", f"{last_error.message} at {utc(last_error.time)}" if last_error else "-"),
+            *_delivery_fields(status),
         ]
     )
     return 0
+
+
+def _delivery_fields(status: HandlerStatus) -> list[tuple[str, str]]:
+    """A push handler's deliveries; nothing for the other types."""
+    if isinstance(status.delivered, UnsetType):
+        return []
+    failure = status.last_delivery_error
+    return [
+        ("delivered", str(status.delivered)),
+        ("failed", f"{status.failed} attempts"),
+        ("dead", str(status.dead)),
+        ("in flight", str(status.in_flight)),
+        ("retrying", str(status.retrying)),
+        ("lag", str(status.lag)),
+        (
+            "last delivery error",
+            "-"
+            if not isinstance(failure, DeliveryError)
+            else f"{failure.message} (status {failure.status or 'none'}) at {utc(failure.time)}",
+        ),
+    ]
 
 
 def control_handler(args: argparse.Namespace, client: Client) -> int:
