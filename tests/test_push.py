@@ -14,17 +14,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import orjson
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestClient
 
+from capella.api.app import document
 from capella.config import parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import InvalidRequest
-from capella.handlers.push import PushHandler, PushParams
+from capella.handlers.push import PushHandler
 from capella.handlers.signature import sign, verify
 from capella.handlers.supervisor import Supervisor, build_push
+from capella.handlers.webhook import PushParams
 
 # Short everything: a retry waits 50 ms, a request 300 ms at most.
 FAST = {"delay": "50ms", "max_delay": "200ms", "jitter": 0, "timeout": "300ms", "wait": 0}
@@ -394,3 +398,41 @@ def test_params_round_trip_through_their_stored_form() -> None:
     )
     assert PushParams.parse(params.to_dict(), "h") == params
     assert params.subscription == "push-h" and params.policy.max_attempts == 0
+
+
+async def test_a_push_handler_over_http_shows_its_status_and_metrics(
+    api: TestClient[web.Request, web.Application], receiver: Receiver
+) -> None:
+    assert (await api.put("/v1/queues/orders", json={})).status == 201
+    receiver.script = {2: ["503"]}
+    body = {"type": "push", "queue": "orders", "params": {"url": receiver.url, **FAST, "wait": "1s"}}
+    resp = await api.put("/v1/handlers/hook", json=body)
+    assert resp.status == 201, await resp.text()
+    info = await resp.json()
+    schema = {"$ref": "#/components/schemas/HandlerInfo", "components": document()["components"]}
+    assert jsonschema.Draft202012Validator(schema).is_valid(info)
+    assert info["params"]["subscription"] == "push-hook" and info["params"]["ordering"] == "unordered"
+    resp = await api.post(
+        "/v1/queues/orders/messages", json={"messages": [{"data": f"m{i}"} for i in range(3)]}
+    )
+    assert resp.status == 200
+    for _ in range(200):
+        info = await (await api.get("/v1/handlers/hook")).json()
+        if info["status"]["delivered"] == 3:
+            break
+        await asyncio.sleep(0.02)
+    status = info["status"]
+    assert (status["delivered"], status["failed"], status["dead"], status["lag"]) == (3, 1, 0, 0)
+    assert status["last_delivery_error"]["status"] == 503
+    assert status["last_delivery_error"]["message"].startswith("HTTP 503 Service Unavailable")
+    assert jsonschema.Draft202012Validator(schema).is_valid(info)
+    metrics = await (await api.get("/metrics")).text()
+    labels = 'handler="hook",queue="orders"'
+    assert f"capella_push_delivered_total{{{labels}}} 3" in metrics
+    assert f"capella_push_failed_total{{{labels}}} 1" in metrics
+    assert f'capella_push_requests_total{{{labels},outcome="5xx"}} 1' in metrics
+    assert f"capella_push_delivery_seconds_count{{{labels}}} 3" in metrics
+    resp = await api.put("/v1/handlers/bad", json={**body, "params": {"url": receiver.url, "batch": "many"}})
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert error["code"] == "invalid_request" and error["field"] == "params.batch"

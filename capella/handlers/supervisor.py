@@ -43,9 +43,10 @@ from capella.handlers.copy import CopyHandler, CopyParams
 from capella.handlers.expire import ExpireHandler, ExpireParams
 from capella.handlers.flush import FlushHandler, FlushParams
 from capella.handlers.links import Links
-from capella.handlers.push import PushHandler, PushParams
+from capella.handlers.push import PushHandler
 from capella.handlers.queues import PassResult, queue_patterns, selected
 from capella.handlers.unload import UnloadHandler, UnloadParams
+from capella.handlers.webhook import PushParams
 
 log = logging.getLogger(__name__)
 
