@@ -23,6 +23,7 @@ from benchmarks import (
     machine,
     memory,
     produce,
+    push,
     read,
     replication,
     tiers_archive,
@@ -47,6 +48,7 @@ SCENARIOS: dict[str, Callable[[Settings], Awaitable[Outcome]]] = {
     "auth": auth.run,
     "delayed": delayed.run,
     "work": work.run,
+    "push": push.run,
 }
 
 

@@ -248,7 +248,9 @@ class PushHandler:
         limit = due + self._room(work)
         if limit <= 0:
             return 0
-        claimed = await work.claim(limit, LEASE, SaveMode.DEFAULT)
+        # A claim lost in a crash only means the message is sent as new (an ack, saved after
+        # it in the same log, always saves it too): no fsync of its own.
+        claimed = await work.claim(limit, LEASE, SaveMode.MARK)
         ranges = self.params.segments
         skipped: list[tuple[int, int]] = []
         for m, e in claimed:
@@ -265,7 +267,7 @@ class PushHandler:
             self._held_count += 1
         if skipped:
             # Not for this receiver: finished without a request.
-            await work.ack(skipped, SaveMode.DEFAULT)
+            await work.ack(skipped, SaveMode.MARK)
             self.counters.skipped += len(skipped)
         return len(claimed)
 
