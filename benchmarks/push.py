@@ -78,7 +78,7 @@ async def run(settings: Settings) -> Outcome:
     await receiver.start()
     try:
         for batch, in_flight in SHAPES:
-            total = settings.pick(20_000, 2_000) * (5 if batch > 1 else 1)
+            total = settings.pick(300_000, 20_000) if batch > 1 else settings.pick(20_000, 2_000)
             result = await _throughput(settings, receiver, total, batch, in_flight)
             outcome.details[f"batch {batch}"] = result
             cpu = result["cpu"]

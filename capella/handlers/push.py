@@ -110,7 +110,7 @@ class PushHandler:
         self._held: dict[Key, list[tuple[Message, Entry]]] = {}
         self._held_count = 0
         self._waiting: dict[int, float] = {}  # failed, waiting for a retry: id → when
-        self._key_of: dict[int, Key] = {}
+        self._key_of: dict[int, Key] = {}  # the key of each waiting message
         self._blocked: Counter[Key] = Counter()  # waiting messages per key (ordered modes)
         self._busy: set[Key] = set()  # keys with a request in flight (ordered modes)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -215,6 +215,7 @@ class PushHandler:
     async def _sync(self, queue: Queue, work: WorkQueue) -> None:
         """Match what waits for a retry with the work queue (an operator may have moved or deleted it)."""
         waiting = {e.id: e.until for e in work.state.entries.values() if e.state == WAITING}
+        self._key_of = {mid: key for mid, key in self._key_of.items() if mid in waiting}
         for mid in waiting.keys() - self._key_of.keys():
             self._key_of[mid] = await self._key_for(queue, mid)
         self._waiting = waiting
@@ -255,14 +256,11 @@ class PushHandler:
         skipped: list[tuple[int, int]] = []
         for m, e in claimed:
             if self._waiting.pop(m.id, None) is not None:
-                self._unblock(self._key_of.get(m.id))
+                self._unblock(self._key_of.pop(m.id, None))
             if ranges is not None and not any(lo <= m.segment <= hi for lo, hi in ranges):
                 skipped.append((e.id, e.claims))
-                self._key_of.pop(m.id, None)
                 continue
-            key = self._key(m)
-            self._key_of[m.id] = key
-            held = self._held.setdefault(key, [])
+            held = self._held.setdefault(self._key(m), [])
             bisect.insort(held, (m, e), key=lambda item: item[0].id)
             self._held_count += 1
         if skipped:
@@ -397,7 +395,6 @@ class PushHandler:
         now = queue.now()
         for m, _ in batch:
             self.latency.observe(max(0.0, now - m.time))
-            self._key_of.pop(m.id, None)
         self.counters.delivered += len(batch)
         self.counters.delivered_bytes += sum(len(m.payload) for m, _ in batch)
 
@@ -421,9 +418,9 @@ class PushHandler:
                 continue
             if o.entry is None:
                 self.counters.dead += 1
-                self._key_of.pop(o.id, None)
             else:
                 self._waiting[o.id] = o.entry.until
+                self._key_of[o.id] = key
                 if key is not None:
                     self._blocked[key] += 1
         self.counters.failed += len(batch)
