@@ -8,6 +8,7 @@ them; the tests check the ordering modes, retries, dead letters and signatures o
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -21,10 +22,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from capella.api.app import document
+from capella.auth.rule import Identity, Rule
 from capella.config import parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
-from capella.errors import InvalidRequest
+from capella.errors import Forbidden, InvalidRequest, QueueNotFound
+from capella.handlers.delivery import header_value, retry_after
 from capella.handlers.push import PushHandler
 from capella.handlers.signature import sign, verify
 from capella.handlers.supervisor import Supervisor, build_push
@@ -436,3 +439,71 @@ async def test_a_push_handler_over_http_shows_its_status_and_metrics(
     assert resp.status == 400
     error = (await resp.json())["error"]
     assert error["code"] == "invalid_request" and error["field"] == "params.batch"
+
+
+async def test_a_pass_cut_short_is_taken_back_and_sent_again(cluster: Cluster, receiver: Receiver) -> None:
+    await produce(cluster, "orders", 3)
+    receiver.script = {1: ["slow"]}
+    handler = await pusher(cluster, receiver, ordering="ordered", timeout="5s")
+    task = asyncio.create_task(handler.run_once())
+    for _ in range(200):
+        if receiver.seen:
+            break
+        await asyncio.sleep(0.01)
+    assert handler.status()["in_flight"] == 1
+    task.cancel()  # as a stop (or a crash) does, with message 1 in flight
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert handler.status()["in_flight"] == 0
+    await push_until_done(handler)
+    assert receiver.ok() == [1, 2, 3]
+    again = [s for s in receiver.seen if 1 in s.ids][1]
+    assert again.headers["Capella-Attempt"] == "2"  # the cut request counted as an attempt
+
+
+async def test_a_pass_fails_without_the_rights_or_the_queue(cluster: Cluster, receiver: Receiver) -> None:
+    await produce(cluster, "orders", 1)
+    handler = await pusher(cluster, receiver)
+    handler.identity = Identity("reader", rules=(Rule("allow", "queue", "read", "orders"),))
+    with pytest.raises(Forbidden, match="subscription"):
+        await handler.run_once()
+    assert not receiver.seen
+    handler.identity = Identity("ops", admin=True)
+    await cluster.drop_queue("orders")
+    with pytest.raises(QueueNotFound):
+        await handler.run_once()
+
+
+async def test_a_definition_whose_variable_is_gone_after_a_restart_says_so(
+    cluster: Cluster, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await cluster.put_queue("orders", {})
+    monkeypatch.setenv("HOOK_SECRET", "s")
+    supervisor = Supervisor(cluster)
+    await supervisor.start()
+    definition = {
+        "type": "push",
+        "queue": "orders",
+        "params": {"url": receiver.url, "secret_env": "HOOK_SECRET"},
+    }
+    await supervisor.put("hook", {**definition, "started": False})
+    await supervisor.close()
+    monkeypatch.delenv("HOOK_SECRET")
+    supervisor = Supervisor(cluster)
+    await supervisor.start()
+    try:
+        state = await supervisor.run_now("hook")
+        assert state.last_error is not None and "HOOK_SECRET is not set" in state.last_error[0]
+        assert state.to_dict()["params"]["secret_env"] == "HOOK_SECRET"  # kept as it was
+    finally:
+        await supervisor.close()
+
+
+def test_retry_after_takes_seconds_or_a_date_and_is_capped() -> None:
+    now = 1_700_000_000.0
+    assert retry_after("7", now) == 7.0
+    assert retry_after(email.utils.formatdate(now + 30, usegmt=True), now) == 30.0
+    assert retry_after(email.utils.formatdate(now - 30, usegmt=True), now) == 0.0
+    assert retry_after("999999", now) == 3600.0
+    assert retry_after("soon", now) is None and retry_after(None, now) is None
+    assert header_value("100% ✓\r\n") == "100%25 %E2%9C%93%0D%0A"
