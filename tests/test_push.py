@@ -507,3 +507,16 @@ def test_retry_after_takes_seconds_or_a_date_and_is_capped() -> None:
     assert retry_after("999999", now) == 3600.0
     assert retry_after("soon", now) is None and retry_after(None, now) is None
     assert header_value("100% ✓\r\n") == "100%25 %E2%9C%93%0D%0A"
+
+
+async def test_a_deleted_subscription_is_defined_again_and_starts_over(
+    cluster: Cluster, receiver: Receiver
+) -> None:
+    await produce(cluster, "orders", 2)
+    handler = await pusher(cluster, receiver)
+    await push_until_done(handler)
+    await cluster.queue("orders").delete_subscription("push-hook")
+    await produce(cluster, "orders", 1)
+    await push_until_done(handler)
+    assert sorted(receiver.ok()) == [1, 1, 2, 2, 3]
+    assert cluster.queue("orders").subscription("push-hook").last_id == 3

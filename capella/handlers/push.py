@@ -40,7 +40,7 @@ from capella.core.retry import retry_delay
 from capella.core.stats import Histogram
 from capella.core.window import LEASED, WAITING, Entry
 from capella.core.work import WorkQueue
-from capella.errors import CapellaError
+from capella.errors import CapellaError, SubscriptionNotFound
 from capella.handlers.delivery import (
     ANSWER_BYTES,
     Credentials,
@@ -103,7 +103,7 @@ class PushHandler:
         self.last_failure: tuple[str, int | None, float] | None = None
         # Set when the next pass must take back what an earlier run had claimed.
         self._take_back = True
-        self._defined = False
+        self._work_queue: WorkQueue | None = None
         self._slots = params.concurrency * params.batch
         self._hold_limit = 4 * self._slots
         self._window = max(MIN_WINDOW, self._hold_limit)
@@ -156,10 +156,7 @@ class PushHandler:
         self.identity.check("subscription", "write", f"{queue.name}/{params.subscription}")
         if params.policy.dead_letter is not None:
             self.identity.check("queue", "write", params.policy.dead_letter)
-        if not self._defined:
-            await queue.define_work(params.subscription, params.policy)
-            self._defined = True
-        work = queue.work(params.subscription)
+        work = await self._work(queue)
         before = (self.counters.delivered, self.counters.delivered_bytes)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PASS_SECONDS
@@ -197,6 +194,20 @@ class PushHandler:
             await self._abandon()
             raise
         return PassResult(self.counters.delivered - before[0], self.counters.delivered_bytes - before[1])
+
+    async def _work(self, queue: Queue) -> WorkQueue:
+        """The subscription, defined with the policy on the first pass (and again if it was deleted)."""
+        try:
+            work = queue.work(self.params.subscription)
+        except SubscriptionNotFound:
+            work = None
+        if work is None or work is not self._work_queue:
+            # New to this run, or deleted and defined again (the queue too, maybe): start over.
+            await queue.define_work(self.params.subscription, self.params.policy)
+            work = queue.work(self.params.subscription)
+            self._work_queue = work
+            self._take_back = True
+        return work
 
     async def _take_over(self, queue: Queue, work: WorkQueue) -> None:
         """Take back the claims of an earlier run: they may have been sent, so they count an attempt."""
