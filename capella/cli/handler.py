@@ -151,7 +151,7 @@ def _delivery_fields(status: HandlerStatus) -> list[tuple[str, str]]:
             "last delivery error",
             "-"
             if not isinstance(failure, DeliveryError)
-            else f"{failure.message} (status {failure.status or 'none'}) at {utc(failure.time)}",
+            else f"{failure.message}{'' if failure.status else ' (no answer)'} at {utc(failure.time)}",
         ),
     ]
 
