@@ -50,7 +50,7 @@ class Receiver:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = self._runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{port}/hook"
 
     async def stop(self) -> None:

@@ -99,7 +99,7 @@ async def receiver() -> AsyncIterator[Receiver]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     rec.url = f"http://127.0.0.1:{port}/hook"
     yield rec
     await runner.cleanup()
@@ -271,11 +271,14 @@ async def test_ordered_never_sends_n_plus_1_before_n_is_acked(
     assert receiver.ok() == list(range(1, 31))
 
 
-async def test_by_segment_keeps_order_within_each_segment_only(cluster: Cluster, receiver: Receiver) -> None:
+@pytest.mark.parametrize("batch", [1, 2])
+async def test_by_segment_keeps_order_within_each_segment_only(
+    cluster: Cluster, receiver: Receiver, batch: int
+) -> None:
     await produce(cluster, "orders", 40, segments=4)
     segment = {i: (i - 1) % 4 for i in range(1, 41)}
     receiver.script = {2: ["500", "500", "500"], 7: ["slow"], 12: ["reset"]}
-    handler = await pusher(cluster, receiver, ordering="by_segment", concurrency=4)
+    handler = await pusher(cluster, receiver, ordering="by_segment", concurrency=4, batch=batch)
     await push_until_done(handler)
     in_order_of_acks(receiver, segment.__getitem__)
     assert sorted(receiver.ok()) == list(range(1, 41))

@@ -76,7 +76,7 @@ async def receiver() -> AsyncIterator[Receiver]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     rec.url = f"http://127.0.0.1:{port}/hook"
     yield rec
     rec.release.set()
