@@ -24,6 +24,7 @@ from benchmarks import (
     memory,
     postgres,
     produce,
+    push,
     read,
     replication,
     tiers_archive,
@@ -50,6 +51,7 @@ SCENARIOS: dict[str, Callable[[Settings], Awaitable[Outcome]]] = {
     "delayed": delayed.run,
     "work": work.run,
     "postgres": postgres.run,
+    "push": push.run,
     "versus": versus.run,
 }
 

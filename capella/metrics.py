@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 from capella.core.cluster import Cluster
 from capella.core.queue import Queue
+from capella.core.stats import Histogram
+from capella.handlers.push import PushHandler
 from capella.handlers.supervisor import HandlerState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -90,20 +92,26 @@ def render(cluster: Cluster, handlers: Sequence[HandlerState] = ()) -> str:
     _schedule_metrics(out, queues)
     _work_metrics(out, queues)
     _handler_metrics(out, handlers)
+    _push_metrics(out, handlers)
 
-    hist = cluster.flush_latency
     _header(out, "capella_flush_seconds", "Time to save and fsync one flush.", "histogram")
+    _histogram(out, "capella_flush_seconds", "", cluster.flush_latency)
+    out.append("")
+    return "\n".join(out)
+
+
+def _histogram(out: list[str], name: str, labels: str, hist: Histogram) -> None:
     cumulative = 0
+    sep = "," if labels else ""
     # Histogram.counts are per bucket; Prometheus buckets count everything at or below ``le``.
     for bound, count in zip(hist.bounds, hist.counts, strict=False):
         cumulative += count
-        out.append(f'capella_flush_seconds_bucket{{le="{_num(float(bound))}"}} {cumulative}')
+        out.append(f'{name}_bucket{{{labels}{sep}le="{_num(float(bound))}"}} {cumulative}')
     total = sum(hist.counts)
-    out.append(f'capella_flush_seconds_bucket{{le="+Inf"}} {total}')
-    out.append(f"capella_flush_seconds_sum {_num(float(hist.sum))}")
-    out.append(f"capella_flush_seconds_count {total}")
-    out.append("")
-    return "\n".join(out)
+    out.append(f'{name}_bucket{{{labels}{sep}le="+Inf"}} {total}')
+    braces = f"{{{labels}}}" if labels else ""
+    out.append(f"{name}_sum{braces} {_num(float(hist.sum))}")
+    out.append(f"{name}_count{braces} {total}")
 
 
 _SCHEDULE_COUNTERS = (
@@ -210,6 +218,46 @@ def _handler_metrics(out: list[str], handlers: Sequence[HandlerState]) -> None:
         for _, labels, status in rows
         if status.get("oldest_age") is not None
     )
+
+
+_PUSH_COUNTERS = (
+    (
+        "capella_push_delivered_total",
+        "Messages a push handler delivered (acked by the receiver).",
+        "delivered",
+    ),
+    ("capella_push_delivered_bytes_total", "Payload bytes a push handler delivered.", "delivered_bytes"),
+    ("capella_push_failed_total", "Failed delivery attempts (messages).", "failed"),
+    ("capella_push_dead_total", "Messages a push handler gave up on (dead letters).", "dead"),
+)
+
+
+def _push_metrics(out: list[str], handlers: Sequence[HandlerState]) -> None:
+    pushes = [
+        (f'handler="{escape(s.name)}",queue="{escape(s.handler.queue)}"', s.handler)
+        for s in handlers
+        if isinstance(s.handler, PushHandler)
+    ]
+    for name, help_text, attr in _PUSH_COUNTERS:
+        _header(out, name, help_text, "counter")
+        out.extend(f"{name}{{{labels}}} {getattr(h.counters, attr)}" for labels, h in pushes)
+    _header(
+        out,
+        "capella_push_requests_total",
+        "Push requests by outcome (2xx, 4xx, 5xx, timeout, ...).",
+        "counter",
+    )
+    for labels, h in pushes:
+        for outcome, count in sorted(h.counters.requests.items()):
+            out.append(f'capella_push_requests_total{{{labels},outcome="{escape(outcome)}"}} {count}')
+    _header(out, "capella_push_in_flight", "Messages in push requests now.", "gauge")
+    out.extend(f"capella_push_in_flight{{{labels}}} {h.in_flight}" for labels, h in pushes)
+    _header(out, "capella_push_lag", "Messages a push handler has not delivered yet.", "gauge")
+    out.extend(f"capella_push_lag{{{labels}}} {h.lag()}" for labels, h in pushes)
+    name = "capella_push_delivery_seconds"
+    _header(out, name, "From the append to the acked delivery of a pushed message.", "histogram")
+    for labels, h in pushes:
+        _histogram(out, name, labels, h.latency)
 
 
 def escape(value: str) -> str:

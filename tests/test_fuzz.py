@@ -283,11 +283,18 @@ class FuzzServer:
         return response
 
     def keep_links_local(self, case: schemathesis.Case) -> None:
-        if case.operation.label != "PUT /v1/clusters/{name}" or not isinstance(case.body, dict):
+        """Links and push handlers reach a closed local port, whatever host was generated."""
+        if not isinstance(case.body, dict):
             return
-        url = case.body.get("url")
+        if case.operation.label == "PUT /v1/clusters/{name}":
+            body = case.body
+        elif case.operation.label == "PUT /v1/handlers/{name}" and isinstance(case.body.get("params"), dict):
+            body = case.body["params"]
+        else:
+            return
+        url = body.get("url")
         if isinstance(url, str) and (m := ACCEPTED_URL.fullmatch(url)) and "@" not in m.group(2):
-            case.body["url"] = f"{m.group(1)}127.0.0.1:{self.closed_port}{m.group(3)}"
+            body["url"] = f"{m.group(1)}127.0.0.1:{self.closed_port}{m.group(3)}"
 
     def put_objects(self) -> None:
         """Create, or put back, the objects the generated paths are steered onto."""

@@ -7,12 +7,12 @@ import sys
 from typing import Any
 
 import orjson
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from capella.cli.output import error, print_fields, print_json, print_table, utc
 from capella.client import Client
 from capella.wire.handlers import HANDLER_TYPES as TYPES
-from capella.wire.handlers import HandlerError, HandlerStatus
+from capella.wire.handlers import DeliveryError, HandlerError, HandlerStatus
 
 
 def add_parser(
@@ -128,9 +128,31 @@ def show_handler(args: argparse.Namespace, client: Client) -> int:
             ("next run", utc(status.next_run)),
             *_lag(info.type, status),
             ("last error", f"{last_error.message} at {utc(last_error.time)}" if last_error else "-"),
+            *_delivery_fields(status),
         ]
     )
     return 0
+
+
+def _delivery_fields(status: HandlerStatus) -> list[tuple[str, str]]:
+    """A push handler's deliveries; nothing for the other types."""
+    if isinstance(status.delivered, UnsetType):
+        return []
+    failure = status.last_delivery_error
+    return [
+        ("delivered", str(status.delivered)),
+        ("failed", f"{status.failed} attempts"),
+        ("dead", str(status.dead)),
+        ("in flight", str(status.in_flight)),
+        ("retrying", str(status.retrying)),
+        ("lag", str(status.lag)),
+        (
+            "last delivery error",
+            "-"
+            if not isinstance(failure, DeliveryError)
+            else f"{failure.message}{'' if failure.status else ' (no answer)'} at {utc(failure.time)}",
+        ),
+    ]
 
 
 def control_handler(args: argparse.Namespace, client: Client) -> int:

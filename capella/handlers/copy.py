@@ -26,7 +26,7 @@ from capella.core.message import Draft, SaveMode
 from capella.core.queue import Queue
 from capella.errors import CapellaError, InvalidRequest, StorageUnavailable, SubscriptionNotFound
 from capella.handlers.links import Links
-from capella.handlers.params import Params, segments
+from capella.handlers.params import Params, segment_ranges
 from capella.handlers.queues import PassResult, QueueHandler
 
 # A pass with a long backlog ends after this long, so the status shows progress.
@@ -68,7 +68,7 @@ class CopyParams:
             interval=params.duration("interval", 0.0, positive=False) or 0.0,
             batch=params.integer("batch", 1000) or 1000,
             wait=params.duration("wait", 2.0, positive=False) or 0.0,
-            segments=segments(params.raw("segments")),
+            segments=segment_ranges(params.raw("segments"), "params.segments"),
             save=_save(params.raw("save"), "params.save", SaveMode.WAIT),
             commit_save=_save(params.raw("commit_save"), "params.commit_save", SaveMode.MARK),
         )

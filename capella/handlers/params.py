@@ -71,11 +71,10 @@ def duration(value: object, field: str, *, positive: bool = True) -> float:
     return seconds
 
 
-def segments(value: object) -> tuple[tuple[int, int], ...] | None:
-    """``[[lo, hi], ...]`` segment ranges from ``params.segments`` (``None``: every segment)."""
+def segment_ranges(value: object, field_name: str) -> tuple[tuple[int, int], ...] | None:
+    """Inclusive ``[lo, hi]`` segment ranges from a JSON list (``None`` stays ``None``: every segment)."""
     if value is None:
         return None
-    field_name = "params.segments"
     if not isinstance(value, list) or not value:
         raise InvalidRequest(f"{field_name} must be a non-empty list of [lo, hi] pairs", field=field_name)
     ranges = []

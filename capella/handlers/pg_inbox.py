@@ -24,7 +24,7 @@ from capella.core.message import SaveMode
 from capella.core.queue import Queue
 from capella.errors import SubscriptionNotFound
 from capella.handlers.links import Links
-from capella.handlers.params import Params, segments
+from capella.handlers.params import Params, segment_ranges
 from capella.handlers.postgres import DSN_PARAMS, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.queues import PassResult, QueueHandler, selected
 
@@ -64,7 +64,7 @@ class InboxParams:
             subscription=str(subscription),
             table=table,
             batch=params.integer("batch", 1000) or 1000,
-            segments=segments(params.raw("segments")),
+            segments=segment_ranges(params.raw("segments"), "params.segments"),
             interval=params.duration("interval", 1.0) or 1.0,
         )
 

@@ -45,8 +45,11 @@ from capella.handlers.flush import FlushHandler, FlushParams
 from capella.handlers.links import Links
 from capella.handlers.pg_inbox import InboxHandler, InboxParams
 from capella.handlers.pg_outbox import OutboxHandler, OutboxParams
+from capella.handlers.push import PushHandler
 from capella.handlers.queues import PassResult, queue_patterns, selected
 from capella.handlers.unload import UnloadHandler, UnloadParams
+from capella.handlers.webhook import PushParams
+from capella.wire.handlers import HANDLER_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +74,9 @@ class HandlerParams(Protocol):
 
 
 def build(
-    cluster: Cluster, kind: str, queues: list[str], raw: object, links: Links
+    cluster: Cluster, kind: str, queues: list[str], raw: object, links: Links, name: str = ""
 ) -> tuple[HandlerParams, Handler]:
-    """Parse ``raw`` params for ``kind`` and build the handler (errors name the field)."""
+    """Parse ``raw`` params for handler ``name`` of ``kind`` and build it (errors name the field)."""
     if kind == "flush":
         flush = FlushParams.parse(raw)
         return flush, FlushHandler(cluster, queues, flush)
@@ -109,11 +112,26 @@ def build(
     if kind == "pg_inbox":
         inbox = InboxParams.parse(raw, links)
         return inbox, InboxHandler(cluster, queues, inbox)
+    if kind == "push":
+        return build_push(cluster, queues, raw, name)
     raise InvalidRequest(
-        f"type: unknown handler type {kind!r} (known: archive, copy, expire, flush, pg_inbox, pg_outbox, "
-        "unload)",
+        f"type: unknown handler type {kind!r} (known: {', '.join(sorted(HANDLER_TYPES))})",
         field="type",
     )
+
+
+def build_push(cluster: Cluster, queues: list[str], raw: object, name: str) -> tuple[PushParams, PushHandler]:
+    if len(queues) != 1 or any(c in queues[0] for c in "*?["):
+        raise InvalidRequest("a push handler takes one queue (queue), not a list or pattern", field="queue")
+    push = PushParams.parse(raw, name)
+    if push.policy.dead_letter is not None:
+        try:
+            cluster.queue(push.policy.dead_letter)
+        except QueueNotFound as exc:
+            raise InvalidRequest(f"params.dead_letter: {exc.message}", field="params.dead_letter") from None
+        if push.policy.dead_letter == queues[0]:
+            raise InvalidRequest("params.dead_letter must name another queue", field="params.dead_letter")
+    return push, PushHandler(cluster, queues[0], push, push.credentials())
 
 
 @dataclass(slots=True)
@@ -201,7 +219,9 @@ class Supervisor:
             raise CorruptData(f"handler registry {REGISTRY_KEY} is not valid: {exc}") from None
         for name, d in sorted(definitions.items()):
             try:
-                params, handler = build(self._cluster, d["type"], list(d["queues"]), d["params"], self.links)
+                params, handler = build(
+                    self._cluster, d["type"], list(d["queues"]), d["params"], self.links, name
+                )
             except CapellaError as exc:
                 # Keep the definition (a later save must not drop it); every pass reports why.
                 log.error("handler cannot be loaded handler=%s: %s", name, exc.message)
@@ -248,9 +268,7 @@ class Supervisor:
             raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
         kind = data.get("type")
         if not isinstance(kind, str):
-            raise InvalidRequest(
-                "type is required: archive, copy, expire, flush, pg_inbox, pg_outbox or unload", field="type"
-            )
+            raise InvalidRequest(f"type is required: {', '.join(sorted(HANDLER_TYPES))}", field="type")
         if kind == "pg_outbox":
             # Its one queue is the destination, params.to.
             if "queues" in data or "queue" in data:
@@ -268,7 +286,7 @@ class Supervisor:
                 )
         else:
             queues = queue_patterns(data, self._cluster)
-        params, handler = build(self._cluster, kind, queues, data.get("params"), self.links)
+        params, handler = build(self._cluster, kind, queues, data.get("params"), self.links, name)
         started = data.get("started", True)
         if not isinstance(started, bool):
             raise InvalidRequest("started must be true or false", field="started")

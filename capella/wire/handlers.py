@@ -15,8 +15,8 @@ from capella.wire.fields import (
     schema,
 )
 
-HANDLER_TYPES = ("flush", "unload", "archive", "expire", "copy", "pg_outbox", "pg_inbox")
-HandlerType = Literal["flush", "unload", "archive", "expire", "copy", "pg_outbox", "pg_inbox"]
+HANDLER_TYPES = ("flush", "unload", "archive", "expire", "copy", "push", "pg_outbox", "pg_inbox")
+HandlerType = Literal["flush", "unload", "archive", "expire", "copy", "push", "pg_outbox", "pg_inbox"]
 # Handler durations also take integers of nanoseconds (>= 1e12), as the original API did.
 HandlerDuration = PositiveDuration
 
@@ -135,6 +135,57 @@ class CopyParams(Struct, forbid_unknown_fields=True):
     commit_save: SaveModeText | None = None
 
 
+class PushParams(Struct, forbid_unknown_fields=True):
+    """POST the queue's messages to url through an ack-mode subscription (see docs/push.md)."""
+
+    url: Annotated[str, schema(pattern=r"^https?://[^\s/?#@]+([/?#]\S*)?$", description="the receiver")]
+    subscription: (
+        Annotated[str, Meta(description="the ack-mode subscription it keeps (default push-<handler>)")] | None
+    ) = None
+    batch: (
+        Annotated[
+            int,
+            schema(
+                minimum=1,
+                maximum=10_000,
+                description="1 (default): the body is the payload; more: a JSON array of messages",
+            ),
+        ]
+        | None
+    ) = None
+    ordering: (
+        Annotated[
+            Literal["unordered", "by_segment", "ordered"],
+            Meta(description="ordered: one request at a time, in id order; by_segment: in order per segment"),
+        ]
+        | None
+    ) = None
+    concurrency: (
+        Annotated[int, schema(minimum=1, maximum=1000, description="requests in flight (default 4)")] | None
+    ) = None
+    timeout: Annotated[HandlerDuration, Meta(description="per request (default 10 s)")] | None = None
+    wait: Annotated[Duration, Meta(description="long-poll when caught up (default 2 s)")] | None = None
+    headers: Annotated[dict[str, str], Meta(description="extra request headers")] | None = None
+    segments: list[Annotated[list[int], schema(minItems=2, maxItems=2)]] | None = None
+    max_attempts: (
+        Annotated[int, schema(minimum=0, maximum=1_000_000, description="0: no limit (default 5)")] | None
+    ) = None
+    backoff: Literal["fixed", "exponential"] | None = None
+    delay: Annotated[Duration, Meta(description="the first retry's delay (default 1 s)")] | None = None
+    max_delay: Annotated[Duration, Meta(description="the longest delay (default 5 min)")] | None = None
+    jitter: Annotated[float, schema(minimum=0, maximum=1)] | None = None
+    dead_letter: Annotated[str, Meta(description="the queue that gets what used up its attempts")] | None = (
+        None
+    )
+    secret_env: (
+        Annotated[str, Meta(description="environment variable with the HMAC-SHA256 signing secret")] | None
+    ) = None
+    token_env: Annotated[str, Meta(description="environment variable with a bearer token")] | None = None
+    basic_env: (
+        Annotated[str, Meta(description="environment variable with user:password for Basic")] | None
+    ) = None
+
+
 class PgOutboxParams(Struct, forbid_unknown_fields=True):
     """Relay committed rows of a PostgreSQL outbox table into a queue (docs/postgres.md)."""
 
@@ -190,6 +241,14 @@ class HandlerError(Struct):
     time: Time
 
 
+class DeliveryError(Struct):
+    """push: the last failed request, with the receiver's status (null without an answer)."""
+
+    message: str
+    status: int | None
+    time: Time
+
+
 class HandlerStatus(Struct):
     """A handler's passes: counters, the last good pass, the last error, the next run."""
 
@@ -206,7 +265,7 @@ class HandlerStatus(Struct):
             schema(
                 minimum=0,
                 description="copy, pg_inbox: messages the queues hold past the cursors; pg_outbox: rows "
-                "waiting in the table (null before the first pass)",
+                "waiting in the table (null before the first pass); push: not delivered yet",
             ),
         ]
         | UnsetType
@@ -227,6 +286,21 @@ class HandlerStatus(Struct):
         Annotated[int, schema(minimum=0, description="pg_outbox, pg_inbox: repeats that dedup absorbed")]
         | UnsetType
     ) = UNSET
+    delivered: (
+        Annotated[int, schema(minimum=0, description="push: messages acked by the receiver")] | UnsetType
+    ) = UNSET
+    failed: Annotated[int, schema(minimum=0, description="push: failed attempts")] | UnsetType = UNSET
+    dead: (
+        Annotated[int, schema(minimum=0, description="push: messages that used up their attempts")]
+        | UnsetType
+    ) = UNSET
+    in_flight: Annotated[int, schema(minimum=0, description="push: messages in requests now")] | UnsetType = (
+        UNSET
+    )
+    retrying: (
+        Annotated[int, schema(minimum=0, description="push: failed messages waiting for a retry")] | UnsetType
+    ) = UNSET
+    last_delivery_error: DeliveryError | UnsetType | None = UNSET
 
 
 class HandlerInfo(Struct):

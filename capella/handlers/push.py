@@ -1,0 +1,468 @@
+"""The push handler: a queue's messages POSTed to an HTTP endpoint, signed, retried, in order.
+
+The handler keeps an ack-mode subscription on its queue (``push-<handler>`` unless
+``params.subscription`` names another) and is its only consumer: it claims messages, sends
+them (``capella.handlers.delivery`` builds the request), acks what the receiver took (2xx)
+and nacks the rest with a delay (the backoff of its retry policy, or the receiver's
+``Retry-After``). The work queue counts the attempts and, after ``max_attempts``, moves a
+message to the dead letters with the last error (status and the first bytes of the answer).
+
+Ordering: ``unordered`` keeps up to ``concurrency`` requests in flight; ``by_segment`` at most
+one per segment; ``ordered`` one in all. In the two ordered modes a message that failed
+blocks the later ones of its segment (or of the queue) until it is acked or dead, so message
+n+1 is never sent before n is acked. Claimed messages that must wait are held in memory.
+
+At-least-once across restarts: an ack is saved before the next message of an ordered run is
+sent (the queue's ``subscription_save``, ``immediate`` by default), so an acked message is
+never sent again. A new run of the handler takes back what a previous run had claimed and
+not answered (a crash, a stop): those messages count the attempt and are sent again first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import random
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from capella.auth.rule import UNRESTRICTED, Identity
+from capella.core.cluster import Cluster
+from capella.core.message import Message, SaveMode
+from capella.core.queue import Queue
+from capella.core.retry import retry_delay
+from capella.core.stats import Histogram
+from capella.core.window import LEASED, WAITING, Entry
+from capella.core.work import WorkQueue
+from capella.errors import CapellaError, SubscriptionNotFound
+from capella.handlers.delivery import (
+    ANSWER_BYTES,
+    Credentials,
+    Outgoing,
+    answer_text,
+    request_parts,
+    retry_after,
+    retryable,
+)
+from capella.handlers.queues import PassResult
+from capella.handlers.webhook import LEASE, PushParams
+
+log = logging.getLogger(__name__)
+
+# A pass with work ends after this long (its in-flight requests finish first), so the status
+# shows progress; a new pass starts at once. A pass that has delivered everything long-polls
+# the queue for ``wait`` seconds and ends.
+PASS_SECONDS = 5.0
+# Claimed messages kept waiting (held, or failed and waiting for a retry) at most: beyond this
+# only retries are claimed, so a receiver that is down does not drain the queue into retries.
+MIN_WINDOW = 1000
+LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+Key = int | None  # what orders messages: 0 (ordered), the segment (by_segment), None (unordered)
+
+
+@dataclass(slots=True)
+class PushCounters:
+    """What the handler did since the process started (messages, except ``requests``)."""
+
+    delivered: int = 0
+    delivered_bytes: int = 0
+    failed: int = 0  # failed attempts
+    dead: int = 0
+    skipped: int = 0  # outside the segment filter: acked without a request
+    requests: Counter[str] = field(default_factory=Counter)  # by outcome: 2xx, 4xx, 5xx, timeout, ...
+
+
+class PushHandler:
+    """Deliver one queue's messages to ``params.url`` through its ack-mode subscription."""
+
+    identity: Identity = UNRESTRICTED
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        queue: str,
+        params: PushParams,
+        credentials: Credentials,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self._cluster = cluster
+        self.queue = queue
+        self.params = params
+        self.interval = params.interval
+        self._credentials = credentials
+        self._rand = rand
+        self.counters = PushCounters()
+        self.latency = Histogram(LATENCY_BOUNDS)
+        self.last_failure: tuple[str, int | None, float] | None = None
+        # Set when the next pass must take back what an earlier run had claimed.
+        self._take_back = True
+        self._work_queue: WorkQueue | None = None
+        self._slots = params.concurrency * params.batch
+        self._hold_limit = 4 * self._slots
+        self._window = max(MIN_WINDOW, self._hold_limit)
+        self._held: dict[Key, list[tuple[Message, Entry]]] = {}
+        self._held_count = 0
+        self._waiting: dict[int, float] = {}  # failed, waiting for a retry: id → when
+        self._key_of: dict[int, Key] = {}  # the key of each waiting message
+        self._blocked: Counter[Key] = Counter()  # waiting messages per key (ordered modes)
+        self._busy: set[Key] = set()  # keys with a request in flight (ordered modes)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._errors: list[BaseException] = []
+        self._in_flight = 0
+        self._wake = asyncio.Event()
+
+    # --- status ----------------------------------------------------------------------------
+
+    def lag(self) -> int:
+        """Messages not delivered yet: never claimed, or claimed and not finished."""
+        try:
+            queue = self._cluster.queue(self.queue)
+            state = queue.work(self.params.subscription).state
+        except CapellaError:
+            return 0
+        return max(0, queue.last_id - state.high) + len(state.entries)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def status(self) -> dict[str, Any]:
+        failure = self.last_failure
+        return {
+            "delivered": self.counters.delivered,
+            "failed": self.counters.failed,
+            "dead": self.counters.dead,
+            "in_flight": self._in_flight,
+            "retrying": len(self._waiting),
+            "lag": self.lag(),
+            "last_delivery_error": None
+            if failure is None
+            else {"message": failure[0], "status": failure[1], "time": failure[2]},
+        }
+
+    # --- a pass ----------------------------------------------------------------------------
+
+    async def run_once(self) -> PassResult:
+        queue = self._cluster.queue(self.queue)
+        params = self.params
+        self.identity.check("queue", "read", queue.name)
+        self.identity.check("subscription", "write", f"{queue.name}/{params.subscription}")
+        if params.policy.dead_letter is not None:
+            self.identity.check("queue", "write", params.policy.dead_letter)
+        work = await self._work(queue)
+        before = (self.counters.delivered, self.counters.delivered_bytes)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PASS_SECONDS
+        try:
+            if self._take_back:
+                await self._take_over(queue, work)
+                self._take_back = False
+            await self._sync(queue, work)
+            connector = aiohttp.TCPConnector(limit=params.concurrency)
+            timeout = aiohttp.ClientTimeout(total=params.timeout)
+            async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+                waited = False
+                while loop.time() < deadline:
+                    self._wake.clear()
+                    claimed = await self._claim(queue, work)
+                    launched = self._launch(session, queue, work)
+                    self._raise_errors()
+                    if claimed or launched:
+                        continue
+                    if self._tasks or self._held_count or self._waiting or queue.last_id > work.state.high:
+                        await self._idle(queue, work, deadline - loop.time())
+                    elif waited or params.wait <= 0:
+                        break  # everything is delivered (or dead)
+                    else:
+                        # Caught up: long-poll for new messages, then end the pass.
+                        await queue.wait_for(work.state.high, min(params.wait, deadline - loop.time()))
+                        waited = True
+                # The pass ends with nothing in flight: a stop never cuts a request short.
+                while self._tasks:
+                    await asyncio.wait(set(self._tasks))
+                    self._raise_errors()
+                    self._launch(session, queue, work, refill=False)
+        except BaseException:
+            # Whatever was claimed and not answered is taken back by the next pass.
+            await self._abandon()
+            raise
+        return PassResult(self.counters.delivered - before[0], self.counters.delivered_bytes - before[1])
+
+    async def _work(self, queue: Queue) -> WorkQueue:
+        """The subscription, defined with the policy on the first pass (and again if it was deleted)."""
+        try:
+            work = queue.work(self.params.subscription)
+        except SubscriptionNotFound:
+            work = None
+        if work is None or work is not self._work_queue:
+            # New to this run, or deleted and defined again (the queue too, maybe): start over.
+            await queue.define_work(self.params.subscription, self.params.policy)
+            work = queue.work(self.params.subscription)
+            self._work_queue = work
+            self._take_back = True
+        return work
+
+    async def _take_over(self, queue: Queue, work: WorkQueue) -> None:
+        """Take back the claims of an earlier run: they may have been sent, so they count an attempt."""
+        self._forget()
+        leased = [e for e in work.state.entries.values() if e.state == LEASED]
+        if leased:
+            outcomes = await work.nack(
+                [(e.id, e.claims) for e in leased],
+                0.0,
+                "claimed by an earlier run of the push handler (restart or stop); sent again",
+                SaveMode.DEFAULT,
+            )
+            self.counters.dead += sum(1 for o in outcomes if o.error is None and o.entry is None)
+            log.info("push taken back queue=%s subscription=%s count=%d", queue.name, work.name, len(leased))
+
+    async def _sync(self, queue: Queue, work: WorkQueue) -> None:
+        """Match what waits for a retry with the work queue (an operator may have moved or deleted it)."""
+        waiting = {e.id: e.until for e in work.state.entries.values() if e.state == WAITING}
+        self._key_of = {mid: key for mid, key in self._key_of.items() if mid in waiting}
+        for mid in waiting.keys() - self._key_of.keys():
+            self._key_of[mid] = await self._key_for(queue, mid)
+        self._waiting = waiting
+        self._blocked = Counter(self._key_of[mid] for mid in waiting if self._key_of[mid] is not None)
+
+    async def _key_for(self, queue: Queue, mid: int) -> Key:
+        if self.params.ordering == "ordered":
+            return 0
+        if self.params.ordering == "unordered":
+            return None
+        page = await queue.read_after(mid - 1, 1)
+        found = [m for m in page.messages if m.id == mid]
+        return found[0].segment if found else None
+
+    def _key(self, m: Message) -> Key:
+        ordering = self.params.ordering
+        return 0 if ordering == "ordered" else m.segment if ordering == "by_segment" else None
+
+    # --- claiming --------------------------------------------------------------------------
+
+    def _room(self, work: WorkQueue) -> int:
+        """How many new messages to claim now."""
+        if len(work.state.entries) >= self._window or self._held_count >= self._hold_limit:
+            return 0
+        blocked = sum(len(self._held.get(k, ())) for k in self._blocked)
+        return max(0, self._slots - (self._held_count - blocked))
+
+    async def _claim(self, queue: Queue, work: WorkQueue) -> int:
+        now = queue.now()
+        due = sum(1 for until in self._waiting.values() if until <= now)
+        limit = due + self._room(work)
+        if limit <= 0:
+            return 0
+        # A claim lost in a crash only means the message is sent as new (an ack, saved after
+        # it in the same log, always saves it too): no fsync of its own.
+        claimed = await work.claim(limit, LEASE, SaveMode.MARK)
+        ranges = self.params.segments
+        skipped: list[tuple[int, int]] = []
+        for m, e in claimed:
+            if self._waiting.pop(m.id, None) is not None:
+                self._unblock(self._key_of.pop(m.id, None))
+            if ranges is not None and not any(lo <= m.segment <= hi for lo, hi in ranges):
+                skipped.append((e.id, e.claims))
+                continue
+            held = self._held.setdefault(self._key(m), [])
+            bisect.insort(held, (m, e), key=lambda item: item[0].id)
+            self._held_count += 1
+        if skipped:
+            # Not for this receiver: finished without a request.
+            await work.ack(skipped, SaveMode.MARK)
+            self.counters.skipped += len(skipped)
+        return len(claimed)
+
+    def _unblock(self, key: Key) -> None:
+        if key is not None and self._blocked[key] > 0:
+            self._blocked[key] -= 1
+            if not self._blocked[key]:
+                del self._blocked[key]
+
+    def _next_batch(self) -> tuple[Key, list[tuple[Message, Entry]]] | None:
+        size = self.params.batch
+        for key, held in self._held.items():
+            if not held or (key is not None and (key in self._busy or key in self._blocked)):
+                continue
+            batch = held[:size]
+            del held[:size]
+            if not held:
+                del self._held[key]
+            self._held_count -= len(batch)
+            return key, batch
+        return None
+
+    def _launch(
+        self, session: aiohttp.ClientSession, queue: Queue, work: WorkQueue, *, refill: bool = True
+    ) -> int:
+        """Start requests for what may be sent now, up to ``concurrency`` in flight."""
+        launched = 0
+        while refill and len(self._tasks) < self.params.concurrency:
+            picked = self._next_batch()
+            if picked is None:
+                break
+            key, batch = picked
+            if key is not None:
+                self._busy.add(key)
+            self._in_flight += len(batch)
+            self._start(self._deliver(session, queue, work, key, batch))
+            launched += 1
+        return launched
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._errors.append(task.exception())  # type: ignore[arg-type]
+        self._wake.set()
+
+    def _raise_errors(self) -> None:
+        if self._errors:
+            error, self._errors = self._errors[0], []
+            raise error
+
+    async def _idle(self, queue: Queue, work: WorkQueue, remaining: float) -> None:
+        """Wait for a request to end, a retry to fall due, or (with room to claim) a new message."""
+        timeout = remaining
+        if self._waiting:
+            # At least a moment: a retry that is due but cannot be claimed must not spin.
+            timeout = min(timeout, max(0.005, min(self._waiting.values()) - queue.now()))
+        if timeout <= 0:
+            return
+        waits: list[asyncio.Future[Any]] = [
+            asyncio.ensure_future(self._wake.wait()),
+            asyncio.ensure_future(work.changed.wait()),
+        ]
+        if self._room(work) > 0:
+            waits.append(asyncio.ensure_future(queue.wait_for(work.state.high, timeout)))
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    # --- one request -----------------------------------------------------------------------
+
+    async def _deliver(
+        self,
+        session: aiohttp.ClientSession,
+        queue: Queue,
+        work: WorkQueue,
+        key: Key,
+        batch: list[tuple[Message, Entry]],
+    ) -> None:
+        params = self.params
+        try:
+            body, headers = request_parts(
+                queue.name,
+                [Outgoing(m, e.attempts) for m, e in batch],
+                single=params.batch == 1,
+                extra=params.headers,
+                credentials=self._credentials,
+                now=int(queue.now()),
+            )
+            status: int | None = None
+            error: str | None = None
+            wait: float | None = None
+            try:
+                async with session.post(
+                    params.url, data=body, headers=headers, allow_redirects=False
+                ) as resp:
+                    status = resp.status
+                    head = await resp.content.read(ANSWER_BYTES)
+                    if not 200 <= status < 300:
+                        error = answer_text(status, resp.reason or "", head)
+                        if retryable(status):
+                            wait = retry_after(resp.headers.get("Retry-After"), queue.now())
+                outcome = f"{status // 100}xx"
+            except TimeoutError:
+                error, outcome = f"no answer within {params.timeout:g}s", "timeout"
+            except aiohttp.ClientError as exc:
+                error, outcome = f"cannot reach the receiver: {type(exc).__name__}: {exc}", "connection"
+            self.counters.requests[outcome] += 1
+            receipts = [(e.id, e.claims) for _, e in batch]
+            if error is None:
+                await work.ack(receipts, SaveMode.DEFAULT)
+                self._delivered(queue, batch)
+            else:
+                await self._failed(queue, work, key, batch, error, status, wait)
+        finally:
+            self._in_flight -= len(batch)
+            self._busy.discard(key)
+
+    def _delivered(self, queue: Queue, batch: list[tuple[Message, Entry]]) -> None:
+        now = queue.now()
+        for m, _ in batch:
+            self.latency.observe(max(0.0, now - m.time))
+        self.counters.delivered += len(batch)
+        self.counters.delivered_bytes += sum(len(m.payload) for m, _ in batch)
+
+    async def _failed(
+        self,
+        queue: Queue,
+        work: WorkQueue,
+        key: Key,
+        batch: list[tuple[Message, Entry]],
+        error: str,
+        status: int | None,
+        wait: float | None,
+    ) -> None:
+        policy = self.params.policy
+        # One delay for the whole batch, so its messages come back together and in order.
+        attempts = max(e.attempts for _, e in batch)
+        delay = wait if wait is not None else retry_delay(policy, attempts, self._rand())
+        outcomes = await work.nack([(e.id, e.claims) for _, e in batch], delay, error, SaveMode.DEFAULT)
+        for o in outcomes:
+            if o.error is not None:
+                continue
+            if o.entry is None:
+                self.counters.dead += 1
+            else:
+                self._waiting[o.id] = o.entry.until
+                self._key_of[o.id] = key
+                if key is not None:
+                    self._blocked[key] += 1
+        self.counters.failed += len(batch)
+        self.last_failure = (error, status, queue.now())
+        log.info(
+            "push failed queue=%s url=%s ids=%d-%d retry_in=%.3gs: %s",
+            queue.name,
+            self.params.url,
+            batch[0][0].id,
+            batch[-1][0].id,
+            delay,
+            error,
+        )
+
+    # --- ending a pass that failed ---------------------------------------------------------
+
+    async def _abandon(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._forget()
+        self._take_back = True
+
+    def _forget(self) -> None:
+        self._held.clear()
+        self._held_count = 0
+        self._waiting.clear()
+        self._key_of.clear()
+        self._blocked.clear()
+        self._busy.clear()
+        self._errors.clear()
+        self._in_flight = 0
