@@ -14,10 +14,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Debian tools the fault tests drive: strace attaches to a server to fail or slow its fsyncs;
-# libfuse 3 serves tests/powerfs.py, the filesystem that loses what was not fsync'd.
+# libfuse 3 serves tests/powerfs.py, the filesystem that loses what was not fsync'd; headless
+# chromium runs the console's browser tests (tests/test_ui.py; a browser cannot be downloaded).
+# The lock timeout lets another apt run finish first.
+APT := apt-get -o DPkg::Lock::Timeout=600
 tools:
 	@command -v strace >/dev/null && /sbin/ldconfig -p | grep -q libfuse3.so.3 || \
-		(apt-get update -qq && apt-get install -y -qq strace libfuse3-3 fuse3 >/dev/null)
+		($(APT) update -qq && $(APT) install -y -qq strace libfuse3-3 fuse3 >/dev/null)
+	@test -x /usr/bin/chromium && command -v chromedriver >/dev/null || \
+		($(APT) update -qq && $(APT) install -y -qq chromium chromium-driver >/dev/null)
 
 run: $(STAMP)
 	$(BIN)/capella serve
