@@ -14,6 +14,7 @@ import json
 import os
 import re
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -66,7 +67,8 @@ class Api:
 def seed(api: Api) -> None:
     """Queues with blocks on two tiers' worth of data, a copy handler, a failing one, a work
     queue with a failed and a dead message, and a scheduled message."""
-    api("PUT", "/v1/queues/orders", {"block": {"max_messages": 5}})
+    tiers = {"marks": {"0": "default", "1": "cold"}}
+    api("PUT", "/v1/queues/orders", {"block": {"max_messages": 5}, "mounts": tiers})
     api("PUT", "/v1/queues/copied", {})
     api("PUT", "/v1/queues/jobs", {})
     api("PUT", "/v1/queues/jobs.dead", {})
@@ -81,6 +83,14 @@ def seed(api: Api) -> None:
     messages.append({"data": HOSTILE, "source": "evil"})
     api("POST", "/v1/queues/orders/messages", {"messages": messages})
     api("PUT", "/v1/handlers/flush-all", {"type": "flush", "queues": ["*"]})
+    # The sealed blocks move to tier 1 (a compressed mount); the open one stays.
+    archive = {"conditions": [{"mark": 1, "from_age": 0}]}
+    api("PUT", "/v1/handlers/archive", {"type": "archive", "queue": "orders", "params": archive})
+    deadline = time.monotonic() + 10
+    while "1" not in api("GET", "/v1/queues/orders")["stats"]["blocks"]["by_mark"]:
+        assert time.monotonic() < deadline, api("GET", "/v1/handlers/archive")
+        time.sleep(0.05)  # blocks are sealed in the background: move them once they are
+        api("POST", "/v1/handlers/archive/run")
     api("PUT", "/v1/handlers/orders-copy", {"type": "copy", "queue": "orders", "params": {"to": "copied"}})
     api("POST", "/v1/handlers/orders-copy/run")
     api("PUT", "/v1/queues/orders/subscriptions/billing", {"last_id": 4})
@@ -150,6 +160,8 @@ def origin() -> Iterator[PageServer]:
 def config(tmp: Path, origin: str, auth: bool = False) -> Path:
     path = tmp / ("auth.toml" if auth else "open.toml")
     text = f'[server.cors]\norigins = ["{origin}"]\n'
+    text += '[mounts.default]\nprovider = "file"\npath = "queues"\n'
+    text += '[mounts.cold]\nprovider = "file"\npath = "cold"\ncompression = "zstd"\n'
     if auth:
         text += '[auth]\nenabled = true\nbootstrap_user = "admin"\nbootstrap_password_env = "CONSOLE_ADMIN"\n'
     path.write_text(text)
@@ -234,8 +246,10 @@ def test_queue_page_blocks_subscriptions_tail_produce_and_find(
     expect(page.get_by_test_id("stat-messages")).to_have_text(num(stats["messages"]))
     blocks = api("GET", "/v1/queues/orders/blocks")["blocks"]
     expect(page.locator("svg.blocks rect.tier")).to_have_count(len(blocks))
-    sealed = [b for b in blocks if b["state"] == "sealed"]
-    expect(row(page, "tiers", "tier 0").get_by_test_id("tier-blocks")).to_have_text(str(len(sealed)))
+    moved = [b for b in blocks if b["state"] == "sealed" and b["mark"] == 1]
+    assert moved and len(moved) == stats["blocks"]["by_mark"]["1"]
+    expect(row(page, "tiers", "tier 1").get_by_test_id("tier-blocks")).to_have_text(str(len(moved)))
+    expect(page.locator("svg.blocks rect.tier1")).to_have_count(len(moved))
     for sub in api("GET", "/v1/queues/orders/subscriptions")["subscriptions"]:
         expect(row(page, "subscriptions", sub["name"]).get_by_test_id("lag")).to_have_text(num(sub["lag"]))
 
