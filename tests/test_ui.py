@@ -77,6 +77,7 @@ def seed(api: Api) -> None:
             "data": json.dumps({"customer": {"id": i % 3}, "n": i}),
             "source": "shop" if i % 2 else "web",
             "headers": {"kind": "even" if i % 2 == 0 else "odd"},
+            "segment": i % 4,
         }
         for i in range(1, 13)
     ]
@@ -293,6 +294,9 @@ def test_queue_page_blocks_subscriptions_tail_produce_and_find(
         m["id"] for m in every if isinstance(p := payload(m), dict) and p.get("customer", {}).get("id") == 1
     ]
     assert find(**{"from": "3", "to": "6"}) == [3, 4, 5, 6]
+    assert find(segments="1-2", source="web") == [
+        m["id"] for m in every if 1 <= m["segment"] <= 2 and m["source"] == "web"
+    ]
     assert find(source="evil") == [13]
     # A payload is text, never markup.
     expect(page.get_by_test_id("find-results")).to_contain_text(HOSTILE)
@@ -475,6 +479,17 @@ def test_sign_in_with_a_password_keeps_a_token_and_hides_what_the_user_may_not_d
     page.goto(f"{secured.url}/ui/#/queue/orders")
     expect(page.get_by_test_id("produce-send")).to_be_disabled()
     expect(page.get_by_test_id("stat-messages")).to_have_text("1")
+
+    # A revoked (or expired) token: the next call is refused and the console asks again.
+    token_id = page.evaluate("sessionStorage.getItem('capella.auth.id')")
+    admin("DELETE", f"/v1/tokens/{token_id}")
+    page.goto(f"{secured.url}/ui/#/handlers")
+    expect(dialog).to_be_visible()
+    dialog.get_by_label("User").fill("viewer")
+    dialog.get_by_label("Password").fill("viewer-password")
+    dialog.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_test_id("run-flush")).to_be_disabled()
+    token = page.evaluate("sessionStorage.getItem('capella.auth')")
 
     # Signing out revokes the token.
     page.get_by_test_id("signout").click()

@@ -101,14 +101,15 @@ async function identify() {
 }
 
 async function boot() {
-  // An expired or revoked token: ask again, then carry on where the user was.
+  session.me = await identify();
+  // From now on a 401 means the token expired or was revoked: ask again, then carry on
+  // where the user was.
   session.onUnauthorized = async () => {
     if (document.getElementById("signin").open) return;
     session.me = await askSignIn();
     showWho();
     show();
   };
-  session.me = await identify();
   showWho();
   window.addEventListener("hashchange", show);
   await show();
