@@ -74,9 +74,10 @@ async def static(request: web.Request) -> web.Response:
     return _serve(request, request.match_info["file"])
 
 
-def _file_answer(description: str) -> dict[int, dict[str, object]]:
+def _file_answer(description: str, *types: str) -> dict[int, dict[str, object]]:
+    content = {kind.partition(";")[0]: {"schema": {"type": "string"}} for kind in types}
     return {
-        200: {"description": description, "content": {"text/html": {"schema": {"type": "string"}}}},
+        200: {"description": description, "content": content},
         304: answer("Not modified since the ETag in If-None-Match"),
     }
 
@@ -101,7 +102,7 @@ ROUTES = [
         op="console",
         summary="The web console's page (it calls the API with the signed-in user's credentials)",
         tag="console",
-        answers=_file_answer("The console's HTML page"),
+        answers=_file_answer("The console's HTML page", TYPES[".html"]),
         fails=None,
     ),
     Route(
@@ -113,7 +114,7 @@ ROUTES = [
         summary="A script, style sheet or image of the console",
         tag="console",
         answers={
-            **_file_answer("The file (JavaScript, CSS or SVG)"),
+            **_file_answer("The file (JavaScript, CSS or SVG)", *TYPES.values()),
             404: answer("No such file"),
         },
         fails=None,

@@ -260,6 +260,8 @@ function findSection(name) {
   let resume = null;
 
   async function run(after) {
+    status.textContent = "searching…";
+    results.replaceChildren();
     const want = Number(limit.value) || 50;
     const end = to.value.trim() ? Number(to.value) : Infinity;
     const fields = Object.entries(parsePairs(json.value)).map(([p, v]) => [p.split("."), jsonValue(v)]);
