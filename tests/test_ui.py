@@ -304,6 +304,18 @@ def test_queue_page_blocks_subscriptions_tail_produce_and_find(
     assert page.evaluate("document.body.dataset.pwned") is None
 
 
+def test_a_page_whose_queue_is_dropped_says_why_it_cannot_refresh(
+    page: Page, api: Api, server: ServerProcess
+) -> None:
+    api("PUT", "/v1/queues/short-lived", {})
+    page.goto(f"{server.url}/ui/?sample=0.3#/queue/short-lived")
+    expect(page.get_by_test_id("queue-name")).to_have_text("short-lived")
+    api("DELETE", "/v1/queues/short-lived")
+    expect(page.get_by_test_id("status")).to_contain_text("Could not refresh: no queue")
+    page.goto(f"{server.url}/ui/?sample=0.3#/")
+    expect(page.get_by_test_id("status")).to_be_empty()
+
+
 # --- handlers ------------------------------------------------------------------------------
 
 
@@ -465,6 +477,8 @@ def test_sign_in_with_a_password_keeps_a_token_and_hides_what_the_user_may_not_d
     expect(dialog).to_be_hidden()
     expect(page.get_by_test_id("who")).to_have_text("viewer")
     expect(page.get_by_test_id("queues").locator("tbody tr")).to_have_count(1)
+    # /metrics needs cluster read: the produce rate comes from the last ids instead.
+    expect(page.get_by_text("Consume rates need read access to /metrics")).to_be_visible()
 
     # The token (never the password) is kept in this tab's sessionStorage, and it is the
     # viewer's: the API says so.

@@ -35,6 +35,7 @@ async function show() {
   const page = PAGES[name];
   const root = h("div", { class: "page", "data-page": name || "overview" });
   main.replaceChildren(root);
+  document.getElementById("status").textContent = "";
   if (!page) {
     root.append(h("p", { class: "error" }, `No page ${name}.`));
     return;
@@ -45,7 +46,18 @@ async function show() {
     root.append(h("p", { class: "error", "data-testid": "page-error" }, err.message));
     return;
   }
-  if (current.refresh) unsubscribe = sampler.onSample(() => current?.refresh?.());
+  if (current.refresh) unsubscribe = sampler.onSample(() => refresh(current));
+}
+
+// A page refreshes with each sample; a failed refresh keeps what is shown and says why.
+async function refresh(page) {
+  const status = document.getElementById("status");
+  try {
+    await page.refresh();
+    status.textContent = "";
+  } catch (err) {
+    if (page === current) status.textContent = `Could not refresh: ${err.message}`;
+  }
 }
 
 function showWho() {
