@@ -215,7 +215,7 @@ def row(page: Page, testid: str, text: str) -> Any:
 
 
 def test_overview_shows_each_queue_and_the_failing_handlers(
-    page: Page, api: Api, server: ServerProcess
+    page: Page, api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
     page.goto(f"{server.url}/ui/?sample=0.3")
     queues = {q["name"]: q["stats"] for q in api("GET", "/v1/queues")["queues"]}
@@ -231,6 +231,7 @@ def test_overview_shows_each_queue_and_the_failing_handlers(
     assert [h["name"] for h in failing] == ["to-dc2"]
     expect(row(page, "failing", "to-dc2")).to_contain_text(failing[0]["status"]["last_error"]["message"][:40])
     expect(page.get_by_test_id("card-failing")).to_have_text("1")
+    page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
     # The charts fill as the page samples: a produced batch shows as a produce rate.
     api("POST", "/v1/queues/copied/messages", {"messages": [{"data": "x"}] * 3})
     expect(orders.locator("svg.spark").first).not_to_have_attribute("data-points", re.compile(r"^[01]$"))
@@ -240,7 +241,7 @@ def test_overview_shows_each_queue_and_the_failing_handlers(
 
 
 def test_queue_page_blocks_subscriptions_tail_produce_and_find(
-    page: Page, api: Api, server: ServerProcess
+    page: Page, api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
     page.goto(f"{server.url}/ui/#/queue/orders")
     stats = api("GET", "/v1/queues/orders")["stats"]
@@ -267,6 +268,7 @@ def test_queue_page_blocks_subscriptions_tail_produce_and_find(
     stored = api("GET", f"/v1/queues/orders/messages?after={new_id - 1}&limit=1")["messages"][0]
     assert (stored["id"], stored["source"], stored["headers"]) == (new_id, "console", {"kind": "test"})
     expect(page.locator(f'[data-testid=tail] tr[data-id="{new_id}"]')).to_contain_text("from the console")
+    page.screenshot(path=str(tmp_path / "queue.png"), full_page=True)
 
     # Find: what the page finds is what the API holds, filtered as the work filter would.
     every = api("GET", "/v1/queues/orders/messages?limit=1000")["messages"]
@@ -320,7 +322,7 @@ def test_a_page_whose_queue_is_dropped_says_why_it_cannot_refresh(
 
 
 def test_handlers_page_shows_state_and_starts_stops_and_runs(
-    page: Page, api: Api, server: ServerProcess
+    page: Page, api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
     page.goto(f"{server.url}/ui/#/handlers")
     for handler in api("GET", "/v1/handlers")["handlers"]:
@@ -328,6 +330,7 @@ def test_handlers_page_shows_state_and_starts_stops_and_runs(
         expect(row(page, "handlers", handler["name"]).get_by_test_id("handler-state")).to_have_text(
             re.compile(f"{state}|running")
         )
+    page.screenshot(path=str(tmp_path / "handlers-before.png"), full_page=True)
     page.get_by_test_id("stop-flush-all").click()
     expect(row(page, "handlers", "flush-all").get_by_test_id("handler-state")).to_have_text("stopped")
     assert api("GET", "/v1/handlers/flush-all")["started"] is False
@@ -352,7 +355,7 @@ def test_handlers_page_shows_state_and_starts_stops_and_runs(
 
 
 def test_replication_page_pings_links_and_shows_copy_lag_and_replicas(
-    page: Page, api: Api, server: ServerProcess
+    page: Page, api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
     page.goto(f"{server.url}/ui/?sample=0.3#/replication")
     ping = api("POST", "/v1/clusters/dc2/ping")
@@ -370,12 +373,15 @@ def test_replication_page_pings_links_and_shows_copy_lag_and_replicas(
     page.get_by_test_id("replicas-id").fill("1")
     page.get_by_test_id("replicas-go").click()
     expect(page.get_by_test_id("replicas-result")).to_contain_text(", ".join(replicas["subscriptions"]))
+    page.screenshot(path=str(tmp_path / "replication.png"), full_page=True)
 
 
 # --- work queues ---------------------------------------------------------------------------
 
 
-def test_work_pages_count_and_retry_move_back_and_delete(page: Page, api: Api, server: ServerProcess) -> None:
+def test_work_pages_count_and_retry_move_back_and_delete(
+    page: Page, api: Api, server: ServerProcess, tmp_path: Path
+) -> None:
     base = "/v1/queues/jobs/subscriptions/workers"
     page.goto(f"{server.url}/ui/#/work")
     work = api("GET", base)["work"]
@@ -388,6 +394,7 @@ def test_work_pages_count_and_retry_move_back_and_delete(page: Page, api: Api, s
     ):
         expect(line.get_by_test_id(f"count-{testid}")).to_have_text(num(work[key]))
     assert (work["failed"], work["dead"]) == (1, 1)
+    page.screenshot(path=str(tmp_path / "work-queues.png"), full_page=True)
 
     line.get_by_role("link", name="workers").click()
     shown = api("GET", f"{base}/work?status=in_flight,failed,dead")["messages"]
@@ -401,6 +408,7 @@ def test_work_pages_count_and_retry_move_back_and_delete(page: Page, api: Api, s
         expect(tr.get_by_test_id("work-attempts")).to_have_text(str(m["attempts"]))
         expect(tr.get_by_test_id("work-error")).to_have_text(m["last_error"] or "none")
     failed = next(m["id"] for m in shown if m["status"] == "failed")
+    page.screenshot(path=str(tmp_path / "work-queue.png"), full_page=True)
     dead = next(m["id"] for m in shown if m["status"] == "dead")
 
     page.get_by_test_id(f"moveback-{dead}").click()
@@ -423,7 +431,9 @@ def test_work_pages_count_and_retry_move_back_and_delete(page: Page, api: Api, s
 # --- scheduled -----------------------------------------------------------------------------
 
 
-def test_scheduled_page_lists_what_falls_due_and_cancels(page: Page, api: Api, server: ServerProcess) -> None:
+def test_scheduled_page_lists_what_falls_due_and_cancels(
+    page: Page, api: Api, server: ServerProcess, tmp_path: Path
+) -> None:
     page.goto(f"{server.url}/ui/#/scheduled")
     listed = api("GET", "/v1/queues/orders/scheduled")
     expect(row(page, "scheduled-queues", "orders").get_by_test_id("scheduled-count")).to_have_text(
@@ -431,6 +441,7 @@ def test_scheduled_page_lists_what_falls_due_and_cancels(page: Page, api: Api, s
     )
     sid = listed["scheduled"][0]["scheduled_id"]
     expect(row(page, "scheduled", "cron").get_by_test_id("scheduled-id")).to_have_text(str(sid))
+    page.screenshot(path=str(tmp_path / "scheduled-before.png"), full_page=True)
     page.get_by_test_id(f"cancel-{sid}").click()
     expect(page.get_by_test_id(f"cancel-{sid}")).to_have_count(0)
     error = api("GET", f"/v1/queues/orders/scheduled/{sid}", expect_status=404)["error"]
