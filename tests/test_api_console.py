@@ -6,6 +6,7 @@ which headers, what is refused, and that the page needs no credentials while the
 
 from __future__ import annotations
 
+import gzip
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -68,6 +69,18 @@ async def test_ui_redirects_to_the_page_and_the_page_loads_its_modules(api: Test
     assert seen == {p.name for p in ROOT.glob("*.js")}, "a module nobody imports, or one not served"
     resp = await api.get("/ui/app.css")
     assert resp.content_type == "text/css"
+
+
+async def test_files_are_sent_gzipped_to_browsers_that_take_it(api: TestClient[Any, Any]) -> None:
+    plain = await api.get("/ui/page-queue.js", headers={"Accept-Encoding": "identity"})
+    assert "Content-Encoding" not in plain.headers
+    raw = await api.get("/ui/page-queue.js", headers={"Accept-Encoding": "gzip, br"}, auto_decompress=False)
+    assert raw.headers["Content-Encoding"] == "gzip"
+    assert raw.headers["Vary"] == "Accept-Encoding"
+    assert raw.headers["ETag"] != plain.headers["ETag"]
+    zipped = await raw.read()
+    assert gzip.decompress(zipped) == await plain.read() == (ROOT / "page-queue.js").read_bytes()
+    assert len(zipped) < len(await plain.read()) / 2
 
 
 async def test_an_unchanged_file_is_not_sent_again(api: TestClient[Any, Any]) -> None:
