@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -543,6 +544,8 @@ window.seen = []; window.opened = 0;
 const source = new EventSource("%(url)s/v1/queues/feed/stream?after=0");
 source.onopen = () => { window.opened += 1; };
 source.addEventListener("message", (e) => window.seen.push(Number(e.lastEventId)));
+window.errors = 0;
+source.onerror = () => { window.errors += 1; };
 </script>"""
 
 
@@ -550,29 +553,33 @@ def test_a_page_on_another_origin_follows_the_stream_and_resumes_after_a_restart
     browser: Browser, origin: PageServer, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
-    first = ServerProcess(data, config=config(tmp_path, origin.url))
-    first.wait_ready()
-    port = first.port
-    try:
+    with ExitStack() as stack:
+        first = ServerProcess(data, config=config(tmp_path, origin.url))
+        stack.callback(first.stop)
+        first.wait_ready()
         feed = Api(first.url)
         feed("PUT", "/v1/queues/feed", {})
         feed("POST", "/v1/queues/feed/messages?save=immediate", {"messages": [{"data": "a"}, {"data": "b"}]})
         origin.pages["/follow.html"] = FOLLOWER % {"url": first.url}  # type: ignore[attr-defined]
         context = browser.new_context()
+        stack.callback(context.close)
         page = context.new_page()
         page.goto(f"{origin.url}/follow.html")
         page.wait_for_function("window.seen.length === 2")
+        # The same page from an origin that is not listed (localhost is another host name)
+        # gets no CORS headers: the browser fails its stream and shows it nothing.
+        stranger = context.new_page()
+        stranger.goto(f"{origin.url.replace('127.0.0.1', 'localhost')}/follow.html")
+        stranger.wait_for_function("window.errors >= 1")
+        assert stranger.evaluate("[window.opened, window.seen]") == [0, []]
+        stranger.close()
+
         first.stop()  # ends the stream; the browser reconnects by itself
-        second = ServerProcess(data, port=port, config=config(tmp_path, origin.url))
+        second = ServerProcess(data, port=first.port, config=config(tmp_path, origin.url))
+        stack.callback(second.stop)
         second.wait_ready()
-    finally:
-        first.stop()
-    try:
         Api(second.url)("POST", "/v1/queues/feed/messages", {"data": "c"})
         page.wait_for_function("window.opened >= 2 && window.seen.length >= 3", timeout=15_000)
         # Resumed after the last id it had (Last-Event-ID), not from after=0 again.
         assert page.evaluate("window.seen") == [1, 2, 3]
         page.screenshot(path=str(tmp_path / "follower.png"))
-        context.close()
-    finally:
-        second.stop()
