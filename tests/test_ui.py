@@ -498,6 +498,8 @@ def test_sign_in_with_a_password_keeps_a_token_and_hides_what_the_user_may_not_d
     assert token.startswith("Bearer cap_")
     assert "viewer-password" not in json.dumps(page.evaluate("Object.entries(sessionStorage)"))
     assert Api(secured.url, token)("GET", "/v1/me")["user"] == "viewer"
+    made = [t for t in admin("GET", "/v1/tokens")["tokens"] if t["user"] == "viewer"]
+    assert [t["description"] for t in made] == ["console"]
 
     page.goto(f"{secured.url}/ui/#/handlers")
     expect(page.get_by_test_id("run-flush")).to_be_disabled()

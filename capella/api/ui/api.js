@@ -79,7 +79,7 @@ export async function signIn({ user, password, token }) {
     auth = `Bearer ${token.trim()}`;
   } else {
     const made = await api("POST", "/v1/tokens", {
-      body: { description: "console", ttl: "12h" },
+      body: { description: "console" }, // valid for the server's auth.token_ttl
       auth: basic(user, password),
     });
     auth = `Bearer ${made.token}`;
