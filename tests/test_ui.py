@@ -75,7 +75,7 @@ def seed(api: Api) -> None:
     api("PUT", "/v1/queues/jobs.dead", {})
     messages = [
         {
-            "data": json.dumps({"customer": {"id": i % 3}, "n": i}),
+            "data": json.dumps({"customer": {"id": i % 3}, "n": i, "tags": ["a", "b"] if i == 5 else []}),
             "source": "shop" if i % 2 else "web",
             "headers": {"kind": "even" if i % 2 == 0 else "odd"},
             "segment": i % 4,
@@ -298,6 +298,7 @@ def test_queue_page_blocks_subscriptions_tail_produce_and_find(
         m["id"] for m in every if isinstance(p := payload(m), dict) and p.get("customer", {}).get("id") == 1
     ]
     assert find(**{"from": "3", "to": "6"}) == [3, 4, 5, 6]
+    assert find(json='tags=["a", "b"]') == [5]
     assert find(segments="1-2", source="web") == [
         m["id"] for m in every if 1 <= m["segment"] <= 2 and m["source"] == "web"
     ]

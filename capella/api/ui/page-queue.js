@@ -264,7 +264,11 @@ function findSection(name) {
     results.replaceChildren();
     const want = Number(limit.value) || 50;
     const end = to.value.trim() ? Number(to.value) : Infinity;
-    const fields = Object.entries(parsePairs(json.value)).map(([p, v]) => [p.split("."), jsonValue(v)]);
+    // One JSON field, split at its first "=": the value may hold commas ([1, 2]) and "=".
+    const pair = json.value.trim();
+    const at = pair.indexOf("=");
+    if (pair && at <= 0) throw new Error(`JSON field: expected path=value, got ${JSON.stringify(pair)}`);
+    const fields = pair ? [[pair.slice(0, at).trim().split("."), jsonValue(pair.slice(at + 1).trim())]] : [];
     const match = matcher({ source: source.value.trim(), headers: parsePairs(header.value), fields });
     const found = [];
     let scanned = 0;
