@@ -319,6 +319,8 @@ def test_a_page_whose_queue_is_dropped_says_why_it_cannot_refresh(
     expect(page.get_by_test_id("status")).to_contain_text("Could not refresh: no queue")
     page.goto(f"{server.url}/ui/?sample=0.3#/")
     expect(page.get_by_test_id("status")).to_be_empty()
+    page.goto(f"{server.url}/ui/#/queue/short-lived")
+    expect(page.get_by_test_id("page-error")).to_contain_text("no queue")
 
 
 # --- handlers ------------------------------------------------------------------------------

@@ -23,7 +23,10 @@ const main = document.getElementById("main");
 let current = null; // {refresh?, stop?} of the page shown
 let unsubscribe = null;
 
+let shown = 0; // counts page changes, so a page that finishes loading late is dropped
+
 async function show() {
+  const generation = ++shown;
   const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
   const [name = "", ...args] = parts;
   current?.stop?.();
@@ -40,12 +43,18 @@ async function show() {
     root.append(h("p", { class: "error" }, `No page ${name}.`));
     return;
   }
+  let loaded;
   try {
-    current = (await page(root, args)) || {};
+    loaded = (await page(root, args)) || {};
   } catch (err) {
     root.append(h("p", { class: "error", "data-testid": "page-error" }, err.message));
     return;
   }
+  if (generation !== shown) {
+    loaded.stop?.(); // the user went elsewhere while it loaded
+    return;
+  }
+  current = loaded;
   if (current.refresh) unsubscribe = sampler.onSample(() => refresh(current));
 }
 
