@@ -14,14 +14,18 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Debian tools the fault tests drive: strace attaches to a server to fail or slow its fsyncs;
-# libfuse 3 serves tests/powerfs.py, the filesystem that loses what was not fsync'd.
+# libfuse 3 serves tests/powerfs.py, the filesystem that loses what was not fsync'd; headless
+# chromium runs the console's browser tests (tests/test_ui.py; a browser cannot be downloaded);
 # PostgreSQL: tests/pg.py runs a throwaway cluster (initdb) for the pg_outbox / pg_inbox tests.
+# The lock timeout lets another apt run finish first.
+APT := apt-get -o DPkg::Lock::Timeout=600
 tools:
 	@command -v strace >/dev/null && /sbin/ldconfig -p | grep -q libfuse3.so.3 || \
-		(apt-get update -qq && apt-get install -y -qq strace libfuse3-3 fuse3 >/dev/null)
+		($(APT) update -qq && $(APT) install -y -qq strace libfuse3-3 fuse3 >/dev/null)
+	@test -x /usr/bin/chromium && command -v chromedriver >/dev/null || \
+		($(APT) update -qq && $(APT) install -y -qq chromium chromium-driver >/dev/null)
 	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
-		(apt-get -o DPkg::Lock::Timeout=600 update -qq && \
-		 apt-get -o DPkg::Lock::Timeout=600 install -y -qq postgresql >/dev/null)
+		($(APT) update -qq && $(APT) install -y -qq postgresql >/dev/null)
 
 run: $(STAMP)
 	$(BIN)/capella serve
@@ -46,8 +50,7 @@ test: lint typecheck pytest
 # The side-by-side scenario (versus) compares with Debian's redis-server when it is installed.
 bench: $(STAMP)
 	@command -v redis-server >/dev/null || \
-		(apt-get -o DPkg::Lock::Timeout=600 update -qq && \
-		 apt-get -o DPkg::Lock::Timeout=600 install -y -qq redis-server >/dev/null) || \
+		($(APT) update -qq && $(APT) install -y -qq redis-server >/dev/null) || \
 		echo "redis-server could not be installed: the versus scenario will say so"
 	$(BIN)/python -m benchmarks
 

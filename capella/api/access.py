@@ -27,6 +27,15 @@ AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
 IDENTITY = web.RequestKey("identity", Identity)
 
 CHALLENGE = 'Basic realm="capella", charset="UTF-8", Bearer realm="capella"'
+# A page's script (the console sends X-Requested-With, as many web frameworks do) is not
+# challenged for Basic: browsers would put up their own password prompt over the page's.
+SCRIPT_CHALLENGE = 'Bearer realm="capella"'
+
+
+def challenge(request: web.Request) -> str:
+    """The ``WWW-Authenticate`` value of a 401 answer to ``request``."""
+    scripted = request.headers.get("X-Requested-With", "").lower() == "xmlhttprequest"
+    return SCRIPT_CHALLENGE if scripted else CHALLENGE
 
 
 # What each route needs, by (method, path template); ``None`` for a public route.

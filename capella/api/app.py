@@ -14,6 +14,7 @@ from aiohttp.typedefs import Handler, Middleware
 from capella import wire
 from capella.api import (
     clusters,
+    console,
     handlers,
     health,
     messages,
@@ -25,7 +26,7 @@ from capella.api import (
     users,
     work,
 )
-from capella.api.access import AUTHENTICATOR, CHALLENGE, NEEDS, access_middleware
+from capella.api.access import AUTHENTICATOR, NEEDS, access_middleware, challenge
 from capella.api.connection import ConnectionGuard
 from capella.api.cors import Cors
 from capella.api.errors import status_for
@@ -55,6 +56,7 @@ ROUTES: list[Route] = [
     *tokens.ROUTES,
     *health.ROUTES,
     *openapi.ROUTES,
+    *console.ROUTES,
 ]
 
 
@@ -137,7 +139,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                 exc.code,
                 exc.message,
             )
-        headers = {"WWW-Authenticate": CHALLENGE} if isinstance(exc, Unauthorized) else None
+        headers = {"WWW-Authenticate": challenge(request)} if isinstance(exc, Unauthorized) else None
         return error_response(status_for(exc), exc.code, exc.message, exc.details, headers)
     except web.HTTPException as exc:
         if exc.status < 400:

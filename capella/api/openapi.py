@@ -186,6 +186,7 @@ _PATH_PARAMS = {
     ("handlers", "name"): HANDLER,
     ("clusters", "name"): CLUSTER,
     ("users", "name"): USER,
+    ("ui", "file"): param("file", "path", {"type": "string", "pattern": r"^[\w.-]+$"}, "File name"),
     ("tokens", "id"): param("id", "path", {"type": "string", "pattern": r"^[0-9a-f]{16}$"}, "Token id"),
 }
 

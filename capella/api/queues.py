@@ -1,4 +1,4 @@
-"""Queues: create or update (PUT), describe (GET), list, drop (DELETE)."""
+"""Queues: create or update (PUT), describe (GET), list, drop (DELETE), and their blocks."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 from aiohttp import web
 
 from capella.api.access import identity
-from capella.api.openapi import answer, json_content, ref
-from capella.api.request import CLUSTER, json_response, read_object
+from capella.api.openapi import AFTER, LIMIT, answer, json_content, param, ref
+from capella.api.request import CLUSTER, int_param, json_response, limit_param, read_object
 from capella.api.route import Route, on_queue
 from capella.core.queue import Queue
 
@@ -31,6 +31,17 @@ async def put_queue(request: web.Request) -> web.Response:
 
 async def get_queue(request: web.Request) -> web.Response:
     return json_response(queue_info(request.app[CLUSTER].queue(request.match_info["queue"])))
+
+
+async def list_blocks(request: web.Request) -> web.Response:
+    """The blocks past ``after`` (an id) in id order: what the console draws over the id range."""
+    queue = request.app[CLUSTER].queue(request.match_info["queue"])
+    after = int_param(request, "after", 0, low=0)
+    limit = limit_param(request, default=1000)
+    blocks = queue.blocks(after, limit + 1)
+    more = len(blocks) > limit
+    del blocks[limit:]
+    return json_response({"blocks": blocks, "next_after": blocks[-1]["last_id"] if more else None})
 
 
 async def drop_queue(request: web.Request) -> web.Response:
@@ -82,5 +93,25 @@ ROUTES = [
         tag="queues",
         answers={204: answer("Dropped")},
         fails=(404,),
+    ),
+    Route(
+        "GET",
+        "/v1/queues/{queue}/blocks",
+        list_blocks,
+        need=(on_queue("read"),),
+        op="listBlocks",
+        summary="The queue's blocks in id order: id range, size, tier (mark) and state",
+        tag="queues",
+        answers={200: answer("Blocks", ref("BlockList"))},
+        fails=(400, 404),
+        params=(
+            param("after", "query", AFTER["schema"], "Blocks holding ids greater than this"),
+            param(
+                "limit",
+                "query",
+                {**LIMIT["schema"], "default": 1000},
+                "At most this many blocks (capped at the server's max_limit)",
+            ),
+        ),
     ),
 ]

@@ -34,7 +34,7 @@ from capella.core.delay import Delayed as Delayed  # answered by ``Queue.append`
 from capella.core.delay import assign_mixed
 from capella.core.message import Draft, Message, SaveMode
 from capella.core.recovery import recover
-from capella.core.report import queue_stats
+from capella.core.report import block_list, queue_stats
 from capella.core.retry import RetryPolicy
 from capella.core.schedule import Schedule
 from capella.core.scheduled import Scheduled
@@ -514,6 +514,10 @@ class Queue:
 
     def definition_dict(self) -> dict[str, Any]:
         return self.definition.to_dict()
+
+    def blocks(self, after: int, limit: int) -> list[dict[str, Any]]:
+        """The blocks holding ids past ``after``, in id order, at most ``limit`` of them."""
+        return block_list(self._store, self._writer, after, limit)
 
     def stats(self) -> dict[str, Any]:
         return queue_stats(

@@ -5,6 +5,7 @@ The API answers it with the queue (``api/queues.py``); ``capella.metrics`` reads
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from capella.core.blocks import BlockStore
@@ -57,3 +58,43 @@ def queue_stats(
         ],
         "last_error": writer.last_error,
     }
+
+
+def block_list(store: BlockStore, writer: Writer, after: int, limit: int) -> list[dict[str, Any]]:
+    """The queue's blocks in id order whose ids go past ``after``, at most ``limit``: sealed
+    (or quarantined) ones with their mark, then those still in memory (``sealing``, ``open``)."""
+    found: list[dict[str, Any]] = []
+    start = max(0, bisect.bisect_right(store.firsts, after) - 1)
+    for meta in store.sealed[start:]:
+        if len(found) >= limit:
+            return found
+        if meta.last_id > after:
+            found.append(
+                {
+                    "first_id": meta.first_id,
+                    "last_id": meta.last_id,
+                    "count": meta.count,
+                    "bytes": meta.bytes,
+                    "mark": meta.mark,
+                    "state": meta.state,
+                    "loaded": meta.first_id in store.loaded,
+                    "sealed": meta.sealed,
+                }
+            )
+    for block in writer.in_memory():
+        if len(found) >= limit:
+            break
+        if block.ids and block.ids[-1] > after:
+            found.append(
+                {
+                    "first_id": block.ids[0],
+                    "last_id": block.ids[-1],
+                    "count": len(block.ids),
+                    "bytes": block.size,
+                    "mark": 0,
+                    "state": "open" if block is writer.open_block else "sealing",
+                    "loaded": True,
+                    "sealed": None,
+                }
+            )
+    return found

@@ -143,3 +143,23 @@ class QueueList(Struct):
     """Every queue the caller may read."""
 
     queues: list[QueueInfo]
+
+
+class Block(Struct):
+    """A block of a queue: its id range, size, storage tier (mark) and state."""
+
+    first_id: int
+    last_id: int
+    count: int
+    bytes: int
+    mark: Annotated[int, Meta(description="the storage tier (the queue's mounts.marks); 0 until sealed")]
+    state: Literal["open", "sealing", "sealed", "quarantined"]
+    loaded: Annotated[bool, Meta(description="its contents are in memory")]
+    sealed: Annotated[Time | None, Meta(description="when it was sealed; null while open or sealing")]
+
+
+class BlockList(Struct):
+    """A queue's blocks in id order, a page at a time."""
+
+    blocks: list[Block]
+    next_after: Annotated[int | None, Meta(description="pass as after for the next page; null on the last")]

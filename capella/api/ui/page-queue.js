@@ -1,0 +1,344 @@
+// One queue: its blocks over the id range by tier, subscriptions with lag, a live tail,
+// a test message, and finding messages by id range, source, segment, header or JSON field.
+
+import { api, can, tail } from "./api.js";
+import { blockBar, sparkline, swatch } from "./chart.js";
+import { ago, button, bytes, field, h, headerText, notify, num, payload, q, rate, section, table, time } from "./dom.js";
+import * as sampler from "./sampler.js";
+
+const TAIL_KEEP = 50;
+const SCAN_PAGE = 1000; // messages per read while finding
+const SCAN_MAX = 20000; // messages one Find looks at before it offers to go on
+
+export async function queuePage(root, [name]) {
+  const path = `/v1/queues/${q(name)}`;
+  const info = await api("GET", path);
+  const stats = h("div");
+  const blocks = h("div");
+  const subs = h("div");
+  root.append(
+    h("h1", {}, "Queue ", h("span", { "data-testid": "queue-name" }, name)),
+    stats,
+    section("Blocks by tier over the id range", blocks),
+    section("Subscriptions", subs),
+  );
+  const stopTail = tailSection(root, name, info.stats.last_id);
+  root.append(produceSection(name), findSection(name));
+
+  async function refresh() {
+    const [queue, blockList, subList] = await Promise.all([
+      api("GET", path),
+      api("GET", `${path}/blocks`, { query: { limit: 1000 } }),
+      api("GET", `${path}/subscriptions`),
+    ]);
+    const s = queue.stats;
+    stats.replaceChildren(
+      h(
+        "dl",
+        { class: "facts", "data-testid": "queue-stats" },
+        fact("Messages", num(s.messages), "messages"),
+        fact("Bytes", bytes(s.bytes), "bytes"),
+        fact("Ids", `${num(s.first_id)} – ${num(s.last_id)}`, "ids"),
+        fact("Scheduled", num(s.scheduled.count), "scheduled"),
+        fact("Writable", s.writable ? "yes" : "no", "writable"),
+        fact("Last error", s.last_error || "none", "last-error"),
+      ),
+      h(
+        "div",
+        { class: "charts" },
+        chart("Messages", `messages:${name}`, num),
+        chart("Bytes", `bytes:${name}`, bytes),
+        chart("Produce", `produce:${name}`, rate),
+        chart("Consume", `consume:${name}`, rate),
+      ),
+    );
+    blocks.replaceChildren(...blockView(blockList, s).filter(Boolean));
+    const now = Date.now() / 1000;
+    for (const sub of subList.subscriptions) sampler.record(`lag:${name}/${sub.name}`, sub.lag, now);
+    subs.replaceChildren(
+      table(
+        [
+          ["Subscription", (x) => x.name],
+          ["Mode", (x) => x.mode],
+          ["Last id", (x) => num(x.last_id)],
+          ["Lag", (x) => h("span", { class: "n", "data-testid": "lag" }, num(x.lag))],
+          ["Lag over time", (x) => sparkline(sampler.values(`lag:${name}/${x.name}`), { label: "lag", format: num })],
+          ["Replica", (x) => (x.replica ? "yes" : "no")],
+          ["Updated", (x) => ago(x.updated)],
+        ],
+        subList.subscriptions,
+        { empty: "No subscriptions.", testid: "subscriptions" },
+      ),
+    );
+  }
+
+  await refresh();
+  return { refresh, stop: stopTail };
+}
+
+function fact(title, value, testid) {
+  return h("div", {}, h("dt", {}, title), h("dd", { "data-testid": `stat-${testid}` }, value));
+}
+
+function chart(title, key, format) {
+  return h(
+    "figure",
+    {},
+    sparkline(sampler.values(key), { width: 180, height: 40, label: title, format }),
+    h("figcaption", {}, `${title}: ${format(sampler.last(key))}`),
+  );
+}
+
+function blockView(list, s) {
+  const byTier = new Map();
+  for (const b of list.blocks) {
+    const key = b.state === "sealed" ? `tier ${b.mark}` : b.state;
+    const t = byTier.get(key) || { key, mark: b.mark, state: b.state, blocks: 0, messages: 0, bytes: 0 };
+    t.blocks += 1;
+    t.messages += b.count;
+    t.bytes += b.bytes;
+    byTier.set(key, t);
+  }
+  const rows = [...byTier.values()];
+  return [
+    list.blocks.length ? blockBar(list.blocks, s.first_id, s.last_id) : h("p", { class: "muted" }, "No blocks: the queue is empty."),
+    list.blocks.length ? h("div", { class: "axis-labels" }, h("span", {}, `id ${num(list.blocks[0].first_id)}`), h("span", {}, `id ${num(list.blocks[list.blocks.length - 1].last_id)}`)) : null,
+    list.next_after !== null ? h("p", { class: "muted" }, `Showing the first ${list.blocks.length} blocks.`) : null,
+    table(
+      [
+        ["Tier", (x) => h("span", {}, swatch(x.mark, x.state), " ", x.key)],
+        ["Blocks", (x) => h("span", { class: "n", "data-testid": "tier-blocks" }, num(x.blocks))],
+        ["Messages", (x) => num(x.messages)],
+        ["Bytes", (x) => bytes(x.bytes)],
+      ],
+      rows,
+      { empty: "", testid: "tiers" },
+    ),
+  ];
+}
+
+// --- live tail -----------------------------------------------------------------------------
+
+function tailSection(root, name, lastId) {
+  const state = h("span", { class: "muted", "data-testid": "tail-state" }, "stopped");
+  const list = h("tbody", { "data-testid": "tail" });
+  let stop = null;
+  const toggle = h("button", { type: "button", "data-testid": "tail-toggle" }, "Start");
+  toggle.addEventListener("click", () => {
+    if (stop) {
+      stop();
+      stop = null;
+      toggle.textContent = "Start";
+      state.textContent = "stopped";
+      return;
+    }
+    toggle.textContent = "Stop";
+    state.textContent = "connecting";
+    // The last ten messages first, then whatever arrives.
+    stop = tail(
+      name,
+      Math.max(0, lastId - 10),
+      (m) => {
+        list.prepend(h("tr", { "data-id": m.id }, h("td", {}, m.id), h("td", {}, time(m.time)), h("td", {}, m.source), h("td", {}, m.segment), h("td", { class: "payload" }, payload(m))));
+        while (list.children.length > TAIL_KEEP) list.lastChild.remove();
+      },
+      (text) => {
+        state.textContent = text;
+      },
+    );
+  });
+  root.append(
+    section(
+      "Live tail",
+      h("p", {}, toggle, " ", state),
+      h("table", {}, h("thead", {}, h("tr", {}, ["Id", "Time", "Source", "Segment", "Payload"].map((t) => h("th", {}, t)))), list),
+    ),
+  );
+  return () => stop?.();
+}
+
+// --- produce a test message ----------------------------------------------------------------
+
+export function parsePairs(text) {
+  const pairs = {};
+  for (const line of text.split(/[\n,]/)) {
+    const at = line.indexOf("=");
+    if (line.trim() === "") continue;
+    if (at <= 0) throw new Error(`expected name=value, got ${JSON.stringify(line.trim())}`);
+    pairs[line.slice(0, at).trim()] = line.slice(at + 1).trim();
+  }
+  return pairs;
+}
+
+function produceSection(name) {
+  const allowed = can("queue", "write", name);
+  const data = h("textarea", { name: "data", rows: 3, "data-testid": "produce-data", disabled: !allowed }, '{"hello": "world"}');
+  const source = h("input", { name: "source", placeholder: "the cluster's name", "data-testid": "produce-source", disabled: !allowed });
+  const segment = h("input", { name: "segment", type: "number", placeholder: "0", disabled: !allowed });
+  const headers = h("input", { name: "headers", placeholder: "kind=test, team=ops", "data-testid": "produce-headers", disabled: !allowed });
+  const result = h("p", { "data-testid": "produce-result" });
+  const send = button(
+    "Send",
+    async () => {
+      const message = { data: data.value };
+      if (source.value.trim()) message.source = source.value.trim();
+      if (segment.value.trim()) message.segment = Number(segment.value);
+      const hd = parsePairs(headers.value);
+      if (Object.keys(hd).length) message.headers = hd;
+      const answer = await api("POST", `/v1/queues/${q(name)}/messages`, { body: { messages: [message] } });
+      const r = answer.results[0];
+      result.textContent = `stored as id ${r.id}${r.duplicate ? " (duplicate)" : ""}`;
+      notify(result.textContent);
+    },
+    { allowed, testid: "produce-send" },
+  );
+  return section(
+    "Produce a test message",
+    allowed ? null : h("p", { class: "muted" }, "Your rules do not allow writing to this queue."),
+    h("div", { class: "form" }, field("Payload", data), field("Source", source), field("Segment", segment), field("Headers", headers), send),
+    result,
+  );
+}
+
+// --- find messages -------------------------------------------------------------------------
+
+// The read API filters by id (after, limit) and segments itself; source, header and JSON field
+// are checked here on each page read, with the rules of capella/core/filter.py.
+export function jsonValue(text) {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
+  }
+}
+
+function fieldOf(doc, path) {
+  let here = doc;
+  for (const step of path) {
+    if (Array.isArray(here) && /^\d+$/.test(step) && Number(step) < here.length) here = here[Number(step)];
+    else if (here !== null && typeof here === "object" && !Array.isArray(here) && Object.hasOwn(here, step)) here = here[step];
+    else return undefined;
+  }
+  return here;
+}
+
+function sameJson(a, b) {
+  return JSON.stringify(a) === JSON.stringify(b);
+}
+
+function matcher({ source, headers, fields }) {
+  return (m) => {
+    if (source && m.source !== source) return false;
+    for (const [k, v] of Object.entries(headers)) if ((m.headers || {})[k] !== v) return false;
+    if (fields.length) {
+      let doc;
+      try {
+        doc = JSON.parse(m.data);
+      } catch {
+        return false;
+      }
+      for (const [path, want] of fields) {
+        const found = fieldOf(doc, path);
+        if (found === undefined || !sameJson(found, want)) return false;
+      }
+    }
+    return true;
+  };
+}
+
+function findSection(name) {
+  const input = (n, placeholder, type = "text") => h("input", { name: n, placeholder, type, "data-testid": `find-${n}` });
+  const from = input("from", "1", "number");
+  const to = input("to", "last", "number");
+  const source = input("source", "any");
+  const segments = input("segments", "0-9,42");
+  const header = input("header", "kind=test");
+  const json = input("json", "customer.id=42");
+  const limit = input("limit", "50", "number");
+  const status = h("p", { class: "muted", "data-testid": "find-status" });
+  const results = h("div");
+  let resume = null;
+
+  async function run(after) {
+    status.textContent = "searching…";
+    results.replaceChildren();
+    const want = Number(limit.value) || 50;
+    const end = to.value.trim() ? Number(to.value) : Infinity;
+    // One JSON field, split at its first "=": the value may hold commas ([1, 2]) and "=".
+    const pair = json.value.trim();
+    const at = pair.indexOf("=");
+    if (pair && at <= 0) throw new Error(`JSON field: expected path=value, got ${JSON.stringify(pair)}`);
+    const fields = pair ? [[pair.slice(0, at).trim().split("."), jsonValue(pair.slice(at + 1).trim())]] : [];
+    const match = matcher({ source: source.value.trim(), headers: parsePairs(header.value), fields });
+    const found = [];
+    let scanned = 0;
+    let cursor = after;
+    let done = false;
+    for (let pages = 0; found.length < want && scanned < SCAN_MAX && pages < SCAN_MAX / SCAN_PAGE; pages += 1) {
+      const page = await api("GET", `/v1/queues/${q(name)}/messages`, {
+        query: { after: cursor, limit: SCAN_PAGE, segments: segments.value.trim() },
+      });
+      for (const m of page.messages) {
+        if (m.id > end) {
+          done = true;
+          break;
+        }
+        scanned += 1;
+        cursor = m.id;
+        if (match(m)) found.push(m);
+        if (found.length >= want) break;
+      }
+      if (done) break;
+      if (!page.messages.length) {
+        // A segment filter skips ids without answering them: go on from where the server did.
+        if (page.last_id > cursor && page.last_id < end) {
+          cursor = page.last_id;
+          continue;
+        }
+        done = true;
+        break;
+      }
+      if (found.length < want) cursor = Math.max(cursor, page.last_id);
+    }
+    resume = done ? null : cursor;
+    status.textContent = `${found.length} found; looked at ${num(scanned)} messages after id ${num(after)}${done ? " to the end of the range" : `, up to id ${num(cursor)}`}.`;
+    more.hidden = resume === null;
+    results.replaceChildren(
+      table(
+        [
+          ["Id", (m) => m.id],
+          ["Time", (m) => time(m.time)],
+          ["Source", (m) => m.source],
+          ["External id", (m) => m.external_id],
+          ["Segment", (m) => m.segment],
+          ["Headers", (m) => headerText(m.headers)],
+          ["Payload", (m) => h("span", { class: "payload" }, payload(m, 300))],
+        ],
+        found,
+        { empty: "No message matches.", testid: "find-results" },
+      ),
+    );
+  }
+
+  const go = button("Find", () => run(Math.max(0, (Number(from.value) || 1) - 1)), { testid: "find-go" });
+  const more = button("Go on", () => run(resume), { testid: "find-more" });
+  more.hidden = true;
+  return section(
+    "Find messages",
+    h(
+      "div",
+      { class: "form" },
+      field("From id", from),
+      field("To id", to),
+      field("Source", source),
+      field("Segments", segments),
+      field("Header", header),
+      field("JSON field", json),
+      field("At most", limit),
+      go,
+      more,
+    ),
+    status,
+    results,
+  );
+}
