@@ -360,6 +360,55 @@ async def test_segment_filter_moves_last_id_past_skipped_messages(q: TestClient)
     assert [m["segment"] for m in got["messages"]] == [40]
 
 
+async def test_a_read_filters_by_source_header_and_json_field(q: TestClient) -> None:
+    await produce(
+        q,
+        {
+            "messages": [
+                {"data": '{"customer": {"id": 42}, "total": 10}', "source": "shop", "segment": 1},
+                {"data": '{"customer": {"id": 7}}', "source": "shop", "headers": {"kind": "refund"}},
+                {"data": "not json", "source": "till", "headers": {"kind": "refund"}},
+                {"data": '{"customer": {"id": 42}}', "source": "till", "segment": 3},
+                {"data": '{"customer": {"id": "42"}}', "source": "shop"},
+            ]
+        },
+    )
+    assert ids(await read(q, source="shop")) == [1, 2, 5]
+    assert ids(await read(q, **{"header.kind": "refund"})) == [2, 3]
+    # A JSON value compares as JSON: 42 the number, "42" the string.
+    assert ids(await read(q, **{"json.customer.id": "42"})) == [1, 4]
+    assert ids(await read(q, **{"json.customer.id": '"42"'})) == [5]
+    # Every filter must match, segments included; last_id says how far the read looked.
+    got = await read(q, source="till", segments="3", **{"json.customer.id": "42"})
+    assert (ids(got), got["last_id"]) == ([4], 5)
+    got = await read(q, after="1", limit="1", source="shop")
+    assert (ids(got), got["last_id"]) == ([2], 2)
+    assert await read(q, after="2", source="nobody") == {"messages": [], "last_id": 5}
+
+
+async def test_a_long_poll_with_a_filter_waits_for_a_message_that_matches(q: TestClient) -> None:
+    async def later() -> None:
+        await asyncio.sleep(0.1)
+        await produce(q, {"data": "other", "headers": {"kind": "refund"}})
+        await asyncio.sleep(0.1)
+        await produce(q, {"data": "mine", "headers": {"kind": "order"}})
+
+    task = asyncio.create_task(later())
+    got = await read(q, wait="5", **{"header.kind": "order"})
+    await task
+    assert [m["data"] for m in got["messages"]] == ["mine"]
+
+
+def ids(got: dict[str, Any]) -> list[int]:
+    return [m["id"] for m in got["messages"]]
+
+
+async def test_an_unknown_read_parameter_is_named(q: TestClient) -> None:
+    resp = await q.get(f"{Q}/messages", params={"after": "0", "sauce": "shop"})
+    assert resp.status == 400
+    assert (await resp.json())["error"]["parameter"] == "sauce"
+
+
 @pytest.mark.parametrize(
     "params",
     [

@@ -125,6 +125,21 @@ async def test_read_filters_by_segments(client: AsyncClient) -> None:
     assert [m.segment for m in as_values.messages] == [1, 2, 5]
 
 
+async def test_read_filters_by_source_header_and_json_field(client: AsyncClient) -> None:
+    await client.put_queue("filtered")
+    await client.produce(
+        "filtered",
+        [
+            {"data": '{"customer": {"id": 42}}', "source": "shop", "headers": {"kind": "order"}},
+            {"data": '{"customer": {"id": 42}}', "source": "till", "headers": {"kind": "order"}},
+            {"data": '{"customer": {"id": 7}}', "source": "shop", "headers": {"kind": "order"}},
+            {"data": '{"customer": {"id": 42}}', "source": "shop", "headers": {"kind": "refund"}},
+        ],
+    )
+    page = await client.read("filtered", source="shop", headers={"kind": "order"}, json={"customer.id": 42})
+    assert ([m.id for m in page.messages], page.last_id) == ([1], 4)
+
+
 async def test_a_repeated_external_id_is_answered_as_a_duplicate(client: AsyncClient) -> None:
     await client.put_queue("q")
     first = await client.produce("q", [{"data": "a", "source": "src", "external_id": 7}])

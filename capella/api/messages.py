@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -23,6 +22,7 @@ from capella.api.openapi import (
     DURATION,
     INT64,
     LIMIT,
+    MESSAGE_FILTERS,
     MESSAGES_ANSWER,
     SAVE,
     SEGMENTS,
@@ -40,12 +40,14 @@ from capella.api.request import (
     int_param,
     json_response,
     limit_param,
+    message_filter_param,
     read_body,
     save_param,
     segments_param,
     wait_param,
 )
 from capella.api.route import Route, on_queue
+from capella.core.filter import MessageFilter
 from capella.core.message import Message
 from capella.core.queue import Appended, Delayed, Queue, ReadResult
 from capella.errors import InvalidRequest, QueueNotFound
@@ -140,9 +142,9 @@ async def read(request: web.Request) -> web.Response:
     queue = request.app[CLUSTER].queue(request.match_info["queue"])
     after = int_param(request, "after", 0, low=0)
     limit = limit_param(request)
-    segments = segments_param(request)
+    match = message_filter_param(request, {"after", "limit", "wait"})
     wait = wait_param(request)
-    result = await read_waiting(request.app, queue, after, limit, segments, wait)
+    result = await read_waiting(request.app, queue, after, limit, match, wait)
     return messages_response(request, result)
 
 
@@ -151,11 +153,14 @@ async def read_waiting(
     queue: Queue,
     after: int,
     limit: int,
-    segments: Sequence[tuple[int, int]] | None,
+    match: MessageFilter,
     wait: float,
 ) -> ReadResult:
-    """Read after ``after``; with ``wait`` > 0, long-poll until a message is there or time is up."""
-    result = await queue.read_after(after, limit, segments)
+    """Read after ``after``; with ``wait`` > 0, long-poll until a message is there or time is up.
+
+    ``match`` filters by source, segments, headers or JSON fields (empty: every message).
+    """
+    result = await queue.read_after(after, limit, match=match)
     if result.messages or wait <= 0:
         return _at_least(result, after)
     loop = asyncio.get_running_loop()
@@ -165,7 +170,7 @@ async def read_waiting(
         remaining = deadline - loop.time()
         if remaining <= 0 or await wait_new(app, queue, cursor, remaining) != "new":
             break
-        result = await queue.read_after(cursor, limit, segments)
+        result = await queue.read_after(cursor, limit, match=match)
         cursor = max(cursor, result.last_id)
     return _at_least(result, cursor)
 
@@ -313,14 +318,14 @@ ROUTES = [
         read,
         need=(on_queue("read"),),
         op="readMessages",
-        summary="Read messages after an id (long-poll with wait)",
+        summary="Read messages after an id (long-poll with wait), optionally filtered",
         tag="messages",
         answers={200: MESSAGES_ANSWER},
         fails=(400, 404),
         params=(
             AFTER,
             LIMIT,
-            SEGMENTS,
+            *MESSAGE_FILTERS,
             WAIT,
             ACCEPT,
         ),

@@ -34,6 +34,7 @@ from capella.api.request import (
     wait_param,
 )
 from capella.api.route import Route, on_queue, on_subscription
+from capella.core.filter import MessageFilter
 from capella.core.message import SaveMode
 from capella.core.queue import Queue
 from capella.core.retry import RetryPolicy, parse_policy
@@ -161,7 +162,8 @@ async def read(request: web.Request) -> web.Response:
     if sub is not None and sub.mode == ACK:
         raise WrongSubscriptionMode(f"subscription {name!r} is in ack mode: claim its messages instead")
     after = sub.last_id if sub is not None else 0
-    result = await read_waiting(request.app, queue, after, limit, segments, wait)
+    match = MessageFilter(segments=None if segments is None else tuple(segments))
+    result = await read_waiting(request.app, queue, after, limit, match, wait)
     if mode == "auto" and (sub is None or result.last_id > after):
         await queue.commit(name, result.last_id, save=save)
     return messages_response(request, result)

@@ -172,13 +172,20 @@ class AsyncClient:
         limit: int = 100,
         segments: Segments | None = None,
         wait: float | None = None,
+        source: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        json: Mapping[str, Any] | None = None,
     ) -> Messages:
         """Messages after ``after``: ``messages`` and ``last_id``.
 
         Pass ``last_id`` as the next ``after``. Each message has ``payload`` (bytes) next to the
         server's ``data``/``data_b64``. ``wait`` long-polls for up to that many seconds.
+        ``segments``, ``source``, ``headers`` and ``json`` (a dotted path of the JSON payload
+        to the value it must equal) keep only the messages that match; ``last_id`` then says
+        how far the server looked.
         """
-        params = paths.params(after=after, limit=limit, segments=segments, wait=wait)
+        params = paths.params(after=after, limit=limit, segments=segments, wait=wait, source=source)
+        paths.with_filters(params, headers, json)
         answer = await self._call("GET", paths.queue_path(queue, "messages"), params=params, wait=wait)
         return decode_answer(Messages, answer)
 
@@ -431,10 +438,7 @@ class AsyncClient:
             after=after,
             limit=limit,
         )
-        for key, value in (headers or {}).items():
-            params[f"header.{key}"] = value
-        for path, value in (json or {}).items():
-            params[f"json.{path}"] = orjson.dumps(value).decode()
+        paths.with_filters(params, headers, json)
         answer = await self._call("GET", paths.subscription_path(queue, name, "work"), params=params)
         return decode_answer(WorkList, answer)
 

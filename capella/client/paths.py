@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import quote
+
+import orjson
 
 from capella.client.message import Segments, segments_param
 
@@ -11,6 +15,17 @@ def params(*, segments: Segments | None = None, **values: object) -> dict[str, s
     params = {key: str(value) for key, value in values.items() if value is not None}
     if segments is not None:
         params["segments"] = segments_param(segments)
+    return params
+
+
+def with_filters(
+    params: dict[str, str], headers: Mapping[str, str] | None, json: Mapping[str, Any] | None
+) -> dict[str, str]:
+    """``params`` plus ``header.<name>=value`` and ``json.<dotted.path>=<JSON value>`` filters."""
+    for key, value in (headers or {}).items():
+        params[f"header.{key}"] = value
+    for path, value in (json or {}).items():
+        params[f"json.{path}"] = orjson.dumps(value).decode()
     return params
 
 

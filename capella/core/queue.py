@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -32,6 +33,7 @@ from capella.core.dedup import DedupIndex
 from capella.core.definition import I64_MAX, I64_MIN, QueueDefinition
 from capella.core.delay import Delayed as Delayed  # answered by ``Queue.append``
 from capella.core.delay import assign_mixed
+from capella.core.filter import MessageFilter, matches
 from capella.core.message import Draft, Message, SaveMode
 from capella.core.recovery import recover
 from capella.core.report import block_list, queue_stats
@@ -359,10 +361,20 @@ class Queue:
         return self._writer.last_id + 1
 
     async def read_after(
-        self, after: int, limit: int, segments: Sequence[tuple[int, int]] | None = None
+        self,
+        after: int,
+        limit: int,
+        segments: Sequence[tuple[int, int]] | None = None,
+        match: MessageFilter | None = None,
     ) -> ReadResult:
-        """Messages with id > ``after`` in id order, at most ``limit`` of them."""
+        """Messages with id > ``after`` in id order, at most ``limit`` of them.
+
+        With ``segments`` or ``match`` (a filter, which may hold segments itself), only the
+        messages that pass; such a read looks at most ``SCAN_LIMIT`` messages, and ``last_id``
+        says how far it looked.
+        """
         self.counters.read_requests += 1
+        passes = _passes(segments, match)
         contents = self._store.contents
         out: list[Message] = []
         last = after
@@ -380,7 +392,7 @@ class Queue:
             else:
                 ids, messages = source.ids, source.messages
             start = bisect.bisect_right(ids, after)
-            if segments is None:
+            if passes is None:
                 take = messages[start : start + limit - len(out)]
                 out.extend(take)
                 if take:
@@ -389,7 +401,7 @@ class Queue:
                 for m in messages[start:]:
                     scanned += 1
                     last = m.id
-                    if any(lo <= m.segment <= hi for lo, hi in segments):
+                    if passes(m):
                         out.append(m)
                         if len(out) >= limit:
                             break
@@ -527,3 +539,16 @@ class Queue:
             first_id=self.first_id,
             subscriptions=self._consumers.count,
         )
+
+
+def _passes(
+    segments: Sequence[tuple[int, int]] | None, match: MessageFilter | None
+) -> Callable[[Message], bool] | None:
+    """The test a filtered read puts each message to; ``None`` when every message passes."""
+    if match is None or match.empty:
+        if segments is None:
+            return None
+        match = MessageFilter(segments=tuple(segments))
+    elif segments is not None:
+        raise ValueError("read_after: give segments inside match, not beside it")
+    return functools.partial(matches, match)
