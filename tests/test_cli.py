@@ -500,6 +500,28 @@ def test_consume_filters_segments(run: Run, client: Client) -> None:
     assert run("consume", "cli-consume-seg", "--segments", "1-2,4") == (0, "1\n2\n4\n", "")
 
 
+def test_consume_filters_by_source_header_and_json_field(run: Run, client: Client) -> None:
+    client.put_queue("cli-consume-where")
+    client.produce(
+        "cli-consume-where",
+        [
+            {"data": '{"customer": {"id": 42}}', "source": "shop", "headers": {"kind": "order"}},
+            {"data": '{"customer": {"id": 42}}', "source": "till", "headers": {"kind": "order"}},
+            {"data": '{"customer": {"id": "42"}}', "source": "shop", "headers": {"kind": "order"}},
+            {"data": "plain", "source": "shop", "headers": {"kind": "refund"}},
+        ],
+    )
+    code, out, _ = run("consume", "cli-consume-where", "--source", "shop", "--json")
+    assert (code, [json.loads(line)["id"] for line in out.splitlines()]) == (0, [1, 3, 4])
+    assert run("consume", "cli-consume-where", "--header", "kind=refund") == (0, "plain\n", "")
+    code, out, _ = run("consume", "cli-consume-where", "--field", "customer.id=42", "--json")
+    assert [json.loads(line)["id"] for line in out.splitlines()] == [1, 2]
+    code, out, _ = run("consume", "cli-consume-where", "--field", 'customer.id="42"', "--json")
+    assert [json.loads(line)["id"] for line in out.splitlines()] == [3]
+    code, _, err = run("consume", "cli-consume-where", "--subscription", "s", "--source", "shop")
+    assert code == 2 and "--after" in err
+
+
 def test_consume_with_a_subscription_moves_its_cursor(run: Run, client: Client) -> None:
     client.put_queue("cli-sub")
     client.produce("cli-sub", ["a", "b"])

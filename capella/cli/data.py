@@ -12,7 +12,8 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from capella.cli.output import print_json, print_payload
+from capella.cli.arguments import add_message_filters, pair, positive
+from capella.cli.output import error, print_json, print_payload
 from capella.cli.progress import Progress
 from capella.client import Client
 from capella.errors import InvalidMessage
@@ -56,8 +57,18 @@ def add_parsers(
     start.add_argument(
         "--subscription", metavar="NAME", help="start after this subscription's cursor and move it"
     )
-    consume.add_argument("--limit", type=_positive, metavar="N", help="stop after N messages")
+    consume.add_argument("--limit", type=positive, metavar="N", help="stop after N messages")
     consume.add_argument("--segments", metavar="RANGES", help="only these segments, e.g. 0-9,20")
+    add_message_filters(consume)
+    consume.add_argument(
+        "--field",
+        dest="fields",
+        action="append",
+        type=pair,
+        default=[],
+        metavar="PATH=VALUE",
+        help="only JSON payloads whose field at the dotted PATH equals the JSON VALUE (repeat)",
+    )
     consume.add_argument("--follow", "-f", action="store_true", help="wait for new messages until Ctrl-C")
     consume.set_defaults(func=consume_messages, uses_client=True)
 
@@ -84,6 +95,14 @@ def consume_messages(args: argparse.Namespace, client: Client) -> int:
     remaining: int | None = args.limit
     wait = FOLLOW_WAIT if args.follow else None
     after: int = args.after
+    filters: dict[str, Any] = {
+        "source": args.source,
+        "headers": dict(args.headers) or None,
+        "json": {path: _json_value(value) for path, value in args.fields} or None,
+    }
+    if args.subscription is not None and any(filters.values()):
+        error("--source, --header and --field read after an id: use --after, not --subscription")
+        return 2
     if args.subscription is not None:
         # A commit never moves a cursor back, so committing 0 only creates the subscription
         # if needed and tells us where it is.
@@ -95,7 +114,9 @@ def consume_messages(args: argparse.Namespace, client: Client) -> int:
                 args.queue, args.subscription, limit=limit, wait=wait, segments=args.segments, commit="none"
             )
         else:
-            page = client.read(args.queue, after=after, limit=limit, wait=wait, segments=args.segments)
+            page = client.read(
+                args.queue, after=after, limit=limit, wait=wait, segments=args.segments, **filters
+            )
         for message in page.messages:
             if args.json:
                 print_json(message)
@@ -153,7 +174,9 @@ def _lines(f: BinaryIO) -> Iterator[bytes]:
         yield line.removesuffix(b"\n").removesuffix(b"\r")
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return int(text)
+def _json_value(text: str) -> Any:
+    # As the server reads a json.<path> filter: JSON when it parses (42, true, "42"), else text.
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text

@@ -12,6 +12,7 @@ from typing import Any
 
 from msgspec import UnsetType
 
+from capella.cli.arguments import add_message_filters
 from capella.cli.output import error, print_json, print_table, text_of, utc
 from capella.cli.progress import Progress
 from capella.client import Client
@@ -79,16 +80,7 @@ def _selection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--status", action="append", choices=STATUSES, help="only messages with this status (repeat)"
     )
-    parser.add_argument("--source", metavar="S", help="only messages from this source")
-    parser.add_argument(
-        "--header",
-        dest="headers",
-        action="append",
-        type=_pair,
-        default=[],
-        metavar="NAME=VALUE",
-        help="only messages with this header value (repeat)",
-    )
+    add_message_filters(parser)
 
 
 def claim_messages(args: argparse.Namespace, client: Client) -> int:
@@ -210,10 +202,3 @@ def _when(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError:
             return {"at": args.at}
     return {"delay": args.delay} if args.delay is not None else {}
-
-
-def _pair(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, value

@@ -1,0 +1,33 @@
+"""Value types for command-line options that more than one command takes."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_message_filters(parser: argparse.ArgumentParser) -> None:
+    """``--source`` and ``--header NAME=VALUE`` (into ``headers``): which messages a command means."""
+    parser.add_argument("--source", metavar="S", help="only messages from this source")
+    parser.add_argument(
+        "--header",
+        dest="headers",
+        action="append",
+        type=pair,
+        default=[],
+        metavar="NAME=VALUE",
+        help="only messages with this header value (repeat)",
+    )
+
+
+def pair(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` (a header filter, a JSON field filter); the value may be empty or hold ``=``."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return int(text)
