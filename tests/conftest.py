@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import subprocess
@@ -22,7 +23,11 @@ from faults import FaultProxy
 from pg import PgServer
 
 from capella.api import create_app
-from capella.config import Config, ServerSettings, parse_config
+from capella.auth.authenticator import Authenticator
+from capella.auth.store import AuthStore
+from capella.cli import main
+from capella.client import Client
+from capella.config import AuthSettings, Config, ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.handlers.supervisor import Supervisor
 from capella.storage import Storage, open_storage
@@ -261,6 +266,25 @@ async def api(
     return await aiohttp_client(create_app(cluster, api_settings, supervisor))
 
 
+@contextlib.asynccontextmanager
+async def signed_in_api(
+    aiohttp_client: Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]],
+    cluster: Cluster,
+    tmp_path: Path,
+    settings: ServerSettings,
+) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    """The app with authentication on and one admin user, root / root-password."""
+    users = AuthStore(tmp_path / "auth")
+    users.add_user("root", "root-password", admin=True)
+    supervisor = Supervisor(cluster, users=users)
+    await supervisor.start()
+    authenticator = Authenticator(users, AuthSettings(enabled=True))
+    try:
+        yield await aiohttp_client(create_app(cluster, settings, supervisor, authenticator=authenticator))
+    finally:
+        await supervisor.close()
+
+
 # --- client and cli ----------------------------------------------------------------------
 # A real `python -m capella serve` process on a free loopback port, for the sync client and
 # the command line. Every wait is bounded; the process is stopped with SIGTERM, then killed.
@@ -344,6 +368,31 @@ def running(server: ServerProcess) -> Iterator[ServerProcess]:
 def server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One running server per test module; tests use their own queue names."""
     yield from running(ServerProcess(tmp_path_factory.mktemp("server") / "data"))
+
+
+# --- the command line against the module's server ---------------------------------------
+
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def run(server_process: ServerProcess, capsys: pytest.CaptureFixture[str]) -> Run:
+    """``run("queue", "list")`` → (exit code, stdout, stderr), against the module's server."""
+
+    def run_main(*argv: str, url: str | None = None) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(["--url", url or server_process.url, *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run_main
+
+
+@pytest.fixture
+def client(server_process: ServerProcess) -> Iterator[Client]:
+    """A blocking client of the module's server (test_client*.py use their own)."""
+    with Client(server_process.url, timeout=10.0) as c:
+        yield c
 
 
 @pytest.fixture(scope="session")

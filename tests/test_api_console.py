@@ -16,14 +16,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from conftest import signed_in_api
 
-from capella.api import create_app
 from capella.api.console import ROOT
-from capella.auth.authenticator import Authenticator
-from capella.auth.store import AuthStore
-from capella.config import AuthSettings, ServerSettings
+from capella.config import ServerSettings
 from capella.core.cluster import Cluster
-from capella.handlers.supervisor import Supervisor
 
 Q = "/v1/queues/orders"
 MakeClient = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]]
@@ -33,13 +30,8 @@ MakeClient = Callable[[web.Application], Awaitable[TestClient[web.Request, web.A
 async def secured(
     aiohttp_client: MakeClient, cluster: Cluster, tmp_path: Path
 ) -> AsyncIterator[TestClient[Any, Any]]:
-    users = AuthStore(tmp_path / "auth")
-    users.add_user("root", "root-password", admin=True)
-    supervisor = Supervisor(cluster, users=users)
-    await supervisor.start()
-    authenticator = Authenticator(users, AuthSettings(enabled=True))
-    yield await aiohttp_client(create_app(cluster, ServerSettings(), supervisor, authenticator=authenticator))
-    await supervisor.close()
+    async with signed_in_api(aiohttp_client, cluster, tmp_path, ServerSettings()) as api:
+        yield api
 
 
 async def test_ui_redirects_to_the_page_and_the_page_loads_its_modules(api: TestClient[Any, Any]) -> None:

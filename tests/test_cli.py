@@ -14,11 +14,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ServerProcess, free_port
+from conftest import Run, ServerProcess, free_port
 
 from capella.cli import main
 from capella.client import Client
@@ -26,27 +25,6 @@ from capella.client import Client
 pytestmark = pytest.mark.slow  # a real server process per module
 
 COMMAND_TIMEOUT = 30.0
-
-Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def run(server_process: ServerProcess, capsys: pytest.CaptureFixture[str]) -> Run:
-    """``run("queue", "list")`` → (exit code, stdout, stderr), against the test server."""
-
-    def run_main(*argv: str, url: str | None = None) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(["--url", url or server_process.url, *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run_main
-
-
-@pytest.fixture
-def client(server_process: ServerProcess) -> Iterator[Client]:
-    with Client(server_process.url, timeout=10.0) as c:
-        yield c
 
 
 def capella(

@@ -16,12 +16,12 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import ServerProcess, running
+from conftest import Run, ServerProcess, running
 
 from capella.auth.password import verify_password
 from capella.auth.store import AuthStore
@@ -36,8 +36,6 @@ ADMIN = "admin"
 ADMIN_PASSWORD = "admin-secret-1"
 COMMAND_TIMEOUT = 30.0
 ENV = ("CAPELLA_USER", "CAPELLA_PASSWORD", "CAPELLA_TOKEN", "CAPELLA_URL")
-
-Run = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture(scope="module")

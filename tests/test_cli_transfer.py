@@ -4,36 +4,15 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ServerProcess
+from conftest import Run
 
-from capella.cli import main
 from capella.cli.progress import Progress
 from capella.client import Client
 
 pytestmark = pytest.mark.slow  # a real server process per module
-
-Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def run(server_process: ServerProcess, capsys: pytest.CaptureFixture[str]) -> Run:
-    def run_main(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(["--url", server_process.url, *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run_main
-
-
-@pytest.fixture
-def client(server_process: ServerProcess) -> Iterator[Client]:
-    with Client(server_process.url, timeout=10.0) as c:
-        yield c
 
 
 def identities(client: Client, queue: str) -> list[tuple[object, ...]]:

@@ -17,11 +17,10 @@ import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from conftest import signed_in_api
 
 from capella.api import create_app
-from capella.auth.authenticator import Authenticator
-from capella.auth.store import AuthStore
-from capella.config import AuthSettings, CorsSettings, ServerSettings, parse_config
+from capella.config import CorsSettings, ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.errors import InvalidConfig
 from capella.handlers.supervisor import Supervisor
@@ -48,13 +47,8 @@ async def listed(
 async def secured(
     aiohttp_client: MakeClient, cluster: Cluster, tmp_path: Path
 ) -> AsyncIterator[TestClient[Any, Any]]:
-    users = AuthStore(tmp_path / "auth")
-    users.add_user("root", "root-password", admin=True)
-    supervisor = Supervisor(cluster, users=users)
-    await supervisor.start()
-    authenticator = Authenticator(users, AuthSettings(enabled=True))
-    yield await aiohttp_client(create_app(cluster, settings(PAGE), supervisor, authenticator=authenticator))
-    await supervisor.close()
+    async with signed_in_api(aiohttp_client, cluster, tmp_path, settings(PAGE)) as api:
+        yield api
 
 
 async def test_a_preflight_from_a_listed_origin_is_answered_without_credentials(

@@ -8,8 +8,6 @@ decodes straight into ``wire`` structs in one msgspec pass); an answer is one
 from __future__ import annotations
 
 import asyncio
-import base64
-from typing import Any
 
 import orjson
 from aiohttp import web
@@ -48,7 +46,7 @@ from capella.api.request import (
 )
 from capella.api.route import Route, on_queue
 from capella.core.filter import MessageFilter
-from capella.core.message import Message
+from capella.core.message import stored_message
 from capella.core.queue import Appended, Delayed, Queue, ReadResult
 from capella.errors import InvalidRequest, QueueNotFound
 
@@ -95,33 +93,6 @@ def _result(a: Appended | Delayed) -> dict[str, object]:
 
 
 # --- read -----------------------------------------------------------------------------------
-
-
-def stored_message(m: Message) -> dict[str, Any]:
-    """The StoredMessage JSON object for ``m``."""
-    try:
-        text = m.payload.decode()
-    except UnicodeDecodeError:
-        return {
-            "id": m.id,
-            "time": m.time,
-            "source": m.source,
-            "external_id": m.external_id,
-            "external_time": m.external_time,
-            "segment": m.segment,
-            "headers": m.headers,
-            "data_b64": base64.b64encode(m.payload).decode("ascii"),
-        }
-    return {
-        "id": m.id,
-        "time": m.time,
-        "source": m.source,
-        "external_id": m.external_id,
-        "external_time": m.external_time,
-        "segment": m.segment,
-        "headers": m.headers,
-        "data": text,
-    }
 
 
 def messages_response(request: web.Request, result: ReadResult) -> web.Response:

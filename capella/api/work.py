@@ -18,7 +18,6 @@ from msgspec import UNSET
 
 from capella import wire
 from capella.api.drafts import MAX_DELAY
-from capella.api.messages import stored_message
 from capella.api.openapi import (
     AFTER,
     DURATION,
@@ -47,7 +46,7 @@ from capella.api.request import (
 )
 from capella.api.route import Route, on_queue, on_subscription
 from capella.core.filter import MessageFilter, matches, parse_path
-from capella.core.message import Message, SaveMode
+from capella.core.message import Message, SaveMode, stored_message
 from capella.core.queue import Queue
 from capella.core.retry import MAX_LEASE
 from capella.core.window import Entry

@@ -155,18 +155,24 @@ def _messages(lines: Iterable[bytes], ndjson: bool, defaults: dict[str, Any]) ->
         if ndjson:
             if not line.strip():
                 continue
-            try:
-                message = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise InvalidMessage(f"line {number} is not valid JSON: {exc}") from None
-            if not isinstance(message, dict):
-                raise InvalidMessage(f"line {number} is not a JSON object")
+            message = json_object(line, number)
         else:
             try:
                 message = {"data": line.decode()}
             except UnicodeDecodeError:
                 message = {"data_b64": base64.b64encode(line).decode("ascii")}
         yield {**defaults, **message}
+
+
+def json_object(line: bytes, number: int) -> dict[str, Any]:
+    """Line ``number`` of an NDJSON input as the message object it must be."""
+    try:
+        message = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidMessage(f"line {number} is not valid JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise InvalidMessage(f"line {number} is not a JSON object")
+    return message
 
 
 def _lines(f: BinaryIO) -> Iterator[bytes]:

@@ -19,10 +19,10 @@ from typing import Any, BinaryIO
 import orjson
 from msgspec import UNSET
 
+from capella.cli.data import json_object
 from capella.cli.output import error
 from capella.cli.progress import Progress
 from capella.client import Client
-from capella.errors import InvalidMessage
 from capella.wire.messages import StoredMessage
 
 BATCH = 1000
@@ -125,12 +125,5 @@ def import_queue(args: argparse.Namespace, client: Client) -> int:
 
 def _objects(source: BinaryIO) -> Iterator[dict[str, Any]]:
     for number, line in enumerate(source, 1):
-        if not line.strip():
-            continue
-        try:
-            message = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidMessage(f"line {number} is not valid JSON: {exc}") from None
-        if not isinstance(message, dict):
-            raise InvalidMessage(f"line {number} is not a JSON object")
-        yield message
+        if line.strip():
+            yield json_object(line, number)

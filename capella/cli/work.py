@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from msgspec import UnsetType
@@ -140,18 +141,11 @@ def list_work(args: argparse.Namespace, client: Client) -> int:
 
 
 def retry_work(args: argparse.Namespace, client: Client) -> int:
-    progress = Progress("retried")
-    retried: list[int] = []
-    selection = _selected(args) | _when(args)
-    # The server looks at one page per request; a bulk retry walks them all.
-    while True:
+    def page(selection: dict[str, Any]) -> tuple[list[int], int | None]:
         answer = client.retry_work(args.queue, args.subscription, **selection)
-        retried += answer.retried
-        progress.add(len(answer.retried))
-        if answer.next_after is None:
-            break
-        selection["after"] = answer.next_after
-    progress.finish()
+        return answer.retried, answer.next_after
+
+    retried = _every_page(page, _selected(args) | _when(args), Progress("retried"))
     if args.json:
         print_json(RetriedWork(retried=retried, next_after=None))
     else:
@@ -170,22 +164,34 @@ def delete_work(args: argparse.Namespace, client: Client) -> int:
         if input("finish these messages without processing them? [y/N] ").strip().lower() not in ("y", "yes"):
             error("not deleted")
             return 1
-    progress = Progress("deleted")
-    deleted: list[int] = []
-    selection = _selected(args)
-    while True:
+
+    def page(selection: dict[str, Any]) -> tuple[list[int], int | None]:
         answer = client.delete_work(args.queue, args.subscription, **selection)
-        deleted += answer.deleted
-        progress.add(len(answer.deleted))
-        if answer.next_after is None:
-            break
-        selection["after"] = answer.next_after
-    progress.finish()
+        return answer.deleted, answer.next_after
+
+    deleted = _every_page(page, _selected(args), Progress("deleted"))
     if args.json:
         print_json(DeletedWork(deleted=deleted, next_after=None))
     else:
         print(f"deleted {len(deleted)}")
     return 0
+
+
+def _every_page(
+    page: Callable[[dict[str, Any]], tuple[list[int], int | None]],
+    selection: dict[str, Any],
+    progress: Progress,
+) -> list[int]:
+    """The ids a bulk call changed, over every page: the server looks at one page per request."""
+    done: list[int] = []
+    while True:
+        ids, next_after = page(selection)
+        done += ids
+        progress.add(len(ids))
+        if next_after is None:
+            progress.finish()
+            return done
+        selection = selection | {"after": next_after}
 
 
 def _selected(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,9 +1,11 @@
-"""A message as the queue stores it, and the save modes a write can ask for."""
+"""A message as the queue stores it (and as the API shows it), and the save modes a write can ask for."""
 
 from __future__ import annotations
 
+import base64
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from capella.errors import InvalidSaveMode
 
@@ -47,6 +49,25 @@ class Draft:
     segment: int = 0
     headers: dict[str, str] = field(default_factory=dict)
     deliver_at: float | None = None
+
+
+def stored_message(m: Message) -> dict[str, Any]:
+    """``m`` as the StoredMessage JSON object of the API (``capella.wire.messages``): ``data``
+    for a UTF-8 payload, ``data_b64`` for any other bytes."""
+    shown: dict[str, Any] = {
+        "id": m.id,
+        "time": m.time,
+        "source": m.source,
+        "external_id": m.external_id,
+        "external_time": m.external_time,
+        "segment": m.segment,
+        "headers": m.headers,
+    }
+    try:
+        shown["data"] = m.payload.decode()
+    except UnicodeDecodeError:
+        shown["data_b64"] = base64.b64encode(m.payload).decode("ascii")
+    return shown
 
 
 class SaveMode(enum.IntEnum):

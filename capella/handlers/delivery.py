@@ -14,7 +14,6 @@ value can be sent and ``urllib.parse.unquote`` gives it back.
 
 from __future__ import annotations
 
-import base64
 import email.utils
 import re
 from collections.abc import Mapping, Sequence
@@ -24,7 +23,7 @@ from urllib.parse import quote
 import orjson
 
 from capella import __version__
-from capella.core.message import Message
+from capella.core.message import Message, stored_message
 from capella.handlers.signature import HEADER as SIGNATURE_HEADER
 from capella.handlers.signature import sign
 
@@ -103,22 +102,7 @@ def request_parts(
 
 def _item(out: Outgoing) -> dict[str, object]:
     m = out.message
-    item: dict[str, object] = {
-        "id": m.id,
-        "idempotency_key": idempotency_key(m),
-        "attempt": out.attempt,
-        "time": m.time,
-        "source": m.source,
-        "external_id": m.external_id,
-        "external_time": m.external_time,
-        "segment": m.segment,
-        "headers": m.headers,
-    }
-    try:
-        item["data"] = m.payload.decode()
-    except UnicodeDecodeError:
-        item["data_b64"] = base64.b64encode(m.payload).decode("ascii")
-    return item
+    return {"idempotency_key": idempotency_key(m), "attempt": out.attempt, **stored_message(m)}
 
 
 def retryable(status: int) -> bool:
