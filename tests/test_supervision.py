@@ -149,7 +149,8 @@ async def test_a_crashing_flush_fails_its_writers_then_the_flusher_restarts(
         await q.append(drafts(3), SaveMode.WAIT)
     assert caught.value.code == "internal"
     assert "bug in a provider" in caught.value.message
-    assert cluster.task_failures.counts == {"flush:q": 1}
+    # The flush that failed answered its writers; the flusher reports it to the supervisor next.
+    await until(lambda: cluster.task_failures.counts == {"flush:q": 1})
     assert q.last_error == "flush:q crashed: RuntimeError('bug in a provider')"
     # The restarted flusher saved the pending batch by itself; new writes are answered.
     await until(lambda: not q.faults)

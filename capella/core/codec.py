@@ -11,8 +11,7 @@ import struct
 import sys
 import zlib
 from array import array
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, pairwise, repeat
 from operator import add, attrgetter, sub
@@ -547,20 +546,5 @@ def _signed(values: list[int]) -> list[int]:
     return signed.tolist()
 
 
-# Building 10,000 frozen dataclasses through __init__ costs more than decoding the rest of a
-# block, so fill the slots directly: the result is equal to Message(...) field for field.
-# Only done while Message stays a plain slotted dataclass without validation of its own.
-_FIELDS = ("id", "time", "source", "external_id", "external_time", "segment", "payload", "headers")
-_FAST_BUILD = getattr(Message, "__slots__", ()) == _FIELDS and not hasattr(Message, "__post_init__")
-_SETTERS: list[Callable[[Message, object], None]] = (
-    [vars(Message)[name].__set__ for name in _FIELDS] if _FAST_BUILD else []
-)
-
-
 def _build_messages(n: int, columns: Sequence[Iterable[object]]) -> list[Message]:
-    if not _FAST_BUILD:
-        return list(map(Message, *columns))
-    messages = list(map(Message.__new__, repeat(Message, n)))
-    for setter, column in zip(_SETTERS, columns, strict=True):
-        deque(map(setter, messages, column), maxlen=0)
-    return messages
+    return list(map(Message, *columns))

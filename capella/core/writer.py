@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -34,6 +34,10 @@ from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUn
 from capella.storage import Journal
 
 log = logging.getLogger(__name__)
+
+# Group commits in flight at once: while one fdatasync runs the next group is written and
+# synced, and the file system folds concurrent syncs into fewer journal commits.
+MAX_FLUSHES = 3
 
 # Full blocks waiting for the sealer; writers wait beyond this (at most
 # ``storage.write_timeout``) so memory stays bounded when the disk is slower than the producers.
@@ -74,6 +78,20 @@ class OpenBlock:
             or self.size >= limits.max_bytes
             or now - self.opened_at >= limits.max_age
         )
+
+
+@dataclass(slots=True, eq=False)
+class _Flush:
+    """One group commit: the bytes it took from each block and the writers it answers."""
+
+    chunks: list[tuple[OpenBlock, bytes]]
+    waiters: list[asyncio.Future[None]]
+    previous: _Flush | None
+    registered: asyncio.Event = field(default_factory=asyncio.Event)  # its appends have their place
+    done: asyncio.Future[BaseException | None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    task: asyncio.Task[None] | None = None
 
 
 class Writer:
@@ -122,7 +140,12 @@ class Writer:
         self.flush_wanted = asyncio.Event()
         self.seal_wanted = asyncio.Event()
         self._write_lock = asyncio.Lock()
-        self._flush_lock = asyncio.Lock()
+        # Flushes in flight, oldest first; after a failure, those that failed (to write again),
+        # the failure that stops new writes until they are requeued, and one to report.
+        self._flushes: list[_Flush] = []
+        self._failed: list[_Flush] = []
+        self._broken: BaseException | None = None
+        self._unreported: BaseException | None = None
         self._seal_done = asyncio.Event()
         self._seal_tried = asyncio.Event()  # set (and replaced) after every seal attempt
         self._waiters: list[asyncio.Future[None]] = []
@@ -345,7 +368,7 @@ class Writer:
 
     async def commit(self, *, urgent: bool) -> None:
         """Answer once everything added so far is in a journal, fsync'd."""
-        if not self.pending() and not self._flush_lock.locked():
+        if not self.pending() and not self._flushes:
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -362,8 +385,9 @@ class Writer:
             ) from None
 
     async def run_flusher(self) -> None:
-        """Flush when a writer asks. A failed flush fails its writers and raises to the
-        supervisor; the restarted loop retries what is still pending without a new writer."""
+        """Start a flush when a writer asks, up to ``MAX_FLUSHES`` at once. A failed flush
+        fails its writers (and those of every flush after it) and raises to the supervisor;
+        the restarted loop retries what is still pending without a new writer."""
         delay = self._settings.wait_max_delay
         while True:
             if "journal" not in self.faults:
@@ -371,60 +395,122 @@ class Writer:
             self.flush_wanted.clear()
             if delay > 0 and not self._urgent and not self.closing:
                 await asyncio.sleep(delay)
-            self._urgent = False
-            waiters, self._waiters = self._waiters, []
-            try:
-                await self.flush_journals()
-            except BaseException as exc:
-                _fail(waiters, exc, self.name)
+            while len(self._flushes) >= MAX_FLUSHES:
+                await asyncio.wait([self._flushes[0].done])
+            failure = await self._failure()
+            if failure is not None:
                 if self.closing:
                     return  # close() makes its own last attempt and reports it
-                raise
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+                raise failure
+            self._urgent = False
+            waiters, self._waiters = self._waiters, []
+            self._start_flush(waiters)
             if self.closing and not self._waiters:
+                await self._failure(wait=True)
                 return
 
     async def flush_journals(self) -> None:
-        async with self._flush_lock:
-            self.marked = False
-            started = time.perf_counter()
-            wrote = False
-            for block in self.in_memory():
-                if not block.pending:
-                    continue
-                data = b"".join(block.pending)
+        """Write and fsync everything pending now; return once it and every earlier flush is durable."""
+        error = await self._start_flush([]).done
+        if error is not None:
+            raise error
+
+    def _start_flush(self, waiters: list[asyncio.Future[None]]) -> _Flush:
+        """Take what is pending (in order, with no await) and flush it after the flushes in flight."""
+        self.marked = False
+        chunks = []
+        for block in self.in_memory():
+            if block.pending:
+                chunks.append((block, b"".join(block.pending)))
                 block.pending.clear()
-                try:
-                    await self._write_journal(block, data)
-                except BaseException as exc:
-                    block.pending.insert(0, data)
-                    if isinstance(exc, CapellaError):
-                        self.set_fault("journal", exc.message)
-                    raise
-                wrote = True
-            self.clear_fault("journal")
-            if wrote:
+        flush = _Flush(chunks, waiters, self._flushes[-1] if self._flushes else None)
+        self._flushes.append(flush)
+        flush.task = asyncio.create_task(self._run_flush(flush), name=f"flush:{self.name}")
+        return flush
+
+    async def _run_flush(self, flush: _Flush) -> None:
+        started = time.perf_counter()
+        previous = flush.previous
+        appends: list[tuple[OpenBlock, Journal, Awaitable[None]]] = []
+        error: BaseException | None = None
+        try:
+            if previous is not None:
+                # The bytes of a journal land in the order their appends are made.
+                await previous.registered.wait()
+            if self._broken is not None:
+                raise self._broken  # nothing is written after a failed flush until it is retried
+            for block, data in flush.chunks:
+                journal = block.journal
+                if journal is None:
+                    # Reopening after a failed write cuts whatever half-written tail it left.
+                    journal = block.journal = await self._store.meta.journal(
+                        block.journal_key, truncate_to=block.durable_size
+                    )
+                    if journal.size == 0:
+                        data = JOURNAL_HEADER + data
+                appends.append((block, journal, journal.append_and_sync(data)))
+        except BaseException as exc:
+            error = exc
+        finally:
+            flush.registered.set()
+        ends = [(block, journal.size) for block, journal, _ in appends]
+        outcomes = await asyncio.gather(*(sync for _, _, sync in appends), return_exceptions=True)
+        for (block, journal, _), outcome in zip(appends, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                error = error or outcome
+                if block.journal is journal:
+                    block.journal = None
+                    await asyncio.shield(journal.close())
+        if error is not None:
+            self._broken = self._broken or error
+            if isinstance(error, CapellaError):
+                self.set_fault("journal", error.message)
+        if previous is not None:
+            earlier = await previous.done  # answers go in order
+            if error is None and earlier is not None:
+                error = earlier
+        if error is None:
+            for block, end in ends:
+                block.durable_size = end
+            if flush.chunks:
                 self.counters.flushes += 1
                 self._flush_latency.observe(time.perf_counter() - started)
+            if "journal" in self.faults and self._broken is None:
+                self.clear_fault("journal")
+            for w in flush.waiters:
+                if not w.done():
+                    w.set_result(None)
+        else:
+            self._failed.append(flush)
+            _fail(flush.waiters, error, self.name)
+        self._flushes.remove(flush)
+        if self._broken is not None and not self._flushes:
+            self._requeue_failed()
+        flush.done.set_result(error)
+        if error is not None:
+            self.flush_wanted.set()  # the flusher reports it and retries
 
-    async def _write_journal(self, block: OpenBlock, data: bytes) -> None:
-        try:
-            if block.journal is None:
-                # Reopening after a failed write cuts whatever half-written tail it left.
-                block.journal = await self._store.meta.journal(
-                    block.journal_key, truncate_to=block.durable_size
-                )
-                if block.journal.size == 0:
-                    data = JOURNAL_HEADER + data
-            await block.journal.append_and_sync(data)
-        except CapellaError:
-            if block.journal is not None:
-                journal, block.journal = block.journal, None
-                await asyncio.shield(journal.close())
-            raise
-        block.durable_size = block.journal.size
+    def _requeue_failed(self) -> None:
+        """Every flush in flight has ended and some failed: put their bytes back, in order,
+        ahead of what was added since, for the next flush to write again."""
+        chunks: dict[int, list[bytes]] = {}
+        blocks: dict[int, OpenBlock] = {}
+        for flush in self._failed:
+            for block, data in flush.chunks:
+                chunks.setdefault(id(block), []).append(data)
+                blocks[id(block)] = block
+        for key, requeued in chunks.items():
+            blocks[key].pending[:0] = requeued
+        self._failed.clear()
+        self._unreported, self._broken = self._broken, None
+
+    async def _failure(self, *, wait: bool = False) -> BaseException | None:
+        """The error of a failed flush not reported yet, once the flushes after it have ended
+        too (with ``wait``: once every flush in flight has ended)."""
+        while self._flushes and (wait or self._broken is not None):
+            await asyncio.wait([self._flushes[-1].done])
+        error, self._unreported = self._unreported, None
+        return error
 
     async def tick(self) -> None:
         """Seal an open block past its age, probe a failed step, save marked writes."""

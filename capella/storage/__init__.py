@@ -12,6 +12,7 @@ S3 never imports boto3.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from capella.errors import InvalidConfig
@@ -35,8 +36,13 @@ class Journal(Protocol):
 
     async def sync(self) -> None: ...
 
-    async def append_and_sync(self, data: bytes) -> None:
-        """Append and fsync in one step (one thread hop on disk providers)."""
+    def append_and_sync(self, data: bytes) -> Awaitable[None]:
+        """Append and fsync in one step (one thread hop on disk providers).
+
+        The bytes take their place when the call is made; the caller may call again before
+        awaiting, and the bytes land in call order. The awaitable completes once these bytes
+        and those of every earlier call are durable, and fails if any earlier call failed.
+        """
         ...
 
     async def close(self) -> None: ...

@@ -8,16 +8,20 @@ the old value in place and, at worst, a ``.tmp-`` file; ``list`` ignores such le
 nothing deletes them, because a scan cannot tell a dead one from a put still in progress.
 
 Journals are plain files opened for append. Their hot path, ``append_and_sync``, is one
-``os.write`` plus one ``os.fsync`` in a single thread hop, since the broker does it once per
-group commit.
+``os.write`` plus one ``fdatasync`` in a single thread hop, since the broker does it once per
+group commit. Calls may overlap: each takes its place in the file when it is made, its write
+waits for the earlier ones', and its sync runs while the next call writes (file systems batch
+concurrent syncs into one journal commit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import secrets
+import threading
 from pathlib import Path
 
 import aiofiles
@@ -106,10 +110,11 @@ class FileStorage:
 
 
 class FileJournal:
-    """An open file that only grows; the caller uses it from one task at a time.
+    """An open file that only grows.
 
     ``append`` keeps bytes in memory until ``sync``, ``close`` or 1 MiB of them, so a
     ``get`` of the key sees them only after that. ``size`` counts them all.
+    ``append_and_sync`` may be called again before an earlier call is done (see the module).
     """
 
     def __init__(self, key: str, fd: int, size: int) -> None:
@@ -119,6 +124,12 @@ class FileJournal:
         self._pending = bytearray()
         self._closed = False
         self._failed = False
+        # Writes go in call order: a call's thread waits until every earlier ticket has written.
+        self._turn = threading.Condition()
+        self._tickets = 0
+        self._written = 0
+        self._write_failed = False  # read and set by the writing threads, under _turn
+        self._last: asyncio.Task[None] | None = None  # the latest append_and_sync
 
     @property
     def size(self) -> int:
@@ -129,29 +140,74 @@ class FileJournal:
         self._pending += data
         self._size += len(data)
         if len(self._pending) >= _APPEND_BUFFER:
-            await self._write(self._take_pending(), sync=False)
+            await self.sync()
 
     async def sync(self) -> None:
-        self._check_usable()
-        await self._write(self._take_pending(), sync=True)
+        await self.append_and_sync(b"")
 
-    async def append_and_sync(self, data: bytes) -> None:
+    def append_and_sync(self, data: bytes) -> asyncio.Task[None]:
+        """Append ``data`` after everything appended so far and fdatasync it.
+
+        The place in the file is taken now. The task ends once these bytes and those of every
+        earlier call are durable; if an earlier call failed, this one fails too (the bytes
+        after a failed write or sync are not to be trusted).
+        """
         self._check_usable()
         self._size += len(data)
         if self._pending:
             self._pending += data
             data = self._take_pending()
-        await self._write(data, sync=True)
+        ticket = self._tickets
+        self._tickets += 1
+        self._last = asyncio.create_task(self._append_in_turn(ticket, data, self._last))
+        return self._last
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._last is not None:
+            # A thread may still be writing to the descriptor: close it only after the last call.
+            await asyncio.wait([self._last])
         pending = b"" if self._failed else self._take_pending()
         try:
             await asyncio.to_thread(_write_and_close, self._fd, pending)
         except OSError as exc:
             raise StorageUnavailable(f"file: cannot close journal {self._key!r}: {exc}") from exc
+
+    async def _append_in_turn(self, ticket: int, data: bytes, previous: asyncio.Task[None] | None) -> None:
+        try:
+            await asyncio.to_thread(self._write_in_turn, ticket, data)
+        except OSError as exc:
+            # After a failed write or fsync the file's tail is unknown and the kernel may
+            # already have dropped the dirty pages, so retrying could report lost data as
+            # durable. Refuse further use; recovery reopens with ``truncate_to``.
+            self._failed = True
+            raise StorageUnavailable(f"file: cannot append to journal {self._key!r}: {exc}") from exc
+        if previous is not None:
+            try:
+                await previous
+            except StorageUnavailable:
+                self._failed = True
+                raise StorageUnavailable(
+                    f"file: cannot append to journal {self._key!r}: an earlier append failed"
+                ) from None
+
+    def _write_in_turn(self, ticket: int, data: bytes) -> None:
+        """(In a thread.) Write once every earlier ticket has written, then fdatasync."""
+        with self._turn:
+            self._turn.wait_for(lambda: self._written == ticket)
+            try:
+                if self._write_failed:
+                    raise OSError(errno.EIO, "an earlier write to this journal failed")
+                _write_all(self._fd, data)
+            except OSError:
+                self._write_failed = True
+                raise
+            finally:
+                self._written += 1
+                self._turn.notify_all()
+        _sync_data(self._fd)
 
     def _take_pending(self) -> bytes:
         data = bytes(self._pending)
@@ -163,16 +219,6 @@ class FileJournal:
             raise StorageUnavailable(f"file: journal {self._key!r} is closed")
         if self._failed:
             raise StorageUnavailable(f"file: journal {self._key!r} failed earlier; reopen it")
-
-    async def _write(self, data: bytes, *, sync: bool) -> None:
-        try:
-            await asyncio.to_thread(_write_all, self._fd, data, sync)
-        except OSError as exc:
-            # After a failed write or fsync the file's tail is unknown and the kernel may
-            # already have dropped the dirty pages, so retrying could report lost data as
-            # durable. Refuse further use; recovery reopens with ``truncate_to``.
-            self._failed = True
-            raise StorageUnavailable(f"file: cannot append to journal {self._key!r}: {exc}") from exc
 
 
 def _check_parts(parts: list[str], key: str) -> None:
@@ -257,13 +303,11 @@ def _create_journal(path: Path, flags: int) -> int:
     return fd
 
 
-def _write_all(fd: int, data: bytes, sync: bool) -> None:
+def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
         view = view[written:]
-    if sync:
-        _sync_data(fd)
 
 
 def _sync_data(fd: int) -> None:
@@ -278,6 +322,6 @@ def _sync_data(fd: int) -> None:
 
 def _write_and_close(fd: int, data: bytes) -> None:
     try:
-        _write_all(fd, data, False)
+        _write_all(fd, data)
     finally:
         os.close(fd)

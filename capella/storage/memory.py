@@ -7,6 +7,8 @@ so ``get`` of a journal key returns every byte appended so far, synced or not.
 
 from __future__ import annotations
 
+import asyncio
+
 from capella.errors import InvalidRequest, KeyNotFound, StorageUnavailable
 
 
@@ -72,9 +74,12 @@ class MemoryJournal:
     async def sync(self) -> None:
         self._check_open()
 
-    async def append_and_sync(self, data: bytes) -> None:
+    def append_and_sync(self, data: bytes) -> asyncio.Future[None]:
         self._check_open()
         self._buffer.extend(data)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
     async def close(self) -> None:
         self._closed = True
