@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,9 +302,9 @@ class FlakyJournal:
         self._storage.check(self._key)
         await self._inner.sync()
 
-    async def append_and_sync(self, data: bytes) -> None:
+    def append_and_sync(self, data: bytes) -> Awaitable[None]:
         self._storage.check(self._key)
-        await self._inner.append_and_sync(data)
+        return self._inner.append_and_sync(data)
 
     async def close(self) -> None:
         await self._inner.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -251,6 +252,43 @@ async def test_file_journal_refuses_use_after_a_failed_fsync(
     with pytest.raises(StorageUnavailable, match="failed earlier"):
         await journal.sync()
     await journal.close()
+
+
+async def test_overlapping_journal_appends_land_in_call_order(appendable: Storage) -> None:
+    journal = await appendable.journal("j")
+    chunks = [f"{i:04d}|".encode() * (1 + i % 7) for i in range(200)]
+    calls = [journal.append_and_sync(chunk) for chunk in chunks]  # each takes its place now
+    await asyncio.gather(*calls)
+    assert journal.size == sum(map(len, chunks))
+    await journal.close()
+    assert await appendable.get("j") == b"".join(chunks)
+
+
+async def test_a_failed_sync_fails_every_overlapping_append_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStorage(tmp_path)
+    journal = await store.journal("j")
+    await journal.append_and_sync(b"durable|")
+    failures = iter([True])
+
+    def fdatasync_failing_once(fd: int) -> None:
+        if next(failures, False):
+            raise OSError(5, "Input/output error")
+        os.fsync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync_failing_once, raising=False)
+    calls = [journal.append_and_sync(b"after|") for _ in range(3)]
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    # The first sync failed; the later ones may have synced their own bytes, but what came
+    # before them is not to be trusted, so none of them is reported durable.
+    assert all(isinstance(o, StorageUnavailable) for o in outcomes), outcomes
+    with pytest.raises(StorageUnavailable, match="failed earlier"):
+        await journal.append_and_sync(b"x")
+    await journal.close()
+    reopened = await store.journal("j", truncate_to=len(b"durable|"))
+    await reopened.close()
+    assert (tmp_path / "j").read_bytes() == b"durable|"
 
 
 # --- zstd --------------------------------------------------------------------------------

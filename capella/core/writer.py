@@ -450,21 +450,25 @@ class Writer:
                         data = JOURNAL_HEADER + data
                 appends.append((block, journal, journal.append_and_sync(data)))
         except BaseException as exc:
-            error = exc
+            error = self._broken = self._broken or exc
         finally:
             flush.registered.set()
         ends = [(block, journal.size) for block, journal, _ in appends]
         outcomes = await asyncio.gather(*(sync for _, _, sync in appends), return_exceptions=True)
-        for (block, journal, _), outcome in zip(appends, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                error = error or outcome
-                if block.journal is journal:
-                    block.journal = None
-                    await asyncio.shield(journal.close())
+        failed = [
+            journal for (_, journal, _), outcome in zip(appends, outcomes, strict=True) if outcome is not None
+        ]
+        error = error or next((o for o in outcomes if isinstance(o, BaseException)), None)
         if error is not None:
+            # Set before any await: no flush may reopen a journal and write after this one
+            # until every flush in flight has ended and the failed bytes are requeued.
             self._broken = self._broken or error
             if isinstance(error, CapellaError):
                 self.set_fault("journal", error.message)
+            for block, journal, _ in appends:
+                if journal in failed and block.journal is journal:
+                    block.journal = None
+                    await asyncio.shield(journal.close())
         if previous is not None:
             earlier = await previous.done  # answers go in order
             if error is None and earlier is not None:
