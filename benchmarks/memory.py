@@ -1,4 +1,5 @@
-"""Start-up time (spawn → ``/readyz`` 200) and idle RSS of a fresh server with one queue."""
+"""Start-up time (spawn → ``/readyz`` 200), idle RSS of a fresh server with one queue, and with
+1,000 idle queues (what each idle queue costs)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from benchmarks.server import running_server
 from benchmarks.settings import Settings
 
 IDLE_SECONDS = 2.0
+IDLE_QUEUES = 1000
 TARGET_IDLE_MB = 40.0
 
 
@@ -30,10 +32,16 @@ async def run(settings: Settings) -> Outcome:
                 # RSS counts shared library pages (libpython, libssl) as well as the heap.
                 outcome.details["idle_rss_anon_mb"] = server.status_kb("RssAnon") / 1024
                 outcome.details["idle_rss_file_mb"] = server.status_kb("RssFile") / 1024
+                async with new_session() as session:
+                    for i in range(1, IDLE_QUEUES):
+                        await put_queue(session, server.url, f"idle-{i}")
+                await asyncio.sleep(IDLE_SECONDS)
+                outcome.details["idle_queues_rss_mb"] = server.rss_mb()
     outcome.details["startup_s"] = startups
     startup = statistics.median(startups)
     idle = outcome.details["idle_rss_mb"]
     anon, file = outcome.details["idle_rss_anon_mb"], outcome.details["idle_rss_file_mb"]
+    per_queue_kb = (outcome.details["idle_queues_rss_mb"] - idle) * 1024 / (IDLE_QUEUES - 1)
     outcome.rows += [
         Row(
             "memory",
@@ -43,6 +51,14 @@ async def run(settings: Settings) -> Outcome:
             TARGET_IDLE_MB,
             higher_is_better=False,
             note=f"{anon:.1f} MB anonymous + {file:.1f} MB file-backed (libraries)",
+        ),
+        Row(
+            "memory",
+            f"idle RSS, {IDLE_QUEUES:,} queues, after {IDLE_SECONDS:g} s",
+            outcome.details["idle_queues_rss_mb"],
+            "MB",
+            higher_is_better=False,
+            note=f"{per_queue_kb:.1f} KB per idle queue",
         ),
         Row(
             "startup",

@@ -7,12 +7,16 @@ only reads them, so a scrape costs a walk over the queues and nothing between sc
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 from capella.core.cluster import Cluster
 from capella.core.queue import Queue
 from capella.core.stats import Histogram
-from capella.handlers.push import PushHandler
 from capella.handlers.supervisor import HandlerState
+
+if TYPE_CHECKING:
+    # Only a type here: the push module is imported when a push handler exists.
+    from capella.handlers.push import PushHandler
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -234,9 +238,10 @@ _PUSH_COUNTERS = (
 
 def _push_metrics(out: list[str], handlers: Sequence[HandlerState]) -> None:
     pushes = [
-        (f'handler="{escape(s.name)}",queue="{escape(s.handler.queue)}"', s.handler)
+        (f'handler="{escape(s.name)}",queue="{escape(h.queue)}"', h)
         for s in handlers
-        if isinstance(s.handler, PushHandler)
+        if s.type == "push"
+        for h in (cast("PushHandler", s.handler),)
     ]
     for name, help_text, attr in _PUSH_COUNTERS:
         _header(out, name, help_text, "counter")

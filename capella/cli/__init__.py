@@ -15,10 +15,8 @@ import sys
 from collections.abc import Sequence
 
 from capella import __version__
-from capella.cli import cluster, data, handler, pg, queue, scheduled, serve, token, transfer, user, work
-from capella.cli.login import HINT, connect, login
+from capella.cli import serve
 from capella.cli.output import error
-from capella.client import DEFAULT_URL
 from capella.errors import CapellaError, Unauthorized, Unreachable
 
 
@@ -30,6 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not args.uses_client:
             return int(args.func(args))
+        from capella.cli.login import connect, login  # see parser: only commands that use the client
+
         with connect(args, login(args)) as client:
             return int(args.func(args, client))
     except Unreachable as exc:
@@ -39,6 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     except Unauthorized as exc:
+        from capella.cli.login import HINT
+
         error(f"{exc.code}: {exc.message}")
         error(HINT)
         return 1
@@ -55,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    root = parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    root = parser(serve_only=argv[:1] == ["serve"])
     args, extra = root.parse_known_args(argv)
     # argparse stops filling `produce QUEUE MESSAGE...` at the first option, so messages
     # after an option (`produce q --save wait a b`) arrive here; anything else is an error.
@@ -68,7 +71,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
+    """The command line; ``serve_only`` when it starts with ``serve``.
+
+    ``capella serve`` is parsed by the serve command alone (it takes no global option), and
+    the other commands' modules are imported here, deliberately late: they import the HTTP
+    client and more, which a server without links never needs (~1 MB of idle memory).
+    """
+    if serve_only:
+        root = argparse.ArgumentParser(prog="capella", description="Capella message broker.")
+        serve.add_parser(root.add_subparsers(dest="command", metavar="COMMAND", required=True))
+        return root
+    from capella.cli import cluster, data, handler, pg, queue, scheduled, token, transfer, user, work
+
     # The global options are accepted before or after the command: the copies on the
     # commands default to SUPPRESS so they never overwrite a value given earlier.
     common = argparse.ArgumentParser(add_help=False)
@@ -93,6 +108,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _add_globals(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    from capella.client import DEFAULT_URL
+
     def default(value: object) -> object:
         return argparse.SUPPRESS if suppress else value
 

@@ -7,6 +7,8 @@ never returned as messages.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import struct
 import sys
 import zlib
@@ -15,8 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, pairwise, repeat
 from operator import add, attrgetter, sub
-
-import zstandard
+from types import ModuleType
 
 from capella.core.message import EMPTY_HEADERS, Message
 from capella.errors import CorruptData, InvalidMessage
@@ -296,7 +297,7 @@ def encode_block(messages: Sequence[Message]) -> bytes:
     except (struct.error, UnicodeEncodeError, OverflowError) as exc:
         raise InvalidMessage(f"block: a source, header or payload cannot be stored: {exc}") from exc
     raw_meta = b"".join((*columns, *source_table, *header_blobs))
-    meta = zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(raw_meta)
+    meta = _zstandard().ZstdCompressor(level=_ZSTD_LEVEL).compress(raw_meta)
     payload_len = sum(map(len, payloads))
 
     flags = FLAG_HEADERS if has_headers else 0
@@ -379,7 +380,7 @@ def _open_block(data: Buffer) -> _Columns:
         return _decode_meta(data, n, flags, (first_id, last_id), meta_len, raw_len, payload_len)
     except CorruptData:
         raise
-    except (_Malformed, zstandard.ZstdError, struct.error, ValueError, IndexError, OverflowError) as exc:
+    except (_Malformed, _zstandard().ZstdError, struct.error, ValueError, IndexError, OverflowError) as exc:
         raise CorruptData(f"block: metadata does not parse: {exc}") from None
 
 
@@ -395,7 +396,7 @@ def _decode_meta(
     first_id, last_id = ids_range
     meta_start = _BLOCK_HEAD.size
     compressed = memoryview(data)[meta_start : meta_start + meta_len]
-    meta = zstandard.ZstdDecompressor().decompress(compressed, max_output_size=raw_len)
+    meta = _zstandard().ZstdDecompressor().decompress(compressed, max_output_size=raw_len)
     if len(meta) != raw_len:
         raise _Malformed(f"metadata is {len(meta)} bytes, header says {raw_len}")
     has_headers = bool(flags & FLAG_HEADERS)
@@ -548,3 +549,10 @@ def _signed(values: list[int]) -> list[int]:
 
 def _build_messages(n: int, columns: Sequence[Iterable[object]]) -> list[Message]:
     return list(map(Message, *columns))
+
+
+@functools.cache
+def _zstandard() -> ModuleType:
+    """zstandard, imported when the first block is sealed or read: a server whose queues have
+    no sealed block yet (the default configuration at start) does not load it."""
+    return importlib.import_module("zstandard")

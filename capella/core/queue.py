@@ -5,8 +5,10 @@
 (``capella.core.writer``), recovery at open (``capella.core.recovery``), subscriptions and
 work queues (``capella.core.consumers``), delayed messages (``capella.core.delay`` at produce
 time, ``capella.core.schedule`` after) and its stats (``capella.core.report``). What it does
-itself: validate writes, run the background tasks under supervision, walk the sealed and
-then the unsealed blocks for a read, and close its parts in order.
+itself: validate writes, start the release of delayed messages when there are some, walk the
+sealed and then the unsealed blocks for a read, and close its parts in order. Its background
+loops (flush, seal, release) run under supervision only while they have work, so an idle
+queue holds no task.
 
 Keys on the queue's mounts (``<q>`` is the queue name):
 ``<q>/manifest.json``, ``<q>/state.json``, ``<q>/subscriptions.json``,
@@ -18,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from capella.config import StorageSettings
@@ -42,7 +43,7 @@ from capella.core.schedule import Schedule
 from capella.core.scheduled import Scheduled
 from capella.core.stats import Histogram, QueueCounters, Recovery
 from capella.core.subscription import Subscription
-from capella.core.task import TaskFailures, first_of, supervise
+from capella.core.task import Loop, TaskFailures
 from capella.core.work import WorkQueue
 from capella.core.writer import Appended as Appended  # answered by ``Queue.append``
 from capella.core.writer import OpenBlock, Writer
@@ -88,7 +89,6 @@ class Queue:
         self._clock = clock
         self._closing = False
         self._stopping = asyncio.Event()  # set by close; wakes loops that back off
-        self._tasks: list[asyncio.Task[None]] = []
 
         self._store = BlockStore(
             name, definition, mounts, cluster_name=cluster_name, recovery=self.recovery, clock=clock
@@ -103,6 +103,7 @@ class Queue:
             flush_latency=flush_latency or Histogram(),
             clock=clock,
             stopping=self._stopping,
+            task_failures=self._task_failures,
         )
         self._consumers = Consumers(
             self,
@@ -115,7 +116,19 @@ class Queue:
             fault_text=self._writer.fault_text,
         )
         self.schedule = Schedule(
-            self._store.meta, self._store.key("schedule"), release=self._writer.append_released, clock=clock
+            self._store.meta,
+            self._store.key("schedule"),
+            release=self._writer.append_released,
+            clock=clock,
+            wake=lambda: self._releaser.start(),
+        )
+        self._releaser = Loop(
+            f"release:{name}",
+            lambda: self.schedule.run_releases(self._stopping),
+            failures=self._task_failures,
+            report=self._report,
+            stopping=self._stopping,
+            wake=self.schedule.changed,
         )
 
     @property
@@ -160,40 +173,21 @@ class Queue:
         writer = queue._writer
         await recover(queue._store, writer, queue._consumers)
         await queue.schedule.open(first_new_sid=writer.next_id)
-        queue._tasks = [
-            queue._supervised("flush", writer.run_flusher, wake=writer.flush_wanted),
-            queue._supervised("seal", writer.run_sealer, wake=writer.seal_wanted),
-            queue._supervised("release", lambda: queue.schedule.run_releases(queue._stopping)),
-        ]
+        # Recovery is done: seal the full blocks it found and release what is due.
+        if writer.sealing:
+            writer.want_seal()
+        if queue.schedule.next_due() is not None:
+            queue._releaser.start()
         return queue
 
-    def _supervised(
-        self, kind: str, body: Callable[[], Awaitable[None]], wake: asyncio.Event | None = None
-    ) -> asyncio.Task[None]:
-        """Run ``body`` as a supervised task; a flush or seal that fails is a write fault.
+    def _report(self, message: str) -> None:
+        self._writer.last_error = message
 
-        Between restarts it waits for the backoff, or less when the queue closes or ``wake``
-        is set: a new writer retries a failed flush or seal at once and gets its outcome.
-        """
-        task = f"{kind}:{self.name}"
-        step = {"flush": "journal", "seal": "seal"}.get(kind)
-        writer = self._writer
-
-        async def pause(seconds: float) -> None:
-            waits = [self._stopping.wait(), *([wake.wait()] if wake is not None else [])]
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(seconds):
-                    await first_of(*waits)
-
-        def report(message: str) -> None:
-            if step is None:
-                writer.last_error = message
-            else:
-                writer.set_fault(step, message)
-
-        return asyncio.create_task(
-            supervise(task, body, failures=self._task_failures, report=report, sleep=pause), name=task
-        )
+    @property
+    def _tasks(self) -> list[asyncio.Task[None]]:
+        """The background tasks running now (none when the queue is idle)."""
+        loops = (self._writer.flusher, self._writer.sealer, self._releaser)
+        return [loop.task for loop in loops if loop.task is not None and loop.running]
 
     async def close(self) -> None:
         """Finish the seal in progress, flush every write and cursor, then stop."""
@@ -204,20 +198,10 @@ class Queue:
         writer = self._writer
         writer.wake_waiters()
         self._consumers.wake_waiters()
-        flusher, sealer, releaser = self._tasks or (None, None, None)
-        # The tasks stop on their own between steps; cancelling one mid-write would leave a
-        # half-written temporary file and an open descriptor behind. The releaser and the
-        # sealer go first: they may still need the flusher to complete a journal write.
-        for task, wake in (
-            (releaser, self.schedule.changed),
-            (sealer, writer.seal_wanted),
-            (flusher, writer.flush_wanted),
-        ):
-            if task is not None:
-                wake.set()
-                (result,) = await asyncio.gather(task, return_exceptions=True)
-                if isinstance(result, BaseException):
-                    log.error("background task failed queue=%s", self.name, exc_info=result)
+        # The loops stop on their own between steps. The releaser and the sealer go first:
+        # they may still need the flusher to complete a journal write.
+        for loop in (self._releaser, writer.sealer, writer.flusher):
+            await loop.finish()
         await self._store.finish_loads()
         try:
             await writer.flush_journals()

@@ -89,6 +89,7 @@ class Schedule:
         release: Release,
         clock: Callable[[], float],
         horizon: float = HORIZON,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         self._prefix = prefix
         self._release = release
@@ -114,6 +115,11 @@ class Schedule:
         self._release_lock = asyncio.Lock()
         self._checkpoint_lock = asyncio.Lock()
         self.changed = asyncio.Event()  # set when an item may now be due earlier than before
+        self._wake = wake  # starts the release loop (``run_releases``) unless it runs
+
+    def _changed(self) -> None:
+        self.changed.set()
+        self._wake()
 
     # --- recovery -----------------------------------------------------------------------
 
@@ -248,7 +254,7 @@ class Schedule:
     def stage(self, item: Scheduled) -> None:
         """Register a new item (its sid is fresh); ``save`` makes it durable."""
         if not self._heap or item.due < self._heap[0][0]:
-            self.changed.set()
+            self._changed()
         self._log.append(_ADD + encode_item(item))
         self._remember(item)
         self.counters.scheduled += 1
@@ -276,7 +282,7 @@ class Schedule:
         self._forget(sid)
         self._remember(moved)
         self.counters.rescheduled += 1
-        self.changed.set()
+        self._changed()
         await self._log.save(save)
         return moved
 
@@ -330,8 +336,8 @@ class Schedule:
     # --- release ------------------------------------------------------------------------
 
     async def run_releases(self, stopping: asyncio.Event) -> None:
-        """Deliver items as they fall due until ``stopping`` is set (the queue supervises it:
-        a failure backs off and retries)."""
+        """Deliver items as they fall due until nothing is scheduled or ``stopping`` is set
+        (the queue supervises it: a failure backs off and retries; ``wake`` starts it again)."""
         while not stopping.is_set():
             self.changed.clear()
             try:
@@ -339,8 +345,9 @@ class Schedule:
             except ShuttingDown:
                 return
             due = self.next_due()
-            # Nothing scheduled: sleep until something is.
-            delay = None if due is None else min(RELEASE_POLL, max(0.0, due - self._clock()))
+            if due is None:
+                return  # nothing scheduled: the next item staged starts the loop again
+            delay = min(RELEASE_POLL, max(0.0, due - self._clock()))
             if delay == 0.0 or stopping.is_set():
                 continue
             with contextlib.suppress(TimeoutError):
@@ -462,7 +469,7 @@ class Schedule:
                     self._remember(item)
             chunk.loaded = True
             self.counters.chunks_loaded += 1
-            self.changed.set()
+            self._changed()
 
     # --- saving -------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from capella.core.dedup import BlockSummary
 from capella.core.definition import QueueDefinition
 from capella.core.message import Draft, Message
 from capella.core.stats import Histogram, QueueCounters
-from capella.core.task import first_of
+from capella.core.task import Loop, TaskFailures, first_of
 from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
 from capella.storage import Journal
 
@@ -97,8 +97,10 @@ class _Flush:
 class Writer:
     """Ids, the blocks still in memory (``sealing`` then ``open_block``) and their journals.
 
-    ``flush_wanted`` and ``seal_wanted`` wake the flusher and the sealer, which the queue
-    runs as supervised tasks; ``stopping`` is the queue's, set when it closes.
+    The flusher and the sealer are supervised loops that run only while there is work: a
+    commit starts the flusher, a full block the sealer, and each ends when it has nothing
+    left to do. ``flush_wanted`` and ``seal_wanted`` say there is work (and cut a restart's
+    backoff short); ``stopping`` is the queue's, set when it closes.
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class Writer:
         flush_latency: Histogram,
         clock: Callable[[], float],
         stopping: asyncio.Event,
+        task_failures: TaskFailures,
     ) -> None:
         self.name = name
         self.definition = definition  # replaced by the queue when its definition changes
@@ -150,6 +153,22 @@ class Writer:
         self._seal_tried = asyncio.Event()  # set (and replaced) after every seal attempt
         self._waiters: list[asyncio.Future[None]] = []
         self._urgent = False
+        self.flusher = Loop(
+            f"flush:{name}",
+            self.run_flusher,
+            failures=task_failures,
+            report=lambda message: self.set_fault("journal", message),
+            stopping=stopping,
+            wake=self.flush_wanted,
+        )
+        self.sealer = Loop(
+            f"seal:{name}",
+            self.run_sealer,
+            failures=task_failures,
+            report=lambda message: self.set_fault("seal", message),
+            stopping=stopping,
+            wake=self.seal_wanted,
+        )
 
     @property
     def closing(self) -> bool:
@@ -213,7 +232,7 @@ class Writer:
                 while len(self.sealing) >= MAX_SEALING and not self.closing:
                     failing = self.faults.get("seal")
                     if failing is not None:
-                        self.seal_wanted.set()
+                        self.want_seal()
                     await first_of(self._seal_done.wait(), self._seal_tried.wait())
                     if failing is not None and "seal" in self.faults and len(self.sealing) >= MAX_SEALING:
                         raise StorageUnavailable(
@@ -352,7 +371,15 @@ class Writer:
             self.sealing.append(self.open_block)
             self.open_block = None
             self.refresh_recent()
-            self.seal_wanted.set()
+            self.want_seal()
+
+    def want_flush(self) -> None:
+        self.flush_wanted.set()
+        self.flusher.start()
+
+    def want_seal(self) -> None:
+        self.seal_wanted.set()
+        self.sealer.start()
 
     def refresh_recent(self) -> None:
         self.dedup.recent = [b.keys for b in self.in_memory()]
@@ -373,7 +400,7 @@ class Writer:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         self._urgent = self._urgent or urgent
-        self.flush_wanted.set()
+        self.want_flush()
         try:
             async with asyncio.timeout(self._settings.write_timeout):
                 await waiter
@@ -385,13 +412,13 @@ class Writer:
             ) from None
 
     async def run_flusher(self) -> None:
-        """Start a flush when a writer asks, up to ``MAX_FLUSHES`` at once. A failed flush
-        fails its writers (and those of every flush after it) and raises to the supervisor;
-        the restarted loop retries what is still pending without a new writer."""
+        """Start flushes while writers ask (up to ``MAX_FLUSHES`` at once), then end. A failed
+        flush fails its writers (and those of every flush after it) and raises to the
+        supervisor; the restarted loop retries what is still pending without a new writer."""
         delay = self._settings.wait_max_delay
         while True:
-            if "journal" not in self.faults:
-                await self.flush_wanted.wait()
+            if "journal" not in self.faults and not self.flush_wanted.is_set():
+                return  # idle: the next commit starts the flusher again
             self.flush_wanted.clear()
             if delay > 0 and not self._urgent and not self.closing:
                 await asyncio.sleep(delay)
@@ -492,7 +519,7 @@ class Writer:
             self._requeue_failed()
         flush.done.set_result(error)
         if error is not None:
-            self.flush_wanted.set()  # the flusher reports it and retries
+            self.want_flush()  # the flusher reports it and retries
 
     def _requeue_failed(self) -> None:
         """Every flush in flight has ended and some failed: put their bytes back, in order,
@@ -531,12 +558,9 @@ class Writer:
     # --- sealing ---------------------------------------------------------------------------
 
     async def run_sealer(self) -> None:
-        """Seal full blocks one at a time (supervised: a failed seal backs off and retries)."""
-        while not self.closing:
-            if not self.sealing:
-                await self.seal_wanted.wait()
-                self.seal_wanted.clear()
-                continue
+        """Seal full blocks one at a time until none is left (supervised: a failed seal backs
+        off and retries)."""
+        while self.sealing and not self.closing:
             # A writer that sets it from now on gets a retry without the backoff.
             self.seal_wanted.clear()
             try:

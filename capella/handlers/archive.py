@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capella.core.blocks import BlockMeta
 from capella.core.queue import Queue
 from capella.errors import InvalidRequest
 from capella.handlers.params import Params, duration
-from capella.handlers.queues import PassResult, QueueHandler
+from capella.handlers.queues import PassResult, QueueHandler, selected
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +107,18 @@ class ArchiveHandler(QueueHandler[ArchiveParams]):
             result += PassResult(1, await queue.move_block(block.first_id, mark))
         await queue.clean_leftovers()
         return result
+
+
+if TYPE_CHECKING:
+    from capella.core.cluster import Cluster
+    from capella.handlers.links import Links
+
+
+def build(
+    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+) -> tuple[ArchiveParams, ArchiveHandler]:
+    """The ``archive`` handler type; the marks must exist on every queue named exactly."""
+    params = ArchiveParams.parse(raw)
+    for queue in selected(cluster, [q for q in queues if not any(c in q for c in "*?[")]):
+        params.check_marks(queue)
+    return params, ArchiveHandler(cluster, queues, params)

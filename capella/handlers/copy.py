@@ -24,7 +24,14 @@ from capella.core.cluster import Cluster
 from capella.core.definition import check_name
 from capella.core.message import Draft, SaveMode
 from capella.core.queue import Queue
-from capella.errors import CapellaError, InvalidRequest, StorageUnavailable, SubscriptionNotFound
+from capella.errors import (
+    CapellaError,
+    InvalidRequest,
+    LinkNotFound,
+    QueueNotFound,
+    StorageUnavailable,
+    SubscriptionNotFound,
+)
 from capella.handlers.links import Links
 from capella.handlers.params import Params, segment_ranges
 from capella.handlers.queues import PassResult, QueueHandler
@@ -264,3 +271,19 @@ def _save(value: object, field_name: str, default: SaveMode) -> SaveMode:
     if not isinstance(value, str | int) or isinstance(value, bool):
         raise InvalidRequest(f"{field_name} must be a save mode", field=field_name)
     return SaveMode.parse(value)
+
+
+def build(
+    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+) -> tuple[CopyParams, CopyHandler]:
+    """The ``copy`` handler type; its queues and links must exist when it is defined."""
+    params = CopyParams.parse(raw)
+    for ref, what in ((params.to, "to"), (params.source, "from")):
+        if ref is None:
+            continue
+        link, _, queue = ref.rpartition("/")
+        try:
+            links.link(link) if link else cluster.queue(queue)
+        except (QueueNotFound, LinkNotFound) as exc:
+            raise InvalidRequest(f"params.{what}: {exc.message}", field=f"params.{what}") from None
+    return params, CopyHandler(cluster, queues, params, links)

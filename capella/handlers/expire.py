@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capella.core.blocks import BlockMeta
 from capella.core.queue import Queue
@@ -71,3 +71,16 @@ class ExpireHandler(QueueHandler[ExpireParams]):
         # Objects of a delete interrupted by a crash (the manifest had already let go).
         await queue.clean_leftovers()
         return result
+
+
+if TYPE_CHECKING:
+    from capella.core.cluster import Cluster
+    from capella.handlers.links import Links
+
+
+def build(
+    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+) -> tuple[ExpireParams, ExpireHandler]:
+    """The ``expire`` handler type (``capella.handlers.supervisor.TYPES``)."""
+    params = ExpireParams.parse(raw)
+    return params, ExpireHandler(cluster, queues, params)

@@ -7,7 +7,7 @@ adds a faster (or slower-changing) rhythm for the queues it names.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capella.core.queue import Queue
 from capella.handlers.params import Params
@@ -33,3 +33,16 @@ class FlushHandler(QueueHandler[FlushParams]):
     async def run_queue(self, queue: Queue) -> PassResult:
         await queue.tick()
         return PassResult(items=1)
+
+
+if TYPE_CHECKING:
+    from capella.core.cluster import Cluster
+    from capella.handlers.links import Links
+
+
+def build(
+    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+) -> tuple[FlushParams, FlushHandler]:
+    """The ``flush`` handler type (``capella.handlers.supervisor.TYPES``)."""
+    params = FlushParams.parse(raw)
+    return params, FlushHandler(cluster, queues, params)

@@ -191,3 +191,11 @@ def inbox_ddl(table: str = DEFAULT_TABLE) -> str:
         )
         + "\n"
     )
+
+
+def build(
+    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+) -> tuple[InboxParams, InboxHandler]:
+    """The ``pg_inbox`` handler type."""
+    params = InboxParams.parse(raw, links)
+    return params, InboxHandler(cluster, queues, params)

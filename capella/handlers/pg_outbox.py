@@ -27,7 +27,7 @@ import orjson
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
-from capella.errors import InvalidMessage, InvalidRequest
+from capella.errors import InvalidMessage, InvalidRequest, QueueNotFound
 from capella.handlers.links import Links
 from capella.handlers.params import Params
 from capella.handlers.postgres import DSN_PARAMS, Database, Dsn, check_columns, check_table, quoted
@@ -257,3 +257,15 @@ def outbox_ddl(table: str = DEFAULT_TABLE, *, notify: bool = False, keep: bool =
             f"    FOR EACH STATEMENT EXECUTE FUNCTION {function}();",
         ]
     return "\n".join(lines) + "\n"
+
+
+def build(
+    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+) -> tuple[OutboxParams, OutboxHandler]:
+    """The ``pg_outbox`` handler type; its target queue must exist."""
+    params = OutboxParams.parse(raw, links)
+    try:
+        cluster.queue(params.to)
+    except QueueNotFound as exc:
+        raise InvalidRequest(f"params.to: {exc.message}", field="params.to") from None
+    return params, OutboxHandler(cluster, params)

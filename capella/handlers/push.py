@@ -40,7 +40,7 @@ from capella.core.retry import retry_delay
 from capella.core.stats import Histogram
 from capella.core.window import LEASED, WAITING, Entry
 from capella.core.work import WorkQueue
-from capella.errors import CapellaError, SubscriptionNotFound
+from capella.errors import CapellaError, InvalidRequest, QueueNotFound, SubscriptionNotFound
 from capella.handlers.delivery import (
     ANSWER_BYTES,
     Credentials,
@@ -466,3 +466,20 @@ class PushHandler:
         self._busy.clear()
         self._errors.clear()
         self._in_flight = 0
+
+
+def build(
+    cluster: Cluster, queues: list[str], raw: object, links: object, name: str
+) -> tuple[PushParams, PushHandler]:
+    """The ``push`` handler type: one queue, and a dead-letter queue other than it (no links)."""
+    if len(queues) != 1 or any(c in queues[0] for c in "*?["):
+        raise InvalidRequest("a push handler takes one queue (queue), not a list or pattern", field="queue")
+    push = PushParams.parse(raw, name)
+    if push.policy.dead_letter is not None:
+        try:
+            cluster.queue(push.policy.dead_letter)
+        except QueueNotFound as exc:
+            raise InvalidRequest(f"params.dead_letter: {exc.message}", field="params.dead_letter") from None
+        if push.policy.dead_letter == queues[0]:
+            raise InvalidRequest("params.dead_letter must name another queue", field="params.dead_letter")
+    return push, PushHandler(cluster, queues[0], push, push.credentials())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -34,21 +35,10 @@ from capella.errors import (
     InvalidConfig,
     InvalidRequest,
     KeyNotFound,
-    LinkNotFound,
-    QueueNotFound,
     Unauthorized,
 )
-from capella.handlers.archive import ArchiveHandler, ArchiveParams
-from capella.handlers.copy import CopyHandler, CopyParams
-from capella.handlers.expire import ExpireHandler, ExpireParams
-from capella.handlers.flush import FlushHandler, FlushParams
 from capella.handlers.links import Links
-from capella.handlers.pg_inbox import InboxHandler, InboxParams
-from capella.handlers.pg_outbox import OutboxHandler, OutboxParams
-from capella.handlers.push import PushHandler
-from capella.handlers.queues import PassResult, queue_patterns, selected
-from capella.handlers.unload import UnloadHandler, UnloadParams
-from capella.handlers.webhook import PushParams
+from capella.handlers.queues import PassResult, queue_patterns
 from capella.wire.handlers import HANDLER_TYPES
 
 log = logging.getLogger(__name__)
@@ -73,65 +63,46 @@ class HandlerParams(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
+# Handler types by name, each module imported when the first handler of its type is built:
+# the default configuration has none, and copy (the HTTP client), push and pg_* (asyncpg)
+# bring in much more than their own code.
+TYPES = {
+    "flush": "capella.handlers.flush:build",
+    "unload": "capella.handlers.unload:build",
+    "archive": "capella.handlers.archive:build",
+    "copy": "capella.handlers.copy:build",
+    "expire": "capella.handlers.expire:build",
+    "pg_outbox": "capella.handlers.pg_outbox:build",
+    "pg_inbox": "capella.handlers.pg_inbox:build",
+    "push": "capella.handlers.push:build",
+}
+
+Builder = Callable[..., tuple[HandlerParams, Handler]]
+
+
+def builder(kind: str) -> Builder:
+    """The ``build(cluster, queues, raw, links, name)`` of handler type ``kind``."""
+    target = TYPES.get(kind)
+    if target is None:
+        raise InvalidRequest(
+            f"type: unknown handler type {kind!r} (known: {', '.join(sorted(HANDLER_TYPES))})",
+            field="type",
+        )
+    module, _, attr = target.partition(":")
+    build: Builder = getattr(importlib.import_module(module), attr)
+    return build
+
+
 def build(
     cluster: Cluster, kind: str, queues: list[str], raw: object, links: Links, name: str = ""
 ) -> tuple[HandlerParams, Handler]:
     """Parse ``raw`` params for handler ``name`` of ``kind`` and build it (errors name the field)."""
-    if kind == "flush":
-        flush = FlushParams.parse(raw)
-        return flush, FlushHandler(cluster, queues, flush)
-    if kind == "unload":
-        unload = UnloadParams.parse(raw)
-        return unload, UnloadHandler(cluster, queues, unload)
-    if kind == "archive":
-        archive = ArchiveParams.parse(raw)
-        for queue in selected(cluster, [q for q in queues if not any(c in q for c in "*?[")]):
-            archive.check_marks(queue)
-        return archive, ArchiveHandler(cluster, queues, archive)
-    if kind == "copy":
-        copy = CopyParams.parse(raw)
-        for ref, what in ((copy.to, "to"), (copy.source, "from")):
-            if ref is None:
-                continue
-            link, _, name = ref.rpartition("/")
-            try:
-                links.link(link) if link else cluster.queue(name)
-            except (QueueNotFound, LinkNotFound) as exc:
-                raise InvalidRequest(f"params.{what}: {exc.message}", field=f"params.{what}") from None
-        return copy, CopyHandler(cluster, queues, copy, links)
-    if kind == "expire":
-        expire = ExpireParams.parse(raw)
-        return expire, ExpireHandler(cluster, queues, expire)
-    if kind == "pg_outbox":
-        outbox = OutboxParams.parse(raw, links)
-        try:
-            cluster.queue(outbox.to)
-        except QueueNotFound as exc:
-            raise InvalidRequest(f"params.to: {exc.message}", field="params.to") from None
-        return outbox, OutboxHandler(cluster, outbox)
-    if kind == "pg_inbox":
-        inbox = InboxParams.parse(raw, links)
-        return inbox, InboxHandler(cluster, queues, inbox)
-    if kind == "push":
-        return build_push(cluster, queues, raw, name)
-    raise InvalidRequest(
-        f"type: unknown handler type {kind!r} (known: {', '.join(sorted(HANDLER_TYPES))})",
-        field="type",
-    )
+    return builder(kind)(cluster, queues, raw, links, name)
 
 
-def build_push(cluster: Cluster, queues: list[str], raw: object, name: str) -> tuple[PushParams, PushHandler]:
-    if len(queues) != 1 or any(c in queues[0] for c in "*?["):
-        raise InvalidRequest("a push handler takes one queue (queue), not a list or pattern", field="queue")
-    push = PushParams.parse(raw, name)
-    if push.policy.dead_letter is not None:
-        try:
-            cluster.queue(push.policy.dead_letter)
-        except QueueNotFound as exc:
-            raise InvalidRequest(f"params.dead_letter: {exc.message}", field="params.dead_letter") from None
-        if push.policy.dead_letter == queues[0]:
-            raise InvalidRequest("params.dead_letter must name another queue", field="params.dead_letter")
-    return push, PushHandler(cluster, queues[0], push, push.credentials())
+def build_push(cluster: Cluster, queues: list[str], raw: object, name: str) -> tuple[HandlerParams, Handler]:
+    """A push handler on its own (it needs no links)."""
+    return builder("push")(cluster, queues, raw, None, name)
 
 
 @dataclass(slots=True)

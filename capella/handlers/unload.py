@@ -7,7 +7,7 @@ memory profile: only block metadata, dedup summaries and the open block stay in 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capella.core.queue import Queue
 from capella.errors import InvalidRequest
@@ -41,3 +41,16 @@ class UnloadHandler(QueueHandler[UnloadParams]):
 
     async def run_queue(self, queue: Queue) -> PassResult:
         return PassResult(*queue.unload(idle=self.params.idle, age=self.params.age))
+
+
+if TYPE_CHECKING:
+    from capella.core.cluster import Cluster
+    from capella.handlers.links import Links
+
+
+def build(
+    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+) -> tuple[UnloadParams, UnloadHandler]:
+    """The ``unload`` handler type (``capella.handlers.supervisor.TYPES``)."""
+    params = UnloadParams.parse(raw)
+    return params, UnloadHandler(cluster, queues, params)
