@@ -18,7 +18,7 @@ import msgspec
 
 from capella import wire
 from capella.config import ServerSettings
-from capella.core.message import Draft
+from capella.core.message import EMPTY_HEADERS, Draft
 from capella.errors import InvalidMessage, InvalidRequest, PayloadTooLarge
 from capella.units import parse_duration
 from capella.wire import messages as wire_messages
@@ -30,7 +30,6 @@ MAX_DELAY = 10 * 365 * 86_400.0
 
 _INT64_MIN = wire.INT64_MIN
 _INT64_MAX = wire.INT64_MAX
-_NO_HEADERS: dict[str, str] = {}
 
 
 # curl -d sends this type; a JSON document sent with it is taken as JSON, as users expect.
@@ -132,7 +131,7 @@ def _drafts(items: list[wire_messages.Message], max_size: int, now: float) -> li
             payload = data.encode()
             if len(payload) > max_size:
                 raise _too_large(index, len(payload), max_size)
-            drafts.append(Draft(payload))
+            drafts.append(Draft(payload, None, None, None, 0, EMPTY_HEADERS))
         else:
             drafts.append(draft_of(item, index, max_size, now))
     return drafts
@@ -153,7 +152,7 @@ def draft_of(item: wire_messages.Message, index: int, max_size: int, now: float 
         item.external_id,
         None if external_time is None else _time(external_time, index),
         0 if segment is None else segment,
-        _NO_HEADERS if headers is None else headers,
+        EMPTY_HEADERS if headers is None else headers,
         None
         if item.deliver_at is None and item.delay is None
         else _due(item.deliver_at, item.delay, index, now),
