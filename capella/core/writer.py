@@ -25,6 +25,7 @@ import orjson
 from capella.config import StorageSettings
 from capella.core.blocks import BlockMeta, BlockStore
 from capella.core.codec import JOURNAL_HEADER, encode_block, encode_record
+from capella.core.commit import fail
 from capella.core.dedup import BlockSummary
 from capella.core.definition import QueueDefinition
 from capella.core.message import Draft, Message
@@ -376,7 +377,7 @@ class Writer:
             try:
                 await self.flush_journals()
             except BaseException as exc:
-                _fail(waiters, exc, self.name)
+                fail(waiters, exc, f"queue {self.name}")
                 if self.closing:
                     return  # close() makes its own last attempt and reports it
                 raise
@@ -516,16 +517,3 @@ class Writer:
 
 def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary]:
     return encode_block(block.messages), BlockSummary.build(block.keys, own)
-
-
-def _fail(waiters: list[asyncio.Future[None]], exc: BaseException, queue: str) -> None:
-    """Answer writers of a failed flush: its storage error, or a generic one for anything else."""
-    if isinstance(exc, CapellaError):
-        error: BaseException = exc
-    elif isinstance(exc, asyncio.CancelledError):
-        error = ShuttingDown(f"queue {queue} is closing")
-    else:
-        error = CapellaError(f"queue {queue}: the flush failed unexpectedly ({exc!r})")
-    for w in waiters:
-        if not w.done():
-            w.set_exception(error)
