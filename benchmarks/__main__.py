@@ -17,6 +17,7 @@ import orjson
 
 from benchmarks import (
     auth,
+    commits,
     delayed,
     disk,
     latency,
@@ -50,6 +51,7 @@ SCENARIOS: dict[str, Callable[[Settings], Awaitable[Outcome]]] = {
     "auth": auth.run,
     "delayed": delayed.run,
     "work": work.run,
+    "commits": commits.run,
     "postgres": postgres.run,
     "push": push.run,
     "versus": versus.run,

@@ -1,4 +1,4 @@
-"""Work queue throughput: 4 workers claim and ack 100,000 tasks through an ack-mode subscription.
+"""Work queue throughput: 4 workers (and 1, to show how they scale) claim and ack 100,000 tasks.
 
 The tasks are produced first (``save=mark``, not timed). Each worker is one session that
 claims a batch, acks every receipt in one request, and claims again, with the subscription's
@@ -19,30 +19,27 @@ from benchmarks.result import BenchmarkFailed, Outcome, Row
 from benchmarks.server import profiled, running_server
 from benchmarks.settings import Settings
 
-WORKERS = 4
 SEED_BATCH = 5000
-CLAIMS = (100, 10)
+# (workers, claim limit): the 1-worker rows show how far concurrent workers share fsyncs.
+RUNS = ((4, 100), (1, 100), (4, 10), (1, 10))
 
 
 async def run(settings: Settings) -> Outcome:
     outcome = Outcome()
     total = settings.pick(100_000, 10_000)
-    for limit in CLAIMS:
-        result = await _run_one(settings, total, limit)
-        outcome.details[f"claims of {limit}"] = result
+    for workers, limit in RUNS:
+        result = await _run_one(settings, total, workers, limit)
+        label = f"{workers} worker{'s' if workers > 1 else ''}, claims of {limit}"
+        outcome.details[label] = result
         cpu = result["cpu"]
         note = f"server CPU {cpu['server_cpu_pct']:.0f}%, client {cpu['client_cpu_pct']:.0f}%"
-        outcome.rows.append(
-            Row(
-                "work", f"claim+ack, {WORKERS} workers, claims of {limit}", result["rate"], "msg/s", note=note
-            )
-        )
-        print(f"  claims of {limit}: {result['rate']:,.0f} msg/s ({note})", flush=True)
+        outcome.rows.append(Row("work", f"claim+ack, {label}", result["rate"], "msg/s", note=note))
+        print(f"  {label}: {result['rate']:,.0f} msg/s ({note})", flush=True)
     return outcome
 
 
-async def _run_one(settings: Settings, total: int, limit: int) -> dict[str, Any]:
-    name = f"work-{limit}"
+async def _run_one(settings: Settings, total: int, workers: int, limit: int) -> dict[str, Any]:
+    name = f"work-{workers}x{limit}"
     async with running_server(settings.data_dir(name), settings.log_path(name)) as server:
         async with new_session() as session:
             await put_queue(session, server.url, "jobs")
@@ -82,12 +79,13 @@ async def _run_one(settings: Settings, total: int, limit: int) -> dict[str, Any]
         meter = Meter(server)
         async with profiled(server, settings.profile_path(name)):
             meter.start()
-            acked = sum(await asyncio.gather(*(worker() for _ in range(WORKERS))))
+            acked = sum(await asyncio.gather(*(worker() for _ in range(workers))))
             meter.stop()
         if acked != total or len(set(seen)) != total or len(seen) != total:
             raise BenchmarkFailed(f"work: {acked} acked, {len(seen)} claims of {len(set(seen))} tasks")
     return {
         "tasks": total,
+        "workers": workers,
         "claim_limit": limit,
         "seconds": meter.wall,
         "rate": acked / meter.wall,

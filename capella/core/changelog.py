@@ -3,7 +3,8 @@
 The delayed-delivery schedule of a queue and the work state of an ack-mode subscription
 change many times a second; rewriting a whole document for each change would cost a full
 write per ack. Instead every change is one framed record appended to a log, and concurrent
-writers share one fsync (group commit, as for messages). Now and then the owner writes a
+writers share one fsync (pipelined group commit, ``capella.core.commit``: while one fsync is
+in flight the next group gathers, and is written as soon as it returns). Now and then the owner writes a
 snapshot of its state and the log starts over, so recovery never replays much.
 
 Keys under ``<prefix>``: ``snapshot`` (magic, sequence number, CRC32, then the owner's
@@ -24,6 +25,7 @@ import struct
 import zlib
 from collections.abc import Callable
 
+from capella.core.commit import GroupCommit
 from capella.core.message import SaveMode
 from capella.errors import CapellaError, CorruptData, KeyNotFound
 from capella.storage import Journal, Storage
@@ -67,7 +69,8 @@ class ChangeLog:
         self._prefix = prefix
         self._pending: list[bytes] = []
         self._appended = 0  # records appended so far
-        self._durable = 0  # records written and fsync'd (or covered by a snapshot)
+        # Counts the records written and fsync'd (or covered by a snapshot) as ``durable``.
+        self._commit = GroupCommit(self._write_pending, f"change log {prefix}")
         self._seq = 0
         self._journal: Journal | None = None
         self._journal_size = 0  # durable bytes in the current log
@@ -131,7 +134,7 @@ class ChangeLog:
 
     @property
     def dirty(self) -> bool:
-        return self._durable < self._appended
+        return self._commit.durable < self._appended
 
     async def save(self, mode: SaveMode) -> None:
         """Make every record appended so far durable when ``mode`` asks for it."""
@@ -141,25 +144,26 @@ class ChangeLog:
             self.marked = True
 
     async def flush(self) -> None:
-        """Write and fsync every record appended so far; concurrent callers share one fsync."""
-        target = self._appended
-        if self._durable >= target:
-            return
+        """Write and fsync every record appended so far; concurrent callers share fsyncs."""
+        await self._commit.wait(self._appended)
+
+    async def _write_pending(self) -> int:
+        """One flush of the group commit: everything pending, in one write and one fsync."""
         async with self._lock:
-            # Someone else's write already covered our records while we waited for the lock.
-            if self._durable >= target:
-                return
             count = self._appended
+            if self._commit.durable >= count:
+                return count  # a checkpoint covered them while we waited for the lock
             data = b"".join(self._pending)
             self._pending.clear()
             try:
                 await self._write(data)
-            except CapellaError:
+            except BaseException:
+                # Kept for the next flush, ahead of anything appended meanwhile.
                 self._pending.insert(0, data)
                 raise
-            self._durable = count
-            if self._durable >= self._appended:
+            if count >= self._appended:
                 self.marked = False
+            return count
 
     async def _write(self, data: bytes) -> None:
         try:
@@ -197,8 +201,8 @@ class ChangeLog:
             self._seq = seq
             self._journal = None
             self._journal_size = 0
-            self._durable = max(self._durable, count)
-            if self._durable >= self._appended:
+            self._commit.advance(count)
+            if count >= self._appended:
                 self.marked = False
             self.records_since_checkpoint = len(self._pending)
             self.bytes_since_checkpoint = sum(map(len, self._pending))

@@ -1,7 +1,8 @@
 """The consumers of one queue: its named subscriptions (cursors) and the work queues of the ack-mode ones.
 
-Cursors are one document, ``<q>/subscriptions.json``, saved as a group commit: concurrent
-commits share one write, and a save never overwrites a newer one. Each work queue keeps its
+Cursors are one document, ``<q>/subscriptions.json``, saved as a pipelined group commit
+(``capella.core.commit``): concurrent commits share one write, the next write starts as soon
+as the previous one returns, and a save never overwrites a newer one. Each work queue keeps its
 own change log under ``<q>/work/<subscription>/`` (``capella.core.work``); a message it gives
 up on is copied to the dead-letter queue its policy names.
 """
@@ -15,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from capella.config import StorageSettings
+from capella.core.commit import GroupCommit
 from capella.core.definition import QueueDefinition
 from capella.core.message import Draft, SaveMode
 from capella.core.retry import RetryPolicy
@@ -65,7 +67,7 @@ class Consumers:
         self._fault_text = fault_text
         self._subs = Subscriptions()
         self._work: dict[str, WorkQueue] = {}
-        self._lock = asyncio.Lock()
+        self._saves = GroupCommit(self._save_latest, f"queue {self._name}")
         self._marked = False
 
     def _key(self, *parts: str) -> str:
@@ -76,6 +78,7 @@ class Consumers:
         try:
             self._subs.load(await self._meta.get(self._key("subscriptions.json")))
             self._subs.saved_version = self._subs.version
+            self._saves.advance(self._subs.version)
         except KeyNotFound:
             pass
         for sub in self._subs.all():
@@ -228,14 +231,14 @@ class Consumers:
 
     async def save(self) -> None:
         """Save the cursors unless a save that covers the latest change already ran."""
-        target = self._subs.version
-        async with self._lock:
-            # Someone else's save already covered this change: share it (group commit).
-            if self._subs.saved_version >= target:
-                return
-            version, data = self._subs.version, self._subs.dump()
-            await self._meta.put(self._key("subscriptions.json"), data)
-            self._subs.saved_version = version
+        await self._saves.wait(self._subs.version)
+
+    async def _save_latest(self) -> int:
+        # One save at a time (the group commit's): a late save never overwrites a newer one.
+        version, data = self._subs.version, self._subs.dump()
+        await self._meta.put(self._key("subscriptions.json"), data)
+        self._subs.saved_version = version
+        return version
 
     async def flush_work(self) -> None:
         for work in list(self._work.values()):

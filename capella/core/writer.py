@@ -25,6 +25,7 @@ import orjson
 from capella.config import StorageSettings
 from capella.core.blocks import BlockMeta, BlockStore
 from capella.core.codec import JOURNAL_HEADER, encode_block, encode_record
+from capella.core.commit import fail
 from capella.core.dedup import BlockSummary
 from capella.core.definition import QueueDefinition
 from capella.core.message import Draft, Message
@@ -513,7 +514,7 @@ class Writer:
                     w.set_result(None)
         else:
             self._failed.append(flush)
-            _fail(flush.waiters, error, self.name)
+            fail(flush.waiters, error, f"queue {self.name}")
         self._flushes.remove(flush)
         if self._broken is not None and not self._flushes:
             self._requeue_failed()
@@ -630,16 +631,3 @@ class Writer:
 
 def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary]:
     return encode_block(block.messages), BlockSummary.build(block.keys, own)
-
-
-def _fail(waiters: list[asyncio.Future[None]], exc: BaseException, queue: str) -> None:
-    """Answer writers of a failed flush: its storage error, or a generic one for anything else."""
-    if isinstance(exc, CapellaError):
-        error: BaseException = exc
-    elif isinstance(exc, asyncio.CancelledError):
-        error = ShuttingDown(f"queue {queue} is closing")
-    else:
-        error = CapellaError(f"queue {queue}: the flush failed unexpectedly ({exc!r})")
-    for w in waiters:
-        if not w.done():
-            w.set_exception(error)
