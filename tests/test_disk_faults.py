@@ -295,6 +295,10 @@ async def test_a_very_slow_disk_answers_a_timeout_not_a_hang(tmp_path: Path) -> 
             ledger = Ledger(http, server.url, "slow")
             assert (await http.put(f"{server.url}/v1/queues/slow", json={})).status == 201
             assert (await ledger.produce())[0] == 200
+            async with http.put(
+                f"{server.url}/v1/queues/slow/subscriptions/workers", json={"mode": "ack"}
+            ) as resp:
+                assert resp.status == 201, await resp.text()
             with injected(server.process.pid, "fsync,fdatasync", "delay_enter=3s"):
                 status, body, seconds = await ledger.produce()
                 assert (status, body["error"]["code"]) == (503, "storage_timeout"), body
@@ -304,6 +308,13 @@ async def test_a_very_slow_disk_answers_a_timeout_not_a_hang(tmp_path: Path) -> 
                 started = time.monotonic()
                 async with http.put(
                     f"{server.url}/v1/queues/slow/subscriptions/billing?save=immediate", json={"last_id": 1}
+                ) as resp:
+                    assert (resp.status, (await resp.json())["error"]["code"]) == (503, "storage_timeout")
+                assert time.monotonic() - started < 2.5
+                # So are claims and acks, whose records are fsync'd by a group commit of their own.
+                started = time.monotonic()
+                async with http.post(
+                    f"{server.url}/v1/queues/slow/subscriptions/workers/claim?limit=1&save=immediate"
                 ) as resp:
                     assert (resp.status, (await resp.json())["error"]["code"]) == (503, "storage_timeout")
                 assert time.monotonic() - started < 2.5

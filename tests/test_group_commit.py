@@ -89,7 +89,7 @@ async def test_concurrent_change_log_flushes_share_fsyncs_and_are_answered_only_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     storage = open_storage("file", {"root": tmp_path})
-    log = ChangeLog(storage, "q/work/w")
+    log = ChangeLog(storage, "q/work/w", write_timeout=10.0)
     await log.load()
     synced: list[int] = []  # the log's size at each fdatasync
     real_fdatasync = os.fdatasync
@@ -117,4 +117,4 @@ async def test_concurrent_change_log_flushes_share_fsyncs_and_are_answered_only_
     assert len(synced) < 200, "concurrent flushes did not share fsyncs"
     assert synced[-1] == path.stat().st_size
     await log.close()
-    assert len((await ChangeLog(storage, "q/work/w").load())[1]) == 200
+    assert len((await ChangeLog(storage, "q/work/w", write_timeout=10.0).load())[1]) == 200

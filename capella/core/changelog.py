@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from capella.core.commit import GroupCommit
 from capella.core.message import SaveMode
-from capella.errors import CapellaError, CorruptData, KeyNotFound
+from capella.errors import CapellaError, CorruptData, KeyNotFound, StorageTimeout
 from capella.storage import Journal, Storage
 
 log = logging.getLogger(__name__)
@@ -64,9 +64,10 @@ class ChangeLog:
     log's lock, so the snapshot and the records it replaces always agree.
     """
 
-    def __init__(self, storage: Storage, prefix: str) -> None:
+    def __init__(self, storage: Storage, prefix: str, *, write_timeout: float) -> None:
         self._storage = storage
         self._prefix = prefix
+        self._write_timeout = write_timeout
         self._pending: list[bytes] = []
         self._appended = 0  # records appended so far
         # Counts the records written and fsync'd (or covered by a snapshot) as ``durable``.
@@ -144,8 +145,19 @@ class ChangeLog:
             self.marked = True
 
     async def flush(self) -> None:
-        """Write and fsync every record appended so far; concurrent callers share fsyncs."""
-        await self._commit.wait(self._appended)
+        """Write and fsync every record appended so far; concurrent callers share fsyncs.
+
+        Waits at most ``storage.write_timeout``: the flush goes on, so ``StorageTimeout`` says
+        the records may still be saved.
+        """
+        try:
+            async with asyncio.timeout(self._write_timeout):
+                await self._commit.wait(self._appended)
+        except TimeoutError:
+            raise StorageTimeout(
+                f"{self._prefix}: the change was not saved within {self._write_timeout:g}s; "
+                "it may still be saved"
+            ) from None
 
     async def _write_pending(self) -> int:
         """One flush of the group commit: everything pending, in one write and one fsync."""

@@ -176,6 +176,7 @@ class Consumers:
             clock=self._clock,
             dead_letter=self._dead_letter,
             default_save=lambda: self.definition.subscription_save,
+            write_timeout=self._settings.write_timeout,
         )
 
     async def _dead_letter(self, target: str, drafts: list[Draft]) -> None:

@@ -121,6 +121,7 @@ class Queue:
             release=self._writer.append_released,
             clock=clock,
             wake=lambda: self._releaser.start(),
+            write_timeout=settings.write_timeout,
         )
         self._releaser = Loop(
             f"release:{name}",

@@ -90,13 +90,14 @@ class Schedule:
         clock: Callable[[], float],
         horizon: float = HORIZON,
         wake: Callable[[], None] = lambda: None,
+        write_timeout: float,
     ) -> None:
         self._prefix = prefix
         self._release = release
         self._clock = clock
         self.horizon = horizon
         self.counters = ScheduleCounters()
-        self._log = ChangeLog(storage, prefix)
+        self._log = ChangeLog(storage, prefix, write_timeout=write_timeout)
         self._files = ChunkFiles(storage, prefix)
         self._items: dict[int, Scheduled] = {}
         self._heap: list[tuple[float, int]] = []

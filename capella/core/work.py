@@ -101,6 +101,7 @@ class WorkQueue:
         dead_letter: DeadLetter,
         default_save: Callable[[], SaveMode] = lambda: SaveMode.IMMEDIATE,
         rand: Callable[[], float] = random.random,
+        write_timeout: float,
     ) -> None:
         self.name = name
         self.policy = policy
@@ -112,7 +113,7 @@ class WorkQueue:
         self._messages = messages
         self._prefix = prefix
         self._storage = storage
-        self._log = ChangeLog(storage, prefix)
+        self._log = ChangeLog(storage, prefix, write_timeout=write_timeout)
         self._clock = clock
         self._dead_letter = dead_letter
         self._default_save = default_save
