@@ -25,10 +25,10 @@ from typing import Any
 
 import orjson
 
-from capella.core.codec import block_keys, decode_block
+from capella.core.batch import Batch
+from capella.core.codec import block_columns, block_keys
 from capella.core.dedup import BlockSummary, DedupIndex
 from capella.core.definition import QueueDefinition
-from capella.core.message import Message
 from capella.core.stats import Recovery
 from capella.core.task import retrieve
 from capella.errors import CapellaError, Conflict, CorruptData, KeyNotFound, StorageUnavailable
@@ -36,12 +36,11 @@ from capella.storage import Storage
 
 log = logging.getLogger(__name__)
 
-# Sealed blocks whose contents stay in memory after a read (the unload handler trims more).
+# Sealed blocks whose contents stay in memory after a read (the unload handler trims more);
+# the forms a read made of a block (JSON objects, binary frames) stay and go with it.
 LOADED_BLOCKS = 4
 # Sealed blocks whose exact dedup keys stay in memory (~100 bytes per message each).
 KEY_SETS = 8
-
-Contents = tuple[list[int], list[Message]]
 
 
 @dataclass(slots=True)
@@ -99,13 +98,13 @@ class BlockStore:
         self.sealed: list[BlockMeta] = []
         self.firsts: list[int] = []
         self.deleted_through = 0  # highest id of any block deleted (expired) so far
-        self.loaded: OrderedDict[int, Contents] = OrderedDict()
+        self.loaded: OrderedDict[int, Batch] = OrderedDict()
         self.key_sets: OrderedDict[int, dict[tuple[str, int], int]] = OrderedDict()
         self.dedup = DedupIndex(self.keys_of_block)
         # Held while the manifest is written and the lists above follow it.
         self.manifest_lock = asyncio.Lock()
         self._used: dict[int, float] = {}  # first id of a loaded block -> when it was last read
-        self._loading: dict[int, asyncio.Task[Contents]] = {}
+        self._loading: dict[int, asyncio.Task[Batch]] = {}
         self._blocks_lock = asyncio.Lock()  # moves, deletes and leftover clean-up, one at a time
         # A crash (before this start) or a failed move or delete may have left copies behind.
         self._leftovers_possible = True
@@ -170,7 +169,7 @@ class BlockStore:
         await self.meta.put(self._summary_key(meta.first_id), summary.dump())
 
     def adopt(
-        self, meta: BlockMeta, contents: Contents, keys: dict[tuple[str, int], int], summary: BlockSummary
+        self, meta: BlockMeta, contents: Batch, keys: dict[tuple[str, int], int], summary: BlockSummary
     ) -> None:
         """Take a block whose manifest entry is saved (under ``manifest_lock``; never awaits)."""
         self.sealed.append(meta)
@@ -183,7 +182,7 @@ class BlockStore:
 
     # --- reading ---------------------------------------------------------------------------
 
-    async def contents(self, meta: BlockMeta) -> Contents:
+    async def contents(self, meta: BlockMeta) -> Batch:
         cached = self.loaded.get(meta.first_id)
         if cached is not None:
             self.loaded.move_to_end(meta.first_id)
@@ -214,7 +213,7 @@ class BlockStore:
         """Wait for the loads in flight (closing: none may outlive the queue)."""
         await asyncio.gather(*self._loading.values(), return_exceptions=True)
 
-    def _start_load(self, meta: BlockMeta) -> asyncio.Task[Contents]:
+    def _start_load(self, meta: BlockMeta) -> asyncio.Task[Batch]:
         task = self._loading.get(meta.first_id)
         if task is None:
             task = asyncio.create_task(self._load_block(meta), name=f"load:{self.name}:{meta.first_id}")
@@ -222,20 +221,20 @@ class BlockStore:
             self._loading[meta.first_id] = task
         return task
 
-    async def _load_block(self, meta: BlockMeta) -> Contents:
+    async def _load_block(self, meta: BlockMeta) -> Batch:
         try:
             found = await self._block_bytes(meta.first_id)
             if found is None:
-                return [], []  # expired while we were on our way: nothing to read here
+                return Batch([], messages=[])  # expired while we were on our way: nothing to read here
             current, data = found
             try:
-                messages = await asyncio.to_thread(decode_block, data)
+                columns = await asyncio.to_thread(block_columns, data)
             except CorruptData as exc:
                 await self.quarantine(current, exc.message)
                 raise
         finally:
             del self._loading[meta.first_id]
-        contents = ([m.id for m in messages], messages)
+        contents = Batch.of_columns(columns)
         self.loaded[meta.first_id] = contents
         self._used[meta.first_id] = self._clock()
         self._trim_loaded()

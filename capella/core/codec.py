@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, pairwise, repeat
 from operator import add, attrgetter, sub
+from typing import NamedTuple
 
 import zstandard
 
@@ -310,16 +311,37 @@ def encode_block(messages: Sequence[Message]) -> bytes:
     return body + _U32.pack(zlib.crc32(body))
 
 
+class Columns(NamedTuple):
+    """Messages as one list per field, in ``Message``'s field order (``messages_of`` builds them)."""
+
+    ids: list[int]
+    times: list[float]
+    sources: list[str]
+    external_ids: list[int]
+    external_times: list[float]
+    segments: list[int]
+    payloads: list[bytes]
+    headers: Sequence[dict[str, str]]
+
+
 def decode_block(data: Buffer) -> list[Message]:
     """Every message in a sealed block; ``CorruptData`` if any byte is wrong."""
+    return messages_of(block_columns(data))
+
+
+def block_columns(data: Buffer) -> Columns:
+    """Every message in a sealed block, as columns; ``CorruptData`` if any byte is wrong.
+
+    A column the block stores as "same as another" (external ids equal to the ids, external
+    times equal to the times) is that other list itself, so a reader can tell without looking.
+    """
     if not isinstance(data, bytes):
         data = bytes(data)  # payloads are sliced from it and must come out as bytes
     block = _open_block(data)
-    n = block.count
     start = _BLOCK_HEAD.size + block.meta_len
     ends = list(accumulate(block.payload_lengths, initial=start))
     payloads = [data[a:b] for a, b in pairwise(ends)]
-    columns = (
+    return Columns(
         block.ids,
         block.times,
         block.sources,
@@ -327,9 +349,13 @@ def decode_block(data: Buffer) -> list[Message]:
         block.external_times,
         block.segments,
         payloads,
-        block.headers if block.headers is not None else repeat(EMPTY_HEADERS, n),
+        block.headers if block.headers is not None else [EMPTY_HEADERS] * block.count,
     )
-    return _build_messages(n, columns)
+
+
+def columns_of(messages: Sequence[Message]) -> Columns:
+    """``messages`` as columns (``messages_of`` turns them back)."""
+    return Columns(*(list(map(attrgetter(name), messages)) for name in _FIELDS))
 
 
 def block_keys(data: Buffer) -> tuple[list[int], list[tuple[str, int]]]:
@@ -557,10 +583,11 @@ _SETTERS: list[Callable[[Message, object], None]] = (
 )
 
 
-def _build_messages(n: int, columns: Sequence[Iterable[object]]) -> list[Message]:
+def messages_of(columns: Columns) -> list[Message]:
+    """The messages whose fields ``columns`` holds, equal to ``Message(...)`` field for field."""
     if not _FAST_BUILD:
         return list(map(Message, *columns))
-    messages = list(map(Message.__new__, repeat(Message, n)))
+    messages = list(map(Message.__new__, repeat(Message, len(columns.ids))))
     for setter, column in zip(_SETTERS, columns, strict=True):
         deque(map(setter, messages, column), maxlen=0)
     return messages

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import orjson
 
 from capella.config import StorageSettings
+from capella.core.batch import Batch
 from capella.core.blocks import BlockMeta, BlockStore
 from capella.core.codec import JOURNAL_HEADER, encode_block, encode_record
 from capella.core.dedup import BlockSummary
@@ -478,7 +479,7 @@ class Writer:
         async with store.manifest_lock:
             await store.save_manifest([*store.sealed, meta])
             # No await from here to the end of the swap: a reader sees the block exactly once.
-            store.adopt(meta, (block.ids, block.messages), block.keys, summary)
+            store.adopt(meta, Batch.of_messages(block.messages, block.ids), block.keys, summary)
             self.sealing.pop(0)
             self._seal_done.set()
             self._seal_done = asyncio.Event()
