@@ -111,11 +111,10 @@ def answer_form(request: web.Request) -> str:
     if not accept:
         return "json"
     for item in accept.split(","):
-        kind, _, options = item.partition(";")
-        kind = kind.strip().lower()
-        if "q=0" in options.replace(" ", "").split(";") or (kind not in FORMS and kind not in _ANY):
-            continue
-        return FORMS.get(kind, "json")
+        kind, *options = (part.strip().lower() for part in item.split(";"))
+        refused = any(o.startswith("q=") and not o[2:].strip("0.") for o in options)
+        if not refused and (kind in FORMS or kind in _ANY):
+            return FORMS.get(kind, "json")
     raise NotAcceptable(
         f"Accept: {accept!r} names no form of this answer: "
         f"use {wire.JSON}, {wire.NDJSON} or {frames.MEDIA_TYPE}",
