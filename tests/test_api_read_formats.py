@@ -25,6 +25,7 @@ from conftest import file_config
 from capella.api import create_app
 from capella.client import AsyncClient, Client
 from capella.config import ServerSettings
+from capella.core import blocks as blocks_module
 from capella.core.cluster import Cluster
 from capella.core.filter import MessageFilter
 from capella.core.message import stored_message
@@ -287,6 +288,26 @@ def test_the_blocking_client_reads_binary_like_json(client: Client) -> None:
     client.produce("frames", ["text", NOT_UTF8, b"", {"data": "h", "headers": {"ü": "✓"}}])
     assert client.read("frames", binary=True) == client.read("frames")
     assert [m.payload for m in client.read("frames", binary=True).messages] == [b"text", NOT_UTF8, b"", b"h"]
+
+
+async def test_only_the_last_blocks_read_keep_their_rendered_forms(api: TestClient, cluster: Cluster) -> None:
+    assert (await api.put(Q, json={"block": {"max_messages": 10}})).status == 201
+    for part in range(2):  # a batch holds at most 50 here
+        body = {"messages": [{"data": f"m{part}-{i}"} for i in range(30)]}
+        assert (await api.post(f"{Q}/messages", json=body, params={"save": "wait"})).status == 200
+    queue = cluster.queue("r")
+    await sealed(queue, 5)
+    after = 0
+    for headers in ({}, BINARY, {}):
+        while after < 60:
+            raw = await body_of(api, headers, after=str(after), limit="7")
+            after = orjson.loads(raw)["last_id"] if not headers else frames.decode_page(raw)[1]
+            batches = list(queue._loaded.values())
+            assert len(batches) <= blocks_module.LOADED_BLOCKS
+            assert sum(b.rendered for b in batches) <= blocks_module.RENDERED_BLOCKS
+        after = 0
+    # A block whose forms were dropped renders them again, the same.
+    assert await body_of(api, after="0", limit="60") == await before(queue, 0, 60)
 
 
 # --- a corrupt block ------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 A sealed block's contents are a ``Batch`` in the block store's cache; a read of the open
 block, or a filtered read, makes a short-lived one. Each form is made on first use, in bulk
-from the columns, and kept with the batch, so a page is a slice of a list and the cache that
-bounds the batches bounds every form with them.
+from the columns, and kept with the batch, so a page is a slice of a list; the block store
+drops the rendered forms of all but the last few blocks read (``RENDERED_BLOCKS``).
 
 The JSON objects are byte for byte what ``orjson.dumps(stored_message(m))`` gives, made with
 one orjson call per column and one join per message instead of a dict per message: numbers
@@ -73,6 +73,15 @@ class Batch:
             self._json = rendered
         return self._json
 
+    @property
+    def rendered(self) -> bool:
+        """Whether the batch holds a rendered form now."""
+        return self._json is not None or self._frames is not None
+
+    def drop_forms(self) -> None:
+        """Forget the rendered forms (the next read that wants one renders it again)."""
+        self._json = self._frames = None
+
     def frames(self) -> list[bytes]:
         """Each message as a frame of the binary read format (``capella.wire.frames``)."""
         if self._frames is None:
@@ -101,30 +110,45 @@ def json_objects(c: Columns) -> list[bytes] | None:
     times = _numbers(c.times)
     external_ids = ids if c.external_ids is c.ids else _numbers(c.external_ids)
     external_times = times if c.external_times is c.times else _numbers(c.external_times)
-    segments = _numbers(c.segments) if any(c.segments) else repeat(b"0", n)
-    table = {s: orjson.dumps(s) for s in set(c.sources)}
-    sources = map(table.__getitem__, c.sources)
-    headers = map(orjson.dumps, c.headers) if any(c.headers) else repeat(b"{}", n)
-    pieces = zip(
-        repeat(b'{"id":'),
-        ids,
-        repeat(b',"time":'),
-        times,
-        repeat(b',"source":'),
-        sources,
-        repeat(b',"external_id":'),
-        external_ids,
-        repeat(b',"external_time":'),
-        external_times,
-        repeat(b',"segment":'),
-        segments,
-        repeat(b',"headers":'),
-        headers,
-        repeat(data_open),
-        data,
-        repeat(data_close),
+    segments = _numbers(c.segments) if any(c.segments) else b"0"
+    distinct = {s: orjson.dumps(s) for s in set(c.sources)}
+    sources = distinct.popitem()[1] if len(distinct) == 1 else list(map(distinct.__getitem__, c.sources))
+    headers = list(map(orjson.dumps, c.headers)) if any(c.headers) else b"{}"
+    return _joined(
+        [
+            b'{"id":',
+            ids,
+            b',"time":',
+            times,
+            b',"source":',
+            sources,
+            b',"external_id":',
+            external_ids,
+            b',"external_time":',
+            external_times,
+            b',"segment":',
+            segments,
+            b',"headers":',
+            headers,
+            data_open,
+            data,
+            data_close,
+        ]
     )
-    return list(map(b"".join, pieces))
+
+
+def _joined(parts: list[bytes | Sequence[bytes]]) -> list[bytes]:
+    """Per message, the join of ``parts``: a bytes part is the same for every message, a
+    sequence holds one piece per message. Neighbouring constant parts are joined first,
+    since every piece costs a little in every message."""
+    merged: list[bytes | Sequence[bytes]] = []
+    for part in parts:
+        if isinstance(part, bytes) and merged and isinstance(merged[-1], bytes):
+            merged[-1] += part
+        else:
+            merged.append(part)
+    columns = [repeat(part) if isinstance(part, bytes) else part for part in merged]
+    return list(map(b"".join, zip(*columns, strict=False)))  # the repeats are endless
 
 
 def _numbers(values: Sequence[int] | Sequence[float]) -> list[bytes]:

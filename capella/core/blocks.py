@@ -36,9 +36,12 @@ from capella.storage import Storage
 
 log = logging.getLogger(__name__)
 
-# Sealed blocks whose contents stay in memory after a read (the unload handler trims more);
-# the forms a read made of a block (JSON objects, binary frames) stay and go with it.
+# Sealed blocks whose contents stay in memory after a read (the unload handler trims more).
 LOADED_BLOCKS = 4
+# Of those, the most recently read ones that keep the forms a read rendered (JSON objects,
+# binary frames; each about as large as the block's payloads): a sequential reader renders
+# the block it is in, so two hold it and the reader just behind it.
+RENDERED_BLOCKS = 2
 # Sealed blocks whose exact dedup keys stay in memory (~100 bytes per message each).
 KEY_SETS = 8
 
@@ -104,6 +107,7 @@ class BlockStore:
         # Held while the manifest is written and the lists above follow it.
         self.manifest_lock = asyncio.Lock()
         self._used: dict[int, float] = {}  # first id of a loaded block -> when it was last read
+        self._read: OrderedDict[int, Batch] = OrderedDict()  # the last RENDERED_BLOCKS read
         self._loading: dict[int, asyncio.Task[Batch]] = {}
         self._blocks_lock = asyncio.Lock()  # moves, deletes and leftover clean-up, one at a time
         # A crash (before this start) or a failed move or delete may have left copies behind.
@@ -187,10 +191,15 @@ class BlockStore:
         if cached is not None:
             self.loaded.move_to_end(meta.first_id)
             self._used[meta.first_id] = self._clock()
-            return cached
-        # The load is a task of its own: a reader that goes away does not cancel it for the
-        # others waiting on the same block.
-        return await asyncio.shield(self._start_load(meta))
+        else:
+            # The load is a task of its own: a reader that goes away does not cancel it for
+            # the others waiting on the same block.
+            cached = await asyncio.shield(self._start_load(meta))
+        self._read[meta.first_id] = cached
+        self._read.move_to_end(meta.first_id)
+        while len(self._read) > RENDERED_BLOCKS:
+            self._read.popitem(last=False)[1].drop_forms()
+        return cached
 
     def prefetch_after(self, last: int) -> None:
         """Start loading the next sealed block while the reader handles this page.
@@ -273,6 +282,7 @@ class BlockStore:
     def _trim_loaded(self) -> None:
         while len(self.loaded) > LOADED_BLOCKS:
             first_id, _ = self.loaded.popitem(last=False)
+            self._read.pop(first_id, None)
             self._used.pop(first_id, None)
 
     # --- dedup keys and summaries ----------------------------------------------------------
@@ -320,6 +330,7 @@ class BlockStore:
             return
         meta.state = "quarantined"
         self.loaded.pop(meta.first_id, None)
+        self._read.pop(meta.first_id, None)
         self.dedup.drop_summary(meta.first_id)
         self._report_quarantine(meta, reason)
         async with self.manifest_lock:
@@ -357,6 +368,7 @@ class BlockStore:
             old = meta is not None and now - meta.sealed
             if (idle is not None and unused >= idle) or (age is not None and meta is not None and old >= age):
                 del self.loaded[first_id]
+                self._read.pop(first_id, None)
                 self._used.pop(first_id, None)
                 self.key_sets.pop(first_id, None)
                 dropped += 1
@@ -387,6 +399,7 @@ class BlockStore:
                 self.sealed = remaining
                 self.firsts = [b.first_id for b in remaining]
             self.loaded.pop(first_id, None)
+            self._read.pop(first_id, None)
             self._used.pop(first_id, None)
             self.key_sets.pop(first_id, None)
             self.dedup.drop_summary(first_id)
