@@ -45,6 +45,7 @@ from capella.api.request import (
     wait_param,
 )
 from capella.api.route import Route, on_queue
+from capella.core.batch import Batch
 from capella.core.filter import MessageFilter
 from capella.core.queue import Appended, Delayed, Page, Queue
 from capella.errors import InvalidRequest, NotAcceptable, QueueNotFound
@@ -158,7 +159,7 @@ async def read(request: web.Request) -> web.StreamResponse:
     limit = limit_param(request)
     match = message_filter_param(request, {"after", "limit", "wait"})
     wait = wait_param(request)
-    page = await read_waiting(request.app, queue, after, limit, match, wait)
+    page = await read_waiting(request.app, queue, after, limit, match, wait, form)
     return await messages_response(request, page, form)
 
 
@@ -169,12 +170,16 @@ async def read_waiting(
     limit: int,
     match: MessageFilter,
     wait: float,
+    form: str = "json",
 ) -> Page:
     """Read after ``after``; with ``wait`` > 0, long-poll until a message is there or time is up.
 
-    ``match`` filters by source, segments, headers or JSON fields (empty: every message).
+    ``match`` filters by source, segments, headers or JSON fields (empty: every message);
+    ``form`` is what the answer will be in, made in the thread that loads a block.
     """
-    page = await queue.read_page(after, limit, match=match)
+    # A filtered answer is made from the messages that pass, not from whole blocks.
+    render = None if not match.empty else Batch.frames if form == "binary" else Batch.json
+    page = await queue.read_page(after, limit, match=match, render=render)
     if page.parts or wait <= 0:
         return _at_least(page, after)
     loop = asyncio.get_running_loop()
@@ -184,7 +189,7 @@ async def read_waiting(
         remaining = deadline - loop.time()
         if remaining <= 0 or await wait_new(app, queue, cursor, remaining) != "new":
             break
-        page = await queue.read_page(cursor, limit, match=match)
+        page = await queue.read_page(cursor, limit, match=match, render=render)
         cursor = max(cursor, page.last_id)
     return _at_least(page, cursor)
 

@@ -164,7 +164,7 @@ async def read(request: web.Request) -> web.StreamResponse:
         raise WrongSubscriptionMode(f"subscription {name!r} is in ack mode: claim its messages instead")
     after = sub.last_id if sub is not None else 0
     match = MessageFilter(segments=None if segments is None else tuple(segments))
-    page = await read_waiting(request.app, queue, after, limit, match, wait)
+    page = await read_waiting(request.app, queue, after, limit, match, wait, form)
     if mode == "auto" and (sub is None or page.last_id > after):
         await queue.commit(name, page.last_id, save=save)
     return await messages_response(request, page, form)

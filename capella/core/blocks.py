@@ -42,6 +42,9 @@ LOADED_BLOCKS = 4
 # binary frames; each about as large as the block's payloads): a sequential reader renders
 # the block it is in, so two hold it and the reader just behind it.
 RENDERED_BLOCKS = 2
+
+# What a reader does with a batch it loads: make the form it reads in (``Batch.json``...).
+Render = Callable[[Batch], object]
 # Sealed blocks whose exact dedup keys stay in memory (~100 bytes per message each).
 KEY_SETS = 8
 
@@ -186,7 +189,8 @@ class BlockStore:
 
     # --- reading ---------------------------------------------------------------------------
 
-    async def contents(self, meta: BlockMeta) -> Batch:
+    async def contents(self, meta: BlockMeta, render: Render | None = None) -> Batch:
+        """The block's batch, loaded (and, if it was not loaded yet, ``render``ed) in a thread."""
         cached = self.loaded.get(meta.first_id)
         if cached is not None:
             self.loaded.move_to_end(meta.first_id)
@@ -194,18 +198,19 @@ class BlockStore:
         else:
             # The load is a task of its own: a reader that goes away does not cancel it for
             # the others waiting on the same block.
-            cached = await asyncio.shield(self._start_load(meta))
+            cached = await asyncio.shield(self._start_load(meta, render))
         self._read[meta.first_id] = cached
         self._read.move_to_end(meta.first_id)
         while len(self._read) > RENDERED_BLOCKS:
             self._read.popitem(last=False)[1].drop_forms()
         return cached
 
-    def prefetch_after(self, last: int) -> None:
+    def prefetch_after(self, last: int, render: Render | None = None) -> None:
         """Start loading the next sealed block while the reader handles this page.
 
-        A sequential reader would otherwise wait for every block's decode; this way the
-        decode runs while the answer is sent and the client parses it.
+        A sequential reader would otherwise wait for every block's decode (and ``render``,
+        the form it reads in); this way both run while the answer is sent and the client
+        parses it.
         """
         index = bisect.bisect_right(self.firsts, last)
         if index >= len(self.sealed):
@@ -216,34 +221,34 @@ class BlockStore:
         # Only when the reader is close: within the last tenth of the block it is in.
         if index > 0 and last < self.sealed[index - 1].last_id - self.sealed[index - 1].count // 10:
             return
-        self._start_load(meta)
+        self._start_load(meta, render)
 
     async def finish_loads(self) -> None:
         """Wait for the loads in flight (closing: none may outlive the queue)."""
         await asyncio.gather(*self._loading.values(), return_exceptions=True)
 
-    def _start_load(self, meta: BlockMeta) -> asyncio.Task[Batch]:
+    def _start_load(self, meta: BlockMeta, render: Render | None) -> asyncio.Task[Batch]:
         task = self._loading.get(meta.first_id)
         if task is None:
-            task = asyncio.create_task(self._load_block(meta), name=f"load:{self.name}:{meta.first_id}")
+            load = self._load_block(meta, render)
+            task = asyncio.create_task(load, name=f"load:{self.name}:{meta.first_id}")
             task.add_done_callback(retrieve)
             self._loading[meta.first_id] = task
         return task
 
-    async def _load_block(self, meta: BlockMeta) -> Batch:
+    async def _load_block(self, meta: BlockMeta, render: Render | None) -> Batch:
         try:
             found = await self._block_bytes(meta.first_id)
             if found is None:
                 return Batch([], messages=[])  # expired while we were on our way: nothing to read here
             current, data = found
             try:
-                columns = await asyncio.to_thread(block_columns, data)
+                contents = await asyncio.to_thread(_batch_of, data, render)
             except CorruptData as exc:
                 await self.quarantine(current, exc.message)
                 raise
         finally:
             del self._loading[meta.first_id]
-        contents = Batch.of_columns(columns)
         self.loaded[meta.first_id] = contents
         self._used[meta.first_id] = self._clock()
         self._trim_loaded()
@@ -483,6 +488,14 @@ class BlockStore:
         except BaseException:
             self._leftovers_possible = True
             raise
+
+
+def _batch_of(data: bytes, render: Render | None) -> Batch:
+    """The batch of a sealed block's bytes, with ``render``'s form made (in the load thread)."""
+    batch = Batch.of_columns(block_columns(data))
+    if render is not None:
+        render(batch)
+    return batch
 
 
 def _last_id_of(key: str) -> int | None:

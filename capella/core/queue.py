@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from capella.config import StorageSettings
 from capella.core.batch import Batch
-from capella.core.blocks import BlockMeta, BlockStore
+from capella.core.blocks import BlockMeta, BlockStore, Render
 from capella.core.consumers import Consumers
 from capella.core.dedup import DedupIndex
 from capella.core.definition import I64_MAX, I64_MIN, QueueDefinition
@@ -395,13 +395,15 @@ class Queue:
         limit: int,
         segments: Sequence[tuple[int, int]] | None = None,
         match: MessageFilter | None = None,
+        render: Render | None = None,
     ) -> Page:
         """The messages with id > ``after`` in id order, at most ``limit`` of them, as slices of batches.
 
         With ``segments`` or ``match`` (a filter, which may hold segments itself), only the
         messages that pass; such a read looks at most ``SCAN_LIMIT`` messages, and ``last_id``
         says how far it looked. A sealed block's slice is of its cached batch, so the forms a
-        read renders (JSON, binary frames) are made once per block, not once per read.
+        read renders (JSON, binary frames) are made once per block, not once per read;
+        ``render`` (``Batch.json``...) makes the reader's form in the thread that loads a block.
         """
         self.counters.read_requests += 1
         passes = _passes(segments, match)
@@ -416,7 +418,7 @@ class Queue:
                     last = max(last, source.last_id)
                     continue
                 try:
-                    batch = await contents(source)
+                    batch = await contents(source, render)
                 except CorruptData:
                     last = max(last, source.last_id)
                     continue
@@ -449,7 +451,7 @@ class Queue:
             if count >= limit or scanned >= SCAN_LIMIT:
                 break
         self.counters.read += count
-        self._store.prefetch_after(last)
+        self._store.prefetch_after(last, render)
         return Page(parts, last)
 
     def _blocks_after(self, after: int) -> Iterator[BlockMeta | OpenBlock]:
