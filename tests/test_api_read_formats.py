@@ -381,3 +381,12 @@ def test_a_binary_page_that_does_not_parse_is_corrupt_data(page: bytes, reason: 
     assert frames.decode_page(good_page())[0][0].payload == b"payload"
     with pytest.raises(CorruptData, match=reason):
         frames.decode_page(page)
+
+
+async def test_a_page_of_the_open_block_holds_only_its_own_messages(r: TestClient, cluster: Cluster) -> None:
+    queue = cluster.queue("r")
+    page = await queue.read_page(21, 3)
+    [(batch, start, stop)] = page.parts
+    # A copy of the page's slice: rendering it renders 3 messages, not the rest of the block.
+    assert (len(batch), start, stop, page.last_id) == (3, 0, 3, 24)
+    assert [m.id for m in page.messages()] == [22, 23, 24]

@@ -336,7 +336,7 @@ ROUTES = [
         summary="Read messages after an id (long-poll with wait), optionally filtered",
         tag="messages",
         answers={200: MESSAGES_ANSWER},
-        fails=(400, 404),
+        fails=(400, 404, 406),
         params=(
             AFTER,
             LIMIT,

@@ -340,17 +340,7 @@ def block_columns(data: Buffer) -> Columns:
     block = _open_block(data)
     start = _BLOCK_HEAD.size + block.meta_len
     ends = list(accumulate(block.payload_lengths, initial=start))
-    payloads = [data[a:b] for a, b in pairwise(ends)]
-    return Columns(
-        block.ids,
-        block.times,
-        block.sources,
-        block.external_ids,
-        block.external_times,
-        block.segments,
-        payloads,
-        block.headers if block.headers is not None else [EMPTY_HEADERS] * block.count,
-    )
+    return block.columns._replace(payloads=[data[a:b] for a, b in pairwise(ends)])
 
 
 def columns_of(messages: Sequence[Message]) -> Columns:
@@ -361,24 +351,20 @@ def columns_of(messages: Sequence[Message]) -> Columns:
 def block_keys(data: Buffer) -> tuple[list[int], list[tuple[str, int]]]:
     """The ids and ``(source, external_id)`` keys of a sealed block, without its payloads."""
     block = _open_block(data)
-    return block.ids, list(zip(block.sources, block.external_ids, strict=True))
+    columns = block.columns
+    return columns.ids, list(zip(columns.sources, columns.external_ids, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
-class _Columns:
-    count: int
+class _Meta:
+    """A block's decoded metadata: every column but the payloads, which follow it."""
+
     meta_len: int
-    ids: list[int]
-    times: list[float]
-    sources: list[str]
-    external_ids: list[int]
-    external_times: list[float]
-    segments: list[int]
     payload_lengths: list[int]
-    headers: list[dict[str, str]] | None
+    columns: Columns  # payloads empty
 
 
-def _open_block(data: Buffer) -> _Columns:
+def _open_block(data: Buffer) -> _Meta:
     """Check a block's framing and checksum, then decode its metadata columns."""
     size = len(data)
     if size < _BLOCK_HEAD.size + _BLOCK_FOOT.size:
@@ -418,7 +404,7 @@ def _decode_meta(
     meta_len: int,
     raw_len: int,
     payload_len: int,
-) -> _Columns:
+) -> _Meta:
     first_id, last_id = ids_range
     meta_start = _BLOCK_HEAD.size
     compressed = memoryview(data)[meta_start : meta_start + meta_len]
@@ -484,18 +470,10 @@ def _decode_meta(
         raise _Malformed(f"metadata has {raw_len - pos} unexplained bytes")
     if sum(payload_lengths) != payload_len:
         raise _Malformed(f"payload lengths sum to {sum(payload_lengths)}, header says {payload_len}")
-    return _Columns(
-        n,
-        meta_len,
-        ids,
-        times,
-        sources,
-        external_ids,
-        external_times,
-        segments,
-        payload_lengths,
-        headers,
+    columns = Columns(
+        ids, times, sources, external_ids, external_times, segments, [], headers or [EMPTY_HEADERS] * n
     )
+    return _Meta(meta_len, payload_lengths, columns)
 
 
 class _ColumnReader:
@@ -588,6 +566,7 @@ def messages_of(columns: Columns) -> list[Message]:
     if not _FAST_BUILD:
         return list(map(Message, *columns))
     messages = list(map(Message.__new__, repeat(Message, len(columns.ids))))
-    for setter, column in zip(_SETTERS, columns, strict=True):
+    fields: tuple[Sequence[object], ...] = columns
+    for setter, column in zip(_SETTERS, fields, strict=True):
         deque(map(setter, messages, column), maxlen=0)
     return messages

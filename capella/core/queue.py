@@ -413,6 +413,7 @@ class Queue:
         last = after
         scanned = 0
         for source in self._blocks_after(after):
+            live = not isinstance(source, BlockMeta)
             if isinstance(source, BlockMeta):
                 if source.state != "sealed":
                     last = max(last, source.last_id)
@@ -422,18 +423,19 @@ class Queue:
                 except CorruptData:
                     last = max(last, source.last_id)
                     continue
-                start = bisect.bisect_right(batch.ids, after)
             else:
-                # A block still in memory keeps growing: take what is past ``after`` now.
-                start = bisect.bisect_right(source.ids, after)
-                batch = Batch(source.ids[start:], messages=source.messages[start:])
-                start = 0
+                # A block still in memory keeps growing: look at its lists as they are now.
+                batch = Batch(source.ids, messages=source.messages)
+            start = bisect.bisect_right(batch.ids, after)
             if passes is None:
                 stop = min(len(batch), start + limit - count)
                 if stop > start:
-                    parts.append((batch, start, stop))
                     count += stop - start
                     last = batch.ids[stop - 1]
+                    if live:  # the page keeps a copy of its slice, rendered on its own
+                        batch = Batch(batch.ids[start:stop], messages=batch.messages[start:stop])
+                        start, stop = 0, len(batch)
+                    parts.append((batch, start, stop))
             else:
                 found: list[Message] = []
                 for m in batch.messages[start:]:
