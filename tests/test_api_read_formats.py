@@ -390,3 +390,18 @@ async def test_a_page_of_the_open_block_holds_only_its_own_messages(r: TestClien
     # A copy of the page's slice: rendering it renders 3 messages, not the rest of the block.
     assert (len(batch), start, stop, page.last_id) == (3, 0, 3, 24)
     assert [m.id for m in page.messages()] == [22, 23, 24]
+
+
+async def test_the_next_block_is_rendered_before_the_reader_is_there(
+    r: TestClient, cluster: Cluster
+) -> None:
+    queue = cluster.queue("r")
+    # Both sealed blocks are loaded (the writer sealed them) and nothing is rendered yet.
+    assert [b.rendered for b in queue._loaded.values()] == [False, False]
+    await body_of(r, BINARY, after="8", limit="1")  # near the end of the first block
+    async with asyncio.timeout(5):
+        while not queue._loaded[11].rendered:  # noqa: ASYNC110 (the render runs in a worker thread)
+            await asyncio.sleep(0.01)
+    assert queue._loaded[11].frames() == queue._loaded[11].frames()
+    messages, _ = frames.decode_page(await body_of(r, BINARY, after="10", limit="10"))
+    assert [m.id for m in messages] == list(range(11, 21))

@@ -192,12 +192,12 @@ class BlockStore:
     async def contents(self, meta: BlockMeta, render: Render | None = None) -> Batch:
         """The block's batch, loaded (and, if it was not loaded yet, ``render``ed) in a thread."""
         cached = self.loaded.get(meta.first_id)
-        if cached is not None:
+        if cached is not None and meta.first_id not in self._loading:
             self.loaded.move_to_end(meta.first_id)
             self._used[meta.first_id] = self._clock()
         else:
-            # The load is a task of its own: a reader that goes away does not cancel it for
-            # the others waiting on the same block.
+            # The load (or a prefetch's render) is a task of its own: a reader that goes away
+            # does not cancel it for the others waiting on the same block.
             cached = await asyncio.shield(self._start_load(meta, render))
         self._read[meta.first_id] = cached
         self._read.move_to_end(meta.first_id)
@@ -216,12 +216,19 @@ class BlockStore:
         if index >= len(self.sealed):
             return
         meta = self.sealed[index]
-        if meta.state != "sealed" or meta.first_id in self.loaded or meta.first_id in self._loading:
+        if meta.state != "sealed" or meta.first_id in self._loading:
             return
         # Only when the reader is close: within the last tenth of the block it is in.
         if index > 0 and last < self.sealed[index - 1].last_id - self.sealed[index - 1].count // 10:
             return
-        self._start_load(meta, render)
+        loaded = self.loaded.get(meta.first_id)
+        if loaded is None:
+            self._start_load(meta, render)
+        elif render is not None and not loaded.rendered:
+            # A block the writer sealed is loaded already, from its messages: render it.
+            task = asyncio.create_task(self._rendered(meta.first_id, loaded, render))
+            task.add_done_callback(retrieve)
+            self._loading[meta.first_id] = task
 
     async def finish_loads(self) -> None:
         """Wait for the loads in flight (closing: none may outlive the queue)."""
@@ -235,6 +242,13 @@ class BlockStore:
             task.add_done_callback(retrieve)
             self._loading[meta.first_id] = task
         return task
+
+    async def _rendered(self, first_id: int, batch: Batch, render: Render) -> Batch:
+        try:
+            await asyncio.to_thread(render, batch)
+        finally:
+            del self._loading[first_id]
+        return batch
 
     async def _load_block(self, meta: BlockMeta, render: Render | None) -> Batch:
         try:
