@@ -392,9 +392,7 @@ async def test_a_page_of_the_open_block_holds_only_its_own_messages(r: TestClien
     assert [m.id for m in page.messages()] == [22, 23, 24]
 
 
-async def test_the_next_block_is_rendered_before_the_reader_is_there(
-    r: TestClient, cluster: Cluster
-) -> None:
+async def test_the_next_block_is_rendered_before_the_reader_is_there(r: TestClient, cluster: Cluster) -> None:
     queue = cluster.queue("r")
     # Both sealed blocks are loaded (the writer sealed them) and nothing is rendered yet.
     assert [b.rendered for b in queue._loaded.values()] == [False, False]

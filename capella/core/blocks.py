@@ -42,11 +42,11 @@ LOADED_BLOCKS = 4
 # binary frames; each about as large as the block's payloads): a sequential reader renders
 # the block it is in, so two hold it and the reader just behind it.
 RENDERED_BLOCKS = 2
+# Sealed blocks whose exact dedup keys stay in memory (~100 bytes per message each).
+KEY_SETS = 8
 
 # What a reader does with a batch it loads: make the form it reads in (``Batch.json``...).
 Render = Callable[[Batch], object]
-# Sealed blocks whose exact dedup keys stay in memory (~100 bytes per message each).
-KEY_SETS = 8
 
 
 @dataclass(slots=True)
