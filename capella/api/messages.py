@@ -131,20 +131,16 @@ async def messages_response(request: web.Request, page: Page, form: str) -> web.
     part is a slice of a batch's rendered messages: no work per message here.
     """
     if form == "json":
-        objects = b",".join(
-            b",".join(batch.json()[start:stop]) for batch, start, stop in page.parts if stop > start
-        )
+        objects = b",".join(b",".join(batch.json()[start:stop]) for batch, start, stop in page.parts)
         body = b'{"messages":[%b],"last_id":%d}' % (objects, page.last_id)
         return web.Response(body=body, content_type=wire.JSON)
     response = web.StreamResponse(headers={"Capella-Last-Id": str(page.last_id)})
+    response.content_type = wire.NDJSON if form == "ndjson" else frames.MEDIA_TYPE
+    await response.prepare(request)
     if form == "ndjson":
-        response.content_type = wire.NDJSON
-        await response.prepare(request)
         for batch, start, stop in page.parts:
             await response.write(b"\n".join(batch.json()[start:stop]) + b"\n")
     else:
-        response.content_type = frames.MEDIA_TYPE
-        await response.prepare(request)
         await response.write(frames.page_head(page.count, page.last_id))
         for batch, start, stop in page.parts:
             await response.write(b"".join(batch.frames()[start:stop]))
