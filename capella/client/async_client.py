@@ -3,7 +3,8 @@
 Every answer is the typed msgspec struct of the HTTP contract in ``capella.wire``
 (``QueueInfo``, ``Messages``, ``ClaimedMessage``...), decoded straight from the answer's
 bytes; ``msgspec.to_builtins`` turns one into plain dicts and lists. A message read back
-has ``payload``, its bytes, whichever of ``data`` and ``data_b64`` the server chose.
+has ``payload``, its bytes, whichever of ``data`` and ``data_b64`` the server chose; a read
+with ``binary=True`` asks for the binary read format and decodes it to the same structs.
 Every non-2xx answer raises the ``capella.errors`` class whose ``code`` the server sent
 (``QueueNotFound``, ``InvalidMessage``...), so callers catch the same classes the server
 raises. A server that cannot be reached, or does not answer in time, raises ``Unreachable``.
