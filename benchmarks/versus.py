@@ -8,7 +8,9 @@ Capella / Redis of the medians: on a shared, noisy machine only a ratio within o
 - durable produce: 256-byte payloads in batches of 100 (Capella: one POST; Redis: a pipeline
   of 100 ``XADD``), 1 and 4 producers, each a separate process with its own connection;
 - consume from the start: pages of 1,000 (``GET ?after=&limit=1000`` / ``XRANGE ... COUNT
-  1000``), parsed by the client, one process;
+  1000``), parsed by the client, one process; Capella twice, as JSON (``orjson.loads``) and as
+  binary frames (``Accept: application/vnd.capella.messages``, decoded by the client library
+  into ``StoredMessage`` structs), each against the same Redis figure;
 - end-to-end latency at 2,000 single-message writes per second: an open-loop generator in its
   own process sends on a fixed schedule, a follower in another process (long poll / ``XREAD
   BLOCK``) takes each message's send time from its payload; neither process is the one measured;
@@ -38,6 +40,7 @@ from benchmarks.client import new_session, put_queue, text_batches
 from benchmarks.result import BenchmarkFailed, Outcome, Row, summary
 from benchmarks.server import cpu_seconds, exited, free_port, running_server
 from benchmarks.settings import Settings
+from capella.wire import frames
 
 BATCH = 100
 PAYLOAD = 256
@@ -102,6 +105,7 @@ WORKLOADS: dict[str, tuple[str, str, bool, float | None]] = {
     "produce_1": ("durable produce, 1 producer (Capella/Redis)", "msg/s", True, TARGET_RATIO),
     "produce_4": ("durable produce, 4 producers (Capella/Redis)", "msg/s", True, TARGET_RATIO),
     "consume": ("consume from the start (Capella/Redis)", "msg/s", True, TARGET_RATIO),
+    "consume_binary": ("consume from the start, binary (Capella/Redis)", "msg/s", True, TARGET_RATIO),
     "e2e_p50_ms": ("end-to-end p50 at 2,000 msg/s (Redis/Capella)", "ms", False, None),
     "e2e_p99_ms": ("end-to-end p99 at 2,000 msg/s (Redis/Capella)", "ms", False, None),
     "idle_rss_mb": ("idle RSS (Redis/Capella)", "MB", False, None),
@@ -119,7 +123,13 @@ async def _measure(target: Target, messages: int, seconds: int) -> dict[str, flo
         figures[f"produce_{producers}"] = rate
         if producers == 4:
             figures["produce_4_server_cpu"] = 100 * (cpu_seconds(target.pid) - cpu) / wall
-    figures["consume"] = _in_process(_consume, target, 2 * (messages // BATCH) * BATCH)[0]
+    stored = 2 * (messages // BATCH) * BATCH
+    figures["consume"] = _in_process(_consume, target, stored, False)[0]
+    # Redis has one answer format: its row for the binary read is the same XRANGE figure.
+    binary = target.system == "capella"
+    figures["consume_binary"] = (
+        _in_process(_consume, target, stored, True)[0] if binary else figures["consume"]
+    )
     latency = _latency(target, RATE * seconds)
     figures["e2e_p50_ms"], figures["e2e_p99_ms"] = latency["p50"], latency["p99"]
     figures["peak_rss_mb"] = _status_kb(target.pid, "VmHWM") / 1024
@@ -211,10 +221,22 @@ async def _producer(target: Target, index: int, batches: int, barrier: Barrier) 
         return batches * BATCH, started, time.monotonic()
 
 
-async def _consume(target: Target, expected: int) -> tuple[float, int]:
+async def _consume(target: Target, expected: int, binary: bool) -> tuple[float, int]:
     read = 0
     started = time.monotonic()
-    if target.system == "capella":
+    if target.system == "capella" and binary:
+        after = 0
+        async with new_session() as session:
+            url = f"{target.address}/v1/queues/{STREAM}/messages"
+            accept = {"Accept": frames.MEDIA_TYPE}
+            while read < expected:
+                async with session.get(url, params={"after": after, "limit": PAGE}, headers=accept) as resp:
+                    messages, _ = frames.decode_page(await resp.read())
+                if not messages:
+                    break
+                read += len(messages)
+                after = messages[-1].id
+    elif target.system == "capella":
         after = 0
         async with new_session() as session:
             url = f"{target.address}/v1/queues/{STREAM}/messages"

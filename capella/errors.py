@@ -75,6 +75,12 @@ class JsonTooDeep(InvalidRequest):
     code = "json_too_deep"
 
 
+class NotAcceptable(InvalidRequest):
+    """The request's Accept header names no form this answer comes in."""
+
+    code = "not_acceptable"
+
+
 # --- who is asking ----------------------------------------------------------------------
 
 

@@ -1,15 +1,15 @@
 """Messages: produce (JSON, NDJSON, raw bytes), read after an id (long-poll), and the SSE tail.
 
 The produce and read paths are hot: ``drafts.py`` turns a body into ``Draft``s (a JSON body
-decodes straight into ``wire`` structs in one msgspec pass); an answer is one
-``orjson.dumps`` of a list of plain dicts.
+decodes straight into ``wire`` structs in one msgspec pass); a read answer is joined from
+slices of the messages a block's batch rendered once (JSON objects or binary frames), in
+JSON, NDJSON or the binary read format, as the Accept header asks.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-import orjson
 from aiohttp import web
 
 from capella import wire
@@ -45,10 +45,11 @@ from capella.api.request import (
     wait_param,
 )
 from capella.api.route import Route, on_queue
+from capella.core.batch import Batch
 from capella.core.filter import MessageFilter
-from capella.core.message import stored_message
-from capella.core.queue import Appended, Delayed, Queue, ReadResult
-from capella.errors import InvalidRequest, QueueNotFound
+from capella.core.queue import Appended, Delayed, Page, Queue
+from capella.errors import InvalidRequest, NotAcceptable, QueueNotFound
+from capella.wire import frames
 
 # Seconds between SSE comment lines that keep proxies from closing an idle stream.
 HEARTBEAT = web.AppKey("heartbeat", float)
@@ -56,6 +57,7 @@ HEARTBEAT_SECONDS = 15.0
 # How long a produce with ``replicas=N`` waits for them when it names no ``replica_timeout``.
 REPLICA_TIMEOUT = 10.0
 STREAM_BATCH = 1000
+_SSE_EVENT = b"id: %d\nevent: message\ndata: %b\n\n"
 
 
 # --- produce --------------------------------------------------------------------------------
@@ -95,28 +97,66 @@ def _result(a: Appended | Delayed) -> dict[str, object]:
 # --- read -----------------------------------------------------------------------------------
 
 
-def messages_response(request: web.Request, result: ReadResult) -> web.Response:
-    """``{"messages": [...], "last_id": N}``, or NDJSON with ``Capella-Last-Id`` when asked for."""
-    if wire.NDJSON in request.headers.get("Accept", ""):
-        lines = [orjson.dumps(stored_message(m)) for m in result.messages]
-        lines.append(b"")
-        return web.Response(
-            body=b"\n".join(lines),
-            content_type=wire.NDJSON,
-            headers={"Capella-Last-Id": str(result.last_id)},
-        )
-    body = orjson.dumps({"messages": [stored_message(m) for m in result.messages], "last_id": result.last_id})
-    return web.Response(body=body, content_type=wire.JSON)
+# What a read answers in, by the media type an Accept header names.
+FORMS = {wire.JSON: "json", wire.NDJSON: "ndjson", frames.MEDIA_TYPE: "binary"}
+_ANY = {"*/*", "application/*"}
 
 
-async def read(request: web.Request) -> web.Response:
+def answer_form(request: web.Request) -> str:
+    """``"json"``, ``"ndjson"`` or ``"binary"``: what the Accept header asks a read to answer in.
+
+    The first type the header lists that a read has wins; ``*/*`` (or no header) is JSON. A
+    header naming none of them is ``NotAcceptable``, before the read does anything.
+    """
+    accept = request.headers.get("Accept", "").strip()
+    if not accept:
+        return "json"
+    for item in accept.split(","):
+        kind, *options = (part.strip().lower() for part in item.split(";"))
+        refused = any(o.startswith("q=") and not o[2:].strip("0.") for o in options)
+        if not refused and (kind in FORMS or kind in _ANY):
+            return FORMS.get(kind, "json")
+    raise NotAcceptable(
+        f"Accept: {accept!r} names no form of this answer: "
+        f"use {wire.JSON}, {wire.NDJSON} or {frames.MEDIA_TYPE}",
+        accept=accept,
+    )
+
+
+async def messages_response(request: web.Request, page: Page, form: str) -> web.StreamResponse:
+    """The page in ``form`` (see ``answer_form``); NDJSON and binary are streamed part by part.
+
+    JSON is ``{"messages": [...], "last_id": N}``; NDJSON one StoredMessage per line and
+    binary the frames of docs/format.md, both with ``last_id`` in ``Capella-Last-Id``. Every
+    part is a slice of a batch's rendered messages: no work per message here.
+    """
+    if form == "json":
+        objects = b",".join(b",".join(batch.json()[start:stop]) for batch, start, stop in page.parts)
+        body = b'{"messages":[%b],"last_id":%d}' % (objects, page.last_id)
+        return web.Response(body=body, content_type=wire.JSON)
+    response = web.StreamResponse(headers={"Capella-Last-Id": str(page.last_id)})
+    response.content_type = wire.NDJSON if form == "ndjson" else frames.MEDIA_TYPE
+    await response.prepare(request)
+    if form == "ndjson":
+        for batch, start, stop in page.parts:
+            await response.write(b"\n".join(batch.json()[start:stop]) + b"\n")
+    else:
+        await response.write(frames.page_head(page.count, page.last_id))
+        for batch, start, stop in page.parts:
+            await response.write(b"".join(batch.frames()[start:stop]))
+    await response.write_eof()
+    return response
+
+
+async def read(request: web.Request) -> web.StreamResponse:
     queue = request.app[CLUSTER].queue(request.match_info["queue"])
+    form = answer_form(request)
     after = int_param(request, "after", 0, low=0)
     limit = limit_param(request)
     match = message_filter_param(request, {"after", "limit", "wait"})
     wait = wait_param(request)
-    result = await read_waiting(request.app, queue, after, limit, match, wait)
-    return messages_response(request, result)
+    page = await read_waiting(request.app, queue, after, limit, match, wait, form)
+    return await messages_response(request, page, form)
 
 
 async def read_waiting(
@@ -126,28 +166,32 @@ async def read_waiting(
     limit: int,
     match: MessageFilter,
     wait: float,
-) -> ReadResult:
+    form: str = "json",
+) -> Page:
     """Read after ``after``; with ``wait`` > 0, long-poll until a message is there or time is up.
 
-    ``match`` filters by source, segments, headers or JSON fields (empty: every message).
+    ``match`` filters by source, segments, headers or JSON fields (empty: every message);
+    ``form`` is what the answer will be in, made in the thread that loads a block.
     """
-    result = await queue.read_after(after, limit, match=match)
-    if result.messages or wait <= 0:
-        return _at_least(result, after)
+    # A filtered answer is made from the messages that pass, not from whole blocks.
+    render = None if not match.empty else Batch.frames if form == "binary" else Batch.json
+    page = await queue.read_page(after, limit, match=match, render=render)
+    if page.parts or wait <= 0:
+        return _at_least(page, after)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    cursor = max(after, result.last_id)
-    while not result.messages:
+    cursor = max(after, page.last_id)
+    while not page.parts:
         remaining = deadline - loop.time()
         if remaining <= 0 or await wait_new(app, queue, cursor, remaining) != "new":
             break
-        result = await queue.read_after(cursor, limit, match=match)
-        cursor = max(cursor, result.last_id)
-    return _at_least(result, cursor)
+        page = await queue.read_page(cursor, limit, match=match, render=render)
+        cursor = max(cursor, page.last_id)
+    return _at_least(page, cursor)
 
 
-def _at_least(result: ReadResult, after: int) -> ReadResult:
-    return result if result.last_id >= after else ReadResult(result.messages, after)
+def _at_least(page: Page, after: int) -> Page:
+    return page if page.last_id >= after else Page(page.parts, after)
 
 
 async def wait_new(app: web.Application, queue: Queue, cursor: int, seconds: float) -> str:
@@ -206,16 +250,12 @@ async def stream(request: web.Request) -> web.StreamResponse:
     try:
         await response.write(b": capella stream\n\n")
         while True:
-            result = await queue.read_after(cursor, STREAM_BATCH, segments)
-            if result.messages:
-                await response.write(
-                    b"".join(
-                        b"id: %d\nevent: message\ndata: %s\n\n" % (m.id, orjson.dumps(stored_message(m)))
-                        for m in result.messages
-                    )
-                )
-            cursor = max(cursor, result.last_id)
-            if result.messages:
+            page = await queue.read_page(cursor, STREAM_BATCH, segments)
+            for batch, start, stop in page.parts:
+                events = zip(batch.ids[start:stop], batch.json()[start:stop], strict=True)
+                await response.write(b"".join(map(_SSE_EVENT.__mod__, events)))
+            cursor = max(cursor, page.last_id)
+            if page.parts:
                 continue
             outcome = await wait_new(request.app, queue, cursor, heartbeat)
             if outcome == "stopped":
@@ -292,7 +332,7 @@ ROUTES = [
         summary="Read messages after an id (long-poll with wait), optionally filtered",
         tag="messages",
         answers={200: MESSAGES_ANSWER},
-        fails=(400, 404),
+        fails=(400, 404, 406),
         params=(
             AFTER,
             LIMIT,

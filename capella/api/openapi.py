@@ -16,7 +16,7 @@ from aiohttp import web
 
 from capella import wire
 from capella.api.route import Route
-from capella.wire import answers, auth, clusters, fields, handlers, messages, queues, work
+from capella.wire import answers, auth, clusters, fields, frames, handlers, messages, queues, work
 
 
 def schema_of(kind: object) -> dict[str, Any]:
@@ -82,15 +82,25 @@ ACCEPT = param(
     "Accept",
     "header",
     {"type": "string"},
-    "application/x-ndjson for one StoredMessage per line (last_id in Capella-Last-Id)",
+    "application/json (the default), application/x-ndjson for one StoredMessage per line, or "
+    f"{frames.MEDIA_TYPE} for binary frames (docs/format.md); anything else is 406 not_acceptable",
 )
 
 MESSAGES_ANSWER = {
     "description": "Messages after the cursor",
-    "headers": {"Capella-Last-Id": {"description": "last_id (NDJSON answers)", "schema": MESSAGE_ID}},
+    "headers": {
+        "Capella-Last-Id": {"description": "last_id (NDJSON and binary answers)", "schema": MESSAGE_ID}
+    },
     "content": {
         "application/json": {"schema": ref("Messages")},
         wire.NDJSON: {"schema": {"type": "string", "description": "one StoredMessage per line"}},
+        frames.MEDIA_TYPE: {
+            "schema": {
+                "type": "string",
+                "format": "binary",
+                "description": "a page head and one frame per message (docs/format.md)",
+            }
+        },
     },
 }
 
@@ -142,6 +152,7 @@ _ERROR_TEXT = {
     404: "not_found, queue_not_found, subscription_not_found, message_not_found, scheduled_not_found, "
     "unknown_receipt, handler_not_found, cluster_not_found, user_not_found, token_not_found, key_not_found",
     405: "method_not_allowed",
+    406: "not_acceptable: the Accept header names no form the answer comes in",
     408: "request_timeout: the body (or the request head) did not arrive within its deadline",
     409: "already_exists, conflict, wrong_subscription_mode, lease_lost",
     413: "payload_too_large: body, message or batch over the limit",

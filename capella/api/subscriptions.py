@@ -8,7 +8,7 @@ from aiohttp import web
 from msgspec import UNSET
 
 from capella.api.access import identity
-from capella.api.messages import messages_response, read_waiting
+from capella.api.messages import answer_form, messages_response, read_waiting
 from capella.api.openapi import (
     ACCEPT,
     LIMIT,
@@ -137,7 +137,7 @@ async def delete_subscription(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-async def read(request: web.Request) -> web.Response:
+async def read(request: web.Request) -> web.StreamResponse:
     """Read after the cursor; ``commit=auto`` (default) moves it to the answer's ``last_id``.
 
     With ``commit=auto`` a missing subscription is created; with ``commit=none`` a missing
@@ -145,6 +145,7 @@ async def read(request: web.Request) -> web.Response:
     """
     queue = _queue(request)
     name = request.match_info["name"]
+    form = answer_form(request)
     mode = request.query.get("commit", "auto").strip().lower() or "auto"
     if mode not in ("auto", "none"):
         raise InvalidRequest(f"commit: expected auto or none, got {mode!r}", parameter="commit")
@@ -163,10 +164,10 @@ async def read(request: web.Request) -> web.Response:
         raise WrongSubscriptionMode(f"subscription {name!r} is in ack mode: claim its messages instead")
     after = sub.last_id if sub is not None else 0
     match = MessageFilter(segments=None if segments is None else tuple(segments))
-    result = await read_waiting(request.app, queue, after, limit, match, wait)
-    if mode == "auto" and (sub is None or result.last_id > after):
-        await queue.commit(name, result.last_id, save=save)
-    return messages_response(request, result)
+    page = await read_waiting(request.app, queue, after, limit, match, wait, form)
+    if mode == "auto" and (sub is None or page.last_id > after):
+        await queue.commit(name, page.last_id, save=save)
+    return await messages_response(request, page, form)
 
 
 async def replicas(request: web.Request) -> web.Response:
@@ -234,7 +235,7 @@ ROUTES = [
         summary="Read after the subscription's cursor; commit=auto moves it",
         tag="subscriptions",
         answers={200: MESSAGES_ANSWER},
-        fails=(400, 404),
+        fails=(400, 404, 406),
         params=(
             LIMIT,
             SEGMENTS,

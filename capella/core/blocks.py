@@ -25,10 +25,10 @@ from typing import Any
 
 import orjson
 
-from capella.core.codec import block_keys, decode_block
+from capella.core.batch import Batch
+from capella.core.codec import block_columns, block_keys
 from capella.core.dedup import BlockSummary, DedupIndex
 from capella.core.definition import QueueDefinition
-from capella.core.message import Message
 from capella.core.stats import Recovery
 from capella.core.task import retrieve
 from capella.errors import CapellaError, Conflict, CorruptData, KeyNotFound, StorageUnavailable
@@ -38,10 +38,15 @@ log = logging.getLogger(__name__)
 
 # Sealed blocks whose contents stay in memory after a read (the unload handler trims more).
 LOADED_BLOCKS = 4
+# Of those, the most recently read ones that keep the forms a read rendered (JSON objects,
+# binary frames; each about as large as the block's payloads): a sequential reader renders
+# the block it is in, so two hold it and the reader just behind it.
+RENDERED_BLOCKS = 2
 # Sealed blocks whose exact dedup keys stay in memory (~100 bytes per message each).
 KEY_SETS = 8
 
-Contents = tuple[list[int], list[Message]]
+# What a reader does with a batch it loads: make the form it reads in (``Batch.json``...).
+Render = Callable[[Batch], object]
 
 
 @dataclass(slots=True)
@@ -99,13 +104,14 @@ class BlockStore:
         self.sealed: list[BlockMeta] = []
         self.firsts: list[int] = []
         self.deleted_through = 0  # highest id of any block deleted (expired) so far
-        self.loaded: OrderedDict[int, Contents] = OrderedDict()
+        self.loaded: OrderedDict[int, Batch] = OrderedDict()
         self.key_sets: OrderedDict[int, dict[tuple[str, int], int]] = OrderedDict()
         self.dedup = DedupIndex(self.keys_of_block)
         # Held while the manifest is written and the lists above follow it.
         self.manifest_lock = asyncio.Lock()
         self._used: dict[int, float] = {}  # first id of a loaded block -> when it was last read
-        self._loading: dict[int, asyncio.Task[Contents]] = {}
+        self._read: OrderedDict[int, Batch] = OrderedDict()  # the last RENDERED_BLOCKS read
+        self._loading: dict[int, asyncio.Task[Batch]] = {}
         self._blocks_lock = asyncio.Lock()  # moves, deletes and leftover clean-up, one at a time
         # A crash (before this start) or a failed move or delete may have left copies behind.
         self._leftovers_possible = True
@@ -170,7 +176,7 @@ class BlockStore:
         await self.meta.put(self._summary_key(meta.first_id), summary.dump())
 
     def adopt(
-        self, meta: BlockMeta, contents: Contents, keys: dict[tuple[str, int], int], summary: BlockSummary
+        self, meta: BlockMeta, contents: Batch, keys: dict[tuple[str, int], int], summary: BlockSummary
     ) -> None:
         """Take a block whose manifest entry is saved (under ``manifest_lock``; never awaits)."""
         self.sealed.append(meta)
@@ -183,59 +189,80 @@ class BlockStore:
 
     # --- reading ---------------------------------------------------------------------------
 
-    async def contents(self, meta: BlockMeta) -> Contents:
+    async def contents(self, meta: BlockMeta, render: Render | None = None) -> Batch:
+        """The block's batch, loaded (and, if it was not loaded yet, ``render``ed) in a thread."""
         cached = self.loaded.get(meta.first_id)
-        if cached is not None:
+        if cached is not None and meta.first_id not in self._loading:
             self.loaded.move_to_end(meta.first_id)
             self._used[meta.first_id] = self._clock()
-            return cached
-        # The load is a task of its own: a reader that goes away does not cancel it for the
-        # others waiting on the same block.
-        return await asyncio.shield(self._start_load(meta))
+        else:
+            # The load (or a prefetch's render) is a task of its own: a reader that goes away
+            # does not cancel it for the others waiting on the same block.
+            cached = await asyncio.shield(self._start_load(meta, render))
+        self._read[meta.first_id] = cached
+        self._read.move_to_end(meta.first_id)
+        while len(self._read) > RENDERED_BLOCKS:
+            self._read.popitem(last=False)[1].drop_forms()
+        return cached
 
-    def prefetch_after(self, last: int) -> None:
+    def prefetch_after(self, last: int, render: Render | None = None) -> None:
         """Start loading the next sealed block while the reader handles this page.
 
-        A sequential reader would otherwise wait for every block's decode; this way the
-        decode runs while the answer is sent and the client parses it.
+        A sequential reader would otherwise wait for every block's decode (and ``render``,
+        the form it reads in); this way both run while the answer is sent and the client
+        parses it.
         """
         index = bisect.bisect_right(self.firsts, last)
         if index >= len(self.sealed):
             return
         meta = self.sealed[index]
-        if meta.state != "sealed" or meta.first_id in self.loaded or meta.first_id in self._loading:
+        if meta.state != "sealed" or meta.first_id in self._loading:
             return
         # Only when the reader is close: within the last tenth of the block it is in.
         if index > 0 and last < self.sealed[index - 1].last_id - self.sealed[index - 1].count // 10:
             return
-        self._start_load(meta)
+        loaded = self.loaded.get(meta.first_id)
+        if loaded is None:
+            self._start_load(meta, render)
+        elif render is not None and not loaded.rendered:
+            # A block the writer sealed is loaded already, from its messages: render it.
+            task = asyncio.create_task(self._rendered(meta.first_id, loaded, render))
+            task.add_done_callback(retrieve)
+            self._loading[meta.first_id] = task
 
     async def finish_loads(self) -> None:
         """Wait for the loads in flight (closing: none may outlive the queue)."""
         await asyncio.gather(*self._loading.values(), return_exceptions=True)
 
-    def _start_load(self, meta: BlockMeta) -> asyncio.Task[Contents]:
+    def _start_load(self, meta: BlockMeta, render: Render | None) -> asyncio.Task[Batch]:
         task = self._loading.get(meta.first_id)
         if task is None:
-            task = asyncio.create_task(self._load_block(meta), name=f"load:{self.name}:{meta.first_id}")
+            load = self._load_block(meta, render)
+            task = asyncio.create_task(load, name=f"load:{self.name}:{meta.first_id}")
             task.add_done_callback(retrieve)
             self._loading[meta.first_id] = task
         return task
 
-    async def _load_block(self, meta: BlockMeta) -> Contents:
+    async def _rendered(self, first_id: int, batch: Batch, render: Render) -> Batch:
+        try:
+            await asyncio.to_thread(render, batch)
+        finally:
+            del self._loading[first_id]
+        return batch
+
+    async def _load_block(self, meta: BlockMeta, render: Render | None) -> Batch:
         try:
             found = await self._block_bytes(meta.first_id)
             if found is None:
-                return [], []  # expired while we were on our way: nothing to read here
+                return Batch([], messages=[])  # expired while we were on our way: nothing to read here
             current, data = found
             try:
-                messages = await asyncio.to_thread(decode_block, data)
+                contents = await asyncio.to_thread(_batch_of, data, render)
             except CorruptData as exc:
                 await self.quarantine(current, exc.message)
                 raise
         finally:
             del self._loading[meta.first_id]
-        contents = ([m.id for m in messages], messages)
         self.loaded[meta.first_id] = contents
         self._used[meta.first_id] = self._clock()
         self._trim_loaded()
@@ -274,6 +301,7 @@ class BlockStore:
     def _trim_loaded(self) -> None:
         while len(self.loaded) > LOADED_BLOCKS:
             first_id, _ = self.loaded.popitem(last=False)
+            self._read.pop(first_id, None)
             self._used.pop(first_id, None)
 
     # --- dedup keys and summaries ----------------------------------------------------------
@@ -321,6 +349,7 @@ class BlockStore:
             return
         meta.state = "quarantined"
         self.loaded.pop(meta.first_id, None)
+        self._read.pop(meta.first_id, None)
         self.dedup.drop_summary(meta.first_id)
         self._report_quarantine(meta, reason)
         async with self.manifest_lock:
@@ -358,6 +387,7 @@ class BlockStore:
             old = meta is not None and now - meta.sealed
             if (idle is not None and unused >= idle) or (age is not None and meta is not None and old >= age):
                 del self.loaded[first_id]
+                self._read.pop(first_id, None)
                 self._used.pop(first_id, None)
                 self.key_sets.pop(first_id, None)
                 dropped += 1
@@ -388,6 +418,7 @@ class BlockStore:
                 self.sealed = remaining
                 self.firsts = [b.first_id for b in remaining]
             self.loaded.pop(first_id, None)
+            self._read.pop(first_id, None)
             self._used.pop(first_id, None)
             self.key_sets.pop(first_id, None)
             self.dedup.drop_summary(first_id)
@@ -471,6 +502,14 @@ class BlockStore:
         except BaseException:
             self._leftovers_possible = True
             raise
+
+
+def _batch_of(data: bytes, render: Render | None) -> Batch:
+    """The batch of a sealed block's bytes, with ``render``'s form made (in the load thread)."""
+    batch = Batch.of_columns(block_columns(data))
+    if render is not None:
+        render(batch)
+    return batch
 
 
 def _last_id_of(key: str) -> int | None:

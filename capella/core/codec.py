@@ -15,9 +15,10 @@ import zlib
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, pairwise, repeat
+from itertools import accumulate, pairwise
 from operator import add, attrgetter, sub
 from types import ModuleType
+from typing import NamedTuple
 
 from capella.core.message import EMPTY_HEADERS, Message
 from capella.errors import CorruptData, InvalidMessage
@@ -310,49 +311,60 @@ def encode_block(messages: Sequence[Message]) -> bytes:
     return body + _U32.pack(zlib.crc32(body))
 
 
-def decode_block(data: Buffer) -> list[Message]:
-    """Every message in a sealed block; ``CorruptData`` if any byte is wrong."""
-    if not isinstance(data, bytes):
-        data = bytes(data)  # payloads are sliced from it and must come out as bytes
-    block = _open_block(data)
-    n = block.count
-    start = _BLOCK_HEAD.size + block.meta_len
-    ends = list(accumulate(block.payload_lengths, initial=start))
-    payloads = [data[a:b] for a, b in pairwise(ends)]
-    columns = (
-        block.ids,
-        block.times,
-        block.sources,
-        block.external_ids,
-        block.external_times,
-        block.segments,
-        payloads,
-        block.headers if block.headers is not None else repeat(EMPTY_HEADERS, n),
-    )
-    return _build_messages(n, columns)
+class Columns(NamedTuple):
+    """Messages as one list per field, in ``Message``'s field order (``messages_of`` builds them)."""
 
-
-def block_keys(data: Buffer) -> tuple[list[int], list[tuple[str, int]]]:
-    """The ids and ``(source, external_id)`` keys of a sealed block, without its payloads."""
-    block = _open_block(data)
-    return block.ids, list(zip(block.sources, block.external_ids, strict=True))
-
-
-@dataclass(frozen=True, slots=True)
-class _Columns:
-    count: int
-    meta_len: int
     ids: list[int]
     times: list[float]
     sources: list[str]
     external_ids: list[int]
     external_times: list[float]
     segments: list[int]
+    payloads: list[bytes]
+    headers: Sequence[dict[str, str]]
+
+
+def decode_block(data: Buffer) -> list[Message]:
+    """Every message in a sealed block; ``CorruptData`` if any byte is wrong."""
+    return messages_of(block_columns(data))
+
+
+def block_columns(data: Buffer) -> Columns:
+    """Every message in a sealed block, as columns; ``CorruptData`` if any byte is wrong.
+
+    A column the block stores as "same as another" (external ids equal to the ids, external
+    times equal to the times) is that other list itself, so a reader can tell without looking.
+    """
+    if not isinstance(data, bytes):
+        data = bytes(data)  # payloads are sliced from it and must come out as bytes
+    block = _open_block(data)
+    start = _BLOCK_HEAD.size + block.meta_len
+    ends = list(accumulate(block.payload_lengths, initial=start))
+    return block.columns._replace(payloads=[data[a:b] for a, b in pairwise(ends)])
+
+
+def columns_of(messages: Sequence[Message]) -> Columns:
+    """``messages`` as columns (``messages_of`` turns them back)."""
+    return Columns(*(list(map(attrgetter(name), messages)) for name in Message.__struct_fields__))
+
+
+def block_keys(data: Buffer) -> tuple[list[int], list[tuple[str, int]]]:
+    """The ids and ``(source, external_id)`` keys of a sealed block, without its payloads."""
+    block = _open_block(data)
+    columns = block.columns
+    return columns.ids, list(zip(columns.sources, columns.external_ids, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class _Meta:
+    """A block's decoded metadata: every column but the payloads, which follow it."""
+
+    meta_len: int
     payload_lengths: list[int]
-    headers: list[dict[str, str]] | None
+    columns: Columns  # payloads empty
 
 
-def _open_block(data: Buffer) -> _Columns:
+def _open_block(data: Buffer) -> _Meta:
     """Check a block's framing and checksum, then decode its metadata columns."""
     size = len(data)
     if size < _BLOCK_HEAD.size + _BLOCK_FOOT.size:
@@ -392,7 +404,7 @@ def _decode_meta(
     meta_len: int,
     raw_len: int,
     payload_len: int,
-) -> _Columns:
+) -> _Meta:
     first_id, last_id = ids_range
     meta_start = _BLOCK_HEAD.size
     compressed = memoryview(data)[meta_start : meta_start + meta_len]
@@ -458,18 +470,10 @@ def _decode_meta(
         raise _Malformed(f"metadata has {raw_len - pos} unexplained bytes")
     if sum(payload_lengths) != payload_len:
         raise _Malformed(f"payload lengths sum to {sum(payload_lengths)}, header says {payload_len}")
-    return _Columns(
-        n,
-        meta_len,
-        ids,
-        times,
-        sources,
-        external_ids,
-        external_times,
-        segments,
-        payload_lengths,
-        headers,
+    columns = Columns(
+        ids, times, sources, external_ids, external_times, segments, [], headers or [EMPTY_HEADERS] * n
     )
+    return _Meta(meta_len, payload_lengths, columns)
 
 
 class _ColumnReader:
@@ -547,7 +551,8 @@ def _signed(values: list[int]) -> list[int]:
     return signed.tolist()
 
 
-def _build_messages(n: int, columns: Sequence[Iterable[object]]) -> list[Message]:
+def messages_of(columns: Columns) -> list[Message]:
+    """The messages whose fields ``columns`` holds, equal to ``Message(...)`` field for field."""
     return list(map(Message, *columns))
 
 

@@ -25,10 +25,13 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain
 from typing import Any, NamedTuple
 
 from capella.config import StorageSettings
-from capella.core.blocks import BlockMeta, BlockStore
+from capella.core.batch import Batch
+from capella.core.blocks import BlockMeta, BlockStore, Render
 from capella.core.consumers import Consumers
 from capella.core.dedup import DedupIndex
 from capella.core.definition import I64_MAX, I64_MIN, QueueDefinition
@@ -62,6 +65,21 @@ SCAN_LIMIT = 100_000
 class ReadResult(NamedTuple):
     messages: list[Message]
     last_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """What a read found: slices ``(batch, start, stop)`` in id order, and how far it looked."""
+
+    parts: list[tuple[Batch, int, int]]
+    last_id: int
+
+    @property
+    def count(self) -> int:
+        return sum(stop - start for _, start, stop in self.parts)
+
+    def messages(self) -> list[Message]:
+        return list(chain.from_iterable(batch.messages[start:stop] for batch, start, stop in self.parts))
 
 
 class Queue:
@@ -352,51 +370,76 @@ class Queue:
         segments: Sequence[tuple[int, int]] | None = None,
         match: MessageFilter | None = None,
     ) -> ReadResult:
-        """Messages with id > ``after`` in id order, at most ``limit`` of them.
+        """Messages with id > ``after`` in id order, at most ``limit`` of them (``read_page``)."""
+        page = await self.read_page(after, limit, segments, match)
+        return ReadResult(page.messages(), page.last_id)
+
+    async def read_page(
+        self,
+        after: int,
+        limit: int,
+        segments: Sequence[tuple[int, int]] | None = None,
+        match: MessageFilter | None = None,
+        render: Render | None = None,
+    ) -> Page:
+        """The messages with id > ``after`` in id order, at most ``limit`` of them, as slices of batches.
 
         With ``segments`` or ``match`` (a filter, which may hold segments itself), only the
         messages that pass; such a read looks at most ``SCAN_LIMIT`` messages, and ``last_id``
-        says how far it looked.
+        says how far it looked. A sealed block's slice is of its cached batch, so the forms a
+        read renders (JSON, binary frames) are made once per block, not once per read;
+        ``render`` (``Batch.json``...) makes the reader's form in the thread that loads a block.
         """
         self.counters.read_requests += 1
         passes = _passes(segments, match)
         contents = self._store.contents
-        out: list[Message] = []
+        parts: list[tuple[Batch, int, int]] = []
+        count = 0
         last = after
         scanned = 0
         for source in self._blocks_after(after):
+            live = not isinstance(source, BlockMeta)
             if isinstance(source, BlockMeta):
                 if source.state != "sealed":
                     last = max(last, source.last_id)
                     continue
                 try:
-                    ids, messages = await contents(source)
+                    batch = await contents(source, render)
                 except CorruptData:
                     last = max(last, source.last_id)
                     continue
             else:
-                ids, messages = source.ids, source.messages
-            start = bisect.bisect_right(ids, after)
+                # A block still in memory keeps growing: look at its lists as they are now.
+                batch = Batch(source.ids, messages=source.messages)
+            start = bisect.bisect_right(batch.ids, after)
             if passes is None:
-                take = messages[start : start + limit - len(out)]
-                out.extend(take)
-                if take:
-                    last = take[-1].id
+                stop = min(len(batch), start + limit - count)
+                if stop > start:
+                    count += stop - start
+                    last = batch.ids[stop - 1]
+                    if live:  # the page keeps a copy of its slice, rendered on its own
+                        batch = Batch(batch.ids[start:stop], messages=batch.messages[start:stop])
+                        start, stop = 0, len(batch)
+                    parts.append((batch, start, stop))
             else:
-                for m in messages[start:]:
+                found: list[Message] = []
+                for m in batch.messages[start:]:
                     scanned += 1
                     last = m.id
                     if passes(m):
-                        out.append(m)
-                        if len(out) >= limit:
+                        found.append(m)
+                        if count + len(found) >= limit:
                             break
                     if scanned >= SCAN_LIMIT:
                         break
-            if len(out) >= limit or scanned >= SCAN_LIMIT:
+                if found:
+                    parts.append((Batch.of_messages(found), 0, len(found)))
+                    count += len(found)
+            if count >= limit or scanned >= SCAN_LIMIT:
                 break
-        self.counters.read += len(out)
-        self._store.prefetch_after(last)
-        return ReadResult(out, last)
+        self.counters.read += count
+        self._store.prefetch_after(last, render)
+        return Page(parts, last)
 
     def _blocks_after(self, after: int) -> Iterator[BlockMeta | OpenBlock]:
         # Snapshot the lists: a seal may move a block from sealing to sealed while we await.
@@ -500,7 +543,7 @@ class Queue:
         return self._store.dedup
 
     @property
-    def _loaded(self) -> OrderedDict[int, tuple[list[int], list[Message]]]:
+    def _loaded(self) -> OrderedDict[int, Batch]:
         return self._store.loaded
 
     @property

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import orjson
 
 from capella.config import StorageSettings
+from capella.core.batch import Batch
 from capella.core.blocks import BlockMeta, BlockStore
 from capella.core.codec import JOURNAL_HEADER, encode_block, encode_record
 from capella.core.commit import fail
@@ -577,7 +578,7 @@ class Writer:
         # and closing the journal under it would fail writers whose records the block holds.
         await self.commit(urgent=True)
         # Encoding and the Bloom filter take ~30 ms for a full block: keep them off the loop.
-        data, summary = await asyncio.to_thread(_encode_sealed, block, self.own)
+        data, summary, batch = await asyncio.to_thread(_encode_sealed, block, self.own)
         meta = BlockMeta(
             first_id=block.ids[0],
             last_id=block.ids[-1],
@@ -593,7 +594,7 @@ class Writer:
         async with store.manifest_lock:
             await store.save_manifest([*store.sealed, meta])
             # No await from here to the end of the swap: a reader sees the block exactly once.
-            store.adopt(meta, (block.ids, block.messages), block.keys, summary)
+            store.adopt(meta, batch, block.keys, summary)
             self.sealing.pop(0)
             self._seal_done.set()
             self._seal_done = asyncio.Event()
@@ -629,5 +630,12 @@ class Writer:
                 block.journal = None
 
 
-def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary]:
-    return encode_block(block.messages), BlockSummary.build(block.keys, own)
+def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary, Batch]:
+    """The block's bytes, its summary, and its batch for the block store's cache.
+
+    The batch's columns are made here, in the sealing thread, so a reader's first page of the
+    block does not wait for them.
+    """
+    batch = Batch.of_messages(block.messages, block.ids)
+    batch.columns  # noqa: B018 (made now, on purpose; see above)
+    return encode_block(block.messages), BlockSummary.build(block.keys, own), batch

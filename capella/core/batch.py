@@ -1,0 +1,156 @@
+"""A run of stored messages in the forms a read serves: ``Message`` objects, JSON objects, binary frames.
+
+A sealed block's contents are a ``Batch`` in the block store's cache; a read of the open
+block, or a filtered read, makes a short-lived one. Each form is made on first use, in bulk
+from the columns, and kept with the batch, so a page is a slice of a list; the block store
+drops the rendered forms of all but the last few blocks read (``RENDERED_BLOCKS``).
+
+The JSON objects are byte for byte what ``orjson.dumps(stored_message(m))`` gives, made with
+one orjson call per column and one join per message instead of a dict per message: numbers
+are rendered as a list and split at the commas (a number has none), a source once per
+distinct source, and a payload of printable ASCII without ``"`` or ``\\`` is copied between
+quotes as it is. A batch holding a payload that is not UTF-8 falls back to ``stored_message``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import repeat
+
+import orjson
+
+from capella.core.codec import Columns, columns_of, messages_of
+from capella.core.message import Message, stored_message
+from capella.wire.frames import encode_frames
+
+# Bytes a JSON string holds as they are (orjson escapes '"', '\\' and control characters).
+_PLAIN = bytes(sorted(set(range(0x20, 0x7F)) - set(b'"\\')))
+
+
+class Batch:
+    """Messages in id order; ``ids`` is their id list, for bisecting."""
+
+    __slots__ = ("_columns", "_frames", "_json", "_messages", "ids")
+
+    def __init__(
+        self, ids: list[int], *, columns: Columns | None = None, messages: list[Message] | None = None
+    ) -> None:
+        self.ids = ids
+        self._columns = columns
+        self._messages = messages
+        self._json: list[bytes] | None = None
+        self._frames: list[bytes] | None = None
+
+    @classmethod
+    def of_columns(cls, columns: Columns) -> Batch:
+        return cls(columns.ids, columns=columns)
+
+    @classmethod
+    def of_messages(cls, messages: list[Message], ids: list[int] | None = None) -> Batch:
+        return cls([m.id for m in messages] if ids is None else ids, messages=messages)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def messages(self) -> list[Message]:
+        if self._messages is None:
+            self._messages = messages_of(self.columns)
+        return self._messages
+
+    @property
+    def columns(self) -> Columns:
+        if self._columns is None:
+            self._columns = columns_of(self.messages)
+        return self._columns
+
+    def json(self) -> list[bytes]:
+        """Each message as its StoredMessage JSON object (``stored_message``, rendered)."""
+        if self._json is None:
+            rendered = json_objects(self.columns)
+            if rendered is None:
+                rendered = [orjson.dumps(stored_message(m)) for m in self.messages]
+            self._json = rendered
+        return self._json
+
+    @property
+    def rendered(self) -> bool:
+        """Whether the batch holds a rendered form now."""
+        return self._json is not None or self._frames is not None
+
+    def drop_forms(self) -> None:
+        """Forget the rendered forms (the next read that wants one renders it again)."""
+        self._json = self._frames = None
+
+    def frames(self) -> list[bytes]:
+        """Each message as a frame of the binary read format (``capella.wire.frames``)."""
+        if self._frames is None:
+            self._frames = encode_frames(*self.columns)
+        return self._frames
+
+
+def json_objects(c: Columns) -> list[bytes] | None:
+    """The StoredMessage JSON objects of ``c`` made in bulk; None when a payload is not UTF-8."""
+    n = len(c.ids)
+    if not n:
+        return []
+    joined = b"".join(c.payloads)
+    if not joined.translate(None, _PLAIN):
+        # Every payload is printable ASCII that needs no escape: it goes in as it is.
+        data: Sequence[bytes] = c.payloads
+        data_open, data_close = b',"data":"', b'"}'
+    else:
+        try:
+            texts = list(map(bytes.decode, c.payloads))
+        except UnicodeDecodeError:
+            return None
+        data = list(map(orjson.dumps, texts))
+        data_open, data_close = b',"data":', b"}"
+    ids = _numbers(c.ids)
+    times = _numbers(c.times)
+    external_ids = ids if c.external_ids is c.ids else _numbers(c.external_ids)
+    external_times = times if c.external_times is c.times else _numbers(c.external_times)
+    segments = _numbers(c.segments) if any(c.segments) else b"0"
+    distinct = {s: orjson.dumps(s) for s in set(c.sources)}
+    sources = distinct.popitem()[1] if len(distinct) == 1 else list(map(distinct.__getitem__, c.sources))
+    headers = list(map(orjson.dumps, c.headers)) if any(c.headers) else b"{}"
+    return _joined(
+        [
+            b'{"id":',
+            ids,
+            b',"time":',
+            times,
+            b',"source":',
+            sources,
+            b',"external_id":',
+            external_ids,
+            b',"external_time":',
+            external_times,
+            b',"segment":',
+            segments,
+            b',"headers":',
+            headers,
+            data_open,
+            data,
+            data_close,
+        ]
+    )
+
+
+def _joined(parts: list[bytes | Sequence[bytes]]) -> list[bytes]:
+    """Per message, the join of ``parts``: a bytes part is the same for every message, a
+    sequence holds one piece per message. Neighbouring constant parts are joined first,
+    since every piece costs a little in every message."""
+    merged: list[bytes | Sequence[bytes]] = []
+    for part in parts:
+        if isinstance(part, bytes) and merged and isinstance(merged[-1], bytes):
+            merged[-1] += part
+        else:
+            merged.append(part)
+    columns = [repeat(part) if isinstance(part, bytes) else part for part in merged]
+    return list(map(b"".join, zip(*columns, strict=False)))  # the repeats are endless
+
+
+def _numbers(values: Sequence[int] | Sequence[float]) -> list[bytes]:
+    """Each number as orjson renders it: one call for the list, split at the commas."""
+    return orjson.dumps(values)[1:-1].split(b",")
