@@ -248,18 +248,23 @@ assert array("I").itemsize == 4
 
 def encode_block(messages: Sequence[Message]) -> bytes:
     """A sealed block holding ``messages``, whose ids must strictly increase."""
-    n = len(messages)
-    ids = list(map(attrgetter("id"), messages))
+    return encode_columns(columns_of(messages))
+
+
+def encode_columns(c: Columns) -> bytes:
+    """A sealed block holding the messages of ``c`` (the sealer has them as columns already)."""
+    n = len(c.ids)
+    ids = c.ids
     id_deltas = [ids[0], *map(sub, ids[1:], ids[:-1])] if n else []
     if n > 1 and min(id_deltas[1:]) <= 0:
         raise ValueError("block messages must have strictly increasing ids")
     try:
         # Building the arrays also checks every value fits its field.
         array("Q", ids)
-        times = array("d", map(attrgetter("time"), messages))
-        external_ids = array("q", map(attrgetter("external_id"), messages))
-        external_times = array("d", map(attrgetter("external_time"), messages))
-        segments = array("q", map(attrgetter("segment"), messages))
+        times = array("d", c.times)
+        external_ids = array("q", c.external_ids)
+        external_times = array("d", c.external_times)
+        segments = array("q", c.segments)
     except (OverflowError, TypeError) as exc:
         raise InvalidMessage(f"block: a message field is out of range: {exc}") from exc
 
@@ -273,17 +278,15 @@ def encode_block(messages: Sequence[Message]) -> bytes:
     external_time_deltas = _masked(map(sub, _float_bits(external_times), time_bits))
 
     source_index: dict[str, int] = {}
-    source_ids = [source_index.setdefault(s, len(source_index)) for s in map(attrgetter("source"), messages)]
+    source_ids = [source_index.setdefault(s, len(source_index)) for s in c.sources]
     try:
         source_table = [_U32.pack(len(source_index))]
         for source in source_index:
             raw = source.encode()
             source_table += (_U16.pack(len(raw)), raw)
-        has_headers = any(map(attrgetter("headers"), messages))
-        header_blobs = (
-            [_encode_headers(m.headers) if m.headers else b"" for m in messages] if has_headers else []
-        )
-        payloads = list(map(attrgetter("payload"), messages))
+        has_headers = any(c.headers)
+        header_blobs = [_encode_headers(h) if h else b"" for h in c.headers] if has_headers else []
+        payloads = c.payloads
         columns = [
             _column("Q", id_deltas),
             _column("Q", time_deltas),

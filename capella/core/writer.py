@@ -25,7 +25,7 @@ import orjson
 from capella.config import StorageSettings
 from capella.core.batch import Batch
 from capella.core.blocks import BlockMeta, BlockStore
-from capella.core.codec import JOURNAL_HEADER, encode_block, encode_record
+from capella.core.codec import JOURNAL_HEADER, encode_columns, encode_record
 from capella.core.commit import fail
 from capella.core.dedup import BlockSummary
 from capella.core.definition import QueueDefinition
@@ -637,5 +637,4 @@ def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary, Bat
     block does not wait for them.
     """
     batch = Batch.of_messages(block.messages, block.ids)
-    batch.columns  # noqa: B018 (made now, on purpose; see above)
-    return encode_block(block.messages), BlockSummary.build(block.keys, own), batch
+    return encode_columns(batch.columns), BlockSummary.build(block.keys, own), batch
