@@ -39,9 +39,9 @@ log = logging.getLogger(__name__)
 # Sealed blocks whose contents stay in memory after a read (the unload handler trims more).
 LOADED_BLOCKS = 4
 # Of those, the most recently read ones that keep the forms a read rendered (JSON objects,
-# binary frames; each about as large as the block's payloads): a sequential reader renders
-# the block it is in, so two hold it and the reader just behind it.
-RENDERED_BLOCKS = 2
+# binary frames; each about as large as the block's payloads): a sequential reader holds the
+# block it is in, the one its page began in, and the next one, rendered ahead of it.
+RENDERED_BLOCKS = 3
 # Sealed blocks whose exact dedup keys stay in memory (~100 bytes per message each).
 KEY_SETS = 8
 
@@ -199,11 +199,15 @@ class BlockStore:
             # The load (or a prefetch's render) is a task of its own: a reader that goes away
             # does not cancel it for the others waiting on the same block.
             cached = await asyncio.shield(self._start_load(meta, render))
-        self._read[meta.first_id] = cached
-        self._read.move_to_end(meta.first_id)
+        self._note_rendered(meta.first_id, cached)
+        return cached
+
+    def _note_rendered(self, first_id: int, batch: Batch) -> None:
+        """``batch`` was read or rendered ahead: only the last ``RENDERED_BLOCKS`` keep their forms."""
+        self._read[first_id] = batch
+        self._read.move_to_end(first_id)
         while len(self._read) > RENDERED_BLOCKS:
             self._read.popitem(last=False)[1].drop_forms()
-        return cached
 
     def prefetch_after(self, last: int, render: Render | None = None) -> None:
         """Start loading the next sealed block while the reader handles this page.
@@ -250,6 +254,7 @@ class BlockStore:
             await asyncio.to_thread(render, batch)
         finally:
             del self._loading[first_id]
+        self._note_rendered(first_id, batch)
         return batch
 
     async def _load_block(self, meta: BlockMeta, render: Render | None) -> Batch:
@@ -268,6 +273,8 @@ class BlockStore:
         self.loaded[meta.first_id] = contents
         self._used[meta.first_id] = self._clock()
         self._trim_loaded()
+        if render is not None:
+            self._note_rendered(meta.first_id, contents)
         return contents
 
     async def _block_bytes(self, first_id: int) -> tuple[BlockMeta, bytes] | None:
