@@ -315,6 +315,9 @@ def test_a_page_whose_queue_is_dropped_says_why_it_cannot_refresh(
     api("PUT", "/v1/queues/short-lived", {})
     page.goto(f"{server.url}/ui/?sample=0.3#/queue/short-lived")
     expect(page.get_by_test_id("queue-name")).to_have_text("short-lived")
+    # The page's first load is done (its stats are drawn): a drop during that load would
+    # show the page's error instead of a failed refresh.
+    expect(page.get_by_test_id("queue-stats")).to_be_visible()
     api("DELETE", "/v1/queues/short-lived")
     expect(page.get_by_test_id("status")).to_contain_text("Could not refresh: no queue")
     page.goto(f"{server.url}/ui/?sample=0.3#/")
