@@ -93,7 +93,7 @@ class _Flush:
     done: asyncio.Future[BaseException | None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    task: asyncio.Task[None] | None = None
+    task: asyncio.Task[None] | None = None  # held here: the event loop keeps tasks only weakly
 
 
 class Writer:
