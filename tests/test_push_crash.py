@@ -195,7 +195,10 @@ async def test_a_kill_mid_push_repeats_nothing_acked_and_loses_nothing(
             for name in ("ord", "un"):
                 after = {i for r in receiver.seen[name][before[name] :] for i in r.ids}
                 assert not after & acked_before[name], f"{name}: acked messages sent again"
-                assert held[name] <= after, f"{name}: held messages not sent again"
+                # A refused message whose held request was its last attempt may go to the
+                # dead letters without another send, when that claim was saved before the kill
+                # (the dead-letter check below covers it).
+                assert held[name] - REFUSED <= after, f"{name}: held messages not sent again"
             assert_acked_in_order(receiver.seen["ord"])
             dead = await call(session, "GET", f"{v1}/queues/u.dead/messages?limit=100")
             messages = dead["messages"]
