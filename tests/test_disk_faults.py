@@ -168,6 +168,17 @@ async def writable_gauge(ledger: Ledger) -> str:
     )
 
 
+async def back_after_a_restart(ledger: Ledger, data: Path, config: Path) -> None:
+    """Start a server on ``data`` again: every message ``ledger`` saw acknowledged is there."""
+    server = await start(data, config)
+    try:
+        async with aiohttp.ClientSession() as http:
+            ledger.http, ledger.url = http, server.url
+            await ledger.check_everything_acknowledged_is_there()
+    finally:
+        server.stop()
+
+
 async def resumes_by_itself(ledger: Ledger) -> float:
     """Seconds until /readyz is 200 again, with no write in between (at most RESUME_WITHIN)."""
     started = time.monotonic()
@@ -233,13 +244,7 @@ async def test_a_full_disk_refuses_writes_keeps_reads_and_resumes_without_a_rest
         finally:
             server.stop()
 
-        server = await start(data, config)
-        try:
-            async with aiohttp.ClientSession() as http:
-                ledger.http, ledger.url = http, server.url
-                await ledger.check_everything_acknowledged_is_there()
-        finally:
-            server.stop()
+        await back_after_a_restart(ledger, data, config)
 
 
 @pytest.mark.parametrize(
@@ -277,13 +282,7 @@ async def test_a_read_only_or_failing_disk_refuses_writes_and_resumes_when_it_cl
     finally:
         server.kill()  # a crash: only what was fsync'd is back
 
-    server = await start(data, small_blocks_config(tmp_path))
-    try:
-        async with aiohttp.ClientSession() as http:
-            ledger.http, ledger.url = http, server.url
-            await ledger.check_everything_acknowledged_is_there()
-    finally:
-        server.stop()
+    await back_after_a_restart(ledger, data, small_blocks_config(tmp_path))
 
 
 async def test_a_very_slow_disk_answers_a_timeout_not_a_hang(tmp_path: Path) -> None:
@@ -326,13 +325,7 @@ async def test_a_very_slow_disk_answers_a_timeout_not_a_hang(tmp_path: Path) -> 
     finally:
         server.stop()
 
-    server = await start(data, config)
-    try:
-        async with aiohttp.ClientSession() as http:
-            ledger.http, ledger.url = http, server.url
-            await ledger.check_everything_acknowledged_is_there()
-    finally:
-        server.stop()
+    await back_after_a_restart(ledger, data, config)
 
 
 async def test_overlapping_flushes_that_fail_lose_nothing_acknowledged_and_keep_order(tmp_path: Path) -> None:
@@ -352,26 +345,22 @@ async def test_overlapping_flushes_that_fail_lose_nothing_acknowledged_and_keep_
             ledger = Ledger(http, server.url, "overlap")
             assert (await http.put(f"{server.url}/v1/queues/overlap", json={})).status == 201
 
-            async def write(count: int) -> list[int]:
-                return [(await ledger.produce(5))[0] for _ in range(count)]
+            async def statuses(count: int) -> set[int]:
+                """Each writer sends ``count`` batches of 5, all at once: the statuses answered."""
+
+                async def write() -> list[int]:
+                    return [(await ledger.produce(5))[0] for _ in range(count)]
+
+                return {s for w in await asyncio.gather(*(write() for _ in range(writers))) for s in w}
 
             with injected(server.process.pid, "fdatasync", "error=EIO:when=3+3"):
-                statuses = [
-                    s for w in await asyncio.gather(*(write(batches) for _ in range(writers))) for s in w
-                ]
-            assert set(statuses) == {200, 503}, statuses  # some flushes failed, others were answered
+                answered = await statuses(batches)
+            assert answered == {200, 503}, answered  # some flushes failed, others were answered
             await resumes_by_itself(ledger)
-            statuses = [s for w in await asyncio.gather(*(write(3) for _ in range(writers))) for s in w]
-            assert set(statuses) == {200}
+            assert await statuses(3) == {200}
             await ledger.check_everything_acknowledged_is_there()
     finally:
         server.kill()
 
-    server = await start(data, config)
-    try:
-        async with aiohttp.ClientSession() as http:
-            ledger.http, ledger.url = http, server.url
-            await ledger.check_everything_acknowledged_is_there()
-            assert len(ledger.acked) >= writers * 3 * 5
-    finally:
-        server.stop()
+    assert len(ledger.acked) >= writers * 3 * 5
+    await back_after_a_restart(ledger, data, config)
