@@ -155,22 +155,20 @@ class Writer:
         self._seal_tried = asyncio.Event()  # set (and replaced) after every seal attempt
         self._waiters: list[asyncio.Future[None]] = []
         self._urgent = False
-        self.flusher = Loop(
-            f"flush:{name}",
-            self.run_flusher,
-            failures=task_failures,
-            report=lambda message: self.set_fault("journal", message),
-            stopping=stopping,
-            wake=self.flush_wanted,
-        )
-        self.sealer = Loop(
-            f"seal:{name}",
-            self.run_sealer,
-            failures=task_failures,
-            report=lambda message: self.set_fault("seal", message),
-            stopping=stopping,
-            wake=self.seal_wanted,
-        )
+
+        def loop(kind: str, body: Callable[[], Awaitable[None]], step: str, wake: asyncio.Event) -> Loop:
+            """A supervised loop whose failure is a fault of ``step``."""
+            return Loop(
+                f"{kind}:{name}",
+                body,
+                failures=task_failures,
+                report=lambda message: self.set_fault(step, message),
+                stopping=stopping,
+                wake=wake,
+            )
+
+        self.flusher = loop("flush", self.run_flusher, "journal", self.flush_wanted)
+        self.sealer = loop("seal", self.run_sealer, "seal", self.seal_wanted)
 
     @property
     def closing(self) -> bool:
