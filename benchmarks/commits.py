@@ -2,8 +2,8 @@
 
 Each client is one session that commits its own subscription's cursor one id further, again
 and again, each request after the previous answer. ``immediate``: every commit is saved
-(``subscriptions.json`` written, fsync'd and renamed) before its answer; concurrent commits
-share saves. The run checks that every cursor ends where its client left it.
+(a record appended to the queue's subscription change log and fsync'd) before its answer;
+concurrent commits share fsyncs. The run checks that every cursor ends where its client left it.
 """
 
 from __future__ import annotations

@@ -8,11 +8,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from conftest import Clock, file_config
 
 from capella.config import parse_config
 from capella.core import blocks as queue_module
+from capella.core import consumers as consumers_module
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import (
@@ -360,6 +362,59 @@ async def test_subscription_commits_never_move_backwards(
             ("billing", 3, False),
             ("dc2", 15, True),
         ]
+    finally:
+        await cluster.close()
+
+
+async def test_a_cursor_commit_appends_a_record_and_a_long_log_becomes_a_snapshot(
+    tmp_path: Path, clock: Clock, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consumers_module, "CHECKPOINT_RECORDS", 50)
+    q, _ = await cluster.put_queue("c", {})
+    log_dir = queue_dir(tmp_path, "c") / "subscriptions" / "log"
+    await q.commit("a", 1, save=SaveMode.IMMEDIATE)
+    first_log = log_dir / f"{0:020d}.log"
+    size = first_log.stat().st_size
+    await q.commit("a", 2, save=SaveMode.IMMEDIATE)
+    # One small record per commit, not a rewrite of every cursor.
+    assert first_log.stat().st_size - size == size
+    await asyncio.gather(*(q.commit(name, i, save=SaveMode.IMMEDIATE) for i in range(3, 60) for name in "ab"))
+    await q.delete_subscription("b", save=SaveMode.IMMEDIATE)
+    await q.commit("z", 7, save=SaveMode.NONE)
+    await q.tick()
+    # Past CHECKPOINT_RECORDS the periodic pass wrote a snapshot and started a new log.
+    assert (queue_dir(tmp_path, "c") / "subscriptions" / "snapshot").exists()
+    assert not first_log.exists()
+    await q.commit("a", 70, save=SaveMode.IMMEDIATE)
+    assert [p.name for p in log_dir.iterdir()] == [f"{1:020d}.log"]
+
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        q = cluster.queue("c")
+        assert [(s.name, s.last_id) for s in q.subscriptions()] == [("a", 70), ("z", 7)]
+    finally:
+        await cluster.close()
+
+
+async def test_cursors_saved_by_a_version_without_the_log_become_its_first_snapshot(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    await cluster.put_queue("old", {})
+    cluster = await reopen(cluster, tmp_path, clock)
+    await cluster.close()
+    # What versions before the change log kept: one document of every cursor.
+    document = queue_dir(tmp_path, "old") / "subscriptions.json"
+    subscription = {"last_id": 12, "replica": True, "created": 1.0, "updated": 2.0}
+    document.write_bytes(orjson.dumps({"version": 1, "subscriptions": {"dc2": subscription}}))
+    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+    try:
+        q = cluster.queue("old")
+        assert [(s.name, s.last_id, s.replica) for s in q.subscriptions()] == [("dc2", 12, True)]
+        assert not document.exists()
+        assert (queue_dir(tmp_path, "old") / "subscriptions" / "snapshot").exists()
+        await q.commit("dc2", 13, save=SaveMode.IMMEDIATE)
+        cluster = await reopen(cluster, tmp_path, clock)
+        assert [(s.name, s.last_id) for s in cluster.queue("old").subscriptions()] == [("dc2", 13)]
     finally:
         await cluster.close()
 

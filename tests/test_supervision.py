@@ -134,6 +134,10 @@ async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
             await asyncio.sleep(0.01)
 
 
+# Where a queue's cursor changes go before a snapshot (capella.core.consumers).
+CURSOR_LOG = "subscriptions/log/00000000000000000000.log"
+
+
 async def until_stored(storage: FlakyStorage, key: str, text: bytes) -> None:
     async with asyncio.timeout(5.0):
         while not await storage.list(key) or text not in await storage.get(key):  # noqa: ASYNC110 (polls state that has no event of its own)
@@ -223,8 +227,8 @@ async def test_the_periodic_tick_survives_a_crash_in_one_queue(tmp_path: Path, c
         # The tick goes on, for the other queue and for this one.
         await b.commit("s", 7, save=SaveMode.MARK)
         await a.commit("s", 9, save=SaveMode.MARK)
-        await until_stored(flaky, "b/subscriptions.json", b'"last_id":7')
-        await until_stored(flaky, "a/subscriptions.json", b'"last_id":9')
+        await until_stored(flaky, f"b/{CURSOR_LOG}", b'"last_id":7')
+        await until_stored(flaky, f"a/{CURSOR_LOG}", b'"last_id":9')
     finally:
         await cluster.close()
 

@@ -11,7 +11,7 @@ loops (flush, seal, release) run under supervision only while they have work, so
 queue holds no task.
 
 Keys on the queue's mounts (``<q>`` is the queue name):
-``<q>/manifest.json``, ``<q>/state.json``, ``<q>/subscriptions.json``,
+``<q>/manifest.json``, ``<q>/state.json``, ``<q>/subscriptions/`` (a change log),
 ``<q>/journal/<first-id>.log``, ``<q>/summaries/<first-id>.sum`` on the meta mount and
 ``<q>/blocks/<first-id>-<last-id>.blk`` on the mount of the block's mark.
 """

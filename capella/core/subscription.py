@@ -28,20 +28,12 @@ class Subscription:
 
 
 class Subscriptions:
-    """The subscriptions of one queue and their persisted form (one JSON document).
-
-    ``version`` counts changes and ``saved_version`` what is on disk, so concurrent commits
-    share one write (group commit, as for messages).
-    """
+    """The subscriptions of one queue and their persisted forms: a JSON document of them all
+    (``dump``/``load``) and a record per change (``record``/``apply``), for a change log."""
 
     def __init__(self) -> None:
         self._subs: dict[str, Subscription] = {}
-        self.version = 0
-        self.saved_version = 0
-
-    @property
-    def dirty(self) -> bool:
-        return self.version != self.saved_version
+        self._changed: list[str] = []  # names changed since ``take_records``
 
     def get(self, name: str) -> Subscription:
         try:
@@ -74,7 +66,7 @@ class Subscriptions:
                 return current, False
             sub = replace(current, last_id=new_last, replica=new_replica, updated=now)
         self._subs[name] = sub
-        self.version += 1
+        self._changed.append(name)
         return sub, current is None
 
     def define_ack(self, name: str, policy: RetryPolicy, *, now: float) -> tuple[Subscription, bool]:
@@ -90,48 +82,70 @@ class Subscriptions:
         else:
             sub = replace(current, policy=policy, updated=now)
         self._subs[name] = sub
-        self.version += 1
+        self._changed.append(name)
         return sub, current is None
 
     def delete(self, name: str) -> None:
         self.get(name)
         del self._subs[name]
-        self.version += 1
+        self._changed.append(name)
 
     def replicas(self, message_id: int) -> list[str]:
         return [s.name for s in self.all() if s.replica and s.last_id >= message_id]
 
     def dump(self) -> bytes:
-        return orjson.dumps(
-            {
-                "version": 1,
-                "subscriptions": {
-                    s.name: {
-                        "last_id": s.last_id,
-                        "replica": s.replica,
-                        "created": s.created,
-                        "updated": s.updated,
-                        **({"mode": s.mode, "policy": s.policy.to_dict()} if s.policy is not None else {}),
-                    }
-                    for s in self.all()
-                },
-            }
-        )
+        return orjson.dumps({"version": 1, "subscriptions": {s.name: _fields(s) for s in self.all()}})
 
     def load(self, data: bytes) -> None:
         try:
             doc: dict[str, Any] = orjson.loads(data)
-            self._subs = {
-                name: Subscription(
-                    name,
-                    int(v["last_id"]),
-                    bool(v["replica"]),
-                    float(v["created"]),
-                    float(v["updated"]),
-                    str(v.get("mode", CURSOR)),
-                    parse_policy(v["policy"], RetryPolicy()) if v.get("mode") == ACK else None,
-                )
-                for name, v in doc["subscriptions"].items()
-            }
+            self._subs = {name: _parsed(name, v) for name, v in doc["subscriptions"].items()}
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, InvalidRequest) as exc:
             raise CorruptData(f"subscriptions document is not valid: {exc}") from None
+
+    def take_records(self) -> list[bytes]:
+        """The change log records of the changes since the last call (``apply`` replays them)."""
+        records = list(map(self._record, self._changed))
+        self._changed.clear()
+        return records
+
+    def _record(self, name: str) -> bytes:
+        """The record of ``name`` as it is now: its fields, or that it is gone."""
+        sub = self._subs.get(name)
+        if sub is None:
+            return orjson.dumps({"name": name, "deleted": True})
+        return orjson.dumps({"name": name, **_fields(sub)})
+
+    def apply(self, record: bytes) -> None:
+        """Replay a ``record``: the subscription it names becomes what it says."""
+        try:
+            change: dict[str, Any] = orjson.loads(record)
+            name = str(change["name"])
+            if change.get("deleted"):
+                self._subs.pop(name, None)
+            else:
+                self._subs[name] = _parsed(name, change)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, InvalidRequest) as exc:
+            raise CorruptData(f"subscription change record is not valid: {exc}") from None
+
+
+def _fields(s: Subscription) -> dict[str, Any]:
+    return {
+        "last_id": s.last_id,
+        "replica": s.replica,
+        "created": s.created,
+        "updated": s.updated,
+        **({"mode": s.mode, "policy": s.policy.to_dict()} if s.policy is not None else {}),
+    }
+
+
+def _parsed(name: str, v: dict[str, Any]) -> Subscription:
+    return Subscription(
+        name,
+        int(v["last_id"]),
+        bool(v["replica"]),
+        float(v["created"]),
+        float(v["updated"]),
+        str(v.get("mode", CURSOR)),
+        parse_policy(v["policy"], RetryPolicy()) if v.get("mode") == ACK else None,
+    )
