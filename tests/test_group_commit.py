@@ -7,6 +7,7 @@ counts what it was asked to save: the rules are about who is answered when.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from pathlib import Path
 
@@ -118,3 +119,51 @@ async def test_concurrent_change_log_flushes_share_fsyncs_and_are_answered_only_
     assert synced[-1] == path.stat().st_size
     await log.close()
     assert len((await ChangeLog(storage, "q/work/w", write_timeout=10.0).load())[1]) == 200
+
+
+async def test_change_log_flushes_that_fail_are_written_again_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = open_storage("file", {"root": tmp_path})
+    log = ChangeLog(storage, "q/work/w", write_timeout=10.0)
+    await log.load()
+    real_fdatasync = os.fdatasync
+    calls = [0]
+
+    def fdatasync(fd: int) -> None:
+        calls[0] += 1
+        if calls[0] % 3 == 0:
+            raise OSError(errno.EIO, "every third fdatasync fails")
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    appended: list[bytes] = []
+    failures = [0]
+
+    async def append() -> None:
+        # Records keep coming while flushes fail: a failed flush's records must still land
+        # ahead of those appended after them.
+        for i in range(300):
+            record = b"r%d" % i
+            log.append(record)
+            appended.append(record)
+            await asyncio.sleep(0.0002 if i % 2 else 0)
+
+    async def flush() -> None:
+        for _ in range(400):
+            try:
+                await log.flush()
+            except StorageUnavailable:
+                failures[0] += 1
+            if appending.done() and not log.dirty:
+                return
+        raise AssertionError("the flushes kept failing")
+
+    appending = asyncio.create_task(append())
+    await asyncio.gather(appending, *(flush() for _ in range(8)))
+    assert calls[0] > 30 and failures[0] > 10
+    await log.close()
+    monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+    # Every record once, in the order it was appended: a failed flush's records were written
+    # again after the log was cut back, ahead of the ones appended after them.
+    assert (await ChangeLog(storage, "q/work/w", write_timeout=10.0).load())[1] == appended
