@@ -89,6 +89,29 @@ def trim_heap() -> None:
     libc.malloc_trim(0)
 
 
+def lift_open_files_limit() -> None:
+    """Raise the soft limit on open files to the hard one, as Go's runtime does at start-up.
+
+    Each connection holds a descriptor (up to ``server.max_connections``, 1024 by default), and
+    each queue one for its open block's journal and one per change log in use (its
+    subscriptions, its schedule, each work queue); the usual soft limit of 1024 would run out
+    first, and every accept or open after it would fail with EMFILE.
+    """
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY or soft >= hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("open files limit stays at %d (hard limit %d): %s", soft, hard, exc)
+        return
+    log.info("open files limit raised from %d to %d", soft, hard)
+
+
 def open_auth(config: Config) -> Authenticator | None:
     """The users of ``config.data_dir``, held by this process; None when auth is off."""
     if not config.auth.enabled:
@@ -179,6 +202,7 @@ def run(config: Config) -> None:
     """Serve ``config`` on uvloop when it is installed, else on asyncio's own loop."""
     sys.setswitchinterval(SWITCH_INTERVAL)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    lift_open_files_limit()
     try:
         import uvloop
     except ImportError:  # uvloop is optional (not on Windows)
