@@ -29,7 +29,7 @@ class Subscription:
 
 class Subscriptions:
     """The subscriptions of one queue and their persisted forms: a JSON document of them all
-    (``dump``/``load``) and a record per change (``record``/``apply``), for a change log."""
+    (``dump``/``load``) and a record per change (``take_records``/``apply``), for a change log."""
 
     def __init__(self) -> None:
         self._subs: dict[str, Subscription] = {}
