@@ -21,14 +21,17 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from conftest import file_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from capella.api import create_app
 from capella.client import AsyncClient, Client
 from capella.config import ServerSettings
 from capella.core import blocks as blocks_module
+from capella.core.batch import Batch
 from capella.core.cluster import Cluster
 from capella.core.filter import MessageFilter
-from capella.core.message import stored_message
+from capella.core.message import Message, stored_message
 from capella.core.queue import Queue
 from capella.errors import CorruptData
 from capella.handlers.supervisor import Supervisor
@@ -403,3 +406,20 @@ async def test_the_next_block_is_rendered_before_the_reader_is_there(r: TestClie
     assert queue._loaded[11].frames() == queue._loaded[11].frames()
     messages, _ = frames.decode_page(await body_of(r, BINARY, after="10", limit="10"))
     assert [m.id for m in messages] == list(range(11, 21))
+
+
+# Whole blocks of ASCII (every byte below 128, so quotes, backslashes, control characters and
+# DEL), or of any bytes: the bulk render copies a block's payloads as they are only when none
+# needs an escape, and must give the bytes of the per-message render either way.
+PAYLOADS = st.one_of(
+    st.lists(st.binary(max_size=40).map(lambda b: bytes(c & 0x7F for c in b)), min_size=1, max_size=30),
+    st.lists(st.sampled_from([b"plain", b"a b/c 'd'", b"\x7f:\x7f", b"x" * 300]), min_size=1, max_size=30),
+    st.lists(st.binary(max_size=20), min_size=1, max_size=30),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(PAYLOADS)
+def test_a_block_rendered_in_bulk_is_the_bytes_of_each_message_rendered_alone(payloads: list[bytes]) -> None:
+    messages = [Message(i + 1, 1.7e9 + i, "edge", i + 1, 1.7e9 + i, 0, p, {}) for i, p in enumerate(payloads)]
+    assert Batch.of_messages(messages).json() == [orjson.dumps(stored_message(m)) for m in messages]
