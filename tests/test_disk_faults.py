@@ -57,6 +57,7 @@ class Ledger:
         self.queue = queue
         self.acked: dict[int, str] = {}
         self.sent: set[str] = set()
+        self.cursor = 0  # the last acknowledged commit of the subscription "reader"
         self._seq = 0
 
     async def produce(self, count: int = BATCH) -> tuple[int, dict[str, Any], float]:
@@ -74,6 +75,19 @@ class Ledger:
         if resp.status == 200:
             for text, result in zip(texts, body["results"], strict=True):
                 self.acked[result["id"]] = text
+        return resp.status, body, time.monotonic() - started
+
+    async def commit(self, last_id: int) -> tuple[int, dict[str, Any], float]:
+        """Move the subscription "reader" to ``last_id`` with ``save=immediate``."""
+        started = time.monotonic()
+        async with self.http.put(
+            f"{self.url}/v1/queues/{self.queue}/subscriptions/reader?save=immediate",
+            json={"last_id": last_id},
+            timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
+        ) as resp:
+            body = await resp.json()
+        if resp.status in (200, 201):
+            self.cursor = last_id
         return resp.status, body, time.monotonic() - started
 
     async def read_all(self) -> list[tuple[int, str]]:
@@ -102,6 +116,10 @@ class Ledger:
         by_id = dict(stored)
         missing = [i for i in self.acked if by_id.get(i) != self.acked[i]]
         assert not missing, f"{len(missing)} acknowledged messages lost or changed, first ids {missing[:5]}"
+        if self.cursor:
+            async with self.http.get(f"{self.url}/v1/queues/{self.queue}/subscriptions/reader") as resp:
+                last_id = (await resp.json())["last_id"]
+            assert last_id >= self.cursor, "an acknowledged cursor commit went back"
 
 
 @contextmanager
@@ -270,6 +288,7 @@ async def test_a_read_only_or_failing_disk_refuses_writes_and_resumes_when_it_cl
             assert (await http.put(f"{server.url}/v1/queues/disk", json={})).status == 201
             for _ in range(5):
                 assert (await ledger.produce())[0] == 200
+            assert (await ledger.commit(2))[0] == 201
             acked_before = dict(ledger.acked)
 
             with injected(server.process.pid, WRITE_CALLS, f"error={error}"):
@@ -278,8 +297,13 @@ async def test_a_read_only_or_failing_disk_refuses_writes_and_resumes_when_it_cl
                     assert (status, body["error"]["code"]) == (503, "storage_unavailable"), body
                     assert text in body["error"]["message"]
                     assert seconds < 5.0
+                # A cursor commit is refused the same way (its change log's fdatasync fails).
+                status, body, seconds = await ledger.commit(4)
+                assert (status, body["error"]["code"]) == (503, "storage_unavailable"), body
+                assert text in body["error"]["message"]
+                assert seconds < 5.0
                 # Nothing the failed fsyncs covered was acknowledged.
-                assert ledger.acked == acked_before
+                assert ledger.acked == acked_before and ledger.cursor == 2
                 status, ready = await readiness(ledger)
                 assert status == 503 and text in ready["queues"][0]["reason"]
                 await ledger.check_everything_acknowledged_is_there()
@@ -288,6 +312,8 @@ async def test_a_read_only_or_failing_disk_refuses_writes_and_resumes_when_it_cl
             for _ in range(5):
                 status, body, _ = await ledger.produce()
                 assert status == 200, body
+            status, body, _ = await ledger.commit(6)
+            assert status == 200, body
     finally:
         server.kill()  # a crash: only what was fsync'd is back
 
