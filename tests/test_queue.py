@@ -415,6 +415,12 @@ async def test_cursors_saved_by_a_version_without_the_log_become_its_first_snaps
         await q.commit("dc2", 13, save=SaveMode.IMMEDIATE)
         cluster = await reopen(cluster, tmp_path, clock)
         assert [(s.name, s.last_id) for s in cluster.queue("old").subscriptions()] == [("dc2", 13)]
+        # A crash after the first snapshot and before the delete: the old document is a leftover.
+        await cluster.close()
+        document.write_bytes(orjson.dumps({"version": 1, "subscriptions": {"dc2": subscription}}))
+        cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+        assert [(s.name, s.last_id) for s in cluster.queue("old").subscriptions()] == [("dc2", 13)]
+        assert not document.exists()
     finally:
         await cluster.close()
 
