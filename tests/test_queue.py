@@ -132,7 +132,7 @@ async def test_dedup_answers_the_original_id_for_repeats(cluster: Cluster) -> No
     again = await q.append(
         [Draft(payload=b"b", source="s1", external_id=20), Draft(payload=b"c", source="s2", external_id=20)]
     )
-    assert again[0] == (first[1].id, True)
+    assert (again[0].id, again[0].duplicate) == (first[1].id, True)
     assert again[1].duplicate is False
     # Out of order: 15 is below the highest seen id of s1, but new.
     late = await q.append([Draft(payload=b"d", source="s1", external_id=15)])

@@ -14,7 +14,7 @@ from conftest import Clock, file_config
 from capella.core import schedule as schedule_module
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
-from capella.core.queue import Delayed, Queue
+from capella.core.queue import Appended, Delayed, Queue
 from capella.errors import Conflict, ScheduledNotFound
 
 
@@ -208,7 +208,7 @@ async def test_an_identity_is_scheduled_once_and_delivered_once(cluster: Cluster
     (message,) = (await q.read_after(0, 10)).messages
     assert (message.source, message.external_id) == ("shop", 1)
     late = await q.append([later("x", at + 60, source="shop", external_id=1)])
-    assert late == [(message.id, True)]
+    assert late == [Appended(message.id, True)]
 
 
 async def test_a_message_being_released_cannot_be_changed(cluster: Cluster, clock: Clock) -> None:
@@ -226,7 +226,7 @@ async def test_a_message_being_released_cannot_be_changed(cluster: Cluster, cloc
 
 async def test_due_in_the_past_is_delivered_at_once(cluster: Cluster, clock: Clock) -> None:
     q, _ = await cluster.put_queue("jobs", {})
-    assert await q.append([later("x", clock.now - 1)]) == [(1, False)]
+    assert await q.append([later("x", clock.now - 1)]) == [Appended(1, False)]
 
 
 async def test_many_items_falling_due_at_once_are_released_in_due_order(

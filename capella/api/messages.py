@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 from aiohttp import web
 
 from capella import wire
@@ -36,7 +37,6 @@ from capella.api.request import (
     SETTINGS,
     STOPPING,
     int_param,
-    json_response,
     limit_param,
     message_filter_param,
     read_body,
@@ -47,7 +47,7 @@ from capella.api.request import (
 from capella.api.route import Route, on_queue
 from capella.core.batch import Batch
 from capella.core.filter import MessageFilter
-from capella.core.queue import Appended, Delayed, Page, Queue
+from capella.core.queue import Page, Queue
 from capella.errors import InvalidRequest, NotAcceptable, QueueNotFound
 from capella.wire import frames
 
@@ -79,19 +79,15 @@ async def produce(request: web.Request) -> web.Response:
     replicas = int_param(request, "replicas", 0, low=0, high=1000)
     replica_wait = wait_param(request, "replica_timeout", REPLICA_TIMEOUT) if replicas else 0.0
     appended = await queue.append(drafts, save) if drafts else []
-    answer: dict[str, object] = {"results": [_result(a) for a in appended]}
+    # The results are Structs msgspec renders as {"id", "duplicate"} (or, for a delayed
+    # message, {"scheduled_id", "deliver_at", "duplicate"}): no dict per message.
+    answer: dict[str, object] = {"results": appended}
     if replicas and any(a.id for a in appended):
         # A cross-datacenter receipt: wait until N replica subscriptions have passed the batch.
         last = max(a.id for a in appended)
         holders = await queue.wait_replicas(last, replicas, replica_wait)
         answer["replicas"] = {"required": replicas, "count": len(holders), "subscriptions": holders}
-    return json_response(answer)
-
-
-def _result(a: Appended | Delayed) -> dict[str, object]:
-    if isinstance(a, Delayed):
-        return {"scheduled_id": a.scheduled, "deliver_at": a.deliver_at, "duplicate": a.duplicate}
-    return {"id": a.id, "duplicate": a.duplicate}
+    return web.Response(body=msgspec.json.encode(answer), content_type=wire.JSON)
 
 
 # --- read -----------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ its identity is already in the log or the schedule. The answers keep the request
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+
+import msgspec
 
 from capella.core.message import Draft
 from capella.core.schedule import Schedule
@@ -16,10 +17,13 @@ from capella.core.scheduled import Scheduled
 from capella.core.writer import Appended, Writer
 
 
-class Delayed(NamedTuple):
-    """A message that waits in the schedule; it gets its id when it is delivered."""
+class Delayed(msgspec.Struct, frozen=True, gc=False):
+    """A message that waits in the schedule; it gets its id when it is delivered.
 
-    scheduled: int
+    Rendered in a produce answer as ``{"scheduled_id", "deliver_at", "duplicate"}``.
+    """
+
+    scheduled: int = msgspec.field(name="scheduled_id")
     deliver_at: float
     duplicate: bool
 

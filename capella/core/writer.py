@@ -18,8 +18,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
+import msgspec
 import orjson
 
 from capella.config import StorageSettings
@@ -46,7 +46,13 @@ MAX_FLUSHES = 3
 MAX_SEALING = 2
 
 
-class Appended(NamedTuple):
+class Appended(msgspec.Struct, frozen=True, gc=False):
+    """A produced message's answer: its id, and whether it was stored before (a duplicate).
+
+    A Struct, not a NamedTuple: one is built per produced message (0.03 against 0.2 µs), and
+    msgspec renders a list of them as the answer's ``results`` without a dict per message.
+    """
+
     id: int
     duplicate: bool
 
