@@ -423,3 +423,12 @@ PAYLOADS = st.one_of(
 def test_a_block_rendered_in_bulk_is_the_bytes_of_each_message_rendered_alone(payloads: list[bytes]) -> None:
     messages = [Message(i + 1, 1.7e9 + i, "edge", i + 1, 1.7e9 + i, 0, p, {}) for i, p in enumerate(payloads)]
     assert Batch.of_messages(messages).json() == [orjson.dumps(stored_message(m)) for m in messages]
+
+
+@pytest.mark.parametrize("odd_one", [None, 0, 700, 1499])
+def test_a_large_block_is_checked_for_escapes_in_every_part(odd_one: int | None) -> None:
+    payloads = [b"plain %d" % i for i in range(1500)]  # checked a few hundred at a time
+    if odd_one is not None:
+        payloads[odd_one] = b'needs "escapes"'
+    messages = [Message(i + 1, 1.7e9, "edge", i + 1, 1.7e9, 0, p, {}) for i, p in enumerate(payloads)]
+    assert Batch.of_messages(messages).json() == [orjson.dumps(stored_message(m)) for m in messages]

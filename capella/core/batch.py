@@ -24,6 +24,9 @@ from capella.core.codec import Columns, columns_of, messages_of
 from capella.core.message import Message, stored_message
 from capella.wire.frames import encode_frames
 
+# Payloads ``_plain`` checks in one piece.
+_CHECKED_AT_ONCE = 512
+
 
 class Batch:
     """Messages in id order; ``ids`` is their id list, for bisecting."""
@@ -92,11 +95,7 @@ def json_objects(c: Columns) -> list[bytes] | None:
     n = len(c.ids)
     if not n:
         return []
-    joined = b"".join(c.payloads)
-    if joined.isascii() and len(orjson.dumps(joined.decode("ascii"))) == len(joined) + 2:
-        # orjson escaped nothing ('"', '\\' and control characters lengthen a string), so
-        # every payload is rendered as it is, between quotes (0.11 -> 0.045 µs per message
-        # against a check of each byte).
+    if _plain(c.payloads):
         data: Sequence[bytes] = c.payloads
         data_open, data_close = b',"data":"', b'"}'
     else:
@@ -135,6 +134,21 @@ def json_objects(c: Columns) -> list[bytes] | None:
             data_close,
         ]
     )
+
+
+def _plain(payloads: Sequence[bytes]) -> bool:
+    """Whether every payload goes into a JSON string as it is: ASCII in which orjson escapes
+    nothing (an escape of '"', '\\' or a control character lengthens the string).
+
+    0.045 µs per message, against 0.11 for a check of each byte; a few hundred payloads at a
+    time, so that the copies stay small next to the block (the whole block at once raised the
+    peak RSS of the ``versus`` run by 10 MB).
+    """
+    for start in range(0, len(payloads), _CHECKED_AT_ONCE):
+        chunk = b"".join(payloads[start : start + _CHECKED_AT_ONCE])
+        if not chunk.isascii() or len(orjson.dumps(chunk.decode("ascii"))) != len(chunk) + 2:
+            return False
+    return True
 
 
 def _joined(parts: list[bytes | Sequence[bytes]]) -> list[bytes]:
