@@ -16,7 +16,9 @@ import pytest
 from capella.core.changelog import ChangeLog
 from capella.core.commit import GroupCommit
 from capella.errors import StorageUnavailable
-from capella.storage import open_storage
+from capella.storage import Storage, open_storage
+
+LOG = "q/work/w"
 
 
 class Changes:
@@ -86,12 +88,23 @@ async def test_a_failed_flush_fails_the_callers_it_covered_and_the_next_flush_se
     assert owner.commit.durable == 2
 
 
+async def opened_log(tmp_path: Path) -> tuple[Storage, ChangeLog]:
+    """A file storage at ``tmp_path`` and a work-queue change log on it, loaded."""
+    storage = open_storage("file", {"root": tmp_path})
+    log = ChangeLog(storage, LOG, write_timeout=10.0)
+    await log.load()
+    return storage, log
+
+
+async def records_of(storage: Storage) -> list[bytes]:
+    """What a restart finds in the log."""
+    return (await ChangeLog(storage, LOG, write_timeout=10.0).load())[1]
+
+
 async def test_concurrent_change_log_flushes_share_fsyncs_and_are_answered_only_after_theirs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    storage = open_storage("file", {"root": tmp_path})
-    log = ChangeLog(storage, "q/work/w", write_timeout=10.0)
-    await log.load()
+    storage, log = await opened_log(tmp_path)
     synced: list[int] = []  # the log's size at each fdatasync
     real_fdatasync = os.fdatasync
 
@@ -118,15 +131,13 @@ async def test_concurrent_change_log_flushes_share_fsyncs_and_are_answered_only_
     assert len(synced) < 200, "concurrent flushes did not share fsyncs"
     assert synced[-1] == path.stat().st_size
     await log.close()
-    assert len((await ChangeLog(storage, "q/work/w", write_timeout=10.0).load())[1]) == 200
+    assert len(await records_of(storage)) == 200
 
 
 async def test_change_log_flushes_that_fail_are_written_again_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    storage = open_storage("file", {"root": tmp_path})
-    log = ChangeLog(storage, "q/work/w", write_timeout=10.0)
-    await log.load()
+    storage, log = await opened_log(tmp_path)
     real_fdatasync = os.fdatasync
     calls = [0]
 
@@ -166,4 +177,4 @@ async def test_change_log_flushes_that_fail_are_written_again_in_order(
     monkeypatch.setattr(os, "fdatasync", real_fdatasync)
     # Every record once, in the order it was appended: a failed flush's records were written
     # again after the log was cut back, ahead of the ones appended after them.
-    assert (await ChangeLog(storage, "q/work/w", write_timeout=10.0).load())[1] == appended
+    assert await records_of(storage) == appended
