@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import os
 import re
 import socket
 import tomllib
@@ -167,6 +168,54 @@ class AuthSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     bootstrap_password_env: Text | None = None
 
 
+class SecretSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """``[secrets.NAME]``: where one secret's value is, read each time it is used.
+
+    Definitions (push, PostgreSQL handlers, cluster links) name the secret, never the
+    variable or the file, and using it needs a ``secret use`` rule on its name.
+    """
+
+    env: Text | None = None
+    file: FilePath | None = None
+
+    def value(self) -> str | None:
+        """The secret's value now; ``None`` when the variable is unset or the file unreadable."""
+        if self.env is not None:
+            return os.environ.get(self.env) or None
+        assert self.file is not None
+        try:
+            text = self.file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+        # A trailing newline is the file's, not the secret's (echo, Docker and Kubernetes secrets).
+        return text.removesuffix("\n").removesuffix("\r") or None
+
+
+def _networks(value: object) -> tuple[str, ...]:
+    """CIDR networks or single addresses (``10.0.0.0/8``, ``fd00::/8``, ``203.0.113.7``)."""
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"expected a list of networks such as 10.0.0.0/8, got {value!r}")
+    for network in value:
+        try:
+            ipaddress.ip_network(network, strict=False)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected networks such as 10.0.0.0/8 or fd00::/8, got {network!r}") from None
+    return tuple(value)
+
+
+Networks = Annotated[tuple[str, ...], _Read(_networks)]
+
+
+class EgressSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """``[egress]``: where the broker may connect on a definition's behalf (push, PostgreSQL, links).
+
+    With authentication on, only public addresses are allowed, plus the networks in ``allow``;
+    with it off (loopback only, one local user) every address is.
+    """
+
+    allow: Networks = ()
+
+
 class _File(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """The tables of a configuration file. ``[mounts.NAME]`` tables are checked by provider
     (``MOUNT_KEYS``); ``[queue_defaults]`` by the queue definition's own fields when the cluster
@@ -178,6 +227,8 @@ class _File(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     mounts: dict[str, Any] = msgspec.field(default_factory=dict)
     queue_defaults: dict[str, Any] = msgspec.field(default_factory=dict)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
+    secrets: dict[str, Any] = msgspec.field(default_factory=dict)
+    egress: EgressSettings = msgspec.field(default_factory=EgressSettings)
 
 
 # The keys of a [mounts.NAME] table besides provider, compression and level, by provider: the
@@ -222,6 +273,8 @@ class Config(msgspec.Struct, frozen=True):
     default_mount: str = "default"
     queue_defaults: dict[str, Any] = msgspec.field(default_factory=dict)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
+    secrets: dict[str, SecretSettings] = msgspec.field(default_factory=dict)
+    egress: EgressSettings = msgspec.field(default_factory=EgressSettings)
     # Where this configuration came from, to start its error messages: the file as given.
     source: str = "config"
 
@@ -329,6 +382,8 @@ def _config(raw: dict[str, Any], overrides: dict[str, Any], base: Path, source: 
         default_mount=default_mount,
         queue_defaults=tables.queue_defaults,
         auth=auth,
+        secrets=_secrets(tables.secrets, base),
+        egress=tables.egress,
         source=source,
     )
 
@@ -438,6 +493,21 @@ def _check_distinct(mounts: dict[str, MountConfig]) -> None:
         if place in seen:
             raise _Refused(f"mounts.{mount.name} and mounts.{seen[place]} point at the same place")
         seen[place] = mount.name
+
+
+def _secrets(tables: dict[str, Any], base: Path) -> dict[str, SecretSettings]:
+    secrets: dict[str, SecretSettings] = {}
+    for name, value in tables.items():
+        path = f"secrets.{name}"
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", name):
+            raise _Refused(f"{path}: a secret's name uses letters, digits, '_', '.', '-'")
+        secret = _read(value, SecretSettings, path)
+        if (secret.env is None) == (secret.file is None):
+            raise _Refused(f"{path}: give exactly one of env and file")
+        if secret.file is not None and not secret.file.is_absolute():
+            secret = msgspec.structs.replace(secret, file=(base / secret.file).resolve())
+        secrets[name] = secret
+    return secrets
 
 
 def _found(tls: TlsSettings, base: Path) -> TlsSettings:

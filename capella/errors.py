@@ -96,6 +96,21 @@ class Forbidden(CapellaError):
     code = "forbidden"
 
 
+class SecretUnavailable(InvalidRequest):
+    """A named secret cannot be used: not declared, not granted, or without a value.
+
+    The three get one answer, so a definition cannot probe which secrets exist.
+    """
+
+    code = "secret_unavailable"
+
+
+class EgressRefused(Forbidden):
+    """The egress policy does not allow a connection to this address."""
+
+    code = "egress_refused"
+
+
 # --- lookups -----------------------------------------------------------------------------
 
 

@@ -23,9 +23,11 @@ from aiohttp import web
 from capella.api.app import create_app
 from capella.api.connection import ConnectionGuard, GuardedSite
 from capella.auth.authenticator import Authenticator
+from capella.auth.secret import Secrets
 from capella.auth.store import AuthStore
 from capella.config import Config, ServerSettings, TlsSettings
 from capella.core.cluster import Cluster
+from capella.egress import Egress
 from capella.errors import InvalidConfig, InvalidRequest
 from capella.fsync import create_directories
 from capella.handlers.links import Links
@@ -42,7 +44,8 @@ async def serve(config: Config) -> None:
     users = authenticator.store if authenticator is not None else None
     cluster = Cluster.create(config)
     links = Links(cluster, key_file=config.data_dir / "keys" / "links.key")
-    supervisor = Supervisor(cluster, links=links, users=users)
+    egress = Egress.of(config.egress.allow, auth_enabled=config.auth.enabled)
+    supervisor = Supervisor(cluster, links=links, users=users, secrets=Secrets(config.secrets), egress=egress)
     guard = ConnectionGuard(config.server)
     app = create_app(cluster, config.server, supervisor, authenticator=authenticator, guard=guard)
     # The guard builds each connection's protocol with the header limits and keep-alive timeout.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -302,7 +303,13 @@ def free_port() -> int:
 class ServerProcess:
     """``capella serve`` in a subprocess, with its data dir and log file."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, config: Path | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        config: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -316,6 +323,7 @@ class ServerProcess:
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            env=None if env is None else {**os.environ, **env},
         )
 
     def wait_ready(self, timeout: float = SERVER_START_TIMEOUT) -> None:

@@ -4,7 +4,8 @@ A rule is ``allow`` or ``deny`` + an object type + an action + a name pattern (`
 any run of characters, also ``/``). Deny wins over allow; no matching rule means deny; an
 admin may do everything. ``admin`` in an allow rule grants ``read`` and ``write`` as well
 (who may delete a queue may also read it); a deny rule denies exactly the action it names.
-Subscriptions are named ``queue/subscription``.
+Subscriptions are named ``queue/subscription``. Secrets have one action, ``use``, and are
+granted only by a rule of type ``secret`` (``allow:secret:use:orders-*``), never by ``*``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 
 from capella.errors import Forbidden, InvalidRequest
 
-OBJECT_TYPES = ("cluster", "queue", "subscription", "handler", "external_cluster", "user")
-ACTIONS = ("read", "write", "admin")
+OBJECT_TYPES = ("cluster", "queue", "subscription", "handler", "external_cluster", "user", "secret")
+# ``use`` applies to secrets only; the others to every other type.
+ACTIONS = ("read", "write", "admin", "use")
 EFFECTS = ("allow", "deny")
 
 
@@ -53,7 +55,12 @@ class Rule:
             )
         if action not in (*ACTIONS, "*"):
             raise InvalidRequest(
-                f"{where}.action: expected read, write, admin or *, got {action!r}", field=where
+                f"{where}.action: expected read, write, admin, use or *, got {action!r}", field=where
+            )
+        if (kind == "secret") != (action == "use") and "*" not in (kind, action):
+            raise InvalidRequest(
+                f"{where}: a secret's action is use (allow:secret:use:NAME), and use is only for secrets",
+                field=where,
             )
         if not isinstance(pattern, str) or not pattern or len(pattern) > 512:
             raise InvalidRequest(f"{where}.name: expected a name pattern such as orders-*", field=where)
@@ -67,6 +74,9 @@ class Rule:
 
     def matches(self, kind: str, action: str, name: str) -> bool:
         if self.type not in ("*", kind):
+            return False
+        if kind == "secret" and self.effect == "allow" and self.type != "secret":
+            # A secret is granted only by name: allow:*:*:dev-* must not hand out credentials.
             return False
         if self.effect == "allow":
             covers = self.action in ("*", "admin", action)

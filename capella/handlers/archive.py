@@ -111,11 +111,11 @@ class ArchiveHandler(QueueHandler[ArchiveParams]):
 
 if TYPE_CHECKING:
     from capella.core.cluster import Cluster
-    from capella.handlers.links import Links
+    from capella.handlers.reach import Reach
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[ArchiveParams, ArchiveHandler]:
     """The ``archive`` handler type; the marks must exist on every queue named exactly."""
     params = ArchiveParams.parse(raw)

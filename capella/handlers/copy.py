@@ -35,6 +35,7 @@ from capella.errors import (
 from capella.handlers.links import Links
 from capella.handlers.params import Params, segment_ranges
 from capella.handlers.queues import PassResult, QueueHandler
+from capella.handlers.reach import Reach
 
 # A pass with a long backlog ends after this long, so the status shows progress.
 PASS_SECONDS = 5.0
@@ -274,7 +275,7 @@ def _save(value: object, field_name: str, default: SaveMode) -> SaveMode:
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[CopyParams, CopyHandler]:
     """The ``copy`` handler type; its queues and links must exist when it is defined."""
     params = CopyParams.parse(raw)
@@ -283,7 +284,7 @@ def build(
             continue
         link, _, queue = ref.rpartition("/")
         try:
-            links.link(link) if link else cluster.queue(queue)
+            reach.links.link(link) if link else cluster.queue(queue)
         except (QueueNotFound, LinkNotFound) as exc:
             raise InvalidRequest(f"params.{what}: {exc.message}", field=f"params.{what}") from None
-    return params, CopyHandler(cluster, queues, params, links)
+    return params, CopyHandler(cluster, queues, params, reach.links)

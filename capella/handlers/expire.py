@@ -75,11 +75,11 @@ class ExpireHandler(QueueHandler[ExpireParams]):
 
 if TYPE_CHECKING:
     from capella.core.cluster import Cluster
-    from capella.handlers.links import Links
+    from capella.handlers.reach import Reach
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[ExpireParams, ExpireHandler]:
     """The ``expire`` handler type (``capella.handlers.supervisor.TYPES``)."""
     params = ExpireParams.parse(raw)

@@ -37,11 +37,11 @@ class FlushHandler(QueueHandler[FlushParams]):
 
 if TYPE_CHECKING:
     from capella.core.cluster import Cluster
-    from capella.handlers.links import Links
+    from capella.handlers.reach import Reach
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[FlushParams, FlushHandler]:
     """The ``flush`` handler type (``capella.handlers.supervisor.TYPES``)."""
     params = FlushParams.parse(raw)

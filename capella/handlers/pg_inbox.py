@@ -27,6 +27,7 @@ from capella.handlers.links import Links
 from capella.handlers.params import Params, segment_ranges
 from capella.handlers.postgres import DSN_PARAMS, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.queues import PassResult, QueueHandler, selected
+from capella.handlers.reach import Reach
 
 # A pass with a long backlog ends after this long, so the status shows progress.
 PASS_SECONDS = 5.0
@@ -194,8 +195,8 @@ def inbox_ddl(table: str = DEFAULT_TABLE) -> str:
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[InboxParams, InboxHandler]:
     """The ``pg_inbox`` handler type."""
-    params = InboxParams.parse(raw, links)
+    params = InboxParams.parse(raw, reach.links)
     return params, InboxHandler(cluster, queues, params)

@@ -32,6 +32,7 @@ from capella.handlers.links import Links
 from capella.handlers.params import Params
 from capella.handlers.postgres import DSN_PARAMS, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.queues import PassResult
+from capella.handlers.reach import Reach
 
 # A pass with a long backlog ends after this long, so the status shows progress.
 PASS_SECONDS = 5.0
@@ -260,10 +261,10 @@ def outbox_ddl(table: str = DEFAULT_TABLE, *, notify: bool = False, keep: bool =
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[OutboxParams, OutboxHandler]:
     """The ``pg_outbox`` handler type; its target queue must exist."""
-    params = OutboxParams.parse(raw, links)
+    params = OutboxParams.parse(raw, reach.links)
     try:
         cluster.queue(params.to)
     except QueueNotFound as exc:

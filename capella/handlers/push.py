@@ -51,6 +51,7 @@ from capella.handlers.delivery import (
     retryable,
 )
 from capella.handlers.queues import PassResult
+from capella.handlers.reach import Reach
 from capella.handlers.webhook import LEASE, PushParams
 
 log = logging.getLogger(__name__)
@@ -469,7 +470,7 @@ class PushHandler:
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, links: object, name: str
+    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[PushParams, PushHandler]:
     """The ``push`` handler type: one queue, and a dead-letter queue other than it (no links)."""
     if len(queues) != 1 or any(c in queues[0] for c in "*?["):

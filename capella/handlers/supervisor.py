@@ -23,11 +23,13 @@ from typing import Any, Protocol
 import orjson
 
 from capella.auth.rule import UNRESTRICTED, Identity
+from capella.auth.secret import Secrets
 from capella.auth.store import AuthStore
 from capella.backoff import backoff
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
 from capella.core.task import supervise
+from capella.egress import Egress
 from capella.errors import (
     CapellaError,
     CorruptData,
@@ -39,6 +41,7 @@ from capella.errors import (
 )
 from capella.handlers.links import Links
 from capella.handlers.queues import PassResult, queue_patterns
+from capella.handlers.reach import Reach
 from capella.wire.handlers import HANDLER_TYPES
 
 log = logging.getLogger(__name__)
@@ -81,7 +84,7 @@ Builder = Callable[..., tuple[HandlerParams, Handler]]
 
 
 def builder(kind: str) -> Builder:
-    """The ``build(cluster, queues, raw, links, name)`` of handler type ``kind``."""
+    """The ``build(cluster, queues, raw, reach, name)`` of handler type ``kind``."""
     target = TYPES.get(kind)
     if target is None:
         raise InvalidRequest(
@@ -94,15 +97,17 @@ def builder(kind: str) -> Builder:
 
 
 def build(
-    cluster: Cluster, kind: str, queues: list[str], raw: object, links: Links, name: str = ""
+    cluster: Cluster, kind: str, queues: list[str], raw: object, reach: Reach, name: str = ""
 ) -> tuple[HandlerParams, Handler]:
     """Parse ``raw`` params for handler ``name`` of ``kind`` and build it (errors name the field)."""
-    return builder(kind)(cluster, queues, raw, links, name)
+    return builder(kind)(cluster, queues, raw, reach, name)
 
 
-def build_push(cluster: Cluster, queues: list[str], raw: object, name: str) -> tuple[HandlerParams, Handler]:
+def build_push(
+    cluster: Cluster, queues: list[str], raw: object, name: str, reach: Reach | None = None
+) -> tuple[HandlerParams, Handler]:
     """A push handler on its own (it needs no links)."""
-    return builder("push")(cluster, queues, raw, None, name)
+    return builder("push")(cluster, queues, raw, reach or Reach(Links(cluster)), name)
 
 
 @dataclass(slots=True)
@@ -169,12 +174,15 @@ class Supervisor:
         clock: Callable[[], float] = time.time,
         links: Links | None = None,
         users: AuthStore | None = None,
+        secrets: Secrets | None = None,
+        egress: Egress | None = None,
     ) -> None:
         self._cluster = cluster
         self._users = users
         self._clock = clock
         # External clusters that copy handlers reach as ``link/queue``.
         self.links = links if links is not None else Links(cluster)
+        self.reach = Reach(self.links, secrets or Secrets(), egress or Egress.open())
         self._states: dict[str, HandlerState] = {}
         self._lock = asyncio.Lock()
 
@@ -191,7 +199,7 @@ class Supervisor:
         for name, d in sorted(definitions.items()):
             try:
                 params, handler = build(
-                    self._cluster, d["type"], list(d["queues"]), d["params"], self.links, name
+                    self._cluster, d["type"], list(d["queues"]), d["params"], self.reach, name
                 )
             except CapellaError as exc:
                 # Keep the definition (a later save must not drop it); every pass reports why.
@@ -257,7 +265,7 @@ class Supervisor:
                 )
         else:
             queues = queue_patterns(data, self._cluster)
-        params, handler = build(self._cluster, kind, queues, data.get("params"), self.links, name)
+        params, handler = build(self._cluster, kind, queues, data.get("params"), self.reach, name)
         started = data.get("started", True)
         if not isinstance(started, bool):
             raise InvalidRequest("started must be true or false", field="started")

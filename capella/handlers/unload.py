@@ -45,11 +45,11 @@ class UnloadHandler(QueueHandler[UnloadParams]):
 
 if TYPE_CHECKING:
     from capella.core.cluster import Cluster
-    from capella.handlers.links import Links
+    from capella.handlers.reach import Reach
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, links: Links, name: str
+    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[UnloadParams, UnloadHandler]:
     """The ``unload`` handler type (``capella.handlers.supervisor.TYPES``)."""
     params = UnloadParams.parse(raw)

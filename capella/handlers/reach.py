@@ -1,0 +1,24 @@
+"""What a handler may reach beyond its queues: external clusters, named secrets, the network.
+
+The supervisor holds one ``Reach`` and hands each handler type's ``build`` a copy naming who
+the handler acts for (``by``): whoever defines it, or on a restart the user it runs as. A
+definition can only name secrets that user may use, and every connection a handler opens
+passes the egress policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from capella.auth.rule import UNRESTRICTED, Identity
+from capella.auth.secret import Secrets
+from capella.egress import Egress
+from capella.handlers.links import Links
+
+
+@dataclass(frozen=True, slots=True)
+class Reach:
+    links: Links
+    secrets: Secrets = field(default_factory=Secrets)
+    egress: Egress = field(default_factory=Egress.open)
+    by: Identity = UNRESTRICTED
