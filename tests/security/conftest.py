@@ -74,9 +74,9 @@ def write_config(directory: Path, extra: str = "") -> Path:
     """A configuration with auth on and a bootstrap admin, plus ``extra`` TOML."""
     config = directory / "capella.toml"
     config.write_text(
-        "[cluster]\nname = \"secured\"\n\n"
-        "[auth]\nenabled = true\nbootstrap_user = \"admin\"\n"
-        "bootstrap_password_env = \"CAPELLA_ADMIN_PASSWORD\"\n\n" + extra
+        '[cluster]\nname = "secured"\n\n'
+        '[auth]\nenabled = true\nbootstrap_user = "admin"\n'
+        'bootstrap_password_env = "CAPELLA_ADMIN_PASSWORD"\n\n' + extra
     )
     return config
 
@@ -86,7 +86,7 @@ StartSecured = Callable[..., Secured]
 
 @pytest.fixture
 def start_secured(tmp_path: Path) -> Iterator[StartSecured]:
-    """``start_secured(extra_toml, env={...})``: a secured server with the user ``dev``, stopped at the end."""
+    """``start_secured(extra_toml, env={...})``: a secured server with the user ``dev``; stopped after."""
     stops: list[Iterator[ServerProcess]] = []
 
     def start(extra: str = "", env: dict[str, str] | None = None) -> Secured:
@@ -99,7 +99,9 @@ def start_secured(tmp_path: Path) -> Iterator[StartSecured]:
         lifetime = running(process)
         stops.append(lifetime)
         secured = Secured(next(lifetime), process.url)
-        made = secured.call("PUT", "/v1/users/dev", {"password": DEV_PASSWORD, "rules": DEV_RULES}, user="admin")
+        made = secured.call(
+            "PUT", "/v1/users/dev", {"password": DEV_PASSWORD, "rules": DEV_RULES}, user="admin"
+        )
         assert made.status == 201, made.body
         return secured
 
@@ -132,7 +134,9 @@ class Receiver:
     seen: list[Received] = field(default_factory=list)
 
     async def handle(self, request: web.Request) -> web.Response:
-        self.seen.append(Received(request.method, request.path_qs, dict(request.headers), await request.read()))
+        self.seen.append(
+            Received(request.method, request.path_qs, dict(request.headers), await request.read())
+        )
         return web.Response(status=self.status, text="receiver answer")
 
 
