@@ -74,6 +74,9 @@ PASS_SECONDS = 5.0
 # Claimed messages kept waiting (held, or failed and waiting for a retry) at most: beyond this
 # only retries are claimed, so a receiver that is down does not drain the queue into retries.
 MIN_WINDOW = 1000
+# Claimed messages held in memory, waiting for a request slot, at most: with up to
+# ``MAX_IN_FLIGHT`` (webhook.py) in requests, a handler holds at most twice that many messages.
+MAX_HELD = 10_000
 LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 Key = int | None  # what orders messages: 0 (ordered), the segment (by_segment), None (unordered)
@@ -123,7 +126,7 @@ class PushHandler:
         self._take_back = True
         self._work_queue: WorkQueue | None = None
         self._slots = params.concurrency * params.batch
-        self._hold_limit = 4 * self._slots
+        self._hold_limit = min(4 * self._slots, MAX_HELD)
         self._window = max(MIN_WINDOW, self._hold_limit)
         self._held: dict[Key, list[tuple[Message, Entry]]] = {}
         self._held_count = 0
@@ -272,7 +275,7 @@ class PushHandler:
         if len(work.state.entries) >= self._window or self._held_count >= self._hold_limit:
             return 0
         blocked = sum(len(self._held.get(k, ())) for k in self._blocked)
-        return max(0, self._slots - (self._held_count - blocked))
+        return max(0, min(self._slots - (self._held_count - blocked), self._hold_limit - self._held_count))
 
     async def _claim(self, queue: Queue, work: WorkQueue) -> int:
         now = queue.now()
