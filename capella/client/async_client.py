@@ -31,7 +31,7 @@ from capella.client.answers import decode_answer
 from capella.client.message import MessageLike, Segments, to_wire
 from capella.client.transport import Transport
 from capella.egress import Egress
-from capella.errors import CapellaError, Unreachable
+from capella.errors import CapellaError, EgressRefused, Unreachable
 from capella.wire import frames
 from capella.wire.answers import Status
 from capella.wire.auth import Me, Token, TokenList, User, UserList
@@ -628,8 +628,8 @@ class AsyncClient:
         """Whether every queue is recovered and the server takes traffic."""
         try:
             await self._call("GET", "/readyz")
-        except Unreachable:
-            raise
+        except (Unreachable, EgressRefused):
+            raise  # not an answer of the server's: there is none
         except CapellaError:
             return False
         return True

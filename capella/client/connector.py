@@ -30,10 +30,10 @@ from capella.errors import EgressRefused
 class EgressConnector(aiohttp.TCPConnector):
     """A ``TCPConnector`` whose connections pass ``egress``; a refusal raises ``EgressRefused``."""
 
-    def __init__(self, egress: Egress, **options: Any) -> None:
+    def __init__(self, egress: Egress, resolver: AbstractResolver | None = None, **options: Any) -> None:
         self._egress = egress
         super().__init__(
-            resolver=_Resolver(egress, aiohttp.ThreadedResolver()),
+            resolver=_Resolver(egress, resolver or aiohttp.ThreadedResolver()),
             socket_factory=self._socket,
             **options,
         )
