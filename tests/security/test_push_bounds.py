@@ -79,7 +79,9 @@ async def test_a_failing_url_is_logged_and_shown_without_its_query_or_user_info(
 ) -> None:
     await cluster.queue("orders").append([Draft(b"m")], SaveMode.WAIT)
     url = f"http://127.0.0.1:{closed_port()}/hook?token=abc&sig=abc#abc"
-    _, handler = build_push(cluster, ["orders"], {"url": url, "wait": 0, "delay": "1h", "max_delay": "1h"}, "p")
+    _, handler = build_push(
+        cluster, ["orders"], {"url": url, "wait": 0, "delay": "1h", "max_delay": "1h"}, "p"
+    )
 
     with caplog.at_level(logging.DEBUG):
         await handler.run_once()
