@@ -23,10 +23,14 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # Not public, whatever ipaddress.is_global says of a range: 100.64.0.0/10 (CGNAT) is
-# "not private" but not global either; NAT64's 64:ff9b::/96 embeds IPv4 addresses.
+# "not private" but not global either; NAT64's 64:ff9b::/96 and 6to4's 2002::/16 embed IPv4
+# addresses.
 _NOT_PUBLIC = tuple(
     ipaddress.ip_network(n) for n in ("100.64.0.0/10", "64:ff9b::/96", "64:ff9b:1::/48", "2002::/16")
 )
+# Public IPv6 unicast is all inside 2000::/3. Outside it, some ranges that Python before 3.12.4
+# calls global are not: IPv4-compatible ::a.b.c.d, SIIT's ::ffff:0:a.b.c.d, site-local fec0::/10.
+_IPV6_UNICAST = ipaddress.IPv6Network("2000::/3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,18 +59,25 @@ class Egress:
     def check(self, address: str, host: str) -> None:
         """``EgressRefused`` naming the address and the setting unless ``address`` is allowed."""
         if not self.allows(address):
-            shown = address if host == address else f"{host} ({address})"
-            raise EgressRefused(
-                f"connecting to {shown} is refused by the egress policy: only public addresses "
-                "are allowed; list the network in [egress] allow to reach it",
-                address=address,
-            )
+            raise self.refused(host, [address])
+
+    def refused(self, host: str, addresses: Iterable[str]) -> EgressRefused:
+        """The error for ``host`` when none of ``addresses`` (what it resolved to) is allowed."""
+        shown = ", ".join(sorted(set(addresses)))
+        where = shown if host == shown else f"{host} ({shown})"
+        return EgressRefused(
+            f"connecting to {where} is refused by the egress policy: only public addresses "
+            "are allowed; list the network in [egress] allow to reach it",
+            address=shown,
+        )
 
 
 def public(ip: Address) -> bool:
     """Whether ``ip`` is a public unicast address (not loopback, private, link-local, ...)."""
     ip = _unmapped(ip)
     if not ip.is_global or ip.is_multicast:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip not in _IPV6_UNICAST:
         return False
     return not any(ip in network for network in _NOT_PUBLIC if network.version == ip.version)
 

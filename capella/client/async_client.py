@@ -30,7 +30,8 @@ from capella.client import paths
 from capella.client.answers import decode_answer
 from capella.client.message import MessageLike, Segments, to_wire
 from capella.client.transport import Transport
-from capella.errors import CapellaError, Unreachable
+from capella.egress import Egress
+from capella.errors import CapellaError, EgressRefused, Unreachable
 from capella.wire import frames
 from capella.wire.answers import Status
 from capella.wire.auth import Me, Token, TokenList, User, UserList
@@ -76,6 +77,8 @@ class AsyncClient:
     ``timeout`` bounds every request in seconds (long-polling reads get their ``wait`` on
     top). Pass ``session`` to share an ``aiohttp.ClientSession``; the client then leaves
     closing it to you. Use as ``async with AsyncClient(url) as client:`` or call ``close()``.
+    ``egress`` (the server's links pass one) refuses connections to addresses it does not
+    allow with ``EgressRefused``; without it every address is reached.
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class AsyncClient:
         token: str | None = None,
         ssl: ssl_module.SSLContext | bool | None = None,
         compression: str | None = None,
+        egress: Egress | None = None,
     ) -> None:
         self._transport = Transport(
             base_url,
@@ -101,6 +105,7 @@ class AsyncClient:
             token=token,
             ssl=ssl,
             compression=compression,
+            egress=egress,
         )
         self.base_url = self._transport.base_url
         self._call = self._transport.call
@@ -623,8 +628,8 @@ class AsyncClient:
         """Whether every queue is recovered and the server takes traffic."""
         try:
             await self._call("GET", "/readyz")
-        except Unreachable:
-            raise
+        except (Unreachable, EgressRefused):
+            raise  # not an answer of the server's: there is none
         except CapellaError:
             return False
         return True

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from capella.client.async_client import DEFAULT_URL, AsyncClient
+from capella.egress import Egress
 from capella.errors import CapellaError
 
 P = ParamSpec("P")
@@ -92,6 +93,7 @@ class Client:
         token: str | None = None,
         ssl: ssl_module.SSLContext | bool | None = None,
         compression: str | None = None,
+        egress: Egress | None = None,
     ) -> None:
         """The same options as ``AsyncClient`` (auth, TLS, request compression)."""
         self._client = AsyncClient(
@@ -103,6 +105,7 @@ class Client:
             token=token,
             ssl=ssl,
             compression=compression,
+            egress=egress,
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="capella-client", daemon=True)

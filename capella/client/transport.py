@@ -21,7 +21,9 @@ import zstandard
 
 from capella import __version__
 from capella.client.answers import error_from_answer
+from capella.client.connector import EgressConnector
 from capella.client.events import EventParser, message_event
+from capella.egress import Egress
 from capella.errors import Unreachable
 from capella.wire.messages import StoredMessage
 
@@ -48,6 +50,7 @@ class Transport:
         token: str | None,
         ssl: ssl_module.SSLContext | bool | None,
         compression: str | None,
+        egress: Egress | None = None,
     ) -> None:
         if compression not in (None, "gzip", "zstd"):
             raise ValueError(f"compression must be gzip or zstd, not {compression!r}")
@@ -59,6 +62,7 @@ class Transport:
         self._authorization = _authorization(username, password, token)
         self._ssl = ssl
         self._compression = compression
+        self._egress = egress
 
     async def close(self) -> None:
         if self._owns_session and self._session is not None:
@@ -70,7 +74,12 @@ class Transport:
             headers = {"User-Agent": f"capella-client/{__version__}"}
             if self._authorization is not None:
                 headers["Authorization"] = self._authorization
-            connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
+            options: dict[str, Any] = {} if self._ssl is None else {"ssl": self._ssl}
+            connector: aiohttp.TCPConnector | None = None
+            if self._egress is not None:
+                connector = EgressConnector(self._egress, **options)
+            elif options:
+                connector = aiohttp.TCPConnector(**options)
             self._session = aiohttp.ClientSession(headers=headers, connector=connector)
         return self._session
 

@@ -23,6 +23,7 @@ import orjson
 
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
+from capella.egress import Egress
 from capella.errors import CapellaError, CorruptData, InvalidConfig, InvalidRequest, KeyNotFound, LinkNotFound
 from capella.fsync import create_directories, fsync_directory
 from capella.handlers.params import duration
@@ -83,8 +84,9 @@ class Link:
 class Links:
     """The registry of external clusters, and one client per link."""
 
-    def __init__(self, cluster: Cluster, key_file: Path | None = None) -> None:
+    def __init__(self, cluster: Cluster, key_file: Path | None = None, egress: Egress | None = None) -> None:
         self._cluster = cluster
+        self._egress = egress  # every connection to a link passes it (None: no check)
         self._key_file = key_file
         self._links: dict[str, Link] = {}
         self._stored: dict[str, dict[str, Any]] = {}  # as persisted (secrets encrypted)
@@ -164,6 +166,7 @@ class Links:
                 token=secret if link.secret_kind == "token" else None,
                 ssl=_ssl_for(link),
                 compression=None if link.compression == "none" else link.compression,
+                egress=self._egress,
             )
             self._clients[name] = client
         return client

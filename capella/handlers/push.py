@@ -12,6 +12,14 @@ one per segment; ``ordered`` one in all. In the two ordered modes a message that
 blocks the later ones of its segment (or of the queue) until it is acked or dead, so message
 n+1 is never sent before n is acked. Claimed messages that must wait are held in memory.
 
+Every connection passes the egress policy (``capella.client.connector``). A refused receiver
+is a configuration problem, not a failed delivery: each pass checks the URL's host before it
+claims anything, so the pass fails with the refusal as the handler's last error and no message
+is charged an attempt. (A name that changes its answer between that check and the connect is
+still refused at the connect; its batch is then taken back by the next pass like a crash's.)
+
+The URL's query string and user info may hold secrets: logs and error texts show it without.
+
 At-least-once across restarts: an ack is saved before the next message of an ordered run is
 sent (the queue's ``subscription_save``, ``immediate`` by default), so an acked message is
 never sent again. A new run of the handler takes back what a previous run had claimed and
@@ -25,6 +33,7 @@ import bisect
 import contextlib
 import logging
 import random
+import re
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -33,6 +42,7 @@ from typing import Any
 import aiohttp
 
 from capella.auth.rule import UNRESTRICTED, Identity
+from capella.client.connector import EgressConnector, check_destination
 from capella.core.cluster import Cluster
 from capella.core.message import Message, SaveMode
 from capella.core.queue import Queue
@@ -40,6 +50,7 @@ from capella.core.retry import retry_delay
 from capella.core.stats import Histogram
 from capella.core.window import LEASED, WAITING, Entry
 from capella.core.work import WorkQueue
+from capella.egress import Egress
 from capella.errors import CapellaError, InvalidRequest, QueueNotFound, SubscriptionNotFound
 from capella.handlers.delivery import (
     ANSWER_BYTES,
@@ -63,9 +74,15 @@ PASS_SECONDS = 5.0
 # Claimed messages kept waiting (held, or failed and waiting for a retry) at most: beyond this
 # only retries are claimed, so a receiver that is down does not drain the queue into retries.
 MIN_WINDOW = 1000
+# Claimed messages held in memory, waiting for a request slot, at most: with up to
+# ``MAX_IN_FLIGHT`` (webhook.py) in requests, a handler holds at most twice that many messages.
+MAX_HELD = 10_000
 LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 Key = int | None  # what orders messages: 0 (ordered), the segment (by_segment), None (unordered)
+# A URL's user info and query string, wherever a URL appears in a text: webhook URLs often
+# carry their secret there (``?token=...``), and aiohttp's error texts quote the URL.
+_URL_SECRETS = re.compile(r"(?i)\b(https?://)(?:[^/?#\s@'\"]*@)?([^?#\s'\"]*)(?:[?#][^\s'\"]*)?")
 
 
 @dataclass(slots=True)
@@ -92,8 +109,11 @@ class PushHandler:
         params: PushParams,
         credentials: Credentials,
         rand: Callable[[], float] = random.random,
+        egress: Egress | None = None,
     ) -> None:
         self._cluster = cluster
+        # None (an SDK-style handler built in a test): every address, as with auth off.
+        self._egress = egress or Egress.open()
         self.queue = queue
         self.params = params
         self.interval = params.interval
@@ -106,7 +126,7 @@ class PushHandler:
         self._take_back = True
         self._work_queue: WorkQueue | None = None
         self._slots = params.concurrency * params.batch
-        self._hold_limit = 4 * self._slots
+        self._hold_limit = min(4 * self._slots, MAX_HELD)
         self._window = max(MIN_WINDOW, self._hold_limit)
         self._held: dict[Key, list[tuple[Message, Entry]]] = {}
         self._held_count = 0
@@ -161,12 +181,14 @@ class PushHandler:
         before = (self.counters.delivered, self.counters.delivered_bytes)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PASS_SECONDS
+        # Before anything is claimed: a refused receiver must not cost the messages attempts.
+        await check_destination(self._egress, params.url)
         try:
             if self._take_back:
                 await self._take_over(queue, work)
                 self._take_back = False
             await self._sync(queue, work)
-            connector = aiohttp.TCPConnector(limit=params.concurrency)
+            connector = EgressConnector(self._egress, limit=params.concurrency)
             timeout = aiohttp.ClientTimeout(total=params.timeout)
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
                 waited = False
@@ -253,7 +275,7 @@ class PushHandler:
         if len(work.state.entries) >= self._window or self._held_count >= self._hold_limit:
             return 0
         blocked = sum(len(self._held.get(k, ())) for k in self._blocked)
-        return max(0, self._slots - (self._held_count - blocked))
+        return max(0, min(self._slots - (self._held_count - blocked), self._hold_limit - self._held_count))
 
     async def _claim(self, queue: Queue, work: WorkQueue) -> int:
         now = queue.now()
@@ -391,7 +413,8 @@ class PushHandler:
             except TimeoutError:
                 error, outcome = f"no answer within {params.timeout:g}s", "timeout"
             except aiohttp.ClientError as exc:
-                error, outcome = f"cannot reach the receiver: {type(exc).__name__}: {exc}", "connection"
+                reason = _without_secrets(f"{type(exc).__name__}: {exc}")
+                error, outcome = f"cannot reach the receiver: {reason}", "connection"
             self.counters.requests[outcome] += 1
             receipts = [(e.id, e.claims) for _, e in batch]
             if error is None:
@@ -440,7 +463,7 @@ class PushHandler:
         log.info(
             "push failed queue=%s url=%s ids=%d-%d retry_in=%.3gs: %s",
             queue.name,
-            self.params.url,
+            _without_secrets(self.params.url),
             batch[0][0].id,
             batch[-1][0].id,
             delay,
@@ -469,6 +492,11 @@ class PushHandler:
         self._in_flight = 0
 
 
+def _without_secrets(text: str) -> str:
+    """``text`` with every http(s) URL in it cut to scheme, host, port and path."""
+    return _URL_SECRETS.sub(r"\1\2", text)
+
+
 def build(
     cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[PushParams, PushHandler]:
@@ -483,4 +511,4 @@ def build(
             raise InvalidRequest(f"params.dead_letter: {exc.message}", field="params.dead_letter") from None
         if push.policy.dead_letter == queues[0]:
             raise InvalidRequest("params.dead_letter must name another queue", field="params.dead_letter")
-    return push, PushHandler(cluster, queues[0], push, push.credentials())
+    return push, PushHandler(cluster, queues[0], push, push.credentials(), egress=reach.egress)

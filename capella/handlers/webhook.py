@@ -22,6 +22,11 @@ ORDERINGS = ("unordered", "by_segment", "ordered")
 # The handler holds its claims until it answers them; a new run takes back what an old one
 # held, so the lease only matters when the handler is stopped for longer than this.
 LEASE = 12 * 3600.0
+# What one handler may hold, so a definition cannot make the broker buffer without bound
+# (docs/push.md): messages in flight (concurrency x batch), and the seconds one request may
+# keep a connection and its batch (a receiver that needs longer should answer 202 and work on).
+MAX_IN_FLIGHT = 10_000
+MAX_TIMEOUT = 60.0
 _POLICY_FIELDS = ("max_attempts", "backoff", "delay", "max_delay", "jitter", "dead_letter")
 _URL = re.compile(r"https?://[^\s/?#]+([/?#][^\s]*)?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -89,6 +94,18 @@ class PushParams:
         concurrency = params.integer("concurrency", 4) or 4
         if concurrency > 1000:
             raise InvalidRequest("params.concurrency must be at most 1000", field="params.concurrency")
+        in_flight = (1 if ordering == "ordered" else concurrency) * batch
+        if in_flight > MAX_IN_FLIGHT:
+            raise InvalidRequest(
+                f"params.concurrency x params.batch must be at most {MAX_IN_FLIGHT} messages in flight, "
+                f"not {in_flight}",
+                field="params.batch",
+            )
+        timeout = params.duration("timeout", 10.0) or 10.0
+        if timeout > MAX_TIMEOUT:
+            raise InvalidRequest(
+                f"params.timeout must be at most {MAX_TIMEOUT:g} seconds", field="params.timeout"
+            )
         secrets = {name: _env_name(params, name) for name in ("secret_env", "token_env", "basic_env")}
         if secrets["token_env"] and secrets["basic_env"]:
             raise InvalidRequest("give token_env or basic_env, not both", field="params.basic_env")
@@ -98,7 +115,7 @@ class PushParams:
             batch=batch,
             ordering=ordering,
             concurrency=1 if ordering == "ordered" else concurrency,
-            timeout=params.duration("timeout", 10.0) or 10.0,
+            timeout=timeout,
             wait=params.duration("wait", 2.0, positive=False) or 0.0,
             headers=_headers(params.raw("headers")),
             segments=segment_ranges(params.raw("segments"), "params.segments"),
