@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import api_config, free_port
 
 from capella.api import SUPERVISOR, create_app
-from capella.client import AsyncClient
 from capella.auth.secret import Secrets
+from capella.client import AsyncClient
 from capella.config import SecretSettings, ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.handlers.links import REGISTRY_KEY, Links

@@ -14,11 +14,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from collections.abc import Iterator
-
 from conftest import Run, ServerProcess, free_port, running
 
 from capella.cli import main
@@ -36,6 +35,7 @@ def server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
     )
     env = {"CAPELLA_CLI_DC2_PASSWORD": "dc2-password-value"}
     yield from running(ServerProcess(directory / "data", config=config, env=env))
+
 
 pytestmark = pytest.mark.slow  # a real server process per module
 
@@ -359,7 +359,9 @@ def test_cluster_errors_are_clean(run: Run, monkeypatch: pytest.MonkeyPatch) -> 
     code, _, err = run("cluster", "add", "cli-bad", "--url", "http://a", "--password", "p")
     assert code == 1 and "a password needs a username" in err
 
-    assert run("cluster", "add", "cli-bad", "--url", "http://a", "--token", "t", "--token-secret", "T")[0] == 2
+    assert (
+        run("cluster", "add", "cli-bad", "--url", "http://a", "--token", "t", "--token-secret", "T")[0] == 2
+    )
     assert run("cluster", "add", "cli-bad", "--url", "http://a", "--compression", "lz4")[0] == 2
     assert run("cluster", "add", "cli-bad")[0] == 2
     assert run("cluster", "ping", "cli-nothing")[0] == 1

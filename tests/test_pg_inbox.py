@@ -23,9 +23,9 @@ from capella.cli import main
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, Message, SaveMode
 from capella.handlers.links import Links
-from capella.handlers.reach import Reach
 from capella.handlers.pg_inbox import InboxHandler, InboxParams, inbox_ddl
 from capella.handlers.pg_outbox import outbox_ddl
+from capella.handlers.reach import Reach
 from capella.handlers.supervisor import Supervisor
 
 

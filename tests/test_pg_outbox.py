@@ -26,8 +26,8 @@ from capella.core.cluster import Cluster
 from capella.core.message import Message
 from capella.errors import InvalidRequest, TableMismatch
 from capella.handlers.links import Links
-from capella.handlers.reach import Reach
 from capella.handlers.pg_outbox import OutboxHandler, OutboxParams, outbox_ddl
+from capella.handlers.reach import Reach
 from capella.handlers.supervisor import Supervisor
 
 Row = tuple[int, bytes]
@@ -51,7 +51,9 @@ async def orders(cluster: Cluster) -> Cluster:
 
 
 def relay(cluster: Cluster, dsn: str, **params: Any) -> OutboxHandler:
-    return OutboxHandler(cluster, OutboxParams.parse({"to": "orders", "dsn": dsn, **params}, Reach(Links(cluster))))
+    return OutboxHandler(
+        cluster, OutboxParams.parse({"to": "orders", "dsn": dsn, **params}, Reach(Links(cluster)))
+    )
 
 
 async def messages(cluster: Cluster, queue: str = "orders") -> list[Message]:

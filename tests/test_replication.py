@@ -14,8 +14,8 @@ from aiohttp.test_utils import TestServer
 from capella.api import create_app
 from capella.auth.authenticator import Authenticator
 from capella.auth.rule import Rule
-from capella.auth.store import AuthStore
 from capella.auth.secret import Secrets
+from capella.auth.store import AuthStore
 from capella.config import AuthSettings, SecretSettings, ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode

@@ -125,7 +125,9 @@ class Links:
                 log.error("cluster link cannot be loaded link=%s: %s", name, exc.message)
                 # Listed with its error, not hidden: an operator sees it and gives the secret again.
                 url = entry.get("url")
-                self._links[name] = Link(name=name, url=url if isinstance(url, str) else "", error=exc.message)
+                self._links[name] = Link(
+                    name=name, url=url if isinstance(url, str) else "", error=exc.message
+                )
 
     async def close(self) -> None:
         for client in self._clients.values():

@@ -50,7 +50,9 @@ async def test_the_old_env_params_are_refused_naming_the_replacement(
 ) -> None:
     secured = start(start_secured)
     for old, new in (("token_env", "token"), ("secret_env", "secret"), ("basic_env", "basic")):
-        answer = secured.call("PUT", "/v1/handlers/dev-hook", push(receiver.url, **{old: "CAPELLA_ADMIN_PASSWORD"}))
+        answer = secured.call(
+            "PUT", "/v1/handlers/dev-hook", push(receiver.url, **{old: "CAPELLA_ADMIN_PASSWORD"})
+        )
         assert answer.status == 400, answer.body
         assert answer.body["error"]["field"] == f"params.{old}"
         assert f'params.{new} = "NAME"' in answer.body["error"]["message"]
@@ -104,10 +106,14 @@ async def test_a_granted_secret_is_sent_and_a_revoked_one_stops_the_handler(
     await asyncio.sleep(1.0)
     assert len(receiver.seen) == 1
     for request in receiver.seen:
-        assert ADMIN_PASSWORD not in json.dumps(request.headers) and ADMIN_PASSWORD.encode() not in request.body
+        assert (
+            ADMIN_PASSWORD not in json.dumps(request.headers) and ADMIN_PASSWORD.encode() not in request.body
+        )
 
 
-async def test_an_admin_may_use_every_declared_secret(start_secured: StartSecured, receiver: Receiver) -> None:
+async def test_an_admin_may_use_every_declared_secret(
+    start_secured: StartSecured, receiver: Receiver
+) -> None:
     secured = start(start_secured)
     answer = secured.call("PUT", "/v1/handlers/dev-hook", push(receiver.url, token="dev-hook"), user="admin")
     assert answer.status == 201, answer.body
