@@ -43,9 +43,10 @@ async def serve(config: Config) -> None:
     authenticator = open_auth(config)
     users = authenticator.store if authenticator is not None else None
     cluster = Cluster.create(config)
+    secrets = Secrets(config.secrets)
     egress = Egress.of(config.egress.allow, auth_enabled=config.auth.enabled)
-    links = Links(cluster, key_file=config.data_dir / "keys" / "links.key", egress=egress)
-    supervisor = Supervisor(cluster, links=links, users=users, secrets=Secrets(config.secrets), egress=egress)
+    links = Links(cluster, key_file=config.data_dir / "keys" / "links.key", secrets=secrets, egress=egress)
+    supervisor = Supervisor(cluster, links=links, users=users, secrets=secrets, egress=egress)
     guard = ConnectionGuard(config.server)
     app = create_app(cluster, config.server, supervisor, authenticator=authenticator, guard=guard)
     # The guard builds each connection's protocol with the header limits and keep-alive timeout.

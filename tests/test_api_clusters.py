@@ -21,8 +21,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import api_config, free_port
 
 from capella.api import SUPERVISOR, create_app
+from capella.auth.secret import Secrets
 from capella.client import AsyncClient
-from capella.config import ServerSettings, parse_config
+from capella.config import SecretSettings, ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.handlers.links import REGISTRY_KEY, Links
 from capella.handlers.supervisor import Supervisor
@@ -84,6 +85,25 @@ async def remote(aiohttp_server: ServerFactory, tmp_path: Path) -> AsyncIterator
     await far.close()
 
 
+# Declared as an operator would in [secrets.NAME]; links name them.
+DECLARED = {
+    "dc2-password": SecretSettings(env="CAPELLA_TEST_DC2_PASSWORD"),
+    "dc2-token": SecretSettings(env="CAPELLA_TEST_DC2_TOKEN"),
+}
+
+
+@pytest.fixture
+async def supervisor(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Supervisor]:
+    """The supervisor with two declared secrets that hold values."""
+    monkeypatch.setenv("CAPELLA_TEST_DC2_PASSWORD", PASSWORD)
+    monkeypatch.setenv("CAPELLA_TEST_DC2_TOKEN", TOKEN)
+    secrets = Secrets(DECLARED)
+    started = Supervisor(cluster, links=Links(cluster, secrets=secrets), secrets=secrets)
+    await started.start()
+    yield started
+    await started.close()
+
+
 @pytest.fixture
 async def keyed(
     aiohttp_client: ClientFactory, cluster: Cluster, api_settings: ServerSettings, tmp_path: Path
@@ -102,7 +122,7 @@ async def test_put_creates_then_replaces_and_get_shows_it(api: TestClient) -> No
     body = {
         "url": "https://dc2.example.com:8676/",
         "username": "copier",
-        "password_env": "DC2_PASSWORD",
+        "password_secret": "dc2-password",
         "connect_timeout": "2s",
         "timeout": 45,
         "compression": "gzip",
@@ -112,16 +132,17 @@ async def test_put_creates_then_replaces_and_get_shows_it(api: TestClient) -> No
     assert info == {
         "name": "dc2",
         "url": "https://dc2.example.com:8676",
-        "credentials": {"kind": "password", "username": "copier", "source": "env:DC2_PASSWORD"},
+        "credentials": {"kind": "password", "username": "copier", "source": "secret:dc2-password"},
         "tls": {"verify": True, "ca_file": None},
         "timeouts": {"connect": 2.0, "request": 45.0},
         "compression": "gzip",
+        "error": None,
     }
     assert await (await api.get(f"{C}/dc2")).json() == info
 
-    replaced = await put(api, "dc2", {"url": "http://10.0.0.2:8676", "token_env": "DC2_TOKEN"}, 200)
+    replaced = await put(api, "dc2", {"url": "http://10.0.0.2:8676", "token_secret": "dc2-token"}, 200)
     assert replaced["url"] == "http://10.0.0.2:8676"
-    assert replaced["credentials"] == {"kind": "token", "username": None, "source": "env:DC2_TOKEN"}
+    assert replaced["credentials"] == {"kind": "token", "username": None, "source": "secret:dc2-token"}
     assert replaced["timeouts"] == {"connect": 5.0, "request": 30.0}
     assert replaced["compression"] == "none"
 
@@ -166,11 +187,13 @@ async def test_a_ca_file_that_exists_is_kept(api: TestClient, tmp_path: Path) ->
         ({"url": "ftp://dc2.example.com"}, "url", "http"),
         ({"url": 8676}, "url", "http"),
         ({"url": "http://copier:secret@dc2.example.com"}, "url", "credentials"),
-        ({"url": "http://a", "token": "x", "password_env": "P", "username": "u"}, "token", "only one"),
-        ({"url": "http://a", "token_env": "T", "password_env": "P"}, "token_env", "only one"),
-        ({"url": "http://a", "password_env": "P"}, "username", "username"),
-        ({"url": "http://a", "username": "", "token_env": "T"}, "username", "username"),
-        ({"url": "http://a", "token_env": "NOT A VAR"}, "token_env", "environment variable"),
+        ({"url": "http://a", "token": "x", "password_secret": "P", "username": "u"}, "token", "only one"),
+        ({"url": "http://a", "token_secret": "T", "password_secret": "P"}, "token_secret", "only one"),
+        ({"url": "http://a", "password_secret": "P"}, "username", "username"),
+        ({"url": "http://a", "username": "", "token_secret": "T"}, "username", "username"),
+        ({"url": "http://a", "token_secret": "NOT A NAME"}, "token_secret", "declared"),
+        ({"url": "http://a", "token_env": "T"}, "token_env", 'token_secret = "NAME"'),
+        ({"url": "http://a", "username": "u", "password_env": "P"}, "password_env", "password_secret"),
         ({"url": "http://a", "token": ""}, "token", "non-empty"),
         ({"url": "http://a", "region": "eu"}, "region", "unknown field"),
         ({"url": "http://a", "compression": "brotli"}, "compression", "gzip"),
@@ -216,7 +239,7 @@ async def test_a_literal_secret_without_a_key_file_is_refused(api: TestClient) -
 
     error = await error_of(await api.put(f"{C}/dc2", json=body), 400)
 
-    assert "password_env" in error["message"]
+    assert "password_secret" in error["message"]
     assert PASSWORD not in error["message"]
 
 
@@ -312,23 +335,22 @@ async def test_a_secret_under_another_key_is_not_loaded_but_kept(
         other = Links(cluster, key_file=tmp_path / "b.key")
         with caplog.at_level(logging.ERROR):
             await other.start()
-        assert other.links() == []
+        # Listed with its error, not hidden; it cannot be used.
+        [shown] = other.links()
+        assert shown.name == "dc2" and shown.error is not None and "cannot be decrypted" in shown.error
         assert "cluster link cannot be loaded link=dc2" in caplog.text
         # A later save keeps the entry it could not read, so the right key still finds it.
         await other.put("dc3", {"url": "http://b"})
         again = Links(cluster, key_file=tmp_path / "a.key")
         await again.start()
         assert [link.name for link in again.links()] == ["dc2", "dc3"]
-        assert again.link("dc2").resolved_secret() == TOKEN
+        assert again.link("dc2").secret == TOKEN
     finally:
         await cluster.close()
 
 
-async def test_a_token_from_the_environment_is_sent_as_a_bearer(
-    api: TestClient, remote: Remote, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("CAPELLA_TEST_DC2_TOKEN", TOKEN)
-    await put(api, "dc2", {"url": remote.url, "token_env": "CAPELLA_TEST_DC2_TOKEN"}, 201)
+async def test_a_token_from_a_declared_secret_is_sent_as_a_bearer(api: TestClient, remote: Remote) -> None:
+    await put(api, "dc2", {"url": remote.url, "token_secret": "dc2-token"}, 201)
 
     assert (await ping(api, "dc2"))["ok"] is True
 
@@ -361,21 +383,21 @@ async def test_ping_of_a_closed_port_is_ok_false_and_unreachable(api: TestClient
     assert f"127.0.0.1:{port}" in result["error"]["message"]
 
 
-async def test_ping_with_a_missing_environment_variable_says_which(
+async def test_ping_with_a_secret_whose_variable_went_away_says_which(
     api: TestClient, remote: Remote, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("CAPELLA_TEST_MISSING", raising=False)
-    await put(api, "dc2", {"url": remote.url, "username": "u", "password_env": "CAPELLA_TEST_MISSING"}, 201)
+    await put(api, "dc2", {"url": remote.url, "username": "u", "password_secret": "dc2-password"}, 201)
+    monkeypatch.delenv("CAPELLA_TEST_DC2_PASSWORD")
 
     result = await ping(api, "dc2")
 
     assert result["ok"] is False
-    assert result["error"]["code"] == "invalid_config"
-    assert "CAPELLA_TEST_MISSING is not set" in result["error"]["message"]
+    assert result["error"]["code"] == "secret_unavailable"
+    assert "'dc2-password' cannot be used" in result["error"]["message"]
     assert remote.authorization == []  # nothing was sent without the secret
 
     # Set later, it is read on the next ping: no restart needed.
-    monkeypatch.setenv("CAPELLA_TEST_MISSING", PASSWORD)
+    monkeypatch.setenv("CAPELLA_TEST_DC2_PASSWORD", PASSWORD)
     assert (await ping(api, "dc2"))["ok"] is True
 
 

@@ -14,13 +14,28 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Run, ServerProcess, free_port
+from conftest import Run, ServerProcess, free_port, running
 
 from capella.cli import main
 from capella.client import Client
+
+
+@pytest.fixture(scope="module")
+def server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The module's server, with the secrets links name declared as an operator would."""
+    directory = tmp_path_factory.mktemp("server")
+    config = directory / "capella.toml"
+    config.write_text(
+        '[secrets.dc2-password]\nenv = "CAPELLA_CLI_DC2_PASSWORD"\n\n'
+        '[secrets.cli-unset]\nenv = "CAPELLA_CLI_UNSET"\n'
+    )
+    env = {"CAPELLA_CLI_DC2_PASSWORD": "dc2-password-value"}
+    yield from running(ServerProcess(directory / "data", config=config, env=env))
+
 
 pytestmark = pytest.mark.slow  # a real server process per module
 
@@ -294,7 +309,7 @@ def test_cluster_add_passes_every_option(run: Run, tmp_path: Path) -> None:
 
     code, out, _ = run(
         "--json", "cluster", "add", "cli-opts", "--url", "https://dc2.example.com:8676",
-        "--username", "copier", "--password-env", "DC2_PASSWORD", "--no-verify-tls",
+        "--username", "copier", "--password-secret", "dc2-password", "--no-verify-tls",
         "--ca-file", str(ca), "--timeout", "45s", "--connect-timeout", "2", "--compression", "zstd",
     )  # fmt: skip
 
@@ -302,14 +317,15 @@ def test_cluster_add_passes_every_option(run: Run, tmp_path: Path) -> None:
     assert json.loads(out) == {
         "name": "cli-opts",
         "url": "https://dc2.example.com:8676",
-        "credentials": {"kind": "password", "username": "copier", "source": "env:DC2_PASSWORD"},
+        "credentials": {"kind": "password", "username": "copier", "source": "secret:dc2-password"},
         "tls": {"verify": False, "ca_file": str(ca)},
         "timeouts": {"connect": 2.0, "request": 45.0},
         "compression": "zstd",
+        "error": None,
     }
     code, out, _ = run("cluster", "list")
     row = next(r for r in out.splitlines() if r.startswith("cli-opts "))
-    assert row.split()[2:] == ["password", "(copier)", "env:DC2_PASSWORD", "zstd"]
+    assert row.split()[2:] == ["password", "(copier)", "secret:dc2-password", "zstd"]
     assert run("cluster", "drop", "cli-opts", "--yes")[0] == 0
 
 
@@ -326,12 +342,13 @@ def test_a_failed_cluster_ping_exits_1_with_the_error(run: Run) -> None:
     assert code == 1
     assert json.loads(out)["error"]["code"] == "unreachable"
 
-    run("cluster", "add", "cli-noenv", "--url", url, "--username", "u", "--password-env", "CAPELLA_CLI_UNSET")
-    code, _, err = run("cluster", "ping", "cli-noenv")
+    # A declared secret without a value is refused when the link is defined, not at its first use.
+    code, _, err = run(
+        "cluster", "add", "cli-noenv", "--url", url, "--username", "u", "--password-secret", "cli-unset"
+    )  # fmt: skip
     assert code == 1
-    assert "invalid_config" in err and "CAPELLA_CLI_UNSET is not set" in err
-    for name in ("cli-gone", "cli-noenv"):
-        run("cluster", "drop", name, "--yes")
+    assert "secret_unavailable" in err and "CAPELLA_CLI_UNSET" not in err
+    run("cluster", "drop", "cli-gone", "--yes")
 
 
 def test_cluster_errors_are_clean(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -342,7 +359,9 @@ def test_cluster_errors_are_clean(run: Run, monkeypatch: pytest.MonkeyPatch) -> 
     code, _, err = run("cluster", "add", "cli-bad", "--url", "http://a", "--password", "p")
     assert code == 1 and "a password needs a username" in err
 
-    assert run("cluster", "add", "cli-bad", "--url", "http://a", "--token", "t", "--token-env", "T")[0] == 2
+    assert (
+        run("cluster", "add", "cli-bad", "--url", "http://a", "--token", "t", "--token-secret", "T")[0] == 2
+    )
     assert run("cluster", "add", "cli-bad", "--url", "http://a", "--compression", "lz4")[0] == 2
     assert run("cluster", "add", "cli-bad")[0] == 2
     assert run("cluster", "ping", "cli-nothing")[0] == 1

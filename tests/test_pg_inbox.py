@@ -25,6 +25,7 @@ from capella.core.message import Draft, Message, SaveMode
 from capella.handlers.links import Links
 from capella.handlers.pg_inbox import InboxHandler, InboxParams, inbox_ddl
 from capella.handlers.pg_outbox import outbox_ddl
+from capella.handlers.reach import Reach
 from capella.handlers.supervisor import Supervisor
 
 
@@ -59,7 +60,7 @@ async def orders(cluster: Cluster) -> Cluster:
 
 
 def copier(cluster: Cluster, dsn: str, **params: Any) -> InboxHandler:
-    return InboxHandler(cluster, ["orders"], InboxParams.parse({"dsn": dsn, **params}, Links(cluster)))
+    return InboxHandler(cluster, ["orders"], InboxParams.parse({"dsn": dsn, **params}, Reach(Links(cluster))))
 
 
 async def table_rows(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:

@@ -23,12 +23,15 @@ from aiohttp.test_utils import TestClient
 
 from capella.api.app import document
 from capella.auth.rule import Identity, Rule
-from capella.config import parse_config
+from capella.auth.secret import Secrets
+from capella.config import SecretSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import Forbidden, InvalidRequest, QueueNotFound
 from capella.handlers.delivery import header_value, retry_after
+from capella.handlers.links import Links
 from capella.handlers.push import PushHandler
+from capella.handlers.reach import Reach
 from capella.handlers.signature import sign, verify
 from capella.handlers.supervisor import Supervisor, build_push
 from capella.handlers.webhook import PushParams
@@ -113,8 +116,17 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     await c.close()
 
 
+# Declared as an operator would in [secrets.NAME]; the definitions name them.
+HOOK_SECRETS = {
+    "hook-secret": SecretSettings(env="HOOK_SECRET"),
+    "hook-token": SecretSettings(env="HOOK_TOKEN"),
+    "hook-basic": SecretSettings(env="HOOK_BASIC"),
+}
+
+
 async def pusher(cluster: Cluster, receiver: Receiver, queue: str = "orders", **params: Any) -> PushHandler:
-    _, handler = build_push(cluster, [queue], {"url": receiver.url, **FAST, **params}, "hook")
+    reach = Reach(Links(cluster), Secrets(HOOK_SECRETS))
+    _, handler = build_push(cluster, [queue], {"url": receiver.url, **FAST, **params}, "hook", reach)
     return handler
 
 
@@ -324,7 +336,7 @@ async def test_signed_requests_verify_and_a_tampered_body_does_not(
 
     receiver.check = check
     await produce(cluster, "orders", 3)
-    handler = await pusher(cluster, receiver, secret_env="HOOK_SECRET", token_env="HOOK_TOKEN", batch=2)
+    handler = await pusher(cluster, receiver, secret="hook-secret", token="hook-token", batch=2)
     await push_until_done(handler)
     assert len(results) == 6 and all(results)
     assert "s3cr3t" not in str(handler.params.to_dict()) and "tok-123" not in str(handler.params.to_dict())
@@ -340,12 +352,12 @@ def test_a_signature_is_refused_when_stale_or_malformed() -> None:
     assert not verify(b"k", b"body", "t=x,v1=abc", now=1_700_000_000)
 
 
-async def test_basic_credentials_come_from_the_environment(
+async def test_basic_credentials_come_from_a_declared_secret(
     cluster: Cluster, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HOOK_BASIC", "capella:pa:ss")
     await produce(cluster, "orders", 1)
-    handler = await pusher(cluster, receiver, basic_env="HOOK_BASIC")
+    handler = await pusher(cluster, receiver, basic="hook-basic")
     await push_until_done(handler)
     assert receiver.seen[0].headers["Authorization"] == "Basic Y2FwZWxsYTpwYTpzcw=="
 
@@ -365,7 +377,8 @@ async def test_basic_credentials_come_from_the_environment(
         ({"url": "http://x", "dead_letter": "nowhere"}, "params.dead_letter"),
         ({"url": "http://x", "dead_letter": "orders"}, "params.dead_letter"),
         ({"url": "http://x", "secret_env": "CAPELLA_TEST_UNSET_VARIABLE"}, "params.secret_env"),
-        ({"url": "http://x", "token_env": "A", "basic_env": "B"}, "params.basic_env"),
+        ({"url": "http://x", "secret": "undeclared"}, "params.secret"),
+        ({"url": "http://x", "token": "A", "basic": "B"}, "params.basic"),
         ({"url": "http://x", "headers": {"Authorization": "Bearer x"}}, "params.headers"),
         ({"url": "http://x", "headers": {"X-Bad": "a\r\nb"}}, "params.headers"),
         ({"url": "http://x", "segments": [[3, 1]]}, "params.segments"),
@@ -477,27 +490,27 @@ async def test_a_pass_fails_without_the_rights_or_the_queue(cluster: Cluster, re
         await handler.run_once()
 
 
-async def test_a_definition_whose_variable_is_gone_after_a_restart_says_so(
+async def test_a_definition_whose_secret_is_gone_after_a_restart_says_so(
     cluster: Cluster, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await cluster.put_queue("orders", {})
     monkeypatch.setenv("HOOK_SECRET", "s")
-    supervisor = Supervisor(cluster)
+    supervisor = Supervisor(cluster, secrets=Secrets(HOOK_SECRETS))
     await supervisor.start()
     definition = {
         "type": "push",
         "queue": "orders",
-        "params": {"url": receiver.url, "secret_env": "HOOK_SECRET"},
+        "params": {"url": receiver.url, "secret": "hook-secret"},
     }
     await supervisor.put("hook", {**definition, "started": False})
     await supervisor.close()
     monkeypatch.delenv("HOOK_SECRET")
-    supervisor = Supervisor(cluster)
+    supervisor = Supervisor(cluster, secrets=Secrets(HOOK_SECRETS))
     await supervisor.start()
     try:
         state = await supervisor.run_now("hook")
-        assert state.last_error is not None and "HOOK_SECRET is not set" in state.last_error[0]
-        assert state.to_dict()["params"]["secret_env"] == "HOOK_SECRET"  # kept as it was
+        assert state.last_error is not None and "'hook-secret' cannot be used" in state.last_error[0]
+        assert state.to_dict()["params"]["secret"] == "hook-secret"  # kept as it was
     finally:
         await supervisor.close()
 

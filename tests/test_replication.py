@@ -14,10 +14,12 @@ from aiohttp.test_utils import TestServer
 from capella.api import create_app
 from capella.auth.authenticator import Authenticator
 from capella.auth.rule import Rule
+from capella.auth.secret import Secrets
 from capella.auth.store import AuthStore
-from capella.config import AuthSettings, ServerSettings, parse_config
+from capella.config import AuthSettings, SecretSettings, ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
+from capella.handlers.links import Links
 from capella.handlers.supervisor import Supervisor
 
 
@@ -43,7 +45,9 @@ async def nodes(
             base=tmp_path,
         )
         cluster = await Cluster.open(config)
-        supervisor = Supervisor(cluster)
+        # The operator declares the links' secret; the link names it (password_secret).
+        secrets = Secrets({"secure-dc": SecretSettings(env="SECURE_DC_PASSWORD")})
+        supervisor = Supervisor(cluster, links=Links(cluster, secrets=secrets), secrets=secrets)
         await supervisor.start()
         server = await aiohttp_server(create_app(cluster, ServerSettings(), supervisor))
         made[name] = Node(cluster, supervisor, str(server.make_url("")).rstrip("/"))
@@ -174,7 +178,7 @@ async def test_wrong_credentials_show_in_the_status_and_copying_resumes_once_fix
     await secure_dc.cluster.put_queue("other", {})
     monkeypatch.setenv("SECURE_DC_PASSWORD", "not-the-password")
     await edge.supervisor.links.put(
-        "secure", {"url": secure_dc.url, "username": "replicator", "password_env": "SECURE_DC_PASSWORD"}
+        "secure", {"url": secure_dc.url, "username": "replicator", "password_secret": "secure-dc"}
     )
     await edge.cluster.queue("events").append([Draft(f"m{i}".encode()) for i in range(5)], SaveMode.WAIT)
     push = {
@@ -193,7 +197,7 @@ async def test_wrong_credentials_show_in_the_status_and_copying_resumes_once_fix
     # Right password, but a queue the user may not write: a clear "forbidden".
     monkeypatch.setenv("SECURE_DC_PASSWORD", "replicator-password")
     await edge.supervisor.links.put(
-        "secure", {"url": secure_dc.url, "username": "replicator", "password_env": "SECURE_DC_PASSWORD"}
+        "secure", {"url": secure_dc.url, "username": "replicator", "password_secret": "secure-dc"}
     )
     await edge.supervisor.put("push", {**push, "params": {"to": "secure/other", "wait": 0}})
     state = await edge.supervisor.run_now("push")

@@ -198,7 +198,7 @@ async def test_every_json_answer_of_a_get_round_trips_through_its_wire_type(
     await call("PUT", "/v1/handlers/f", {"type": "flush", "queue": "orders"}, 201)
     await call("PUT", "/v1/handlers/cp", {"type": "copy", "queue": "orders", "params": {"to": "copied"}}, 201)
     await call("POST", "/v1/handlers/cp/run")
-    await call("PUT", "/v1/clusters/dc2", {"url": "http://127.0.0.1:9", "token_env": "DC2_TOKEN"}, 201)
+    await call("PUT", "/v1/clusters/dc2", {"url": "http://127.0.0.1:9", "username": "u"}, 201)
     await call("POST", "/v1/tokens", {"description": "ci"}, 201)
 
     checked = []

@@ -1,7 +1,8 @@
 """External clusters: register (PUT), describe (GET), list, drop (DELETE), and ping one.
 
 No answer holds a password or token: a link is shown by ``Link.public_dict()``, which says
-only what kind of credential it has and where it comes from.
+only what kind of credential it has and where it comes from, and an ``error`` when its
+stored credentials cannot be read.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ async def list_clusters(request: web.Request) -> web.Response:
 
 async def put_cluster(request: web.Request) -> web.Response:
     data = await read_object(request)
-    link, created = await links(request).put(request.match_info["name"], data)
+    # A named secret must be one the definer may use (secret use), not any the server holds.
+    link, created = await links(request).put(request.match_info["name"], data, by=identity(request))
     return json_response(link.public_dict(), 201 if created else 200)
 
 
@@ -33,7 +35,8 @@ async def get_cluster(request: web.Request) -> web.Response:
 
 
 async def drop_cluster(request: web.Request) -> web.Response:
-    await links(request).drop(request.match_info["name"])
+    name = request.match_info["name"]
+    await links(request).drop(name, used_by=supervisor(request).using_link(name))
     return web.Response(status=204)
 
 
@@ -90,10 +93,10 @@ ROUTES = [
         drop_cluster,
         need=(on_named("external_cluster", "admin"),),
         op="dropCluster",
-        summary="Forget an external cluster and its stored secret",
+        summary="Forget an external cluster and its stored secret (409 while copy handlers use it)",
         tag="clusters",
         answers={204: answer("Dropped")},
-        fails=(404,),
+        fails=(404, 409),
     ),
     Route(
         "POST",

@@ -146,9 +146,11 @@ def schemas() -> dict[str, Any]:
 
 _ERROR_TEXT = {
     400: "invalid_request, invalid_message (with index), invalid_name, invalid_save_mode, invalid_config, "
-    "json_too_deep, table_mismatch",
+    "json_too_deep, table_mismatch, secret_unavailable (a named secret that is not declared, not granted "
+    "by a secret use rule, or has no value: one answer for the three)",
     401: "unauthorized: no credentials, or not valid ones (with a WWW-Authenticate header)",
-    403: "forbidden: the user's rules do not allow this",
+    403: "forbidden: the user's rules do not allow this; egress_refused: the egress policy does not allow "
+    "connecting to that address",
     404: "not_found, queue_not_found, subscription_not_found, message_not_found, scheduled_not_found, "
     "unknown_receipt, handler_not_found, cluster_not_found, user_not_found, token_not_found, key_not_found",
     405: "method_not_allowed",

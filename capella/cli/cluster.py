@@ -37,15 +37,15 @@ def add_parser(
     add.add_argument("--username", help="the user a password belongs to")
     secret = add.add_mutually_exclusive_group()
     secret.add_argument(
-        "--password-env", metavar="VAR", help="the server reads the password from this environment variable"
+        "--password-secret", metavar="NAME", help="the password is this secret declared in [secrets.NAME]"
     )
     secret.add_argument(
-        "--token-env", metavar="VAR", help="the server reads a bearer token from this environment variable"
+        "--token-secret", metavar="NAME", help="a bearer token: this secret declared in [secrets.NAME]"
     )
     secret.add_argument(
-        "--password", help="stored encrypted by the server (visible in `ps`: prefer --password-env)"
+        "--password", help="stored encrypted by the server (visible in `ps`: prefer --password-secret)"
     )
-    secret.add_argument("--token", help="stored encrypted by the server (prefer --token-env)")
+    secret.add_argument("--token", help="stored encrypted by the server (prefer --token-secret)")
     add.add_argument(
         "--no-verify-tls", dest="verify_tls", action="store_false", help="accept any TLS certificate"
     )
@@ -81,8 +81,8 @@ def add_cluster(args: argparse.Namespace, client: Client) -> int:
     fields: dict[str, Any] = {"url": args.link_url}
     optional = {
         "username": args.username,
-        "password_env": args.password_env,
-        "token_env": args.token_env,
+        "password_secret": args.password_secret,
+        "token_secret": args.token_secret,
         "password": args.password,
         "token": args.token,
         "ca_file": args.ca_file,

@@ -547,7 +547,7 @@ class AsyncClient:
     # --- external clusters -------------------------------------------------------------
 
     async def put_cluster(self, name: str, **fields: Any) -> ClusterInfo:
-        """Register or replace an external cluster; ``fields`` are the PUT fields (url, token_env...).
+        """Register or replace an external cluster; ``fields`` are the PUT fields (url, token_secret...).
 
         The answer never holds the password or token, only where it comes from.
         """

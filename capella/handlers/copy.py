@@ -81,6 +81,10 @@ class CopyParams:
             commit_save=_save(params.raw("commit_save"), "params.commit_save", SaveMode.MARK),
         )
 
+    def links(self) -> list[str]:
+        """The external clusters it reads from or writes to (``link/queue``)."""
+        return sorted({ref.partition("/")[0] for ref in (self.source, self.to) if ref and "/" in ref})
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "from": self.source,
@@ -110,6 +114,9 @@ class CopyHandler(QueueHandler[CopyParams]):
         return {"lag": sum(self._lag.values()), "lag_by_queue": dict(self._lag)}
 
     async def run_once(self) -> PassResult:
+        # A link's credentials are the link owner's: only a user granted the link may use them.
+        for link in self.params.links():
+            self.identity.check("external_cluster", "write", link)
         if self.params.source is not None and "/" in self.params.source:
             link, _, name = self.params.source.partition("/")
             try:
@@ -279,6 +286,9 @@ def build(
 ) -> tuple[CopyParams, CopyHandler]:
     """The ``copy`` handler type; its queues and links must exist when it is defined."""
     params = CopyParams.parse(raw)
+    for link in params.links():
+        # Checked as the definer too, so a refused definition is a 403 now, not a failing pass.
+        reach.by.check("external_cluster", "write", link)
     for ref, what in ((params.to, "to"), (params.source, "from")):
         if ref is None:
             continue

@@ -1,15 +1,19 @@
 """Links to external Capella clusters: named, persisted, and turned into clients on demand.
 
 A link holds a URL, credentials, TLS settings, timeouts and request compression. Credentials
-are never returned by the API or logged: a link either names environment variables that hold
-them (``password_env``, ``token_env``), or stores them encrypted at rest with a key kept in
-the data directory (``<data_dir>/keys/links.key``, mode 0600; needs the ``cryptography``
-package, imported only then). Copy handlers reach a queue on a link as ``link/queue``.
+are never returned by the API or logged: a link either names a secret the operator declared
+(``password_secret``, ``token_secret``; whoever defines the link needs ``secret use`` on it),
+or stores them encrypted at rest with a key kept in the data directory
+(``<data_dir>/keys/links.key``, mode 0600; needs the ``cryptography`` package, imported only
+then), bound to the link's name, URL and user so the ciphertext is of no use elsewhere. A
+link whose stored credentials cannot be read is still listed, with its ``error``. Copy
+handlers reach a queue on a link as ``link/queue``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import re
@@ -21,10 +25,20 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from capella.auth.rule import UNRESTRICTED, Identity
+from capella.auth.secret import Secrets
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
 from capella.egress import Egress
-from capella.errors import CapellaError, CorruptData, InvalidConfig, InvalidRequest, KeyNotFound, LinkNotFound
+from capella.errors import (
+    CapellaError,
+    Conflict,
+    CorruptData,
+    InvalidConfig,
+    InvalidRequest,
+    KeyNotFound,
+    LinkNotFound,
+)
 from capella.fsync import create_directories, fsync_directory
 from capella.handlers.params import duration
 
@@ -35,7 +49,9 @@ log = logging.getLogger(__name__)
 
 REGISTRY_KEY = ".capella/clusters.json"
 COMPRESSIONS = ("none", "gzip", "zstd")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# The prefix of a ciphertext bound to its context (AES-GCM); older ones are Fernet tokens.
+SEALED = "v2:"
+_SECRET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +63,14 @@ class Link:
     username: str | None = None
     secret: str | None = field(default=None, repr=False)
     secret_kind: str | None = None  # "password" or "token"
-    secret_env: str | None = None  # the variable it comes from, when it is not stored
+    secret_name: str | None = None  # the declared secret it comes from, when it is not stored
     verify_tls: bool = True
     ca_file: str | None = None
     connect_timeout: float = 5.0
     timeout: float = 30.0
     compression: str = "none"
+    # Why the link cannot be used (its stored credentials do not decrypt): shown, not hidden.
+    error: str | None = None
 
     def public_dict(self) -> dict[str, Any]:
         """What the API shows: everything but the secret itself."""
@@ -61,7 +79,7 @@ class Link:
             credentials = {
                 "kind": self.secret_kind,
                 "username": self.username,
-                "source": f"env:{self.secret_env}" if self.secret_env else "stored encrypted",
+                "source": f"secret:{self.secret_name}" if self.secret_name else "stored encrypted",
             }
         return {
             "name": self.name,
@@ -70,24 +88,28 @@ class Link:
             "tls": {"verify": self.verify_tls, "ca_file": self.ca_file},
             "timeouts": {"connect": self.connect_timeout, "request": self.timeout},
             "compression": self.compression,
+            "error": self.error,
         }
 
-    def resolved_secret(self) -> str | None:
-        if self.secret_env is not None:
-            value = os.environ.get(self.secret_env)
-            if value is None:
-                raise InvalidConfig(f"cluster {self.name}: environment variable {self.secret_env} is not set")
-            return value
-        return self.secret
+    def context(self) -> tuple[str, ...]:
+        """What a stored secret of this link is bound to."""
+        return ("cluster link", self.name, self.url, self.secret_kind or "", self.username or "")
 
 
 class Links:
     """The registry of external clusters, and one client per link."""
 
-    def __init__(self, cluster: Cluster, key_file: Path | None = None, egress: Egress | None = None) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        key_file: Path | None = None,
+        secrets: Secrets | None = None,
+        egress: Egress | None = None,
+    ) -> None:
         self._cluster = cluster
         self._egress = egress  # every connection to a link passes it (None: no check)
         self._key_file = key_file
+        self._secrets = secrets or Secrets()
         self._links: dict[str, Link] = {}
         self._stored: dict[str, dict[str, Any]] = {}  # as persisted (secrets encrypted)
         self._clients: dict[str, AsyncClient] = {}
@@ -102,12 +124,16 @@ class Links:
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             raise CorruptData(f"cluster link registry {REGISTRY_KEY} is not valid: {exc}") from None
         for name, entry in stored.items():
+            self._stored[name] = entry
             try:
                 self._links[name] = self._from_stored(name, entry)
-                self._stored[name] = entry
             except CapellaError as exc:
                 log.error("cluster link cannot be loaded link=%s: %s", name, exc.message)
-                self._stored[name] = entry
+                # Listed with its error, not hidden: an operator sees it and gives the secret again.
+                url = entry.get("url")
+                self._links[name] = Link(
+                    name=name, url=url if isinstance(url, str) else "", error=exc.message
+                )
 
     async def close(self) -> None:
         for client in self._clients.values():
@@ -123,9 +149,12 @@ class Links:
         except KeyError:
             raise LinkNotFound(f"no external cluster {name!r}") from None
 
-    async def put(self, name: str, data: object) -> tuple[Link, bool]:
+    async def put(self, name: str, data: object, by: Identity = UNRESTRICTED) -> tuple[Link, bool]:
+        """Add or replace a link; a named secret must be one ``by`` may use."""
         check_name(name, "cluster")
         link, stored = self._parse(name, data)
+        if link.secret_name is not None:
+            self._secrets.use(link.secret_name, by, f"{link.secret_kind}_secret")
         async with self._lock:
             created = name not in self._links
             self._links[name] = link
@@ -137,7 +166,14 @@ class Links:
         log.info("cluster link %s link=%s url=%s", "added" if created else "updated", name, link.url)
         return link, created
 
-    async def drop(self, name: str) -> None:
+    async def drop(self, name: str, used_by: list[str] | None = None) -> None:
+        """Forget a link; ``used_by`` names the handlers that use it, which refuse the drop."""
+        if used_by:
+            raise Conflict(
+                f"cluster {name!r} is used by handler{'s' if len(used_by) > 1 else ''} "
+                f"{', '.join(sorted(used_by))}: drop or change them first",
+                handlers=sorted(used_by),
+            )
         async with self._lock:
             self.link(name)
             del self._links[name]
@@ -156,7 +192,12 @@ class Links:
             from capella.client import AsyncClient
 
             link = self.link(name)
-            secret = link.resolved_secret()
+            if link.error is not None:
+                raise InvalidConfig(f"cluster {name}: {link.error}")
+            secret = link.secret
+            if link.secret_name is not None:
+                # Checked when the link was defined; read now, so a rotated value is used.
+                secret = self._secrets.use(link.secret_name, UNRESTRICTED, f"cluster {name}")
             client = AsyncClient(
                 link.url,
                 timeout=link.timeout,
@@ -192,15 +233,24 @@ class Links:
             "url",
             "username",
             "password",
-            "password_env",
+            "password_secret",
             "token",
-            "token_env",
+            "token_secret",
             "verify_tls",
             "ca_file",
             "connect_timeout",
             "timeout",
             "compression",
         }
+        for old in ("password_env", "token_env"):
+            if old in data:
+                new = old.replace("_env", "_secret")
+                raise InvalidRequest(
+                    f"{old} is no longer accepted: a link may not name the server's environment "
+                    f'variables. Ask the operator to declare the secret ([secrets.NAME] env = "VAR") '
+                    f'and give {new} = "NAME"',
+                    field=old,
+                )
         if unknown := sorted(set(data) - allowed):
             raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
         url = data.get("url")
@@ -209,7 +259,9 @@ class Links:
         if "@" in url.split("/")[2]:
             # The URL is shown and logged: credentials go in username/password, never in it.
             raise InvalidRequest("url must not hold credentials: give username and password", field="url")
-        secrets = [k for k in ("password", "password_env", "token", "token_env") if data.get(k) is not None]
+        secrets = [
+            k for k in ("password", "password_secret", "token", "token_secret") if data.get(k) is not None
+        ]
         if len(secrets) > 1:
             raise InvalidRequest(f"give only one of {', '.join(secrets)}", field=secrets[1])
         username = data.get("username")
@@ -218,12 +270,12 @@ class Links:
         kind = secrets[0].split("_")[0] if secrets else None
         if kind == "password" and username is None:
             raise InvalidRequest("a password needs a username", field="username")
-        secret_env = data.get(secrets[0]) if secrets and secrets[0].endswith("_env") else None
-        if secret_env is not None and (
-            not isinstance(secret_env, str) or not _ENV_NAME.fullmatch(secret_env)
+        secret_name = data.get(secrets[0]) if secrets and secrets[0].endswith("_secret") else None
+        if secret_name is not None and (
+            not isinstance(secret_name, str) or not _SECRET_NAME.fullmatch(secret_name)
         ):
-            raise InvalidRequest(f"{secrets[0]} must name an environment variable", field=secrets[0])
-        secret = data.get(secrets[0]) if secrets and not secrets[0].endswith("_env") else None
+            raise InvalidRequest(f"{secrets[0]} must name a secret declared in [secrets]", field=secrets[0])
+        secret = data.get(secrets[0]) if secrets and not secrets[0].endswith("_secret") else None
         if secret is not None and (not isinstance(secret, str) or not secret):
             raise InvalidRequest(f"{secrets[0]} must be a non-empty string", field=secrets[0])
         compression = data.get("compression", "none")
@@ -242,49 +294,67 @@ class Links:
             username=username,
             secret=secret,
             secret_kind=kind,
-            secret_env=secret_env,
+            secret_name=secret_name,
             verify_tls=verify,
             ca_file=ca_file,
             connect_timeout=duration(data.get("connect_timeout", 5.0), "connect_timeout"),
             timeout=duration(data.get("timeout", 30.0), "timeout"),
             compression=str(compression),
         )
-        stored = {k: v for k, v in link.public_dict().items() if k not in ("name", "credentials")}
+        return link, self._stored_entry(link)
+
+    def _stored_entry(self, link: Link) -> dict[str, Any]:
+        stored = {k: v for k, v in link.public_dict().items() if k not in ("name", "credentials", "error")}
         stored["credentials"] = None
-        if kind is not None:
+        if link.secret_kind is not None:
             stored["credentials"] = {
-                "kind": kind,
-                "username": username,
-                "env": secret_env,
-                "encrypted": None if secret is None else self.encrypt(secret),
+                "kind": link.secret_kind,
+                "username": link.username,
+                "secret": link.secret_name,
+                "encrypted": None if link.secret is None else self.encrypt(link.secret, link.context()),
             }
-        return link, stored
+        return stored
 
     def _from_stored(self, name: str, entry: dict[str, Any]) -> Link:
         credentials = entry.get("credentials") or {}
+        if credentials.get("env"):
+            raise InvalidConfig(
+                f"its credentials come from the environment variable {credentials['env']}, which links "
+                "may no longer name: declare it in [secrets] and give password_secret or token_secret"
+            )
+        try:
+            link = replace(
+                Link(name=name, url=entry["url"]),
+                username=credentials.get("username"),
+                secret_kind=credentials.get("kind"),
+                secret_name=credentials.get("secret"),
+                verify_tls=entry["tls"]["verify"],
+                ca_file=entry["tls"]["ca_file"],
+                connect_timeout=entry["timeouts"]["connect"],
+                timeout=entry["timeouts"]["request"],
+                compression=entry["compression"],
+            )
+        except (KeyError, TypeError) as exc:
+            raise CorruptData(f"its stored definition is not valid: {exc!r}") from None
         encrypted = credentials.get("encrypted")
-        return replace(
-            Link(name=name, url=entry["url"]),
-            username=credentials.get("username"),
-            secret=None if encrypted is None else self.decrypt(encrypted),
-            secret_kind=credentials.get("kind"),
-            secret_env=credentials.get("env"),
-            verify_tls=entry["tls"]["verify"],
-            ca_file=entry["tls"]["ca_file"],
-            connect_timeout=entry["timeouts"]["connect"],
-            timeout=entry["timeouts"]["request"],
-            compression=entry["compression"],
-        )
+        if encrypted is None:
+            return link
+        link = replace(link, secret=self.decrypt(encrypted, link.context()))
+        if not bound(encrypted):
+            # An older, unbound token: sealed again bound to this link, saved with the next change.
+            self._stored[name] = self._stored_entry(link)
+        return link
 
-    def _fernet(self) -> Any:
+    def _key(self) -> bytes:
+        """The key file's 32 bytes (a Fernet key, created on first use)."""
         if self._key_file is None:
-            raise InvalidRequest("this cluster has no key file: give password_env or token_env instead")
+            raise InvalidRequest("this cluster has no key file: give password_secret or token_secret instead")
         try:
             from cryptography.fernet import Fernet
         except ImportError:  # optional: only links with stored secrets need it
             raise InvalidRequest(
                 "storing a secret needs the cryptography package (pip install 'capella[secrets]'); "
-                "or give password_env / token_env"
+                "or give password_secret / token_secret"
             ) from None
         if not self._key_file.exists():
             create_directories(self._key_file.parent)
@@ -296,24 +366,71 @@ class Links:
             # Without this the key file's name can vanish at a power cut, and every stored
             # secret with it.
             fsync_directory(self._key_file.parent)
-        return Fernet(self._key_file.read_bytes().strip())
+        return self._key_file.read_bytes().strip()
 
-    def encrypt(self, secret: str) -> str:
-        """``secret`` encrypted with the cluster's key (links and pg handlers store it so)."""
-        token: bytes = self._fernet().encrypt(secret.encode())
-        return token.decode("ascii")
+    def encrypt(self, secret: str, context: tuple[str, ...]) -> str:
+        """``secret`` sealed with the cluster's key and bound to ``context``.
 
-    def decrypt(self, token: str) -> str:
-        """The secret ``encrypt`` gave ``token`` for; ``CorruptData`` when the key changed."""
+        AES-256-GCM with ``context`` (what the secret is, whose, and for where: e.g. a pg
+        handler's name and DSN) as associated data: a ciphertext copied into another
+        definition does not decrypt there, so it cannot be sent to another host.
+        """
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        nonce = os.urandom(12)
+        sealed = AESGCM(_aead_key(self._key())).encrypt(nonce, secret.encode(), _associated(context))
+        return SEALED + base64.urlsafe_b64encode(nonce + sealed).decode("ascii")
+
+    def decrypt(self, token: str, context: tuple[str, ...]) -> str:
+        """The secret ``encrypt`` sealed for ``context``; ``CorruptData`` for any other context.
+
+        A token without the ``v2:`` prefix is an older Fernet one, bound to nothing: it is only
+        read from this server's own registries (the API refuses ``*_encrypted`` params), and
+        its caller seals it again bound (``bound``).
+        """
         try:
-            plain: bytes = self._fernet().decrypt(token.encode("ascii"))
-        except Exception as exc:  # cryptography's InvalidToken: a lost or changed key file
-            raise CorruptData(f"a stored secret cannot be decrypted ({type(exc).__name__})") from None
+            if token.startswith(SEALED):
+                from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+                raw = base64.urlsafe_b64decode(token[len(SEALED) :].encode("ascii"))
+                plain: bytes = AESGCM(_aead_key(self._key())).decrypt(
+                    raw[:12], raw[12:], _associated(context)
+                )
+            else:
+                from cryptography.fernet import Fernet
+
+                plain = Fernet(self._key()).decrypt(token.encode("ascii"))
+        except CapellaError:
+            raise
+        except Exception as exc:  # InvalidTag/InvalidToken: another context, or a changed key file
+            raise CorruptData(
+                f"a stored secret cannot be decrypted ({type(exc).__name__}): it was stored for another "
+                "definition, or the key file changed; give the secret again"
+            ) from None
         return plain.decode()
 
     async def _save(self) -> None:
         doc = {"version": 1, "clusters": {name: self._stored[name] for name in sorted(self._stored)}}
         await self._cluster.home.put(REGISTRY_KEY, orjson.dumps(doc))
+
+
+def bound(token: str) -> bool:
+    """Whether a stored ciphertext is bound to its context (not an older Fernet token)."""
+    return token.startswith(SEALED)
+
+
+def _aead_key(key_file: bytes) -> bytes:
+    """The AES-256-GCM key, derived from the key file (which stays a Fernet key for old tokens)."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"capella stored secret v2")
+    return hkdf.derive(base64.urlsafe_b64decode(key_file))
+
+
+def _associated(context: tuple[str, ...]) -> bytes:
+    # Each part's length first, so ("a", "bc") and ("ab", "c") are different contexts.
+    return b"".join(len(p.encode()).to_bytes(4, "big") + p.encode() for p in context)
 
 
 def _ssl_for(link: Link) -> ssl.SSLContext | bool | None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from capella.errors import InvalidRequest
@@ -10,6 +11,8 @@ from capella.units import parse_duration, parse_size
 
 # The original API took durations in nanoseconds; no sane interval is 31,700 years of seconds.
 NANOSECOND_THRESHOLD = 10**12
+# As [secrets.NAME] in the configuration allows.
+_SECRET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 class Params:
@@ -88,3 +91,29 @@ def segment_ranges(value: object, field_name: str) -> tuple[tuple[int, int], ...
             raise InvalidRequest(f"{field_name}: {item!r} is not a [lo, hi] pair", field=field_name)
         ranges.append((item[0], item[1]))
     return tuple(ranges)
+
+
+def refuse_env_params(data: object, replaced: Mapping[str, str]) -> None:
+    """A 400 naming the replacement for a ``*_env`` param, which named a server variable."""
+    if not isinstance(data, dict):
+        return
+    for old, new in replaced.items():
+        if old in data:
+            raise InvalidRequest(
+                f"params.{old} is no longer accepted: a definition may not name the server's "
+                f"environment variables. Ask the operator to declare the secret "
+                f'([secrets.NAME] env = "VAR" in the configuration) and give params.{new} = "NAME"',
+                field=f"params.{old}",
+            )
+
+
+def secret_name(params: Params, name: str) -> str | None:
+    value = params.raw(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _SECRET_NAME.fullmatch(value):
+        raise InvalidRequest(
+            f"params.{name} must name a secret declared in [secrets] (letters, digits, '_', '.', '-')",
+            field=f"params.{name}",
+        )
+    return value

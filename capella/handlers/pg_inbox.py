@@ -18,14 +18,23 @@ from typing import Any
 
 import orjson
 
+from capella.auth.secret import Secrets
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
 from capella.core.message import SaveMode
 from capella.core.queue import Queue
+from capella.egress import Egress
 from capella.errors import SubscriptionNotFound
-from capella.handlers.links import Links
-from capella.handlers.params import Params, segment_ranges
-from capella.handlers.postgres import DSN_PARAMS, Database, Dsn, check_columns, check_table, quoted
+from capella.handlers.params import Params, refuse_env_params, segment_ranges
+from capella.handlers.postgres import (
+    DSN_PARAMS,
+    DSN_REPLACED,
+    Database,
+    Dsn,
+    check_columns,
+    check_table,
+    quoted,
+)
 from capella.handlers.queues import PassResult, QueueHandler, selected
 from capella.handlers.reach import Reach
 
@@ -55,13 +64,14 @@ class InboxParams:
     commit_save: SaveMode = SaveMode.MARK
 
     @classmethod
-    def parse(cls, data: object, links: Links) -> InboxParams:
+    def parse(cls, data: object, reach: Reach, name: str = "") -> InboxParams:
+        refuse_env_params(data, DSN_REPLACED)
         params = Params(data, {"table", "batch", "segments", "subscription", "interval", *DSN_PARAMS})
         table = check_table(params.raw("table") or DEFAULT_TABLE)
         subscription = params.raw("subscription") or f"pg_inbox-{table}"
         check_name(str(subscription), "subscription")
         return cls(
-            dsn=Dsn.parse(params, links),
+            dsn=Dsn.parse(params, reach.links, name, reach.secrets, reach.by),
             subscription=str(subscription),
             table=table,
             batch=params.integer("batch", 1000) or 1000,
@@ -89,9 +99,16 @@ class InboxHandler(QueueHandler[InboxParams]):
 
     needs = "read"
 
-    def __init__(self, cluster: Cluster, queues: list[str], params: InboxParams) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        queues: list[str],
+        params: InboxParams,
+        secrets: Secrets | None = None,
+        egress: Egress | None = None,
+    ) -> None:
         super().__init__(cluster, queues, params)
-        self._db = Database(params.dsn)
+        self._db = Database(params.dsn, secrets, egress)
         self._insert = (
             f"INSERT INTO {quoted(params.table)} (source, external_id, id, data, segment, headers, time) "
             "SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bytea[], $5::bigint[], "
@@ -138,7 +155,7 @@ class InboxHandler(QueueHandler[InboxParams]):
             await queue.commit(params.subscription, 0, save=params.commit_save)
         # Known before the database is asked, so a failing pass still shows how far behind it is.
         self._lag[queue.name] = max(0, queue.last_id - cursor)
-        await self._db.connect()
+        await self._db.connect(self.identity)
         # Checked every pass, not once per connection: a table can be created or altered.
         check_columns(params.table, await self._db.columns(params.table), COLUMNS, {})
         loop = asyncio.get_running_loop()
@@ -198,5 +215,5 @@ def build(
     cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[InboxParams, InboxHandler]:
     """The ``pg_inbox`` handler type."""
-    params = InboxParams.parse(raw, reach.links)
-    return params, InboxHandler(cluster, queues, params)
+    params = InboxParams.parse(raw, reach, name)
+    return params, InboxHandler(cluster, queues, params, reach.secrets, reach.egress)

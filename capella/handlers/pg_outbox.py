@@ -25,12 +25,21 @@ from typing import Any
 import orjson
 
 from capella.auth.rule import UNRESTRICTED, Identity
+from capella.auth.secret import Secrets
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
+from capella.egress import Egress
 from capella.errors import InvalidMessage, InvalidRequest, QueueNotFound
-from capella.handlers.links import Links
-from capella.handlers.params import Params
-from capella.handlers.postgres import DSN_PARAMS, Database, Dsn, check_columns, check_table, quoted
+from capella.handlers.params import Params, refuse_env_params
+from capella.handlers.postgres import (
+    DSN_PARAMS,
+    DSN_REPLACED,
+    Database,
+    Dsn,
+    check_columns,
+    check_table,
+    quoted,
+)
 from capella.handlers.queues import PassResult
 from capella.handlers.reach import Reach
 
@@ -60,7 +69,8 @@ class OutboxParams:
     interval: float = 1.0
 
     @classmethod
-    def parse(cls, data: object, links: Links) -> OutboxParams:
+    def parse(cls, data: object, reach: Reach, name: str = "") -> OutboxParams:
+        refuse_env_params(data, DSN_REPLACED)
         params = Params(data, {"to", "table", "source", "batch", "save", "delete", "interval", *DSN_PARAMS})
         to = params.raw("to")
         if not isinstance(to, str) or not to:
@@ -76,7 +86,7 @@ class OutboxParams:
             raise InvalidRequest("params.save must be a save mode", field="params.save")
         return cls(
             to=to,
-            dsn=Dsn.parse(params, links),
+            dsn=Dsn.parse(params, reach.links, name, reach.secrets, reach.by),
             table=check_table(params.raw("table") or DEFAULT_TABLE),
             source=source,
             batch=params.integer("batch", 1000) or 1000,
@@ -107,11 +117,17 @@ class OutboxHandler:
 
     identity: Identity = UNRESTRICTED
 
-    def __init__(self, cluster: Cluster, params: OutboxParams) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        params: OutboxParams,
+        secrets: Secrets | None = None,
+        egress: Egress | None = None,
+    ) -> None:
         self._cluster = cluster
         self.params = params
         self.interval = params.interval
-        self._db = Database(params.dsn)
+        self._db = Database(params.dsn, secrets, egress)
         self._wake = asyncio.Event()
         self._select = ""
         self._done = ""
@@ -145,7 +161,7 @@ class OutboxHandler:
         queue = self._cluster.queue(params.to)
         # Cleared before reading: a commit notified during this pass wakes the next one at once.
         self._wake.clear()
-        if await self._db.connect():
+        if await self._db.connect(self.identity):
             self._listening = False
         # Checked every pass, not once per connection: a table can be created or altered.
         await self._prepare()
@@ -264,9 +280,9 @@ def build(
     cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[OutboxParams, OutboxHandler]:
     """The ``pg_outbox`` handler type; its target queue must exist."""
-    params = OutboxParams.parse(raw, reach.links)
+    params = OutboxParams.parse(raw, reach, name)
     try:
         cluster.queue(params.to)
     except QueueNotFound as exc:
         raise InvalidRequest(f"params.to: {exc.message}", field="params.to") from None
-    return params, OutboxHandler(cluster, params)
+    return params, OutboxHandler(cluster, params, reach.secrets, reach.egress)

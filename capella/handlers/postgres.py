@@ -5,117 +5,215 @@ and socket error becomes a Capella error here, with a message that says what is 
 database cannot be reached, authentication failed, a table or column is missing or has the
 wrong type): nothing above this module sees an asyncpg exception.
 
-A DSN's password is never returned by the API, logged or stored in clear, as with cluster
-links: the DSN is kept without it and the password is stored encrypted with the cluster's
-key (``Links.encrypt``), or the whole DSN comes from an environment variable (``dsn_env``).
+A handler connects only with what its definition gives, never with the broker's own
+credentials: the DSN (``dsn``, or ``dsn_secret``, a declared secret that holds it) names the
+host, port, database and user, and the password is the DSN's own (stored only encrypted,
+bound to the handler and the DSN: ``Links.encrypt``) or a declared secret's
+(``password_secret``). asyncpg is given every value explicitly (host, port, user, database,
+password, TLS context), so it never reads ``PG*`` variables, a pass file, a service file or
+``~/.postgresql``. DSN parameters are an allow-list; anything else is refused by name.
+
+The host is resolved here and every address checked by the egress policy; the connection
+goes to the address that was checked (a DNS answer that changes between the check and the
+connect cannot slip past), and TLS still verifies the certificate for the DSN's host name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
+import socket
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
+from capella.auth.rule import UNRESTRICTED, Identity
+from capella.auth.secret import Secrets
+from capella.egress import Egress
 from capella.errors import (
     CapellaError,
     DatabaseRefused,
     DatabaseUnavailable,
+    EgressRefused,
     InvalidConfig,
     InvalidRequest,
     TableMismatch,
 )
-from capella.handlers.links import Links
-from capella.handlers.params import Params
+from capella.handlers.links import Links, bound
+from capella.handlers.params import Params, secret_name
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 60.0
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # Lower-case identifiers only, optionally schema-qualified: what PostgreSQL folds an unquoted
 # name to, so the name in the params, in the DDL and in to_regclass is the same table.
 _TABLE = re.compile(r"[a-z_][a-z0-9_]{0,62}(?:\.[a-z_][a-z0-9_]{0,62})?")
-DSN_PARAMS = ("dsn", "dsn_env", "dsn_password_encrypted")
+DSN_PARAMS = ("dsn", "dsn_secret", "password_secret", "sslpassword_secret", "dsn_password_encrypted")
+DSN_REPLACED = {"dsn_env": "dsn_secret"}
+SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+# The query parameters a DSN may carry; host, port, user and database are the URL's own
+# parts. sslrootcert names trust anchors on the server (public, and they grant nothing);
+# sslcert and sslkey name a client certificate on the server, which is the broker's own
+# credential, so only an admin's handler may name them.
+_QUERY = ("sslmode", "sslrootcert", "sslcert", "sslkey")
+_CLIENT_CERT = ("sslcert", "sslkey")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Everything a connection needs, explicitly: nothing is left for the driver to look up."""
+
+    host: str
+    port: int
+    user: str
+    database: str
+    password: str | None = field(default=None, repr=False)
+    sslmode: str = "prefer"
+    sslrootcert: str | None = None
+    sslcert: str | None = None
+    sslkey: str | None = None
+    sslpassword: str | None = field(default=None, repr=False)
+
+    @property
+    def shown(self) -> str:
+        """``user@host:port/database`` for messages."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.user}@{host}:{self.port}/{self.database}"
 
 
 @dataclass(frozen=True, slots=True)
 class Dsn:
-    """Where to connect: a DSN without its password (or the variable that holds the DSN)."""
+    """Where to connect: a DSN without its password, or the secret that holds the DSN."""
 
     url: str | None
-    env: str | None
+    secret: str | None = None  # dsn_secret: a declared secret with the whole DSN
+    password_secret: str | None = None
+    sslpassword_secret: str | None = None
     password: str | None = field(default=None, repr=False)
     encrypted: str | None = field(default=None, repr=False)
 
     @classmethod
-    def parse(cls, params: Params, links: Links) -> Dsn:
-        url, env = params.raw("dsn"), params.raw("dsn_env")
-        if (url is None) == (env is None):
-            raise InvalidRequest("params: give exactly one of dsn and dsn_env", field="params.dsn")
-        if env is not None:
-            if not isinstance(env, str) or not _ENV_NAME.fullmatch(env):
+    def parse(cls, params: Params, links: Links, handler: str, secrets: Secrets, by: Identity) -> Dsn:
+        """The DSN params of handler ``handler``; every secret named must be one ``by`` may use."""
+        url, secret = params.raw("dsn"), secret_name(params, "dsn_secret")
+        if (url is None) == (secret is None):
+            raise InvalidRequest("params: give exactly one of dsn and dsn_secret", field="params.dsn")
+        dsn = cls(
+            None,
+            secret,
+            secret_name(params, "password_secret"),
+            secret_name(params, "sslpassword_secret"),
+        )
+        if url is not None:
+            if not isinstance(url, str):
+                raise InvalidRequest("params.dsn must be a postgresql:// URL", field="params.dsn")
+            bare, password = split_password(url, "params.dsn")
+            if password is not None and dsn.password_secret is not None:
                 raise InvalidRequest(
-                    "params.dsn_env must name an environment variable", field="params.dsn_env"
+                    "params.dsn holds a password and params.password_secret names one: give one",
+                    field="params.password_secret",
                 )
-            return cls(None, env)
-        if not isinstance(url, str):
-            raise InvalidRequest("params.dsn must be a postgresql:// URL", field="params.dsn")
-        bare, password = split_password(url, "params.dsn")
-        encrypted = params.raw("dsn_password_encrypted")
-        if password is not None:
-            try:
-                encrypted = links.encrypt(password)
-            except InvalidRequest as exc:
-                raise InvalidRequest(
-                    f"params.dsn holds a password, which is stored only encrypted: {exc.message}; "
-                    "or give params.dsn_env (a variable that holds the whole DSN)",
-                    field="params.dsn",
-                ) from None
-        elif isinstance(encrypted, str):
-            # A stored definition: the password comes back from the cluster's key.
-            password = links.decrypt(encrypted)
-        return cls(bare, None, password, encrypted if password is not None else None)
+            encrypted = params.raw("dsn_password_encrypted")
+            context = ("pg handler", handler, bare, "password")
+            if password is not None:
+                try:
+                    encrypted = links.encrypt(password, context)
+                except InvalidRequest as exc:
+                    raise InvalidRequest(
+                        f"params.dsn holds a password, which is stored only encrypted: {exc.message}; "
+                        "or give params.password_secret (a declared secret)",
+                        field="params.dsn",
+                    ) from None
+            elif isinstance(encrypted, str):
+                # A stored definition (the API refuses *_encrypted): only this handler's
+                # ciphertext for this very DSN decrypts.
+                password = links.decrypt(encrypted, context)
+                if not bound(encrypted):
+                    encrypted = links.encrypt(password, context)
+            dsn = replace(
+                dsn, url=bare, password=password, encrypted=encrypted if password is not None else None
+            )
+        # Resolved now as the definer: an unusable secret or DSN refuses the definition.
+        dsn.target(secrets, by, InvalidRequest)
+        return dsn
 
     def public_dict(self) -> dict[str, Any]:
         """What the API shows: the DSN without its password, and where the password is."""
-        where = None if self.password is None else "stored encrypted"
-        return {"dsn": self.url, "dsn_env": self.env, "password": where}
+        where = None
+        if self.password is not None:
+            where = "stored encrypted"
+        elif self.password_secret is not None:
+            where = f"secret:{self.password_secret}"
+        return {
+            "dsn": self.url,
+            "dsn_secret": self.secret,
+            "password_secret": self.password_secret,
+            "sslpassword_secret": self.sslpassword_secret,
+            "password": where,
+        }
 
     def stored_dict(self) -> dict[str, Any]:
         """What the handler registry keeps: the password only encrypted."""
-        return {"dsn": self.url, "dsn_env": self.env, "dsn_password_encrypted": self.encrypted}
+        return {k: v for k, v in self.public_dict().items() if k != "password"} | {
+            "dsn_password_encrypted": self.encrypted
+        }
 
-    def resolve(self) -> tuple[str, str | None]:
-        """(the DSN without password, the password) to connect with now."""
-        if self.env is None:
+    def target(
+        self, secrets: Secrets, identity: Identity, error: type[CapellaError] = InvalidConfig
+    ) -> Target:
+        """Where and as whom to connect now, with the secrets ``identity`` may use."""
+        if self.secret is not None:
+            url = secrets.use(self.secret, identity, "params.dsn_secret")
+            # The whole DSN is the secret: its password is allowed, and errors never show it.
+            bare, password = split_password(
+                url, f"the DSN in secret {self.secret!r}", error, "params.dsn_secret"
+            )
+            where = "params.dsn_secret"
+        else:
             assert self.url is not None
-            return self.url, self.password
-        value = os.environ.get(self.env)
-        if not value:
-            raise InvalidConfig(f"environment variable {self.env} (params.dsn_env) is not set")
-        return split_password(value, f"${self.env}", error=InvalidConfig)
+            bare, password, where = self.url, self.password, "params.dsn"
+        if self.password_secret is not None:
+            password = secrets.use(self.password_secret, identity, "params.password_secret")
+        sslpassword = None
+        if self.sslpassword_secret is not None:
+            sslpassword = secrets.use(self.sslpassword_secret, identity, "params.sslpassword_secret")
+        found = _target(bare, where, error)
+        if (found.sslcert or found.sslkey) and not identity.admin:
+            raise error(
+                f"{where}: sslcert and sslkey name a client certificate on the server, which is the "
+                "broker's own credential: only a handler that runs as an admin may use them",
+                field=where,
+            )
+        return replace(found, password=password, sslpassword=sslpassword)
 
 
-def split_password(url: str, what: str, error: type[CapellaError] = InvalidRequest) -> tuple[str, str | None]:
+def split_password(
+    url: str, what: str, error: type[CapellaError] = InvalidRequest, where: str = "params.dsn"
+) -> tuple[str, str | None]:
     """(``url`` without its password, the password) for a ``postgresql://`` URL."""
     try:
         parts = urlsplit(url)
         port = parts.port  # raises ValueError for a port that is not a number
+        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
     except ValueError:
-        parts, port = None, None
+        parts, port, query = None, None, []
     if parts is None or parts.scheme not in ("postgres", "postgresql"):
-        raise error(f"{what} must be a postgresql://user@host:port/database URL", field="params.dsn")
-    query = parse_qsl(parts.query, keep_blank_values=True)
+        raise error(f"{what} must be a postgresql://user@host:port/database URL", field=where)
     password = None if parts.password is None else unquote(parts.password)
     for key, value in query:
         if key == "password":
             password = value
+        elif key == "sslpassword":
+            raise error(
+                f"{what}: sslpassword is a secret and is never taken from a DSN: give "
+                "params.sslpassword_secret (a declared secret)",
+                field=where,
+            )
     netloc = parts.hostname or ""
     if ":" in netloc:  # an IPv6 address
         netloc = f"[{netloc}]"
@@ -126,6 +224,43 @@ def split_password(url: str, what: str, error: type[CapellaError] = InvalidReque
     rest = urlencode([(k, v) for k, v in query if k != "password"])
     bare = urlunsplit((parts.scheme, netloc, parts.path, rest, ""))
     return bare, password
+
+
+def _target(url: str, where: str, error: type[CapellaError]) -> Target:
+    """The allowed parts of a DSN without password; anything else is refused by name."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    for key in query:
+        if key not in _QUERY:
+            raise error(
+                f"{where}: the DSN parameter {key!r} is not accepted (only host, port, dbname and "
+                f"user in the URL, and {', '.join(_QUERY)})",
+                field=where,
+            )
+    host = parts.hostname
+    if not host or host.startswith("/") or "," in parts.netloc or "%2f" in parts.netloc.lower():
+        raise error(
+            f"{where}: the DSN must name one host (user@host:port/database); Unix sockets and "
+            "host lists are not accepted",
+            field=where,
+        )
+    user = unquote(parts.username or "")
+    if not user:
+        raise error(f"{where}: the DSN must name its user (postgresql://user@host/database)", field=where)
+    database = unquote(parts.path.lstrip("/")) or user
+    sslmode = query.get("sslmode", "prefer")
+    if sslmode not in SSLMODES:
+        raise error(f"{where}: sslmode must be one of {', '.join(SSLMODES)}", field=where)
+    return Target(
+        host=host,
+        port=parts.port or 5432,
+        user=user,
+        database=database,
+        sslmode=sslmode,
+        sslrootcert=query.get("sslrootcert") or None,
+        sslcert=query.get("sslcert") or None,
+        sslkey=query.get("sslkey") or None,
+    )
 
 
 def check_table(value: object, field_name: str = "params.table") -> str:
@@ -163,35 +298,76 @@ def check_columns(
 class Database:
     """One connection to PostgreSQL, opened on first use and again after it was lost."""
 
-    def __init__(self, dsn: Dsn) -> None:
+    def __init__(self, dsn: Dsn, secrets: Secrets | None = None, egress: Egress | None = None) -> None:
         self._dsn = dsn
+        self._secrets = secrets or Secrets()
+        self._egress = egress or Egress.open()
         self._conn: Any = None
         self._where = "postgres"
         self._secret: str | None = None
+        self._target: Target | None = None
 
     @property
     def connected(self) -> bool:
         return self._conn is not None and not self._conn.is_closed()
 
-    async def connect(self) -> bool:
-        """Connect unless connected; ``True`` when a new connection was opened."""
-        if self.connected:
+    async def connect(self, identity: Identity = UNRESTRICTED) -> bool:
+        """Connect unless connected, as ``identity`` (whose secrets); ``True`` when newly connected."""
+        try:
+            # Every pass, also when connected: a revoked grant closes the connection, and a
+            # rotated secret opens a new one with the new value.
+            target = self._dsn.target(self._secrets, identity)
+        except CapellaError:
+            await self.close()
+            raise
+        if self.connected and target == self._target:
             return False
-        url, password = self._dsn.resolve()
-        self._secret = password
-        self._where = f"postgres {_display(url)}"
+        await self.close()
+        self._target = target
+        self._secret = target.password
+        self._where = f"postgres {target.shown}"
         try:
             import asyncpg
         except ImportError:  # optional: only pg handlers need it
             raise InvalidConfig(
                 "the pg_outbox and pg_inbox handlers need asyncpg: pip install 'capella[postgres]'"
             ) from None
+        addresses = await self._addresses(target)
+        tls = _tls(target)
         async with self.guard("connect"):
-            self._conn = await asyncpg.connect(
-                url, password=password, timeout=CONNECT_TIMEOUT, command_timeout=COMMAND_TIMEOUT
-            )
+            last: BaseException | None = None
+            for address in addresses:
+                try:
+                    self._conn = await _connect(asyncpg, target, address, tls)
+                    break
+                except (OSError, TimeoutError, asyncpg.PostgresConnectionError) as exc:
+                    last = exc
+            if self._conn is None:
+                assert last is not None
+                raise last
         log.info("database connected %s", self._where)
         return True
+
+    async def _addresses(self, target: Target) -> list[str]:
+        """The host's addresses that the egress policy allows (checked here, connected to as is)."""
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+            )
+        except OSError as exc:
+            raise DatabaseUnavailable(f"{self._where}: cannot resolve {target.host}: {exc}") from None
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        allowed, refused = [], None
+        for address in addresses:
+            try:
+                self._egress.check(address, target.host)
+                allowed.append(address)
+            except EgressRefused as exc:
+                refused = exc
+        if not allowed:
+            assert refused is not None
+            raise EgressRefused(f"{self._where} (params.dsn): {refused.message}", **refused.details)
+        return allowed
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -289,7 +465,82 @@ class Database:
         return DatabaseUnavailable(f"{where}: {what} failed: {type(exc).__name__}: {text}")
 
 
-def _display(url: str) -> str:
-    """``user@host:port/database`` for messages (the URL has no password by now)."""
-    parts = urlsplit(url)
-    return f"{parts.netloc}{parts.path}"
+async def _connect(asyncpg: Any, target: Target, address: str, tls: ssl.SSLContext | None) -> Any:
+    """A connection to ``address``, every setting explicit so asyncpg consults nothing else.
+
+    With a password (even empty) asyncpg reads neither PGPASSWORD nor a pass file; with no DSN
+    it reads no service file; with an SSL context (or False) neither PGSSLMODE nor the
+    ``~/.postgresql`` files; host, port, user and database given leave no PG* variable to read.
+    """
+    options: dict[str, Any] = {
+        "host": address,
+        "port": target.port,
+        "user": target.user,
+        "database": target.database,
+        "password": target.password or "",
+        "passfile": None,
+        "target_session_attrs": "any",
+        "krbsrvname": "postgres",
+        "gsslib": "gssapi",
+        "timeout": CONNECT_TIMEOUT,
+        "command_timeout": COMMAND_TIMEOUT,
+    }
+    if tls is None:
+        return await asyncpg.connect(ssl=False, **options)
+    try:
+        return await asyncpg.connect(ssl=tls, **options)
+    except ConnectionError as exc:
+        # allow and prefer take a server without TLS as it is, as libpq does.
+        if target.sslmode not in ("allow", "prefer") or "rejected SSL upgrade" not in str(exc):
+            raise
+    return await asyncpg.connect(ssl=False, **options)
+
+
+class _Pinned(ssl.SSLContext):
+    """A TLS context that checks the certificate for the DSN's host name.
+
+    The connection goes to an address resolved and checked here, so asyncpg is given the
+    address and would verify the certificate for it; every TLS session this context starts
+    names ``server_name`` instead (asyncio's and uvloop's TLS both go through ``wrap_bio``).
+    """
+
+    server_name: str | None = None
+
+    def wrap_bio(
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | bytes | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
+        return super().wrap_bio(incoming, outgoing, server_side, self.server_name or server_hostname, session)
+
+
+def _tls(target: Target) -> ssl.SSLContext | None:
+    """The TLS context for ``target.sslmode``; ``None`` for disable. Only files the DSN names."""
+    if target.sslmode == "disable":
+        return None
+    context = _Pinned(ssl.PROTOCOL_TLS_CLIENT)
+    context.server_name = target.host
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    verify = target.sslmode in ("verify-ca", "verify-full") or (
+        target.sslmode == "require" and target.sslrootcert is not None
+    )
+    try:
+        if verify:
+            if target.sslrootcert is not None:
+                context.load_verify_locations(cafile=target.sslrootcert)
+            else:
+                context.load_default_certs()
+            context.check_hostname = target.sslmode == "verify-full"
+            context.verify_mode = ssl.CERT_REQUIRED
+        else:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if target.sslcert is not None:
+            password = target.sslpassword or ""
+            context.load_cert_chain(target.sslcert, target.sslkey, password=lambda: password)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise InvalidConfig(f"params.dsn: a TLS file cannot be used: {exc}", field="params.dsn") from None
+    return context

@@ -42,6 +42,7 @@ from typing import Any
 import aiohttp
 
 from capella.auth.rule import UNRESTRICTED, Identity
+from capella.auth.secret import Secrets
 from capella.client.connector import EgressConnector, check_destination
 from capella.core.cluster import Cluster
 from capella.core.message import Message, SaveMode
@@ -101,6 +102,8 @@ class PushHandler:
     """Deliver one queue's messages to ``params.url`` through its ack-mode subscription."""
 
     identity: Identity = UNRESTRICTED
+    # The declared secrets its credentials name; build() sets them (none: no credentials).
+    secrets: Secrets = Secrets()
 
     def __init__(
         self,
@@ -177,6 +180,8 @@ class PushHandler:
         self.identity.check("subscription", "write", f"{queue.name}/{params.subscription}")
         if params.policy.dead_letter is not None:
             self.identity.check("queue", "write", params.policy.dead_letter)
+        # Read again as the handler's user now: a revoked grant stops it, a rotated value is used.
+        self._credentials = params.credentials(self.secrets, self.identity)
         work = await self._work(queue)
         before = (self.counters.delivered, self.counters.delivered_bytes)
         loop = asyncio.get_running_loop()
@@ -511,4 +516,8 @@ def build(
             raise InvalidRequest(f"params.dead_letter: {exc.message}", field="params.dead_letter") from None
         if push.policy.dead_letter == queues[0]:
             raise InvalidRequest("params.dead_letter must name another queue", field="params.dead_letter")
-    return push, PushHandler(cluster, queues[0], push, push.credentials(), egress=reach.egress)
+    # As whoever defines it: naming a secret its user may not use refuses the definition.
+    credentials = push.credentials(reach.secrets, reach.by)
+    handler = PushHandler(cluster, queues[0], push, credentials, egress=reach.egress)
+    handler.secrets = reach.secrets
+    return push, handler

@@ -17,7 +17,7 @@ import importlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import orjson
@@ -198,9 +198,9 @@ class Supervisor:
             raise CorruptData(f"handler registry {REGISTRY_KEY} is not valid: {exc}") from None
         for name, d in sorted(definitions.items()):
             try:
-                params, handler = build(
-                    self._cluster, d["type"], list(d["queues"]), d["params"], self.reach, name
-                )
+                # As the user it runs as: a secret or link it lost the right to does not load.
+                reach = replace(self.reach, by=self._identity_of(d.get("user")))
+                params, handler = build(self._cluster, d["type"], list(d["queues"]), d["params"], reach, name)
             except CapellaError as exc:
                 # Keep the definition (a later save must not drop it); every pass reports why.
                 log.error("handler cannot be loaded handler=%s: %s", name, exc.message)
@@ -245,6 +245,16 @@ class Supervisor:
             raise InvalidRequest("a handler definition must be a JSON object")
         if unknown := sorted(set(data) - {"type", "queue", "queues", "params", "started", "user"}):
             raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
+        if isinstance(data.get("params"), dict):
+            for key in data["params"]:
+                if key.endswith("_encrypted"):
+                    # Only this server writes ciphertexts, into its own registry: one taken from
+                    # another definition would be replayed to wherever this one points.
+                    raise InvalidRequest(
+                        f"params.{key} is never accepted from the API: give the secret itself "
+                        "(it is stored encrypted) or name a declared secret",
+                        field=f"params.{key}",
+                    )
         kind = data.get("type")
         if not isinstance(kind, str):
             raise InvalidRequest(f"type is required: {', '.join(sorted(HANDLER_TYPES))}", field="type")
@@ -265,18 +275,30 @@ class Supervisor:
                 )
         else:
             queues = queue_patterns(data, self._cluster)
-        params, handler = build(self._cluster, kind, queues, data.get("params"), self.reach, name)
         started = data.get("started", True)
         if not isinstance(started, bool):
             raise InvalidRequest("started must be true or false", field="started")
         user = self._run_as(data.get("user", by.name), by)
+        # Built as the user it will run as: its secrets and links must be theirs to use.
+        acting = by if user == by.name else self._identity_of(user)
+        reach = replace(self.reach, by=acting)
+        params, handler = build(self._cluster, kind, queues, data.get("params"), reach, name)
         async with self._lock:
             old = self._states.get(name)
+            state = HandlerState(name, kind, queues, params, handler, started, user)
+            # Saved before anything runs differently: a failed save leaves the old definition
+            # stored and the old loop running, as if the request had never come.
+            self._states[name] = state
+            try:
+                await self._save()
+            except BaseException:
+                if old is None:
+                    del self._states[name]
+                else:
+                    self._states[name] = old
+                raise
             if old is not None:
                 await self._halt(old)
-            state = HandlerState(name, kind, queues, params, handler, started, user)
-            self._states[name] = state
-            await self._save()
             if started:
                 self._launch(state)
         log.info("handler %s handler=%s type=%s", "created" if old is None else "replaced", name, kind)
@@ -285,10 +307,19 @@ class Supervisor:
     async def drop(self, name: str) -> None:
         async with self._lock:
             state = self.handler(name)
-            await self._halt(state)
+            # Saved first: a failed save leaves it defined and running.
             del self._states[name]
-            await self._save()
+            try:
+                await self._save()
+            except BaseException:
+                self._states[name] = state
+                raise
+            await self._halt(state)
         log.info("handler dropped handler=%s", name)
+
+    def using_link(self, link: str) -> list[str]:
+        """The handlers that read from or write to external cluster ``link``."""
+        return [s.name for s in self.handlers() if link in getattr(s.params, "links", lambda: [])()]
 
     async def start_handler(self, name: str) -> HandlerState:
         async with self._lock:
@@ -363,11 +394,15 @@ class Supervisor:
 
     def _identity(self, state: HandlerState) -> Identity:
         """The rules this pass runs under: its user's, read now (a change applies at once)."""
-        if state.user is None or self._users is None:
+        return self._identity_of(state.user)
+
+    def _identity_of(self, name: str | None) -> Identity:
+        """User ``name``'s rules now; unrestricted for no user (defined with auth off)."""
+        if name is None or self._users is None:
             return UNRESTRICTED
-        user = self._users.find_user(state.user)
+        user = self._users.find_user(name)
         if user is None or not user.enabled:
-            raise Unauthorized(f"handler user {state.user!r} does not exist or is disabled")
+            raise Unauthorized(f"handler user {name!r} does not exist or is disabled")
         return user.identity("handler")
 
     async def _run_pass(self, state: HandlerState) -> None:

@@ -1,22 +1,26 @@
 """A push handler's definition: the webhook it delivers to, and how (``PushParams``).
 
-Credentials never appear in the params: ``secret_env``, ``token_env`` and ``basic_env`` name
-environment variables, read when the handler is built (a variable that is not set refuses
-the definition). The retry fields are those of an ack-mode subscription's policy.
+Credentials never appear in the params: ``secret`` (the HMAC signing secret), ``token`` (a
+bearer token) and ``basic`` (``user:password``) name secrets the operator declared in
+``[secrets.NAME]``, which the handler's user must be granted (``allow:secret:use:NAME``).
+They are read when the handler is defined and again at the start of every pass, as its user,
+so a revoked grant stops it and a rotated value is picked up. The retry fields are those of
+an ack-mode subscription's policy.
 """
 
 from __future__ import annotations
 
 import base64
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from capella.auth.rule import Identity
+from capella.auth.secret import Secrets
 from capella.core.retry import RetryPolicy, parse_policy
 from capella.errors import InvalidRequest
 from capella.handlers.delivery import Credentials
-from capella.handlers.params import Params, segment_ranges
+from capella.handlers.params import Params, refuse_env_params, secret_name, segment_ranges
 
 ORDERINGS = ("unordered", "by_segment", "ordered")
 # The handler holds its claims until it answers them; a new run takes back what an old one
@@ -29,7 +33,10 @@ MAX_IN_FLIGHT = 10_000
 MAX_TIMEOUT = 60.0
 _POLICY_FIELDS = ("max_attempts", "backoff", "delay", "max_delay", "jitter", "dead_letter")
 _URL = re.compile(r"https?://[^\s/?#]+([/?#][^\s]*)?")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# The credentials params, each naming a declared secret; the old *_env forms named variables
+# of the server's environment, which let any definer read any of them (issue 20).
+SECRET_PARAMS = ("secret", "token", "basic")
+_REPLACED = {"secret_env": "secret", "token_env": "token", "basic_env": "basic"}
 _HEADER_NAME = re.compile(r"[!#$&'*+.^_`|~0-9A-Za-z-]+")
 # Set by the handler itself: a params header of these names would be overwritten or unsafe.
 _RESERVED = ("authorization", "idempotency-key", "content-length", "host", "transfer-encoding", "user-agent")
@@ -46,14 +53,15 @@ class PushParams:
     headers: dict[str, str] = field(default_factory=dict)
     segments: tuple[tuple[int, int], ...] | None = None
     policy: RetryPolicy = field(default_factory=lambda: RetryPolicy(lease=LEASE))
-    secret_env: str | None = None
-    token_env: str | None = None
-    basic_env: str | None = None
+    secret: str | None = None
+    token: str | None = None
+    basic: str | None = None
     wait: float = 2.0
     interval: float = 0.0
 
     @classmethod
     def parse(cls, data: object, handler: str) -> PushParams:
+        refuse_env_params(data, _REPLACED)
         params = Params(
             data,
             {
@@ -65,9 +73,7 @@ class PushParams:
                 "timeout",
                 "headers",
                 "segments",
-                "secret_env",
-                "token_env",
-                "basic_env",
+                *SECRET_PARAMS,
                 "wait",
                 *_POLICY_FIELDS,
             },
@@ -76,9 +82,9 @@ class PushParams:
         if not isinstance(url, str) or not _URL.fullmatch(url):
             raise InvalidRequest("params.url must be an http:// or https:// URL", field="params.url")
         if "@" in url.split("/")[2]:
-            # The URL is shown and logged: credentials come from token_env or basic_env.
+            # The URL is shown and logged: credentials come from the token or basic secret.
             raise InvalidRequest(
-                "params.url must not hold credentials: use token_env or basic_env", field="params.url"
+                "params.url must not hold credentials: use token or basic (secret names)", field="params.url"
             )
         subscription = params.raw("subscription") or f"push-{handler}"
         if not isinstance(subscription, str):
@@ -106,9 +112,9 @@ class PushParams:
             raise InvalidRequest(
                 f"params.timeout must be at most {MAX_TIMEOUT:g} seconds", field="params.timeout"
             )
-        secrets = {name: _env_name(params, name) for name in ("secret_env", "token_env", "basic_env")}
-        if secrets["token_env"] and secrets["basic_env"]:
-            raise InvalidRequest("give token_env or basic_env, not both", field="params.basic_env")
+        secrets = {name: secret_name(params, name) for name in SECRET_PARAMS}
+        if secrets["token"] and secrets["basic"]:
+            raise InvalidRequest("give token or basic, not both", field="params.basic")
         return cls(
             url=url,
             subscription=subscription,
@@ -120,9 +126,9 @@ class PushParams:
             headers=_headers(params.raw("headers")),
             segments=segment_ranges(params.raw("segments"), "params.segments"),
             policy=_policy(params),
-            secret_env=secrets["secret_env"],
-            token_env=secrets["token_env"],
-            basic_env=secrets["basic_env"],
+            secret=secrets["secret"],
+            token=secrets["token"],
+            basic=secrets["basic"],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,46 +144,30 @@ class PushParams:
             "headers": dict(self.headers),
             "segments": None if self.segments is None else [list(s) for s in self.segments],
             **{name: policy[name] for name in _POLICY_FIELDS},
-            "secret_env": self.secret_env,
-            "token_env": self.token_env,
-            "basic_env": self.basic_env,
+            "secret": self.secret,
+            "token": self.token,
+            "basic": self.basic,
         }
 
-    def credentials(self) -> Credentials:
-        """The secrets the variables hold now; a variable that is not set is an error."""
-        values = {name: _env(self, name) for name in ("secret_env", "token_env", "basic_env")}
+    def credentials(self, secrets: Secrets, identity: Identity) -> Credentials:
+        """The values of the named secrets now, as ``identity`` may use them."""
+        values = {
+            name: None
+            if getattr(self, name) is None
+            else secrets.use(getattr(self, name), identity, f"params.{name}")
+            for name in SECRET_PARAMS
+        }
         authorization = None
-        if values["token_env"] is not None:
-            authorization = f"Bearer {values['token_env']}"
-        elif values["basic_env"] is not None:
-            if ":" not in values["basic_env"]:
+        if values["token"] is not None:
+            authorization = f"Bearer {values['token']}"
+        elif values["basic"] is not None:
+            if ":" not in values["basic"]:
                 raise InvalidRequest(
-                    f"params.basic_env: {self.basic_env} must hold user:password", field="params.basic_env"
+                    f"params.basic: secret {self.basic!r} must hold user:password", field="params.basic"
                 )
-            authorization = "Basic " + base64.b64encode(values["basic_env"].encode()).decode("ascii")
-        secret = values["secret_env"]
+            authorization = "Basic " + base64.b64encode(values["basic"].encode()).decode("ascii")
+        secret = values["secret"]
         return Credentials(authorization, None if secret is None else secret.encode())
-
-
-def _env_name(params: Params, name: str) -> str | None:
-    value = params.raw(name)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _ENV_NAME.fullmatch(value):
-        raise InvalidRequest(f"params.{name} must name an environment variable", field=f"params.{name}")
-    return value
-
-
-def _env(params: PushParams, name: str) -> str | None:
-    variable = getattr(params, name)
-    if variable is None:
-        return None
-    value = os.environ.get(variable)
-    if value is None or value == "":
-        raise InvalidRequest(
-            f"params.{name}: the environment variable {variable} is not set", field=f"params.{name}"
-        )
-    return value
 
 
 def _headers(value: object) -> dict[str, str]:
@@ -190,7 +180,7 @@ def _headers(value: object) -> dict[str, str]:
             raise InvalidRequest(f"params.headers: {name!r} is not a valid header", field="params.headers")
         if name.lower() in _RESERVED or name.lower().startswith("capella-"):
             raise InvalidRequest(
-                f"params.headers: {name} is set by the handler (credentials: token_env or basic_env)",
+                f"params.headers: {name} is set by the handler (credentials: params.token or params.basic)",
                 field="params.headers",
             )
     return dict(value)

@@ -7,22 +7,23 @@ from typing import Annotated, Any, ClassVar, Literal
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from capella.wire.answers import ErrorDetail
-from capella.wire.fields import EnvName, PositiveDuration, schema
+from capella.wire.fields import PositiveDuration, schema
 
-CREDENTIALS = ("password", "password_env", "token", "token_env")
+CREDENTIALS = ("password", "password_secret", "token", "token_secret")
 Compression = Literal["none", "gzip", "zstd"]
 Secret = Annotated[str, schema(minLength=1, writeOnly=True)]
+SecretName = Annotated[str, schema(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
 
 
 class ClusterDefinition(Struct, forbid_unknown_fields=True):
-    """at most one of password, password_env, token and token_env; a password (stored or from
-    the environment) needs a username"""
+    """at most one of password, password_secret, token and token_secret; a password (stored or
+    from a declared secret) needs a username"""
 
     __schema_extra__: ClassVar[dict[str, Any]] = {
         "not": {
             "anyOf": [{"required": [a, b]} for i, a in enumerate(CREDENTIALS) for b in CREDENTIALS[i + 1 :]]
         },
-        "dependentRequired": {"password": ["username"], "password_env": ["username"]},
+        "dependentRequired": {"password": ["username"], "password_secret": ["username"]},
     }
 
     url: Annotated[str, schema(pattern=r"^https?://[^\s/@]+(/\S*)?$")]
@@ -31,11 +32,17 @@ class ClusterDefinition(Struct, forbid_unknown_fields=True):
         Annotated[Secret, Meta(description="stored encrypted with the server's key; never shown again")]
         | None
     ) = None
-    password_env: Annotated[EnvName, Meta(description="the variable the server reads it from")] | None = None
+    password_secret: (
+        Annotated[SecretName, Meta(description="a declared secret ([secrets.NAME]) the definer may use")]
+        | None
+    ) = None
     token: (
         Annotated[Secret, Meta(description="a bearer token, stored encrypted; never shown again")] | None
     ) = None
-    token_env: Annotated[EnvName, Meta(description="the variable the server reads it from")] | None = None
+    token_secret: (
+        Annotated[SecretName, Meta(description="a declared secret ([secrets.NAME]) the definer may use")]
+        | None
+    ) = None
     verify_tls: bool = True
     ca_file: Annotated[str, Meta(description="a PEM file on the server that exists")] | None = None
     connect_timeout: Annotated[PositiveDuration, Meta(description="default 5 s")] | None = None
@@ -50,7 +57,7 @@ class LinkCredentials(Struct):
 
     kind: Literal["password", "token"]
     username: str | None
-    source: Annotated[str, Meta(description="env:<VARIABLE> or stored encrypted")]
+    source: Annotated[str, Meta(description="secret:<NAME> or stored encrypted")]
 
 
 class LinkTls(Struct):
@@ -76,6 +83,12 @@ class ClusterInfo(Struct):
     tls: LinkTls
     timeouts: LinkTimeouts
     compression: Compression
+    error: (
+        Annotated[
+            str, Meta(description="why the link cannot be used (its stored credentials do not decrypt)")
+        ]
+        | None
+    ) = None
 
 
 class ClusterList(Struct):

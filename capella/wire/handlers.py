@@ -177,13 +177,12 @@ class PushParams(Struct, forbid_unknown_fields=True):
     dead_letter: Annotated[str, Meta(description="the queue that gets what used up its attempts")] | None = (
         None
     )
-    secret_env: (
-        Annotated[str, Meta(description="environment variable with the HMAC-SHA256 signing secret")] | None
+    secret: (
+        Annotated[str, Meta(description="a declared secret ([secrets.NAME]): the HMAC-SHA256 signing secret")]
+        | None
     ) = None
-    token_env: Annotated[str, Meta(description="environment variable with a bearer token")] | None = None
-    basic_env: (
-        Annotated[str, Meta(description="environment variable with user:password for Basic")] | None
-    ) = None
+    token: Annotated[str, Meta(description="a declared secret holding a bearer token")] | None = None
+    basic: Annotated[str, Meta(description="a declared secret holding user:password for Basic")] | None = None
 
 
 class PgOutboxParams(Struct, forbid_unknown_fields=True):
@@ -194,13 +193,22 @@ class PgOutboxParams(Struct, forbid_unknown_fields=True):
         Annotated[
             str,
             Meta(
-                description="postgresql://user:password@host:port/database; the password is stored "
-                "encrypted and never shown"
+                description="postgresql://user:password@host:port/database?sslmode=...; only host, "
+                "port, dbname, user, sslmode, sslrootcert (and, for admins, sslcert and sslkey); the "
+                "password is stored encrypted, bound to the handler and DSN, and never shown"
             ),
         ]
         | None
     ) = None
-    dsn_env: Annotated[str, Meta(description="an environment variable that holds the DSN")] | None = None
+    dsn_secret: (
+        Annotated[str, Meta(description="a declared secret ([secrets.NAME]) holding the whole DSN")] | None
+    ) = None
+    password_secret: (
+        Annotated[str, Meta(description="a declared secret holding the password (the DSN has none)")] | None
+    ) = None
+    sslpassword_secret: (
+        Annotated[str, Meta(description="a declared secret holding the client key's passphrase")] | None
+    ) = None
     table: Annotated[str, Meta(description="the outbox table (default capella_outbox)")] | None = None
     source: Annotated[str, Meta(description="the identity source (default pg:<database>.<table>)")] | None = (
         None
@@ -221,7 +229,15 @@ class PgInboxParams(Struct, forbid_unknown_fields=True):
     """Copy a queue into a PostgreSQL inbox table, once each (docs/postgres.md)."""
 
     dsn: Annotated[str, Meta(description="as for pg_outbox")] | None = None
-    dsn_env: Annotated[str, Meta(description="an environment variable that holds the DSN")] | None = None
+    dsn_secret: (
+        Annotated[str, Meta(description="a declared secret ([secrets.NAME]) holding the whole DSN")] | None
+    ) = None
+    password_secret: (
+        Annotated[str, Meta(description="a declared secret holding the password (the DSN has none)")] | None
+    ) = None
+    sslpassword_secret: (
+        Annotated[str, Meta(description="a declared secret holding the client key's passphrase")] | None
+    ) = None
     table: Annotated[str, Meta(description="the inbox table (default capella_inbox)")] | None = None
     subscription: (
         Annotated[str, Meta(description="the cursor on each queue (default pg_inbox-<table>)")] | None

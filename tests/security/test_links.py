@@ -1,0 +1,53 @@
+"""Cluster links: their credentials are the link owner's, not every handler author's.
+
+A user who may define handlers could once copy into or out of any link, using its stored
+credentials (a confused deputy). Now a copy handler needs ``external_cluster write`` on the
+link for its user; a link in use cannot be dropped; link secrets come from declared secrets
+under ``secret use``.
+"""
+
+from __future__ import annotations
+
+from security.conftest import DEV_PASSWORD, DEV_RULES, StartSecured
+
+LOOPBACK = '[egress]\nallow = ["127.0.0.0/8", "::1/128"]\n\n[secrets.far-token]\nenv = "FAR_TOKEN"\n\n'
+
+
+def test_a_copy_handler_needs_write_on_the_link_and_a_used_link_is_not_dropped(
+    start_secured: StartSecured,
+) -> None:
+    secured = start_secured(LOOPBACK, env={"FAR_TOKEN": "far-token-value"})
+    link = {"url": "http://127.0.0.1:9", "token_secret": "far-token"}
+    assert secured.call("PUT", "/v1/clusters/far", link, user="admin").status == 201
+    assert secured.call("PUT", "/v1/queues/dev-q", {}).status == 201
+    copy = {"type": "copy", "queue": "dev-q", "params": {"to": "far/anything"}, "started": False}
+
+    refused = secured.call("PUT", "/v1/handlers/dev-copy", copy)
+    assert refused.status == 403, refused.body
+    assert "external cluster 'far'" in refused.body["error"]["message"]
+
+    rules = [*DEV_RULES, "allow:external_cluster:write:far"]
+    grant = {"password": DEV_PASSWORD, "rules": rules}
+    assert secured.call("PUT", "/v1/users/dev", grant, user="admin").status == 200
+    assert secured.call("PUT", "/v1/handlers/dev-copy", copy).status == 201
+
+    dropped = secured.call("DELETE", "/v1/clusters/far", user="admin")
+    assert dropped.status == 409 and dropped.body["error"]["code"] == "conflict", dropped.body
+    assert "dev-copy" in dropped.body["error"]["message"]
+    assert secured.call("GET", "/v1/clusters/far", user="admin").status == 200
+    assert secured.call("DELETE", "/v1/handlers/dev-copy").status == 204
+    assert secured.call("DELETE", "/v1/clusters/far", user="admin").status == 204
+
+
+def test_a_link_secret_needs_secret_use_by_its_definer(start_secured: StartSecured) -> None:
+    secured = start_secured(LOOPBACK, env={"FAR_TOKEN": "far-token-value"})
+    rules = [*DEV_RULES, "allow:external_cluster:*:dev-*"]
+    assert (
+        secured.call("PUT", "/v1/users/dev", {"password": DEV_PASSWORD, "rules": rules}, user="admin").status
+        == 200
+    )
+    link = {"url": "http://127.0.0.1:9", "token_secret": "far-token"}
+    refused = secured.call("PUT", "/v1/clusters/dev-far", link)
+    assert refused.status == 400 and refused.body["error"]["code"] == "secret_unavailable", refused.body
+    old = secured.call("PUT", "/v1/clusters/dev-far", {"url": "http://127.0.0.1:9", "token_env": "FAR_TOKEN"})
+    assert old.status == 400 and 'token_secret = "NAME"' in old.body["error"]["message"]
