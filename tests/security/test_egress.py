@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.security.conftest import Answer, Secured, StartSecured
+from security.conftest import Answer, Secured, StartSecured
 
 ALLOW_LOOPBACK = '[egress]\nallow = ["127.0.0.0/8", "::1/128"]\n'
 
