@@ -113,6 +113,9 @@ class Links:
         self._links: dict[str, Link] = {}
         self._stored: dict[str, dict[str, Any]] = {}  # as persisted (secrets encrypted)
         self._clients: dict[str, AsyncClient] = {}
+        self._client_secrets: dict[str, str | None] = {}  # the secret each client was built with
+        # Clients replaced after a secret rotated: a request may still be using one.
+        self._retired: list[AsyncClient] = []
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -136,9 +139,10 @@ class Links:
                 )
 
     async def close(self) -> None:
-        for client in self._clients.values():
+        for client in [*self._clients.values(), *self._retired]:
             await client.close()
         self._clients.clear()
+        self._retired.clear()
 
     def links(self) -> list[Link]:
         return [self._links[name] for name in sorted(self._links)]
@@ -184,32 +188,36 @@ class Links:
                 await client.close()
 
     def client(self, name: str) -> AsyncClient:
-        """A client for the link (built once, reused; dropped when the link changes)."""
+        """A client for the link (reused; built again when the link changes or its secret rotates)."""
+        link = self.link(name)
+        if link.error is not None:
+            raise InvalidConfig(f"cluster {name}: {link.error}")
+        secret = link.secret
+        if link.secret_name is not None:
+            # Checked when the link was defined; read now, so a rotated value is used.
+            secret = self._secrets.use(link.secret_name, UNRESTRICTED, f"cluster {name}")
         client = self._clients.get(name)
-        if client is None:
-            # Imported on first use, deliberately: a server without links never loads the
-            # HTTP client (~0.6 MB and ~20 ms of start-up).
-            from capella.client import AsyncClient
+        if client is not None and self._client_secrets.get(name) == secret:
+            return client
+        if client is not None:
+            self._retired.append(client)
+        # Imported on first use, deliberately: a server without links never loads the
+        # HTTP client (~0.6 MB and ~20 ms of start-up).
+        from capella.client import AsyncClient
 
-            link = self.link(name)
-            if link.error is not None:
-                raise InvalidConfig(f"cluster {name}: {link.error}")
-            secret = link.secret
-            if link.secret_name is not None:
-                # Checked when the link was defined; read now, so a rotated value is used.
-                secret = self._secrets.use(link.secret_name, UNRESTRICTED, f"cluster {name}")
-            client = AsyncClient(
-                link.url,
-                timeout=link.timeout,
-                connect_timeout=link.connect_timeout,
-                username=link.username if link.secret_kind == "password" else None,
-                password=secret if link.secret_kind == "password" else None,
-                token=secret if link.secret_kind == "token" else None,
-                ssl=_ssl_for(link),
-                compression=None if link.compression == "none" else link.compression,
-                egress=self._egress,
-            )
-            self._clients[name] = client
+        client = AsyncClient(
+            link.url,
+            timeout=link.timeout,
+            connect_timeout=link.connect_timeout,
+            username=link.username if link.secret_kind == "password" else None,
+            password=secret if link.secret_kind == "password" else None,
+            token=secret if link.secret_kind == "token" else None,
+            ssl=_ssl_for(link),
+            compression=None if link.compression == "none" else link.compression,
+            egress=self._egress,
+        )
+        self._clients[name] = client
+        self._client_secrets[name] = secret
         return client
 
     async def ping(self, name: str) -> dict[str, Any]:

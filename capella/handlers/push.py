@@ -102,8 +102,6 @@ class PushHandler:
     """Deliver one queue's messages to ``params.url`` through its ack-mode subscription."""
 
     identity: Identity = UNRESTRICTED
-    # The declared secrets its credentials name; build() sets them (none: no credentials).
-    secrets: Secrets = Secrets()
 
     def __init__(
         self,
@@ -113,8 +111,11 @@ class PushHandler:
         credentials: Credentials,
         rand: Callable[[], float] = random.random,
         egress: Egress | None = None,
+        secrets: Secrets | None = None,
     ) -> None:
         self._cluster = cluster
+        # The declared secrets its credentials name (none: a handler without credentials).
+        self._secrets = secrets or Secrets()
         # None (an SDK-style handler built in a test): every address, as with auth off.
         self._egress = egress or Egress.open()
         self.queue = queue
@@ -181,7 +182,7 @@ class PushHandler:
         if params.policy.dead_letter is not None:
             self.identity.check("queue", "write", params.policy.dead_letter)
         # Read again as the handler's user now: a revoked grant stops it, a rotated value is used.
-        self._credentials = params.credentials(self.secrets, self.identity)
+        self._credentials = params.credentials(self._secrets, self.identity)
         work = await self._work(queue)
         before = (self.counters.delivered, self.counters.delivered_bytes)
         loop = asyncio.get_running_loop()
@@ -518,6 +519,6 @@ def build(
             raise InvalidRequest("params.dead_letter must name another queue", field="params.dead_letter")
     # As whoever defines it: naming a secret its user may not use refuses the definition.
     credentials = push.credentials(reach.secrets, reach.by)
-    handler = PushHandler(cluster, queues[0], push, credentials, egress=reach.egress)
-    handler.secrets = reach.secrets
-    return push, handler
+    return push, PushHandler(
+        cluster, queues[0], push, credentials, egress=reach.egress, secrets=reach.secrets
+    )

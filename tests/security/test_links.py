@@ -8,6 +8,11 @@ under ``secret use``.
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
+from aiohttp import web
+
 from security.conftest import DEV_PASSWORD, DEV_RULES, StartSecured
 
 LOOPBACK = '[egress]\nallow = ["127.0.0.0/8", "::1/128"]\n\n[secrets.far-token]\nenv = "FAR_TOKEN"\n\n'
@@ -51,3 +56,44 @@ def test_a_link_secret_needs_secret_use_by_its_definer(start_secured: StartSecur
     assert refused.status == 400 and refused.body["error"]["code"] == "secret_unavailable", refused.body
     old = secured.call("PUT", "/v1/clusters/dev-far", {"url": "http://127.0.0.1:9", "token_env": "FAR_TOKEN"})
     assert old.status == 400 and 'token_secret = "NAME"' in old.body["error"]["message"]
+
+
+async def test_a_link_uses_its_secret_as_it_is_now(start_secured: StartSecured, tmp_path: Path) -> None:
+    """A rotated secret (the file rewritten) is sent from the next call on, without a restart."""
+    seen: list[str] = []
+
+    async def queues(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        return web.json_response({"queues": []})
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.json_response({"ready": True})
+
+    app = web.Application()
+    app.router.add_get("/readyz", ready)
+    app.router.add_get("/v1/queues", queues)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        token = tmp_path / "far-token"
+        token.write_text("first-token\n")
+        secured = start_secured(f'{LOOPBACK}[secrets.far-file]\nfile = "{token}"\n')
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        link = {"url": url, "token_secret": "far-file"}
+        assert secured.call("PUT", "/v1/clusters/far", link, user="admin").status == 201
+
+        ping = await asyncio.to_thread(secured.call, "POST", "/v1/clusters/far/ping", user="admin")
+        assert ping.body["ok"] is True, ping.body
+        token.write_text("second-token\n")
+        ping = await asyncio.to_thread(secured.call, "POST", "/v1/clusters/far/ping", user="admin")
+        assert ping.body["ok"] is True, ping.body
+        assert seen == ["Bearer first-token", "Bearer second-token"]
+
+        token.unlink()
+        gone = await asyncio.to_thread(secured.call, "POST", "/v1/clusters/far/ping", user="admin")
+        assert gone.body["ok"] is False and gone.body["error"]["code"] == "secret_unavailable", gone.body
+        assert len(seen) == 2
+    finally:
+        await runner.cleanup()
