@@ -96,6 +96,19 @@ class Forbidden(CapellaError):
     code = "forbidden"
 
 
+class CrossSiteRequest(Forbidden):
+    """A browser sent a state-changing request from another site, not one in ``server.cors.origins``."""
+
+    code = "cross_site_request"
+
+
+class HostNotAllowed(Forbidden):
+    """With authentication off, the Host header names neither a loopback host nor one of
+    ``server.allowed_hosts`` (how DNS rebinding would reach the API)."""
+
+    code = "host_not_allowed"
+
+
 class SecretUnavailable(InvalidRequest):
     """A named secret cannot be used: not declared, not granted, or without a value.
 

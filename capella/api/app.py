@@ -27,6 +27,7 @@ from capella.api import (
     work,
 )
 from capella.api.access import AUTHENTICATOR, NEEDS, access_middleware, challenge
+from capella.api.browser import BrowserGuard
 from capella.api.connection import ConnectionGuard
 from capella.api.cors import Cors
 from capella.api.errors import status_for
@@ -95,7 +96,9 @@ def create_app(
     ``guard`` is the connection guard of the site that will serve it.
     """
     # The guard's middleware goes first: a head is complete whatever the later ones decide.
-    middlewares: list[Middleware] = [error_middleware, access_middleware]
+    # The browser checks come before the access check, so a refused request costs no login.
+    browser = BrowserGuard(settings, check_host=authenticator is None)
+    middlewares: list[Middleware] = [error_middleware, browser.middleware, access_middleware]
     cors = Cors(settings.cors) if settings.cors.origins else None
     if cors is not None:
         middlewares.insert(0, cors.middleware)  # a preflight carries no credentials

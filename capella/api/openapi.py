@@ -148,7 +148,9 @@ _ERROR_TEXT = {
     400: "invalid_request, invalid_message (with index), invalid_name, invalid_save_mode, invalid_config, "
     "json_too_deep, table_mismatch",
     401: "unauthorized: no credentials, or not valid ones (with a WWW-Authenticate header)",
-    403: "forbidden: the user's rules do not allow this",
+    403: "forbidden: the user's rules do not allow this; cross_site_request: a browser sent a "
+    "state-changing request from a page of another site; host_not_allowed: with authentication off, "
+    "the Host is neither a loopback name nor in server.allowed_hosts",
     404: "not_found, queue_not_found, subscription_not_found, message_not_found, scheduled_not_found, "
     "unknown_receipt, handler_not_found, cluster_not_found, user_not_found, token_not_found, key_not_found",
     405: "method_not_allowed",
