@@ -178,6 +178,11 @@ class AuthSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     token_max_ttl: Duration = 365 * 86400.0
     # A verified TLS client certificate whose subject CN names a user logs in as that user.
     tls_client_users: bool = False
+    # Password checks that may fail per client address and per user name within the window
+    # (token buckets, refilled evenly); past that, 429 without checking.
+    max_failed_logins_per_address: PositiveInt = 10
+    max_failed_logins_per_user: PositiveInt = 20
+    failed_login_window: PositiveDuration = 60.0
     # Creates this admin at start when no user exists yet, password from the environment.
     bootstrap_user: Text | None = None
     bootstrap_password_env: Text | None = None

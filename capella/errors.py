@@ -109,6 +109,29 @@ class HostNotAllowed(Forbidden):
     code = "host_not_allowed"
 
 
+class RateLimited(CapellaError):
+    """Too many requests of this kind for now; ``retry_after`` says how many seconds to wait."""
+
+    code = "rate_limited"
+
+    @property
+    def retry_after(self) -> int:
+        value = self.details.get("retry_after")
+        return value if isinstance(value, int) and value > 0 else 1
+
+
+class TooManyLogins(RateLimited):
+    """Too many logins are already waiting for a password check."""
+
+    code = "too_many_logins"
+
+
+class TooManyFailedLogins(RateLimited):
+    """Too many failed logins from this client address or for this user name, for now."""
+
+    code = "too_many_failed_logins"
+
+
 class SecretUnavailable(InvalidRequest):
     """A named secret cannot be used: not declared, not granted, or without a value.
 

@@ -36,7 +36,7 @@ from capella.api.route import Route
 from capella.auth.authenticator import Authenticator
 from capella.config import ServerSettings
 from capella.core.cluster import Cluster
-from capella.errors import CapellaError, Unauthorized
+from capella.errors import CapellaError, RateLimited, Unauthorized
 from capella.handlers.supervisor import Supervisor
 
 __all__ = ["CLUSTER", "ROUTES", "SETTINGS", "SUPERVISOR", "create_app", "document"]
@@ -142,7 +142,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                 exc.code,
                 exc.message,
             )
-        headers = {"WWW-Authenticate": challenge(request)} if isinstance(exc, Unauthorized) else None
+        headers = None
+        if isinstance(exc, Unauthorized):
+            headers = {"WWW-Authenticate": challenge(request)}
+        elif isinstance(exc, RateLimited):
+            headers = {"Retry-After": str(exc.retry_after)}
         return error_response(status_for(exc), exc.code, exc.message, exc.details, headers)
     except web.HTTPException as exc:
         if exc.status < 400:

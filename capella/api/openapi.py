@@ -158,6 +158,8 @@ _ERROR_TEXT = {
     408: "request_timeout: the body (or the request head) did not arrive within its deadline",
     409: "already_exists, conflict, wrong_subscription_mode, lease_lost",
     413: "payload_too_large: body, message or batch over the limit",
+    429: "too_many_logins (password checks waiting over the limit), too_many_failed_logins (the failed "
+    "logins of this address or user name over the limit), rate_limited; Retry-After says when to retry",
     431: "headers_too_large: the request line, a header or the number of headers is over the limit",
     500: "internal: a bug; the server log has the details",
     503: "storage_unavailable, storage_timeout, unsupported, shutting_down, corrupt_data, not_ready, "
@@ -166,8 +168,9 @@ _ERROR_TEXT = {
 
 
 def fails(*statuses: int) -> dict[str, Any]:
-    """The error answers of an operation; every one has the Error body."""
-    return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in (401, 403, *statuses, 503)}
+    """The error answers of an operation; every one has the Error body. Any route that takes
+    credentials can answer 401, 403 and 429 (a login over its bounds)."""
+    return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in (401, 403, 429, *statuses, 503)}
 
 
 MESSAGE_FILTERS = [
