@@ -14,8 +14,8 @@ Every login path a stranger can fill is bounded (docs/security.md, "Logins under
   one more is answered ``429 too_many_logins`` at once instead of queueing.
 - Checks of the same name and password while one is running wait for its result: a client
   that opens many connections at once costs one hash, not one each.
-- Failed checks spend a budget per client address and one per user name (``capella.auth.
-  throttle``); a spent budget is ``429 too_many_failed_logins`` with the seconds to wait, and
+- Failed checks spend a budget per client address and one per user name (``throttle.py``);
+  a spent budget is ``429 too_many_failed_logins`` with the seconds to wait, and
   no hash runs. The user's budget applies to any name, existing or not, so it tells nothing.
   An address that signed in as a user within ``KNOWN_FOR`` keeps signing in with its own
   budget while strangers spend the user's, so a flood of guesses does not lock its owner out.
