@@ -66,6 +66,18 @@ def _origins(value: object) -> tuple[str, ...]:
     return tuple(origin.lower() for origin in value)
 
 
+def _hosts(value: object) -> tuple[str, ...]:
+    """Host names or addresses as a ``Host`` header names them, without the port."""
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"expected a list of host names, got {value!r}")
+    for host in value:
+        if not (isinstance(host, str) and re.fullmatch(r"[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]", host)):
+            raise ValueError(
+                f"expected host names such as capella.internal or 10.0.0.5 (no scheme, no port), got {host!r}"
+            )
+    return tuple(host.lower() for host in value)
+
+
 Duration = Annotated[float, _Read(parse_duration)]
 PositiveDuration = Annotated[float, _Read(parse_duration), msgspec.Meta(gt=0)]
 Size = Annotated[int, _Read(parse_size)]
@@ -97,6 +109,7 @@ class TlsSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 Origins = Annotated[tuple[str, ...], _Read(_origins)]
+Hosts = Annotated[tuple[str, ...], _Read(_hosts)]
 
 
 class CorsSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -117,6 +130,8 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     listen: Listen = "127.0.0.1:8676"
     tls: TlsSettings | None = None
     cors: CorsSettings = msgspec.field(default_factory=CorsSettings)
+    # With authentication off, the Host names served besides loopback ones (DNS rebinding).
+    allowed_hosts: Hosts = ()
     max_connections: PositiveInt = 1024
     header_timeout: PositiveDuration = 10.0
     max_header_size: PositiveSize = 8 * 1024
@@ -163,6 +178,11 @@ class AuthSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     token_max_ttl: Duration = 365 * 86400.0
     # A verified TLS client certificate whose subject CN names a user logs in as that user.
     tls_client_users: bool = False
+    # Password checks that may fail per client address and per user name within the window
+    # (token buckets, refilled evenly); past that, 429 without checking.
+    max_failed_logins_per_address: PositiveInt = 10
+    max_failed_logins_per_user: PositiveInt = 20
+    failed_login_window: PositiveDuration = 60.0
     # Creates this admin at start when no user exists yet, password from the environment.
     bootstrap_user: Text | None = None
     bootstrap_password_env: Text | None = None

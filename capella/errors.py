@@ -96,6 +96,42 @@ class Forbidden(CapellaError):
     code = "forbidden"
 
 
+class CrossSiteRequest(Forbidden):
+    """A browser sent a state-changing request from another site, not one in ``server.cors.origins``."""
+
+    code = "cross_site_request"
+
+
+class HostNotAllowed(Forbidden):
+    """With authentication off, the Host header names neither a loopback host nor one of
+    ``server.allowed_hosts`` (how DNS rebinding would reach the API)."""
+
+    code = "host_not_allowed"
+
+
+class RateLimited(CapellaError):
+    """Too many requests of this kind for now; ``retry_after`` says how many seconds to wait."""
+
+    code = "rate_limited"
+
+    @property
+    def retry_after(self) -> int:
+        value = self.details.get("retry_after")
+        return value if isinstance(value, int) and value > 0 else 1
+
+
+class TooManyLogins(RateLimited):
+    """Too many logins are already waiting for a password check."""
+
+    code = "too_many_logins"
+
+
+class TooManyFailedLogins(RateLimited):
+    """Too many failed logins from this client address or for this user name, for now."""
+
+    code = "too_many_failed_logins"
+
+
 class SecretUnavailable(InvalidRequest):
     """A named secret cannot be used: not declared, not granted, or without a value.
 

@@ -204,7 +204,7 @@ async def test_slow_body_is_408(api: TestClient) -> None:
     assert api.server.host is not None and api.server.port is not None
     reader, writer = await asyncio.open_connection(api.server.host, api.server.port)
     writer.write(
-        b"POST /v1/queues/q/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/queues/q/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b'Content-Length: 100\r\n\r\n{"data": '
     )
     await writer.drain()

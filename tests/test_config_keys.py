@@ -9,9 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from capella.config import MOUNT_KEYS, AuthSettings, ServerSettings, StorageSettings, load_config
+from capella.config import (
+    MOUNT_KEYS,
+    AuthSettings,
+    CorsSettings,
+    ServerSettings,
+    StorageSettings,
+    TlsSettings,
+    load_config,
+)
 from capella.core.definition import default_definition
 from capella.errors import InvalidConfig
 from capella.storage import PROVIDERS
@@ -197,3 +206,25 @@ def test_sizes(text: object, size: int) -> None:
 def test_a_bad_duration_is_a_value_error_without_a_field_name(bad: object) -> None:
     with pytest.raises(ValueError, match=r"^(expected|must)"):
         parse_duration(bad)
+
+
+@pytest.mark.parametrize(
+    ("table", "settings"),
+    [
+        ("server", ServerSettings),
+        ("server.cors", CorsSettings),
+        ("server.tls", TlsSettings),
+        ("auth", AuthSettings),
+        ("storage", StorageSettings),
+    ],
+)
+def test_every_key_is_in_the_configuration_document(table: str, settings: type[msgspec.Struct]) -> None:
+    text = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    section = text.split(f"## `[{table}]`", 1)[1].split("\n## ", 1)[0]
+    nested = {"tls", "cors"}  # tables of their own
+    missing = [
+        f.name
+        for f in msgspec.structs.fields(settings)
+        if f.name not in nested and f"| `{f.name}` |" not in section
+    ]
+    assert not missing, f"docs/configuration.md [{table}] lacks {missing}"

@@ -66,8 +66,9 @@ async def test_a_preflight_from_a_listed_origin_is_answered_without_credentials(
     assert resp.headers["Access-Control-Allow-Origin"] == PAGE
     assert resp.headers["Access-Control-Allow-Credentials"] == "true"
     assert "POST" in resp.headers["Access-Control-Allow-Methods"]
-    assert resp.headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+    assert allowed_headers(resp) >= {"authorization", "content-type"}
     assert resp.headers["Access-Control-Max-Age"] == "120"
+    assert resp.headers["Vary"] == "Origin"
 
     # The request itself still needs credentials, and its answer (an error too) carries the headers.
     resp = await secured.put(Q, json={}, headers={"Origin": PAGE})
@@ -84,11 +85,18 @@ async def test_an_origin_not_listed_gets_no_cors_header(listed: TestClient[Any, 
     resp = await listed.options(Q, headers={"Origin": OTHER, "Access-Control-Request-Method": "PUT"})
     assert resp.status == 405  # no route answers OPTIONS: the browser refuses the request
     assert "Access-Control-Allow-Origin" not in resp.headers
+    assert resp.headers["Vary"] == "Origin"
+    # A state-changing request from its pages is refused before it is read (api/browser.py).
     resp = await listed.put(Q, json={}, headers={"Origin": OTHER})
-    assert resp.status == 201  # the server answers; the browser keeps it from the page
+    assert resp.status == 403 and (await resp.json())["error"]["code"] == "cross_site_request"
     assert "Access-Control-Allow-Origin" not in resp.headers
+    resp = await listed.get(Q, headers={"Origin": OTHER})
+    assert resp.status == 404  # the server answers a read; the browser keeps it from the page
+    assert "Access-Control-Allow-Origin" not in resp.headers
+    assert resp.headers["Vary"] == "Origin"
     resp = await listed.get("/v1/queues")  # no Origin: not a cross-origin request
     assert "Access-Control-Allow-Origin" not in resp.headers
+    assert resp.headers["Vary"] == "Origin"  # a cache must not give this answer to a page
 
 
 async def test_without_origins_there_is_no_cors(api: TestClient[Any, Any]) -> None:
@@ -106,7 +114,10 @@ async def test_any_origin_with_auth_off_allows_no_credentials(
     assert "Access-Control-Allow-Credentials" not in resp.headers
     resp = await client.get("/v1/queues", headers={"Origin": OTHER})
     assert resp.headers["Access-Control-Allow-Origin"] == "*"
-    assert "Vary" not in resp.headers
+    # Only answers to a request with an Origin carry the header: caches must keep them apart.
+    assert resp.headers["Vary"] == "Origin"
+    resp = await client.put(Q, json={}, headers={"Origin": OTHER, "Sec-Fetch-Site": "cross-site"})
+    assert resp.status == 201  # "*" trusts every page, as it lets every page call the API
 
 
 async def test_an_event_source_from_a_listed_origin_reads_and_resumes(listed: TestClient[Any, Any]) -> None:
@@ -140,8 +151,41 @@ async def test_an_event_source_from_a_listed_origin_reads_and_resumes(listed: Te
             "Access-Control-Request-Headers": "last-event-id",
         },
     )
-    assert resp.status == 204 and resp.headers["Access-Control-Allow-Headers"] == "last-event-id"
+    assert resp.status == 204 and "last-event-id" in allowed_headers(resp)
     assert await events("3") == ["4", "5"]
+
+
+async def test_a_preflight_allows_a_fixed_list_of_headers_whatever_is_asked(
+    listed: TestClient[Any, Any],
+) -> None:
+    resp = await listed.options(
+        f"{Q}/messages",
+        headers={
+            "Origin": PAGE,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "capella-header-kind, x-anything, cookie",
+        },
+    )
+    assert resp.status == 204
+    # The headers the API reads; Capella-Header-<Name> cannot be allowed by prefix (JSON produce).
+    assert allowed_headers(resp) == {
+        "authorization",
+        "content-type",
+        "content-encoding",
+        "accept",
+        "last-event-id",
+        "x-requested-with",
+    }
+
+
+async def test_answers_that_already_vary_also_vary_by_origin(listed: TestClient[Any, Any]) -> None:
+    resp = await listed.get("/ui/", headers={"Origin": OTHER})
+    assert resp.status == 200
+    assert resp.headers["Vary"] == "Accept-Encoding, Origin"
+
+
+def allowed_headers(resp: Any) -> set[str]:
+    return {h.strip().lower() for h in resp.headers["Access-Control-Allow-Headers"].split(",")}
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,7 @@ async def authenticate(request: web.Request, authenticator: Authenticator) -> Id
             raise Unauthorized("malformed Basic credentials") from None
         if not sep:
             raise Unauthorized("malformed Basic credentials")
-        return await authenticator.basic(name, password)
+        return await authenticator.basic(name, password, request.remote or "")
     raise Unauthorized(f"unsupported authorization scheme {scheme!r}: use Basic or Bearer")
 
 

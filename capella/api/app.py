@@ -27,6 +27,7 @@ from capella.api import (
     work,
 )
 from capella.api.access import AUTHENTICATOR, NEEDS, access_middleware, challenge
+from capella.api.browser import BrowserGuard
 from capella.api.connection import ConnectionGuard
 from capella.api.cors import Cors
 from capella.api.errors import status_for
@@ -35,7 +36,7 @@ from capella.api.route import Route
 from capella.auth.authenticator import Authenticator
 from capella.config import ServerSettings
 from capella.core.cluster import Cluster
-from capella.errors import CapellaError, Unauthorized
+from capella.errors import CapellaError, RateLimited, Unauthorized
 from capella.handlers.supervisor import Supervisor
 
 __all__ = ["CLUSTER", "ROUTES", "SETTINGS", "SUPERVISOR", "create_app", "document"]
@@ -95,7 +96,9 @@ def create_app(
     ``guard`` is the connection guard of the site that will serve it.
     """
     # The guard's middleware goes first: a head is complete whatever the later ones decide.
-    middlewares: list[Middleware] = [error_middleware, access_middleware]
+    # The browser checks come before the access check, so a refused request costs no login.
+    browser = BrowserGuard(settings, check_host=authenticator is None)
+    middlewares: list[Middleware] = [error_middleware, browser.middleware, access_middleware]
     cors = Cors(settings.cors) if settings.cors.origins else None
     if cors is not None:
         middlewares.insert(0, cors.middleware)  # a preflight carries no credentials
@@ -139,7 +142,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                 exc.code,
                 exc.message,
             )
-        headers = {"WWW-Authenticate": challenge(request)} if isinstance(exc, Unauthorized) else None
+        headers = None
+        if isinstance(exc, Unauthorized):
+            headers = {"WWW-Authenticate": challenge(request)}
+        elif isinstance(exc, RateLimited):
+            headers = {"Retry-After": str(exc.retry_after)}
         return error_response(status_for(exc), exc.code, exc.message, exc.details, headers)
     except web.HTTPException as exc:
         if exc.status < 400:

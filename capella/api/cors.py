@@ -1,10 +1,16 @@
 """Browsers on other origins (``[server.cors]``): preflights, and CORS headers on every answer.
 
 A preflight (``OPTIONS`` with ``Access-Control-Request-Method``) from an allowed origin is
-answered here, before the access check: browsers send it without credentials. Every other
-answer to an allowed origin, streams included, gets its headers in ``on_response_prepare``,
-which runs before the first byte is sent. An origin that is not allowed gets no CORS header,
-so the browser keeps the answer from the page; the server itself still answers as usual.
+answered here, before the access check: browsers send it without credentials. It allows a
+fixed list of request headers, those the API reads (``ALLOWED_HEADERS``), whatever the page
+asks for. Every other answer to an allowed origin, streams included, gets its headers in
+``on_response_prepare``, which runs before the first byte is sent. An origin that is not
+allowed gets no CORS header, so the browser keeps the answer from the page (and a
+state-changing request from it is refused before that, ``api/browser.py``).
+
+Every answer carries ``Vary: Origin`` while CORS is on, with an Origin or without, allowed or
+not, preflights too: the headers depend on the Origin, so a cache must not hand one page's
+answer to another.
 
 With a list of origins, credentials are allowed (``fetch(..., {credentials: "include"})``,
 ``new EventSource(url, {withCredentials: true})``); with ``*`` they are not, as browsers
@@ -19,6 +25,11 @@ from aiohttp.typedefs import Handler, Middleware
 from capella.config import CorsSettings
 
 METHODS = "GET, HEAD, POST, PUT, PATCH, DELETE"
+# The request headers the API reads that a page may have to ask for: credentials, the body's
+# type and encoding, the read's form, an EventSource's resume point, the console's marker.
+# Capella-Header-<Name> (a raw produce's per-message headers) cannot be allowed by prefix in
+# CORS, so pages send message headers in a JSON produce instead.
+ALLOWED_HEADERS = "Authorization, Content-Type, Content-Encoding, Accept, Last-Event-ID, X-Requested-With"
 # What a page's script may read besides the CORS-safelisted headers.
 EXPOSED = "Capella-Last-Id, Retry-After, WWW-Authenticate"
 
@@ -56,22 +67,21 @@ class Cors:
             assert origin is not None
             headers = {
                 "Access-Control-Allow-Methods": METHODS,
+                "Access-Control-Allow-Headers": ALLOWED_HEADERS,
                 "Access-Control-Max-Age": self._max_age,
             }
-            # Any header the page asks for (Authorization, Content-Type, Last-Event-ID on an
-            # EventSource reconnect, Capella-Header-*): the access check still decides.
-            if requested := request.headers.get("Access-Control-Request-Headers"):
-                headers["Access-Control-Allow-Headers"] = requested
             return web.Response(status=204, headers=self._allow(origin, headers))
 
         return preflight
 
     async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        vary = response.headers.get("Vary")
+        if vary is None:
+            response.headers["Vary"] = "Origin"
+        elif "origin" not in (part.strip().lower() for part in vary.split(",")):
+            response.headers["Vary"] = f"{vary}, Origin"
         origin = request.headers.get("Origin")
         if not self.allowed(origin) or "Access-Control-Allow-Origin" in response.headers:
             return
         assert origin is not None
         response.headers.update(self._allow(origin, {"Access-Control-Expose-Headers": EXPOSED}))
-        if not self._any:  # the answer depends on the origin: caches must keep them apart
-            vary = response.headers.get("Vary")
-            response.headers["Vary"] = f"{vary}, Origin" if vary else "Origin"

@@ -149,8 +149,10 @@ _ERROR_TEXT = {
     "json_too_deep, table_mismatch, secret_unavailable (a named secret that is not declared, not granted "
     "by a secret use rule, or has no value: one answer for the three)",
     401: "unauthorized: no credentials, or not valid ones (with a WWW-Authenticate header)",
-    403: "forbidden: the user's rules do not allow this; egress_refused: the egress policy does not allow "
-    "connecting to that address",
+    403: "forbidden: the user's rules do not allow this; cross_site_request: a browser sent a "
+    "state-changing request from a page of another site; host_not_allowed: with authentication off, "
+    "the Host is neither a loopback name nor in server.allowed_hosts; egress_refused: the egress policy "
+    "does not allow connecting to that address",
     404: "not_found, queue_not_found, subscription_not_found, message_not_found, scheduled_not_found, "
     "unknown_receipt, handler_not_found, cluster_not_found, user_not_found, token_not_found, key_not_found",
     405: "method_not_allowed",
@@ -158,6 +160,8 @@ _ERROR_TEXT = {
     408: "request_timeout: the body (or the request head) did not arrive within its deadline",
     409: "already_exists, conflict, wrong_subscription_mode, lease_lost",
     413: "payload_too_large: body, message or batch over the limit",
+    429: "too_many_logins (password checks waiting over the limit), too_many_failed_logins (the failed "
+    "logins of this address or user name over the limit), rate_limited; Retry-After says when to retry",
     431: "headers_too_large: the request line, a header or the number of headers is over the limit",
     500: "internal: a bug; the server log has the details",
     503: "storage_unavailable, storage_timeout, unsupported, shutting_down, corrupt_data, not_ready, "
@@ -166,8 +170,9 @@ _ERROR_TEXT = {
 
 
 def fails(*statuses: int) -> dict[str, Any]:
-    """The error answers of an operation; every one has the Error body."""
-    return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in (401, 403, *statuses, 503)}
+    """The error answers of an operation; every one has the Error body. Any route that takes
+    credentials can answer 401, 403 and 429 (a login over its bounds)."""
+    return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in (401, 403, 429, *statuses, 503)}
 
 
 MESSAGE_FILTERS = [

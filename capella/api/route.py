@@ -44,7 +44,7 @@ class Route:
     ``need`` is what the caller must be allowed: ``None`` for a public route (no credentials),
     ``()`` for any signed-in user (the handler filters or checks ownership itself).
     ``answers`` maps a status to its OpenAPI response; ``fails`` lists the error statuses
-    beyond 401, 403 and 503, which every non-public route can answer (``None``: none at all).
+    beyond 401, 403, 429 and 503, which every non-public route can answer (``None``: none at all).
     ``params`` are the query and header parameters; path parameters follow from ``path``.
     """
 

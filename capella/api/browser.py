@@ -1,0 +1,119 @@
+"""What a web page in someone's browser may not make the server do: the cross-site and Host checks.
+
+Both run in one middleware, before the access check and before any body is read, so a refused
+request has changed nothing and cost nothing.
+
+- **Cross-site requests** (as Go 1.25's ``http.CrossOriginProtection``). A page on any site
+  can make a browser send a ``POST`` with a ``text/plain`` or form body without a preflight,
+  and the API would read it as JSON. So a ``POST``, ``PUT``, ``PATCH`` or ``DELETE`` that the
+  browser marks as coming from another site is refused with ``403 cross_site_request``:
+  ``Sec-Fetch-Site: cross-site`` or ``same-site`` (``same-origin`` and ``none``, a typed
+  address, pass), or, from browsers that send no ``Sec-Fetch-Site``, an ``Origin`` that is
+  not the server's own. An origin listed in ``[server.cors] origins`` passes: its pages are
+  trusted (``*`` trusts every page, as it lets every page call the API anyway). Requests
+  without these headers are not from a browser page (curl, the SDKs, the CLI) and pass.
+- **Foreign Host headers** (DNS rebinding). With authentication off, a page on a site whose
+  name the attacker re-points at 127.0.0.1 is "same-origin" to the browser, so only its
+  ``Host`` header gives it away. Then every request whose ``Host`` is neither a loopback name
+  (``localhost``, ``127.0.0.0/8``, ``[::1]``, any port) nor in ``server.allowed_hosts`` is
+  refused with ``403 host_not_allowed`` — but for ``/healthz`` and ``/readyz``, which hold no
+  data and which probes may call by any name. With authentication on, credentials protect
+  the API and the Host header is not checked.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from capella.config import ServerSettings, is_loopback
+from capella.errors import CrossSiteRequest, HostNotAllowed
+
+log = logging.getLogger(__name__)
+
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# What Sec-Fetch-Site says of a request the page's own origin (or the user) started.
+SAME_ORIGIN = frozenset({"same-origin", "none"})
+# Served whatever the Host: liveness and readiness probes, which carry no data.
+ANY_HOST = frozenset({"/healthz", "/readyz"})
+# A Host or Origin is echoed in the refusal; this much of it is enough to recognise.
+ECHOED = 200
+
+
+class BrowserGuard:
+    """The cross-site check, and (with authentication off) the Host check, of one app."""
+
+    def __init__(self, settings: ServerSettings, *, check_host: bool) -> None:
+        origins = settings.cors.origins
+        self._any_origin = "*" in origins
+        self._origins = frozenset(origins)
+        self._hosts = frozenset(settings.allowed_hosts)
+        self._check_host = check_host
+
+    def host_allowed(self, host: str | None) -> bool:
+        """Whether ``host`` (a Host header: name or address, perhaps a port) may be served."""
+        if host is None:
+            return True  # HTTP/1.0 without Host: not a browser, which always sends one
+        name = host_name(host)
+        return is_loopback(name.strip("[]") if name.startswith("[") else name) or name in self._hosts
+
+    def cross_site(self, request: web.Request) -> bool:
+        """Whether a browser marks ``request`` as coming from a page of another, untrusted site."""
+        origin = request.headers.get("Origin")
+        if origin is not None and (self._any_origin or origin.lower() in self._origins):
+            return False
+        site = request.headers.get("Sec-Fetch-Site")
+        if site is not None:
+            return site.lower() not in SAME_ORIGIN
+        if origin is None:
+            return False  # no browser page sent this (or a browser that marks nothing)
+        host = request.headers.get("Host", "")
+        return origin.lower() != f"{request.scheme}://{host.lower()}"
+
+    @property
+    def middleware(self) -> Middleware:
+        @web.middleware
+        async def browser(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if self._check_host and request.path not in ANY_HOST:
+                host = request.headers.get("Host")
+                if not self.host_allowed(host):
+                    assert host is not None
+                    log.debug("refused a foreign Host host=%r peer=%s", host[:ECHOED], request.remote)
+                    raise HostNotAllowed(
+                        f"this server does not serve the host {host[:ECHOED]!r}: with authentication "
+                        "off it answers only to localhost, 127.0.0.1 and [::1] (a defence against DNS "
+                        "rebinding); add the name to server.allowed_hosts to serve it",
+                        host=host[:ECHOED],
+                    )
+            if request.method in STATE_CHANGING and self.cross_site(request):
+                origin = request.headers.get("Origin")
+                site = request.headers.get("Sec-Fetch-Site")
+                log.debug("refused a cross-site request origin=%r site=%r", origin, site)
+                details = {"origin": origin[:ECHOED]} if origin is not None else {}
+                raise CrossSiteRequest(
+                    f"a web page of another site sent this {request.method} "
+                    f"({_marks(origin, site)}): state-changing requests from other sites are refused. "
+                    "List the page's origin in [server.cors] origins to trust it.",
+                    **details,
+                )
+            return await handler(request)
+
+        return browser
+
+
+def host_name(host: str) -> str:
+    """The name or address of a Host header, without its port, lower case."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    name, sep, port = host.rpartition(":")
+    return name if sep and port.isdigit() else host
+
+
+def _marks(origin: str | None, site: str | None) -> str:
+    marks = [f"Sec-Fetch-Site: {site[:ECHOED]}"] if site is not None else []
+    if origin is not None:
+        marks.append(f"Origin: {origin[:ECHOED]}")
+    return ", ".join(marks)
