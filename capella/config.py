@@ -140,6 +140,9 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     keepalive_timeout: Duration = 75.0
     max_body_size: Size = 16 * 1024 * 1024
     max_message_size: Size = 1024 * 1024
+    # A message's headers are stored with it and pushed with it to every webhook.
+    max_message_headers: PositiveInt = 64
+    max_message_headers_size: PositiveSize = 16 * 1024
     max_batch: PositiveInt = 10_000
     body_timeout: Duration = 30.0
     max_wait: Duration = 60.0

@@ -33,6 +33,12 @@ class InvalidMessage(InvalidRequest):
     code = "invalid_message"
 
 
+class MessageHeadersTooLarge(InvalidMessage):
+    """A message has more headers, or more bytes of header names and values, than the limit."""
+
+    code = "message_headers_too_large"
+
+
 class InvalidName(InvalidRequest):
     """A queue, subscription or mount name is not allowed."""
 

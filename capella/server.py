@@ -17,6 +17,7 @@ import re
 import signal
 import ssl
 import sys
+from pathlib import Path
 
 from aiohttp import web
 
@@ -29,7 +30,7 @@ from capella.config import Config, ServerSettings, TlsSettings
 from capella.core.cluster import Cluster
 from capella.egress import Egress
 from capella.errors import InvalidConfig, InvalidRequest
-from capella.fsync import create_directories
+from capella.fsync import create_directories, private_tree
 from capella.handlers.links import Links
 from capella.handlers.supervisor import Supervisor
 
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 async def serve(config: Config) -> None:
     """Run until SIGTERM or SIGINT, then flush everything and return."""
     create_directories(config.data_dir)
+    make_private(config)
     # Listen before recovering, so /healthz answers and /readyz says 503 while queues recover.
     authenticator = open_auth(config)
     users = authenticator.store if authenticator is not None else None
@@ -140,6 +142,47 @@ def lift_open_files_limit() -> None:
         log.warning("open files limit stays at %d (hard limit %d): %s", soft, hard, exc)
         return
     log.info("open files limit raised from %d to %d", soft, hard)
+
+
+# Paths a start-up names one by one; the rest are counted.
+NAMED_FIXES = 20
+
+
+def make_private(config: Config) -> None:
+    """Take the group and other permission bits off the data directory and every file mount.
+
+    Capella writes them 0600/0700 itself (``capella.fsync``); what an older version, a restore
+    or a hand wrote with a looser umask is fixed here, and each fix is logged as a warning.
+    """
+    roots = [config.data_dir]
+    for mount in config.mounts.values():
+        root = mount.options.get("root") if mount.provider == "file" else None
+        if isinstance(root, Path) and not root.is_relative_to(config.data_dir):
+            roots.append(root)
+    fixes = sorted((fix for root in roots for fix in private_tree(root)), key=lambda fix: fix.path)
+    for fix in fixes[:NAMED_FIXES]:
+        if fix.error is None:
+            log.warning(
+                "permissions for others removed path=%s mode=%04o now=%04o",
+                fix.path,
+                fix.mode,
+                fix.private_mode,
+            )
+        else:
+            log.warning(
+                "permissions for others left in place path=%s mode=%04o error=%s",
+                fix.path,
+                fix.mode,
+                fix.error,
+            )
+    if len(fixes) > NAMED_FIXES:
+        rest = fixes[NAMED_FIXES:]
+        log.warning(
+            "permissions for others removed from %d more paths under %s (%d could not be changed)",
+            len(rest),
+            ", ".join(map(str, roots)),
+            sum(fix.error is not None for fix in rest),
+        )
 
 
 def open_auth(config: Config) -> Authenticator | None:

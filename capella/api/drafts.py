@@ -19,7 +19,7 @@ import msgspec
 from capella import wire
 from capella.config import ServerSettings
 from capella.core.message import EMPTY_HEADERS, Draft
-from capella.errors import InvalidMessage, InvalidRequest, PayloadTooLarge
+from capella.errors import InvalidMessage, InvalidRequest, MessageHeadersTooLarge, PayloadTooLarge
 from capella.units import parse_duration
 from capella.wire import messages as wire_messages
 
@@ -90,7 +90,7 @@ def json_drafts(
             f"the batch holds {len(items)} messages; the limit is {settings.max_batch}",
             limit=settings.max_batch,
         )
-    return _drafts(items, settings.max_message_size, now)
+    return _drafts(items, settings, now)
 
 
 def ndjson_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> list[Draft]:
@@ -108,12 +108,13 @@ def ndjson_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> li
             raise _decode_error(str(exc), i, batch=False) from None
         except msgspec.DecodeError as exc:
             raise InvalidMessage(f"message {i}: not valid JSON: {exc}", index=i) from None
-    return _drafts(items, settings.max_message_size, now)
+    return _drafts(items, settings, now)
 
 
-def _drafts(items: list[wire_messages.Message], max_size: int, now: float) -> list[Draft]:
+def _drafts(items: list[wire_messages.Message], settings: ServerSettings, now: float) -> list[Draft]:
     """Drafts of decoded messages. This loop runs once per produced message: the common one,
     a text payload and nothing else, is handled inline (a call per message costs ~10 %)."""
+    max_size = settings.max_message_size
     drafts = []
     for index, item in enumerate(items):
         data = item.data
@@ -133,18 +134,18 @@ def _drafts(items: list[wire_messages.Message], max_size: int, now: float) -> li
                 raise _too_large(index, len(payload), max_size)
             drafts.append(Draft(payload, None, None, None, 0, EMPTY_HEADERS))
         else:
-            drafts.append(draft_of(item, index, max_size, now))
+            drafts.append(draft_of(item, index, settings, now))
     return drafts
 
 
-def draft_of(item: wire_messages.Message, index: int, max_size: int, now: float = 0.0) -> Draft:
+def draft_of(item: wire_messages.Message, index: int, settings: ServerSettings, now: float = 0.0) -> Draft:
     """One decoded message → Draft, or ``InvalidMessage`` naming the index and the field.
 
     ``now`` (the queue's clock) turns a relative ``delay`` into ``deliver_at``.
     """
     payload = _payload(item.data, item.data_b64, index)
-    if len(payload) > max_size:
-        raise _too_large(index, len(payload), max_size)
+    if len(payload) > settings.max_message_size:
+        raise _too_large(index, len(payload), settings.max_message_size)
     source, external_time, segment, headers = item.source, item.external_time, item.segment, item.headers
     return Draft(
         payload,
@@ -152,7 +153,7 @@ def draft_of(item: wire_messages.Message, index: int, max_size: int, now: float 
         item.external_id,
         None if external_time is None else _time(external_time, index),
         0 if segment is None else segment,
-        EMPTY_HEADERS if headers is None else headers,
+        EMPTY_HEADERS if headers is None else _headers(headers, index, settings),
         None
         if item.deliver_at is None and item.delay is None
         else _due(item.deliver_at, item.delay, index, now),
@@ -255,11 +256,43 @@ def raw_draft(
         None if external_id is None else _int64(_query_int(external_id, "external_id"), 0, "external_id"),
         None if external_time is None else _time(_query_time(external_time), 0),
         0 if segment is None else _int64(_query_int(segment, "segment"), 0, "segment"),
-        headers,
+        _headers(headers, 0, settings) if headers else EMPTY_HEADERS,
         None
         if deliver_at is None and delay is None
         else _due(None if deliver_at is None else _query_time(deliver_at), delay, 0, now),
     )
+
+
+def _headers(headers: dict[str, str], index: int, settings: ServerSettings) -> dict[str, str]:
+    """``headers`` when within ``server.max_message_headers`` and ``max_message_headers_size``
+    (the UTF-8 bytes of every name and value), else ``MessageHeadersTooLarge``.
+
+    A message's headers are stored with it and sent with it to every push receiver, so a
+    producer must not be able to make them arbitrarily many or large.
+    """
+    count, limit = len(headers), settings.max_message_headers
+    if count > limit:
+        raise MessageHeadersTooLarge(
+            f"message {index}: headers: {count} headers; the limit is {limit} (server.max_message_headers)",
+            index=index,
+            field="headers",
+            limit=limit,
+        )
+    limit = settings.max_message_headers_size
+    size = sum(map(len, headers)) + sum(map(len, headers.values()))
+    # That counted characters; a character is 1 to 4 bytes of UTF-8, so only headers of more
+    # than a quarter of the limit are encoded to count their bytes.
+    if size * 4 > limit:
+        size = sum(len(name.encode()) + len(value.encode()) for name, value in headers.items())
+    if size > limit:
+        raise MessageHeadersTooLarge(
+            f"message {index}: headers: {size} bytes of names and values; the limit is {limit} "
+            "(server.max_message_headers_size)",
+            index=index,
+            field="headers",
+            limit=limit,
+        )
+    return headers
 
 
 def _payload(data: object, data_b64: object, index: int) -> bytes:

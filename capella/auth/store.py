@@ -38,7 +38,7 @@ from capella.errors import (
     TokenNotFound,
     UserNotFound,
 )
-from capella.fsync import create_directories, fsync_directory
+from capella.fsync import create_directories, fsync_directory, open_private
 
 USERS_FILE = "users.json"
 TOKENS_FILE = "tokens.json"
@@ -135,7 +135,7 @@ class AuthStore:
     def lock(self) -> None:
         """Hold the directory for this process; ``Conflict`` when another process holds it."""
         self._mkdir()
-        fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_private(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -345,7 +345,8 @@ class AuthStore:
         path = self.directory / name
         tmp = path.with_suffix(".tmp")
         try:
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            # A .tmp left by a crash keeps its mode through O_CREAT: open_private resets it.
+            with open(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())

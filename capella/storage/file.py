@@ -6,6 +6,8 @@ the same directory, is fsync'd, renamed over the final name, and then the direct
 fsync'd so the rename itself survives a power failure. A crash between those steps leaves
 the old value in place and, at worst, a ``.tmp-`` file; ``list`` ignores such leftovers and
 nothing deletes them, because a scan cannot tell a dead one from a put still in progress.
+Files are created 0600 and directories 0700 whatever the umask (``capella.fsync``): they
+hold the messages and the definitions.
 
 Journals are plain files opened for append. Their hot path, ``append_and_sync``, is one
 ``os.write`` plus one ``fdatasync`` in a single thread hop, since the broker does it once per
@@ -27,7 +29,7 @@ from pathlib import Path
 import aiofiles
 
 from capella.errors import InvalidRequest, KeyNotFound, StorageUnavailable
-from capella.fsync import create_directories, fsync_directory
+from capella.fsync import create_directories, fsync_directory, open_private
 
 TMP_MARK = ".tmp-"
 
@@ -229,7 +231,7 @@ def _check_parts(parts: list[str], key: str) -> None:
 
 async def _write_synced(path: Path, value: bytes) -> None:
     # "xb": a fresh random name must not exist yet; never write through someone else's file.
-    async with aiofiles.open(path, "xb") as f:
+    async with aiofiles.open(path, "xb", opener=open_private) as f:
         await f.write(value)
         await f.flush()
         await asyncio.to_thread(os.fsync, f.fileno())
@@ -295,7 +297,7 @@ def _create_journal(path: Path, flags: int) -> int:
     if not path.parent.is_dir():
         create_directories(path.parent)
     try:
-        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = open_private(path, flags | os.O_CREAT | os.O_EXCL)
     except FileExistsError:
         return os.open(path, flags)
     # The new name is durable only once its directory is fsync'd.
