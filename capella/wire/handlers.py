@@ -185,10 +185,9 @@ class PushParams(Struct, forbid_unknown_fields=True):
     basic: Annotated[str, Meta(description="a declared secret holding user:password for Basic")] | None = None
 
 
-class PgOutboxParams(Struct, forbid_unknown_fields=True):
-    """Relay committed rows of a PostgreSQL outbox table into a queue (docs/postgres.md)."""
+class PgConnection(Struct, forbid_unknown_fields=True):
+    """Where a pg_* handler connects, and with which secrets (docs/postgres.md)."""
 
-    to: Annotated[str, Meta(description="the destination queue")]
     dsn: (
         Annotated[
             str,
@@ -209,6 +208,12 @@ class PgOutboxParams(Struct, forbid_unknown_fields=True):
     sslpassword_secret: (
         Annotated[str, Meta(description="a declared secret holding the client key's passphrase")] | None
     ) = None
+
+
+class PgOutboxParams(PgConnection, kw_only=True):
+    """Relay committed rows of a PostgreSQL outbox table into a queue (docs/postgres.md)."""
+
+    to: Annotated[str, Meta(description="the destination queue")]
     table: Annotated[str, Meta(description="the outbox table (default capella_outbox)")] | None = None
     source: Annotated[str, Meta(description="the identity source (default pg:<database>.<table>)")] | None = (
         None
@@ -225,19 +230,9 @@ class PgOutboxParams(Struct, forbid_unknown_fields=True):
     ) = None
 
 
-class PgInboxParams(Struct, forbid_unknown_fields=True):
+class PgInboxParams(PgConnection):
     """Copy a queue into a PostgreSQL inbox table, once each (docs/postgres.md)."""
 
-    dsn: Annotated[str, Meta(description="as for pg_outbox")] | None = None
-    dsn_secret: (
-        Annotated[str, Meta(description="a declared secret ([secrets.NAME]) holding the whole DSN")] | None
-    ) = None
-    password_secret: (
-        Annotated[str, Meta(description="a declared secret holding the password (the DSN has none)")] | None
-    ) = None
-    sslpassword_secret: (
-        Annotated[str, Meta(description="a declared secret holding the client key's passphrase")] | None
-    ) = None
     table: Annotated[str, Meta(description="the inbox table (default capella_inbox)")] | None = None
     subscription: (
         Annotated[str, Meta(description="the cursor on each queue (default pg_inbox-<table>)")] | None
