@@ -4,7 +4,9 @@
 makes them a wire struct); ``Transport.events`` follows one Server-Sent Events connection.
 Every non-2xx answer becomes the ``capella.errors`` class whose ``code`` the server sent
 (``answers.error_from_answer``); a server that cannot be reached, or does not answer in time,
-raises ``Unreachable``.
+raises ``Unreachable``. Redirects are not followed (a Capella server never sends one): a
+3xx is an error, so credentials never travel to a place the caller did not name and the
+egress policy sees only the URL it was given.
 """
 
 from __future__ import annotations
@@ -111,13 +113,13 @@ class Transport:
         timeout = aiohttp.ClientTimeout(total=self._timeout + (wait or 0.0), connect=self._connect_timeout)
         try:
             async with self.http().request(
-                method, url, params=params, data=data, headers=headers, timeout=timeout
+                method, url, params=params, data=data, headers=headers, timeout=timeout, allow_redirects=False
             ) as resp:
                 body = await resp.read()
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _unreachable(url, exc, self._timeout) from exc
-        if status >= 400:
+        if status >= 300:
             raise error_from_answer(status, body)
         return body
 
@@ -132,8 +134,10 @@ class Transport:
         headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
         timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout, sock_read=STREAM_IDLE_TIMEOUT)
         try:
-            async with self.http().get(url, params=params, headers=headers, timeout=timeout) as resp:
-                if resp.status >= 400:
+            async with self.http().get(
+                url, params=params, headers=headers, timeout=timeout, allow_redirects=False
+            ) as resp:
+                if resp.status >= 300:
                     error = error_from_answer(resp.status, await resp.read())
                     if resp.status in RETRYABLE_STATUSES:
                         raise Unreachable(f"{url}: {error.code}: {error.message}", url=url)
