@@ -66,7 +66,7 @@ async def run(settings: Settings) -> Outcome:
             "wrong Basic logins answered",
             flood["failed_per_s"],
             "login/s",
-            note=f"{ATTACKERS} attackers; hashed {flood['hashed']}, refused {flood['limited']} (429)",
+            note=f"{ATTACKERS} attackers; 401 {flood['hashed']}, 429 {flood['limited']}",
         ),
         Row(
             scenario,
@@ -112,7 +112,7 @@ async def under_flood(base: str, headers: dict[str, str], seconds: float) -> dic
         async with new_session() as session:
             while time.perf_counter() < deadline:
                 async with session.get(f"{base}{PATH}", headers=wrong) as resp:
-                    # 401: checked against the hash; 429: the failed-login limit, no hash run.
+                    # 401: checked (identical wrong logins in flight share one hash); 429: limited, no hash.
                     if resp.status not in answers:
                         raise BenchmarkFailed(f"a wrong password got HTTP {resp.status}")
                     answers[resp.status] += 1
