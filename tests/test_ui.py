@@ -17,8 +17,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,27 @@ def num(n: int) -> str:
     return f"{n:,}"
 
 
+def iso(t: float) -> str:
+    """A time as the console writes it (dom.js ``time``)."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def failing_since(status: dict[str, Any]) -> float:
+    """When a handler's failures began; before the API had ``failing_since``, its last error."""
+    since = status.get("failing_since", status["last_error"]["time"] if status["last_error"] else None)
+    assert since is not None, status
+    return float(since)
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    """``check`` becomes true: for what the page shows against an API answer that moves on
+    (a failing handler retries in the background)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "still not true"
+        time.sleep(0.1)
+
+
 def row(page: Page, testid: str, text: str) -> Any:
     return page.get_by_test_id(testid).locator("tbody tr").filter(has_text=text)
 
@@ -233,6 +255,7 @@ def test_overview_shows_each_queue_and_the_failing_handlers(
     assert [h["name"] for h in failing] == ["to-dc2"]
     expect(row(page, "failing", "to-dc2")).to_contain_text(failing[0]["status"]["last_error"]["message"][:40])
     expect(page.get_by_test_id("card-failing")).to_have_text("1")
+    expect(row(page, "failing", "to-dc2").get_by_test_id("failing-since")).to_contain_text("ago")
     page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
     # The charts fill as the page samples: a produced batch shows as a produce rate.
     api("POST", "/v1/queues/copied/messages", {"messages": [{"data": "x"}] * 3})
@@ -348,6 +371,18 @@ def test_handlers_page_shows_state_and_starts_stops_and_runs(
     )
     assert api("GET", "/v1/handlers/flush-all")["started"] is True
 
+    # A failing handler: when its failures began, its last run (a failed one) and its last
+    # success (never) are three things.
+    failing = row(page, "handlers", "to-dc2")
+    eventually(lambda: failing.get_by_test_id("handler-failing-since").get_attribute("title") == iso(
+        failing_since(api("GET", "/v1/handlers/to-dc2")["status"])
+    ))
+    expect(failing.get_by_test_id("handler-last-run")).not_to_have_text("—")
+    expect(failing.get_by_test_id("handler-last-success")).to_have_text("—")
+    healthy = row(page, "handlers", "orders-copy")
+    expect(healthy.get_by_test_id("handler-failing-since")).to_have_count(0)
+    expect(healthy.get_by_test_id("handler-last-success")).not_to_have_text("—")
+
     runs = api("GET", "/v1/handlers/to-dc2")["status"]["runs"]
     page.get_by_test_id("run-to-dc2").click()
     expect(page.locator(".toast.error")).to_contain_text("the pass failed")
@@ -427,7 +462,15 @@ def test_work_pages_count_and_retry_move_back_and_delete(
     assert api("GET", f"{base}/work/{failed}")["status"] == "pending"
     page.get_by_test_id("status-pending").check()
     page.get_by_test_id("work-show").click()
+    # Delete asks first, naming the message; dismissing it keeps the message.
     page.get_by_test_id(f"delete-{failed}").click()
+    expect(page.get_by_test_id("confirm")).to_contain_text(f"Delete message {failed} from jobs / workers?")
+    page.get_by_test_id("confirm-cancel").click()
+    expect(page.get_by_test_id("confirm")).to_have_count(0)
+    assert api("GET", f"{base}/work/{failed}")["status"] == "pending"
+    expect(page.get_by_test_id(f"delete-{failed}")).to_have_count(1)
+    page.get_by_test_id(f"delete-{failed}").click()
+    page.get_by_test_id("confirm-ok").click()
     expect(page.get_by_test_id(f"delete-{failed}")).to_have_count(0)
     # Finished without processing: "deleted", or "done" once every id before it is finished.
     assert api("GET", f"{base}/work/{failed}")["status"] in ("deleted", "done")
@@ -450,10 +493,190 @@ def test_scheduled_page_lists_what_falls_due_and_cancels(
     sid = listed["scheduled"][0]["scheduled_id"]
     expect(row(page, "scheduled", "cron").get_by_test_id("scheduled-id")).to_have_text(str(sid))
     page.screenshot(path=str(tmp_path / "scheduled-before.png"), full_page=True)
+    # Cancel asks first; "Keep it" (or Escape) keeps the message scheduled.
     page.get_by_test_id(f"cancel-{sid}").click()
+    expect(page.get_by_test_id("confirm")).to_contain_text(f"Cancel scheduled message {sid} of orders?")
+    page.get_by_test_id("confirm-cancel").click()
+    page.get_by_test_id(f"cancel-{sid}").click()
+    page.keyboard.press("Escape")
+    expect(page.get_by_test_id("confirm")).to_have_count(0)
+    assert api("GET", f"/v1/queues/orders/scheduled/{sid}")["scheduled_id"] == sid
+    page.get_by_test_id(f"cancel-{sid}").click()
+    page.get_by_test_id("confirm-ok").click()
     expect(page.get_by_test_id(f"cancel-{sid}")).to_have_count(0)
     error = api("GET", f"/v1/queues/orders/scheduled/{sid}", expect_status=404)["error"]
     assert error["code"] == "scheduled_not_found"
+
+
+# --- asking before deleting ---------------------------------------------------------------
+
+
+def test_every_delete_asks_first_and_a_queue_wants_its_name_typed(
+    page: Page, api: Api, server: ServerProcess, tmp_path: Path
+) -> None:
+    api("PUT", "/v1/queues/doomed", {})
+    api("POST", "/v1/queues/doomed/messages", {"data": "keep me"})
+    api("PUT", "/v1/queues/doomed/subscriptions/reader", {})
+    api("PUT", "/v1/handlers/doomed-flush", {"type": "flush", "queue": "doomed"})
+    api("PUT", "/v1/clusters/spare", {"url": "http://127.0.0.1:9"})
+    dialog = page.get_by_test_id("confirm")
+
+    page.goto(f"{server.url}/ui/#/queue/doomed")
+    page.get_by_test_id("delete-queue").click()
+    expect(dialog).to_contain_text("Delete queue doomed?")
+    # Not until the name is typed, exactly.
+    expect(page.get_by_test_id("confirm-ok")).to_be_disabled()
+    page.get_by_test_id("confirm-typed").fill("doome")
+    expect(page.get_by_test_id("confirm-ok")).to_be_disabled()
+    page.screenshot(path=str(tmp_path / "confirm-queue.png"))
+    page.get_by_test_id("confirm-cancel").click()
+    expect(dialog).to_have_count(0)
+    assert api("GET", "/v1/queues/doomed")["stats"]["messages"] == 1
+
+    # A subscription: dismissed, then confirmed.
+    page.get_by_test_id("delete-subscription-reader").click()
+    expect(dialog).to_contain_text("Delete subscription reader of doomed?")
+    page.keyboard.press("Escape")
+    expect(dialog).to_have_count(0)
+    assert api("GET", "/v1/queues/doomed/subscriptions/reader")["name"] == "reader"
+    page.get_by_test_id("delete-subscription-reader").click()
+    page.get_by_test_id("confirm-ok").click()
+    expect(page.get_by_test_id("delete-subscription-reader")).to_have_count(0)
+    api("GET", "/v1/queues/doomed/subscriptions/reader", expect_status=404)
+
+    # A handler.
+    page.goto(f"{server.url}/ui/#/handlers")
+    page.get_by_test_id("delete-doomed-flush").click()
+    expect(dialog).to_contain_text("Delete handler doomed-flush?")
+    page.get_by_test_id("confirm-cancel").click()
+    assert api("GET", "/v1/handlers/doomed-flush")["name"] == "doomed-flush"
+    page.get_by_test_id("delete-doomed-flush").click()
+    page.get_by_test_id("confirm-ok").click()
+    expect(page.get_by_test_id("delete-doomed-flush")).to_have_count(0)
+    api("GET", "/v1/handlers/doomed-flush", expect_status=404)
+
+    # A link.
+    page.goto(f"{server.url}/ui/#/replication")
+    page.get_by_test_id("delete-link-spare").click()
+    expect(dialog).to_contain_text("Delete the link to spare?")
+    page.get_by_test_id("confirm-cancel").click()
+    assert "spare" in [c["name"] for c in api("GET", "/v1/clusters")["clusters"]]
+    page.get_by_test_id("delete-link-spare").click()
+    page.get_by_test_id("confirm-ok").click()
+    expect(page.get_by_test_id("delete-link-spare")).to_have_count(0)
+    assert "spare" not in [c["name"] for c in api("GET", "/v1/clusters")["clusters"]]
+
+    # The queue, once its name is typed: gone, and the console is back on the overview.
+    page.goto(f"{server.url}/ui/#/queue/doomed")
+    page.get_by_test_id("delete-queue").click()
+    page.get_by_test_id("confirm-typed").fill("doomed")
+    page.get_by_test_id("confirm-ok").click()
+    expect(page.locator("[data-page=overview]")).to_be_visible()
+    api("GET", "/v1/queues/doomed", expect_status=404)
+
+
+# --- a queue's latest messages and an ack subscription's links ------------------------------
+
+
+def test_a_queue_page_shows_its_latest_messages_newest_first_at_once(
+    page: Page, api: Api, server: ServerProcess
+) -> None:
+    page.goto(f"{server.url}/ui/#/queue/orders")
+    last = api("GET", "/v1/queues/orders")["stats"]["last_id"]
+    newest = api("GET", f"/v1/queues/orders/messages?after={max(0, last - 20)}&limit=20")["messages"]
+    ids = page.get_by_test_id("latest").locator("tbody tr td:first-child")
+    expect(ids).to_have_text([str(m["id"]) for m in reversed(newest)])
+    # Payloads are text here too.
+    expect(page.get_by_test_id("latest")).to_contain_text(HOSTILE)
+    assert page.evaluate("document.body.dataset.pwned") is None
+    # A new message shows with the next sample, on top.
+    page.goto(f"{server.url}/ui/?sample=0.3#/queue/orders")
+    made = api("POST", "/v1/queues/orders/messages", {"data": "the newest"})["results"][0]["id"]
+    expect(ids.first).to_have_text(str(made))
+
+
+def test_an_ack_subscription_links_to_its_work_queue_and_dead_letter_queue(
+    page: Page, api: Api, server: ServerProcess
+) -> None:
+    page.goto(f"{server.url}/ui/#/queue/jobs")
+    workers = row(page, "subscriptions", "workers")
+    expect(workers.get_by_test_id("dead-letter-link")).to_have_text("jobs.dead")
+    workers.get_by_test_id("work-link").click()
+    expect(page).to_have_url(re.compile("#/work/jobs/workers$"))
+    expect(page.get_by_test_id("work-counts")).to_contain_text("pending")
+    # The work page links back to its queue and on to the dead letters.
+    expect(page.get_by_test_id("queue-link")).to_have_attribute("href", "#/queue/jobs")
+    page.get_by_test_id("dead-letter-link").click()
+    expect(page.get_by_test_id("queue-name")).to_have_text("jobs.dead")
+    page.goto(f"{server.url}/ui/#/work")
+    row(page, "work-queues", "workers").get_by_test_id("dead-letter-link").click()
+    expect(page.get_by_test_id("queue-name")).to_have_text("jobs.dead")
+
+
+# --- charts --------------------------------------------------------------------------------
+
+
+def test_charts_have_a_scale_and_a_time_window_the_user_chooses(
+    page: Page, api: Api, server: ServerProcess, tmp_path: Path
+) -> None:
+    page.goto(f"{server.url}/ui/?sample=0.3")
+    orders = page.get_by_test_id("queues").locator("tbody tr").filter(
+        has=page.get_by_role("link", name="orders", exact=True)
+    )
+    size = orders.locator("[data-chart=Size] svg.spark")
+    # The y axis in the series' units (0 at the bottom), the x axis the window up to now.
+    expect(size.locator("text.y-min")).to_have_text("0 B")
+    expect(size.locator("text.y-max")).to_have_text(re.compile(r"^[0-9.]+ (B|KiB|MiB)$"))
+    expect(size.locator("text.x-window")).to_have_text("last 5 min")
+    expect(size.locator("text.x-now")).to_have_text("now")
+    produce = orders.locator("[data-chart=Produce] svg.spark")
+    expect(produce.locator("text.y-max")).to_have_text(re.compile(r"/s$"))
+    # Another window redraws every chart at once, and is kept for the next visit.
+    page.get_by_test_id("window").select_option(label="1 h")
+    expect(size.locator("text.x-window")).to_have_text("last 1 h")
+    page.goto(f"{server.url}/ui/#/queue/orders")
+    expect(page.locator("[data-chart=Messages] text.x-window")).to_have_text("last 1 h")
+    expect(page.locator("[data-chart=Messages] text.y-max")).not_to_be_empty()
+    page.screenshot(path=str(tmp_path / "charts.png"), full_page=True)
+    page.get_by_test_id("window").select_option(label="5 min")
+
+
+# --- layout --------------------------------------------------------------------------------
+
+# Every card, section, table box and the page itself: what does not fit its box horizontally.
+OVERFLOWING = """() => {
+  const boxes = [document.documentElement, ...document.querySelectorAll("header, main, section, .card, .table-wrap")];
+  return boxes
+    .filter((e) => e.scrollWidth > e.clientWidth + 1)
+    .map((e) => `${e.tagName}.${e.className} ${e.querySelector("h2")?.textContent ?? ""}: ${e.scrollWidth} > ${e.clientWidth}`);
+}"""
+
+
+@pytest.mark.parametrize("width", [800, 1400])
+def test_every_page_fits_its_cards_from_800_px_up(
+    browser: Browser, server: ServerProcess, tmp_path: Path, width: int
+) -> None:
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    pages = {
+        "overview": ("#/", "queues"),
+        "queue": ("#/queue/orders", "latest"),
+        "handlers": ("#/handlers", "handlers"),
+        "replication": ("#/replication", "copies"),
+        "work": ("#/work", "work-queues"),
+        "work-queue": ("#/work/jobs/workers", "work-counts"),
+        "scheduled": ("#/scheduled", "scheduled-queues"),
+    }
+    try:
+        for name, (address, testid) in pages.items():
+            page.goto(f"{server.url}/ui/?sample=0.3{address}")
+            expect(page.get_by_test_id(testid)).to_be_visible()
+            page.wait_for_timeout(700)  # a couple of samples: the charts have lines and labels
+            page.screenshot(path=str(tmp_path / f"{name}-{width}.png"), full_page=True)
+            assert page.evaluate(OVERFLOWING) == [], name
+    finally:
+        context.close()
 
 
 # --- sign-in -------------------------------------------------------------------------------

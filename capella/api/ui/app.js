@@ -69,6 +69,17 @@ async function refresh(page) {
   }
 }
 
+// The charts' time window, chosen in the header; the page redraws at once.
+function pickWindow() {
+  const select = document.getElementById("window");
+  select.replaceChildren(...sampler.WINDOWS.map(([seconds, label]) => h("option", { value: seconds }, label)));
+  select.value = String(sampler.chartWindow().seconds);
+  select.addEventListener("change", () => {
+    sampler.setWindow(select.value);
+    if (current?.refresh) refresh(current);
+  });
+}
+
 function showWho() {
   const who = document.getElementById("who");
   const me = session.me;
@@ -132,6 +143,7 @@ async function boot() {
     show();
   };
   showWho();
+  pickWindow();
   window.addEventListener("hashchange", show);
   await show();
   sampler.start();

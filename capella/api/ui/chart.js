@@ -9,35 +9,52 @@ function svg(tag, attrs = {}, ...children) {
   return el;
 }
 
-// ``values``: numbers (null for a gap). The title shows the last value and the range.
-export function sparkline(values, { width = 120, height = 28, label = "", format = String } = {}) {
-  const points = values.map((v, i) => [i, v]).filter(([, v]) => v !== null && v !== undefined && !Number.isNaN(v));
-  const root = svg("svg", {
-    class: "spark",
-    width,
-    height,
-    viewBox: `0 0 ${width} ${height}`,
-    role: "img",
-    "data-points": points.length,
-  });
-  if (points.length < 2) {
+const FONT = 9; // px, the axis labels (app.css: svg.spark text)
+const CHAR = 5.4; // px, about one label character's width at that size
+
+// A series over the last ``window.seconds``: ``points`` are {t, v} (v null for a gap), placed by
+// their time, so a gap in sampling shows as a gap. The y axis is labelled with its top and
+// bottom (in ``format``'s units), the x axis with the window ("last 5 min") and "now".
+export function sparkline(points, { window = { seconds: 300, label: "5 min" }, width = 150, height = 46, label = "", format = String, now = Date.now() / 1000 } = {}) {
+  const shown = points.filter((p) => p.v !== null && p.v !== undefined && !Number.isNaN(p.v));
+  const ys = shown.map((p) => p.v);
+  const lo = Math.min(0, ...ys);
+  const hi = ys.length ? Math.max(...ys) : 0;
+  const top = format(hi);
+  const bottom = format(lo);
+  const left = Math.ceil(Math.max(top.length, bottom.length) * CHAR) + 4;
+  const plot = { x0: left, x1: width - 2, y0: 4, y1: height - FONT - 4 };
+  const root = svg(
+    "svg",
+    {
+      class: "spark",
+      width,
+      height,
+      viewBox: `0 0 ${width} ${height}`,
+      role: "img",
+      "data-points": shown.length,
+    },
+    svg("line", { x1: plot.x0, y1: plot.y0, x2: plot.x0, y2: plot.y1, class: "axis" }),
+    svg("line", { x1: plot.x0, y1: plot.y1, x2: plot.x1, y2: plot.y1, class: "axis" }),
+    svg("text", { x: left - 3, y: plot.y0 + FONT - 2, "text-anchor": "end", class: "y-max" }, top),
+    svg("text", { x: left - 3, y: plot.y1, "text-anchor": "end", class: "y-min" }, bottom),
+    svg("text", { x: plot.x0, y: height - 2, class: "x-window" }, `last ${window.label}`),
+    svg("text", { x: plot.x1, y: height - 2, "text-anchor": "end", class: "x-now" }, "now"),
+  );
+  if (shown.length < 2) {
     root.append(svg("title", {}, `${label}: collecting samples`));
-    root.append(svg("line", { x1: 0, y1: height - 1, x2: width, y2: height - 1, class: "axis" }));
     return root;
   }
-  const ys = points.map(([, v]) => v);
-  const lo = Math.min(0, ...ys);
-  const hi = Math.max(...ys);
+  const from = now - window.seconds;
   const span = hi - lo || 1;
-  const n = Math.max(values.length - 1, 1);
-  const xy = points.map(([i, v]) => [
-    ((i / n) * (width - 2) + 1).toFixed(1),
-    (height - 2 - ((v - lo) / span) * (height - 4)).toFixed(1),
+  const xy = shown.map((p) => [
+    (plot.x0 + ((p.t - from) / window.seconds) * (plot.x1 - plot.x0)).toFixed(1),
+    (plot.y1 - ((p.v - lo) / span) * (plot.y1 - plot.y0)).toFixed(1),
   ]);
   const line = xy.map(([x, y], i) => `${i ? "L" : "M"}${x},${y}`).join("");
-  const area = `${line}L${xy[xy.length - 1][0]},${height - 1}L${xy[0][0]},${height - 1}Z`;
+  const area = `${line}L${xy[xy.length - 1][0]},${plot.y1}L${xy[0][0]},${plot.y1}Z`;
   root.append(
-    svg("title", {}, `${label}: now ${format(ys[ys.length - 1])}, max ${format(hi)}, min ${format(Math.min(...ys))}`),
+    svg("title", {}, `${label} over the last ${window.label}: now ${format(ys[ys.length - 1])}, max ${format(hi)}, min ${format(Math.min(...ys))}`),
     svg("path", { d: area, class: "area" }),
     svg("path", { d: line, class: "line" }),
   );

@@ -22,17 +22,22 @@ function append(el, children) {
   }
 }
 
-// A table: ``columns`` are [title, row => cell content] pairs.
+// A table: ``columns`` are [title, row => cell content] pairs. It sits in a box that scrolls
+// sideways, so a table wider than a narrow window never spills out of its card.
 export function table(columns, rows, { empty = "Nothing here.", testid } = {}) {
   if (!rows.length) return h("p", { class: "muted", "data-testid": testid }, empty);
   return h(
-    "table",
-    { "data-testid": testid },
-    h("thead", {}, h("tr", {}, columns.map(([title]) => h("th", {}, title)))),
+    "div",
+    { class: "table-wrap" },
     h(
-      "tbody",
-      {},
-      rows.map((row) => h("tr", {}, columns.map(([, cell]) => h("td", {}, cell(row))))),
+      "table",
+      { "data-testid": testid },
+      h("thead", {}, h("tr", {}, columns.map(([title]) => h("th", {}, title)))),
+      h(
+        "tbody",
+        {},
+        rows.map((row) => h("tr", {}, columns.map(([, cell]) => h("td", {}, cell(row))))),
+      ),
     ),
   );
 }
@@ -63,6 +68,48 @@ export function button(label, onclick, { allowed = true, why = "", testid } = {}
     },
     label,
   );
+}
+
+// Asks before something that cannot be undone: a modal naming what goes, answered true only
+// when the user presses ``action``. With ``typed`` the user must first type that name (as
+// GitHub asks before deleting a repository). Escape, the dismiss button or a click outside
+// answer false.
+export function confirmed({ title, text = "", action = "Delete", dismiss = "Cancel", typed = null }) {
+  return new Promise((resolve) => {
+    const ok = h("button", { type: "button", class: "danger", "data-testid": "confirm-ok", disabled: typed !== null }, action);
+    const no = h("button", { type: "button", class: "secondary", "data-testid": "confirm-cancel" }, dismiss);
+    const input = typed === null ? null : h("input", { autocomplete: "off", spellcheck: "false", "data-testid": "confirm-typed" });
+    const dialog = h(
+      "dialog",
+      { class: "confirm", "data-testid": "confirm", "aria-label": title },
+      h("h2", {}, title),
+      text ? h("p", {}, text) : null,
+      input ? h("label", {}, "Type ", h("strong", {}, typed), " to confirm", input) : null,
+      h("p", { class: "actions" }, no, ok),
+    );
+    const close = (answer) => {
+      dialog.returnValue = answer;
+      dialog.close();
+    };
+    ok.addEventListener("click", () => close("ok"));
+    no.addEventListener("click", () => close(""));
+    dialog.addEventListener("click", (event) => {
+      if (event.target === dialog) close(""); // the backdrop
+    });
+    input?.addEventListener("input", () => {
+      ok.disabled = input.value !== typed;
+    });
+    input?.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && input.value === typed) close("ok");
+    });
+    dialog.addEventListener("close", () => {
+      dialog.remove();
+      resolve(dialog.returnValue === "ok");
+    });
+    document.body.append(dialog);
+    dialog.showModal();
+    (input || no).focus();
+  });
 }
 
 export function notify(text, error = false) {
@@ -123,8 +170,8 @@ export function headerText(headers) {
     .join(", ");
 }
 
-export function link(href, text) {
-  return h("a", { href }, text);
+export function link(href, text, testid) {
+  return h("a", { href, "data-testid": testid }, text);
 }
 
 export function q(name) {

@@ -1,7 +1,8 @@
 // Overview: every queue with its size, tiers, rates and last error; the handlers that fail.
 
 import { sparkline } from "./chart.js";
-import { ago, bytes, h, link, num, q, rate, section, table } from "./dom.js";
+import { failingSince, lastRun } from "./page-handlers.js";
+import { ago, bytes, h, link, num, q, rate, section, table, time } from "./dom.js";
 import * as sampler from "./sampler.js";
 
 export function tiers(byMark) {
@@ -9,8 +10,15 @@ export function tiers(byMark) {
   return entries.length ? entries.map(([mark, n]) => `tier ${mark}: ${n}`).join(", ") : "—";
 }
 
+// A small chart with its name and latest value above it; several sit side by side in one cell
+// and wrap under each other when the window is narrow.
 function chart(key, label, format) {
-  return h("span", { class: "chart" }, sparkline(sampler.values(key), { label, format }), " ", format(sampler.last(key)));
+  return h(
+    "figure",
+    { class: "chart", "data-chart": label },
+    h("figcaption", {}, `${label} `, h("strong", {}, format(sampler.last(key)))),
+    sparkline(sampler.points(key), { label, format, window: sampler.chartWindow() }),
+  );
 }
 
 export async function overview(root) {
@@ -20,7 +28,7 @@ export async function overview(root) {
 
   function refresh() {
     const queues = sampler.latest.queues;
-    const failing = sampler.latest.handlers.filter((hd) => hd.status.last_error);
+    const failing = sampler.latest.handlers.filter((hd) => failingSince(hd.status) !== null);
     const total = queues.reduce((a, x) => [a[0] + x.stats.messages, a[1] + x.stats.bytes], [0, 0]);
     body.replaceChildren(
       h(
@@ -39,9 +47,17 @@ export async function overview(root) {
             ["Messages", (x) => h("span", { class: "n", "data-testid": "messages" }, num(x.stats.messages))],
             ["Bytes", (x) => h("span", { class: "n" }, bytes(x.stats.bytes))],
             ["Blocks by tier", (x) => tiers(x.stats.blocks.by_mark)],
-            ["Produce", (x) => chart(`produce:${x.name}`, "produce rate", rate)],
-            ["Consume", (x) => chart(`consume:${x.name}`, "consume rate", rate)],
-            ["Size", (x) => chart(`bytes:${x.name}`, "bytes", bytes)],
+            [
+              "Over time",
+              (x) =>
+                h(
+                  "div",
+                  { class: "charts" },
+                  chart(`produce:${x.name}`, "Produce", rate),
+                  chart(`consume:${x.name}`, "Consume", rate),
+                  chart(`bytes:${x.name}`, "Size", bytes),
+                ),
+            ],
             ["Writable", (x) => (x.stats.writable ? "yes" : h("span", { class: "bad" }, "no"))],
             ["Last error", (x) => h("span", { class: x.stats.last_error ? "error" : "muted" }, x.stats.last_error || "none")],
           ],
@@ -56,8 +72,9 @@ export async function overview(root) {
           [
             ["Handler", (x) => x.name],
             ["Type", (x) => x.type],
-            ["Error", (x) => h("span", { class: "error" }, x.status.last_error.message)],
-            ["Since", (x) => ago(x.status.last_error.time)],
+            ["Error", (x) => h("span", { class: "error" }, x.status.last_error?.message ?? "")],
+            ["Failing since", (x) => h("span", { "data-testid": "failing-since", title: time(failingSince(x.status)) }, ago(failingSince(x.status)))],
+            ["Last run", (x) => ago(lastRun(x.status))],
           ],
           failing,
           { empty: "No handler is failing.", testid: "failing" },

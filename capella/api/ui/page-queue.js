@@ -1,12 +1,14 @@
-// One queue: its blocks over the id range by tier, subscriptions with lag, a live tail,
-// a test message, and finding messages by id range, source, segment, header or JSON field.
+// One queue: its latest messages, its blocks over the id range by tier, subscriptions with lag
+// (an ack one links to its work queue and dead-letter queue), a live tail, a test message,
+// finding messages by id range, source, segment, header or JSON field; deleting (after asking).
 
 import { api, can, tail } from "./api.js";
 import { blockBar, sparkline, swatch } from "./chart.js";
-import { ago, button, bytes, field, h, headerText, notify, num, payload, q, rate, section, table, time } from "./dom.js";
+import { ago, button, bytes, confirmed, field, h, headerText, link, notify, num, payload, q, rate, section, table, time } from "./dom.js";
 import * as sampler from "./sampler.js";
 
 const TAIL_KEEP = 50;
+const LATEST = 20; // messages shown when the page opens, newest first
 const FIND_PAGE = 1000; // messages per read while finding
 const FIND_REQUESTS = 10; // reads one Find makes (the server looks at up to 100,000 each) before it offers to go on
 
@@ -14,14 +16,29 @@ export async function queuePage(root, [name]) {
   const path = `/v1/queues/${q(name)}`;
   const info = await api("GET", path);
   const stats = h("div");
+  const latest = h("div");
   const blocks = h("div");
   const subs = h("div");
+  const drop = button("Delete queue", () => dropQueue(name), { allowed: can("queue", "admin", name), testid: "delete-queue" });
   root.append(
-    h("h1", {}, "Queue ", h("span", { "data-testid": "queue-name" }, name)),
+    h("div", { class: "title" }, h("h1", {}, "Queue ", h("span", { "data-testid": "queue-name" }, name)), drop),
     stats,
+    section(`Latest ${LATEST} messages`, latest),
     section("Blocks by tier over the id range", blocks),
     section("Subscriptions", subs),
   );
+  let latestFor = null; // the last id the latest messages were read at
+
+  async function dropSubscription(sub) {
+    const sure = await confirmed({
+      title: `Delete subscription ${sub.name} of ${name}?`,
+      text: `Its cursor (at id ${num(sub.last_id)})${sub.mode === "ack" ? ", leases, attempts and failures" : ""} are removed; the queue's messages stay.`,
+    });
+    if (!sure) return;
+    await api("DELETE", `${path}/subscriptions/${q(sub.name)}`);
+    notify(`deleted subscription ${name}/${sub.name}`);
+    await refresh();
+  }
   const stopTail = tailSection(root, name, info.stats.last_id);
   root.append(produceSection(name), findSection(name));
 
@@ -52,6 +69,10 @@ export async function queuePage(root, [name]) {
         chart("Consume", `consume:${name}`, rate),
       ),
     );
+    if (s.last_id !== latestFor) {
+      latest.replaceChildren(await latestView(name, s));
+      latestFor = s.last_id;
+    }
     blocks.replaceChildren(...blockView(blockList, s).filter(Boolean));
     const now = Date.now() / 1000;
     for (const sub of subList.subscriptions) sampler.record(`lag:${name}/${sub.name}`, sub.lag, now);
@@ -59,12 +80,21 @@ export async function queuePage(root, [name]) {
       table(
         [
           ["Subscription", (x) => x.name],
-          ["Mode", (x) => x.mode],
+          ["Mode", (x) => (x.mode === "ack" ? h("span", {}, "ack: ", link(`#/work/${q(name)}/${q(x.name)}`, "work queue", "work-link")) : x.mode)],
+          ["Dead letters to", (x) => (x.policy?.dead_letter ? link(`#/queue/${q(x.policy.dead_letter)}`, x.policy.dead_letter, "dead-letter-link") : "—")],
           ["Last id", (x) => num(x.last_id)],
           ["Lag", (x) => h("span", { class: "n", "data-testid": "lag" }, num(x.lag))],
-          ["Lag over time", (x) => sparkline(sampler.values(`lag:${name}/${x.name}`), { label: "lag", format: num })],
+          ["Lag over time", (x) => sparkline(sampler.points(`lag:${name}/${x.name}`), { label: "lag", format: num, window: sampler.chartWindow() })],
           ["Replica", (x) => (x.replica ? "yes" : "no")],
           ["Updated", (x) => ago(x.updated)],
+          [
+            "",
+            (x) =>
+              button("Delete", () => dropSubscription(x), {
+                allowed: can("subscription", "admin", `${name}/${x.name}`),
+                testid: `delete-subscription-${x.name}`,
+              }),
+          ],
         ],
         subList.subscriptions,
         { empty: "No subscriptions.", testid: "subscriptions" },
@@ -83,9 +113,41 @@ function fact(title, value, testid) {
 function chart(title, key, format) {
   return h(
     "figure",
-    {},
-    sparkline(sampler.values(key), { width: 180, height: 40, label: title, format }),
-    h("figcaption", {}, `${title}: ${format(sampler.last(key))}`),
+    { "data-chart": title },
+    h("figcaption", {}, `${title}: `, h("strong", {}, format(sampler.last(key)))),
+    sparkline(sampler.points(key), { width: 220, height: 64, label: title, format, window: sampler.chartWindow() }),
+  );
+}
+
+// Deleting a queue loses its messages: the user types its name first.
+async function dropQueue(name) {
+  const sure = await confirmed({
+    title: `Delete queue ${name}?`,
+    text: "Its messages, blocks, subscriptions and scheduled messages are deleted for good.",
+    action: "Delete queue",
+    typed: name,
+  });
+  if (!sure) return;
+  await api("DELETE", `/v1/queues/${q(name)}`);
+  notify(`deleted queue ${name}`);
+  location.hash = "#/";
+}
+
+// The newest messages first, read as one page after (last id - LATEST).
+async function latestView(name, s) {
+  const after = Math.max(s.first_id - 1, s.last_id - LATEST, 0);
+  const page = s.messages ? await api("GET", `/v1/queues/${q(name)}/messages`, { query: { after, limit: LATEST } }) : { messages: [] };
+  return table(
+    [
+      ["Id", (m) => m.id],
+      ["Time", (m) => time(m.time)],
+      ["Source", (m) => m.source],
+      ["Segment", (m) => m.segment],
+      ["Headers", (m) => headerText(m.headers)],
+      ["Payload", (m) => h("span", { class: "payload" }, payload(m))],
+    ],
+    page.messages.reverse(),
+    { empty: "No messages yet.", testid: "latest" },
   );
 }
 

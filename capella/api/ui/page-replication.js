@@ -1,9 +1,9 @@
-// Replication: links to other clusters with their ping, copy handlers with their lag over
+// Replication: links to other clusters with their ping (and delete, after asking), copy handlers with their lag over
 // time, and which replica subscriptions hold a message (its receipts).
 
 import { api, can } from "./api.js";
 import { sparkline } from "./chart.js";
-import { button, field, h, num, q, section, table } from "./dom.js";
+import { button, confirmed, field, h, notify, num, q, section, table } from "./dom.js";
 import { handlerState } from "./page-handlers.js";
 import * as sampler from "./sampler.js";
 
@@ -35,6 +35,18 @@ export async function replicationPage(root) {
 
   let clusters = [];
 
+  async function dropLink(name) {
+    const sure = await confirmed({
+      title: `Delete the link to ${name}?`,
+      text: "Its URL and credentials are removed. The broker refuses while a handler still uses it.",
+    });
+    if (!sure) return;
+    await api("DELETE", `/v1/clusters/${q(name)}`);
+    notify(`deleted link ${name}`);
+    ({ clusters } = await api("GET", "/v1/clusters"));
+    drawLinks();
+  }
+
   function drawLinks() {
     links.replaceChildren(
       table(
@@ -47,13 +59,18 @@ export async function replicationPage(root) {
           [
             "",
             (x) =>
-              button(
-                "Ping",
-                async () => {
-                  await ping(x.name);
-                  drawLinks();
-                },
-                { allowed: can("external_cluster", "write", x.name), testid: `ping-${x.name}` },
+              h(
+                "span",
+                { class: "actions" },
+                button(
+                  "Ping",
+                  async () => {
+                    await ping(x.name);
+                    drawLinks();
+                  },
+                  { allowed: can("external_cluster", "write", x.name), testid: `ping-${x.name}` },
+                ),
+                button("Delete", () => dropLink(x.name), { allowed: can("external_cluster", "admin", x.name), testid: `delete-link-${x.name}` }),
               ),
           ],
         ],
@@ -73,7 +90,7 @@ export async function replicationPage(root) {
           ["To", (x) => String(x.params.to ?? "—")],
           ["State", (x) => handlerState(x)],
           ["Lag", (x) => h("span", { class: "n", "data-testid": "copy-lag" }, x.status.lag === undefined ? "—" : num(x.status.lag))],
-          ["Lag over time", (x) => sparkline(sampler.values(`copylag:${x.name}`), { width: 180, height: 32, label: "lag", format: num })],
+          ["Lag over time", (x) => sparkline(sampler.points(`copylag:${x.name}`), { width: 180, height: 46, label: "lag", format: num, window: sampler.chartWindow() })],
           ["By queue", (x) => Object.entries(x.status.lag_by_queue || {}).map(([k, v]) => `${k}: ${v}`).join(", ")],
           ["Last error", (x) => (x.status.last_error ? h("span", { class: "error" }, x.status.last_error.message) : h("span", { class: "muted" }, "none"))],
         ],

@@ -1,7 +1,7 @@
-// Scheduled (delayed) messages: what falls due next across the queues, and cancel.
+// Scheduled (delayed) messages: what falls due next across the queues, and cancel (after asking).
 
 import { api, can } from "./api.js";
-import { ago, button, h, headerText, notify, num, payload, q, section, table, time } from "./dom.js";
+import { ago, button, confirmed, h, headerText, notify, num, payload, q, section, table, time } from "./dom.js";
 
 const SHOWN = 50;
 
@@ -11,6 +11,13 @@ export async function scheduledPage(root) {
   root.append(h("h1", {}, "Scheduled"), summary, section("Falling due next", body));
 
   async function cancel(queue, id) {
+    const sure = await confirmed({
+      title: `Cancel scheduled message ${id} of ${queue}?`,
+      text: "It is deleted and never enters the queue.",
+      action: "Cancel message",
+      dismiss: "Keep it",
+    });
+    if (!sure) return;
     await api("DELETE", `/v1/queues/${q(queue)}/scheduled/${id}`);
     notify(`cancelled ${queue} #${id}`);
     await refresh();

@@ -1,8 +1,9 @@
 // Work queues (ack-mode subscriptions): counts by state, and one work queue's messages with
-// their attempts and last error; retry a failed one, move a dead one back, or delete.
+// their attempts and last error, with links to its queue and dead-letter queue; retry a failed
+// one, move a dead one back, or delete one (after asking).
 
 import { api, can } from "./api.js";
-import { ago, button, h, link, notify, num, payload, q, section, table } from "./dom.js";
+import { ago, button, confirmed, h, link, notify, num, payload, q, section, table } from "./dom.js";
 
 const STATUSES = ["pending", "in_flight", "failed", "dead"];
 
@@ -32,7 +33,7 @@ async function list(root) {
           ["Dead", (x) => count(x.work.dead, "dead")],
           ["Finished up to", (x) => num(x.last_id)],
           ["Max attempts", (x) => (x.policy.max_attempts ? num(x.policy.max_attempts) : "no limit")],
-          ["Dead letters to", (x) => x.policy.dead_letter || "—"],
+          ["Dead letters to", (x) => (x.policy.dead_letter ? link(`#/queue/${q(x.policy.dead_letter)}`, x.policy.dead_letter, "dead-letter-link") : "—")],
         ],
         rows,
         { empty: "No work queues (ack-mode subscriptions).", testid: "work-queues" },
@@ -54,10 +55,12 @@ async function drill(root, queue, name) {
   const admin = can("subscription", "admin", `${queue}/${name}`);
   const boxes = STATUSES.map((s) => h("input", { type: "checkbox", name: s, checked: s !== "pending", "data-testid": `status-${s}` }));
   const counts = h("p", { "data-testid": "work-counts" });
+  const policy = h("p", { class: "muted" });
   const body = h("div");
   root.append(
     h("h1", {}, "Work queue ", h("span", {}, `${queue} / ${name}`)),
     counts,
+    policy,
     section(
       "Messages",
       h(
@@ -71,6 +74,14 @@ async function drill(root, queue, name) {
     ),
   );
 
+  async function remove(m) {
+    const sure = await confirmed({
+      title: `Delete message ${m.id} from ${queue} / ${name}?`,
+      text: "It is finished without being processed: no consumer gets it again. The message stays in the queue's log.",
+    });
+    if (sure) await act("delete", [m.id]);
+  }
+
   async function act(verb, ids) {
     const answer = await api("POST", `${base}/work/${verb}`, { body: { ids } });
     const done = answer[verb === "retry" ? "retried" : "deleted"];
@@ -81,6 +92,14 @@ async function drill(root, queue, name) {
   async function refresh() {
     const sub = await api("GET", base);
     const w = sub.work;
+    const dead = sub.policy.dead_letter;
+    policy.replaceChildren(
+      "Messages from queue ",
+      link(`#/queue/${q(queue)}`, queue, "queue-link"),
+      `; ${sub.policy.max_attempts ? `${num(sub.policy.max_attempts)} attempts` : "no attempt limit"}, then `,
+      dead ? h("span", {}, "dead letters go to ", link(`#/queue/${q(dead)}`, dead, "dead-letter-link")) : "they stay here as dead",
+      ".",
+    );
     counts.textContent = `pending ${num(w.backlog)}, in flight ${num(w.in_flight)}, failed ${num(w.failed)}, dead ${num(w.dead)}`;
     const status = boxes.filter((b) => b.checked).map((b) => b.name).join(",");
     const { messages } = status ? await api("GET", `${base}/work`, { query: { status, limit: 100 } }) : { messages: [] };
@@ -102,7 +121,7 @@ async function drill(root, queue, name) {
                 { class: "actions" },
                 m.status === "failed" ? button("Retry now", () => act("retry", [m.id]), { allowed: admin, testid: `retry-${m.id}` }) : null,
                 m.status === "dead" ? button("Move back", () => act("retry", [m.id]), { allowed: admin, testid: `moveback-${m.id}` }) : null,
-                button("Delete", () => act("delete", [m.id]), { allowed: admin, testid: `delete-${m.id}` }),
+                button("Delete", () => remove(m), { allowed: admin, testid: `delete-${m.id}` }),
               ),
           ],
         ],

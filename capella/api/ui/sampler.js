@@ -4,7 +4,8 @@
 
 import { api, metricsText } from "./api.js";
 
-const KEEP = 120; // samples per series
+const KEEP = 3600; // seconds of history per series: the longest chart window
+const KEEP_POINTS = 4000; // and at most this many samples (fast sampling with ?sample=)
 const series = new Map(); // key -> [{t, v}]
 const counters = new Map(); // key -> {t, c}: the last counter reading, for rates
 const listeners = new Set();
@@ -13,15 +14,38 @@ export const latest = { queues: [], handlers: [], metrics: false, at: 0, error: 
 
 export const interval = Math.max(0.2, Number(new URLSearchParams(location.search).get("sample")) || 5);
 
+// The time windows a chart can show; the choice is kept in this browser.
+export const WINDOWS = [
+  [60, "1 min"],
+  [300, "5 min"],
+  [900, "15 min"],
+  [3600, "1 h"],
+];
+const WINDOW_KEY = "capella.window";
+let span = WINDOWS.some(([s]) => s === Number(localStorage.getItem(WINDOW_KEY))) ? Number(localStorage.getItem(WINDOW_KEY)) : 300;
+
+export function chartWindow() {
+  return { seconds: span, label: WINDOWS.find(([s]) => s === span)[1] };
+}
+
+export function setWindow(seconds) {
+  span = Number(seconds);
+  localStorage.setItem(WINDOW_KEY, String(span));
+}
+
 export function record(key, value, t = Date.now() / 1000) {
   let points = series.get(key);
   if (!points) series.set(key, (points = []));
   points.push({ t, v: value });
-  if (points.length > KEEP) points.splice(0, points.length - KEEP);
+  let old = 0;
+  while (old < points.length && points[old].t < t - KEEP) old += 1;
+  old = Math.max(old, points.length - KEEP_POINTS);
+  if (old > 0) points.splice(0, old);
 }
 
-export function values(key) {
-  return (series.get(key) || []).map((p) => p.v);
+// The samples of the chosen window, oldest first.
+export function points(key, now = Date.now() / 1000) {
+  return (series.get(key) || []).filter((p) => p.t >= now - span);
 }
 
 export function last(key) {
