@@ -374,9 +374,12 @@ def test_handlers_page_shows_state_and_starts_stops_and_runs(
     # A failing handler: when its failures began, its last run (a failed one) and its last
     # success (never) are three things.
     failing = row(page, "handlers", "to-dc2")
-    eventually(lambda: failing.get_by_test_id("handler-failing-since").get_attribute("title") == iso(
-        failing_since(api("GET", "/v1/handlers/to-dc2")["status"])
-    ))
+    eventually(
+        lambda: (
+            failing.get_by_test_id("handler-failing-since").get_attribute("title")
+            == iso(failing_since(api("GET", "/v1/handlers/to-dc2")["status"]))
+        )
+    )
     expect(failing.get_by_test_id("handler-last-run")).not_to_have_text("—")
     expect(failing.get_by_test_id("handler-last-success")).to_have_text("—")
     healthy = row(page, "handlers", "orders-copy")
@@ -620,8 +623,10 @@ def test_charts_have_a_scale_and_a_time_window_the_user_chooses(
     page: Page, api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
     page.goto(f"{server.url}/ui/?sample=0.3")
-    orders = page.get_by_test_id("queues").locator("tbody tr").filter(
-        has=page.get_by_role("link", name="orders", exact=True)
+    orders = (
+        page.get_by_test_id("queues")
+        .locator("tbody tr")
+        .filter(has=page.get_by_role("link", name="orders", exact=True))
     )
     size = orders.locator("[data-chart=Size] svg.spark")
     # The y axis in the series' units (0 at the bottom), the x axis the window up to now.
@@ -645,10 +650,11 @@ def test_charts_have_a_scale_and_a_time_window_the_user_chooses(
 
 # Every card, section, table box and the page itself: what does not fit its box horizontally.
 OVERFLOWING = """() => {
-  const boxes = [document.documentElement, ...document.querySelectorAll("header, main, section, .card, .table-wrap")];
-  return boxes
+  const boxes = document.querySelectorAll("header, main, section, .card, .table-wrap");
+  return [document.documentElement, ...boxes]
     .filter((e) => e.scrollWidth > e.clientWidth + 1)
-    .map((e) => `${e.tagName}.${e.className} ${e.querySelector("h2")?.textContent ?? ""}: ${e.scrollWidth} > ${e.clientWidth}`);
+    .map((e) => `${e.tagName}.${e.className} ${e.querySelector("h2")?.textContent ?? ""}: `
+      + `${e.scrollWidth} > ${e.clientWidth}`);
 }"""
 
 
