@@ -46,11 +46,13 @@ export function section(title, ...children) {
   return h("section", {}, h("h2", {}, title), ...children);
 }
 
-export function button(label, onclick, { allowed = true, why = "", testid } = {}) {
+// ``risky``: the action deletes something (it asks first); drawn in red outline.
+export function button(label, onclick, { allowed = true, why = "", testid, risky = false } = {}) {
   return h(
     "button",
     {
       type: "button",
+      class: risky ? "risky" : undefined,
       disabled: !allowed,
       title: allowed ? "" : why || "your rules do not allow this",
       "data-testid": testid,
@@ -84,7 +86,7 @@ export function confirmed({ title, text = "", action = "Delete", dismiss = "Canc
       { class: "confirm", "data-testid": "confirm", "aria-label": title },
       h("h2", {}, title),
       text ? h("p", {}, text) : null,
-      input ? h("label", {}, "Type ", h("strong", {}, typed), " to confirm", input) : null,
+      input ? h("label", {}, h("span", {}, "Type ", h("strong", {}, typed), " to confirm"), input) : null,
       h("p", { class: "actions" }, no, ok),
     );
     const close = (answer) => {

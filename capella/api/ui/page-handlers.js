@@ -91,7 +91,7 @@ export async function handlersPage(root) {
                   ? button("Stop", () => act(x.name, "stop"), { allowed, testid: `stop-${x.name}` })
                   : button("Start", () => act(x.name, "start"), { allowed, testid: `start-${x.name}` }),
                 button("Run now", () => act(x.name, "run"), { allowed, testid: `run-${x.name}` }),
-                button("Delete", () => drop(x), { allowed: can("handler", "admin", x.name), testid: `delete-${x.name}` }),
+                button("Delete", () => drop(x), { allowed: can("handler", "admin", x.name), testid: `delete-${x.name}`, risky: true }),
               );
             },
           ],

@@ -19,7 +19,7 @@ export async function queuePage(root, [name]) {
   const latest = h("div");
   const blocks = h("div");
   const subs = h("div");
-  const drop = button("Delete queue", () => dropQueue(name), { allowed: can("queue", "admin", name), testid: "delete-queue" });
+  const drop = button("Delete queue", () => dropQueue(name), { allowed: can("queue", "admin", name), testid: "delete-queue", risky: true });
   root.append(
     h("div", { class: "title" }, h("h1", {}, "Queue ", h("span", { "data-testid": "queue-name" }, name)), drop),
     stats,
@@ -93,6 +93,7 @@ export async function queuePage(root, [name]) {
               button("Delete", () => dropSubscription(x), {
                 allowed: can("subscription", "admin", `${name}/${x.name}`),
                 testid: `delete-subscription-${x.name}`,
+                risky: true,
               }),
           ],
         ],

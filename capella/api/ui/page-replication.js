@@ -70,7 +70,7 @@ export async function replicationPage(root) {
                   },
                   { allowed: can("external_cluster", "write", x.name), testid: `ping-${x.name}` },
                 ),
-                button("Delete", () => dropLink(x.name), { allowed: can("external_cluster", "admin", x.name), testid: `delete-link-${x.name}` }),
+                button("Delete", () => dropLink(x.name), { allowed: can("external_cluster", "admin", x.name), testid: `delete-link-${x.name}`, risky: true }),
               ),
           ],
         ],

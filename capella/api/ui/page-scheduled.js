@@ -54,7 +54,7 @@ export async function scheduledPage(root) {
           ["Source", (m) => m.source],
           ["Headers", (m) => headerText(m.headers)],
           ["Payload", (m) => h("span", { class: "payload" }, payload(m))],
-          ["", (m) => button("Cancel", () => cancel(m.queue, m.scheduled_id), { allowed: can("queue", "write", m.queue), testid: `cancel-${m.scheduled_id}` })],
+          ["", (m) => button("Cancel", () => cancel(m.queue, m.scheduled_id), { allowed: can("queue", "write", m.queue), testid: `cancel-${m.scheduled_id}`, risky: true })],
         ],
         rows,
         { empty: "Nothing is scheduled.", testid: "scheduled" },

@@ -121,7 +121,7 @@ async function drill(root, queue, name) {
                 { class: "actions" },
                 m.status === "failed" ? button("Retry now", () => act("retry", [m.id]), { allowed: admin, testid: `retry-${m.id}` }) : null,
                 m.status === "dead" ? button("Move back", () => act("retry", [m.id]), { allowed: admin, testid: `moveback-${m.id}` }) : null,
-                button("Delete", () => remove(m), { allowed: admin, testid: `delete-${m.id}` }),
+                button("Delete", () => remove(m), { allowed: admin, testid: `delete-${m.id}`, risky: true }),
               ),
           ],
         ],
