@@ -51,6 +51,37 @@ class InvalidSaveMode(InvalidRequest):
     code = "invalid_save_mode"
 
 
+class UnknownAction(InvalidRequest):
+    """The original protocol's envelope names an action Capella does not know."""
+
+    code = "unknown_action"
+
+
+class BadEnvelope(InvalidRequest):
+    """An original-protocol request could not be decompressed or parsed."""
+
+    code = "bad_envelope"
+
+
+class ClockSkew(InvalidRequest):
+    """An original-protocol request's ``current_time`` is ahead of the server's clock, or its
+    ``current_time + wait`` has already passed."""
+
+    code = "clock_skew"
+
+
+class TooManyHops(InvalidRequest):
+    """A nested call passes through more external clusters than ``[compat] max_hops``."""
+
+    code = "too_many_hops"
+
+
+class CallLoop(InvalidRequest):
+    """A nested call would come back to a cluster it already passed through."""
+
+    code = "call_loop"
+
+
 class InvalidConfig(CapellaError):
     """The configuration file or a queue definition is not valid."""
 
