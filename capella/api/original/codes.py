@@ -97,8 +97,8 @@ def failure(action: str, exc: CapellaError, user: str | None) -> Failure:
         code = next((c for cls, c in BY_CLASS if isinstance(exc, cls)), None)
     if code is None:
         code = UNAVAILABLE if exc.code != "internal" else INTERNAL
-    if isinstance(exc, InvalidMessage) and exc.details.get("field") == "segment":
-        code = SEGMENT
+    if isinstance(exc, InvalidMessage):
+        code = {"segment": SEGMENT, "eid": NO_EXTERNAL_ID}.get(str(exc.details.get("field")), code)
     who = f"[user:{_quoted(user or '')}] " if isinstance(exc, Forbidden) else ""
     return Failure(code, f"{who}{action}: {exc.message}", body=exc.details.get("answer"))
 
