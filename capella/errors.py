@@ -57,19 +57,6 @@ class UnknownAction(InvalidRequest):
     code = "unknown_action"
 
 
-class BadEnvelope(InvalidRequest):
-    """An original-protocol request could not be decompressed or parsed."""
-
-    code = "bad_envelope"
-
-
-class ClockSkew(InvalidRequest):
-    """An original-protocol request's ``current_time`` is ahead of the server's clock, or its
-    ``current_time + wait`` has already passed."""
-
-    code = "clock_skew"
-
-
 class TooManyHops(InvalidRequest):
     """A nested call passes through more external clusters than ``[compat] max_hops``."""
 

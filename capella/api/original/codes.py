@@ -12,8 +12,8 @@ from capella.api.original.envelope import Failure
 from capella.errors import (
     AlreadyExists,
     CallLoop,
-    Conflict,
     CapellaError,
+    Conflict,
     Forbidden,
     HandlerNotFound,
     InvalidMessage,
