@@ -438,4 +438,5 @@ def test_the_endpoint_is_off_by_default(tmp_path: Path) -> None:
     for server in running(ServerProcess(tmp_path / "plain")):
         with pytest.raises(urllib.error.HTTPError) as info:
             raw_call(server.url, json.dumps(envelope("ping")).encode())
+        info.value.close()
         assert info.value.code == 404
