@@ -239,6 +239,19 @@ class EgressSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     allow: Networks = ()
 
 
+class CompatSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """``[compat]``: the original Capella's RPC endpoint (``POST /cluster``), off unless asked for.
+
+    It is a second, unversioned surface with its own envelope, gzip bodies and ids that
+    JavaScript cannot hold exactly (docs/compat.md); a broker that has no original clients
+    should not carry it.
+    """
+
+    original: bool = False
+    # How many external clusters a nested call may pass through (a/b/c/queue is 3).
+    max_hops: Annotated[int, msgspec.Meta(ge=1, le=16)] = 4
+
+
 class _File(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """The tables of a configuration file. ``[mounts.NAME]`` tables are checked by provider
     (``MOUNT_KEYS``); ``[queue_defaults]`` by the queue definition's own fields when the cluster
@@ -252,6 +265,7 @@ class _File(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
     secrets: dict[str, Any] = msgspec.field(default_factory=dict)
     egress: EgressSettings = msgspec.field(default_factory=EgressSettings)
+    compat: CompatSettings = msgspec.field(default_factory=CompatSettings)
 
 
 # The keys of a [mounts.NAME] table besides provider, compression and level, by provider: the
@@ -298,6 +312,7 @@ class Config(msgspec.Struct, frozen=True):
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
     secrets: dict[str, SecretSettings] = msgspec.field(default_factory=dict)
     egress: EgressSettings = msgspec.field(default_factory=EgressSettings)
+    compat: CompatSettings = msgspec.field(default_factory=CompatSettings)
     # Where this configuration came from, to start its error messages: the file as given.
     source: str = "config"
 
@@ -407,6 +422,7 @@ def _config(raw: dict[str, Any], overrides: dict[str, Any], base: Path, source: 
         auth=auth,
         secrets=_secrets(tables.secrets, base),
         egress=tables.egress,
+        compat=tables.compat,
         source=source,
     )
 

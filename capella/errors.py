@@ -51,6 +51,24 @@ class InvalidSaveMode(InvalidRequest):
     code = "invalid_save_mode"
 
 
+class UnknownAction(InvalidRequest):
+    """The original protocol's envelope names an action Capella does not know."""
+
+    code = "unknown_action"
+
+
+class TooManyHops(InvalidRequest):
+    """A nested call passes through more external clusters than ``[compat] max_hops``."""
+
+    code = "too_many_hops"
+
+
+class CallLoop(InvalidRequest):
+    """A nested call would come back to a cluster it already passed through."""
+
+    code = "call_loop"
+
+
 class InvalidConfig(CapellaError):
     """The configuration file or a queue definition is not valid."""
 

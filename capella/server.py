@@ -50,7 +50,9 @@ async def serve(config: Config) -> None:
     links = Links(cluster, key_file=config.data_dir / "keys" / "links.key", secrets=secrets, egress=egress)
     supervisor = Supervisor(cluster, links=links, users=users, secrets=secrets, egress=egress)
     guard = ConnectionGuard(config.server)
-    app = create_app(cluster, config.server, supervisor, authenticator=authenticator, guard=guard)
+    app = create_app(
+        cluster, config.server, supervisor, authenticator=authenticator, guard=guard, compat=config.compat
+    )
     # The guard builds each connection's protocol with the header limits and keep-alive timeout.
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.server.shutdown_timeout)
     stop = asyncio.Event()

@@ -31,10 +31,12 @@ from capella.api.browser import BrowserGuard
 from capella.api.connection import ConnectionGuard
 from capella.api.cors import Cors
 from capella.api.errors import status_for
+from capella.api.original import endpoint as original
+from capella.api.original.actions import IdClock
 from capella.api.request import CLUSTER, SETTINGS, STOPPING, SUPERVISOR, json_response
 from capella.api.route import Route
 from capella.auth.authenticator import Authenticator
-from capella.config import ServerSettings
+from capella.config import CompatSettings, ServerSettings
 from capella.core.cluster import Cluster
 from capella.errors import CapellaError, RateLimited, Unauthorized
 from capella.handlers.supervisor import Supervisor
@@ -90,10 +92,13 @@ def create_app(
     *,
     authenticator: Authenticator | None = None,
     guard: ConnectionGuard | None = None,
+    compat: CompatSettings | None = None,
 ) -> web.Application:
     """The API; with an ``authenticator`` every non-public route needs credentials.
 
-    ``guard`` is the connection guard of the site that will serve it.
+    ``guard`` is the connection guard of the site that will serve it; ``compat`` with
+    ``original`` adds the original Capella's ``POST /cluster`` (not in the OpenAPI document:
+    its bodies are the original's, docs/compat.md).
     """
     # The guard's middleware goes first: a head is complete whatever the later ones decide.
     # The browser checks come before the access check, so a refused request costs no login.
@@ -119,7 +124,14 @@ def create_app(
             app.router.add_get(route.path, route.handler)  # HEAD too
         else:
             app.router.add_route(route.method, route.path, route.handler)
-    app[NEEDS] = {(route.method, route.path): route.need for route in ROUTES}
+    served = list(ROUTES)
+    if compat is not None and compat.original:
+        app[original.COMPAT] = compat
+        app[original.IDS] = IdClock()
+        for route in original.ROUTES:
+            app.router.add_route(route.method, route.path, route.handler)
+        served += original.ROUTES
+    app[NEEDS] = {(route.method, route.path): route.need for route in served}
     render: Callable[[], bytes] = document_body
     app[openapi.DOCUMENT_BODY] = render
     return app

@@ -148,7 +148,8 @@ _ERROR_TEXT = {
     400: "invalid_request, invalid_message (with index), message_headers_too_large (with index and "
     "limit), invalid_name, invalid_save_mode, invalid_config, json_too_deep, table_mismatch, "
     "secret_unavailable (a named secret that is not declared, not granted by a secret use rule, or has "
-    "no value: one answer for the three)",
+    "no value: one answer for the three); unknown_action, too_many_hops, call_loop (the original "
+    "protocol's POST /cluster, docs/compat.md, answers them as numeric codes)",
     401: "unauthorized: no credentials, or not valid ones (with a WWW-Authenticate header)",
     403: "forbidden: the user's rules do not allow this; cross_site_request: a browser sent a "
     "state-changing request from a page of another site; host_not_allowed: with authentication off, "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import logging
 import ssl as ssl_module
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping
@@ -123,6 +124,15 @@ class AsyncClient:
 
     async def close(self) -> None:
         await self._transport.close()
+
+    async def original_call(self, envelope: bytes) -> bytes:
+        """POST an original-protocol envelope (gzipped) to ``/cluster``: the answer's bytes.
+
+        The server's nested calls use it (``capella.api.original``); the envelope carries its
+        own credentials, as the original's clients send them.
+        """
+        body = gzip.compress(envelope, compresslevel=5)
+        return await self._call("POST", "/cluster", data=body, headers={"Compress-Type": "gzip"})
 
     # --- queues ----------------------------------------------------------------------
 

@@ -330,12 +330,14 @@ class Queue:
                     f"message {index}: external_id must be a 64-bit integer", index=index, field="external_id"
                 )
 
-    async def flush(self) -> None:
-        """Save everything written so far (what a periodic flush does for ``mark``)."""
+    async def flush(self) -> int:
+        """Save everything written so far, ``none`` writes too; answers the message bytes it wrote."""
+        written = self._writer.pending_bytes()
         await self._writer.flush_journals()
         await self._consumers.save()
         await self.schedule.flush()
         await self._consumers.flush_work()
+        return written
 
     async def tick(self) -> None:
         """The periodic pass: seal an open block past its age, save marked writes and cursors."""

@@ -397,6 +397,10 @@ class Writer:
     def pending(self) -> bool:
         return any(b.pending for b in self.in_memory())
 
+    def pending_bytes(self) -> int:
+        """Bytes added to the journals' buffers and not written yet (``none`` and ``mark`` writes)."""
+        return sum(len(chunk) for b in self.in_memory() for chunk in b.pending)
+
     # --- flushing (group commit) -----------------------------------------------------------
 
     async def commit(self, *, urgent: bool) -> None:

@@ -1,7 +1,8 @@
-"""The periodic save of ``mark`` writes (and cursors, and blocks past their age).
+"""The periodic save of everything not yet saved (and cursors, and blocks past their age).
 
-The cluster already flushes every queue each ``storage.flush_interval``; a flush handler
-adds a faster (or slower-changing) rhythm for the queues it names.
+The cluster's own tick saves ``mark`` writes each ``storage.flush_interval``; a flush handler
+saves, for the queues it names, ``none`` writes as well, as the original's ``regularly_save``
+does ("saved only by a later flush", docs/api.md).
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ class FlushParams:
 
 
 class FlushHandler(QueueHandler[FlushParams]):
-    """Save what ``mark`` writes left in memory."""
+    """Save what ``none`` and ``mark`` writes left in memory."""
 
     async def run_queue(self, queue: Queue) -> PassResult:
         await queue.tick()
-        return PassResult(items=1)
+        return PassResult(items=1, bytes=await queue.flush())
 
 
 if TYPE_CHECKING:

@@ -187,15 +187,26 @@ class Links:
             if client is not None:
                 await client.close()
 
+    def credentials(self, name: str) -> tuple[str | None, str | None, str | None]:
+        """The link's ``(kind, username, secret)``: kind ``password``, ``token`` or None.
+
+        For envelopes of the original protocol, which carry the credentials in their body.
+        """
+        link = self.link(name)
+        return link.secret_kind, link.username, self._secret(link)
+
+    def _secret(self, link: Link) -> str | None:
+        if link.error is not None:
+            raise InvalidConfig(f"cluster {link.name}: {link.error}")
+        if link.secret_name is not None:
+            # Checked when the link was defined; read now, so a rotated value is used.
+            return self._secrets.use(link.secret_name, UNRESTRICTED, f"cluster {link.name}")
+        return link.secret
+
     def client(self, name: str) -> AsyncClient:
         """A client for the link (reused; built again when the link changes or its secret rotates)."""
         link = self.link(name)
-        if link.error is not None:
-            raise InvalidConfig(f"cluster {name}: {link.error}")
-        secret = link.secret
-        if link.secret_name is not None:
-            # Checked when the link was defined; read now, so a rotated value is used.
-            secret = self._secrets.use(link.secret_name, UNRESTRICTED, f"cluster {name}")
+        secret = self._secret(link)
         client = self._clients.get(name)
         if client is not None and self._client_secrets.get(name) == secret:
             return client
