@@ -61,12 +61,14 @@ def test_a_queue_is_created_listed_shown_and_dropped(run: Run) -> None:
     code, out, _ = run(
         "queue", "create", "cli-orders", "--block-max-messages", "50", "--block-max-bytes", "64KiB"
     )
-    assert (code, out) == (0, "queue cli-orders saved\n")
+    assert (code, out) == (0, "queue cli-orders created\n")
+    code, out, _ = run("queue", "create", "cli-orders", "--save", "wait")
+    assert (code, out) == (0, "queue cli-orders updated\n")
 
     code, out, _ = run("queue", "list")
     assert code == 0
     header, *rows = out.splitlines()
-    assert header.split() == ["NAME", "MESSAGES", "FIRST_ID", "LAST_ID", "BYTES", "SUBSCRIPTIONS"]
+    assert header.split() == ["NAME", "MESSAGES", "FIRST_ID", "LAST_ID", "SIZE", "SUBSCRIPTIONS"]
     assert any(row.split()[0] == "cli-orders" for row in rows)
 
     code, out, _ = run("queue", "show", "cli-orders", "--json")
@@ -167,7 +169,7 @@ def test_a_handler_is_created_listed_shown_stopped_run_and_dropped(run: Run, cli
         "handler", "create", "cli-trim", "--type", "expire", "--queue", "cli-h-orders",
         "--param", "max_messages=1", "--param", "interval=1h", "--stopped",
     )  # fmt: skip
-    assert (code, out) == (0, "handler cli-trim saved (stopped)\n")
+    assert (code, out) == (0, "handler cli-trim created (stopped)\n")
 
     code, out, _ = run("handler", "list")
     assert code == 0
@@ -268,7 +270,7 @@ def test_a_cluster_is_added_listed_shown_pinged_and_dropped(run: Run, server_pro
     secret = "cli-t0ken-never-shown"
     # The test server links to itself: a real Capella server on the far side.
     code, out, _ = run("cluster", "add", "cli-self", "--url", server_process.url, "--token", secret)
-    assert (code, out) == (0, "cluster cli-self saved\n")
+    assert (code, out) == (0, "cluster cli-self created\n")
 
     code, out, _ = run("cluster", "list")
     assert code == 0

@@ -75,7 +75,7 @@ def test_a_work_queue_from_the_command_line(run: Run, client: Client) -> None:
     assert done == f"{first}: done" and unknown.startswith("999.1: unknown_receipt: ")
 
     code, out, _ = run("work", "nack", "cli-jobs", "workers", second, "--error", "disk full")
-    assert code == 0 and out.startswith(f"{second}: retried from ")
+    assert code == 0 and out.startswith(f"{second}: retry at ")
     code, out, _ = run("work", "list", "cli-jobs", "workers", "--status", "failed", "--status", "pending")
     header, *listed = rows(out)
     assert header == ["ID", "STATUS", "ATTEMPTS", "LAST_ERROR", "DATA"]

@@ -82,7 +82,19 @@ def parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
         root = argparse.ArgumentParser(prog="capella", description="Capella message broker.")
         serve.add_parser(root.add_subparsers(dest="command", metavar="COMMAND", required=True))
         return root
-    from capella.cli import cluster, data, handler, pg, queue, scheduled, token, transfer, user, work
+    from capella.cli import (
+        cluster,
+        data,
+        handler,
+        pg,
+        queue,
+        scheduled,
+        subscription,
+        token,
+        transfer,
+        user,
+        work,
+    )
 
     # The global options are accepted before or after the command: the copies on the
     # commands default to SUPPRESS so they never overwrite a value given earlier.
@@ -95,6 +107,7 @@ def parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve.add_parser(commands)
     queue.add_parser(commands, common)
+    subscription.add_parser(commands, common)
     handler.add_parser(commands, common)
     cluster.add_parser(commands, common)
     data.add_parsers(commands, common)
