@@ -22,7 +22,8 @@ from capella.errors import InvalidConfig, Unauthorized
 
 HINT = (
     "sign in with CAPELLA_USER and CAPELLA_PASSWORD (or --user NAME, asked for the password "
-    "on a terminal), or with a token in CAPELLA_TOKEN (`capella token create`)"
+    "on a terminal), with a token in CAPELLA_TOKEN (`capella token create`), or save them in a "
+    "context (`capella context add NAME --url URL --user NAME`)"
 )
 
 
