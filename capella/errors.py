@@ -234,6 +234,12 @@ class KeyNotFound(NotFound):
     code = "key_not_found"
 
 
+class ContextNotFound(NotFound):
+    """The CLI has no saved context of this name (``capella context list``)."""
+
+    code = "context_not_found"
+
+
 class AlreadyExists(CapellaError):
     """Something with this name already exists."""
 

@@ -50,6 +50,13 @@ def clock() -> Clock:
     return Clock()
 
 
+@pytest.fixture(autouse=True)
+def no_saved_contexts(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI sees no saved context: never the developer's own (a test that saves some sets its own)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "config-home"))
+    monkeypatch.delenv("CAPELLA_CONTEXT", raising=False)
+
+
 def file_config(tmp_path: Path, **queue_defaults: Any) -> Config:
     """A cluster on a file mount in ``tmp_path``, for tests that reopen it and move a ``Clock``.
 

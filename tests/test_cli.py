@@ -21,6 +21,7 @@ import pytest
 from conftest import Run, ServerProcess, free_port, running
 
 from capella.cli import main
+from capella.cli.output import size, utc
 from capella.client import Client
 
 
@@ -57,20 +58,30 @@ def capella(
 # --- queue -------------------------------------------------------------------------------
 
 
+def test_sizes_are_printed_in_binary_units() -> None:
+    assert [size(n) for n in (0, 1023, 1024, 1258291, 5 * 1024**3)] == [
+        "0 B", "1023 B", "1.0 KiB", "1.2 MiB", "5.0 GiB",
+    ]  # fmt: skip
+
+
 def test_a_queue_is_created_listed_shown_and_dropped(run: Run) -> None:
     code, out, _ = run(
         "queue", "create", "cli-orders", "--block-max-messages", "50", "--block-max-bytes", "64KiB"
     )
-    assert (code, out) == (0, "queue cli-orders saved\n")
+    assert (code, out) == (0, "queue cli-orders created\n")
+    code, out, _ = run("queue", "create", "cli-orders", "--save", "wait")
+    assert (code, out) == (0, "queue cli-orders updated\n")
 
     code, out, _ = run("queue", "list")
     assert code == 0
     header, *rows = out.splitlines()
-    assert header.split() == ["NAME", "MESSAGES", "FIRST_ID", "LAST_ID", "BYTES", "SUBSCRIPTIONS"]
+    assert header.split() == ["NAME", "MESSAGES", "FIRST_ID", "LAST_ID", "SIZE", "SUBSCRIPTIONS"]
     assert any(row.split()[0] == "cli-orders" for row in rows)
 
     code, out, _ = run("queue", "show", "cli-orders", "--json")
     limits = json.loads(out)["definition"]["block"]
+    code, out, _ = run("queue", "show", "cli-orders")
+    assert "64.0 KiB" in out  # sizes for people; --json keeps the bytes
     assert (code, limits["max_messages"], limits["max_bytes"]) == (0, 50, 64 * 1024)
 
     # For people: one field per line, then the subscriptions with their lag.
@@ -85,7 +96,7 @@ def test_a_queue_is_created_listed_shown_and_dropped(run: Run) -> None:
     }
     assert code == 0 and fields["name"] == "cli-orders"
     assert fields["messages"].startswith("3 (ids 1-3)")
-    assert fields["block sealed at"].startswith("50 messages, 65536 bytes")
+    assert fields["block sealed at"].startswith("50 messages, 64.0 KiB")
     assert fields["writable"] == "yes"
     assert lines[-2].split() == ["SUBSCRIPTION", "MODE", "LAST_ID", "LAG", "REPLICA"]
     assert lines[-1].split() == ["billing", "cursor", "1", "2", "no"]
@@ -167,7 +178,7 @@ def test_a_handler_is_created_listed_shown_stopped_run_and_dropped(run: Run, cli
         "handler", "create", "cli-trim", "--type", "expire", "--queue", "cli-h-orders",
         "--param", "max_messages=1", "--param", "interval=1h", "--stopped",
     )  # fmt: skip
-    assert (code, out) == (0, "handler cli-trim saved (stopped)\n")
+    assert (code, out) == (0, "handler cli-trim created (stopped)\n")
 
     code, out, _ = run("handler", "list")
     assert code == 0
@@ -268,7 +279,7 @@ def test_a_cluster_is_added_listed_shown_pinged_and_dropped(run: Run, server_pro
     secret = "cli-t0ken-never-shown"
     # The test server links to itself: a real Capella server on the far side.
     code, out, _ = run("cluster", "add", "cli-self", "--url", server_process.url, "--token", secret)
-    assert (code, out) == (0, "cluster cli-self saved\n")
+    assert (code, out) == (0, "cluster cli-self created\n")
 
     code, out, _ = run("cluster", "list")
     assert code == 0
@@ -446,6 +457,50 @@ def test_produce_ndjson_marks_duplicates(run: Run, client: Client, tmp_path: Pat
         ("src", 11, b"\x00\x01"),
     ]
     assert messages[1].headers == {"k": "v"}
+
+
+def test_produce_sets_headers_source_external_ids_and_delays(run: Run, client: Client) -> None:
+    client.put_queue("cli-produce-opts")
+
+    code, out, _ = run(
+        "produce", "cli-produce-opts", "a", "b", "--header", "kind=test", "--header", "team=ops",
+        "--source", "shop", "--external-id", "100",
+    )  # fmt: skip
+    assert (code, out) == (0, "1\n2\n")
+    code, out, _ = run("produce", "cli-produce-opts", "b again", "--source", "shop", "--external-id", "101")
+    assert (code, out) == (0, "2 duplicate\n")
+    messages = client.read("cli-produce-opts").messages
+    assert [(m.source, m.external_id, m.headers) for m in messages] == [
+        ("shop", 100, {"kind": "test", "team": "ops"}),
+        ("shop", 101, {"kind": "test", "team": "ops"}),
+    ]
+
+    code, out, _ = run("produce", "cli-produce-opts", "later", "--delay", "1h")
+    [item] = client.scheduled("cli-produce-opts").scheduled
+    assert (code, out) == (0, f"scheduled {item.scheduled_id} due {utc(item.deliver_at)}\n")
+    code, out, _ = run("produce", "cli-produce-opts", "much later", "--deliver-at", "2030-01-01T00:00:00Z")
+    assert code == 0 and out.endswith(" due 2030-01-01T00:00:00Z\n")
+    code, out, _ = run(
+        "produce", "cli-produce-opts", "x", "--delay", "1h", "--deliver-at", "2030-01-01T00:00:00Z"
+    )
+    assert code == 2  # one due time or the other
+
+
+def test_produce_ndjson_prints_what_happened_to_each_line(run: Run, client: Client) -> None:
+    client.put_queue("cli-ndjson-due")
+    lines = [
+        '{"data": "now", "external_id": 5}',
+        '{"data": "later", "delay": "1h"}',
+        '{"data": "now", "external_id": 5}',
+    ]
+
+    code, out, _ = run("produce", "cli-ndjson-due", "--ndjson", *lines)
+
+    [item] = client.scheduled("cli-ndjson-due").scheduled
+    assert (code, out) == (0, f"1\nscheduled {item.scheduled_id} due {utc(item.deliver_at)}\n1 duplicate\n")
+    assert "UNSET" not in out
+    code, out, _ = run("produce", "cli-ndjson-due", "--ndjson", '{"data": "later", "delay": "1h"}', "--json")
+    assert code == 0 and set(json.loads(out)) == {"scheduled_id", "deliver_at", "duplicate"}
 
 
 def test_produce_ndjson_reports_the_bad_line(run: Run, client: Client) -> None:

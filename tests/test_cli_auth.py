@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow  # a real server process per module
 ADMIN = "admin"
 ADMIN_PASSWORD = "admin-secret-1"
 COMMAND_TIMEOUT = 30.0
-ENV = ("CAPELLA_USER", "CAPELLA_PASSWORD", "CAPELLA_TOKEN", "CAPELLA_URL")
+ENV = ("CAPELLA_USER", "CAPELLA_PASSWORD", "CAPELLA_TOKEN", "CAPELLA_URL", "CAPELLA_CONTEXT")
 
 
 @pytest.fixture(scope="module")
@@ -523,3 +523,112 @@ class Terminal:
             return False
         self.output += chunk.decode(errors="replace").replace("\r\n", "\n")
         return bool(chunk)
+
+
+# --- contexts ------------------------------------------------------------------------------
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``capella ...`` with no --url: the server comes from the environment or a context."""
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_context_names_the_server_and_signs_in_with_its_token_file(
+    auth_server: ServerProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config_home = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config_home))
+    with Client(auth_server.url, timeout=10.0, username=ADMIN, password=ADMIN_PASSWORD) as admin:
+        token = admin.create_token(ttl="1h", description="context").token
+    token_file = tmp_path / "dc1.token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+
+    code, out, _ = cli(
+        capsys, "context", "add", "dc1", "--url", auth_server.url, "--token-file", str(token_file)
+    )
+    assert code == 0 and out.startswith("context dc1 created (current) in ")
+    code, out, _ = cli(capsys, "context", "add", "local", "--url", "http://127.0.0.1:1")
+    assert (code, "(current)" in out) == (0, False)  # the first one added stays current
+
+    # The file: no secret in it, 0600 in a 0700 directory.
+    file = config_home / "capella" / "contexts.toml"
+    assert (file.stat().st_mode & 0o777, file.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+    text = file.read_text()
+    assert token not in text and ADMIN_PASSWORD not in text
+    assert 'current = "dc1"' in text and f'token_file = "{token_file}"' in text
+
+    code, out, _ = cli(capsys, "queue", "create", "ctx-orders")  # no --url, no credentials
+    assert (code, out) == (0, "queue ctx-orders created\n")
+
+    code, out, _ = cli(capsys, "context", "list")
+    assert code == 0
+    assert [line.split()[:2] for line in out.splitlines()[1:]] == [
+        ["*", "dc1"],
+        ["local", "http://127.0.0.1:1"],
+    ]
+
+    # --context for one command; `context use` for the following ones.
+    code, _, err = cli(capsys, "--context", "local", "queue", "list")
+    assert code == 1 and "http://127.0.0.1:1" in err
+    assert cli(capsys, "context", "use", "local")[:2] == (0, "context local is current\n")
+    code, out, _ = cli(capsys, "context", "show")
+    fields = dict(line.split(None, 1) for line in out.splitlines())
+    assert (fields["name"], fields["url"], fields["from"]) == (
+        "local",
+        "http://127.0.0.1:1",
+        "the current context",
+    )
+    assert cli(capsys, "--context", "dc1", "queue", "show", "ctx-orders")[0] == 0
+
+    # --url and CAPELLA_URL win, and take none of a context's credentials with them.
+    code, _, err = cli(capsys, "--url", auth_server.url, "--context", "dc1", "queue", "list")
+    assert code == 1 and "unauthorized" in err
+    monkeypatch.setenv("CAPELLA_URL", auth_server.url)
+    code, out, _ = cli(capsys, "context", "show")
+    assert "CAPELLA_URL" in out
+    monkeypatch.delenv("CAPELLA_URL")
+
+    code, _, err = cli(capsys, "--context", "nowhere", "queue", "list")
+    assert code == 1 and err.startswith("capella: context_not_found: no context named 'nowhere'")
+    assert cli(capsys, "context", "remove", "local")[:2] == (0, "context local removed\n")
+    code, out, _ = cli(capsys, "context", "show")
+    assert "the default" in out  # the current context was removed: back to 127.0.0.1:8676
+
+
+def test_a_context_user_signs_in_with_the_password_from_the_environment(
+    auth_server: ServerProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    assert cli(capsys, "context", "add", "dc", "--url", auth_server.url, "--user", ADMIN)[0] == 0
+
+    code, _, err = cli(capsys, "queue", "list")
+    assert code == 1 and "no password for user 'admin'" in err  # never saved, and no terminal here
+
+    monkeypatch.setenv("CAPELLA_PASSWORD", ADMIN_PASSWORD)
+    assert cli(capsys, "queue", "list")[0] == 0
+    assert ADMIN_PASSWORD not in (tmp_path / "config" / "capella" / "contexts.toml").read_text()
+
+
+def test_a_broken_contexts_file_is_named_in_the_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    (tmp_path / "capella").mkdir()
+    (tmp_path / "capella" / "contexts.toml").write_text(
+        'current = "a"\n[contexts.a]\nurl = "x"\npassword = "no"\n'
+    )
+
+    code, _, err = cli(capsys, "queue", "list")
+
+    assert code == 1 and err.startswith("capella: invalid_config: ") and "contexts.toml" in err
+    assert "password" in err

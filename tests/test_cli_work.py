@@ -75,7 +75,7 @@ def test_a_work_queue_from_the_command_line(run: Run, client: Client) -> None:
     assert done == f"{first}: done" and unknown.startswith("999.1: unknown_receipt: ")
 
     code, out, _ = run("work", "nack", "cli-jobs", "workers", second, "--error", "disk full")
-    assert code == 0 and out.startswith(f"{second}: retried from ")
+    assert code == 0 and out.startswith(f"{second}: retry at ")
     code, out, _ = run("work", "list", "cli-jobs", "workers", "--status", "failed", "--status", "pending")
     header, *listed = rows(out)
     assert header == ["ID", "STATUS", "ATTEMPTS", "LAST_ERROR", "DATA"]
@@ -115,3 +115,88 @@ def test_a_bulk_delete_walks_every_page(run: Run, client: Client) -> None:
     code, out, _ = run("work", "delete", "cli-bulk", "workers", "--status", "pending", "--yes", "--json")
     assert code == 0 and json.loads(out) == {"deleted": list(range(1, 2501)), "next_after": None}
     assert client.work("cli-bulk", "workers", status="pending").messages == []
+
+
+def test_scheduled_show_prints_fields_with_iso_times(run: Run, client: Client) -> None:
+    client.put_queue("cli-later-show")
+    [item] = client.schedule(
+        "cli-later-show",
+        [{"data": "wake up", "headers": {"kind": "alarm"}}],
+        deliver_at="2030-01-01T00:00:00Z",
+    )
+
+    code, out, _ = run("scheduled", "show", "cli-later-show", str(item.scheduled_id))
+
+    fields = dict(line.split(None, 1) for line in out.replace("scheduled id", "scheduled_id").splitlines())
+    assert code == 0
+    assert fields["due"] == "2030-01-01T00:00:00Z"
+    assert fields["headers"] == "kind=alarm"
+    assert fields["data"] == "wake up"
+    code, out, _ = run("scheduled", "show", "cli-later-show", str(item.scheduled_id), "--json")
+    assert json.loads(out)["deliver_at"] == 1893456000.0  # --json keeps UNIX seconds
+
+
+# --- subscription ------------------------------------------------------------------------
+
+
+def test_a_work_queue_is_created_changed_shown_listed_and_deleted(run: Run, client: Client) -> None:
+    client.put_queue("cli-subs")
+    client.put_queue("cli-subs.dead")
+
+    code, out, _ = run(
+        "subscription", "create", "cli-subs", "workers", "--max-attempts", "3", "--backoff", "fixed",
+        "--delay", "2s", "--max-delay", "1m", "--jitter", "0.2", "--lease", "45s",
+        "--dead-letter", "cli-subs.dead",
+    )  # fmt: skip
+    assert (code, out) == (0, "subscription cli-subs/workers created (work queue)\n")
+    code, out, _ = run("subscription", "create", "cli-subs", "workers", "--max-attempts", "4")
+    assert (code, out) == (0, "subscription cli-subs/workers updated (work queue)\n")
+
+    policy = client.subscription("cli-subs", "workers").policy
+    assert (policy.max_attempts, policy.backoff, policy.delay, policy.max_delay) == (4, "fixed", 2.0, 60.0)
+    assert (policy.jitter, policy.lease, policy.dead_letter) == (0.2, 45.0, "cli-subs.dead")
+
+    code, out, _ = run("subscription", "create", "cli-subs", "workers", "--no-dead-letter")
+    assert code == 0 and client.subscription("cli-subs", "workers").policy.dead_letter is None
+
+    code, out, _ = run("subscription", "show", "cli-subs", "workers")
+    fields = dict(line.split("  ", 1) for line in out.splitlines())
+    assert code == 0
+    assert fields["mode"].strip() == "ack (a work queue)"
+    assert fields["max attempts"].strip() == "4"
+    assert fields["created"].strip().endswith("Z")  # ISO 8601, not UNIX seconds
+    assert "UNSET" not in out
+
+    code, out, _ = run("subscription", "create", "cli-subs", "reader", "--after", "0", "--replica")
+    assert (code, out) == (0, "subscription cli-subs/reader created (cursor)\n")
+    code, out, _ = run("subscription", "list", "cli-subs")
+    _, *lines = rows(out)
+    assert code == 0 and out.split()[:9] == [
+        "NAME", "MODE", "LAST_ID", "LAG", "REPLICA", "IN_FLIGHT", "FAILED", "DEAD", "UPDATED",
+    ]  # fmt: skip
+    assert [line[:2] for line in lines] == [["reader", "cursor"], ["workers", "ack"]]
+
+    code, _, err = run("subscription", "create", "cli-subs", "reader", "--ack")
+    assert code == 1 and "wrong_subscription_mode" in err  # a mode never changes
+    code, _, err = run("subscription", "create", "cli-subs", "x", "--after", "3", "--max-attempts", "2")
+    assert code == 2 and "for a cursor" in err
+
+    code, _, err = run("subscription", "delete", "cli-subs", "reader")
+    assert code == 2 and "without --yes" in err
+    code, out, _ = run("subscription", "delete", "cli-subs", "reader", "--yes")
+    assert (code, out) == (0, "subscription cli-subs/reader deleted\n")
+    assert [s.name for s in client.subscriptions("cli-subs")] == ["workers"]
+
+
+def test_a_cursor_moves_forward_and_back_only_with_reset(run: Run, client: Client) -> None:
+    client.put_queue("cli-cursor")
+    client.produce("cli-cursor", ["a", "b", "c"])
+
+    assert run("subscription", "create", "cli-cursor", "c", "--after", "2")[0] == 0
+    assert run("subscription", "create", "cli-cursor", "c", "--after", "1")[1].endswith("updated (cursor)\n")
+    assert client.subscription("cli-cursor", "c").last_id == 2  # never backwards...
+    assert run("subscription", "create", "cli-cursor", "c", "--after", "1", "--reset")[0] == 0
+    assert client.subscription("cli-cursor", "c").last_id == 1  # ...unless reset
+
+    code, out, _ = run("subscription", "show", "cli-cursor", "c", "--json")
+    assert code == 0 and json.loads(out)["lag"] == 2

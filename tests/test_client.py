@@ -78,6 +78,31 @@ async def test_putting_a_queue_again_updates_it(client: AsyncClient) -> None:
     assert info.definition.save == "immediate"
 
 
+async def test_a_save_says_whether_it_created_or_updated(client: AsyncClient) -> None:
+    created = await client.save_queue("saved")
+    updated = await client.save_queue("saved", save="wait")
+    sub_created = await client.save_subscription("saved", "jobs", mode="ack", policy={"max_attempts": 2})
+    sub_updated = await client.save_subscription("saved", "jobs", policy={"max_attempts": 3})
+
+    assert (created.created, updated.created) == (True, False)
+    assert updated.value.definition.save == "wait"
+    assert (sub_created.created, sub_updated.created) == (True, False)
+    info, was_created = sub_updated
+    assert not was_created and info.policy.max_attempts == 3
+
+
+async def test_a_printed_answer_shows_only_the_fields_that_are_set(client: AsyncClient) -> None:
+    await client.put_queue("printed")
+
+    [stored] = await client.produce("printed", ["now"])
+    [delayed] = await client.schedule("printed", ["later"], delay="1h")
+
+    assert repr(stored) == "ProduceResult(id=1, duplicate=False)"
+    assert "UNSET" not in repr(delayed)
+    assert repr(delayed).startswith(f"ProduceResult(scheduled_id={delayed.scheduled_id}, deliver_at=")
+    assert "UNSET" not in repr(await client.queue("printed"))
+
+
 async def test_a_bad_definition_raises_the_servers_error_class(client: AsyncClient) -> None:
     with pytest.raises(InvalidSaveMode):
         await client.put_queue("q", save="sometimes")

@@ -99,7 +99,7 @@ def _listening(tmp_path: Path) -> Iterator[ServerProcess]:
 def environment() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    for name in ("CAPELLA_URL", "CAPELLA_USER", "CAPELLA_PASSWORD", "CAPELLA_TOKEN"):
+    for name in ("CAPELLA_URL", "CAPELLA_USER", "CAPELLA_PASSWORD", "CAPELLA_TOKEN", "CAPELLA_CONTEXT"):
         env.pop(name, None)
     return env
 
@@ -128,7 +128,11 @@ def run_shell(command: str, cwd: Path, groups: list[int]) -> str:
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
-def test_the_documentation_runs_as_written(document: Path, tmp_path: Path) -> None:
+def test_the_documentation_runs_as_written(
+    document: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Contexts a document saves (`capella context add`) stay in its own config directory.
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     runnable = blocks(document)
     if not runnable:
         pytest.skip(f"{document.name} has no shell or Python block to run")

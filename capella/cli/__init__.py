@@ -1,9 +1,10 @@
 """The ``capella`` command: ``serve``, plus admin and data commands that talk to a server.
 
 Every command but ``serve`` uses ``capella.client.Client`` against ``--url`` (default:
-``$CAPELLA_URL`` or http://127.0.0.1:8676), signed in as ``cli/login.py`` describes (``--user``,
-``$CAPELLA_USER`` + ``$CAPELLA_PASSWORD``, or ``$CAPELLA_TOKEN``); ``user`` commands can also
-work on a stopped server's data directory. Errors print as ``capella: <code>: <message>``
+``$CAPELLA_URL``, else a saved context (``cli/contexts.py``), else http://127.0.0.1:8676),
+signed in as ``cli/login.py`` describes (``--user``, ``$CAPELLA_USER`` + ``$CAPELLA_PASSWORD``,
+``$CAPELLA_TOKEN``, or the context's); ``user`` commands can also work on a stopped server's
+data directory. Errors print as ``capella: <code>: <message>``
 and exit 1; bad usage exits 2; Ctrl-C exits 130.
 """
 
@@ -26,6 +27,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits on --help, --version and bad usage
         return exc.code if isinstance(exc.code, int) else 2
     try:
+        if args.command not in ("serve", "context"):
+            from capella.cli.contexts import choose
+            from capella.client import DEFAULT_URL
+
+            args.target = choose(args.url, args.context, DEFAULT_URL)
+            args.url = args.target.url
         if not args.uses_client:
             return int(args.func(args))
         from capella.cli.login import connect, login  # see parser: only commands that use the client
@@ -82,7 +89,20 @@ def parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
         root = argparse.ArgumentParser(prog="capella", description="Capella message broker.")
         serve.add_parser(root.add_subparsers(dest="command", metavar="COMMAND", required=True))
         return root
-    from capella.cli import cluster, data, handler, pg, queue, scheduled, token, transfer, user, work
+    from capella.cli import (
+        cluster,
+        context,
+        data,
+        handler,
+        pg,
+        queue,
+        scheduled,
+        subscription,
+        token,
+        transfer,
+        user,
+        work,
+    )
 
     # The global options are accepted before or after the command: the copies on the
     # commands default to SUPPRESS so they never overwrite a value given earlier.
@@ -95,6 +115,7 @@ def parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve.add_parser(commands)
     queue.add_parser(commands, common)
+    subscription.add_parser(commands, common)
     handler.add_parser(commands, common)
     cluster.add_parser(commands, common)
     data.add_parsers(commands, common)
@@ -104,6 +125,7 @@ def parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
     user.add_parser(commands, common)
     token.add_parser(commands, common)
     pg.add_parser(commands)
+    context.add_parser(commands, common)
     return root
 
 
@@ -115,8 +137,14 @@ def _add_globals(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
 
     parser.add_argument(
         "--url",
-        default=default(os.environ.get("CAPELLA_URL") or DEFAULT_URL),
-        help=f"the server's base URL (default: $CAPELLA_URL or {DEFAULT_URL})",
+        default=default(None),
+        help=f"the server's base URL (default: $CAPELLA_URL, else the context's, else {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--context",
+        default=default(None),
+        metavar="NAME",
+        help="use this saved context (default: $CAPELLA_CONTEXT, else the current one: `capella context`)",
     )
     parser.add_argument(
         "--user",

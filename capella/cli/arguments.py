@@ -27,6 +27,14 @@ def pair(text: str) -> tuple[str, str]:
     return name, value
 
 
+def moment(text: str) -> float | str:
+    """A time: UNIX seconds stay a number; anything else goes as text (RFC 3339) for the server."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def positive(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from capella.cli.output import error, print_fields, print_json, print_table
+from capella.cli.output import created, error, print_fields, print_json, print_table
 from capella.client import Client
 
 COMPRESSIONS = ("none", "gzip", "zstd")
@@ -93,11 +93,11 @@ def add_cluster(args: argparse.Namespace, client: Client) -> int:
     fields.update({key: value for key, value in optional.items() if value is not None})
     if not args.verify_tls:
         fields["verify_tls"] = False
-    info = client.put_cluster(args.name, **fields)
+    info, was_created = client.save_cluster(args.name, **fields)
     if args.json:
         print_json(info)
     else:
-        print(f"cluster {info.name} saved")
+        print(f"cluster {info.name} {created(was_created, 'replaced')}")
     return 0
 
 

@@ -5,18 +5,20 @@ from __future__ import annotations
 import argparse
 import base64
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
+from msgspec import UnsetType
 
-from capella.cli.arguments import add_message_filters, pair, positive
-from capella.cli.output import error, print_json, print_payload
+from capella.cli.arguments import add_message_filters, moment, pair, positive
+from capella.cli.output import error, print_json, print_payload, utc
 from capella.cli.progress import Progress
 from capella.client import Client
 from capella.errors import InvalidMessage
+from capella.wire.messages import ProduceResult
 
 BATCH = 1000
 # A follower long-polls this long per request; the server caps it at server.max_wait.
@@ -30,7 +32,8 @@ def add_parsers(
         "produce",
         help="append messages to a queue",
         description="Append messages: the MESSAGE arguments, else each line of --file, else each "
-        "line of standard input. Prints the new ids.",
+        "line of standard input. Prints one line per message, in order: its id (and 'duplicate' "
+        "when its identity was already stored), or 'scheduled ID due TIME' for a delayed one.",
         parents=[common],
     )
     produce.add_argument("queue")
@@ -41,7 +44,28 @@ def add_parsers(
     )
     produce.add_argument("--save", metavar="MODE", help="none|immediate|mark|wait|default")
     produce.add_argument("--source", metavar="S", help="the messages' source (default: the cluster)")
+    produce.add_argument(
+        "--external-id",
+        type=int,
+        metavar="N",
+        help="the first message's external id, the next ones N+1, N+2...: with --source, their "
+        "identity, stored once (default: each message's own id)",
+    )
     produce.add_argument("--segment", type=int, metavar="N", help="the messages' segment")
+    produce.add_argument(
+        "--header",
+        dest="headers",
+        action="append",
+        type=pair,
+        default=[],
+        metavar="NAME=VALUE",
+        help="a header of every message (repeat)",
+    )
+    due = produce.add_mutually_exclusive_group()
+    due.add_argument("--delay", metavar="DURATION", help="deliver after this long (10s, 5m, 2h)")
+    due.add_argument(
+        "--deliver-at", type=moment, metavar="TIME", help="deliver at this time (RFC 3339 or UNIX seconds)"
+    )
     produce.set_defaults(func=produce_messages, uses_client=True)
 
     consume = commands.add_parser(
@@ -79,16 +103,25 @@ def produce_messages(args: argparse.Namespace, client: Client) -> int:
         defaults["source"] = args.source
     if args.segment is not None:
         defaults["segment"] = args.segment
+    if args.headers:
+        defaults["headers"] = dict(args.headers)
+    if args.delay is not None:
+        defaults["delay"] = args.delay
+    if args.deliver_at is not None:
+        defaults["deliver_at"] = args.deliver_at
+    messages = _numbered(args.external_id)
     if args.messages:
         lines: Iterable[bytes] = (m.encode() for m in args.messages)
-        messages = _messages(lines, args.ndjson, defaults)
-        return _produce_all(client, args, messages, Progress("produced"))
+        return _produce_all(
+            client, args, messages(_messages(lines, args.ndjson, defaults)), Progress("produced")
+        )
     if args.file is not None:
         with args.file.open("rb") as f:
             progress = Progress("produced", reading=f)
-            return _produce_all(client, args, _messages(_lines(f), args.ndjson, defaults), progress)
+            return _produce_all(client, args, messages(_messages(_lines(f), args.ndjson, defaults)), progress)
     progress = Progress("produced", reading=sys.stdin.buffer)
-    return _produce_all(client, args, _messages(_lines(sys.stdin.buffer), args.ndjson, defaults), progress)
+    stdin = _messages(_lines(sys.stdin.buffer), args.ndjson, defaults)
+    return _produce_all(client, args, messages(stdin), progress)
 
 
 def consume_messages(args: argparse.Namespace, client: Client) -> int:
@@ -143,11 +176,32 @@ def _produce_all(
             if args.json:
                 print_json(result)
             else:
-                print(f"{result.id} duplicate" if result.duplicate else result.id)
+                print(_outcome(result))
         sys.stdout.flush()
         progress.add(len(batch))
     progress.finish()
     return 0
+
+
+def _outcome(result: ProduceResult) -> str:
+    """What happened to one message: ``7``, ``7 duplicate`` or ``scheduled 12 due <time>``."""
+    if not isinstance(result.scheduled_id, UnsetType):
+        due = None if isinstance(result.deliver_at, UnsetType) else result.deliver_at
+        return f"scheduled {result.scheduled_id} due {utc(due)}"
+    return f"{result.id} duplicate" if result.duplicate else str(result.id)
+
+
+def _numbered(first: int | None) -> Callable[[Iterator[dict[str, Any]]], Iterator[dict[str, Any]]]:
+    """Messages with external ids counted up from ``first`` (those that carry one keep it)."""
+
+    def numbered(messages: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        if first is None:
+            yield from messages
+            return
+        for offset, message in enumerate(messages):
+            yield {"external_id": first + offset, **message}
+
+    return numbered
 
 
 def _messages(lines: Iterable[bytes], ndjson: bool, defaults: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -161,7 +215,11 @@ def _messages(lines: Iterable[bytes], ndjson: bool, defaults: dict[str, Any]) ->
                 message = {"data": line.decode()}
             except UnicodeDecodeError:
                 message = {"data_b64": base64.b64encode(line).decode("ascii")}
-        yield {**defaults, **message}
+        if "delay" in message or "deliver_at" in message:
+            # A line's own due time replaces the command's (both at once would be refused).
+            yield {k: v for k, v in defaults.items() if k not in ("delay", "deliver_at")} | message
+        else:
+            yield {**defaults, **message}
 
 
 def json_object(line: bytes, number: int) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from msgspec import UNSET, UnsetType
 
-from capella.cli.output import error, print_fields, print_json, print_table, utc
+from capella.cli.output import created, error, print_fields, print_json, print_table, utc
 from capella.client import Client
 from capella.wire.handlers import HANDLER_TYPES as TYPES
 from capella.wire.handlers import DeliveryError, HandlerError, HandlerStatus
@@ -75,13 +75,14 @@ def add_parser(
 def create_handler(args: argparse.Namespace, client: Client) -> int:
     params: dict[str, Any] = dict(args.params_json or {})
     params.update(args.params)
-    info = client.put_handler(
+    info, was_created = client.save_handler(
         args.name, args.type, queues=args.queues, params=params, started=not args.stopped
     )
     if args.json:
         print_json(info)
     else:
-        print(f"handler {info.name} saved ({'started' if info.started else 'stopped'})")
+        state = "started" if info.started else "stopped"
+        print(f"handler {info.name} {created(was_created, 'replaced')} ({state})")
     return 0
 
 

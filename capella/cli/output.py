@@ -1,4 +1,8 @@
-"""How the CLI prints: plain text for people, JSON (``--json``) for programs."""
+"""How the CLI prints: plain text for people, JSON (``--json``) for programs.
+
+For people, times are ISO 8601 in UTC (``utc``) and sizes are binary units (``size``); the
+JSON keeps the server's raw values (UNIX seconds, bytes) for programs to compute with.
+"""
 
 from __future__ import annotations
 
@@ -54,6 +58,23 @@ def utc(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def size(count: int) -> str:
+    """A byte count as people read it: ``512 B``, ``1.2 MiB``."""
+    if count < 1024:
+        return f"{count} B"
+    value = float(count)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+    return f"{value / 1024:.1f} TiB"
+
+
+def created(value: bool, otherwise: str = "updated") -> str:
+    """The word for what a create-or-update did (the API answers 201 or 200): never just "saved"."""
+    return "created" if value else otherwise
 
 
 def text_of(message: Any, width: int = 40) -> str:

@@ -7,7 +7,7 @@ import re
 import sys
 from typing import Any
 
-from capella.cli.output import error, print_fields, print_json, print_table, utc
+from capella.cli.output import created, error, print_fields, print_json, print_table, size, utc
 from capella.client import Client
 
 
@@ -65,11 +65,11 @@ def create_queue(args: argparse.Namespace, client: Client) -> int:
         definition["subscription_save"] = args.subscription_save
     if args.segments is not None:
         definition["segments"] = {"min": args.segments[0], "max": args.segments[1]}
-    info = client.put_queue(args.name, **definition)
+    info, was_created = client.save_queue(args.name, **definition)
     if args.json:
         print_json(info)
     else:
-        print(f"queue {info.name} saved")
+        print(f"queue {info.name} {created(was_created)}")
     return 0
 
 
@@ -87,11 +87,11 @@ def list_queues(args: argparse.Namespace, client: Client) -> int:
                 str(stats.messages),
                 str(stats.first_id),
                 str(stats.last_id),
-                str(stats.bytes),
+                size(stats.bytes),
                 str(stats.subscriptions),
             ]
         )
-    print_table(["NAME", "MESSAGES", "FIRST_ID", "LAST_ID", "BYTES", "SUBSCRIPTIONS"], rows)
+    print_table(["NAME", "MESSAGES", "FIRST_ID", "LAST_ID", "SIZE", "SUBSCRIPTIONS"], rows)
     return 0
 
 
@@ -105,7 +105,7 @@ def show_queue(args: argparse.Namespace, client: Client) -> int:
     blocks = stats.blocks
     fields: list[tuple[str, object]] = [
         ("name", info.name),
-        ("messages", f"{stats.messages} (ids {stats.first_id}-{stats.last_id}), {stats.bytes} bytes"),
+        ("messages", f"{stats.messages} (ids {stats.first_id}-{stats.last_id}), {size(stats.bytes)}"),
         ("blocks", f"{blocks.total}: " + _counts(blocks.by_state)),
         ("blocks by mark", _counts(blocks.by_mark) or "-"),
         ("scheduled", f"{stats.scheduled.count}, next due {utc(stats.scheduled.next_due)}"),
@@ -116,7 +116,8 @@ def show_queue(args: argparse.Namespace, client: Client) -> int:
         ("last error", stats.last_error or "-"),
     ]
     if block is not None:
-        limits = f"{block.max_messages} messages, {block.max_bytes} bytes, {block.max_age} s"
+        max_bytes = size(block.max_bytes) if isinstance(block.max_bytes, int) else block.max_bytes
+        limits = f"{block.max_messages} messages, {max_bytes}, {block.max_age} s"
         fields.append(("block sealed at", limits))
     fields.append(("save", f"{definition.save} (subscriptions: {definition.subscription_save})"))
     segments = definition.segments

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from capella.cli.output import print_json, print_table, text_of, utc
+from msgspec import UnsetType
+
+from capella.cli.arguments import moment
+from capella.cli.output import print_fields, print_json, print_table, text_of, utc
 from capella.client import Client
 
 
@@ -59,12 +62,29 @@ def list_scheduled(args: argparse.Namespace, client: Client) -> int:
 
 
 def show_scheduled(args: argparse.Namespace, client: Client) -> int:
-    print_json(client.scheduled_message(args.queue, args.id), pretty=not args.json)
+    item = client.scheduled_message(args.queue, args.id)
+    if args.json:
+        print_json(item)
+        return 0
+    headers = ", ".join(f"{name}={value}" for name, value in item.headers.items())
+    print_fields(
+        [
+            ("scheduled id", item.scheduled_id),
+            ("due", utc(item.deliver_at)),
+            ("created", utc(item.created)),
+            ("source", item.source),
+            ("external id", item.external_id),
+            ("external time", utc(item.external_time)),
+            ("segment", item.segment),
+            ("headers", headers or "-"),
+            ("data", item.data if not isinstance(item.data, UnsetType) else f"{item.data_b64} (base64)"),
+        ]
+    )
     return 0
 
 
 def reschedule_message(args: argparse.Namespace, client: Client) -> int:
-    when = _time(args.at) if args.at is not None else None
+    when = moment(args.at) if args.at is not None else None
     item = client.reschedule(args.queue, args.id, deliver_at=when, delay=args.delay)
     if args.json:
         print_json(item)
@@ -83,11 +103,3 @@ def cancel_scheduled(args: argparse.Namespace, client: Client) -> int:
         for sid in answer.not_cancelled:
             print(f"not cancelled {sid}: already delivered, being delivered, or unknown")
     return 1 if answer.not_cancelled else 0
-
-
-def _time(text: str) -> float | str:
-    """UNIX seconds stay a number; anything else goes as text (RFC 3339) for the server to read."""
-    try:
-        return float(text)
-    except ValueError:
-        return text

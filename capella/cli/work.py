@@ -117,7 +117,7 @@ def _outcome(verb: str, result: ReceiptResult) -> str:
     if result.dead is True:
         return f"{result.receipt}: dead (its attempts are used up)"
     retry_at = None if isinstance(result.retry_at, UnsetType) else result.retry_at
-    return f"{result.receipt}: retried from {utc(retry_at)}"
+    return f"{result.receipt}: retry at {utc(retry_at)}"
 
 
 def list_work(args: argparse.Namespace, client: Client) -> int:

@@ -18,7 +18,7 @@ message read back has ``payload``, the payload as ``bytes``. Errors are the
 
 from __future__ import annotations
 
-from capella.client.answers import error_from_answer
+from capella.client.answers import Saved, error_from_answer
 from capella.client.async_client import DEFAULT_URL, AsyncClient
 from capella.client.message import MessageLike, Segments
 from capella.client.multi import MultiWriter, Receipt
@@ -31,6 +31,7 @@ __all__ = [
     "MessageLike",
     "MultiWriter",
     "Receipt",
+    "Saved",
     "Segments",
     "error_from_answer",
 ]

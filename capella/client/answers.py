@@ -1,5 +1,5 @@
-"""What a server's answer means on the client: the ``capella.wire`` struct of a 2xx answer,
-the ``capella.errors`` class of an error's code.
+"""What a server's answer means on the client: the ``capella.wire`` struct of a 2xx answer
+(with ``Saved``, whether a PUT created it), the ``capella.errors`` class of an error's code.
 
 Callers get the typed structs of the HTTP contract, and catch the same classes the server
 raises (``QueueNotFound``, ``InvalidMessage``...).
@@ -7,7 +7,7 @@ raises (``QueueNotFound``, ``InvalidMessage``...).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
 import orjson
@@ -18,6 +18,16 @@ T = TypeVar("T")
 
 # One decoder per answer type, made on first use: msgspec decodes fastest with a reused one.
 _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
+class Saved(NamedTuple, Generic[T]):
+    """What a create-or-update (PUT) answered: the object as saved, and whether it is new.
+
+    ``info, created = await client.save_queue("orders")``, like Django's ``update_or_create``.
+    """
+
+    value: T
+    created: bool
 
 
 def decode_answer(kind: type[T], body: bytes) -> T:

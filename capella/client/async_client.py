@@ -20,7 +20,7 @@ import logging
 import ssl as ssl_module
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import aiohttp
@@ -28,7 +28,7 @@ import orjson
 
 from capella.backoff import backoff
 from capella.client import paths
-from capella.client.answers import decode_answer
+from capella.client.answers import Saved, decode_answer
 from capella.client.message import MessageLike, Segments, to_wire
 from capella.client.transport import Transport
 from capella.egress import Egress
@@ -63,6 +63,8 @@ from capella.wire.work import (
 )
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 DEFAULT_URL = "http://127.0.0.1:8676"
 
@@ -138,7 +140,11 @@ class AsyncClient:
 
     async def put_queue(self, name: str, **definition: Any) -> QueueInfo:
         """Create or update a queue; ``definition`` holds the PUT fields (block, save...)."""
-        return decode_answer(QueueInfo, await self._call("PUT", paths.queue_path(name), json=definition))
+        return (await self.save_queue(name, **definition)).value
+
+    async def save_queue(self, name: str, **definition: Any) -> Saved[QueueInfo]:
+        """``put_queue``, and whether it created the queue: ``info, created = ...``."""
+        return await self._put(QueueInfo, paths.queue_path(name), definition)
 
     async def queues(self) -> list[QueueInfo]:
         return decode_answer(QueueList, await self._call("GET", "/v1/queues")).queues
@@ -359,9 +365,17 @@ class AsyncClient:
             body["replica"] = replica
         if reset:
             body["reset"] = True
-        path = paths.subscription_path(queue, name)
-        answer = await self._call("PUT", path, params=paths.params(save=save), json=body)
-        return decode_answer(Subscription, answer)
+        return (await self.save_subscription(queue, name, save=save, **body)).value
+
+    async def save_subscription(
+        self, queue: str, name: str, *, save: Save = None, **body: Any
+    ) -> Saved[Subscription]:
+        """Create or change a subscription, and whether it created it: ``sub, created = ...``.
+
+        ``body`` holds the PUT fields: ``last_id``, ``replica`` and ``reset`` for a cursor;
+        ``mode="ack"`` and ``policy`` (see ``put_work``) for an ack-mode one.
+        """
+        return await self._put(Subscription, paths.subscription_path(queue, name), body, save)
 
     async def subscription(self, queue: str, name: str) -> Subscription:
         return decode_answer(Subscription, await self._call("GET", paths.subscription_path(queue, name)))
@@ -386,10 +400,7 @@ class AsyncClient:
         ``policy`` holds ``lease``, ``max_attempts``, ``backoff`` (``"fixed"`` or
         ``"exponential"``), ``delay``, ``max_delay``, ``jitter`` and ``dead_letter`` (a queue).
         """
-        body = {"mode": "ack", "policy": policy}
-        path = paths.subscription_path(queue, name)
-        answer = await self._call("PUT", path, params=paths.params(save=save), json=body)
-        return decode_answer(Subscription, answer)
+        return (await self.save_subscription(queue, name, save=save, mode="ack", policy=policy)).value
 
     async def claim(
         self,
@@ -530,10 +541,23 @@ class AsyncClient:
         one of them (``pg_outbox`` takes none: its queue is ``params["to"]``). ``params`` are
         the type's parameters; durations may be ``"10m"``.
         """
+        saved = await self.save_handler(name, type, queues=queues, params=params, started=started)
+        return saved.value
+
+    async def save_handler(
+        self,
+        name: str,
+        type: str,
+        *,
+        queues: str | Iterable[str] | None = None,
+        params: Mapping[str, Any] | None = None,
+        started: bool = True,
+    ) -> Saved[HandlerInfo]:
+        """``put_handler``, and whether it created the handler: ``info, created = ...``."""
         body: dict[str, Any] = {"type": type, "params": dict(params or {}), "started": started}
         if queues is not None:
             body["queues"] = [queues] if isinstance(queues, str) else list(queues)
-        return decode_answer(HandlerInfo, await self._call("PUT", paths.handler_path(name), json=body))
+        return await self._put(HandlerInfo, paths.handler_path(name), body)
 
     async def handlers(self) -> list[HandlerInfo]:
         return decode_answer(HandlerList, await self._call("GET", "/v1/handlers")).handlers
@@ -561,7 +585,11 @@ class AsyncClient:
 
         The answer never holds the password or token, only where it comes from.
         """
-        return decode_answer(ClusterInfo, await self._call("PUT", paths.cluster_path(name), json=fields))
+        return (await self.save_cluster(name, **fields)).value
+
+    async def save_cluster(self, name: str, **fields: Any) -> Saved[ClusterInfo]:
+        """``put_cluster``, and whether it registered a new link: ``info, created = ...``."""
+        return await self._put(ClusterInfo, paths.cluster_path(name), fields)
 
     async def clusters(self) -> list[ClusterInfo]:
         return decode_answer(ClusterList, await self._call("GET", "/v1/clusters")).clusters
@@ -590,7 +618,11 @@ class AsyncClient:
 
         Rules are ``{"effect", "type", "action", "name"}`` objects or ``"allow:queue:read:orders-*"``.
         """
-        return decode_answer(User, await self._call("PUT", paths.user_path(name), json=fields))
+        return (await self.save_user(name, **fields)).value
+
+    async def save_user(self, name: str, **fields: Any) -> Saved[User]:
+        """``put_user``, and whether it created the user: ``user, created = ...``."""
+        return await self._put(User, paths.user_path(name), fields)
 
     async def drop_user(self, name: str) -> None:
         """Delete the user; its tokens are revoked with it."""
@@ -627,6 +659,10 @@ class AsyncClient:
 
     async def revoke_token(self, id: str) -> None:
         await self._call("DELETE", "/v1/tokens/" + quote(id, safe=""))
+
+    async def _put(self, kind: type[T], path: str, body: object, save: Save = None) -> Saved[T]:
+        status, answer = await self._transport.send("PUT", path, params=paths.params(save=save), json=body)
+        return Saved(decode_answer(kind, answer), created=status == 201)
 
     # --- operations ------------------------------------------------------------------
 

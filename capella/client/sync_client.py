@@ -143,6 +143,7 @@ class Client:
     # --- queues ----------------------------------------------------------------------
 
     put_queue = blocking(AsyncClient.put_queue)
+    save_queue = blocking(AsyncClient.save_queue)
     queues = blocking(AsyncClient.queues)
     queue = blocking(AsyncClient.queue)
     drop_queue = blocking(AsyncClient.drop_queue)
@@ -167,6 +168,7 @@ class Client:
 
     read_subscription = blocking(AsyncClient.read_subscription)
     commit = blocking(AsyncClient.commit)
+    save_subscription = blocking(AsyncClient.save_subscription)
     subscription = blocking(AsyncClient.subscription)
     subscriptions = blocking(AsyncClient.subscriptions)
     delete_subscription = blocking(AsyncClient.delete_subscription)
@@ -187,6 +189,7 @@ class Client:
     # --- handlers --------------------------------------------------------------------
 
     put_handler = blocking(AsyncClient.put_handler)
+    save_handler = blocking(AsyncClient.save_handler)
     handlers = blocking(AsyncClient.handlers)
     handler = blocking(AsyncClient.handler)
     drop_handler = blocking(AsyncClient.drop_handler)
@@ -197,6 +200,7 @@ class Client:
     # --- external clusters -------------------------------------------------------------
 
     put_cluster = blocking(AsyncClient.put_cluster)
+    save_cluster = blocking(AsyncClient.save_cluster)
     clusters = blocking(AsyncClient.clusters)
     cluster = blocking(AsyncClient.cluster)
     drop_cluster = blocking(AsyncClient.drop_cluster)
@@ -207,6 +211,7 @@ class Client:
     users = blocking(AsyncClient.users)
     user = blocking(AsyncClient.user)
     put_user = blocking(AsyncClient.put_user)
+    save_user = blocking(AsyncClient.save_user)
     drop_user = blocking(AsyncClient.drop_user)
     change_password = blocking(AsyncClient.change_password)
     me = blocking(AsyncClient.me)

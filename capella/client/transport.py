@@ -1,7 +1,8 @@
 """How the client talks HTTP: one session, credentials, compression, errors back as classes.
 
 ``Transport.call`` sends one request and gives the answer's bytes (``answers.decode_answer``
-makes them a wire struct); ``Transport.events`` follows one Server-Sent Events connection.
+makes them a wire struct; ``send`` gives its status too); ``Transport.events`` follows one
+Server-Sent Events connection.
 Every non-2xx answer becomes the ``capella.errors`` class whose ``code`` the server sent
 (``answers.error_from_answer``); a server that cannot be reached, or does not answer in time,
 raises ``Unreachable``. Redirects are not followed (a Capella server never sends one): a
@@ -106,6 +107,23 @@ class Transport:
         wait: float | None = None,
     ) -> bytes:
         """Send one request; the answer's body (empty when there is none)."""
+        answer = await self.send(
+            method, path, params=params, json=json, data=data, headers=headers, wait=wait
+        )
+        return answer[1]
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        json: object = None,
+        data: Any = None,
+        headers: dict[str, str] | None = None,
+        wait: float | None = None,
+    ) -> tuple[int, bytes]:
+        """``call``, with the answer's status too (a PUT answers 201 when it created)."""
         url = self.base_url + path
         if json is not None:
             headers = {"Content-Type": "application/json"}
@@ -121,7 +139,7 @@ class Transport:
             raise _unreachable(url, exc, self._timeout) from exc
         if status >= 300:
             raise error_from_answer(status, body)
-        return body
+        return status, body
 
     async def events(
         self, path: str, params: dict[str, str], after: int

@@ -10,7 +10,8 @@
 Every request and answer body is a msgspec struct in the modules of this package (decoded
 straight from the JSON bytes, unknown fields refused; the OpenAPI schemas are generated from
 them): ``fields`` (the shared field types: ids, times, durations, sizes, names), ``messages``,
-``queues``, ``work``, ``handlers``, ``clusters``, ``auth`` and ``health``. ``frames`` is the
+``queues``, ``work``, ``handlers``, ``clusters``, ``auth`` and ``health``, each a
+``struct.Struct`` (its repr leaves out what is not set, as the JSON does). ``frames`` is the
 one binary answer: the binary read format of messages (docs/format.md).
 """
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import UNSET, Meta, UnsetType
 
 from capella.wire.fields import Time
+from capella.wire.struct import Struct
 
 
 class ErrorDetail(Struct, omit_defaults=True):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import UNSET, Meta, UnsetType
 
 from capella.wire.fields import Duration, Time, schema
+from capella.wire.struct import Struct
 
 Password = Annotated[str, schema(minLength=8, maxLength=1024)]
 # A rule in one line, as the CLI writes it: effect:type:action:name ("allow:queue:read:orders").

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import UNSET, Meta, UnsetType
 
 from capella.wire.answers import ErrorDetail
 from capella.wire.fields import PositiveDuration, schema
+from capella.wire.struct import Struct
 
 CREDENTIALS = ("password", "password_secret", "token", "token_secret")
 Compression = Literal["none", "gzip", "zstd"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from msgspec import UNSET, Meta, Struct, UnsetType, field
+from msgspec import UNSET, Meta, UnsetType, field
 
 from capella.wire.fields import (
     Duration,
@@ -14,6 +14,7 @@ from capella.wire.fields import (
     Time,
     schema,
 )
+from capella.wire.struct import Struct
 
 HANDLER_TYPES = ("flush", "unload", "archive", "expire", "copy", "push", "pg_outbox", "pg_inbox")
 HandlerType = Literal["flush", "unload", "archive", "expire", "copy", "push", "pg_outbox", "pg_inbox"]

@@ -6,7 +6,7 @@ import binascii
 from base64 import b64decode
 from typing import Annotated, Any, ClassVar
 
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import UNSET, Meta, UnsetType
 
 from capella.errors import InvalidMessage
 from capella.wire.fields import (
@@ -21,6 +21,7 @@ from capella.wire.fields import (
     TimeInput,
     schema,
 )
+from capella.wire.struct import Struct
 
 Source = Annotated[
     str,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import UNSET, Meta, UnsetType
 
 from capella.wire.fields import (
     DefinitionSaveMode,
@@ -14,6 +14,7 @@ from capella.wire.fields import (
     Time,
     schema,
 )
+from capella.wire.struct import Struct
 
 BlockMessages = Annotated[int, schema(minimum=1, maximum=10_000_000)]
 BlockBytes = Annotated[

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import UNSET, Meta, UnsetType
 
 from capella.wire.answers import ErrorDetail
 from capella.wire.fields import (
@@ -17,6 +17,7 @@ from capella.wire.fields import (
     schema,
 )
 from capella.wire.messages import StoredMessage
+from capella.wire.struct import Struct
 
 Mode = Literal["cursor", "ack"]
 MAX_ATTEMPTS = "claims before a failure goes to the dead letters (5; 0: no limit)"
