@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from capella.cluster_name import cluster_name
 from capella.config import Config
 from capella.core.definition import QueueDefinition, check_name, default_definition, parse_definition
 from capella.core.queue import Queue
@@ -42,7 +43,8 @@ class Cluster:
     """One broker's queues on its mounts. Build it with ``await Cluster.open(config)``."""
 
     def __init__(self, config: Config, mounts: dict[str, Storage], clock: Callable[[], float]) -> None:
-        self.name = config.cluster_name
+        # Configured, or generated at the first start and kept in the data directory.
+        self.name = cluster_name(config)
         self.ready = False
         self.flush_latency = Histogram()
         self.task_failures = TaskFailures()
