@@ -120,9 +120,12 @@ class CopyHandler(QueueHandler[CopyParams]):
         if self.params.source is not None and "/" in self.params.source:
             link, _, name = self.params.source.partition("/")
             try:
-                return await self._copy(_RemoteSource(self._links.client(link), name, self.params))
+                client = await self._links.checked_client(link)
+                return await self._copy(_RemoteSource(client, name, self.params))
             except CapellaError as exc:
-                raise StorageUnavailable(f"CopyHandler: {self.params.source}: {exc.message}") from None
+                raise StorageUnavailable(
+                    f"CopyHandler: {self.params.source}: {exc.code}: {exc.message}"
+                ) from None
         return await super().run_once()
 
     async def run_queue(self, queue: Queue) -> PassResult:
@@ -171,8 +174,9 @@ class CopyHandler(QueueHandler[CopyParams]):
         if not link:
             answers = await self._cluster.queue(name).append(drafts, self.params.save)
             return [d for d, a in zip(drafts, answers, strict=True) if not a.duplicate]
-        client = self._links.client(link)
         try:
+            # A far side with our name is refused (checked once per client, not per batch).
+            client = await self._links.checked_client(link)
             results = await client.produce(
                 name, [_wire(d) for d in drafts], save=self.params.save.name.lower()
             )
