@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -179,12 +180,21 @@ def test_a_handler_is_created_listed_shown_stopped_run_and_dropped(run: Run, cli
     info = json.loads(out)
     assert (code, info["params"]["max_messages"], info["params"]["interval"]) == (0, 1, 3600)
 
+    code, out, err = run("handler", "run", "cli-trim")
+    # The pass it ran, and nothing else: its own items and bytes, not the handler's totals.
+    assert (code, err) == (0, "")
+    assert re.fullmatch(r"handler cli-trim pass ok: 2 items, \d+ bytes\n", out), out
     code, out, _ = run("handler", "run", "cli-trim")
-    assert (code, out) == (0, "handler cli-trim ran: runs=1 items=2 bytes=" + out.split("bytes=")[1])
+    assert (code, out) == (0, "handler cli-trim pass ok: 0 items, 0 bytes\n")
+    code, out, _ = run("handler", "run", "cli-trim", "--json")
+    done = json.loads(out)
+    assert (code, done["ok"], done["items"], done["error"]) == (0, True, 0, None)
+    assert done["started"] <= done["finished"]
     code, out, _ = run("handler", "show", "cli-trim")  # for people: one field per line
     fields = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in out.splitlines()}
     assert (code, fields["type"], fields["queues"], fields["started"]) == (0, "expire", "cli-h-orders", "no")
-    assert fields["runs"].startswith("1 (2 items") and fields["last error"] == "-"
+    assert fields["runs"].startswith("3 (2 items") and fields["last error"] == "-"
+    assert fields["failing since"] == "-" and fields["last run"] == fields["last success"] != "-"
     assert "max_messages=1" in fields["params"]
     assert client.queue("cli-h-orders").stats.first_id == 5
     assert client.handler("cli-trim").started is False
@@ -252,9 +262,16 @@ def test_a_failed_run_exits_1_with_the_error(run: Run, client: Client) -> None:
 
     code, out, err = run("handler", "run", "cli-fail")
 
-    assert code == 1
-    assert out.startswith("handler cli-fail ran: runs=1 ")
-    assert err.startswith("capella: the pass failed: ") and "cli-fail-1" in err
+    # The error once, on stderr; nothing on stdout.
+    assert (code, out) == (1, "")
+    assert err.startswith("capella: handler cli-fail pass failed: ") and "cli-fail-1" in err
+    assert err.count("\n") == 1
+    code, out, _ = run("handler", "run", "cli-fail", "--json")
+    done = json.loads(out)
+    assert (code, done["ok"], done["items"]) == (1, False, 0) and "cli-fail-1" in done["error"]
+    code, out, _ = run("handler", "show", "cli-fail")
+    fields = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in out.splitlines()}
+    assert fields["last success"] == "-" and fields["failing since"] != "-"
     code, out, _ = run("handler", "list")
     row = next(r for r in out.splitlines() if r.startswith("cli-fail "))
     assert "cli-fail-1" in row

@@ -267,9 +267,15 @@ class HandlerStatus(Struct):
     runs: Annotated[int, schema(minimum=0, description="passes completed")]
     items: Annotated[int, schema(minimum=0, description="blocks or messages handled")]
     bytes: Annotated[int, schema(minimum=0, description="bytes handled")]
-    last_complete: Annotated[Time | None, Meta(description="end of the last good pass")]
+    last_complete: Annotated[Time | None, Meta(description="end of the last good pass (= last_success)")]
     last_error: HandlerError | None
     next_run: Annotated[Time | None, Meta(description="null when stopped")]
+    last_success: Annotated[Time | None, Meta(description="end of the last successful pass")] = None
+    last_run: Annotated[Time | None, Meta(description="end of the last pass, successful or not")] = None
+    failing_since: Annotated[
+        Time | None,
+        Meta(description="the first failure of the current streak of failed passes; null after a success"),
+    ] = None
     lag: (
         Annotated[
             int | None,
@@ -314,6 +320,17 @@ class HandlerStatus(Struct):
     last_delivery_error: DeliveryError | UnsetType | None = UNSET
 
 
+class PassResult(Struct):
+    """One pass of a handler: what it did and how it ended."""
+
+    ok: bool
+    items: Annotated[int, schema(minimum=0, description="blocks or messages handled in this pass")]
+    bytes: Annotated[int, schema(minimum=0, description="bytes handled in this pass")]
+    error: Annotated[str | None, Meta(description="why the pass failed; null when ok")]
+    started: Time
+    finished: Time
+
+
 class HandlerInfo(Struct):
     """A handler as defined (params fully resolved; durations in seconds) with its status."""
 
@@ -324,6 +341,9 @@ class HandlerInfo(Struct):
     started: bool
     user: Annotated[str | None, Meta(description="the user it runs as; null with auth off")]
     status: HandlerStatus
+    pass_: (
+        Annotated[PassResult, Meta(description="only in the answer to run: the pass it ran")] | UnsetType
+    ) = field(default=UNSET, name="pass")
 
 
 class HandlerList(Struct):
