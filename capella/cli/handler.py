@@ -213,7 +213,9 @@ def _lag(kind: str, status: HandlerStatus) -> list[tuple[str, str]]:
         age = status.oldest_age
         waiting = "-" if status.lag is None else f"{status.lag} rows"
         return [("waiting", waiting + ("" if age is UNSET or age is None else f", oldest {age:.1f}s"))]
-    return [("lag", f"{status.lag} messages")]
+    observed = status.lag_observed
+    seen = "" if observed is UNSET or observed is None else f" (as seen at {utc(observed)})"
+    return [("lag", f"{status.lag} messages{seen}")]
 
 
 def _param(text: str) -> tuple[str, Any]:

@@ -43,8 +43,6 @@ class Cluster:
     """One broker's queues on its mounts. Build it with ``await Cluster.open(config)``."""
 
     def __init__(self, config: Config, mounts: dict[str, Storage], clock: Callable[[], float]) -> None:
-        # Configured, or generated at the first start and kept in the data directory.
-        self.name = cluster_name(config)
         self.ready = False
         self.flush_latency = Histogram()
         self.task_failures = TaskFailures()
@@ -63,6 +61,9 @@ class Cluster:
             raise InvalidConfig(
                 f"{config.source}: queue_defaults / storage.default_mount: {exc.message}"
             ) from None
+        # Configured, or generated at the first start and kept in the data directory (only once
+        # the configuration is known to be good, so a refused start leaves nothing behind).
+        self.name = cluster_name(config)
         self._ticker: asyncio.Task[None] | None = None
 
     @classmethod

@@ -281,8 +281,9 @@ class HandlerStatus(Struct):
             int | None,
             schema(
                 minimum=0,
-                description="copy, pg_inbox: messages the queues hold past the cursors; pg_outbox: rows "
-                "waiting in the table (null before the first pass); push: not delivered yet",
+                description="copy, pg_inbox: messages the queues hold past the cursors, read when asked "
+                "(copy from another cluster: as last seen, see lag_observed); pg_outbox: rows waiting "
+                "in the table as last counted (null before the first count); push: not delivered yet",
             ),
         ]
         | UnsetType
@@ -290,6 +291,17 @@ class HandlerStatus(Struct):
     lag_by_queue: Annotated[dict[str, int], Meta(description="copy, pg_inbox: lag by queue")] | UnsetType = (
         UNSET
     )
+    lag_observed: (
+        Annotated[
+            Time | None,
+            Meta(
+                description="copy from another cluster: when its lag was last seen (the last pass that "
+                "reached it); pg_outbox: when the table was last counted (at the end of each pass). "
+                "Absent where lag is read from the queue and the cursor at the moment of asking"
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
     oldest_age: (
         Annotated[
             float | None, Meta(description="pg_outbox: seconds since the oldest waiting row's created_at")
