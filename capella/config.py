@@ -16,7 +16,6 @@ import difflib
 import ipaddress
 import os
 import re
-import socket
 import tomllib
 import types
 from collections.abc import Callable, Iterable
@@ -92,7 +91,7 @@ Listen = Annotated[str, _Read(_listen_address)]
 class ClusterSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """``[cluster]``: who this broker is and where its data lives."""
 
-    name: str | None = None  # None: the host name
+    name: str | None = None  # None: generated at the first start (capella/cluster_name.py)
     data_dir: Directory = Path("capella-data")
 
 
@@ -302,7 +301,8 @@ class MountConfig(msgspec.Struct, frozen=True):
 
 
 class Config(msgspec.Struct, frozen=True):
-    cluster_name: str
+    # None when not configured: the name is generated at the first start (capella/cluster_name.py).
+    cluster_name: str | None
     data_dir: Path
     server: ServerSettings
     storage: StorageSettings
@@ -382,8 +382,10 @@ def _config(raw: dict[str, Any], overrides: dict[str, Any], base: Path, source: 
     data_dir = tables.cluster.data_dir
     if not data_dir.is_absolute():
         data_dir = (base / data_dir).resolve()
-    name = tables.cluster.name or socket.gethostname() or "capella"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", name):
+    # None: generated and kept in the data directory at the first start (capella/cluster_name.py);
+    # parsing writes nothing.
+    name = tables.cluster.name
+    if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", name):
         raise _Refused(f"cluster.name {name!r}: use letters, digits, '_', '.', '-'")
 
     server = tables.server

@@ -252,6 +252,12 @@ class Conflict(CapellaError):
     code = "conflict"
 
 
+class SameClusterName(Conflict):
+    """A link's far side has this cluster's own name: the two would mint the same identities."""
+
+    code = "same_cluster_name"
+
+
 class WrongSubscriptionMode(Conflict):
     """The call needs the other kind of subscription (a cursor, or ack mode)."""
 

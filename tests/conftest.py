@@ -230,8 +230,8 @@ def s3_bucket(s3_server: S3Server) -> str:
 # A real Cluster on the memory provider and the real aiohttp app in front of it.
 
 
-def api_config(tmp_path: Path) -> Config:
-    raw = {"cluster": {"name": "test"}, "mounts": {"default": {"provider": "memory"}}}
+def api_config(tmp_path: Path, name: str = "test") -> Config:
+    raw = {"cluster": {"name": name}, "mounts": {"default": {"provider": "memory"}}}
     return parse_config(raw, {}, base=tmp_path)
 
 

@@ -67,7 +67,8 @@ class Remote:
 
 @pytest.fixture
 async def remote(aiohttp_server: ServerFactory, tmp_path: Path) -> AsyncIterator[Remote]:
-    far = await Cluster.open(api_config(tmp_path / "remote"))
+    # Another name: a link to a cluster named like this one ("test") is refused.
+    far = await Cluster.open(api_config(tmp_path / "remote", name="remote"))
     supervisor = Supervisor(far)
     await supervisor.start()
     app = create_app(far, ServerSettings(), supervisor)
@@ -129,6 +130,8 @@ async def test_put_creates_then_replaces_and_get_shows_it(api: TestClient) -> No
     }
     info = await put(api, "dc2", body, 201)
 
+    # dc2.example.com cannot be reached: the link is kept, its name unchecked.
+    assert info.pop("name_check")["checked"] is False
     assert info == {
         "name": "dc2",
         "url": "https://dc2.example.com:8676",
@@ -387,6 +390,7 @@ async def test_ping_with_a_secret_whose_variable_went_away_says_which(
     api: TestClient, remote: Remote, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await put(api, "dc2", {"url": remote.url, "username": "u", "password_secret": "dc2-password"}, 201)
+    remote.authorization.clear()  # adding the link asked the far side its name
     monkeypatch.delenv("CAPELLA_TEST_DC2_PASSWORD")
 
     result = await ping(api, "dc2")

@@ -78,9 +78,21 @@ async def test_put_creates_then_replaces(q: TestClient) -> None:
     assert info["params"]["interval"] == 600
     assert info["started"] is True
     status = info["status"]
-    assert set(status) == {"running", "runs", "items", "bytes", "last_complete", "last_error", "next_run"}
+    assert set(status) == {
+        "running",
+        "runs",
+        "items",
+        "bytes",
+        "last_complete",
+        "last_success",
+        "last_run",
+        "failing_since",
+        "last_error",
+        "next_run",
+    }
     assert (status["runs"], status["items"], status["bytes"]) == (0, 0, 0)
     assert status["last_complete"] is None and status["last_error"] is None
+    assert status["last_success"] is None and status["last_run"] is None and status["failing_since"] is None
     assert isinstance(status["running"], bool)
 
     info = await put(q, "trim", {**body, "params": {"max_messages": 10}}, 200)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -190,12 +191,21 @@ def test_a_handler_is_created_listed_shown_stopped_run_and_dropped(run: Run, cli
     info = json.loads(out)
     assert (code, info["params"]["max_messages"], info["params"]["interval"]) == (0, 1, 3600)
 
+    code, out, err = run("handler", "run", "cli-trim")
+    # The pass it ran, and nothing else: its own items and bytes, not the handler's totals.
+    assert (code, err) == (0, "")
+    assert re.fullmatch(r"handler cli-trim pass ok: 2 items, \d+ bytes\n", out), out
     code, out, _ = run("handler", "run", "cli-trim")
-    assert (code, out) == (0, "handler cli-trim ran: runs=1 items=2 bytes=" + out.split("bytes=")[1])
+    assert (code, out) == (0, "handler cli-trim pass ok: 0 items, 0 bytes\n")
+    code, out, _ = run("handler", "run", "cli-trim", "--json")
+    done = json.loads(out)
+    assert (code, done["ok"], done["items"], done["error"]) == (0, True, 0, None)
+    assert done["started"] <= done["finished"]
     code, out, _ = run("handler", "show", "cli-trim")  # for people: one field per line
     fields = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in out.splitlines()}
     assert (code, fields["type"], fields["queues"], fields["started"]) == (0, "expire", "cli-h-orders", "no")
-    assert fields["runs"].startswith("1 (2 items") and fields["last error"] == "-"
+    assert fields["runs"].startswith("3 (2 items") and fields["last error"] == "-"
+    assert fields["failing since"] == "-" and fields["last run"] == fields["last success"] != "-"
     assert "max_messages=1" in fields["params"]
     assert client.queue("cli-h-orders").stats.first_id == 5
     assert client.handler("cli-trim").started is False
@@ -263,9 +273,16 @@ def test_a_failed_run_exits_1_with_the_error(run: Run, client: Client) -> None:
 
     code, out, err = run("handler", "run", "cli-fail")
 
-    assert code == 1
-    assert out.startswith("handler cli-fail ran: runs=1 ")
-    assert err.startswith("capella: the pass failed: ") and "cli-fail-1" in err
+    # The error once, on stderr; nothing on stdout.
+    assert (code, out) == (1, "")
+    assert err.startswith("capella: handler cli-fail pass failed: ") and "cli-fail-1" in err
+    assert err.count("\n") == 1
+    code, out, _ = run("handler", "run", "cli-fail", "--json")
+    done = json.loads(out)
+    assert (code, done["ok"], done["items"]) == (1, False, 0) and "cli-fail-1" in done["error"]
+    code, out, _ = run("handler", "show", "cli-fail")
+    fields = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in out.splitlines()}
+    assert fields["last success"] == "-" and fields["failing since"] != "-"
     code, out, _ = run("handler", "list")
     row = next(r for r in out.splitlines() if r.startswith("cli-fail "))
     assert "cli-fail-1" in row
@@ -275,10 +292,29 @@ def test_a_failed_run_exits_1_with_the_error(run: Run, client: Client) -> None:
 # --- cluster -----------------------------------------------------------------------------
 
 
-def test_a_cluster_is_added_listed_shown_pinged_and_dropped(run: Run, server_process: ServerProcess) -> None:
+def test_a_cluster_is_added_listed_shown_pinged_and_dropped(
+    run: Run, server_process: ServerProcess, tmp_path: Path
+) -> None:
     secret = "cli-t0ken-never-shown"
-    # The test server links to itself: a real Capella server on the far side.
-    code, out, _ = run("cluster", "add", "cli-self", "--url", server_process.url, "--token", secret)
+    # A link to the server itself is refused: the far side has its own name.
+    code, out, err = run("cluster", "add", "cli-loop", "--url", server_process.url)
+    assert (code, out) == (1, "")
+    assert err.startswith("capella: same_cluster_name: cluster cli-loop (") and "like this cluster" in err
+    assert run("cluster", "show", "cli-loop")[0] == 1
+    # A second real server on this host: its generated name differs.
+    (tmp_path / "far").mkdir()
+    far_server = running(ServerProcess(tmp_path / "far" / "data"))
+    far = next(far_server)
+    try:
+        _linked_to_a_real_cluster(run, server_process, far, secret)
+    finally:
+        far_server.close()
+
+
+def _linked_to_a_real_cluster(
+    run: Run, server_process: ServerProcess, far: ServerProcess, secret: str
+) -> None:
+    code, out, _ = run("cluster", "add", "cli-self", "--url", far.url, "--token", secret)
     assert (code, out) == (0, "cluster cli-self created\n")
 
     code, out, _ = run("cluster", "list")
@@ -286,11 +322,11 @@ def test_a_cluster_is_added_listed_shown_pinged_and_dropped(run: Run, server_pro
     header, *rows = out.splitlines()
     assert header.split() == ["NAME", "URL", "CREDENTIALS", "SOURCE", "COMPRESSION"]
     row = next(r for r in rows if r.startswith("cli-self "))
-    assert row.split() == ["cli-self", server_process.url, "token", "stored", "encrypted", "none"]
+    assert row.split() == ["cli-self", far.url, "token", "stored", "encrypted", "none"]
 
     code, out, _ = run("cluster", "show", "cli-self", "--json")
     info = json.loads(out)
-    assert (code, info["url"]) == (0, server_process.url)
+    assert (code, info["url"]) == (0, far.url)
     assert info["credentials"] == {"kind": "token", "username": None, "source": "stored encrypted"}
 
     code, out, err = run("cluster", "ping", "cli-self")
@@ -299,7 +335,7 @@ def test_a_cluster_is_added_listed_shown_pinged_and_dropped(run: Run, server_pro
 
     code, out, _ = run("cluster", "show", "cli-self")  # for people: one field per line
     fields = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in out.splitlines()}
-    assert (code, fields["url"], fields["credentials"]) == (0, server_process.url, "token, stored encrypted")
+    assert (code, fields["url"], fields["credentials"]) == (0, far.url, "token, stored encrypted")
     assert fields["compression"] == "none" and fields["verify tls"] == "yes"
 
     outputs = [run("cluster", "list", "--json")[1], run("cluster", "show", "cli-self")[1]]
@@ -325,7 +361,10 @@ def test_cluster_add_passes_every_option(run: Run, tmp_path: Path) -> None:
     )  # fmt: skip
 
     assert code == 0
-    assert json.loads(out) == {
+    shown = json.loads(out)
+    # dc2.example.com cannot be reached: kept, its name not checked.
+    assert shown.pop("name_check")["checked"] is False
+    assert shown == {
         "name": "cli-opts",
         "url": "https://dc2.example.com:8676",
         "credentials": {"kind": "password", "username": "copier", "source": "secret:dc2-password"},

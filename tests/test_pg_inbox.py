@@ -235,7 +235,7 @@ def test_the_cli_defines_runs_and_shows_both_handlers(
     assert cli("queue", "create", "pgcli")[0] == 0
     outbox = ["--type", "pg_outbox", "--param", "to=pgcli", "--param", f"dsn={dsn}", "--stopped"]
     assert cli("handler", "create", "pgcli-out", *outbox)[0] == 0
-    assert cli("handler", "run", "pgcli-out") == (0, "handler pgcli-out ran: runs=1 items=2 bytes=6\n")
+    assert cli("handler", "run", "pgcli-out") == (0, "handler pgcli-out pass ok: 2 items, 6 bytes\n")
     code, shown = cli("handler", "show", "pgcli-out")
     assert code == 0 and "waiting        0 rows" in shown
     inbox = ["--type", "pg_inbox", "--queue", "pgcli", "--param", f"dsn={dsn}", "--stopped"]

@@ -26,8 +26,8 @@ async def list_clusters(request: web.Request) -> web.Response:
 async def put_cluster(request: web.Request) -> web.Response:
     data = await read_object(request)
     # A named secret must be one the definer may use (secret use), not any the server holds.
-    link, created = await links(request).put(request.match_info["name"], data, by=identity(request))
-    return json_response(link.public_dict(), 201 if created else 200)
+    link, created, check = await links(request).put(request.match_info["name"], data, by=identity(request))
+    return json_response(link.public_dict() | {"name_check": check}, 201 if created else 200)
 
 
 async def get_cluster(request: web.Request) -> web.Response:
@@ -70,10 +70,11 @@ ROUTES = [
         put_cluster,
         need=(on_named("external_cluster", "admin"),),
         op="putCluster",
-        summary="Register (201) or replace (200) an external cluster",
+        summary="Register (201) or replace (200) an external cluster; 409 same_cluster_name when it has "
+        "this cluster's name (accepted unchecked when it cannot be reached)",
         tag="clusters",
         answers={200: answer("Replaced", ref("ClusterInfo")), 201: answer("Created", ref("ClusterInfo"))},
-        fails=(400, 408, 413),
+        fails=(400, 408, 409, 413),
         body={"required": True, "content": json_content(ref("ClusterDefinition"))},
     ),
     Route(
@@ -104,7 +105,8 @@ ROUTES = [
         ping_cluster,
         need=(on_named("external_cluster", "write"),),
         op="pingCluster",
-        summary="Reach the cluster's /readyz and one authenticated call; a failure is ok false, not 5xx",
+        summary="Reach the cluster's /readyz and one authenticated call; a failure (also "
+        "same_cluster_name) is ok false, not 5xx",
         tag="clusters",
         answers={200: answer("What happened", ref("ClusterPing"))},
         fails=(404,),

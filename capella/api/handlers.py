@@ -44,9 +44,10 @@ async def stop_handler(request: web.Request) -> web.Response:
 
 
 async def run_handler(request: web.Request) -> web.Response:
-    """One pass now, answered after it ends; a failed pass shows in ``status.last_error``."""
-    handler = await supervisor(request).run_now(request.match_info["name"])
-    return json_response(handler.to_dict())
+    """One pass now, answered after it ends: ``pass`` is that pass (``ok``, its ``items``,
+    ``bytes`` and ``error``), ``status`` the handler's totals after it."""
+    handler, report = await supervisor(request).run_pass_now(request.match_info["name"])
+    return json_response(handler.to_dict() | {"pass": report.to_dict()})
 
 
 def supervisor(request: web.Request) -> Supervisor:
@@ -129,9 +130,10 @@ ROUTES = [
         run_handler,
         need=(on_named("handler", "write"),),
         op="runHandler",
-        summary="Run one pass now, started or not; answers after it",
+        summary="Run one pass now, started or not; answers after it with the pass (a failed pass is "
+        "pass.ok false, not an error status)",
         tag="handlers",
-        answers={200: answer("The handler after the pass", ref("HandlerInfo"))},
+        answers={200: answer("The handler after the pass, and the pass", ref("HandlerInfo"))},
         fails=(404,),
     ),
 ]

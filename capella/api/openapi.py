@@ -160,7 +160,7 @@ _ERROR_TEXT = {
     405: "method_not_allowed",
     406: "not_acceptable: the Accept header names no form the answer comes in",
     408: "request_timeout: the body (or the request head) did not arrive within its deadline",
-    409: "already_exists, conflict, wrong_subscription_mode, lease_lost",
+    409: "already_exists, conflict, wrong_subscription_mode, lease_lost, same_cluster_name",
     413: "payload_too_large: body, message or batch over the limit",
     429: "too_many_logins (password checks waiting over the limit), too_many_failed_logins (the failed "
     "logins of this address or user name over the limit), rate_limited; Retry-After says when to retry",

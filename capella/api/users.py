@@ -15,7 +15,7 @@ from msgspec import UNSET
 
 from capella.api.access import AUTHENTICATOR, identity
 from capella.api.openapi import answer, json_content, ref
-from capella.api.request import json_response, read_struct
+from capella.api.request import CLUSTER, json_response, read_struct
 from capella.api.route import Route, on_named
 from capella.auth.store import AuthStore
 from capella.errors import Forbidden, NotFound, Unauthorized
@@ -87,6 +87,7 @@ async def me(request: web.Request) -> web.Response:
             "admin": who.admin,
             "via": who.via,
             "rules": [r.to_dict() for r in who.rules],
+            "cluster": request.app[CLUSTER].name,
         }
     )
 
@@ -155,7 +156,7 @@ ROUTES = [
         me,
         need=(),
         op="me",
-        summary="Who the credentials belong to",
+        summary="Who the credentials belong to, and the name of this cluster",
         tag="users",
         answers={200: answer("Identity", ref("Me"))},
     ),

@@ -12,6 +12,7 @@ from typing import Any
 
 from capella.cli.output import created, error, print_fields, print_json, print_table
 from capella.client import Client
+from capella.wire.clusters import NameCheck
 
 COMPRESSIONS = ("none", "gzip", "zstd")
 
@@ -98,6 +99,15 @@ def add_cluster(args: argparse.Namespace, client: Client) -> int:
         print_json(info)
     else:
         print(f"cluster {info.name} {created(was_created, 'replaced')}")
+        check = info.name_check
+        # A same-named far side is refused (409, printed as same_cluster_name); one that could
+        # not be asked is saved, and the operator should ping it once it is reachable.
+        if isinstance(check, NameCheck) and not check.checked:
+            reason = f": {check.error.code}: {check.error.message}" if check.error else ""
+            error(
+                f"cluster {info.name}: its name could not be checked{reason}; "
+                f"run `capella cluster ping {info.name}` later"
+            )
     return 0
 
 

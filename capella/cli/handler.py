@@ -12,7 +12,7 @@ from msgspec import UNSET, UnsetType
 from capella.cli.output import created, error, print_fields, print_json, print_table, utc
 from capella.client import Client
 from capella.wire.handlers import HANDLER_TYPES as TYPES
-from capella.wire.handlers import DeliveryError, HandlerError, HandlerStatus
+from capella.wire.handlers import DeliveryError, HandlerStatus
 
 
 def add_parser(
@@ -60,11 +60,16 @@ def add_parser(
     for action, help_text in (
         ("start", "start a handler's periodic runs"),
         ("stop", "stop a handler's periodic runs (waits for a running pass)"),
-        ("run", "run one pass now and wait for it"),
     ):
         command = actions.add_parser(action, help=help_text, parents=[common])
         command.add_argument("name")
         command.set_defaults(func=control_handler, uses_client=True)
+
+    run = actions.add_parser(
+        "run", help="run one pass now, print what it did; exit 1 when it failed", parents=[common]
+    )
+    run.add_argument("name")
+    run.set_defaults(func=run_handler, uses_client=True)
 
     drop = actions.add_parser("drop", help="stop a handler and delete its definition", parents=[common])
     drop.add_argument("name")
@@ -125,7 +130,9 @@ def show_handler(args: argparse.Namespace, client: Client) -> int:
             ("started", "yes" if info.started else "no"),
             ("running", "yes" if status.running else "no"),
             ("runs", f"{status.runs} ({status.items} items, {status.bytes} bytes)"),
-            ("last complete", utc(status.last_complete)),
+            ("last run", utc(status.last_run)),
+            ("last success", utc(status.last_success)),
+            ("failing since", utc(status.failing_since)),
             ("next run", utc(status.next_run)),
             *_lag(info.type, status),
             ("last error", f"{last_error.message} at {utc(last_error.time)}" if last_error else "-"),
@@ -157,24 +164,29 @@ def _delivery_fields(status: HandlerStatus) -> list[tuple[str, str]]:
 
 
 def control_handler(args: argparse.Namespace, client: Client) -> int:
-    if args.action == "start":
-        info = client.start_handler(args.name)
-    elif args.action == "stop":
-        info = client.stop_handler(args.name)
-    else:
-        info = client.run_handler(args.name)
+    control = client.start_handler if args.action == "start" else client.stop_handler
+    info = control(args.name)
     if args.json:
         print_json(info)
-    elif args.action == "run":
-        status = info.status
-        print(f"handler {args.name} ran: runs={status.runs} items={status.items} bytes={status.bytes}")
     else:
         print(f"handler {args.name} {'started' if args.action == 'start' else 'stopped'}")
-    failure = _failure_of_the_pass(info.status) if args.action == "run" else None
-    if failure is not None:
-        error(f"the pass failed: {failure.message}")
-        return 1
     return 0
+
+
+def run_handler(args: argparse.Namespace, client: Client) -> int:
+    """One pass: its own items and bytes on stdout, or its error on stderr; exit 0 or 1."""
+    info = client.run_handler(args.name)
+    done = info.pass_
+    if isinstance(done, UnsetType):  # a server older than the pass in the answer
+        error(f"handler {args.name}: the server does not report the pass it ran")
+        return 1
+    if args.json:
+        print_json(done)
+    elif done.ok:
+        print(f"handler {args.name} pass ok: {done.items} items, {done.bytes} bytes")
+    else:
+        error(f"handler {args.name} pass failed: {done.error}")
+    return 0 if done.ok else 1
 
 
 def drop_handler(args: argparse.Namespace, client: Client) -> int:
@@ -202,15 +214,9 @@ def _lag(kind: str, status: HandlerStatus) -> list[tuple[str, str]]:
         age = status.oldest_age
         waiting = "-" if status.lag is None else f"{status.lag} rows"
         return [("waiting", waiting + ("" if age is UNSET or age is None else f", oldest {age:.1f}s"))]
-    return [("lag", f"{status.lag} messages")]
-
-
-def _failure_of_the_pass(status: HandlerStatus) -> HandlerError | None:
-    # The answer comes right after the pass, so an error newer than the last success is its.
-    last_error = status.last_error
-    if last_error is None or (status.last_complete is not None and last_error.time < status.last_complete):
-        return None
-    return last_error
+    observed = status.lag_observed
+    seen = "" if observed is UNSET or observed is None else f" (as seen at {utc(observed)})"
+    return [("lag", f"{status.lag} messages{seen}")]
 
 
 def _param(text: str) -> tuple[str, Any]:

@@ -575,7 +575,9 @@ class AsyncClient:
         return decode_answer(HandlerInfo, await self._call("POST", paths.handler_path(name, "stop")))
 
     async def run_handler(self, name: str) -> HandlerInfo:
-        """One pass now (also for a stopped handler); the handler as it is after the pass."""
+        """One pass now (also for a stopped handler): the handler as it is after it, and in
+        ``pass_`` that pass (``ok``, ``items``, ``bytes``, ``error``, ``started``, ``finished``);
+        a failed pass is an answer, not an exception."""
         return decode_answer(HandlerInfo, await self._call("POST", paths.handler_path(name, "run")))
 
     # --- external clusters -------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from capella.cluster_name import cluster_name
 from capella.config import Config
 from capella.core.definition import QueueDefinition, check_name, default_definition, parse_definition
 from capella.core.queue import Queue
@@ -42,7 +43,6 @@ class Cluster:
     """One broker's queues on its mounts. Build it with ``await Cluster.open(config)``."""
 
     def __init__(self, config: Config, mounts: dict[str, Storage], clock: Callable[[], float]) -> None:
-        self.name = config.cluster_name
         self.ready = False
         self.flush_latency = Histogram()
         self.task_failures = TaskFailures()
@@ -61,6 +61,9 @@ class Cluster:
             raise InvalidConfig(
                 f"{config.source}: queue_defaults / storage.default_mount: {exc.message}"
             ) from None
+        # Configured, or generated at the first start and kept in the data directory (only once
+        # the configuration is known to be good, so a refused start leaves nothing behind).
+        self.name = cluster_name(config)
         self._ticker: asyncio.Task[None] | None = None
 
     @classmethod

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,7 +35,7 @@ from capella.errors import (
 )
 from capella.handlers.links import Links
 from capella.handlers.params import Params, segment_ranges
-from capella.handlers.queues import PassResult, QueueHandler
+from capella.handlers.queues import PassResult, QueueHandler, cursor_lag
 from capella.handlers.reach import Reach
 
 # A pass with a long backlog ends after this long, so the status shows progress.
@@ -107,11 +108,21 @@ class CopyHandler(QueueHandler[CopyParams]):
     def __init__(self, cluster: Cluster, queues: list[str], params: CopyParams, links: Links) -> None:
         super().__init__(cluster, queues, params)
         self._links = links
-        self._lag: dict[str, int] = {}
+        # A remote source's lag as last seen (its last id minus the cursor), and when.
+        self._remote_lag: dict[str, int] = {}
+        self._remote_observed: float | None = None
 
     def status(self) -> dict[str, Any]:
-        """Extra status: messages each source still has beyond the cursor."""
-        return {"lag": sum(self._lag.values()), "lag_by_queue": dict(self._lag)}
+        """Extra status: messages each source holds past the cursor.
+
+        A local source's lag is read from the queue and the cursor now; a remote source's is
+        the last one seen, with the time it was seen (``lag_observed``).
+        """
+        if self.params.source is not None and "/" in self.params.source:
+            lag = dict(self._remote_lag)
+            return {"lag": sum(lag.values()), "lag_by_queue": lag, "lag_observed": self._remote_observed}
+        lag = cursor_lag(self._cluster, self._queues, self.params.subscription)
+        return {"lag": sum(lag.values()), "lag_by_queue": lag}
 
     async def run_once(self) -> PassResult:
         # A link's credentials are the link owner's: only a user granted the link may use them.
@@ -120,9 +131,12 @@ class CopyHandler(QueueHandler[CopyParams]):
         if self.params.source is not None and "/" in self.params.source:
             link, _, name = self.params.source.partition("/")
             try:
-                return await self._copy(_RemoteSource(self._links.client(link), name, self.params))
+                client = await self._links.checked_client(link)
+                return await self._copy(_RemoteSource(client, name, self.params))
             except CapellaError as exc:
-                raise StorageUnavailable(f"CopyHandler: {self.params.source}: {exc.message}") from None
+                raise StorageUnavailable(
+                    f"CopyHandler: {self.params.source}: {exc.code}: {exc.message}"
+                ) from None
         return await super().run_once()
 
     async def run_queue(self, queue: Queue) -> PassResult:
@@ -154,7 +168,9 @@ class CopyHandler(QueueHandler[CopyParams]):
             if last_id > cursor:
                 await source.commit(last_id)
                 cursor = last_id
-            self._lag[source.name] = max(0, source_last - cursor)
+            if isinstance(source, _RemoteSource):
+                self._remote_lag[source.name] = max(0, source_last - cursor)
+                self._remote_observed = time.time()
             if last_id <= cursor and not drafts and waited:
                 break
             if not drafts and last_id <= cursor and params.wait <= 0:
@@ -171,8 +187,9 @@ class CopyHandler(QueueHandler[CopyParams]):
         if not link:
             answers = await self._cluster.queue(name).append(drafts, self.params.save)
             return [d for d, a in zip(drafts, answers, strict=True) if not a.duplicate]
-        client = self._links.client(link)
         try:
+            # A far side with our name is refused (checked once per client, not per batch).
+            client = await self._links.checked_client(link)
             results = await client.produce(
                 name, [_wire(d) for d in drafts], save=self.params.save.name.lower()
             )

@@ -38,6 +38,8 @@ from capella.errors import (
     InvalidRequest,
     KeyNotFound,
     LinkNotFound,
+    SameClusterName,
+    Unreachable,
 )
 from capella.fsync import create_directories, fsync_directory
 from capella.handlers.params import duration
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REGISTRY_KEY = ".capella/clusters.json"
+# How long adding a link waits for the far side to say its name before accepting it unchecked.
+NAME_CHECK_TIMEOUT = 3.0
 COMPRESSIONS = ("none", "gzip", "zstd")
 # The prefix of a ciphertext bound to its context (AES-GCM); older ones are Fernet tokens.
 SEALED = "v2:"
@@ -116,6 +120,8 @@ class Links:
         self._client_secrets: dict[str, str | None] = {}  # the secret each client was built with
         # Clients replaced after a secret rotated: a request may still be using one.
         self._retired: list[AsyncClient] = []
+        # The client whose far side's name was checked, by link (copy checks once per client).
+        self._checked: dict[str, AsyncClient] = {}
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -153,22 +159,33 @@ class Links:
         except KeyError:
             raise LinkNotFound(f"no external cluster {name!r}") from None
 
-    async def put(self, name: str, data: object, by: Identity = UNRESTRICTED) -> tuple[Link, bool]:
-        """Add or replace a link; a named secret must be one ``by`` may use."""
+    async def put(
+        self, name: str, data: object, by: Identity = UNRESTRICTED
+    ) -> tuple[Link, bool, dict[str, Any]]:
+        """Add or replace a link; a named secret must be one ``by`` may use.
+
+        Answers the link, whether it was created, and the check of the far side's name
+        (``name_check``: ``checked``, the far side's ``cluster``, and the ``error`` that kept
+        it from being checked).
+        """
         check_name(name, "cluster")
         link, stored = self._parse(name, data)
         if link.secret_name is not None:
             self._secrets.use(link.secret_name, by, f"{link.secret_kind}_secret")
+        # Before it is stored: a same-named far side is refused (409); one that cannot be reached
+        # now is accepted (an edge device links while offline) and the answer says so.
+        check = await self._name_check(link)
         async with self._lock:
             created = name not in self._links
             self._links[name] = link
             self._stored[name] = stored
             await self._save()
             old = self._clients.pop(name, None)
+            self._checked.pop(name, None)
             if old is not None:
                 await old.close()
         log.info("cluster link %s link=%s url=%s", "added" if created else "updated", name, link.url)
-        return link, created
+        return link, created, check
 
     async def drop(self, name: str, used_by: list[str] | None = None) -> None:
         """Forget a link; ``used_by`` names the handlers that use it, which refuse the drop."""
@@ -212,11 +229,72 @@ class Links:
             return client
         if client is not None:
             self._retired.append(client)
+        client = self._new_client(link, secret)
+        self._clients[name] = client
+        self._client_secrets[name] = secret
+        return client
+
+    async def checked_client(self, name: str) -> AsyncClient:
+        """``client(name)`` once the far side's name is known not to be this cluster's.
+
+        Checked once per client (a new one after the link changes or its secret rotates), not
+        per request: ``SameClusterName`` when the names match; the far side's error when it
+        cannot be asked.
+        """
+        client = self.client(name)
+        if self._checked.get(name) is not client:
+            await self._remote_name(name, client)
+            self._checked[name] = client
+        return client
+
+    async def ping(self, name: str) -> dict[str, Any]:
+        """Reach the link's /readyz and an authenticated call that names the far side's cluster.
+
+        Answers what happened; a far side with this cluster's name is ``same_cluster_name``.
+        """
+        started = time.perf_counter()
+        try:
+            client = self.client(name)
+            ready = await client.ready()
+            # Proves the credentials, not only the network, and names the far side.
+            await self._remote_name(name, client)
+        except CapellaError as exc:
+            return {"ok": False, "error": {"code": exc.code, "message": exc.message}}
+        latency = (time.perf_counter() - started) * 1000
+        return {"ok": ready, "ready": ready, "latency_ms": round(latency, 2), "error": None}
+
+    async def _remote_name(self, name: str, client: AsyncClient) -> str | None:
+        """The far side's cluster name (None from a server older than the field)."""
+        remote = (await client.me()).cluster
+        if remote is not None and remote == self._cluster.name:
+            url = self._links[name].url if name in self._links else "its URL"
+            raise SameClusterName(_same_name(name, url, remote), cluster=remote)
+        return remote
+
+    async def _name_check(self, link: Link) -> dict[str, Any]:
+        """Ask the far side of a link being added its name: refuse ours, accept not knowing."""
+        try:
+            probe = self._new_client(link, self._secret(link))
+            try:
+                async with asyncio.timeout(NAME_CHECK_TIMEOUT):
+                    remote = (await probe.me()).cluster
+            except TimeoutError:
+                raise Unreachable(f"cluster {link.name}: no answer within {NAME_CHECK_TIMEOUT:g} s") from None
+            finally:
+                await probe.close()
+        except CapellaError as exc:
+            log.warning("cluster link name not checked link=%s: %s", link.name, exc.message)
+            return {"checked": False, "cluster": None, "error": {"code": exc.code, "message": exc.message}}
+        if remote is not None and remote == self._cluster.name:
+            raise SameClusterName(_same_name(link.name, link.url, remote), cluster=remote)
+        return {"checked": remote is not None, "cluster": remote, "error": None}
+
+    def _new_client(self, link: Link, secret: str | None) -> AsyncClient:
         # Imported on first use, deliberately: a server without links never loads the
         # HTTP client (~0.6 MB and ~20 ms of start-up).
         from capella.client import AsyncClient
 
-        client = AsyncClient(
+        return AsyncClient(
             link.url,
             timeout=link.timeout,
             connect_timeout=link.connect_timeout,
@@ -227,21 +305,6 @@ class Links:
             compression=None if link.compression == "none" else link.compression,
             egress=self._egress,
         )
-        self._clients[name] = client
-        self._client_secrets[name] = secret
-        return client
-
-    async def ping(self, name: str) -> dict[str, Any]:
-        """Reach the link's /readyz and an authenticated call; answers what happened."""
-        started = time.perf_counter()
-        try:
-            client = self.client(name)
-            ready = await client.ready()
-            await client.queues()  # proves the credentials, not only the network
-        except CapellaError as exc:
-            return {"ok": False, "error": {"code": exc.code, "message": exc.message}}
-        latency = (time.perf_counter() - started) * 1000
-        return {"ok": ready, "ready": ready, "latency_ms": round(latency, 2), "error": None}
 
     # --- definitions ---------------------------------------------------------------------
 
@@ -431,6 +494,14 @@ class Links:
     async def _save(self) -> None:
         doc = {"version": 1, "clusters": {name: self._stored[name] for name in sorted(self._stored)}}
         await self._cluster.home.put(REGISTRY_KEY, orjson.dumps(doc))
+
+
+def _same_name(link: str, url: str, name: str) -> str:
+    return (
+        f"cluster {link} ({url}) is named {name!r}, like this cluster: messages produced on both "
+        "without a source would get the same identities, and copies would drop some as duplicates. "
+        "Give one of them another [cluster] name, or link to the right URL"
+    )
 
 
 def bound(token: str) -> bool:

@@ -35,7 +35,7 @@ from capella.handlers.postgres import (
     check_table,
     quoted,
 )
-from capella.handlers.queues import PassResult, QueueHandler, selected
+from capella.handlers.queues import PassResult, QueueHandler, cursor_lag, selected
 from capella.handlers.reach import Reach
 
 # A pass with a long backlog ends after this long, so the status shows progress.
@@ -114,14 +114,14 @@ class InboxHandler(QueueHandler[InboxParams]):
             "SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bytea[], $5::bigint[], "
             "$6::jsonb[], $7::timestamptz[]) ON CONFLICT (source, external_id) DO NOTHING"
         )
-        self._lag: dict[str, int] = {}
         self._duplicates = 0
 
     def status(self) -> dict[str, Any]:
-        """Extra status: messages each queue holds past the cursor."""
+        """Extra status: messages each queue holds past the cursor, read now."""
+        lag = cursor_lag(self._cluster, self._queues, self.params.subscription)
         return {
-            "lag": sum(self._lag.values()),
-            "lag_by_queue": dict(self._lag),
+            "lag": sum(lag.values()),
+            "lag_by_queue": lag,
             "duplicates": self._duplicates,
         }
 
@@ -153,8 +153,6 @@ class InboxHandler(QueueHandler[InboxParams]):
         except SubscriptionNotFound:
             cursor = 0
             await queue.commit(params.subscription, 0, save=params.commit_save)
-        # Known before the database is asked, so a failing pass still shows how far behind it is.
-        self._lag[queue.name] = max(0, queue.last_id - cursor)
         await self._db.connect(self.identity)
         # Checked every pass, not once per connection: a table can be created or altered.
         check_columns(params.table, await self._db.columns(params.table), COLUMNS, {})
@@ -183,7 +181,6 @@ class InboxHandler(QueueHandler[InboxParams]):
             if moved:
                 await queue.commit(params.subscription, page.last_id, save=params.commit_save)
                 cursor = page.last_id
-            self._lag[queue.name] = max(0, queue.last_id - cursor)
             if (not messages and not moved) or loop.time() >= deadline:
                 break
         return result

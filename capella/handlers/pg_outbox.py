@@ -136,12 +136,16 @@ class OutboxHandler:
         self._source: str | None = params.source
         self._waiting: int | None = None
         self._oldest_age: float | None = None
+        # The table is counted at the end of each pass (a query per status read would let
+        # anyone who can read the status load the database); this is when it last was.
+        self._observed: float | None = None
         self._duplicates = 0
 
     def status(self) -> dict[str, Any]:
         return {
             "source": self._source,
             "lag": self._waiting,
+            "lag_observed": self._observed,
             "oldest_age": self._oldest_age,
             "duplicates": self._duplicates,
         }
@@ -240,6 +244,7 @@ class OutboxHandler:
         waiting, oldest, now = await self._db.fetchrow(self._lag)
         self._waiting = waiting
         self._oldest_age = None if oldest is None else max(0.0, (now - oldest).total_seconds())
+        self._observed = now.timestamp()
 
 
 def outbox_ddl(table: str = DEFAULT_TABLE, *, notify: bool = False, keep: bool = False) -> str:

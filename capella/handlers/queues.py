@@ -15,7 +15,13 @@ from typing import Any, Generic, Protocol, TypeVar
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.core.cluster import Cluster
 from capella.core.queue import Queue
-from capella.errors import CapellaError, InvalidRequest, QueueNotFound, StorageUnavailable
+from capella.errors import (
+    CapellaError,
+    InvalidRequest,
+    QueueNotFound,
+    StorageUnavailable,
+    SubscriptionNotFound,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,3 +100,19 @@ def selected(cluster: Cluster, patterns: list[str]) -> list[Queue]:
 
 def _is_pattern(name: str) -> bool:
     return any(c in name for c in "*?[")
+
+
+def cursor_lag(cluster: Cluster, patterns: list[str], subscription: str) -> dict[str, int]:
+    """By selected queue, the messages past cursor ``subscription`` now (all, before it exists).
+
+    Read from the queue and the cursor when asked, not remembered from the last pass: with the
+    far side down the cursor stands still while the queue grows, and this number says so.
+    """
+    lag: dict[str, int] = {}
+    for queue in selected(cluster, patterns):
+        try:
+            cursor = queue.subscription(subscription).last_id
+        except SubscriptionNotFound:
+            cursor = 0
+        lag[queue.name] = max(0, queue.last_id - cursor)
+    return lag

@@ -110,6 +110,27 @@ def build_push(
     return builder("push")(cluster, queues, raw, reach or Reach(Links(cluster)), name)
 
 
+@dataclass(frozen=True, slots=True)
+class PassReport:
+    """One pass: what it did, how it ended (``error`` None on success) and when."""
+
+    items: int
+    bytes: int
+    error: str | None
+    started: float
+    finished: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.error is None,
+            "items": self.items,
+            "bytes": self.bytes,
+            "error": self.error,
+            "started": self.started,
+            "finished": self.finished,
+        }
+
+
 @dataclass(slots=True)
 class HandlerState:
     """One handler: its definition, its running loop, and what it has done."""
@@ -126,7 +147,9 @@ class HandlerState:
     bytes: int = 0
     failures: int = 0
     running: bool = False
-    last_complete: float | None = None
+    last_complete: float | None = None  # when the last successful pass ended (last_success)
+    last_run: float | None = None  # when the last pass ended, whatever it did
+    failing_since: float | None = None  # when the current streak of failed passes began
     last_error: tuple[str, float] | None = None
     next_run: float | None = None
     task: asyncio.Task[None] | None = None
@@ -156,6 +179,9 @@ class HandlerState:
                 "items": self.items,
                 "bytes": self.bytes,
                 "last_complete": self.last_complete,
+                "last_success": self.last_complete,
+                "last_run": self.last_run,
+                "failing_since": self.failing_since,
                 "last_error": None
                 if self.last_error is None
                 else {"message": self.last_error[0], "time": self.last_error[1]},
@@ -342,9 +368,13 @@ class Supervisor:
 
     async def run_now(self, name: str) -> HandlerState:
         """One pass right now, also for a stopped handler; its outcome is in the status."""
-        state = self.handler(name)
-        await self._run_pass(state)
+        state, _ = await self.run_pass_now(name)
         return state
+
+    async def run_pass_now(self, name: str) -> tuple[HandlerState, PassReport]:
+        """One pass right now, also for a stopped handler: the state after it, and that pass."""
+        state = self.handler(name)
+        return state, await self._run_pass(state)
 
     # --- loops ---------------------------------------------------------------------------
 
@@ -355,6 +385,8 @@ class Supervisor:
 
         def report(message: str) -> None:
             state.last_error = (message, self._clock())
+            if state.failing_since is None:
+                state.failing_since = state.last_error[1]
 
         state.task = asyncio.create_task(
             supervise(task, lambda: self._loop(state), failures=self._cluster.task_failures, report=report),
@@ -405,36 +437,47 @@ class Supervisor:
             raise Unauthorized(f"handler user {name!r} does not exist or is disabled")
         return user.identity("handler")
 
-    async def _run_pass(self, state: HandlerState) -> None:
+    async def _run_pass(self, state: HandlerState) -> PassReport:
         async with state.pass_lock:
             state.running = True
+            started = self._clock()
             try:
                 state.handler.identity = self._identity(state)
                 result = await state.handler.run_once()
             except CapellaError as exc:
-                self._failed(state, exc.message)
+                report = self._failed(state, exc.message, started)
             except Exception as exc:  # a bug in a pass must not take the server down
                 log.exception("handler pass crashed handler=%s", state.name)
-                self._failed(state, f"internal error: {exc!r}")
+                report = self._failed(state, f"internal error: {exc!r}", started)
             else:
+                finished = self._clock()
                 state.runs += 1
                 state.items += result.items
                 state.bytes += result.bytes
                 state.failures = 0
                 state.last_error = None
-                state.last_complete = self._clock()
+                state.failing_since = None
+                state.last_complete = state.last_run = finished
+                report = PassReport(result.items, result.bytes, None, started, finished)
                 log.debug(
                     "handler pass done handler=%s items=%d bytes=%d", state.name, result.items, result.bytes
                 )
             finally:
                 state.running = False
+            return report
 
-    def _failed(self, state: HandlerState, message: str) -> None:
+    def _failed(self, state: HandlerState, message: str, started: float) -> PassReport:
+        finished = self._clock()
         state.runs += 1
         state.failures += 1
-        state.last_error = (message, self._clock())
+        state.last_error = (message, finished)
+        state.last_run = finished
+        if state.failing_since is None:
+            # The streak began with its first failure, not at the latest retry.
+            state.failing_since = finished
         self._cluster.task_failures.add(f"handler:{state.name}")
         log.error("handler pass failed handler=%s failures=%d: %s", state.name, state.failures, message)
+        return PassReport(0, 0, message, started, finished)
 
     async def _halt(self, state: HandlerState) -> None:
         task, state.task = state.task, None

@@ -61,12 +61,15 @@ class PasswordChange(Struct, forbid_unknown_fields=True):
 
 
 class Me(Struct):
-    """Who the caller is, how it signed in, and its rules."""
+    """Who the caller is, how it signed in, and its rules; and which cluster answers."""
 
     user: str | None
     admin: bool
     via: Literal["basic", "token", "tls", "none"]
     rules: list[Rule]
+    # Links compare it with their own cluster's (a same-named pair would mint one identity twice);
+    # null from a server older than the field.
+    cluster: Annotated[str, Meta(description="the name of the cluster that answers")] | None = None
 
 
 class Token(Struct, omit_defaults=True):

@@ -90,6 +90,20 @@ class ClusterInfo(Struct):
         ]
         | None
     ) = None
+    name_check: (
+        Annotated[NameCheck, Meta(description="only in the answer to PUT: the far side's name, as checked")]
+        | UnsetType
+    ) = UNSET
+
+
+class NameCheck(Struct):
+    """Adding a link asks the far side its cluster name (a same-named one is refused with 409)."""
+
+    checked: Annotated[
+        bool, Meta(description="false: it could not be asked now (see error), or is too old to say")
+    ]
+    cluster: Annotated[str | None, Meta(description="the far side's cluster name")]
+    error: ErrorDetail | None
 
 
 class ClusterList(Struct):

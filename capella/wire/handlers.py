@@ -268,16 +268,23 @@ class HandlerStatus(Struct):
     runs: Annotated[int, schema(minimum=0, description="passes completed")]
     items: Annotated[int, schema(minimum=0, description="blocks or messages handled")]
     bytes: Annotated[int, schema(minimum=0, description="bytes handled")]
-    last_complete: Annotated[Time | None, Meta(description="end of the last good pass")]
+    last_complete: Annotated[Time | None, Meta(description="end of the last good pass (= last_success)")]
     last_error: HandlerError | None
     next_run: Annotated[Time | None, Meta(description="null when stopped")]
+    last_success: Annotated[Time | None, Meta(description="end of the last successful pass")] = None
+    last_run: Annotated[Time | None, Meta(description="end of the last pass, successful or not")] = None
+    failing_since: Annotated[
+        Time | None,
+        Meta(description="the first failure of the current streak of failed passes; null after a success"),
+    ] = None
     lag: (
         Annotated[
             int | None,
             schema(
                 minimum=0,
-                description="copy, pg_inbox: messages the queues hold past the cursors; pg_outbox: rows "
-                "waiting in the table (null before the first pass); push: not delivered yet",
+                description="copy, pg_inbox: messages the queues hold past the cursors, read when asked "
+                "(copy from another cluster: as last seen, see lag_observed); pg_outbox: rows waiting "
+                "in the table as last counted (null before the first count); push: not delivered yet",
             ),
         ]
         | UnsetType
@@ -285,6 +292,17 @@ class HandlerStatus(Struct):
     lag_by_queue: Annotated[dict[str, int], Meta(description="copy, pg_inbox: lag by queue")] | UnsetType = (
         UNSET
     )
+    lag_observed: (
+        Annotated[
+            Time | None,
+            Meta(
+                description="copy from another cluster: when its lag was last seen (the last pass that "
+                "reached it); pg_outbox: when the table was last counted (at the end of each pass). "
+                "Absent where lag is read from the queue and the cursor at the moment of asking"
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
     oldest_age: (
         Annotated[
             float | None, Meta(description="pg_outbox: seconds since the oldest waiting row's created_at")
@@ -315,6 +333,17 @@ class HandlerStatus(Struct):
     last_delivery_error: DeliveryError | UnsetType | None = UNSET
 
 
+class PassResult(Struct):
+    """One pass of a handler: what it did and how it ended."""
+
+    ok: bool
+    items: Annotated[int, schema(minimum=0, description="blocks or messages handled in this pass")]
+    bytes: Annotated[int, schema(minimum=0, description="bytes handled in this pass")]
+    error: Annotated[str | None, Meta(description="why the pass failed; null when ok")]
+    started: Time
+    finished: Time
+
+
 class HandlerInfo(Struct):
     """A handler as defined (params fully resolved; durations in seconds) with its status."""
 
@@ -325,6 +354,9 @@ class HandlerInfo(Struct):
     started: bool
     user: Annotated[str | None, Meta(description="the user it runs as; null with auth off")]
     status: HandlerStatus
+    pass_: (
+        Annotated[PassResult, Meta(description="only in the answer to run: the pass it ran")] | UnsetType
+    ) = field(default=UNSET, name="pass")
 
 
 class HandlerList(Struct):

@@ -62,16 +62,18 @@ async def test_a_link_uses_its_secret_as_it_is_now(start_secured: StartSecured, 
     """A rotated secret (the file rewritten) is sent from the next call on, without a restart."""
     seen: list[str] = []
 
-    async def queues(request: web.Request) -> web.Response:
+    async def me(request: web.Request) -> web.Response:
         seen.append(request.headers.get("Authorization", ""))
-        return web.json_response({"queues": []})
+        return web.json_response(
+            {"user": None, "admin": False, "via": "token", "rules": [], "cluster": "far"}
+        )
 
     async def ready(request: web.Request) -> web.Response:
         return web.json_response({"ready": True})
 
     app = web.Application()
     app.router.add_get("/readyz", ready)
-    app.router.add_get("/v1/queues", queues)
+    app.router.add_get("/v1/me", me)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -89,11 +91,12 @@ async def test_a_link_uses_its_secret_as_it_is_now(start_secured: StartSecured, 
         token.write_text("second-token\n")
         ping = await asyncio.to_thread(secured.call, "POST", "/v1/clusters/far/ping", user="admin")
         assert ping.body["ok"] is True, ping.body
-        assert seen == ["Bearer first-token", "Bearer second-token"]
+        # Adding the link asked the far side its name too.
+        assert seen == ["Bearer first-token", "Bearer first-token", "Bearer second-token"]
 
         token.unlink()
         gone = await asyncio.to_thread(secured.call, "POST", "/v1/clusters/far/ping", user="admin")
         assert gone.body["ok"] is False and gone.body["error"]["code"] == "secret_unavailable", gone.body
-        assert len(seen) == 2
+        assert len(seen) == 3
     finally:
         await runner.cleanup()
