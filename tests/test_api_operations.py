@@ -245,9 +245,10 @@ async def test_a_recovering_cluster_is_live_but_not_ready(aiohttp_client: Any, t
         await cluster.close()
 
 
-# Raised by the client library (a peer it cannot reach, too few clusters answered a multi-write);
-# the server never answers with them.
-CLIENT_ONLY_CODES = {"unreachable", "not_enough_replicas"}
+# Raised by the client library or the command line (a peer it cannot reach, too few clusters
+# answered a multi-write, a context that is not in the contexts file); the server never answers
+# with them.
+CLIENT_ONLY_CODES = {"unreachable", "not_enough_replicas", "context_not_found"}
 
 
 def error_classes() -> list[type[errors.CapellaError]]:
