@@ -189,3 +189,14 @@ def test_the_command_splitter_keeps_continuations_and_expected_answers() -> None
 def test_a_here_document_stays_with_its_command() -> None:
     block = "cat > a.toml <<'EOF'\n[cluster]\nname = \"dc2\"\nEOF\nls\n"
     assert commands(block) == [("cat > a.toml <<'EOF'\n[cluster]\nname = \"dc2\"\nEOF", None), ("ls", None)]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
+def test_every_python_block_is_a_whole_program(document: Path) -> None:
+    """Illustrative blocks too: a reader saves one as a file, where top-level ``await`` fails."""
+    for _, lang, text in BLOCK.findall(document.read_text()):
+        if lang == "python":
+            try:
+                compile(text, f"{document.name} (a Python block)", "exec")
+            except SyntaxError as exc:
+                pytest.fail(f"{document.name}: a Python block does not run as a file: {exc}\n{text}")
