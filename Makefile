@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck pytest bench chaos tools clean
+.PHONY: run test lint typecheck pytest docs docs-check bench chaos tools clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,7 +45,22 @@ pytest: $(STAMP) tools
 chaos: $(STAMP) tools
 	$(BIN)/pytest -q -p no:cacheprovider -m chaos -s
 
-test: lint typecheck pytest
+# The SDK reference, from the docstrings: the client package, the errors it raises and the
+# answer structs of capella.wire. Any warning (an annotation pdoc cannot read, a broken
+# reference) fails the build, so CI (make test) catches a docstring that would render wrong.
+SDK_MODULES := capella.client capella.errors capella.wire \
+	$(patsubst capella/wire/%.py,capella.wire.%,$(filter-out %/__init__.py,$(wildcard capella/wire/*.py)))
+PDOC := $(BIN)/python -W error -m pdoc --no-show-source $(SDK_MODULES)
+
+docs: $(STAMP)
+	rm -rf build/sdk
+	$(PDOC) -o build/sdk
+	@echo "SDK reference: build/sdk/index.html"
+
+docs-check: $(STAMP)
+	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && $(PDOC) -o "$$out"
+
+test: lint typecheck docs-check pytest
 
 # The side-by-side scenario (versus) compares with Debian's redis-server when it is installed.
 bench: $(STAMP)
@@ -55,4 +70,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) capella-data .mypy_cache .ruff_cache
+	rm -rf $(VENV) capella-data build .mypy_cache .ruff_cache

@@ -14,7 +14,7 @@ from capella.errors import InvalidConfig
 from capella.storage import open_storage
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = [*sorted((ROOT / "configs").glob("*.toml")), ROOT / "docker" / "capella.toml"]
+FILES = [*sorted((ROOT / "configs").glob("*.toml")), *sorted((ROOT / "docker").glob("*.toml"))]
 
 
 def test_the_example_configs_are_there() -> None:

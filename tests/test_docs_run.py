@@ -5,7 +5,10 @@ say (``localhost:8676``, as ``make run`` does), so every command is executed exa
 printed, with ``.venv/bin`` first on ``PATH`` for ``capella``. A ``# {...}`` comment right
 after a command is its expected answer and is compared when it is whole JSON; any other answer
 must not be an error. A command that follows a stream (``curl -N``, ``--follow``) runs for a
-few seconds and must print something. A block right after ``<!-- illustrative -->`` is not run:
+few seconds and must print something. A here-document (``cat > dc2.toml <<'EOF'`` ... ``EOF``)
+stays with its command. A Python block is saved as a file and run with ``python file.py``, as a
+reader would run it, so it must be a whole program. A block right after ``<!-- illustrative -->``
+is not run:
 it needs what a test cannot have (other clusters, TLS files, a terminal for a password) or runs
 forever (a worker).
 """
@@ -35,14 +38,7 @@ PORT = 8676
 BLOCK = re.compile(r"(<!-- illustrative -->\s*\n)?```(sh|python)\n(.*?)```", re.DOTALL)
 COMMAND_TIMEOUT = 40.0
 FOLLOW_SECONDS = 3.0
-# Runs a Python block as written, top-level ``async with`` and ``await`` included.
-PYTHON_RUNNER = """
-import ast, asyncio, sys
-code = compile(sys.stdin.read(), "README.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-result = eval(code, {"__name__": "__main__"})
-if asyncio.iscoroutine(result):
-    asyncio.run(result)
-"""
+HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 
 pytestmark = pytest.mark.slow
 
@@ -56,8 +52,14 @@ def commands(block: str) -> list[tuple[str, str | None]]:
     """Each shell command of a block (continuation lines joined) with its expected answer."""
     found: list[tuple[str, str | None]] = []
     pending = ""
+    until = ""  # the closing word of a here-document still open
     for line in block.splitlines():
-        if pending:
+        if until:
+            pending += "\n" + line
+            if line.strip() != until:
+                continue
+            until = ""
+        elif pending:
             pending += "\n" + line
         elif line.startswith("# {") and found:
             found[-1] = (found[-1][0], line[2:])
@@ -66,6 +68,9 @@ def commands(block: str) -> list[tuple[str, str | None]]:
             continue
         else:
             pending = line
+        if not until and (heredoc := HEREDOC.search(line)):
+            until = heredoc.group(2)
+            continue
         if not pending.endswith("\\") and _complete(pending):
             found.append((pending, None))
             pending = ""
@@ -141,7 +146,7 @@ def test_the_documentation_runs_as_written(
         with server(tmp_path):
             for lang, text in runnable:
                 if lang == "python":
-                    run_python(text)
+                    run_python(text, tmp_path)
                     continue
                 for command, expected in commands(text):
                     out = run_shell(command, tmp_path, groups)
@@ -154,10 +159,14 @@ def test_the_documentation_runs_as_written(
                 os.killpg(group, signal.SIGKILL)
 
 
-def run_python(text: str) -> None:
+def run_python(text: str, cwd: Path) -> None:
+    """Save the block as a file and run it as a program, the way a reader runs a copied snippet."""
+    script = cwd / "snippet.py"
+    script.write_text(text)
     done = subprocess.run(
-        [sys.executable, "-c", PYTHON_RUNNER],
-        input=text.encode(),
+        [sys.executable, str(script)],
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
         env=environment(),
         capture_output=True,
         timeout=COMMAND_TIMEOUT,
@@ -179,3 +188,19 @@ def test_the_command_splitter_keeps_continuations_and_expected_answers() -> None
         ("curl a \\\n  -d '{}'", '{"x": 1}'),
         ("curl b -d '{\n  \"y\": 2}'", None),
     ]
+
+
+def test_a_here_document_stays_with_its_command() -> None:
+    block = "cat > a.toml <<'EOF'\n[cluster]\nname = \"dc2\"\nEOF\nls\n"
+    assert commands(block) == [("cat > a.toml <<'EOF'\n[cluster]\nname = \"dc2\"\nEOF", None), ("ls", None)]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
+def test_every_python_block_is_a_whole_program(document: Path) -> None:
+    """Illustrative blocks too: a reader saves one as a file, where top-level ``await`` fails."""
+    for _, lang, text in BLOCK.findall(document.read_text()):
+        if lang == "python":
+            try:
+                compile(text, f"{document.name} (a Python block)", "exec")
+            except SyntaxError as exc:
+                pytest.fail(f"{document.name}: a Python block does not run as a file: {exc}\n{text}")

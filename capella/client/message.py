@@ -14,10 +14,10 @@ from typing import Any, TypeAlias
 
 from capella.errors import InvalidMessage
 
-MessageLike: TypeAlias = "Mapping[str, Any] | str | bytes"
+MessageLike: TypeAlias = Mapping[str, Any] | str | bytes
 """What ``produce`` accepts for one message."""
 
-Segments: TypeAlias = "str | Iterable[int | tuple[int, int]]"
+Segments: TypeAlias = str | Iterable[int | tuple[int, int]]
 """A segment filter: ``"0-9,20-29"``, or ints and inclusive ``(lo, hi)`` ranges."""
 
 
