@@ -26,7 +26,9 @@ def test_the_example_configs_are_there() -> None:
 def test_a_shipped_config_loads(path: Path) -> None:
     config = load_config(path)
 
-    assert config.cluster_name
+    # The image's config leaves the name to the broker (generated, kept on the volume); the
+    # examples of several brokers name theirs.
+    assert config.cluster_name or path == ROOT / "docker" / "capella.toml"
     assert config.default_mount in config.mounts
     for mount in config.mounts.values():
         open_storage(mount.provider, mount.options)
