@@ -200,6 +200,9 @@ def test_external_clusters_and_handlers_through_cap(
     assert sorted(kinds.values()) == ["archive", "copy", "expire", "flush", "unload"]
     assert {h["user"] for h in v1(west.url, "/v1/handlers")["handlers"]} == {TECH}
 
+    # A flush of a queue on another cluster (wire/090) is the far cluster's own handler's job.
+    code, out = cap(conn, "-cmd", "h_add", "-pf", str(EXAMPLES / "new_regularly_save_handler2.json"))
+    assert code == 1 and code_in(out) == captured_code("040")
     code, out = cap(conn, "-cmd", "h_start", "-name", "nope")
     assert code == 1 and code_in(out) == captured_code("051")
     bad_h = {"name": "bad_h", "type": "regularly_save", "queue_names": ["example_queue"]}
