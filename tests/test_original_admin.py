@@ -5,13 +5,17 @@ external cluster), are set up only through the original tools: ``capsec`` makes 
 rules, ``cap exc_add`` the link, ``cap h_add`` the handlers of ``config/examples``. A copy
 handler then moves messages from ``west`` to ``east`` as its user; answers are compared with
 the captures (lists as sets, shapes as key sets). A user with narrow rules tries what ``/v1``
-would refuse it.
+would refuse it. Last, the same ``cap`` commands run against the original ``capserver`` and a
+Capella side by side, and their outputs are compared.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ServerProcess
+from conftest import ServerProcess, free_port
 from test_original import (
     CAPTURES,
     EXAMPLES,
+    KIT,
     PASSWORD,
     call,
     cap,
@@ -169,7 +174,8 @@ def test_external_clusters_and_handlers_through_cap(
     assert len(json.loads(out)) == 5
     code, out = cap(conn, "-cmd", "h_descr", "-name", "example_queue_to_queue_2_copy_unique")
     shown, original = json.loads(out), original_body("049")
-    assert shown == original  # every field maps both ways
+    # Every field Capella keeps maps both ways; wait (the original's request timeout) is 0.
+    assert shown == original | {"params": original["params"] | {"wait": 0}}
     copy = "example_queue_to_queue_2_copy_unique"
     assert cap(conn, "-cmd", "h_is_started", "-name", copy)[1].strip() == "false"
     assert cap(conn, "-cmd", "h_last_complete", "-name", copy)[1].strip() == NEVER
@@ -309,3 +315,100 @@ def test_a_limited_user_can_do_through_cluster_only_what_v1_allows(
     assert v1(west.url, "/v1/users/limited")["admin"] is False
     assert v1(west.url, "/v1/handlers/limited_h")["started"] is False
     assert v1(west.url, "/v1/users/admin")["admin"] is True
+
+
+# --- beside the original server ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def beside(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ServerProcess, ServerProcess]]:
+    """The original capserver (no auth), a Capella, and a second Capella as both's external cluster."""
+    tmp = tmp_path_factory.mktemp("beside")
+    port = free_port()
+    script = KIT / "tools" / "original_server.sh"
+    subprocess.run(
+        [str(script), str(tmp / "orig"), f"127.0.0.1:{port}", "noauth"], check=True, capture_output=True
+    )
+    servers = [start(tmp, name) for name in ("here", "far")]
+    try:
+        for server in servers:
+            server.wait_ready()
+        wait_for(
+            lambda: (
+                subprocess.run(
+                    ["python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), 1)"],
+                    capture_output=True,
+                ).returncode
+                == 0
+            )
+        )
+        yield f"http://127.0.0.1:{port}", servers[0], servers[1]
+    finally:
+        for server in servers:
+            server.stop()
+        pid = (tmp / "orig" / "server.pid").read_text().strip()
+        os.kill(int(pid), signal.SIGTERM)
+
+
+def test_handler_and_link_commands_answer_as_the_original_server_does(
+    beside: tuple[str, ServerProcess, ServerProcess], tmp_path: Path
+) -> None:
+    original_url, here, far = beside
+    far_conn = connection(tmp_path, far.url)
+    assert cap(far_conn, "-cmd", "q_add", "-pf", str(EXAMPLES / "new_queue2.json")) == (0, "OK\n")
+    link = json.loads((EXAMPLES / "new_external_cluster.json").read_text())
+    link["params"]["connection"]["server"] = far.url
+    (tmp_path / "ec.json").write_text(json.dumps(link))
+
+    def run(url: str) -> dict[str, Any]:
+        conn = connection(tmp_path, url)
+        seen: dict[str, Any] = {}
+        seen["q_add"] = cap(conn, "-cmd", "q_add", "-pf", str(EXAMPLES / "new_queue.json"))
+        seen["exc_add"] = cap(conn, "-cmd", "exc_add", "-pf", str(tmp_path / "ec.json"))
+        seen["exc_list"] = json.loads(cap(conn, "-cmd", "exc_list")[1])
+        seen["exc_descr"] = json.loads(cap(conn, "-cmd", "exc_descr", "-name", "example_external_cluster")[1])
+        for example in ("copy", "regularly_save", "unload", "delete", "mark"):
+            seen[f"h_add {example}"] = cap(
+                conn, "-cmd", "h_add", "-pf", str(EXAMPLES / f"new_{example}_handler.json")
+            )
+        seen["h_list"] = set(json.loads(cap(conn, "-cmd", "h_list")[1]))
+        for name in seen["h_list"]:
+            seen[f"h_descr {name}"] = json.loads(cap(conn, "-cmd", "h_descr", "-name", name)[1])
+        copy = "example_queue_to_queue_2_copy_unique"
+        for command in (
+            "h_is_started",
+            "h_last_complete",
+            "h_start",
+            "h_is_started",
+            "h_stop",
+            "h_is_started",
+        ):
+            seen.setdefault(command, []).append(cap(conn, "-cmd", command, "-name", copy))
+        code, out = cap(conn, "-cmd", "h_start", "-name", "nope")
+        seen["h_start nope"] = (code, code_in(out))
+        code, out = cap(conn, "-cmd", "exc_descr", "-name", "nope")
+        seen["exc_descr nope"] = (code, code_in(out))
+        seen["h_drop"] = cap(conn, "-cmd", "h_drop", "-name", copy)
+        seen["h_list after"] = set(json.loads(cap(conn, "-cmd", "h_list")[1]))
+        return seen
+
+    original, capella = run(original_url), run(here.url)
+    assert set(original) == set(capella)
+    for key in original:
+        want, got = original[key], capella[key]
+        if key == "exc_descr":
+            assert set(got) == set(want) and set(got["params"]) == set(want["params"])
+            assert got["params"]["connection"]["server"] == want["params"]["connection"]["server"]
+            assert got["params"]["user_name"] == want["params"]["user_name"]
+        elif key.startswith("h_descr"):
+            # Fields Capella keeps are equal; the ones it has no use for come back as 0.
+            assert set(got) == set(want) and set(got["params"]) == set(want["params"]), key
+            assert {k: v for k, v in got.items() if k != "params"} == {
+                k: v for k, v in want.items() if k != "params"
+            }, key
+            kept = {k for k, v in got["params"].items() if v != 0}
+            assert {k: got["params"][k] for k in kept} == {k: want["params"][k] for k in kept}, key
+        elif key == "exc_descr nope":
+            assert got[0] == want[0] == 1
+        else:
+            assert got == want, key

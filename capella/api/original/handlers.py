@@ -97,7 +97,8 @@ def capella_definition(body: Definition) -> dict[str, Any]:
             "to": body.queue_names[1],
             "subscription": p.get("subscribe_name") or None,
             "interval": _seconds(p, "interval", positive=False),
-            "wait": _seconds(p, "wait", positive=False),
+            # Not wait: that is the original's request timeout, and as Capella's long poll it
+            # would hold h_stop (which lets a pass end) past the tool's own deadline.
             "batch": p.get("cnt_limit") or None,
             "segments": None if ranges is None else [[r.get("from", 0), r.get("to", 0)] for r in ranges],
             "save": _save_name(p.get("dst_save_mode", SaveMode.DEFAULT), "dst_save_mode"),
@@ -168,7 +169,7 @@ def original_definition(
             "copy_unique",
             {
                 "interval": _ns(params["interval"]),
-                "wait": _ns(params["wait"]),
+                "wait": 0,
                 "src_save_mode": int(SaveMode[params["commit_save"].upper()]),
                 "dst_save_mode": int(SaveMode[params["save"].upper()]),
                 "subscribe_name": params["subscription"],
