@@ -62,7 +62,7 @@ def set_rules(users: AuthStore, name: str, *rules: str) -> None:
 
 # --- the matrix --------------------------------------------------------------------------
 
-NAMES = {"queue": "orders", "name": "target", "id": "0123456789abcdef", "cluster": "test"}
+NAMES = {"queue": "orders", "name": "target", "id": "0123456789abcdef", "cluster": "test", "path": "queues"}
 BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/queues/{queue}/messages"): {"messages": [{"data": "x"}]},
     ("PUT", "/v1/handlers/{name}"): {"type": "flush", "queues": ["orders"], "started": False},
@@ -74,6 +74,8 @@ QUERIES = {("GET", "/v1/queues/{queue}/subscriptions/{name}/messages"): "?commit
 PERMISSIONS = {(r.method, r.path): r.need for r in ROUTES if r.need is not None}
 PUBLIC = {(r.method, r.path) for r in ROUTES if r.need is None}
 GUARDED = sorted(key for key, needs in PERMISSIONS.items() if needs)
+# The relay's link points at no server here: its 502 means the access check let the call through.
+RELAYED = {key for key in PERMISSIONS if key[1].endswith("/v1/{path}")}
 
 
 def path_of(template: str) -> str:
@@ -91,7 +93,7 @@ async def call(client: Client, key: tuple[str, str], headers: dict[str, str]) ->
             assert error["code"] == ("unauthorized" if resp.status == 401 else "forbidden")
         if resp.status == 401:
             assert "Basic" in resp.headers["WWW-Authenticate"]
-        assert resp.status < 500, await resp.text()
+        assert resp.status < 500 or (key in RELAYED and resp.status == 502), await resp.text()
         return resp.status
 
 

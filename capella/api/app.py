@@ -20,6 +20,7 @@ from capella.api import (
     messages,
     openapi,
     queues,
+    relay,
     scheduled,
     subscriptions,
     tokens,
@@ -55,6 +56,7 @@ ROUTES: list[Route] = [
     *work.ROUTES,
     *handlers.ROUTES,
     *clusters.ROUTES,
+    *relay.ROUTES,
     *users.ROUTES,
     *tokens.ROUTES,
     *health.ROUTES,
@@ -119,11 +121,15 @@ def create_app(
     app[SUPERVISOR] = supervisor
     app[STOPPING] = asyncio.Event()
     app.on_shutdown.append(_stop_streams)
+    # How many clusters a relayed /v1 request may pass through, as for nested /cluster calls.
+    app[relay.MAX_HOPS] = (compat or CompatSettings()).max_hops
     for route in ROUTES:
+        # A trailing {path} is the rest of the path, slashes included (the cluster relay).
+        path = route.path.replace("{path}", "{path:.*}")
         if route.method == "GET":
-            app.router.add_get(route.path, route.handler)  # HEAD too
+            app.router.add_get(path, route.handler)  # HEAD too
         else:
-            app.router.add_route(route.method, route.path, route.handler)
+            app.router.add_route(route.method, path, route.handler)
     served = list(ROUTES)
     if compat is not None and compat.original:
         app[original.COMPAT] = compat

@@ -21,6 +21,7 @@ from capella.errors import (
     StorageUnavailable,
     TooManyConnections,
     Unauthorized,
+    Unreachable,
 )
 
 # Subclasses come before their bases only for reading; status_for walks the MRO.
@@ -42,6 +43,7 @@ STATUS: dict[type[CapellaError], int] = {
     NotReady: 503,
     TooManyConnections: 503,
     CorruptData: 503,
+    Unreachable: 502,
 }
 
 

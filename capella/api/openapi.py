@@ -166,6 +166,7 @@ _ERROR_TEXT = {
     "logins of this address or user name over the limit), rate_limited; Retry-After says when to retry",
     431: "headers_too_large: the request line, a header or the number of headers is over the limit",
     500: "internal: a bug; the server log has the details",
+    502: "unreachable: an external cluster could not be reached, or refused the link's credentials",
     503: "storage_unavailable, storage_timeout, unsupported, shutting_down, corrupt_data, not_ready, "
     "too_many_connections, database_unavailable, database_refused",
 }
@@ -206,6 +207,7 @@ _PATH_PARAMS = {
     ("handlers", "name"): HANDLER,
     ("clusters", "name"): CLUSTER,
     ("users", "name"): USER,
+    ("v1", "path"): param("path", "path", {"type": "string"}, "The path on the far cluster, after /v1/"),
     ("ui", "file"): param("file", "path", {"type": "string", "pattern": r"^[\w.-]+$"}, "File name"),
     ("tokens", "id"): param("id", "path", {"type": "string", "pattern": r"^[0-9a-f]{16}$"}, "Token id"),
 }

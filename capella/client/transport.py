@@ -13,9 +13,11 @@ egress policy sees only the URL it was given.
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import ssl as ssl_module
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -141,6 +143,29 @@ class Transport:
             raise error_from_answer(status, body)
         return status, body
 
+    @contextlib.asynccontextmanager
+    async def relay(
+        self, method: str, path: str, params: dict[str, str], headers: dict[str, str], data: bytes | None
+    ) -> AsyncIterator[Relayed]:
+        """Send one request as it came and hold its answer open, for the server's cluster relay.
+
+        Any status is an answer here (it is the far side's to give); only not reaching the
+        server raises. The body is read as it arrives, so a tail or a long poll streams through.
+        """
+        url = self.base_url + path
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=self._connect_timeout or self._timeout,
+            sock_read=self._timeout + STREAM_IDLE_TIMEOUT,
+        )
+        try:
+            async with self.http().request(
+                method, url, params=params, data=data, headers=headers, timeout=timeout, allow_redirects=False
+            ) as resp:
+                yield Relayed(resp.status, dict(resp.headers), url, resp)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _unreachable(url, exc, self._timeout) from exc
+
     async def events(
         self, path: str, params: dict[str, str], after: int
     ) -> AsyncGenerator[tuple[int, StoredMessage] | None, None]:
@@ -167,6 +192,23 @@ class Transport:
                         yield message_event(event)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _unreachable(url, exc, STREAM_IDLE_TIMEOUT) from exc
+
+
+@dataclass(slots=True)
+class Relayed:
+    """An answer being relayed: its status and headers, and its body as it arrives."""
+
+    status: int
+    headers: dict[str, str]
+    url: str
+    _response: aiohttp.ClientResponse
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _unreachable(self.url, exc, STREAM_IDLE_TIMEOUT) from exc
 
 
 def _authorization(username: str | None, password: str | None, token: str | None) -> str | None:

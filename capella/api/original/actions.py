@@ -73,7 +73,7 @@ class Context:
 Action = Callable[[Context, Request], Awaitable[object]]
 
 
-def _name(request: Request) -> str:
+def body_name(request: Request) -> str:
     """A body that is one JSON string (``drop_q``, ``gd_q``, ``q_subs_get_last``...)."""
     return shapes.decode(request.body, str, request.action)
 
@@ -90,7 +90,7 @@ async def get_name(ctx: Context, request: Request) -> object:
 
 
 async def set_name(ctx: Context, request: Request) -> object:
-    name = _name(request)
+    name = body_name(request)
     if name != ctx.cluster.name:
         # A cluster's name is the source of the identities it mints: it is configured, not renamed.
         raise Conflict(
@@ -128,14 +128,14 @@ async def add_q(ctx: Context, request: Request) -> object:
 
 
 async def drop_q(ctx: Context, request: Request) -> object:
-    name = _name(request)
+    name = body_name(request)
     ctx.same_as("DELETE", "/v1/queues/{queue}", queue=name)
     await ctx.cluster.drop_queue(name)
     return None
 
 
 async def gd_q(ctx: Context, request: Request) -> object:
-    name = _name(request)
+    name = body_name(request)
     ctx.same_as("GET", "/v1/queues/{queue}", queue=name)
     return shapes.queue_description(name, ctx.cluster.queue(name).definition)
 
@@ -225,7 +225,7 @@ def _sub_path(ctx: Context, method: str, queue: str, name: str) -> None:
 
 
 async def q_subs_get_last(ctx: Context, request: Request) -> object:
-    name = _name(request)
+    name = body_name(request)
     _sub_path(ctx, "GET", request.object_name, name)
     try:
         return ctx.cluster.queue(request.object_name).subscription(name).last_id
@@ -242,7 +242,7 @@ async def q_subs_set_last(ctx: Context, request: Request) -> object:
 
 
 async def _replica(ctx: Context, request: Request, replica: bool) -> object:
-    name = _name(request)
+    name = body_name(request)
     _sub_path(ctx, "PUT", request.object_name, name)
     await ctx.cluster.queue(request.object_name).commit(name, None, replica=replica, save=SaveMode.DEFAULT)
     return None
@@ -272,6 +272,8 @@ class PermCheck(msgspec.Struct):
 
 
 # The original's permission actions, as the /v1 need of the same thing (type, action).
+# ADD_MESSAGE and GET_MESSAGE are Capella's own: the original's GET_QUEUE let its holder read
+# and write messages alike, which Capella splits into queue read and queue write.
 PERMISSIONS: dict[str, tuple[str, str]] = {
     "PING": ("cluster", "read"),
     "GET_NAME": ("cluster", "read"),
@@ -286,10 +288,18 @@ PERMISSIONS: dict[str, tuple[str, str]] = {
     "ADD_HANDLER": ("handler", "admin"),
     "DROP_HANDLER": ("handler", "admin"),
     "GET_HANDLER": ("handler", "read"),
+    "GET_HANDLER_DESCR": ("handler", "read"),
     "START_HANDLER": ("handler", "write"),
     "ADD_EXT_CLUSTER": ("external_cluster", "admin"),
     "DROP_EXT_CLUSTER": ("external_cluster", "admin"),
     "GET_EXT_CLUSTER": ("external_cluster", "read"),
+    "GET_EXT_CLUSTER_DESCR": ("external_cluster", "read"),
+    "ADD_USER": ("user", "admin"),
+    "DROP_USER": ("user", "admin"),
+    "ENABLE_USER": ("user", "admin"),
+    "DISABLE_USER": ("user", "admin"),
+    "UPDATE_USER": ("user", "admin"),
+    "GET_USER": ("user", "read"),
 }
 
 

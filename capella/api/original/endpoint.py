@@ -21,8 +21,8 @@ from aiohttp import web
 
 from capella.api.access import AUTHENTICATOR, NEEDS
 from capella.api.openapi import answer as doc_answer
-from capella.api.original import codes
-from capella.api.original.actions import ACTIONS, QUEUE_ACTIONS, Context, IdClock
+from capella.api.original import codes, handlers, links, security
+from capella.api.original.actions import ACTIONS, QUEUE_ACTIONS, Action, Context, IdClock
 from capella.api.original.envelope import (
     CONTENT_TYPE,
     Envelope,
@@ -42,6 +42,8 @@ from capella.errors import CallLoop, CapellaError, Forbidden, TooManyHops, Unaut
 log = logging.getLogger(__name__)
 
 COMPAT = web.AppKey("compat", CompatSettings)
+# Every action this endpoint answers, by its name on the wire.
+ALL_ACTIONS: dict[str, Action] = {**ACTIONS, **handlers.ACTIONS, **links.ACTIONS, **security.ACTIONS}
 IDS = web.AppKey("ids", IdClock)
 
 
@@ -154,7 +156,7 @@ async def run(ctx: Context, request: Request, envelope: Envelope) -> object:
         first, _, rest = request.object_name.partition("/")
         inner = Request(action=request.action, body=request.body, object_name=rest)
         return await forward(ctx, first, inner, envelope)
-    action = ACTIONS.get(request.action)
+    action = ALL_ACTIONS.get(request.action)
     if action is None:
         raise UnknownAction(f"Unknown operation {request.action}")
     return await action(ctx, request)

@@ -1,0 +1,135 @@
+"""The original's external-cluster actions (``add_ec``, ``drop_ec``, ``gd_ec``, ``list_ec``) on ``Links``.
+
+The original sends a link's password inline (``auth_info``, base64 of a JSON string); it becomes
+a Capella link with an inline password, which ``Links`` stores encrypted and bound to the
+link's name, URL and user. ``gd_ec`` never shows it back (the original showed its ciphertext).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import msgspec
+import orjson
+
+from capella.api.original import shapes
+from capella.api.original.actions import Action, Context, body_name
+from capella.api.original.envelope import Request
+from capella.errors import AlreadyExists, InvalidRequest
+from capella.handlers.links import Link
+
+
+class Connection(msgspec.Struct):
+    server: str = ""
+    ignore_ssql_validation: bool = False
+    query_wait: int = 0
+    max_conn: int = 0
+    max_idle_duration: int = 0
+
+
+class LinkParams(msgspec.Struct):
+    connection: Connection = msgspec.field(default_factory=Connection)
+    auth_type: str = ""
+    auth_info: str | None = None
+    user_name: str = ""
+    prefer_content_type: str = ""
+    send_content_type: str = ""
+    replace_name_force: bool = False
+
+
+class ExternalCluster(msgspec.Struct):
+    name: str
+    type: str = ""
+    params: LinkParams = msgspec.field(default_factory=LinkParams)
+
+
+def _password(auth_info: str | None) -> str | None:
+    if not auth_info:
+        return None
+    try:
+        value = orjson.loads(base64.b64decode(auth_info, validate=True))
+    except (binascii.Error, orjson.JSONDecodeError, ValueError):
+        value = None
+    if not isinstance(value, str):
+        raise InvalidRequest("auth_info must be base64 of a JSON string (the password)", field="auth_info")
+    return value
+
+
+def capella_link(body: ExternalCluster) -> dict[str, Any]:
+    """The body of ``PUT /v1/clusters/{name}`` for the original's external cluster."""
+    if body.type != "http_cluster":
+        raise InvalidRequest(f"external cluster type {body.type!r}: Capella takes http_cluster", field="type")
+    p = body.params
+    if p.connection.query_wait <= 0:
+        raise InvalidRequest(
+            f"Connection.QueryWait should be > 0 ec.name: {body.name} value: {p.connection.query_wait}ns",
+            field="query_wait",
+        )
+    data: dict[str, Any] = {
+        "url": p.connection.server,
+        "verify_tls": not p.connection.ignore_ssql_validation,
+        "timeout": p.connection.query_wait / shapes.NS,
+        "compression": "gzip" if p.send_content_type in ("gzip", "gzip1", "gzip9") else "none",
+    }
+    password = _password(p.auth_info)
+    if p.user_name:
+        data["username"] = p.user_name
+    if password is not None:
+        data["password"] = password
+    return data
+
+
+def original_link(link: Link) -> dict[str, Any]:
+    """A link in the original's ``gd_ec`` shape, without its secret."""
+    return {
+        "name": link.name,
+        "type": "http_cluster",
+        "params": {
+            "connection": {
+                "server": link.url,
+                "ignore_ssql_validation": not link.verify_tls,
+                "query_wait": round(link.timeout * shapes.NS),
+                "max_conn": 0,
+                "max_idle_duration": 0,
+            },
+            "auth_type": "basic" if link.secret_kind == "password" else "",
+            "auth_info": None,  # never shown, not even encrypted
+            "user_name": link.username or "",
+            "prefer_content_type": "",
+            "send_content_type": "gzip" if link.compression == "gzip" else "",
+            "replace_name_force": True,
+        },
+    }
+
+
+async def add_ec(ctx: Context, request: Request) -> object:
+    body = shapes.decode(request.body, ExternalCluster, request.action)
+    ctx.same_as("PUT", "/v1/clusters/{name}", name=body.name)
+    if any(link.name == body.name for link in ctx.links.links()):
+        raise AlreadyExists(f"external cluster `{body.name}` already exists")
+    await ctx.links.put(body.name, capella_link(body), by=ctx.identity)
+    return None
+
+
+async def drop_ec(ctx: Context, request: Request) -> object:
+    name = body_name(request)
+    ctx.same_as("DELETE", "/v1/clusters/{name}", name=name)
+    await ctx.links.drop(name, used_by=ctx.supervisor.using_link(name))
+    return None
+
+
+async def gd_ec(ctx: Context, request: Request) -> object:
+    name = body_name(request)
+    ctx.same_as("GET", "/v1/clusters/{name}", name=name)
+    return original_link(ctx.links.link(name))
+
+
+async def list_ec(ctx: Context, request: Request) -> object:
+    return [
+        link.name for link in ctx.links.links() if ctx.identity.can("external_cluster", "read", link.name)
+    ]
+
+
+ACTIONS: dict[str, Action] = {"add_ec": add_ec, "drop_ec": drop_ec, "gd_ec": gd_ec, "list_ec": list_ec}
