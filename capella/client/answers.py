@@ -5,8 +5,8 @@ Callers get the typed structs of the HTTP contract, and catch the same classes t
 raises (``QueueNotFound``, ``InvalidMessage``...).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: ``Saved`` is a generic NamedTuple, and its
+# fields must hold the TypeVar itself, not the text "T", for the SDK reference (pdoc) to read.
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
