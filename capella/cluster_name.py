@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -59,6 +60,13 @@ def generated_name(data_dir: Path) -> str:
         os.link(temporary, path)
     except FileExistsError:
         pass
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        # A filesystem without hard links (some FUSE and network ones): a rename, which could
+        # only replace a name that another process wrote in these same microseconds.
+        if not path.exists():
+            os.replace(temporary, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)

@@ -256,6 +256,7 @@ async def test_a_token_from_basic_credentials_works_until_revoked(secured: Clien
             "admin": False,
             "via": "token",
             "rules": [{"effect": "allow", "type": "queue", "action": "read", "name": "*"}],
+            "cluster": "test",
         }
     # A token cannot mint tokens.
     assert (await secured.post("/v1/tokens", json={}, headers=bearer(created["token"]))).status == 403
@@ -355,7 +356,8 @@ async def test_the_last_admin_stays(secured: Client) -> None:
 
 async def test_with_auth_off_everything_is_allowed_and_there_are_no_users(api: Client) -> None:
     async with api.get("/v1/me") as resp:
-        assert await resp.json() == {"user": None, "admin": True, "via": "none", "rules": []}
+        me = await resp.json()
+        assert me == {"user": None, "admin": True, "via": "none", "rules": [], "cluster": "test"}
     async with api.get("/v1/users") as resp:
         assert resp.status == 404
         assert "authentication is off" in (await resp.json())["error"]["message"]

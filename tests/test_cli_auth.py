@@ -110,7 +110,9 @@ async def test_client_me_and_a_password_change_with_the_old_password(
 ) -> None:
     await admin.put_user("c-bob", password="bob-pass-1")
     async with AsyncClient(auth_server.url, username="c-bob", password="bob-pass-1") as bob:
-        assert await bob.me() == Me(user="c-bob", admin=False, via="basic", rules=[])
+        me = await bob.me()
+        assert me == Me(user="c-bob", admin=False, via="basic", rules=[], cluster=me.cluster)
+        assert me.cluster == (await admin.me()).cluster and me.cluster
         with pytest.raises(Forbidden):
             await bob.change_password("c-bob", "bob-pass-2")  # no old password
         await bob.change_password("c-bob", "bob-pass-2", old_password="bob-pass-1")

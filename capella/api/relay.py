@@ -51,7 +51,8 @@ async def relay(request: web.Request) -> web.StreamResponse:
     headers = {k: request.headers[k] for k in REQUEST_HEADERS if k in request.headers}
     headers[HOPS_HEADER] = ",".join(passed)
     path = "/v1/" + request.match_info["path"]
-    async with links.client(name).relay(request.method, path, dict(request.query), headers, body) as far:
+    transport = links.client(name).transport
+    async with transport.relay(request.method, path, dict(request.query), headers, body) as far:
         if far.status == 401:
             # The far side refused the link's own credentials: the caller's are not at fault.
             raise Unreachable(f"cluster {name} refused the link's credentials (401): check the link")

@@ -30,7 +30,7 @@ from capella.backoff import backoff
 from capella.client import paths
 from capella.client.answers import Saved, decode_answer
 from capella.client.message import MessageLike, Segments, to_wire
-from capella.client.transport import Relayed, Transport
+from capella.client.transport import Transport
 from capella.egress import Egress
 from capella.errors import CapellaError, EgressRefused, Unreachable
 from capella.wire import frames
@@ -127,11 +127,11 @@ class AsyncClient:
     async def close(self) -> None:
         await self._transport.close()
 
-    def relay(
-        self, method: str, path: str, params: dict[str, str], headers: dict[str, str], data: bytes | None
-    ) -> contextlib.AbstractAsyncContextManager[Relayed]:
-        """Send a request as it came and hold its answer open: the server's ``/v1/clusters/{name}/v1/...``."""
-        return self._transport.relay(method, path, params, headers, data)
+    @property
+    def transport(self) -> Transport:
+        """The HTTP layer itself, for a server that forwards requests as they came
+        (``/v1/clusters/{name}/v1/...``: ``transport.relay``); not needed to use the API."""
+        return self._transport
 
     async def original_call(self, envelope: bytes) -> bytes:
         """POST an original-protocol envelope (gzipped) to ``/cluster``: the answer's bytes.
