@@ -184,8 +184,8 @@ def test_a_handler_is_created_listed_shown_stopped_run_and_dropped(run: Run, cli
     code, out, _ = run("handler", "list")
     assert code == 0
     header, *rows = out.splitlines()
-    assert header.split() == ["NAME", "TYPE", "QUEUES", "STARTED", "RUNS", "LAST_ERROR"]
-    assert ["cli-trim", "expire", "cli-h-orders", "no", "0", "-"] in [row.split() for row in rows]
+    assert header.split() == ["NAME", "TYPE", "QUEUES", "STARTED", "RUNS", "LAG", "LAST_ERROR"]
+    assert ["cli-trim", "expire", "cli-h-orders", "no", "0", "-", "-"] in [row.split() for row in rows]
 
     code, out, _ = run("handler", "show", "cli-trim", "--json")
     info = json.loads(out)

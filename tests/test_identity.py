@@ -300,3 +300,29 @@ async def test_failing_since_stays_at_the_first_failure_and_clears_after_a_succe
             await close(far)
     finally:
         await close(here)
+
+
+async def test_push_lag_with_the_receiver_down_is_the_backlog_everywhere(
+    tmp_path: Path, aiohttp_server: ServerFactory, aiohttp_client: ClientFactory
+) -> None:
+    here = await node(tmp_path, "here", aiohttp_server, name="dc1")
+    try:
+        await here.cluster.put_queue("orders", {})
+        url = f"http://127.0.0.1:{free_port()}/hook"  # nobody listens: every request fails
+        params = {"url": url, "wait": 0, "timeout": 1, "delay": "1h", "max_attempts": 5}
+        await here.supervisor.put(
+            "hook", {"type": "push", "queue": "orders", "params": params, "started": False}
+        )
+        await here.cluster.queue("orders").append([Draft(b"x") for _ in range(4)], SaveMode.WAIT)
+
+        await here.supervisor.run_now("hook")  # claims all four, and each request fails
+        await here.cluster.queue("orders").append([Draft(b"y")], SaveMode.WAIT)
+
+        api = await aiohttp_client(create_app(here.cluster, ServerSettings(), here.supervisor))
+        status = (await (await api.get("/v1/handlers/hook")).json())["status"]
+        assert (status["lag"], status["delivered"], status["retrying"]) == (5, 0, 4), status
+        text = metrics.render(here.cluster, here.supervisor.handlers())
+        assert re.search(r'capella_handler_lag\{handler="hook"[^}]*\} 5\b', text), text
+        assert re.search(r'capella_push_lag\{[^}]*handler="hook"[^}]*\} 5\b', text), text
+    finally:
+        await close(here)

@@ -117,6 +117,11 @@ def test_loops_and_long_paths_are_refused(sites: dict[str, ServerProcess]) -> No
     status, answer = http(f"{edge}{loop}")
     # Every hop allows it (dc's link user on edge is admin): edge refuses, seeing itself in Capella-Hops.
     assert status == 400 and answer["error"]["code"] == "call_loop", (status, answer)
+    # A path whose last hop is a plain /v1 request back at edge: dc will not send it there.
+    back = "/v1/clusters/to_gw/v1/clusters/to_dc/v1/clusters/to_edge/v1/queues"
+    status, answer = http(f"{edge}{back}")
+    assert status == 400 and answer["error"]["code"] == "call_loop", (status, answer)
+    assert "leads back to cluster" in answer["error"]["message"]
     request = urllib.request.Request(f"{edge}/v1/clusters/to_gw/v1/queues")
     request.add_header("Authorization", "Basic " + base64.b64encode(f"admin:{PASSWORD}".encode()).decode())
     request.add_header("Capella-Hops", "a,b,c,d")

@@ -5,9 +5,11 @@ gateway sends the request on through its link ``name``, signed in as the link's 
 far cluster decides with its own rules for that user. The caller needs ``external_cluster
 write`` on the link here, and on every further link its path names. The clusters passed so far
 travel in the ``Capella-Hops`` header, as they do in a nested ``/cluster`` call: a cluster that
-sees itself there refuses the request, and a path through more than ``[compat] max_hops``
-clusters is refused. The request body is read within ``server.max_body_size``; the answer
-streams back as it arrives (a tail or a long poll goes through).
+sees itself there refuses the request, a cluster does not send it on to one it has already
+passed (the far side's name is checked once per link), and a path through more than
+``[compat] max_hops`` clusters is refused. The request body is read within
+``server.max_body_size``; the answer streams back as it arrives (a tail or a long poll goes
+through).
 """
 
 from __future__ import annotations
@@ -51,8 +53,15 @@ async def relay(request: web.Request) -> web.StreamResponse:
     headers = {k: request.headers[k] for k in REQUEST_HEADERS if k in request.headers}
     headers[HOPS_HEADER] = ",".join(passed)
     path = "/v1/" + request.match_info["path"]
-    transport = links.client(name).transport
-    async with transport.relay(request.method, path, dict(request.query), headers, body) as far:
+    client = await links.checked_client(name)
+    far_name = links.far_name(name)
+    if far_name in passed:
+        # Caught here, not on arrival: the last hop may be a plain /v1 request, which no
+        # cluster checks for hops.
+        raise CallLoop(
+            f"link {name} leads back to cluster {far_name!r}, which the request has passed: {passed}"
+        )
+    async with client.transport.relay(request.method, path, dict(request.query), headers, body) as far:
         if far.status == 401:
             # The far side refused the link's own credentials: the caller's are not at fault.
             raise Unreachable(f"cluster {name} refused the link's credentials (401): check the link")

@@ -99,6 +99,7 @@ def list_handlers(args: argparse.Namespace, client: Client) -> int:
     rows = []
     for info in handlers:
         last_error = info.status.last_error
+        lag = info.status.lag
         rows.append(
             [
                 info.name,
@@ -106,10 +107,12 @@ def list_handlers(args: argparse.Namespace, client: Client) -> int:
                 ",".join(info.queues),
                 "yes" if info.started else "no",
                 str(info.status.runs),
+                # The number the API and capella_handler_lag give; "-" where a type has none.
+                str(lag) if isinstance(lag, int) else "-",
                 last_error.message if last_error else "-",
             ]
         )
-    print_table(["NAME", "TYPE", "QUEUES", "STARTED", "RUNS", "LAST_ERROR"], rows)
+    print_table(["NAME", "TYPE", "QUEUES", "STARTED", "RUNS", "LAG", "LAST_ERROR"], rows)
     return 0
 
 

@@ -122,6 +122,7 @@ class Links:
         self._retired: list[AsyncClient] = []
         # The client whose far side's name was checked, by link (copy checks once per client).
         self._checked: dict[str, AsyncClient] = {}
+        self._far_names: dict[str, str | None] = {}  # the far side's cluster name, once checked
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -243,9 +244,13 @@ class Links:
         """
         client = self.client(name)
         if self._checked.get(name) is not client:
-            await self._remote_name(name, client)
+            self._far_names[name] = await self._remote_name(name, client)
             self._checked[name] = client
         return client
+
+    def far_name(self, name: str) -> str | None:
+        """The far side's cluster name as ``checked_client`` found it (None: not known)."""
+        return self._far_names.get(name)
 
     async def ping(self, name: str) -> dict[str, Any]:
         """Reach the link's /readyz and an authenticated call that names the far side's cluster.
