@@ -309,7 +309,7 @@ async def test_push_lag_with_the_receiver_down_is_the_backlog_everywhere(
     try:
         await here.cluster.put_queue("orders", {})
         url = f"http://127.0.0.1:{free_port()}/hook"  # nobody listens: every request fails
-        params = {"url": url, "wait": 0, "timeout": 1, "delay": "1h", "max_attempts": 5}
+        params = {"url": url, "wait": 0, "timeout": 1, "delay": "1h", "max_delay": "1h", "max_attempts": 5}
         await here.supervisor.put(
             "hook", {"type": "push", "queue": "orders", "params": params, "started": False}
         )

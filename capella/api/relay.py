@@ -22,7 +22,7 @@ from capella.api.handlers import supervisor
 from capella.api.openapi import answer
 from capella.api.request import CLUSTER, read_body
 from capella.api.route import Route, on_named
-from capella.errors import CallLoop, CapellaError, TooManyHops, Unreachable
+from capella.errors import CallLoop, CapellaError, TooManyHops, Unauthorized, Unreachable
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,11 @@ async def relay(request: web.Request) -> web.StreamResponse:
     headers = {k: request.headers[k] for k in REQUEST_HEADERS if k in request.headers}
     headers[HOPS_HEADER] = ",".join(passed)
     path = "/v1/" + request.match_info["path"]
-    client = await links.checked_client(name)
+    try:
+        client = await links.checked_client(name)
+    except Unauthorized:
+        # The far side refused the link's own credentials: the caller's are not at fault.
+        raise Unreachable(f"cluster {name} refused the link's credentials (401): check the link") from None
     far_name = links.far_name(name)
     if far_name in passed:
         # Caught here, not on arrival: the last hop may be a plain /v1 request, which no
