@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 from capella.api import create_app
 from capella.client import AsyncClient, Client
 from capella.config import ServerSettings
-from capella.core import blocks as blocks_module
-from capella.core.batch import Batch
 from capella.core.cluster import Cluster
 from capella.core.filter import MessageFilter
+from capella.core.log import blocks as blocks_module
+from capella.core.log.batch import Batch
 from capella.core.message import Message, stored_message
 from capella.core.queue import Queue
 from capella.errors import CorruptData

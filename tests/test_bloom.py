@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from capella.core.bloom import BloomFilter, dedup_key
+from capella.core.log.bloom import BloomFilter, dedup_key
 from capella.errors import CorruptData
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from capella.core.changelog import ChangeLog
+from capella.core.journal.changelog import ChangeLog
 from capella.core.message import SaveMode
 from capella.errors import CorruptData
 from capella.storage import open_storage

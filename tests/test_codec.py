@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capella.core.codec import (
+from capella.core.log.codec import (
     JOURNAL_HEADER,
     block_keys,
     decode_block,

@@ -1,4 +1,4 @@
-"""The pipelined group commit behind claims, acks and cursor commits (``capella.core.commit``).
+"""The pipelined group commit behind claims, acks and cursor commits (``capella.core.journal.group_commit``).
 
 The flush here is a real change log on a real file (``ChangeLog``), or a small function that
 counts what it was asked to save: the rules are about who is answered when.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from capella.core.changelog import ChangeLog
-from capella.core.commit import GroupCommit
+from capella.core.journal.changelog import ChangeLog
+from capella.core.journal.group_commit import GroupCommit
 from capella.errors import StorageUnavailable
 from capella.storage import Storage, open_storage
 

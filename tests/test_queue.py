@@ -13,9 +13,9 @@ import pytest
 from conftest import Clock, file_config
 
 from capella.config import parse_config
-from capella.core import blocks as queue_module
-from capella.core import consumers as consumers_module
+from capella.core import subscription_store as consumers_module
 from capella.core.cluster import Cluster
+from capella.core.log import blocks as queue_module
 from capella.core.message import Draft, SaveMode
 from capella.errors import (
     InvalidMessage,

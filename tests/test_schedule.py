@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from conftest import Clock, file_config
 
-from capella.core import schedule as schedule_module
 from capella.core.cluster import Cluster
+from capella.core.delayed import schedule as schedule_module
 from capella.core.message import Draft, SaveMode
 from capella.core.queue import Appended, Delayed, Queue
 from capella.errors import Conflict, ScheduledNotFound

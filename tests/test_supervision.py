@@ -20,9 +20,9 @@ from faults import FlakyStorage
 from capella.backoff import backoff
 from capella.config import parse_config
 from capella.core.cluster import Cluster
+from capella.core.loops import TaskFailures, keep_running
 from capella.core.message import Draft, SaveMode
-from capella.core.retry import RetryPolicy, retry_delay
-from capella.core.task import TaskFailures, supervise
+from capella.core.work.retry import RetryPolicy, retry_delay
 from capella.errors import CapellaError, StorageUnavailable
 from capella.handlers.supervisor import Supervisor
 from capella.storage.memory import MemoryStorage
@@ -66,7 +66,7 @@ async def test_a_supervised_loop_that_keeps_failing_keeps_restarting_with_bounde
     async def sleep(seconds: float) -> None:
         delays.append(seconds)
 
-    await supervise(
+    await keep_running(
         "flush:q", body, failures=failures, report=reports.append, sleep=sleep, clock=lambda: 0.0, cap=2.0
     )
     assert calls == FAILURES + 1
@@ -92,7 +92,7 @@ async def test_a_loop_that_ran_a_while_before_failing_starts_a_new_streak() -> N
     async def sleep(seconds: float) -> None:
         delays.append(seconds)
 
-    await supervise("tick", body, failures=TaskFailures(), sleep=sleep, clock=lambda: now, cap=2.0)
+    await keep_running("tick", body, failures=TaskFailures(), sleep=sleep, clock=lambda: now, cap=2.0)
     assert delays == [0.1] * 100
 
 
@@ -100,7 +100,7 @@ async def test_cancelling_a_supervised_loop_ends_it() -> None:
     async def body() -> None:
         await asyncio.Event().wait()
 
-    task = asyncio.create_task(supervise("x", body, failures=TaskFailures()))
+    task = asyncio.create_task(keep_running("x", body, failures=TaskFailures()))
     await asyncio.sleep(0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -134,7 +134,7 @@ async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
             await asyncio.sleep(0.01)
 
 
-# Where a queue's cursor changes go before a snapshot (capella.core.consumers).
+# Where a queue's cursor changes go before a snapshot (capella.core.subscription_store).
 CURSOR_LOG = "subscriptions/log/00000000000000000000.log"
 
 

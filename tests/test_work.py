@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from conftest import Clock, file_config
 
-from capella.core import work as work_module
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.core.queue import Queue
-from capella.core.retry import RetryPolicy, exhausted, parse_policy, retry_delay
-from capella.core.work import WorkQueue, parse_receipt
+from capella.core.work import work_queue as work_module
+from capella.core.work.retry import RetryPolicy, exhausted, parse_policy, retry_delay
+from capella.core.work.work_queue import WorkQueue, parse_receipt
 from capella.errors import (
     InvalidRequest,
     LeaseLost,

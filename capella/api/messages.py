@@ -45,8 +45,8 @@ from capella.api.request import (
     wait_param,
 )
 from capella.api.route import Route, on_queue
-from capella.core.batch import Batch
 from capella.core.filter import MessageFilter
+from capella.core.log.batch import Batch
 from capella.core.queue import Page, Queue
 from capella.errors import InvalidRequest, NotAcceptable, QueueNotFound
 from capella.wire import frames

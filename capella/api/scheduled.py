@@ -19,9 +19,9 @@ from capella.api.request import (
     save_param,
 )
 from capella.api.route import Route, on_queue
+from capella.core.delayed.item import Scheduled
 from capella.core.filter import matches
 from capella.core.queue import Queue
-from capella.core.scheduled import Scheduled
 from capella.errors import InvalidRequest
 from capella.units import parse_duration
 from capella.wire.messages import (

@@ -37,8 +37,8 @@ from capella.api.route import Route, on_queue, on_subscription
 from capella.core.filter import MessageFilter
 from capella.core.message import SaveMode
 from capella.core.queue import Queue
-from capella.core.retry import RetryPolicy, parse_policy
 from capella.core.subscription import ACK, CURSOR, Subscription
+from capella.core.work.retry import RetryPolicy, parse_policy
 from capella.errors import InvalidRequest, SubscriptionNotFound, WrongSubscriptionMode
 from capella.wire import work as wire_work
 

@@ -48,9 +48,9 @@ from capella.api.route import Route, on_queue, on_subscription
 from capella.core.filter import MessageFilter, matches, parse_path
 from capella.core.message import Message, SaveMode, stored_message
 from capella.core.queue import Queue
-from capella.core.retry import MAX_LEASE
-from capella.core.window import Entry
-from capella.core.work import STATUSES, Outcome, WorkQueue, parse_receipt
+from capella.core.work.retry import MAX_LEASE
+from capella.core.work.state import Entry
+from capella.core.work.work_queue import STATUSES, Outcome, WorkQueue, parse_receipt
 from capella.errors import InvalidRequest, MessageNotFound
 from capella.units import parse_duration
 from capella.wire.work import DeletedWork, Receipts, RetriedWork, WorkSelection

@@ -20,9 +20,9 @@ import orjson
 from capella.cluster_name import cluster_name
 from capella.config import Config
 from capella.core.definition import QueueDefinition, check_name, default_definition, parse_definition
+from capella.core.loops import TaskFailures, keep_running
 from capella.core.queue import Queue
 from capella.core.stats import Histogram
-from capella.core.task import TaskFailures, supervise
 from capella.errors import (
     CapellaError,
     CorruptData,
@@ -83,7 +83,7 @@ class Cluster:
         started = time.perf_counter()
         await self._recover()
         self._ticker = asyncio.create_task(
-            supervise("tick", self._tick_loop, failures=self.task_failures), name="tick"
+            keep_running("tick", self._tick_loop, failures=self.task_failures), name="tick"
         )
         self.ready = True
         log.info(

@@ -1,10 +1,11 @@
 """A queue: an append-only log of messages split into blocks, and the one object the rest of Capella uses.
 
 ``Queue`` puts its parts together and answers for them: the sealed blocks
-(``capella.core.blocks``), the write path of ids, journals and sealing
-(``capella.core.writer``), recovery at open (``capella.core.recovery``), subscriptions and
-work queues (``capella.core.consumers``), delayed messages (``capella.core.delay`` at produce
-time, ``capella.core.schedule`` after) and its stats (``capella.core.report``). What it does
+(``capella.core.log.blocks``), the write path of ids, journals and sealing
+(``capella.core.log.writer``), recovery at open (``capella.core.recovery``), subscriptions
+and work queues (``capella.core.subscription_store``), delayed messages
+(``capella.core.delayed.intake`` at produce time, ``capella.core.delayed.schedule`` after) and
+its stats (``capella.core.report``). What it does
 itself: validate writes, start the release of delayed messages when there are some, walk the
 sealed and then the unsealed blocks for a read, and close its parts in order. Its background
 loops (flush, seal, release) run under supervision only while they have work, so an idle
@@ -30,26 +31,26 @@ from itertools import chain
 from typing import Any, NamedTuple
 
 from capella.config import StorageSettings
-from capella.core.batch import Batch
-from capella.core.blocks import BlockMeta, BlockStore, Render
-from capella.core.consumers import Consumers
-from capella.core.dedup import DedupIndex
 from capella.core.definition import I64_MAX, I64_MIN, QueueDefinition
-from capella.core.delay import Delayed as Delayed  # answered by ``Queue.append``
-from capella.core.delay import assign_mixed
+from capella.core.delayed.intake import Delayed as Delayed  # answered by ``Queue.append``
+from capella.core.delayed.intake import assign_mixed
+from capella.core.delayed.item import Scheduled
+from capella.core.delayed.schedule import Schedule
 from capella.core.filter import MessageFilter, matches
+from capella.core.log.batch import Batch
+from capella.core.log.blocks import BlockMeta, BlockStore, Render
+from capella.core.log.dedup import DedupIndex
+from capella.core.log.writer import Appended as Appended  # answered by ``Queue.append``
+from capella.core.log.writer import OpenBlock, Writer
+from capella.core.loops import Loop, TaskFailures
 from capella.core.message import Draft, Message, SaveMode
 from capella.core.recovery import recover
 from capella.core.report import block_list, queue_stats
-from capella.core.retry import RetryPolicy
-from capella.core.schedule import Schedule
-from capella.core.scheduled import Scheduled
 from capella.core.stats import Histogram, QueueCounters, Recovery
 from capella.core.subscription import Subscription
-from capella.core.task import Loop, TaskFailures
-from capella.core.work import WorkQueue
-from capella.core.writer import Appended as Appended  # answered by ``Queue.append``
-from capella.core.writer import OpenBlock, Writer
+from capella.core.subscription_store import SubscriptionStore
+from capella.core.work.retry import RetryPolicy
+from capella.core.work.work_queue import WorkQueue
 from capella.errors import CorruptData, InvalidMessage, ShuttingDown
 from capella.storage import Storage
 
@@ -123,7 +124,7 @@ class Queue:
             stopping=self._stopping,
             task_failures=self._task_failures,
         )
-        self._consumers = Consumers(
+        self._consumers = SubscriptionStore(
             self,
             definition,
             self._store.meta,
@@ -474,7 +475,7 @@ class Queue:
             except TimeoutError:
                 return
 
-    # --- subscriptions (capella.core.consumers) --------------------------------------------
+    # --- subscriptions (capella.core.subscription_store) --------------------------------------------
 
     def subscription(self, name: str) -> Subscription:
         return self._consumers.subscription(name)
@@ -517,7 +518,7 @@ class Queue:
         """The replica subscriptions past ``message_id`` once there are ``count``, or at ``timeout``."""
         return await self._consumers.wait_replicas(message_id, count, timeout)
 
-    # --- block maintenance (the unload, archive and expire handlers; capella.core.blocks) ---
+    # --- block maintenance (the unload, archive and expire handlers; capella.core.log.blocks) ---
 
     def sealed_blocks(self) -> list[BlockMeta]:
         """The sealed blocks, oldest first (a copy of the list; do not change the entries)."""

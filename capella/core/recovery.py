@@ -13,17 +13,17 @@ import logging
 
 import orjson
 
-from capella.core.blocks import BlockStore
-from capella.core.codec import JOURNAL_HEADER, decode_journal
-from capella.core.consumers import Consumers
+from capella.core.log.blocks import BlockStore
+from capella.core.log.codec import JOURNAL_HEADER, decode_journal
+from capella.core.log.writer import OpenBlock, Writer
 from capella.core.stats import Recovery
-from capella.core.writer import OpenBlock, Writer
+from capella.core.subscription_store import SubscriptionStore
 from capella.errors import CorruptData, KeyNotFound
 
 log = logging.getLogger(__name__)
 
 
-async def recover(store: BlockStore, writer: Writer, consumers: Consumers) -> None:
+async def recover(store: BlockStore, writer: Writer, consumers: SubscriptionStore) -> None:
     """Load the sealed blocks into ``store``, the unsealed ones into ``writer``, then the consumers."""
     await store.load_manifest()
     lease_until = await _read_lease(store)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from capella.core.blocks import BlockStore
-from capella.core.schedule import Schedule
-from capella.core.writer import Writer
+from capella.core.delayed.schedule import Schedule
+from capella.core.log.blocks import BlockStore
+from capella.core.log.writer import Writer
 
 
 def queue_stats(

@@ -1,5 +1,5 @@
 """Named subscriptions of a queue: cursors (the last-read id, never moving backwards on commit)
-and ack-mode subscriptions (work queues, whose state lives in ``capella.core.work``)."""
+and ack-mode subscriptions (work queues, whose state lives in ``capella.core.work.work_queue``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from capella.core.definition import check_name
-from capella.core.retry import RetryPolicy, parse_policy
+from capella.core.work.retry import RetryPolicy, parse_policy
 from capella.errors import CorruptData, InvalidRequest, SubscriptionNotFound, WrongSubscriptionMode
 
 CURSOR = "cursor"

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from capella.core.blocks import BlockMeta
+from capella.core.log.blocks import BlockMeta
 from capella.core.queue import Queue
 from capella.errors import InvalidRequest
 from capella.handlers.params import Params, duration

@@ -47,10 +47,10 @@ from capella.client.connector import EgressConnector, check_destination
 from capella.core.cluster import Cluster
 from capella.core.message import Message, SaveMode
 from capella.core.queue import Queue
-from capella.core.retry import retry_delay
 from capella.core.stats import Histogram
-from capella.core.window import LEASED, WAITING, Entry
-from capella.core.work import WorkQueue
+from capella.core.work.retry import retry_delay
+from capella.core.work.state import LEASED, WAITING, Entry
+from capella.core.work.work_queue import WorkQueue
 from capella.egress import Egress
 from capella.errors import CapellaError, InvalidRequest, QueueNotFound, SubscriptionNotFound
 from capella.handlers.delivery import (

@@ -28,7 +28,7 @@ from capella.auth.store import AuthStore
 from capella.backoff import backoff
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
-from capella.core.task import supervise
+from capella.core.loops import keep_running
 from capella.egress import Egress
 from capella.errors import (
     CapellaError,
@@ -389,7 +389,9 @@ class Supervisor:
                 state.failing_since = state.last_error[1]
 
         state.task = asyncio.create_task(
-            supervise(task, lambda: self._loop(state), failures=self._cluster.task_failures, report=report),
+            keep_running(
+                task, lambda: self._loop(state), failures=self._cluster.task_failures, report=report
+            ),
             name=task,
         )
 

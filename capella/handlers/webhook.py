@@ -17,7 +17,7 @@ from typing import Any
 
 from capella.auth.rule import Identity
 from capella.auth.secret import Secrets
-from capella.core.retry import RetryPolicy, parse_policy
+from capella.core.work.retry import RetryPolicy, parse_policy
 from capella.errors import InvalidRequest
 from capella.handlers.delivery import Credentials
 from capella.handlers.params import Params, refuse_env_params, secret_name, segment_ranges

@@ -3,7 +3,7 @@
 ``high`` is the highest id ever claimed; ids above it are simply the queue's log. An entry is
 kept for each id at or below ``high`` that is leased (``in_flight``) or waiting for a retry
 (``failed``), and a dead entry for each message that used up its attempts. Every change
-appends a record to ``records``; ``capella.core.work`` writes them to its change log, and
+appends a record to ``records``; ``capella.core.work.work_queue`` writes them to its change log, and
 ``apply`` replays them at recovery on top of the snapshot (``dump``/``load``).
 """
 

@@ -7,7 +7,7 @@ A lease that runs out counts as a failure. After ``max_attempts`` claims that di
 an ack, the message is dead: it leaves the window, is kept for operators (and copied to the
 dead-letter queue when the policy names one), and can be moved back.
 
-The state (``capella.core.window``) is bounded: ``high`` is the highest id ever handed out,
+The state (``capella.core.work.state``) is bounded: ``high`` is the highest id ever handed out,
 and ids above it are simply the queue's log. Only messages at or below ``high`` that are not
 finished have an entry (leased or waiting), so the state holds the window between the lowest
 un-acked id and the highest claimed one, never the whole queue. Every change is a record in a ``ChangeLog``
@@ -24,10 +24,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from capella.core.changelog import ChangeLog
+from capella.core.journal.changelog import ChangeLog
 from capella.core.message import Draft, Message, SaveMode
-from capella.core.retry import RetryPolicy, exhausted, retry_delay
-from capella.core.window import LEASED, WAITING, DeadEntry, Entry, WorkState
+from capella.core.work.retry import RetryPolicy, exhausted, retry_delay
+from capella.core.work.state import LEASED, WAITING, DeadEntry, Entry, WorkState
 from capella.errors import CapellaError, InvalidRequest, LeaseLost, UnknownReceipt
 from capella.storage import Storage
 

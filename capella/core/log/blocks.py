@@ -25,12 +25,12 @@ from typing import Any
 
 import orjson
 
-from capella.core.batch import Batch
-from capella.core.codec import block_columns, block_keys
-from capella.core.dedup import BlockSummary, DedupIndex
 from capella.core.definition import QueueDefinition
+from capella.core.log.batch import Batch
+from capella.core.log.codec import block_columns, block_keys
+from capella.core.log.dedup import BlockSummary, DedupIndex
+from capella.core.loops import retrieve
 from capella.core.stats import Recovery
-from capella.core.task import retrieve
 from capella.errors import CapellaError, Conflict, CorruptData, KeyNotFound, StorageUnavailable
 from capella.storage import Storage
 

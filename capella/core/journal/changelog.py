@@ -3,7 +3,7 @@
 The delayed-delivery schedule of a queue and the work state of an ack-mode subscription
 change many times a second; rewriting a whole document for each change would cost a full
 write per ack. Instead every change is one framed record appended to a log, and concurrent
-writers share one fsync (pipelined group commit, ``capella.core.commit``: while one fsync is
+writers share one fsync (pipelined group commit, ``capella.core.journal.group_commit``: while one fsync is
 in flight the next group gathers, and is written as soon as it returns). Now and then the owner writes a
 snapshot of its state and the log starts over, so recovery never replays much.
 
@@ -25,7 +25,7 @@ import struct
 import zlib
 from collections.abc import Callable
 
-from capella.core.commit import GroupCommit
+from capella.core.journal.group_commit import GroupCommit
 from capella.core.message import SaveMode
 from capella.errors import CapellaError, CorruptData, KeyNotFound, StorageTimeout
 from capella.storage import Journal, Storage

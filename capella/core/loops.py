@@ -1,6 +1,6 @@
 """Background loops that never die silently.
 
-``supervise`` runs a loop body until it returns. When the body raises, the failure is logged
+``keep_running`` runs a loop body until it returns. When the body raises, the failure is logged
 (with its traceback when it is not a ``CapellaError``, which are expected: a full disk),
 counted in ``TaskFailures`` (``capella_task_failures_total``), handed to the owner's ``report``
 (a queue's ``last_error``), and the body starts again after ``backoff``. Only cancellation
@@ -48,7 +48,7 @@ def _ignore(message: str) -> None:
     pass
 
 
-async def supervise(
+async def keep_running(
     task: str,
     body: Callable[[], Awaitable[None]],
     *,
@@ -98,7 +98,7 @@ async def supervise(
 class Loop:
     """A supervised body that runs only while it has work.
 
-    ``start`` runs ``body`` under ``supervise`` unless it runs already; the body returns once
+    ``start`` runs ``body`` under ``keep_running`` unless it runs already; the body returns once
     nothing is left to do (it checks without awaiting, so work added later always finds either
     a running body that will see it or a finished task that ``start`` replaces). Between
     restarts it waits for the backoff, or less when ``stopping`` or ``wake`` is set.
@@ -132,7 +132,9 @@ class Loop:
         if self.running or self._finished:
             return
         self.task = asyncio.create_task(
-            supervise(self.name, self._body, failures=self._failures, report=self._report, sleep=self._pause),
+            keep_running(
+                self.name, self._body, failures=self._failures, report=self._report, sleep=self._pause
+            ),
             name=self.name,
         )
 

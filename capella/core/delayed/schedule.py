@@ -14,8 +14,8 @@ Where items live:
   millions of far-future items do not fill memory. A chunk is read back when its earliest
   item comes within the horizon.
 
-An item and its encoding are in ``capella.core.scheduled``, the chunk files in
-``capella.core.chunk``; this module decides what is where and when it is released.
+An item and its encoding are in ``capella.core.delayed.item``, the chunk files in
+``capella.core.delayed.chunks``; this module decides what is where and when it is released.
 
 Nothing is released twice: a release is a dedup insert keyed by the item's identity
 ``(source, external_id)``, where an item without an external id uses its sid. The release
@@ -39,10 +39,10 @@ from typing import Any
 
 import orjson
 
-from capella.core.changelog import ChangeLog, frame, unframe
-from capella.core.chunk import Chunk, ChunkFiles
+from capella.core.delayed.chunks import Chunk, ChunkFiles
+from capella.core.delayed.item import Scheduled, decode_item, encode_item, identity_hash
+from capella.core.journal.changelog import ChangeLog, frame, unframe
 from capella.core.message import Draft, SaveMode
-from capella.core.scheduled import Scheduled, decode_item, encode_item, identity_hash
 from capella.errors import CapellaError, Conflict, CorruptData, ScheduledNotFound, ShuttingDown
 from capella.storage import Storage
 

@@ -1,6 +1,6 @@
 """Chunk files of a schedule: immutable files of scheduled items, each with a small index.
 
-``<prefix>/chunks/<n>.sch`` holds up to ``CHUNK_ITEMS`` items (``capella.core.schedule``)
+``<prefix>/chunks/<n>.sch`` holds up to ``CHUNK_ITEMS`` items (``capella.core.delayed.schedule``)
 framed one after the other behind a header with their count and CRC. ``<n>.idx`` holds what
 the schedule keeps in memory instead of the items: their sorted schedule ids and the sorted
 identity hashes of those with an external id (16 bytes an item), with its own CRC. A chunk
@@ -16,8 +16,8 @@ from array import array
 from collections.abc import Container
 from dataclasses import dataclass, field
 
-from capella.core.changelog import frame, unframe
-from capella.core.scheduled import Scheduled, decode_item, encode_item, identity_hash
+from capella.core.delayed.item import Scheduled, decode_item, encode_item, identity_hash
+from capella.core.journal.changelog import frame, unframe
 from capella.errors import CorruptData, KeyNotFound
 from capella.storage import Storage
 

@@ -23,15 +23,15 @@ import msgspec
 import orjson
 
 from capella.config import StorageSettings
-from capella.core.batch import Batch
-from capella.core.blocks import BlockMeta, BlockStore
-from capella.core.codec import JOURNAL_HEADER, encode_columns, encode_record
-from capella.core.commit import fail
-from capella.core.dedup import BlockSummary
 from capella.core.definition import QueueDefinition
+from capella.core.journal.group_commit import fail
+from capella.core.log.batch import Batch
+from capella.core.log.blocks import BlockMeta, BlockStore
+from capella.core.log.codec import JOURNAL_HEADER, encode_columns, encode_record
+from capella.core.log.dedup import BlockSummary
+from capella.core.loops import Loop, TaskFailures, first_of
 from capella.core.message import Draft, Message
 from capella.core.stats import Histogram, QueueCounters
-from capella.core.task import Loop, TaskFailures, first_of
 from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
 from capella.storage import Journal
 

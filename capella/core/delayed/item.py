@@ -2,7 +2,7 @@
 
 An item is the message as it will be appended, plus when (``due``); its ``sid`` is its
 schedule id, which stands in for a missing external id. The encoding is the message body of
-``capella.core.codec`` behind the due time and two flags, so an item without an external id
+``capella.core.log.codec`` behind the due time and two flags, so an item without an external id
 or an external time reads back without one.
 """
 
@@ -12,7 +12,7 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
-from capella.core.codec import message_body, message_from_body
+from capella.core.log.codec import message_body, message_from_body
 from capella.core.message import Draft, Message
 from capella.errors import CorruptData
 

@@ -1,12 +1,12 @@
-"""The consumers of one queue: its named subscriptions (cursors) and the work queues of the ack-mode ones.
+"""The subscriptions of one queue as stored: its named cursors and the work queues of the ack-mode ones.
 
-The subscriptions live in a change log under ``<q>/subscriptions/`` (``capella.core.changelog``):
+The subscriptions live in a change log under ``<q>/subscriptions/`` (``capella.core.journal.changelog``):
 a commit appends one small record (the subscription as it now is) and concurrent commits share
 one fsync. The periodic pass writes a snapshot of them all once the log holds
 ``CHECKPOINT_RECORDS`` records. The snapshot is the JSON document that versions before the log
 kept in ``<q>/subscriptions.json``; such a file is read at open, becomes the first snapshot and
 is deleted. Each work queue keeps its own change log under ``<q>/work/<subscription>/``
-(``capella.core.work``); a message it gives up on is copied to the dead-letter queue its policy
+(``capella.core.work.work_queue``); a message it gives up on is copied to the dead-letter queue its policy
 names.
 """
 
@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from capella.config import StorageSettings
-from capella.core.changelog import ChangeLog
 from capella.core.definition import QueueDefinition
+from capella.core.journal.changelog import ChangeLog
 from capella.core.message import Draft, SaveMode
-from capella.core.retry import RetryPolicy
 from capella.core.subscription import ACK, Subscription, Subscriptions
-from capella.core.work import MessageLog, WorkQueue
+from capella.core.work.retry import RetryPolicy
+from capella.core.work.work_queue import MessageLog, WorkQueue
 from capella.errors import (
     InvalidRequest,
     KeyNotFound,
@@ -46,7 +46,7 @@ class DeadLetterQueue(Protocol):
     async def append(self, drafts: Sequence[Draft], save: SaveMode = ...) -> Sequence[object]: ...
 
 
-class Consumers:
+class SubscriptionStore:
     """The subscriptions of one queue and their work queues, and when they are saved."""
 
     def __init__(

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import msgspec
 
+from capella.core.delayed.item import Scheduled
+from capella.core.delayed.schedule import Schedule
+from capella.core.log.writer import Appended, Writer
 from capella.core.message import Draft
-from capella.core.schedule import Schedule
-from capella.core.scheduled import Scheduled
-from capella.core.writer import Appended, Writer
 
 
 class Delayed(msgspec.Struct, frozen=True, gc=False):

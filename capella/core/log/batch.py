@@ -20,7 +20,7 @@ from itertools import repeat
 
 import orjson
 
-from capella.core.codec import Columns, columns_of, messages_of
+from capella.core.log.codec import Columns, columns_of, messages_of
 from capella.core.message import Message, stored_message
 from capella.wire.frames import encode_frames
 

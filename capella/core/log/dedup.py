@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from capella.core.bloom import BloomFilter, dedup_key
+from capella.core.log.bloom import BloomFilter, dedup_key
 from capella.errors import CorruptData
 
 _SUMMARY_MAGIC = b"CPS2"
