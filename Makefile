@@ -14,9 +14,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Debian tools the fault tests drive: strace attaches to a server to fail or slow its fsyncs;
-# libfuse 3 serves tests/powerfs.py, the filesystem that loses what was not fsync'd; headless
-# chromium runs the console's browser tests (tests/test_ui.py; a browser cannot be downloaded);
-# PostgreSQL: tests/pg.py runs a throwaway cluster (initdb) for the pg_outbox / pg_inbox tests.
+# libfuse 3 serves tests/support/powerfs.py, the filesystem that loses what was not fsync'd; headless
+# chromium runs the console's browser tests (tests/e2e/test_ui.py; a browser cannot be downloaded);
+# PostgreSQL: tests/support/pg.py runs a throwaway cluster (initdb) for the pg_outbox / pg_inbox tests.
 # The lock timeout lets another apt run finish first.
 APT := apt-get -o DPkg::Lock::Timeout=600
 tools:

@@ -1,6 +1,6 @@
 """PostgreSQL bridges: rows/s from an outbox table into a queue, messages/s into an inbox table.
 
-A throwaway PostgreSQL cluster (the tests' ``tests/pg.py``: initdb in a temp dir, loopback,
+A throwaway PostgreSQL cluster (the tests' ``tests/support/pg.py``: initdb in a temp dir, loopback,
 ``fsync = off``, so the figure is Capella's and the driver's, not the database disk's) and a
 real server. 200,000 rows of 100 bytes are committed to the outbox first (not timed); a
 ``pg_outbox`` handler (batch 1000, ``save=wait``) then relays them, timed until the table is
@@ -30,8 +30,8 @@ DEADLINE = 600.0
 
 
 def _pg() -> ModuleType:
-    """tests/pg.py, so the tests and the benchmark run PostgreSQL the same way."""
-    path = Path(__file__).resolve().parent.parent / "tests" / "pg.py"
+    """tests/support/pg.py, so the tests and the benchmark run PostgreSQL the same way."""
+    path = Path(__file__).resolve().parent.parent / "tests" / "support" / "pg.py"
     spec = importlib.util.spec_from_file_location("capella_bench_pg", path)
     if spec is None or spec.loader is None:
         raise BenchmarkFailed(f"cannot load {path}")

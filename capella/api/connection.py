@@ -263,7 +263,7 @@ class JsonErrorRequestHandler(web.RequestHandler):
                 limit=self.max_field_size,
             )
         # aiohttp raises a plain BadHttpMessage for this one; its text is all that tells it apart
-        # (tests/test_transport.py pins it, so an aiohttp upgrade that changes it is noticed).
+        # (tests/client/test_transport.py pins it, so an aiohttp upgrade that changes it is noticed).
         if exc.message.startswith("Too many headers"):
             return HeadersTooLarge(
                 f"the request has more than {self.max_headers} headers", limit=self.max_headers

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from conftest import ServerProcess, running
+from support.servers import ServerProcess, running
 
 ADMIN_PASSWORD = "admin-password-that-must-not-leak"
 DEV_PASSWORD = "dev-password"

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
-from conftest import ServerProcess, running
+from support.servers import ServerProcess, running
 
 from capella.api import create_app
 from capella.config import CorsSettings, ServerSettings, parse_config

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ServerProcess, free_port, running
+from support.servers import ServerProcess, free_port, running
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():  # pragma: no cover - make tools installs it

@@ -9,12 +9,11 @@ associated data, so even one copied inside the registry file sends nothing.
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
-from conftest import api_config
 from cryptography.fernet import Fernet
 
 from capella.core.cluster import Cluster
@@ -32,11 +31,10 @@ def fake_pg() -> Iterator[FakePostgres]:
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    opened = await Cluster.open(api_config(tmp_path))
-    await opened.put_queue("q", {})
-    yield opened
-    await opened.close()
+async def cluster(cluster: Cluster) -> Cluster:
+    """The conftest's cluster, with the queue "q"."""
+    await cluster.put_queue("q", {})
+    return cluster
 
 
 def supervisor(cluster: Cluster, tmp_path: Path) -> Supervisor:

@@ -21,7 +21,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from conftest import Clock, ServerProcess, running
+from support.clock import Clock
+from support.servers import ServerProcess, running
 
 from capella.api import create_app
 from capella.auth.authenticator import LOGINS_WAITING, Authenticator

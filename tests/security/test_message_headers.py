@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from conftest import ServerProcess, running
+from support.servers import ServerProcess, running
 
 from capella.config import ServerSettings
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ServerProcess
+from support.servers import ServerProcess
 
 from capella.auth.store import AuthStore
 from capella.storage.file import FileStorage

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from capella.config import parse_config
+from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import InvalidRequest
@@ -22,12 +21,15 @@ from capella.handlers.supervisor import Supervisor, build_push
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    config = parse_config({"cluster": {"name": "dc1", "data_dir": str(tmp_path / "data")}}, {}, base=tmp_path)
-    opened = await Cluster.open(config)
-    await opened.put_queue("orders", {})
-    yield opened
-    await opened.close()
+def cluster_config(tmp_path: Path) -> Config:
+    return parse_config({"cluster": {"name": "dc1", "data_dir": str(tmp_path / "data")}}, {}, base=tmp_path)
+
+
+@pytest.fixture
+async def cluster(cluster: Cluster) -> Cluster:
+    """The conftest's cluster, with the queue "orders"."""
+    await cluster.put_queue("orders", {})
+    return cluster
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+
+from support.wait import until
 
 from security.conftest import ADMIN_PASSWORD, DEV_PASSWORD, DEV_RULES, Receiver, Secured, StartSecured
 
@@ -36,13 +37,6 @@ def grant(secured: Secured, rules: list[str]) -> None:
 
 def push(url: str, **params: object) -> dict[str, object]:
     return {"type": "push", "queue": "dev-q", "params": {"url": url, "max_attempts": 1, **params}}
-
-
-async def until(probe: object, within: float = 15.0) -> None:
-    deadline = time.monotonic() + within
-    while not probe():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 async def test_the_old_env_params_are_refused_naming_the_replacement(
@@ -89,7 +83,7 @@ async def test_a_granted_secret_is_sent_and_a_revoked_one_stops_the_handler(
     assert HOOK_TOKEN not in json.dumps(defined.body)
     sent = secured.call("POST", "/v1/queues/dev-q/messages", {"messages": [{"data": "one"}]})
     assert sent.status in (200, 201), sent.body
-    await until(lambda: receiver.seen)
+    await until(lambda: receiver.seen, 15.0)
     assert receiver.seen[0].headers["Authorization"] == f"Bearer {HOOK_TOKEN}"
 
     # The grant is taken away: the next pass reads the secret as dev again and stops (a pass
@@ -101,7 +95,7 @@ async def test_a_granted_secret_is_sent_and_a_revoked_one_stops_the_handler(
         error = status.get("last_error")
         return bool(error) and "'dev-hook' cannot be used" in error["message"]
 
-    await until(failed)
+    await until(failed, 15.0)
     secured.call("POST", "/v1/queues/dev-q/messages", {"messages": [{"data": "two"}]})
     await asyncio.sleep(1.0)
     assert len(receiver.seen) == 1

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ServerProcess, running
+from support.servers import ServerProcess, running
 
 from capella.client import AsyncClient
 from capella.client.multi import DAY, OFFSET_BITS, ExternalIds

@@ -1,0 +1,1 @@
+"""The auth package on its own: hashes, rules, users and tokens."""

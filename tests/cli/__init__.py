@@ -1,0 +1,1 @@
+"""The ``capella`` command against a real ``capella serve`` process."""

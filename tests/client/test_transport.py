@@ -1,0 +1,877 @@
+"""Transport security against real servers on 127.0.0.1: TLS and mutual TLS, the connection
+guard (the connection cap and the request-head deadline that defeats slowloris), header
+limits and the JSON nesting limit.
+
+Servers are real ``capella serve`` processes, one per configuration and module; the one
+in-process server (``listen`` from ``capella.server``) is there to reach the client
+certificate from a route. Certificates are made per module with ``cryptography``. Every
+wait is bounded: raw sockets read with a timeout and give up after a fixed number of tries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import ipaddress
+import ssl
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from aiohttp.typedefs import Handler
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from support.servers import SERVER_START_TIMEOUT, ServerProcess, running
+
+from capella.api import create_app
+from capella.api.connection import ConnectionGuard
+from capella.api.request import nesting, shallow_enough
+from capella.auth.authenticator import Authenticator
+from capella.auth.rule import Rule
+from capella.auth.store import AuthStore
+from capella.client import AsyncClient
+from capella.config import AuthSettings, ServerSettings, TlsSettings
+from capella.core.cluster import Cluster
+from capella.errors import (
+    Forbidden,
+    HeadersTooLarge,
+    InvalidConfig,
+    SameClusterName,
+    TooManyConnections,
+    Unauthorized,
+    Unreachable,
+)
+from capella.handlers.supervisor import Supervisor
+from capella.server import listen, ssl_context
+
+pytestmark = pytest.mark.slow
+
+HEADER_TIMEOUT = 1.5
+# A loaded CI machine (2 cores, several test runs) may add this much to any deadline.
+SLACK = 2.0
+READ_TIMEOUT = 10.0
+
+
+# --- certificates ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pki:
+    """A throwaway CA, a server certificate for 127.0.0.1/localhost, and client certificates."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path  # CN=alice, signed by the CA
+    client_key: Path
+    rogue_cert: Path  # CN=mallory, signed by another CA
+    rogue_key: Path
+    encrypted_key: Path  # the server key, with a passphrase
+
+    def client_context(self, *, cert: str | None = None) -> ssl.SSLContext:
+        """Trusts the CA; presents ``alice``'s or ``mallory``'s certificate when asked."""
+        context = ssl.create_default_context(cafile=str(self.ca))
+        if cert == "alice":
+            context.load_cert_chain(self.client_cert, self.client_key)
+        elif cert == "mallory":
+            context.load_cert_chain(self.rogue_cert, self.rogue_key)
+        return context
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _issue(
+    cn: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None = None,
+    *,
+    ca: bool = False,
+    server: bool = False,
+) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    issuer_name, issuer_key = issuer or (_name(cn), key)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(issuer_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        ).add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    else:
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False).add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False
+        )
+    if server:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _write(path: Path, cert: x509.Certificate | None = None, key: Any = None, password: bytes = b"") -> Path:
+    if cert is not None:
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    else:
+        encryption = (
+            serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
+        )
+        path.write_bytes(
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+        )
+    return path
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    root = tmp_path_factory.mktemp("pki")
+    ca_key, rogue_ca_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = _issue("Capella Test CA", ca_key, ca=True)
+    rogue_ca = _issue("Someone Else's CA", rogue_ca_key, ca=True)
+    server_key, client_key, rogue_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
+    return Pki(
+        ca=_write(root / "ca.pem", ca),
+        server_cert=_write(
+            root / "server.pem", _issue("localhost", server_key, (ca.subject, ca_key), server=True)
+        ),
+        server_key=_write(root / "server.key", key=server_key),
+        client_cert=_write(root / "alice.pem", _issue("alice", client_key, (ca.subject, ca_key))),
+        client_key=_write(root / "alice.key", key=client_key),
+        rogue_cert=_write(
+            root / "mallory.pem", _issue("mallory", rogue_key, (rogue_ca.subject, rogue_ca_key))
+        ),
+        rogue_key=_write(root / "mallory.key", key=rogue_key),
+        encrypted_key=_write(root / "server-encrypted.key", key=server_key, password=b"secret"),
+    )
+
+
+# --- servers ---------------------------------------------------------------------------
+
+
+def write_config(path: Path, server: str, tls: str = "") -> Path:
+    tls_table = f"\n[server.tls]\n{tls}\n" if tls else ""
+    path.write_text(
+        f'[cluster]\nname = "transport"\n\n[server]\n{server}\n{tls_table}\n'
+        '[mounts.default]\nprovider = "memory"\n'
+    )
+    return path
+
+
+class TlsServerProcess(ServerProcess):
+    """``capella serve`` with ``[server.tls]``: an https:// URL and a TLS readiness check."""
+
+    def __init__(self, data_dir: Path, config: Path, context: ssl.SSLContext) -> None:
+        super().__init__(data_dir, config=config)
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.context = context
+
+    def wait_ready(self, timeout: float = SERVER_START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"capella serve exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1.0, context=self.context) as resp:
+                    if resp.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"capella serve not ready after {timeout}s:\n{self.log()}")
+
+
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Plain HTTP, a short head deadline and small header limits."""
+    root = tmp_path_factory.mktemp("plain")
+    config = write_config(
+        root / "capella.toml",
+        f'header_timeout = "{HEADER_TIMEOUT}s"\nmax_header_size = "2KiB"\nmax_headers = 20\n',
+    )
+    yield from running(ServerProcess(root / "data", config=config))
+
+
+@pytest.fixture(scope="module")
+def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """At most 20 connections; a long head deadline so idle connections stay."""
+    root = tmp_path_factory.mktemp("limited")
+    config = write_config(root / "capella.toml", 'max_connections = 20\nheader_timeout = "60s"\n')
+    yield from running(ServerProcess(root / "data", config=config))
+
+
+def _tls_table(pki: Pki, client_ca: bool) -> str:
+    table = f'cert_file = "{pki.server_cert}"\nkey_file = "{pki.server_key}"\n'
+    return table + (f'client_ca_file = "{pki.ca}"\n' if client_ca else "")
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("tls")
+    config = write_config(
+        root / "capella.toml", f'header_timeout = "{HEADER_TIMEOUT}s"', _tls_table(pki, False)
+    )
+    yield from running(TlsServerProcess(root / "data", config, pki.client_context()))
+
+
+@pytest.fixture(scope="module")
+def mtls_server(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("mtls")
+    config = write_config(
+        root / "capella.toml", f'header_timeout = "{HEADER_TIMEOUT}s"', _tls_table(pki, True)
+    )
+    yield from running(TlsServerProcess(root / "data", config, pki.client_context(cert="alice")))
+
+
+# --- raw HTTP --------------------------------------------------------------------------
+
+
+def request_bytes(path: str = "/healthz", *, close: bool = False, extra: str = "") -> bytes:
+    connection = "close" if close else "keep-alive"
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: {connection}\r\n{extra}\r\n".encode()
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def error(self) -> dict[str, Any]:
+        assert self.headers["content-type"].startswith("application/json"), self.headers
+        error: dict[str, Any] = orjson.loads(self.body)["error"]
+        return error
+
+
+async def read_answer(reader: asyncio.StreamReader) -> Answer:
+    """One HTTP/1.1 response with a Content-Length, read within ``READ_TIMEOUT``."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    body = await asyncio.wait_for(reader.readexactly(int(headers.get("content-length", "0"))), READ_TIMEOUT)
+    return Answer(int(status_line.split()[1]), headers, body)
+
+
+async def exchange(port: int, data: bytes, *, then_closed: bool = False) -> Answer:
+    """Send ``data`` on a new connection and read one answer (and check the server then closes)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        answer = await read_answer(reader)
+        if then_closed:
+            assert await closed_within(reader, SLACK) == b""
+        return answer
+    finally:
+        writer.close()
+
+
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
+    """What the server sends before it closes; fails if it is still open after ``seconds``."""
+    received = b""
+    deadline = time.monotonic() + seconds
+    for _ in range(1000):
+        left = deadline - time.monotonic()
+        assert left > 0, f"still open after {seconds}s; received {received!r}"
+        try:
+            chunk = await asyncio.wait_for(reader.read(65536), left)
+        except TimeoutError:
+            continue
+        except ConnectionError:
+            return received
+        if not chunk:
+            return received
+        received += chunk
+    raise AssertionError("too many reads")
+
+
+# --- the head deadline (slowloris) -----------------------------------------------------
+
+
+async def test_slowloris_connections_are_closed_while_others_are_served(plain_server: ServerProcess) -> None:
+    port = plain_server.port
+    head = request_bytes(extra="X-Slow: " + "a" * 200 + "\r\n")
+
+    async def slowloris() -> tuple[float, bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        opened = time.monotonic()
+        received = b""
+        try:
+            for i in range(40):  # one byte every 0.5 s; bounded at 20 s
+                try:
+                    writer.write(head[i : i + 1])
+                    await writer.drain()
+                    chunk = await asyncio.wait_for(reader.read(4096), 0.5)
+                except TimeoutError:
+                    continue
+                except ConnectionError:
+                    return time.monotonic() - opened, received
+                received += chunk
+                if not chunk or received.endswith(b"}"):
+                    return time.monotonic() - opened, received
+            raise AssertionError(f"a slow connection is still open after 20 s: {received!r}")
+        finally:
+            writer.close()
+
+    latencies: list[float] = []
+    attack = [asyncio.create_task(slowloris()) for _ in range(200)]
+    async with AsyncClient(plain_server.url, timeout=10.0) as client:
+        await client.put_queue("slowloris")
+        for i in range(2000):  # stops when the attack is over; bounded anyway
+            started = time.perf_counter()
+            await client.produce("slowloris", [{"data": f"m{i}"}])
+            await client.read("slowloris", after=i, limit=1)
+            latencies.append(time.perf_counter() - started)
+            if all(task.done() for task in attack):
+                break
+            await asyncio.sleep(0.01)
+        closes = await asyncio.wait_for(asyncio.gather(*attack), HEADER_TIMEOUT + SLACK + 20)
+        await client.put_queue("slowloris-after")  # the server still serves
+
+    after = sorted(seconds for seconds, _ in closes)
+    timed_out = [data for _, data in closes if data.startswith(b"HTTP/1.1 408 ")]
+    latencies.sort()
+    print(
+        f"\nslowloris: 200 slow connections closed after {after[0]:.2f}-{after[-1]:.2f} s "
+        f"({len(timed_out)} saw the 408); {len(latencies)} produce+read pairs meanwhile: "
+        f"p50={statistics.median(latencies) * 1000:.1f} ms "
+        f"p99={latencies[int(len(latencies) * 0.99)] * 1000:.1f} ms max={latencies[-1] * 1000:.1f} ms"
+    )
+    assert after[0] >= HEADER_TIMEOUT - 0.1
+    assert after[-1] <= HEADER_TIMEOUT + SLACK
+    assert len(latencies) >= 10
+    assert latencies[-1] < 1.0
+    assert timed_out, "no slow connection was told why it was closed"
+    assert b'"code":"request_timeout"' in timed_out[0]
+
+
+async def test_a_connection_that_sends_nothing_gets_408_and_is_closed(plain_server: ServerProcess) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", plain_server.port)
+    started = time.monotonic()
+    try:
+        received = await closed_within(reader, HEADER_TIMEOUT + SLACK)
+    finally:
+        writer.close()
+    elapsed = time.monotonic() - started
+
+    assert HEADER_TIMEOUT - 0.1 <= elapsed <= HEADER_TIMEOUT + SLACK
+    assert received.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert b"Connection: close\r\n" in received
+    body = orjson.loads(received.partition(b"\r\n\r\n")[2])
+    assert body["error"]["code"] == "request_timeout"
+    assert "1.5 s" in body["error"]["message"]
+
+
+async def test_an_idle_keepalive_connection_outlives_the_head_deadline(plain_server: ServerProcess) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", plain_server.port)
+    try:
+        writer.write(request_bytes())
+        assert (await read_answer(reader)).status == 200
+        await asyncio.sleep(
+            HEADER_TIMEOUT + 1.0
+        )  # idle: keepalive_timeout (75 s) applies, not the head deadline
+        writer.write(request_bytes())
+        assert (await read_answer(reader)).status == 200
+    finally:
+        writer.close()
+
+
+async def test_a_slow_second_head_on_a_keepalive_connection_is_cut(plain_server: ServerProcess) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", plain_server.port)
+    try:
+        writer.write(request_bytes())
+        assert (await read_answer(reader)).status == 200
+        await asyncio.sleep(0.5)
+        writer.write(b"GET /healthz HTTP/1.1\r\n")  # the clock starts with this first byte
+        started = time.monotonic()
+        received = await closed_within(reader, HEADER_TIMEOUT + SLACK)
+    finally:
+        writer.close()
+
+    assert HEADER_TIMEOUT - 0.1 <= time.monotonic() - started <= HEADER_TIMEOUT + SLACK
+    assert received.startswith(b"HTTP/1.1 408 ")
+
+
+async def test_a_long_poll_is_not_cut_by_the_head_deadline(plain_server: ServerProcess) -> None:
+    async with AsyncClient(plain_server.url, timeout=10.0) as client:
+        await client.put_queue("long-poll")
+        started = time.monotonic()
+        answer = await client.read("long-poll", after=0, wait=HEADER_TIMEOUT + 1.0)
+        elapsed = time.monotonic() - started
+        # The same connection serves the next request.
+        await client.produce("long-poll", [{"data": "x"}])
+
+    assert answer.messages == []
+    assert elapsed >= HEADER_TIMEOUT + 0.9
+
+
+async def test_pipelined_requests_are_all_answered(plain_server: ServerProcess) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", plain_server.port)
+    try:
+        writer.write(request_bytes() * 3 + request_bytes(close=True))
+        answers = [await read_answer(reader) for _ in range(4)]
+        assert await closed_within(reader, SLACK) == b""
+    finally:
+        writer.close()
+
+    assert [a.status for a in answers] == [200] * 4
+
+
+# --- header limits ---------------------------------------------------------------------
+
+
+async def test_a_header_over_max_header_size_gets_431_json(plain_server: ServerProcess) -> None:
+    answer = await exchange(
+        plain_server.port, request_bytes(extra=f"X-Big: {'a' * 2100}\r\n"), then_closed=True
+    )
+
+    assert answer.status == 431
+    error = answer.error()
+    assert error["code"] == "headers_too_large"
+    assert error["limit"] == 2048
+    assert "longer than 2048 bytes" in error["message"]
+
+
+async def test_a_header_just_under_max_header_size_is_served(plain_server: ServerProcess) -> None:
+    answer = await exchange(plain_server.port, request_bytes(extra=f"X-Big: {'a' * 1900}\r\n"))
+
+    assert answer.status == 200
+
+
+async def test_a_request_line_over_max_header_size_gets_431_json(plain_server: ServerProcess) -> None:
+    answer = await exchange(plain_server.port, request_bytes(f"/healthz?{'q' * 2100}"))
+
+    assert answer.status == 431
+    assert answer.error()["code"] == "headers_too_large"
+
+
+async def test_more_than_max_headers_gets_431_json(plain_server: ServerProcess) -> None:
+    extra = "".join(f"X-H{i}: {i}\r\n" for i in range(25))
+    answer = await exchange(plain_server.port, request_bytes(extra=extra))
+
+    # This also pins aiohttp's "Too many headers" message, which the guard relies on.
+    assert answer.status == 431
+    error = answer.error()
+    assert error["code"] == "headers_too_large"
+    assert error["message"] == "the request has more than 20 headers"
+
+
+async def test_a_request_that_is_not_http_gets_400_json(plain_server: ServerProcess) -> None:
+    answer = await exchange(plain_server.port, b"HELLO THERE\r\n\r\n")
+
+    assert answer.status == 400
+    assert answer.error()["code"] == "invalid_request"
+
+
+async def test_the_client_raises_headers_too_large(plain_server: ServerProcess) -> None:
+    async with AsyncClient(plain_server.url, token="t" * 3000) as client:
+        with pytest.raises(HeadersTooLarge):
+            await client.queues()
+
+
+# --- JSON nesting ----------------------------------------------------------------------
+
+
+def nested(depth: int) -> bytes:
+    """A JSON object ``depth`` levels deep (the outer object counts)."""
+    return b'{"x":' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+
+
+async def test_json_deeper_than_max_json_depth_gets_400_json_too_deep(api: TestClient) -> None:
+    deep = await api.put("/v1/queues/deep", data=nested(33))
+    at_limit = await api.put("/v1/queues/deep", data=nested(32))
+
+    assert deep.status == 400
+    error = (await deep.json())["error"]
+    assert error["code"] == "json_too_deep"
+    assert error["limit"] == 32
+    # Refused for what it says, not for how deep it is.
+    assert (await at_limit.json())["error"]["code"] != "json_too_deep"
+
+
+@pytest.mark.parametrize(
+    ("body", "depth"),
+    [
+        (b"1", 0),
+        (b"[]", 1),
+        (b'{"a": [1, {"b": []}]}', 4),
+        (b'{"a": "[[[[[[[[[[[["}', 1),  # brackets in strings do not count
+        (b'{"a": "]]]]]]", "b": [[["["]]]}', 4),
+        (b"[[1], [[2]], [[[3]]]]", 4),
+    ],
+)
+def test_nesting_is_measured_exactly(body: bytes, depth: int) -> None:
+    value = orjson.loads(body)
+
+    assert nesting(value, 32) == depth
+    assert shallow_enough(body, depth) or b'"' in body
+    if depth:
+        assert nesting(value, depth - 1) == depth  # counts one past the limit, then stops
+        # The byte pre-check never calls a body shallow when it is deeper than the limit.
+        assert not shallow_enough(body, depth - 1)
+
+
+def test_the_precheck_passes_a_large_produce_body_without_walking_it() -> None:
+    body = orjson.dumps({"messages": [{"data": f"m{i}", "headers": {"k": "v"}} for i in range(10_000)]})
+
+    assert shallow_enough(body, 32)
+    assert nesting(orjson.loads(body), 32) == 4
+
+
+# --- the connection cap ----------------------------------------------------------------
+
+
+async def open_served(port: int, attempts: int = 50) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A keep-alive connection that has been answered 200 (retried while a closed one is released)."""
+    for _ in range(attempts):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request_bytes())
+        answer = await read_answer(reader)
+        if answer.status == 200:
+            return reader, writer
+        writer.close()
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no connection accepted after {attempts} attempts")
+
+
+async def test_a_connection_over_max_connections_gets_503_json(limited_server: ServerProcess) -> None:
+    port = limited_server.port
+    held = [await open_served(port) for _ in range(20)]
+    try:
+        refused = await exchange(port, request_bytes())
+        async with AsyncClient(limited_server.url) as client:
+            with pytest.raises(TooManyConnections):
+                await client.queues()
+        # The held ones are still served.
+        reader, writer = held[0]
+        writer.write(request_bytes())
+        assert (await read_answer(reader)).status == 200
+
+        for _, writer in held[:5]:
+            writer.close()
+        held = held[5:]
+        held += [await open_served(port) for _ in range(5)]
+        again = await exchange(port, request_bytes())
+    finally:
+        for _, writer in held:
+            writer.close()
+
+    assert refused.status == 503
+    assert refused.headers["connection"] == "close"
+    error = refused.error()
+    assert error["code"] == "too_many_connections"
+    assert error["limit"] == 20
+    assert again.status == 503
+    assert "connections refused" in limited_server.log()
+
+
+async def test_refusals_past_a_second_max_connections_are_closed_at_once(
+    limited_server: ServerProcess,
+) -> None:
+    port = limited_server.port
+
+    async def reset_by_server(writer: asyncio.StreamWriter, reader: asyncio.StreamReader) -> bool:
+        # A lingering refusal reads and discards; a closed socket answers a write with a reset.
+        for _ in range(20):
+            try:
+                writer.write(b"x")
+                await writer.drain()
+            except ConnectionError:
+                return True
+            await asyncio.sleep(0.05)
+            if reader.exception() is not None:
+                return True
+        return False
+
+    held = [await open_served(port) for _ in range(20)]
+    refused: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for _ in range(21):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            refused.append((reader, writer))
+            assert (await read_answer(reader)).status == 503
+        lingering, flooded = await asyncio.gather(
+            reset_by_server(refused[-2][1], refused[-2][0]), reset_by_server(refused[-1][1], refused[-1][0])
+        )
+    finally:
+        for _, writer in held + refused:
+            writer.close()
+
+    assert not lingering
+    assert flooded
+
+
+# --- TLS -------------------------------------------------------------------------------
+
+
+async def test_a_client_with_the_ca_talks_https(tls_server: ServerProcess, pki: Pki) -> None:
+    async with AsyncClient(tls_server.url, ssl=pki.client_context()) as client:
+        await client.put_queue("tls")
+        await client.produce("tls", [{"data": "over TLS"}])
+        answer = await client.read("tls", after=0)
+
+    assert [m.data for m in answer.messages] == ["over TLS"]
+    assert f"url=https://127.0.0.1:{tls_server.port}" in tls_server.log()
+
+
+async def test_a_client_without_the_ca_fails_cleanly_and_the_server_survives(
+    tls_server: ServerProcess, pki: Pki
+) -> None:
+    async with AsyncClient(tls_server.url, timeout=5.0) as client:
+        with pytest.raises(Unreachable, match=r"(?i)certificate verify failed"):
+            await client.queues()
+    async with AsyncClient(tls_server.url, ssl=pki.client_context()) as client:
+        assert await client.ready()
+
+
+async def test_plain_http_on_the_tls_port_is_dropped(tls_server: ServerProcess, pki: Pki) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", tls_server.port)
+    try:
+        writer.write(request_bytes())
+        received = await closed_within(reader, SLACK)
+    finally:
+        writer.close()
+
+    assert not received.startswith(b"HTTP/")
+    async with AsyncClient(tls_server.url, ssl=pki.client_context()) as client:
+        assert await client.ready()
+
+
+async def test_a_tls_handshake_must_finish_within_the_head_deadline(tls_server: ServerProcess) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", tls_server.port)
+    started = time.monotonic()
+    try:
+        await closed_within(reader, HEADER_TIMEOUT + SLACK)
+    finally:
+        writer.close()
+
+    assert HEADER_TIMEOUT - 0.1 <= time.monotonic() - started <= HEADER_TIMEOUT + SLACK
+
+
+def test_the_server_context_refuses_tls_below_1_2(pki: Pki) -> None:
+    context = ssl_context(TlsSettings(pki.server_cert, pki.server_key))
+
+    assert context.minimum_version == ssl.TLSVersion.TLSv1_2
+    assert context.verify_mode == ssl.CERT_NONE
+
+
+async def test_a_link_reaches_a_tls_cluster_with_its_ca_file(tls_server: ServerProcess, pki: Pki) -> None:
+    async with AsyncClient(tls_server.url, ssl=pki.client_context()) as client:
+        # The server links to itself: with the CA the far side is reached over TLS and answers
+        # its name, which is this cluster's, so the link is refused (a same-named cluster).
+        with pytest.raises(SameClusterName):
+            await client.put_cluster("self-tls", url=tls_server.url, ca_file=str(pki.ca))
+        # Without the CA the name cannot be asked: the link is kept, and its ping says why.
+        await client.put_cluster("self-no-ca", url=tls_server.url, connect_timeout=2, timeout=5)
+        without_ca = await client.ping_cluster("self-no-ca")
+
+    assert without_ca.ok is False
+    assert without_ca.error.code == "unreachable"
+    assert "certificate verify failed" in without_ca.error.message.lower()
+
+
+# --- mutual TLS ------------------------------------------------------------------------
+
+
+async def test_mutual_tls_accepts_a_client_certificate_from_the_ca(
+    mtls_server: ServerProcess, pki: Pki
+) -> None:
+    async with AsyncClient(mtls_server.url, ssl=pki.client_context(cert="alice")) as client:
+        await client.put_queue("mtls")
+        assert await client.queues()
+
+
+@pytest.mark.parametrize("cert", [None, "mallory"], ids=["no-certificate", "another-ca"])
+async def test_mutual_tls_refuses_a_client_without_a_good_certificate(
+    mtls_server: ServerProcess, pki: Pki, cert: str | None
+) -> None:
+    async with AsyncClient(mtls_server.url, ssl=pki.client_context(cert=cert), timeout=5.0) as client:
+        with pytest.raises(Unreachable):
+            await client.queues()
+    async with AsyncClient(mtls_server.url, ssl=pki.client_context(cert="alice")) as client:
+        assert await client.ready()
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    cluster: Cluster,
+    supervisor: Supervisor,
+    settings: ServerSettings,
+    route: Handler | None = None,
+    authenticator: Authenticator | None = None,
+) -> AsyncIterator[str]:
+    """The app in this process behind the server's own ``listen``; yields its https:// URL."""
+    guard = ConnectionGuard(settings)
+    app = create_app(cluster, settings, supervisor, authenticator=authenticator, guard=guard)
+    if route is not None:
+        app.router.add_get("/test/route", route)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    try:
+        site = await listen(runner, settings, guard)
+        yield f"https://127.0.0.1:{site.port}"
+    finally:
+        await runner.cleanup()
+        guard.close()
+
+
+async def test_the_client_certificate_reaches_the_app(
+    cluster: Cluster, supervisor: Supervisor, pki: Pki
+) -> None:
+    async def peer(request: web.Request) -> web.Response:
+        assert request.transport is not None
+        cert = request.transport.get_extra_info("peercert")
+        subject = dict(item[0] for item in cert["subject"])
+        return web.json_response({"cn": subject["commonName"]})
+
+    settings = ServerSettings(listen="127.0.0.1:0", tls=TlsSettings(pki.server_cert, pki.server_key, pki.ca))
+    async with (
+        serving(cluster, supervisor, settings, peer) as url,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=pki.client_context(cert="alice"))) as http,
+        http.get(f"{url}/test/route") as resp,
+    ):
+        assert resp.status == 200
+        assert await resp.json() == {"cn": "alice"}
+
+
+async def test_a_client_certificate_signs_in_as_the_user_it_names(
+    cluster: Cluster, supervisor: Supervisor, pki: Pki, tmp_path: Path
+) -> None:
+    users = AuthStore(tmp_path / "auth")
+    users.add_user("root", "root-password", admin=True)
+    users.add_user("alice", "alice-password", rules=(Rule.parse("allow:queue:read:*"),))
+    authenticator = Authenticator(users, AuthSettings(enabled=True, tls_client_users=True))
+    settings = ServerSettings(listen="127.0.0.1:0", tls=TlsSettings(pki.server_cert, pki.server_key, pki.ca))
+    async with serving(cluster, supervisor, settings, authenticator=authenticator) as url:
+        async with AsyncClient(url, ssl=pki.client_context(cert="alice")) as alice:
+            assert (await alice.me()).user == "alice"
+            assert (await alice.me()).via == "tls"
+            with pytest.raises(Forbidden):
+                await alice.put_queue("not-allowed")
+        # Credentials in the request win over the certificate.
+        async with AsyncClient(
+            url, ssl=pki.client_context(cert="alice"), username="root", password="root-password"
+        ) as root:
+            assert (await root.me()).user == "root"
+        users.put_user("alice", {"enabled": False})
+        async with AsyncClient(url, ssl=pki.client_context(cert="alice")) as alice:
+            with pytest.raises(Unauthorized):
+                await alice.me()
+
+
+async def test_a_client_certificate_is_not_a_sign_in_unless_configured(
+    cluster: Cluster, supervisor: Supervisor, pki: Pki, tmp_path: Path
+) -> None:
+    users = AuthStore(tmp_path / "auth")
+    users.add_user("alice", "alice-password", admin=True)
+    authenticator = Authenticator(users, AuthSettings(enabled=True))
+    settings = ServerSettings(listen="127.0.0.1:0", tls=TlsSettings(pki.server_cert, pki.server_key, pki.ca))
+    async with (
+        serving(cluster, supervisor, settings, authenticator=authenticator) as url,
+        AsyncClient(url, ssl=pki.client_context(cert="alice")) as alice,
+    ):
+        with pytest.raises(Unauthorized):
+            await alice.me()
+
+
+async def test_a_tls_connection_over_max_connections_gets_503_json(
+    cluster: Cluster, supervisor: Supervisor, pki: Pki
+) -> None:
+    settings = ServerSettings(
+        listen="127.0.0.1:0", max_connections=1, tls=TlsSettings(pki.server_cert, pki.server_key)
+    )
+    async with (
+        serving(cluster, supervisor, settings) as url,
+        AsyncClient(url, ssl=pki.client_context()) as holder,
+        AsyncClient(url, ssl=pki.client_context()) as other,
+    ):
+        await holder.health()  # holds the one connection (keep-alive)
+        with pytest.raises(TooManyConnections):
+            await other.health()
+        await holder.health()
+
+
+# --- bad TLS files stop the server -----------------------------------------------------
+
+
+def test_a_key_that_does_not_match_the_certificate_is_refused(pki: Pki) -> None:
+    with pytest.raises(InvalidConfig, match=r"(?i)key values mismatch"):
+        ssl_context(TlsSettings(pki.server_cert, pki.client_key))
+
+
+def test_an_encrypted_key_is_refused_without_a_prompt(pki: Pki) -> None:
+    with pytest.raises(InvalidConfig, match="key_file is encrypted"):
+        ssl_context(TlsSettings(pki.server_cert, pki.encrypted_key))
+
+
+def test_a_certificate_file_that_is_not_pem_is_refused(pki: Pki, tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+
+    with pytest.raises(InvalidConfig, match="cannot use cert_file"):
+        ssl_context(TlsSettings(junk, pki.server_key))
+
+
+def test_a_client_ca_file_without_a_certificate_is_refused(pki: Pki, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.pem"
+    empty.write_text("")
+
+    with pytest.raises(InvalidConfig, match=r"client_ca_file .* cannot be used"):
+        ssl_context(TlsSettings(pki.server_cert, pki.server_key, empty))
+
+
+def test_capella_serve_stops_with_a_clear_message_on_a_bad_key(pki: Pki, tmp_path: Path) -> None:
+    tls = f'cert_file = "{pki.server_cert}"\nkey_file = "{pki.client_key}"\n'
+    config = write_config(tmp_path / "capella.toml", 'listen = "127.0.0.1:0"', tls)
+    command = [sys.executable, "-m", "capella", "serve", "--config", str(config)]
+    done = subprocess.run(
+        [*command, "--data-dir", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=SERVER_START_TIMEOUT,
+        check=False,
+    )
+
+    assert done.returncode == 2, done.stderr
+    assert "capella: server.tls: cannot use cert_file" in done.stderr

@@ -1,0 +1,1 @@
+"""The configuration files and keys."""

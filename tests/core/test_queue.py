@@ -1,0 +1,628 @@
+"""The core queue on real files: ids, blocks, save modes, dedup, recovery and cursors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from support.clock import Clock
+from support.configs import file_config
+
+from capella.config import Config, parse_config
+from capella.core import subscription_store as consumers_module
+from capella.core.cluster import Cluster
+from capella.core.log import blocks as queue_module
+from capella.core.message import Draft, SaveMode
+from capella.errors import (
+    InvalidMessage,
+    InvalidName,
+    InvalidRequest,
+    QueueNotFound,
+    StorageUnavailable,
+    SubscriptionNotFound,
+)
+
+
+@pytest.fixture
+def cluster_config(tmp_path: Path) -> Config:
+    return file_config(tmp_path, block={"max_messages": 10})
+
+
+@pytest.fixture
+def cluster_clock(clock: Clock) -> Clock:
+    return clock
+
+
+def drafts(n: int, prefix: str = "m", **fields: Any) -> list[Draft]:
+    return [Draft(payload=f"{prefix}{i}".encode(), **fields) for i in range(n)]
+
+
+def queue_dir(tmp_path: Path, name: str) -> Path:
+    return tmp_path / "data" / "queues" / name
+
+
+async def reopen(cluster: Cluster, tmp_path: Path, clock: Clock) -> Cluster:
+    await cluster.close()
+    return await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+
+
+async def test_ids_strictly_increase_and_answers_follow_request_order(cluster: Cluster) -> None:
+    q, created = await cluster.put_queue("orders", {})
+    assert created
+    first = await q.append(drafts(3))
+    second = await q.append(drafts(2))
+    assert [a.id for a in first + second] == [1, 2, 3, 4, 5]
+    assert not any(a.duplicate for a in first + second)
+    page = await q.read_after(0, 100)
+    assert [m.payload for m in page.messages] == [b"m0", b"m1", b"m2", b"m0", b"m1"]
+    assert page.last_id == 5
+    assert page.messages[0].source == "edge" and page.messages[0].external_id == 1
+
+
+async def test_blocks_seal_at_the_count_limit_and_reads_cross_them(cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("orders", {})
+    await q.append(drafts(35), SaveMode.WAIT)
+    for _ in range(100):
+        if q.stats()["blocks"]["by_state"]["sealed"] == 3:
+            break
+        await asyncio.sleep(0.01)
+    stats = q.stats()
+    assert stats["blocks"]["by_state"]["sealed"] == 3
+    assert stats["blocks"]["by_state"]["open"] == 1
+    assert stats["messages"] == 35
+    page = await q.read_after(8, 5)
+    assert [m.id for m in page.messages] == [9, 10, 11, 12, 13]
+    page = await q.read_after(13, 100)
+    assert [m.id for m in page.messages] == list(range(14, 36))
+
+
+async def test_a_block_seals_at_its_age_on_the_periodic_tick(cluster: Cluster, clock: Clock) -> None:
+    q, _ = await cluster.put_queue("aged", {"block": {"max_age": "10s"}})
+    await q.append(drafts(2), SaveMode.WAIT)
+    await q.tick()
+    assert q.stats()["blocks"]["by_state"]["open"] == 1
+    clock.now += 11
+    await q.tick()
+    for _ in range(100):
+        if q.stats()["blocks"]["by_state"]["sealed"] == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert q.stats()["blocks"]["by_state"] == {
+        "open": 0,
+        "sealing": 0,
+        "sealed": 1,
+        "loaded": 1,
+        "quarantined": 0,
+    }
+
+
+async def test_a_block_seals_at_its_byte_limit(cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("big", {"block": {"max_bytes": "2KiB", "max_messages": 1000}})
+    await q.append([Draft(payload=b"x" * 600) for _ in range(10)], SaveMode.WAIT)
+    await asyncio.sleep(0.05)
+    assert q.stats()["blocks"]["by_state"]["sealed"] >= 2
+
+
+async def test_segment_filter_advances_last_id_over_skipped_messages(cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("seg", {})
+    await q.append([Draft(payload=b"a", segment=s) for s in (1, 5, 1, 7, 9)])
+    page = await q.read_after(0, 10, segments=[(5, 7)])
+    assert [m.id for m in page.messages] == [2, 4]
+    assert page.last_id == 5
+    page = await q.read_after(0, 1, segments=[(5, 7)])
+    assert [m.id for m in page.messages] == [2] and page.last_id == 2
+
+
+async def test_validation_rejects_the_whole_batch(cluster: Cluster, clock: Clock) -> None:
+    q, _ = await cluster.put_queue("v", {"segments": {"min": 0, "max": 10}})
+    batch = [*drafts(3), Draft(payload=b"late", external_time=clock.now + 3600)]
+    with pytest.raises(InvalidMessage) as info:
+        await q.append(batch)
+    assert info.value.details["index"] == 3
+    with pytest.raises(InvalidMessage) as info:
+        await q.append([Draft(payload=b"a"), Draft(payload=b"b", segment=11)])
+    assert info.value.details["index"] == 1
+    assert q.last_id == 0 and (await q.read_after(0, 10)).messages == []
+
+
+async def test_dedup_answers_the_original_id_for_repeats(cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("d", {})
+    first = await q.append([Draft(payload=b"a", source="s1", external_id=i) for i in (10, 20, 30)])
+    again = await q.append(
+        [Draft(payload=b"b", source="s1", external_id=20), Draft(payload=b"c", source="s2", external_id=20)]
+    )
+    assert (again[0].id, again[0].duplicate) == (first[1].id, True)
+    assert again[1].duplicate is False
+    # Out of order: 15 is below the highest seen id of s1, but new.
+    late = await q.append([Draft(payload=b"d", source="s1", external_id=15)])
+    assert late[0].duplicate is False
+    # A repeat inside one batch is stored once.
+    batch = await q.append([Draft(payload=b"e", source="s3", external_id=1)] * 3)
+    assert [a.duplicate for a in batch] == [False, True, True]
+    assert len({a.id for a in batch}) == 1
+    assert q.counters.duplicates == 3
+
+
+async def test_dedup_covers_sealed_blocks_and_restarts(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    q, _ = await cluster.put_queue("d", {})
+    sources = [f"src{i}" for i in range(5)]
+    originals: dict[tuple[str, int], int] = {}
+    for round_ in range(8):
+        batch = [Draft(payload=b"x", source=s, external_id=round_ * 7 % 50) for s in sources]
+        for d, a in zip(batch, await q.append(batch, SaveMode.WAIT), strict=True):
+            originals.setdefault((d.source or "", d.external_id or 0), a.id)
+    await asyncio.sleep(0.05)
+    assert q.stats()["blocks"]["by_state"]["sealed"] >= 3
+
+    cluster2 = await reopen(cluster, tmp_path, clock)
+    try:
+        q = cluster2.queue("d")
+        keys = list(originals)
+        answers = await q.append([Draft(payload=b"again", source=s, external_id=e) for s, e in keys])
+        assert all(a.duplicate for a in answers)
+        assert [a.id for a in answers] == [originals[k] for k in keys]
+        new = await q.append([Draft(payload=b"new", source="src0", external_id=3)])
+        assert new[0].duplicate is False
+    finally:
+        await cluster2.close()
+
+
+async def test_dedup_of_an_old_key_loads_only_the_blocks_that_may_hold_it(cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("d", {"block": {"max_messages": 100}})
+    for start in range(0, 2000, 100):
+        await q.append([Draft(payload=b"x", source="s", external_id=i) for i in range(start, start + 100)])
+    await q.append([], SaveMode.WAIT)
+    for _ in range(200):
+        if q.stats()["blocks"]["by_state"]["sealed"] == 20:
+            break
+        await asyncio.sleep(0.01)
+    assert q.stats()["blocks"]["by_state"]["sealed"] == 20
+    before = q._dedup.exact_lookups
+    answers = await q.append([Draft(payload=b"x", source="s", external_id=i) for i in (5, 555, 1999)])
+    assert all(a.duplicate for a in answers)
+    # Each key is in exactly one block; ranges and Bloom filters rule out the other 19.
+    assert q._dedup.exact_lookups - before <= 4
+    # A key that was never stored and lies inside the range is also cheap.
+    before = q._dedup.exact_lookups
+    miss = await q.append([Draft(payload=b"x", source="other", external_id=-5)])
+    assert miss[0].duplicate is False and q._dedup.exact_lookups == before
+
+
+async def test_restart_keeps_every_message_and_never_reuses_an_id(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    q, _ = await cluster.put_queue("r", {})
+    answered = [a.id for a in await q.append(drafts(25), SaveMode.WAIT)]
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        q = cluster.queue("r")
+        page = await q.read_after(0, 100)
+        assert [m.id for m in page.messages] == answered
+        assert [m.payload for m in page.messages] == [f"m{i}".encode() for i in range(25)]
+        # A clean shutdown records exactly how far ids went, so numbering continues without a gap.
+        new = await q.append(drafts(1))
+        assert new[0].id == 26
+    finally:
+        await cluster.close()
+
+
+async def test_ids_leased_but_not_saved_are_skipped_after_a_crash(tmp_path: Path, clock: Clock) -> None:
+    config = file_config(tmp_path)
+    cluster = await Cluster.open(config, clock=clock)
+    q, _ = await cluster.put_queue("crash", {})
+    await q.append(drafts(3), SaveMode.WAIT)
+    lost = await q.append(drafts(2), SaveMode.NONE)
+    # Simulate kill -9: nothing more is flushed, the process state is simply gone.
+    for task in q._tasks:
+        task.cancel()
+    cluster2 = await Cluster.open(config, clock=clock)
+    try:
+        q2 = cluster2.queue("crash")
+        assert q2.last_id == 3
+        new = await q2.append(drafts(1), SaveMode.WAIT)
+        assert new[0].id > max(a.id for a in lost)
+    finally:
+        await cluster2.close()
+
+
+async def test_a_torn_journal_tail_is_truncated_and_reported(tmp_path: Path, clock: Clock) -> None:
+    config = file_config(tmp_path)
+    cluster = await Cluster.open(config, clock=clock)
+    q, _ = await cluster.put_queue("torn", {})
+    await q.append(drafts(4), SaveMode.WAIT)
+    await cluster.close()
+    [journal] = (queue_dir(tmp_path, "torn") / "journal").iterdir()
+    with journal.open("ab") as f:
+        f.write(b"\x40\x00\x00\x00garbage-half-record")
+    cluster = await Cluster.open(config, clock=clock)
+    try:
+        q = cluster.queue("torn")
+        assert [m.payload for m in (await q.read_after(0, 10)).messages] == [b"m0", b"m1", b"m2", b"m3"]
+        assert q.stats()["recovery"]["truncated_bytes"] == 4 + len(b"garbage-half-record")
+        await q.append(drafts(1, "after"), SaveMode.WAIT)
+    finally:
+        await cluster.close()
+    cluster = await Cluster.open(config, clock=clock)
+    try:
+        page = await cluster.queue("torn").read_after(0, 10)
+        assert [m.payload for m in page.messages][-1] == b"after0"
+        assert cluster.queue("torn").stats()["recovery"]["truncated_bytes"] == 0
+    finally:
+        await cluster.close()
+
+
+async def test_a_corrupt_sealed_block_is_quarantined_and_never_served(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    q, _ = await cluster.put_queue("bad", {})
+    await q.append(drafts(25), SaveMode.WAIT)
+    await asyncio.sleep(0.05)
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        blocks = sorted((queue_dir(tmp_path, "bad") / "blocks").iterdir())
+        assert len(blocks) == 2
+        data = bytearray(blocks[0].read_bytes())
+        data[len(data) // 2] ^= 0x01
+        blocks[0].write_bytes(bytes(data))
+        q = cluster.queue("bad")
+        page = await q.read_after(0, 100)
+        assert [m.id for m in page.messages] == list(range(11, 26))
+        stats = q.stats()
+        assert stats["blocks"]["by_state"]["quarantined"] == 1
+        assert stats["recovery"]["gaps"] == [{"from_id": 1, "to_id": 10}]
+        assert blocks[0].exists(), "the bad bytes stay for an operator"
+    finally:
+        await cluster.close()
+    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+    try:
+        assert cluster.queue("bad").stats()["blocks"]["by_state"]["quarantined"] == 1
+    finally:
+        await cluster.close()
+
+
+async def test_a_journal_left_after_its_block_was_sealed_is_removed(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    q, _ = await cluster.put_queue("left", {})
+    await q.append(drafts(10), SaveMode.WAIT)
+    journal = next((queue_dir(tmp_path, "left") / "journal").iterdir())
+    saved = journal.read_bytes()
+    await asyncio.sleep(0.05)
+    assert not journal.exists()
+    # A crash between the manifest update and the journal delete leaves this behind.
+    journal.write_bytes(saved)
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        page = await cluster.queue("left").read_after(0, 100)
+        assert [m.id for m in page.messages] == list(range(1, 11))
+        assert not journal.exists()
+    finally:
+        await cluster.close()
+
+
+async def test_save_modes_decide_when_the_journal_holds_the_write(tmp_path: Path, cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("modes", {})
+    journal_dir = queue_dir(tmp_path, "modes") / "journal"
+
+    def journal_size() -> int:
+        return sum(p.stat().st_size for p in journal_dir.iterdir()) if journal_dir.exists() else 0
+
+    await q.append(drafts(1), SaveMode.NONE)
+    await q.append(drafts(1), SaveMode.MARK)
+    await asyncio.sleep(0.01)
+    assert journal_size() == 0
+    await q.tick()  # the periodic flush saves marked writes (and the unmarked ones before them)
+    after_tick = journal_size()
+    assert after_tick > 0
+    await q.append(drafts(1), SaveMode.IMMEDIATE)
+    after_immediate = journal_size()
+    assert after_immediate > after_tick
+    await q.append(drafts(1), SaveMode.WAIT)
+    assert journal_size() > after_immediate
+
+
+async def test_concurrent_wait_writers_share_fsyncs(cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("group", {"block": {"max_messages": 100_000}})
+    await asyncio.gather(*(q.append(drafts(1), SaveMode.WAIT) for _ in range(200)))
+    assert q.last_id == 200
+    assert q.counters.flushes < 100
+
+
+async def test_subscription_commits_never_move_backwards(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    q, _ = await cluster.put_queue("s", {})
+    await q.append(drafts(20))
+    sub, created = await q.commit("billing", 10)
+    assert created and sub.last_id == 10
+    sub, created = await q.commit("billing", 5)
+    assert not created and sub.last_id == 10
+    sub, _ = await q.commit("billing", 3, reset=True)
+    assert sub.last_id == 3
+    await q.commit("dc2", 15, replica=True)
+    await q.commit("dc3", 8, replica=True)
+    assert q.replicas(8) == ["dc2", "dc3"]
+    assert q.replicas(9) == ["dc2"]
+    assert q.replicas(16) == []
+    with pytest.raises(InvalidName):
+        await q.commit("bad/name", 1)
+    with pytest.raises(InvalidRequest):
+        await q.commit("neg", -1)
+    await q.delete_subscription("dc3")
+    with pytest.raises(SubscriptionNotFound):
+        q.subscription("dc3")
+
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        q = cluster.queue("s")
+        assert [(s.name, s.last_id, s.replica) for s in q.subscriptions()] == [
+            ("billing", 3, False),
+            ("dc2", 15, True),
+        ]
+    finally:
+        await cluster.close()
+
+
+async def test_a_cursor_commit_appends_a_record_and_a_long_log_becomes_a_snapshot(
+    tmp_path: Path, clock: Clock, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consumers_module, "CHECKPOINT_RECORDS", 50)
+    q, _ = await cluster.put_queue("c", {})
+    log_dir = queue_dir(tmp_path, "c") / "subscriptions" / "log"
+    await q.commit("a", 1, save=SaveMode.IMMEDIATE)
+    first_log = log_dir / f"{0:020d}.log"
+    size = first_log.stat().st_size
+    await q.commit("a", 2, save=SaveMode.IMMEDIATE)
+    # One small record per commit, not a rewrite of every cursor.
+    assert first_log.stat().st_size - size == size
+    await asyncio.gather(*(q.commit(name, i, save=SaveMode.IMMEDIATE) for i in range(3, 60) for name in "ab"))
+    await q.delete_subscription("b", save=SaveMode.IMMEDIATE)
+    await q.commit("z", 7, save=SaveMode.NONE)
+    await q.tick()
+    # Past CHECKPOINT_RECORDS the periodic pass wrote a snapshot and started a new log.
+    assert (queue_dir(tmp_path, "c") / "subscriptions" / "snapshot").exists()
+    assert not first_log.exists()
+    await q.commit("a", 70, save=SaveMode.IMMEDIATE)
+    assert [p.name for p in log_dir.iterdir()] == [f"{1:020d}.log"]
+
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        q = cluster.queue("c")
+        assert [(s.name, s.last_id) for s in q.subscriptions()] == [("a", 70), ("z", 7)]
+    finally:
+        await cluster.close()
+
+
+async def test_cursors_saved_by_a_version_without_the_log_become_its_first_snapshot(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    await cluster.put_queue("old", {})
+    cluster = await reopen(cluster, tmp_path, clock)
+    await cluster.close()
+    # What versions before the change log kept: one document of every cursor.
+    document = queue_dir(tmp_path, "old") / "subscriptions.json"
+    subscription = {"last_id": 12, "replica": True, "created": 1.0, "updated": 2.0}
+    document.write_bytes(orjson.dumps({"version": 1, "subscriptions": {"dc2": subscription}}))
+    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+    try:
+        q = cluster.queue("old")
+        assert [(s.name, s.last_id, s.replica) for s in q.subscriptions()] == [("dc2", 12, True)]
+        assert not document.exists()
+        assert (queue_dir(tmp_path, "old") / "subscriptions" / "snapshot").exists()
+        await q.commit("dc2", 13, save=SaveMode.IMMEDIATE)
+        cluster = await reopen(cluster, tmp_path, clock)
+        assert [(s.name, s.last_id) for s in cluster.queue("old").subscriptions()] == [("dc2", 13)]
+        # A crash after the first snapshot and before the delete: the old document is a leftover.
+        await cluster.close()
+        document.write_bytes(orjson.dumps({"version": 1, "subscriptions": {"dc2": subscription}}))
+        cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+        assert [(s.name, s.last_id) for s in cluster.queue("old").subscriptions()] == [("dc2", 13)]
+        assert not document.exists()
+    finally:
+        await cluster.close()
+
+
+async def test_definitions_persist_update_and_drop(tmp_path: Path, clock: Clock, cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("a", {"block": {"max_messages": 5}, "save": "mark"})
+    _, created = await cluster.put_queue("a", {"block": {"max_age": "2m"}})
+    assert not created
+    assert q.definition_dict()["block"] == {"max_messages": 5, "max_bytes": 8 * 1024 * 1024, "max_age": 120.0}
+    await cluster.put_queue("b", {})
+    await q.append(drafts(3), SaveMode.WAIT)
+    await cluster.drop_queue("b")
+    with pytest.raises(QueueNotFound):
+        cluster.queue("b")
+    assert not queue_dir(tmp_path, "b").exists() or not any(queue_dir(tmp_path, "b").rglob("*.*"))
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        assert [x.name for x in cluster.queues()] == ["a"]
+        assert cluster.queue("a").definition_dict()["save"] == "mark"
+        assert cluster.queue("a").last_id == 3
+    finally:
+        await cluster.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"block": {"max_messages": 0}}, "max_messages"),
+        ({"block": {"max_age": "soon"}}, "max_age"),
+        ({"block": {"max_bytes": "1b"}}, "max_bytes"),
+        ({"save": "sometimes"}, "save mode"),
+        ({"segments": {"min": 5, "max": 1}}, "segments"),
+        ({"mounts": {"marks": {"0": "nowhere"}}}, "nowhere"),
+        ({"colour": "blue"}, "colour"),
+    ],
+)
+async def test_bad_definitions_name_the_field(cluster: Cluster, body: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        await cluster.put_queue("q", body)
+    assert field in info.value.message
+    with pytest.raises(QueueNotFound):
+        cluster.queue("q")
+
+
+async def test_bad_queue_names_are_refused(cluster: Cluster) -> None:
+    for name in ("", ".hidden", "a/b", "x" * 129, "-dash"):
+        with pytest.raises(InvalidName):
+            await cluster.put_queue(name, {})
+
+
+async def test_an_unfinished_drop_completes_on_start(tmp_path: Path, clock: Clock) -> None:
+    config = file_config(tmp_path)
+    cluster = await Cluster.open(config, clock=clock)
+    q, _ = await cluster.put_queue("gone", {})
+    await q.append(drafts(3), SaveMode.WAIT)
+    await cluster.close()
+    registry = tmp_path / "data" / "queues" / ".capella" / "queues.json"
+    registry.write_text(registry.read_text().replace('"active"', '"dropping"'))
+    os.sync()
+    cluster = await Cluster.open(config, clock=clock)
+    try:
+        assert cluster.queues() == []
+        _, created = await cluster.put_queue("gone", {})
+        assert created and cluster.queue("gone").last_id == 0
+    finally:
+        await cluster.close()
+
+
+async def test_long_poll_returns_when_a_message_arrives(cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("poll", {})
+    waiter = asyncio.create_task(q.wait_for(0, 5.0))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await q.append(drafts(1))
+    await asyncio.wait_for(waiter, 1.0)
+    started = asyncio.get_running_loop().time()
+    await q.wait_for(1, 0.05)
+    assert asyncio.get_running_loop().time() - started >= 0.04
+
+
+async def test_readers_racing_seals_see_every_id_once_in_order(cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("race", {"block": {"max_messages": 7}})
+    total = 600
+    done = asyncio.Event()
+
+    async def produce() -> None:
+        for i in range(0, total, 3):
+            await q.append(drafts(3, f"b{i}-"), SaveMode.WAIT if i % 2 else SaveMode.NONE)
+        done.set()
+
+    async def read() -> list[int]:
+        seen: list[int] = []
+        after = 0
+        while not (done.is_set() and after >= total):
+            page = await q.read_after(after, 5)
+            seen.extend(m.id for m in page.messages)
+            after = page.last_id
+            if not page.messages:
+                await q.wait_for(after, 0.05)
+        return seen
+
+    results = await asyncio.gather(produce(), *(read() for _ in range(3)))
+    for seen in results[1:]:
+        assert seen == list(range(1, total + 1))
+    # Seals really happened while the readers ran (the sealer trails the writers).
+    assert q.stats()["blocks"]["by_state"]["sealed"] >= 10
+
+
+async def test_a_failed_fsync_answers_503_and_the_write_is_retried(
+    tmp_path: Path, clock: Clock, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q, _ = await cluster.put_queue("enospc", {})
+    await q.append(drafts(2, "ok"), SaveMode.WAIT)
+    real = os.fdatasync
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fdatasync", full_disk)
+    with pytest.raises(StorageUnavailable):
+        await q.append(drafts(1, "unsure"), SaveMode.WAIT)
+    assert q.stats()["last_error"]
+    monkeypatch.setattr(os, "fdatasync", real)
+    # The next flush reopens the journal at its last durable length and writes both.
+    await q.append(drafts(1, "later"), SaveMode.WAIT)
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        page = await cluster.queue("enospc").read_after(0, 10)
+        assert [m.payload for m in page.messages] == [b"ok0", b"ok1", b"unsure0", b"later0"]
+    finally:
+        await cluster.close()
+
+
+async def test_own_keys_are_found_by_id_range_after_seal_and_restart(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    # A message produced here without an external id has the identity (cluster, id); a copy
+    # that comes back (A -> B -> A) carries exactly that identity and must be recognised.
+    q, _ = await cluster.put_queue("own", {})
+    produced = await q.append(drafts(25), SaveMode.WAIT)
+    await q.append([Draft(payload=b"foreign", source="edge", external_id=10_000)], SaveMode.WAIT)
+    await asyncio.sleep(0.05)
+    assert q.stats()["blocks"]["by_state"]["sealed"] == 2
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        q = cluster.queue("own")
+        echoes = await q.append([Draft(payload=b"echo", source="edge", external_id=a.id) for a in produced])
+        assert [(a.id, a.duplicate) for a in echoes] == [(a.id, True) for a in produced]
+        again = await q.append([Draft(payload=b"foreign", source="edge", external_id=10_000)])
+        assert again[0].duplicate
+        # An id that was never assigned here is new, even below the highest id.
+        fresh = await q.append([Draft(payload=b"x", source="edge", external_id=-3)])
+        assert not fresh[0].duplicate
+    finally:
+        await cluster.close()
+
+
+async def test_writers_wait_for_a_stuck_sealer_and_resume_when_it_recovers(
+    tmp_path: Path, clock: Clock
+) -> None:
+    blocked = tmp_path / "cold"
+    blocked.write_text("a file where the mount's directory should be")
+    config = parse_config(
+        {
+            "cluster": {"name": "edge", "data_dir": str(tmp_path / "data")},
+            "mounts": {"default": {"provider": "file"}, "cold": {"provider": "file", "path": str(blocked)}},
+        },
+        {},
+        base=tmp_path,
+    )
+    cluster = await Cluster.open(config, clock=clock)
+    try:
+        q, _ = await cluster.put_queue(
+            "stuck", {"block": {"max_messages": 2}, "mounts": {"marks": {"0": "cold"}}}
+        )
+        await q.append(drafts(4), SaveMode.WAIT)  # two full blocks the sealer cannot write
+        with pytest.raises(StorageUnavailable, match="not being sealed"):
+            await q.append(drafts(1), SaveMode.WAIT)
+        assert "cannot write" in (q.stats()["last_error"] or "")
+        blocked.unlink()
+        blocked.mkdir()
+        answers = await asyncio.wait_for(q.append(drafts(1, "after"), SaveMode.WAIT), 10)
+        assert answers[0].id == 5
+        page = await q.read_after(0, 10)
+        assert [m.id for m in page.messages] == [1, 2, 3, 4, 5]
+    finally:
+        await cluster.close()
+
+
+async def test_memory_per_sealed_block_stays_bounded(cluster: Cluster) -> None:
+    # Found by the tiers-memory benchmark: exact key sets of sealed blocks were kept forever.
+    q, _ = await cluster.put_queue("bounded", {"block": {"max_messages": 10}})
+    for _ in range(30):
+        await q.append(drafts(10), SaveMode.NONE)
+    await q.append([], SaveMode.WAIT)
+    for _ in range(300):
+        if q.stats()["blocks"]["by_state"]["sealed"] == 30:
+            break
+        await asyncio.sleep(0.01)
+    assert q.stats()["blocks"]["by_state"]["sealed"] == 30
+    assert len(q._key_sets) <= queue_module.KEY_SETS
+    assert len(q._loaded) <= queue_module.LOADED_BLOCKS

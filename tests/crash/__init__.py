@@ -1,0 +1,1 @@
+"""``kill -9``, power loss and disk faults against real server processes."""

@@ -1,0 +1,1 @@
+"""Background handlers: flush, copy, push, replication, the PostgreSQL bridges."""

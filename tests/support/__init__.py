@@ -1,0 +1,1 @@
+"""What the tests share: starting real servers, HTTP helpers, waiting with a deadline, fault injection."""
