@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, cast
 from capella.core.cluster import Cluster
 from capella.core.queue import Queue
 from capella.core.stats import Histogram
+from capella.handlers.base import find
 from capella.handlers.supervisor import HandlerState
 
 if TYPE_CHECKING:
@@ -240,7 +241,7 @@ def _push_metrics(out: list[str], handlers: Sequence[HandlerState]) -> None:
     pushes = [
         (f'handler="{escape(s.name)}",queue="{escape(h.queue)}"', h)
         for s in handlers
-        if s.type == "push"
+        if _delivers(s.type)
         for h in (cast("PushHandler", s.handler),)
     ]
     for name, help_text, attr in _PUSH_COUNTERS:
@@ -263,6 +264,12 @@ def _push_metrics(out: list[str], handlers: Sequence[HandlerState]) -> None:
     _header(out, name, "From the append to the acked delivery of a pushed message.", "histogram")
     for labels, h in pushes:
         _histogram(out, name, labels, h.latency)
+
+
+def _delivers(kind: str) -> bool:
+    """Whether handlers of type ``kind`` report deliveries (the push metrics)."""
+    entry = find(kind)
+    return entry is not None and entry.delivers
 
 
 def escape(value: str) -> str:

@@ -137,7 +137,7 @@ def show_handler(args: argparse.Namespace, client: Client) -> int:
             ("last success", utc(status.last_success)),
             ("failing since", utc(status.failing_since)),
             ("next run", utc(status.next_run)),
-            *_lag(info.type, status),
+            *_lag(status),
             ("last error", f"{last_error.message} at {utc(last_error.time)}" if last_error else "-"),
             *_delivery_fields(status),
         ]
@@ -209,14 +209,15 @@ def drop_handler(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-def _lag(kind: str, status: HandlerStatus) -> list[tuple[str, str]]:
+def _lag(status: HandlerStatus) -> list[tuple[str, str]]:
     """The lines of what is not done yet, for the handlers that report it."""
     if status.lag is UNSET:
         return []
-    if kind == "pg_outbox":
+    if status.oldest_age is not UNSET:
+        # Rows waiting in a table (pg_outbox), with the age of the oldest.
         age = status.oldest_age
         waiting = "-" if status.lag is None else f"{status.lag} rows"
-        return [("waiting", waiting + ("" if age is UNSET or age is None else f", oldest {age:.1f}s"))]
+        return [("waiting", waiting + ("" if age is None else f", oldest {age:.1f}s"))]
     observed = status.lag_observed
     seen = "" if observed is UNSET or observed is None else f" (as seen at {utc(observed)})"
     return [("lag", f"{status.lag} messages{seen}")]

@@ -540,8 +540,7 @@ class AsyncClient:
         params: Mapping[str, Any] | None = None,
         started: bool = True,
     ) -> HandlerInfo:
-        """Create or replace a handler (``flush``, ``unload``, ``archive``, ``expire``, ``copy``,
-        ``pg_outbox``, ``pg_inbox``).
+        """Create or replace a handler of ``type``, one of ``capella.wire.handlers.HANDLER_TYPES``.
 
         ``queues`` holds queue names or fnmatch patterns (``"logs-*"``); a single string is
         one of them (``pg_outbox`` takes none: its queue is ``params["to"]``). ``params`` are

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 from capella.core.log.blocks import BlockMeta
 from capella.core.queue import Queue
 from capella.errors import InvalidRequest
+from capella.handlers.base import HandlerParams, HandlerType, PassResult
 from capella.handlers.params import Params, duration
-from capella.handlers.queues import PassResult, QueueHandler, selected
+from capella.handlers.queues import QueueHandler, selected
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +30,7 @@ class Condition:
 
 
 @dataclass(frozen=True, slots=True)
-class ArchiveParams:
+class ArchiveParams(HandlerParams):
     conditions: tuple[Condition, ...]
     interval: float = 60.0
     limit: int = 100
@@ -122,3 +123,6 @@ def build(
     for queue in selected(cluster, [q for q in queues if not any(c in q for c in "*?[")]):
         params.check_marks(queue)
     return params, ArchiveHandler(cluster, queues, params)
+
+
+HANDLER = HandlerType("archive", ArchiveParams, build)

@@ -33,9 +33,10 @@ from capella.errors import (
     StorageUnavailable,
     SubscriptionNotFound,
 )
+from capella.handlers.base import HandlerParams, HandlerType, PassResult, queue_patterns
 from capella.handlers.links import Links
 from capella.handlers.params import Params, segment_ranges
-from capella.handlers.queues import PassResult, QueueHandler, cursor_lag
+from capella.handlers.queues import QueueHandler, cursor_lag
 from capella.handlers.reach import Reach
 
 # A pass with a long backlog ends after this long, so the status shows progress.
@@ -44,7 +45,7 @@ _REF = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}/)?[A-Za-z0-9_][A-Za-z0-
 
 
 @dataclass(frozen=True, slots=True)
-class CopyParams:
+class CopyParams(HandlerParams):
     to: str
     subscription: str
     source: str | None = None  # "cluster/queue" when the source is on an external cluster
@@ -315,3 +316,17 @@ def build(
         except (QueueNotFound, LinkNotFound) as exc:
             raise InvalidRequest(f"params.{what}: {exc.message}", field=f"params.{what}") from None
     return params, CopyHandler(cluster, queues, params, reach.links)
+
+
+def selects(data: dict[str, Any], cluster: Cluster) -> list[str]:
+    """Its queues: ``queues`` (or ``queue``), by default its source ``params.from``."""
+    if "queues" in data or "queue" in data:
+        return queue_patterns(data, cluster)
+    source = data.get("params", {}).get("from") if isinstance(data.get("params"), dict) else None
+    if isinstance(source, str) and "/" in source:
+        # The source is on an external cluster: no local queue is selected.
+        return [source]
+    return queue_patterns({**data, "queues": [source] if isinstance(source, str) else None}, cluster)
+
+
+HANDLER = HandlerType("copy", CopyParams, build, queues=selects)

@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any
 from capella.core.log.blocks import BlockMeta
 from capella.core.queue import Queue
 from capella.errors import InvalidRequest
+from capella.handlers.base import HandlerParams, HandlerType, PassResult
 from capella.handlers.params import Params
-from capella.handlers.queues import PassResult, QueueHandler
+from capella.handlers.queues import QueueHandler
 
 
 @dataclass(frozen=True, slots=True)
-class ExpireParams:
+class ExpireParams(HandlerParams):
     interval: float = 60.0
     max_age: float | None = None
     max_bytes: int | None = None
@@ -81,6 +82,9 @@ if TYPE_CHECKING:
 def build(
     cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[ExpireParams, ExpireHandler]:
-    """The ``expire`` handler type (``capella.handlers.supervisor.TYPES``)."""
+    """The ``expire`` handler type (its registry entry is ``HANDLER``)."""
     params = ExpireParams.parse(raw)
     return params, ExpireHandler(cluster, queues, params)
+
+
+HANDLER = HandlerType("expire", ExpireParams, build)

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from capella.core.queue import Queue
+from capella.handlers.base import HandlerParams, HandlerType, PassResult
 from capella.handlers.params import Params
-from capella.handlers.queues import PassResult, QueueHandler
+from capella.handlers.queues import QueueHandler
 
 
 @dataclass(frozen=True, slots=True)
-class FlushParams:
+class FlushParams(HandlerParams):
     interval: float = 1.0
 
     @classmethod
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
 def build(
     cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[FlushParams, FlushHandler]:
-    """The ``flush`` handler type (``capella.handlers.supervisor.TYPES``)."""
+    """The ``flush`` handler type (its registry entry is ``HANDLER``)."""
     params = FlushParams.parse(raw)
     return params, FlushHandler(cluster, queues, params)
+
+
+HANDLER = HandlerType("flush", FlushParams, build)

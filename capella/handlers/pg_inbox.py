@@ -25,6 +25,7 @@ from capella.core.message import SaveMode
 from capella.core.queue import Queue
 from capella.egress import Egress
 from capella.errors import SubscriptionNotFound
+from capella.handlers.base import HandlerParams, HandlerType, PassResult
 from capella.handlers.params import Params, refuse_env_params, segment_ranges
 from capella.handlers.postgres import (
     DSN_PARAMS,
@@ -35,7 +36,7 @@ from capella.handlers.postgres import (
     check_table,
     quoted,
 )
-from capella.handlers.queues import PassResult, QueueHandler, cursor_lag, selected
+from capella.handlers.queues import QueueHandler, cursor_lag, selected
 from capella.handlers.reach import Reach
 
 # A pass with a long backlog ends after this long, so the status shows progress.
@@ -53,7 +54,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class InboxParams:
+class InboxParams(HandlerParams):
     dsn: Dsn
     subscription: str
     table: str = DEFAULT_TABLE
@@ -98,6 +99,7 @@ class InboxHandler(QueueHandler[InboxParams]):
     """Insert every message of the selected queues into the inbox table, once each."""
 
     needs = "read"
+    closes = True
 
     def __init__(
         self,
@@ -214,3 +216,6 @@ def build(
     """The ``pg_inbox`` handler type."""
     params = InboxParams.parse(raw, reach, name)
     return params, InboxHandler(cluster, queues, params, reach.secrets, reach.egress)
+
+
+HANDLER = HandlerType("pg_inbox", InboxParams, build)

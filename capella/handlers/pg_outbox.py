@@ -24,12 +24,12 @@ from typing import Any
 
 import orjson
 
-from capella.auth.rule import UNRESTRICTED, Identity
 from capella.auth.secret import Secrets
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.egress import Egress
 from capella.errors import InvalidMessage, InvalidRequest, QueueNotFound
+from capella.handlers.base import Handler, HandlerParams, HandlerType, PassResult
 from capella.handlers.params import Params, refuse_env_params
 from capella.handlers.postgres import (
     DSN_PARAMS,
@@ -40,7 +40,6 @@ from capella.handlers.postgres import (
     check_table,
     quoted,
 )
-from capella.handlers.queues import PassResult
 from capella.handlers.reach import Reach
 
 # A pass with a long backlog ends after this long, so the status shows progress.
@@ -58,7 +57,7 @@ OPTIONAL = {
 
 
 @dataclass(frozen=True, slots=True)
-class OutboxParams:
+class OutboxParams(HandlerParams):
     to: str
     dsn: Dsn
     table: str = DEFAULT_TABLE
@@ -112,10 +111,10 @@ class OutboxParams:
         return public | self.dsn.stored_dict()
 
 
-class OutboxHandler:
+class OutboxHandler(Handler):
     """Relay the outbox table's committed rows into ``params.to``, then delete them."""
 
-    identity: Identity = UNRESTRICTED
+    closes = True
 
     def __init__(
         self,
@@ -291,3 +290,14 @@ def build(
     except QueueNotFound as exc:
         raise InvalidRequest(f"params.to: {exc.message}", field="params.to") from None
     return params, OutboxHandler(cluster, params, reach.secrets, reach.egress)
+
+
+def selects(data: dict[str, Any], cluster: Cluster) -> list[str]:
+    """Its one queue is the destination, ``params.to``; it takes no ``queues``."""
+    if "queues" in data or "queue" in data:
+        raise InvalidRequest("pg_outbox names its queue in params.to, not queues", field="queues")
+    to = data.get("params", {}).get("to") if isinstance(data.get("params"), dict) else None
+    return [to] if isinstance(to, str) else []
+
+
+HANDLER = HandlerType("pg_outbox", OutboxParams, build, queues=selects)

@@ -41,7 +41,6 @@ from typing import Any
 
 import aiohttp
 
-from capella.auth.rule import UNRESTRICTED, Identity
 from capella.auth.secret import Secrets
 from capella.client.connector import EgressConnector, check_destination
 from capella.core.cluster import Cluster
@@ -53,6 +52,7 @@ from capella.core.work.state import LEASED, WAITING, Entry
 from capella.core.work.work_queue import WorkQueue
 from capella.egress import Egress
 from capella.errors import CapellaError, InvalidRequest, QueueNotFound, SubscriptionNotFound
+from capella.handlers.base import Handler, HandlerType, PassResult
 from capella.handlers.delivery import (
     ANSWER_BYTES,
     Credentials,
@@ -62,7 +62,6 @@ from capella.handlers.delivery import (
     retry_after,
     retryable,
 )
-from capella.handlers.queues import PassResult
 from capella.handlers.reach import Reach
 from capella.handlers.webhook import LEASE, PushParams
 
@@ -98,10 +97,8 @@ class PushCounters:
     requests: Counter[str] = field(default_factory=Counter)  # by outcome: 2xx, 4xx, 5xx, timeout, ...
 
 
-class PushHandler:
+class PushHandler(Handler):
     """Deliver one queue's messages to ``params.url`` through its ack-mode subscription."""
-
-    identity: Identity = UNRESTRICTED
 
     def __init__(
         self,
@@ -522,3 +519,6 @@ def build(
     return push, PushHandler(
         cluster, queues[0], push, credentials, egress=reach.egress, secrets=reach.secrets
     )
+
+
+HANDLER = HandlerType("push", PushParams, build, delivers=True)

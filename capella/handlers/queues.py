@@ -9,30 +9,12 @@ from __future__ import annotations
 
 import abc
 import fnmatch
-from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from capella.auth.rule import UNRESTRICTED, Identity
 from capella.core.cluster import Cluster
 from capella.core.queue import Queue
-from capella.errors import (
-    CapellaError,
-    InvalidRequest,
-    QueueNotFound,
-    StorageUnavailable,
-    SubscriptionNotFound,
-)
-
-
-@dataclass(frozen=True, slots=True)
-class PassResult:
-    """What one pass did: items handled (blocks, queues) and bytes moved or freed."""
-
-    items: int = 0
-    bytes: int = 0
-
-    def __add__(self, other: PassResult) -> PassResult:
-        return PassResult(self.items + other.items, self.bytes + other.bytes)
+from capella.errors import CapellaError, StorageUnavailable, SubscriptionNotFound
+from capella.handlers.base import Handler, PassResult
 
 
 class HasInterval(Protocol):
@@ -43,12 +25,11 @@ class HasInterval(Protocol):
 P = TypeVar("P", bound=HasInterval)
 
 
-class QueueHandler(abc.ABC, Generic[P]):
+class QueueHandler(Handler, abc.ABC, Generic[P]):
     """One pass = ``run_queue`` for every selected queue the handler's user may work on."""
 
-    # What the handler's user needs on each queue; the supervisor sets ``identity`` per pass.
+    # What the handler's user needs on each queue.
     needs = "write"
-    identity: Identity = UNRESTRICTED
 
     def __init__(self, cluster: Cluster, queues: list[str], params: P) -> None:
         self._cluster = cluster
@@ -79,27 +60,9 @@ class QueueHandler(abc.ABC, Generic[P]):
         """This handler's work on one queue."""
 
 
-def queue_patterns(data: dict[str, Any], cluster: Cluster) -> list[str]:
-    """``queues`` (names or fnmatch patterns) from a definition; plain names must exist."""
-    raw = data.get("queues", [data["queue"]] if "queue" in data else None)
-    if not isinstance(raw, list) or not raw or not all(isinstance(q, str) and q for q in raw):
-        raise InvalidRequest("queues must be a non-empty list of queue names or patterns", field="queues")
-    for name in raw:
-        if not _is_pattern(name):
-            try:
-                cluster.queue(name)
-            except QueueNotFound:
-                raise InvalidRequest(f"queues: unknown queue {name!r}", field="queues") from None
-    return list(raw)
-
-
 def selected(cluster: Cluster, patterns: list[str]) -> list[Queue]:
     """The queues a handler works on right now (queues created later match too)."""
     return [q for q in cluster.queues() if any(fnmatch.fnmatchcase(q.name, p) for p in patterns)]
-
-
-def _is_pattern(name: str) -> bool:
-    return any(c in name for c in "*?[")
 
 
 def cursor_lag(cluster: Cluster, patterns: list[str], subscription: str) -> dict[str, int]:

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
@@ -39,8 +38,15 @@ from capella.errors import (
     KeyNotFound,
     Unauthorized,
 )
+from capella.handlers.base import (
+    Handler,
+    HandlerParams,
+    PassResult,
+    find,
+    handler_type,
+    queue_patterns,
+)
 from capella.handlers.links import Links
-from capella.handlers.queues import PassResult, queue_patterns
 from capella.handlers.reach import Reach
 from capella.wire.handlers import HANDLER_TYPES
 
@@ -52,62 +58,18 @@ MAX_BACKOFF = 60.0
 STOP_GRACE = 10.0
 
 
-class Handler(Protocol):
-    interval: float
-    identity: Identity
-
-    async def run_once(self) -> PassResult: ...
-
-
-class HandlerParams(Protocol):
-    @property
-    def interval(self) -> float: ...
-
-    def to_dict(self) -> dict[str, Any]: ...
-
-
-# Handler types by name, each module imported when the first handler of its type is built:
-# the default configuration has none, and copy (the HTTP client), push and pg_* (asyncpg)
-# bring in much more than their own code.
-TYPES = {
-    "flush": "capella.handlers.flush:build",
-    "unload": "capella.handlers.unload:build",
-    "archive": "capella.handlers.archive:build",
-    "copy": "capella.handlers.copy:build",
-    "expire": "capella.handlers.expire:build",
-    "pg_outbox": "capella.handlers.pg_outbox:build",
-    "pg_inbox": "capella.handlers.pg_inbox:build",
-    "push": "capella.handlers.push:build",
-}
-
-Builder = Callable[..., tuple[HandlerParams, Handler]]
-
-
-def builder(kind: str) -> Builder:
-    """The ``build(cluster, queues, raw, reach, name)`` of handler type ``kind``."""
-    target = TYPES.get(kind)
-    if target is None:
-        raise InvalidRequest(
-            f"type: unknown handler type {kind!r} (known: {', '.join(sorted(HANDLER_TYPES))})",
-            field="type",
-        )
-    module, _, attr = target.partition(":")
-    build: Builder = getattr(importlib.import_module(module), attr)
-    return build
-
-
 def build(
     cluster: Cluster, kind: str, queues: list[str], raw: object, reach: Reach, name: str = ""
 ) -> tuple[HandlerParams, Handler]:
     """Parse ``raw`` params for handler ``name`` of ``kind`` and build it (errors name the field)."""
-    return builder(kind)(cluster, queues, raw, reach, name)
+    return handler_type(kind).build(cluster, queues, raw, reach, name)
 
 
 def build_push(
     cluster: Cluster, queues: list[str], raw: object, name: str, reach: Reach | None = None
 ) -> tuple[HandlerParams, Handler]:
     """A push handler on its own (it needs no links)."""
-    return builder("push")(cluster, queues, raw, reach or Reach(Links(cluster)), name)
+    return build(cluster, "push", queues, raw, reach or Reach(Links(cluster)), name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +128,7 @@ class HandlerState:
 
     def stored(self) -> dict[str, Any]:
         """The definition as the registry keeps it (a secret in params only encrypted)."""
-        stored = getattr(self.params, "stored_dict", None)
-        return self.definition() | ({} if stored is None else {"params": stored()})
+        return self.definition() | {"params": self.params.stored_dict()}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -186,7 +147,7 @@ class HandlerState:
                 if self.last_error is None
                 else {"message": self.last_error[0], "time": self.last_error[1]},
                 "next_run": self.next_run if self.task is not None else None,
-                **(self.handler.status() if hasattr(self.handler, "status") else {}),
+                **self.handler.status(),
             },
         }
 
@@ -284,23 +245,9 @@ class Supervisor:
         kind = data.get("type")
         if not isinstance(kind, str):
             raise InvalidRequest(f"type is required: {', '.join(sorted(HANDLER_TYPES))}", field="type")
-        if kind == "pg_outbox":
-            # Its one queue is the destination, params.to.
-            if "queues" in data or "queue" in data:
-                raise InvalidRequest("pg_outbox names its queue in params.to, not queues", field="queues")
-            to = data.get("params", {}).get("to") if isinstance(data.get("params"), dict) else None
-            queues: list[str] = [to] if isinstance(to, str) else []
-        elif kind == "copy" and "queues" not in data and "queue" not in data:
-            source = data.get("params", {}).get("from") if isinstance(data.get("params"), dict) else None
-            if isinstance(source, str) and "/" in source:
-                # The source is on an external cluster: no local queue is selected.
-                queues = [source]
-            else:
-                queues = queue_patterns(
-                    {**data, "queues": [source] if isinstance(source, str) else None}, self._cluster
-                )
-        else:
-            queues = queue_patterns(data, self._cluster)
+        # An unknown type is refused by the build below, after the queues are checked.
+        entry = find(kind)
+        queues = (queue_patterns if entry is None else entry.queues)(data, self._cluster)
         started = data.get("started", True)
         if not isinstance(started, bool):
             raise InvalidRequest("started must be true or false", field="started")
@@ -345,7 +292,7 @@ class Supervisor:
 
     def using_link(self, link: str) -> list[str]:
         """The handlers that read from or write to external cluster ``link``."""
-        return [s.name for s in self.handlers() if link in getattr(s.params, "links", lambda: [])()]
+        return [s.name for s in self.handlers() if link in s.params.links()]
 
     async def start_handler(self, name: str) -> HandlerState:
         async with self._lock:
@@ -399,11 +346,10 @@ class Supervisor:
         delay = 0.0  # the first pass runs at once, then every interval
         while True:
             state.next_run = self._clock() + delay
-            pause = getattr(state.handler, "pause", None)
-            if pause is not None and not state.failures:
+            if not state.failures:
                 # A handler may end the wait early when there is work (a NOTIFY, a new message);
                 # a backoff after failures is always waited out.
-                await pause(delay)
+                await state.handler.pause(delay)
             else:
                 await asyncio.sleep(delay)
             await self._run_pass(state)
@@ -495,21 +441,21 @@ class Supervisor:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        close = getattr(state.handler, "close", None)
-        if close is not None:  # a database connection, say (a run-now pass opens one too)
+        if state.handler.closes:  # a database connection, say (a run-now pass opens one too)
             async with state.pass_lock:
-                await close()
+                await state.handler.close()
+        else:
+            await state.handler.close()
 
     async def _save(self) -> None:
         doc = {"version": 1, "handlers": {s.name: s.stored() for s in self.handlers()}}
         await self._cluster.home.put(REGISTRY_KEY, orjson.dumps(doc))
 
 
-class _Unloadable:
+class _Unloadable(Handler, HandlerParams):
     """A stored definition that no longer builds (e.g. its mark lost its mount): kept as is."""
 
     interval = 60.0
-    identity = UNRESTRICTED
 
     def __init__(self, raw: object, error: str = "") -> None:
         self._raw = raw if isinstance(raw, dict) else {}

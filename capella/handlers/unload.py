@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from capella.core.queue import Queue
 from capella.errors import InvalidRequest
+from capella.handlers.base import HandlerParams, HandlerType, PassResult
 from capella.handlers.params import Params
-from capella.handlers.queues import PassResult, QueueHandler
+from capella.handlers.queues import QueueHandler
 
 
 @dataclass(frozen=True, slots=True)
-class UnloadParams:
+class UnloadParams(HandlerParams):
     interval: float = 10.0
     idle: float | None = 60.0
     age: float | None = None
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
 def build(
     cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[UnloadParams, UnloadHandler]:
-    """The ``unload`` handler type (``capella.handlers.supervisor.TYPES``)."""
+    """The ``unload`` handler type (its registry entry is ``HANDLER``)."""
     params = UnloadParams.parse(raw)
     return params, UnloadHandler(cluster, queues, params)
+
+
+HANDLER = HandlerType("unload", UnloadParams, build)

@@ -19,6 +19,7 @@ from capella.auth.rule import Identity
 from capella.auth.secret import Secrets
 from capella.core.work.retry import RetryPolicy, parse_policy
 from capella.errors import InvalidRequest
+from capella.handlers.base import HandlerParams
 from capella.handlers.delivery import Credentials
 from capella.handlers.params import Params, refuse_env_params, secret_name, segment_ranges
 
@@ -43,7 +44,7 @@ _RESERVED = ("authorization", "idempotency-key", "content-length", "host", "tran
 
 
 @dataclass(frozen=True, slots=True)
-class PushParams:
+class PushParams(HandlerParams):
     url: str
     subscription: str
     batch: int = 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from msgspec import UNSET, Meta, UnsetType, field
 
@@ -16,8 +16,11 @@ from capella.wire.fields import (
 )
 from capella.wire.struct import Struct
 
-HANDLER_TYPES = ("flush", "unload", "archive", "expire", "copy", "push", "pg_outbox", "pg_inbox")
+# The handler types, written once: each is the module capella.handlers.<type> (its registry
+# entry, HANDLER, says what the type is); the API, the document, the CLI and the client read
+# the names from here.
 HandlerType = Literal["flush", "unload", "archive", "expire", "copy", "push", "pg_outbox", "pg_inbox"]
+HANDLER_TYPES: tuple[str, ...] = get_args(HandlerType)
 # Handler durations also take integers of nanoseconds (>= 1e12), as the original API did.
 HandlerDuration = PositiveDuration
 

@@ -1,0 +1,149 @@
+"""What every handler is, and the registry of handler types.
+
+A handler type is one module, ``capella.handlers.<type>``, that ends with its registry entry::
+
+    HANDLER = HandlerType("expire", ExpireParams, build)
+
+The names come from ``capella.wire.handlers.HandlerType`` (the contract the API, the document,
+the CLI and the client share); each module is imported when its entry is first needed, so the
+default configuration imports none (copy brings the HTTP client, pg_* asyncpg). The supervisor,
+the API and metrics ask the entry and the ``Handler`` hooks, never ``type == "..."``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from capella.auth.rule import UNRESTRICTED, Identity
+from capella.errors import InvalidRequest, QueueNotFound
+from capella.wire.handlers import HANDLER_TYPES
+
+if TYPE_CHECKING:
+    from capella.core.cluster import Cluster
+    from capella.handlers.reach import Reach
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    """What one pass did: items handled (blocks, queues) and bytes moved or freed."""
+
+    items: int = 0
+    bytes: int = 0
+
+    def __add__(self, other: PassResult) -> PassResult:
+        return PassResult(self.items + other.items, self.bytes + other.bytes)
+
+
+def queue_patterns(data: dict[str, Any], cluster: Cluster) -> list[str]:
+    """``queues`` (names or fnmatch patterns) from a definition; plain names must exist."""
+    raw = data.get("queues", [data["queue"]] if "queue" in data else None)
+    if not isinstance(raw, list) or not raw or not all(isinstance(q, str) and q for q in raw):
+        raise InvalidRequest("queues must be a non-empty list of queue names or patterns", field="queues")
+    for name in raw:
+        if not _is_pattern(name):
+            try:
+                cluster.queue(name)
+            except QueueNotFound:
+                raise InvalidRequest(f"queues: unknown queue {name!r}", field="queues") from None
+    return list(raw)
+
+
+def _is_pattern(name: str) -> bool:
+    return any(c in name for c in "*?[")
+
+
+class HandlerParams:
+    """A type's parsed params: what the API shows, what the registry stores, links it uses."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The params as the API shows them."""
+        raise NotImplementedError
+
+    def stored_dict(self) -> dict[str, Any]:
+        """The params as the registry keeps them (a secret there only encrypted)."""
+        return self.to_dict()
+
+    def links(self) -> list[str]:
+        """The external clusters it reads from or writes to."""
+        return []
+
+
+class Handler:
+    """One running handler; the supervisor calls ``run_once`` each pass, the rest are hooks.
+
+    The hooks' defaults do nothing: no extra status, a plain sleep between passes, nothing to
+    close (dramatiq's ``Middleware``).
+    """
+
+    interval: float
+    # The rules a pass runs under; the supervisor sets it before each pass.
+    identity: Identity = UNRESTRICTED
+    # True when ``close`` releases what a pass uses (a database pool): the supervisor then waits
+    # for a pass in progress before closing.
+    closes: ClassVar[bool] = False
+
+    async def run_once(self) -> PassResult:
+        raise NotImplementedError
+
+    def status(self) -> dict[str, Any]:
+        """Fields this type adds to the status (``wire.handlers.HandlerStatus``)."""
+        return {}
+
+    async def pause(self, delay: float) -> None:
+        """The wait before the next pass; a handler may end it early when there is work."""
+        await asyncio.sleep(delay)
+
+    async def close(self) -> None:
+        """Release what the handler holds once it is stopped."""
+
+
+P = TypeVar("P", bound=HandlerParams)
+Build = Callable[["Cluster", list[str], object, "Reach", str], tuple[P, Handler]]
+Queues = Callable[[dict[str, Any], "Cluster"], list[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerType(Generic[P]):
+    """One handler type's registry entry, declared at the bottom of its module."""
+
+    name: str
+    params: type[P]
+    # ``build(cluster, queues, raw params, reach, handler name)``: parse the params (errors name
+    # the field) and make the handler.
+    build: Build[P]
+    # The queues a definition selects, from the definition as sent: ``queues`` (or ``queue``)
+    # by default; a type whose queue is in its params says so here.
+    queues: Queues = queue_patterns
+    # Its handler reports deliveries (``counters``, ``in_flight``, ``lag()``, ``latency``): the
+    # ``capella_push_*`` metrics.
+    delivers: bool = False
+
+
+# Every type's module, by name; imported when its entry is first asked for.
+MODULES = {name: f"capella.handlers.{name}" for name in HANDLER_TYPES}
+
+
+def find(name: str) -> HandlerType[Any] | None:
+    """The entry of handler type ``name``, or None for a name that is no type."""
+    module = MODULES.get(name)
+    if module is None:
+        return None
+    entry: HandlerType[Any] = importlib.import_module(module).HANDLER
+    return entry
+
+
+def handler_type(name: str) -> HandlerType[Any]:
+    """The entry of handler type ``name``; an unknown name is the caller's error."""
+    entry = find(name)
+    if entry is None:
+        raise InvalidRequest(
+            f"type: unknown handler type {name!r} (known: {', '.join(sorted(HANDLER_TYPES))})",
+            field="type",
+        )
+    return entry
