@@ -241,7 +241,7 @@ def _push_metrics(out: list[str], handlers: Sequence[HandlerState]) -> None:
     pushes = [
         (f'handler="{escape(s.name)}",queue="{escape(h.queue)}"', h)
         for s in handlers
-        if _delivers(s.type)
+        if s.handler.loaded and _delivers(s.type)
         for h in (cast("PushHandler", s.handler),)
     ]
     for name, help_text, attr in _PUSH_COUNTERS:

@@ -87,6 +87,9 @@ class Handler:
     # True when ``close`` releases what a pass uses (a database pool): the supervisor then waits
     # for a pass in progress before closing.
     closes: ClassVar[bool] = False
+    # False for a stored definition that no longer builds: it has only this interface, none
+    # of its type's own counters (metrics skip it).
+    loaded: ClassVar[bool] = True
 
     async def run_once(self) -> PassResult:
         raise NotImplementedError

@@ -456,6 +456,7 @@ class _Unloadable(Handler, HandlerParams):
     """A stored definition that no longer builds (e.g. its mark lost its mount): kept as is."""
 
     interval = 60.0
+    loaded = False
 
     def __init__(self, raw: object, error: str = "") -> None:
         self._raw = raw if isinstance(raw, dict) else {}

@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from capella import metrics
 from capella.api.app import document
 from capella.auth.rule import Identity, Rule
 from capella.auth.secret import Secrets
@@ -508,6 +509,10 @@ async def test_a_definition_whose_secret_is_gone_after_a_restart_says_so(
         state = await supervisor.run_now("hook")
         assert state.last_error is not None and "'hook-secret' cannot be used" in state.last_error[0]
         assert state.to_dict()["params"]["secret"] == "hook-secret"  # kept as it was
+        # The metrics page still renders: a definition that did not load has no push counters.
+        text = metrics.render(cluster, supervisor.handlers())
+        assert 'capella_handler_error{handler="hook"' in text
+        assert 'capella_push_delivered_total{handler="hook"' not in text
     finally:
         await supervisor.close()
 
