@@ -10,10 +10,10 @@ Files are created 0600 and directories 0700 whatever the umask (``capella.fsync`
 hold the messages and the definitions.
 
 Journals are plain files opened for append. Their hot path, ``append_and_sync``, is one
-``os.write`` plus one ``fdatasync`` in a single thread hop, since the broker does it once per
-group commit. Calls may overlap: each takes its place in the file when it is made, its write
-waits for the earlier ones', and its sync runs while the next call writes (file systems batch
-concurrent syncs into one journal commit).
+``os.write`` plus one ``fdatasync`` in the journal's own thread, since the broker does it once
+per group commit. Calls may overlap: each takes its place in the file when it is made, and the
+calls that queue up while the thread syncs are written together and share the next
+``fdatasync``; the loop is woken once per such group.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import errno
 import os
 import secrets
 import threading
+from collections import deque
 from pathlib import Path
 
 import aiofiles
@@ -36,6 +37,11 @@ TMP_MARK = ".tmp-"
 # Appends are kept in memory until they reach this size or are synced, so ``append`` costs
 # no thread hop in the common case.
 _APPEND_BUFFER = 1024 * 1024
+
+# A journal's thread ends after this many seconds without a call, and ``close`` waits at most
+# this long for it to end once it has answered.
+_IDLE_EXIT = 2.0
+_JOIN_TIMEOUT = 1.0
 
 # Trying to read a directory, or a path through a file, means no value at that key.
 _NO_VALUE = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
@@ -112,11 +118,17 @@ class FileStorage:
 
 
 class FileJournal:
-    """An open file that only grows.
+    """An open file that only grows, written by a thread of its own.
 
     ``append`` keeps bytes in memory until ``sync``, ``close`` or 1 MiB of them, so a
     ``get`` of the key sees them only after that. ``size`` counts them all.
     ``append_and_sync`` may be called again before an earlier call is done (see the module).
+
+    The journal's thread takes the calls from a queue in call order: whatever queued up while
+    it was busy is written with one ``write`` and made durable with one ``fdatasync``, and the
+    loop is woken once for all of them. The thread starts with the first call, ends after
+    ``_IDLE_EXIT`` seconds without one (an idle queue holds no thread) and is joined by
+    ``close``.
     """
 
     def __init__(self, key: str, fd: int, size: int) -> None:
@@ -126,12 +138,12 @@ class FileJournal:
         self._pending = bytearray()
         self._closed = False
         self._failed = False
-        # Writes go in call order: a call's thread waits until every earlier ticket has written.
+        # Calls for the thread, in call order: (bytes, future, closes the file).
+        self._calls: deque[tuple[bytes, asyncio.Future[None], bool]] = deque()
         self._turn = threading.Condition()
-        self._tickets = 0
-        self._written = 0
-        self._write_failed = False  # read and set by the writing threads, under _turn
-        self._last: asyncio.Task[None] | None = None  # the latest append_and_sync
+        self._thread: threading.Thread | None = None
+        self._write_failed = False  # read and set by the thread only
+        self._last: asyncio.Future[None] | None = None  # the latest append_and_sync
 
     @property
     def size(self) -> int:
@@ -147,21 +159,19 @@ class FileJournal:
     async def sync(self) -> None:
         await self.append_and_sync(b"")
 
-    def append_and_sync(self, data: bytes) -> asyncio.Task[None]:
+    def append_and_sync(self, data: bytes) -> asyncio.Future[None]:
         """Append ``data`` after everything appended so far and fdatasync it.
 
-        The place in the file is taken now. The task ends once these bytes and those of every
-        earlier call are durable; if an earlier call failed, this one fails too (the bytes
-        after a failed write or sync are not to be trusted).
+        The place in the file is taken now. The future is done once these bytes and those of
+        every earlier call are durable; if an earlier call failed, this one fails too (the
+        bytes after a failed write or sync are not to be trusted).
         """
         self._check_usable()
         self._size += len(data)
         if self._pending:
             self._pending += data
             data = self._take_pending()
-        ticket = self._tickets
-        self._tickets += 1
-        self._last = asyncio.create_task(self._append_in_turn(ticket, data, self._last))
+        self._last = self._call(data, closes=False)
         return self._last
 
     async def close(self) -> None:
@@ -169,47 +179,96 @@ class FileJournal:
             return
         self._closed = True
         if self._last is not None:
-            # A thread may still be writing to the descriptor: close it only after the last call.
+            # The thread may still be writing to the descriptor: close it only after the last call.
             await asyncio.wait([self._last])
         pending = b"" if self._failed else self._take_pending()
-        try:
-            await asyncio.to_thread(_write_and_close, self._fd, pending)
-        except OSError as exc:
-            raise StorageUnavailable(f"file: cannot close journal {self._key!r}: {exc}") from exc
+        closed = self._call(pending, closes=True)
+        thread = self._thread  # the one that takes the close: it ends after answering it
+        await closed
+        if thread is not None:
+            thread.join(_JOIN_TIMEOUT)
 
-    async def _append_in_turn(self, ticket: int, data: bytes, previous: asyncio.Task[None] | None) -> None:
+    def _call(self, data: bytes, *, closes: bool) -> asyncio.Future[None]:
+        future = asyncio.get_running_loop().create_future()
+        with self._turn:
+            self._calls.append((data, future, closes))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, args=(future.get_loop(),), name=f"journal:{self._key}", daemon=True
+                )
+                self._thread.start()
+            else:
+                self._turn.notify()
+        return future
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(The journal's thread.) Write and sync the calls in order until closed or idle."""
+        while True:
+            with self._turn:
+                if not self._turn.wait_for(lambda: self._calls, _IDLE_EXIT):
+                    self._thread = None  # the next call starts a new thread
+                    return
+                calls = list(self._calls)
+                self._calls.clear()
+            appends = [(data, future) for data, future, closes in calls if not closes]
+            error: OSError | None = None
+            if appends:
+                error = self._write_and_sync(b"".join(data for data, _ in appends))
+                self._answer(loop, [future for _, future in appends], error)
+            if calls[-1][2]:  # close: nothing is queued after it
+                data, future, _ = calls[-1]
+                try:
+                    _write_and_close(self._fd, b"" if self._write_failed else data)
+                    error = None
+                except OSError as exc:
+                    error = exc
+                with self._turn:
+                    self._thread = None
+                self._answer(loop, [future], error, closing=True)
+                return
+
+    def _write_and_sync(self, data: bytes) -> OSError | None:
+        if self._write_failed:
+            return OSError(errno.EIO, "an earlier append failed")
         try:
-            await asyncio.to_thread(self._write_in_turn, ticket, data)
+            _write_all(self._fd, data)
+            _sync_data(self._fd)
         except OSError as exc:
             # After a failed write or fsync the file's tail is unknown and the kernel may
             # already have dropped the dirty pages, so retrying could report lost data as
             # durable. Refuse further use; recovery reopens with ``truncate_to``.
-            self._failed = True
-            raise StorageUnavailable(f"file: cannot append to journal {self._key!r}: {exc}") from exc
-        if previous is not None:
-            try:
-                await previous
-            except StorageUnavailable:
-                self._failed = True
-                raise StorageUnavailable(
-                    f"file: cannot append to journal {self._key!r}: an earlier append failed"
-                ) from None
+            self._write_failed = True
+            return exc
+        return None
 
-    def _write_in_turn(self, ticket: int, data: bytes) -> None:
-        """(In a thread.) Write once every earlier ticket has written, then fdatasync."""
-        with self._turn:
-            self._turn.wait_for(lambda: self._written == ticket)
-            try:
-                if self._write_failed:
-                    raise OSError(errno.EIO, "an earlier write to this journal failed")
-                _write_all(self._fd, data)
-            except OSError:
-                self._write_failed = True
-                raise
-            finally:
-                self._written += 1
-                self._turn.notify_all()
-        _sync_data(self._fd)
+    def _answer(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        futures: list[asyncio.Future[None]],
+        error: OSError | None,
+        *,
+        closing: bool = False,
+    ) -> None:
+        """(In the thread.) Resolve the futures of one group with one wake-up of the loop."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(self._resolve, futures, error, closing)
+
+    def _resolve(self, futures: list[asyncio.Future[None]], error: OSError | None, closing: bool) -> None:
+        if error is not None and not closing:
+            self._failed = True
+        for future in futures:
+            if future.done():
+                continue  # its caller stopped waiting
+            if error is None:
+                future.set_result(None)
+            elif closing:
+                exc = StorageUnavailable(f"file: cannot close journal {self._key!r}: {error}")
+                exc.__cause__ = error
+                future.set_exception(exc)
+            else:
+                exc = StorageUnavailable(f"file: cannot append to journal {self._key!r}: {error}")
+                exc.__cause__ = error
+                future.set_exception(exc)
 
     def _take_pending(self) -> bytes:
         data = bytes(self._pending)
