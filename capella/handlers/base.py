@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -56,14 +57,14 @@ def _is_pattern(name: str) -> bool:
     return any(c in name for c in "*?[")
 
 
-class HandlerParams:
+class HandlerParams(ABC):
     """A type's parsed params: what the API shows, what the registry stores, links it uses."""
 
     __slots__ = ()
 
+    @abstractmethod
     def to_dict(self) -> dict[str, Any]:
         """The params as the API shows them."""
-        raise NotImplementedError
 
     def stored_dict(self) -> dict[str, Any]:
         """The params as the registry keeps them (a secret there only encrypted)."""
@@ -74,7 +75,7 @@ class HandlerParams:
         return []
 
 
-class Handler:
+class Handler(ABC):
     """One running handler; the supervisor calls ``run_once`` each pass, the rest are hooks.
 
     The hooks' defaults do nothing: no extra status, a plain sleep between passes, nothing to
@@ -91,8 +92,9 @@ class Handler:
     # of its type's own counters (metrics skip it).
     loaded: ClassVar[bool] = True
 
+    @abstractmethod
     async def run_once(self) -> PassResult:
-        raise NotImplementedError
+        """One pass; the supervisor owns the loop, the timing and the error reporting."""
 
     def status(self) -> dict[str, Any]:
         """Fields this type adds to the status (``wire.handlers.HandlerStatus``)."""
@@ -102,7 +104,7 @@ class Handler:
         """The wait before the next pass; a handler may end it early when there is work."""
         await asyncio.sleep(delay)
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 (a hook whose default is to do nothing)
         """Release what the handler holds once it is stopped."""
 
 

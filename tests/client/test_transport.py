@@ -19,8 +19,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,20 +200,6 @@ class TlsServerProcess(ServerProcess):
         super().__init__(data_dir, config=config)
         self.url = f"https://127.0.0.1:{self.port}"
         self.context = context
-
-    def wait_ready(self, timeout: float = SERVER_START_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"capella serve exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1.0, context=self.context) as resp:
-                    if resp.status == 200:
-                        return
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"capella serve not ready after {timeout}s:\n{self.log()}")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from capella.errors import InvalidRequest
-from capella.handlers.base import MODULES, Handler, HandlerParams, find, handler_type
+from capella.handlers.base import MODULES, Handler, HandlerParams, PassResult, find, handler_type
 from capella.wire.handlers import HANDLER_TYPES
 
 
@@ -29,6 +29,9 @@ def test_an_unknown_type_has_no_entry() -> None:
 def test_the_hooks_default_to_nothing() -> None:
     class Bare(Handler):
         interval = 1.0
+
+        async def run_once(self) -> PassResult:  # the one method a handler must write
+            return PassResult()
 
     bare = Bare()
     assert bare.status() == {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -36,6 +37,9 @@ def free_port() -> int:
 
 class ServerProcess:
     """``capella serve`` in a subprocess, with its data dir and log file."""
+
+    # How readiness is checked over https:// (a TLS server sets its client context).
+    context: ssl.SSLContext | None = None
 
     def __init__(
         self,
@@ -66,7 +70,7 @@ class ServerProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"capella serve exited with {self.process.returncode}:\n{self.log()}")
             try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1.0) as resp:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1.0, context=self.context) as resp:
                     if resp.status == 200:
                         return
             except (OSError, urllib.error.URLError):
