@@ -6,7 +6,6 @@ which headers, what is refused, and that the page needs no credentials while the
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,6 +16,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from support.app import signed_in_api
+from support.wait import until
 
 from capella.api.console import ROOT
 from capella.config import ServerSettings
@@ -119,12 +119,14 @@ async def test_blocks_come_in_id_order_with_their_tier_and_state(api: TestClient
     assert [(b["first_id"], b["last_id"], b["count"]) for b in blocks] == [(1, 2, 2), (3, 4, 2), (5, 5, 1)]
     assert blocks[-1]["state"] == "open" and blocks[-1]["sealed"] is None
     assert {b["state"] for b in blocks[:-1]} <= {"sealed", "sealing"}
+
     # A seal changes a block's bytes (journal -> block file): compare once the sealer is done.
-    for _ in range(100):
+    async def all_sealed() -> bool:
+        nonlocal blocks
         blocks = (await (await api.get(f"{Q}/blocks")).json())["blocks"]
-        if {b["state"] for b in blocks[:-1]} == {"sealed"}:
-            break
-        await asyncio.sleep(0.05)
+        return {b["state"] for b in blocks[:-1]} == {"sealed"}
+
+    await until(all_sealed, what="every full block sealed", every=0.05)
     stats = (await (await api.get(Q)).json())["stats"]
     assert sum(b["bytes"] for b in blocks) == stats["bytes"]
     assert sum(b["count"] for b in blocks) == stats["messages"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from support.http import only_error_of
+from support.wait import until
 
 from capella.api import create_app
 from capella.config import ServerSettings, parse_config
@@ -38,12 +38,12 @@ async def produce(api: TestClient, queue: str, count: int) -> None:
     for i in range(count):
         resp = await api.post(f"/v1/queues/{queue}/messages", json={"data": f"m{i}"}, params={"save": "wait"})
         assert resp.status == 200, await resp.text()
+
     # Full blocks are sealed by a background task: give it a bounded time to catch up.
-    for _ in range(500):
-        if (await stats(api, queue))["blocks"]["by_state"]["sealing"] == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"queue {queue}: blocks still sealing after 5 s")
+    async def sealed() -> bool:
+        return bool((await stats(api, queue))["blocks"]["by_state"]["sealing"] == 0)
+
+    await until(sealed, what=f"queue {queue}: no block still sealing")
 
 
 async def stats(api: TestClient, queue: str) -> dict[str, Any]:

@@ -58,9 +58,9 @@ async def test_changes_made_during_a_flush_share_the_next_one_and_are_answered_i
         answered.append(target)
 
     first = asyncio.create_task(save())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the first flush starts
     others = [asyncio.create_task(save()) for _ in range(5)]  # arrive while the first flush runs
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn: they all wait on the commit
     owner.release.set()
     await first
     assert answered == [1] and owner.flushes == [1]
@@ -77,7 +77,7 @@ async def test_a_failed_flush_fails_the_callers_it_covered_and_the_next_flush_se
     covered = asyncio.create_task(owner.commit.wait(owner.change()))
     await owner.started.wait()
     later = asyncio.create_task(owner.commit.wait(owner.change()))  # changed while the flush runs
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn: the later caller waits before the flush fails
     owner.release.set()
     with pytest.raises(StorageUnavailable, match="disk gone"):
         await covered

@@ -103,7 +103,7 @@ async def test_cancelling_a_supervised_loop_ends_it() -> None:
         await asyncio.Event().wait()
 
     task = asyncio.create_task(keep_running("x", body, failures=TaskFailures()))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn: the loop is inside its body when it is cancelled
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
