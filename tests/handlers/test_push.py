@@ -20,6 +20,7 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from support.wait import until
 
 from capella import metrics
 from capella.api.app import document
@@ -433,11 +434,13 @@ async def test_a_push_handler_over_http_shows_its_status_and_metrics(
         "/v1/queues/orders/messages", json={"messages": [{"data": f"m{i}"} for i in range(3)]}
     )
     assert resp.status == 200
-    for _ in range(200):
+
+    async def all_delivered() -> bool:
+        nonlocal info
         info = await (await api.get("/v1/handlers/hook")).json()
-        if info["status"]["delivered"] == 3:
-            break
-        await asyncio.sleep(0.02)
+        return bool(info["status"]["delivered"] == 3)
+
+    await until(all_delivered, what="three messages delivered")
     status = info["status"]
     assert (status["delivered"], status["failed"], status["dead"], status["lag"]) == (3, 1, 0, 0)
     assert status["last_delivery_error"]["status"] == 503
@@ -460,10 +463,7 @@ async def test_a_pass_cut_short_is_taken_back_and_sent_again(cluster: Cluster, r
     receiver.script = {1: ["slow"]}
     handler = await pusher(cluster, receiver, ordering="ordered", timeout="5s")
     task = asyncio.create_task(handler.run_once())
-    for _ in range(200):
-        if receiver.seen:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: receiver.seen, what="the first request")
     assert handler.status()["in_flight"] == 1
     task.cancel()  # as a stop (or a crash) does, with message 1 in flight
     with pytest.raises(asyncio.CancelledError):
