@@ -14,7 +14,6 @@ import json
 import os
 import re
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -90,11 +89,15 @@ def seed(api: Api) -> None:
     # The sealed blocks move to tier 1 (a compressed mount); the open one stays.
     archive = {"conditions": [{"mark": 1, "from_age": 0}]}
     api("PUT", "/v1/handlers/archive", {"type": "archive", "queue": "orders", "params": archive})
-    deadline = time.monotonic() + 10
-    while "1" not in api("GET", "/v1/queues/orders")["stats"]["blocks"]["by_mark"]:
-        assert time.monotonic() < deadline, api("GET", "/v1/handlers/archive")
-        time.sleep(0.05)  # blocks are sealed in the background: move them once they are
+
+    def archived() -> bool:
+        if "1" in api("GET", "/v1/queues/orders")["stats"]["blocks"]["by_mark"]:
+            return True
+        # Blocks are sealed in the background: move them once they are.
         api("POST", "/v1/handlers/archive/run")
+        return False
+
+    until_blocking(archived, every=0.05, what="blocks archived to tier 1")
     api("PUT", "/v1/handlers/orders-copy", {"type": "copy", "queue": "orders", "params": {"to": "copied"}})
     api("POST", "/v1/handlers/orders-copy/run")
     api("PUT", "/v1/queues/orders/subscriptions/billing", {"last_id": 4})

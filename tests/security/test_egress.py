@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from aiohttp import web
+from support.wait import eventually
 
 from security.conftest import Answer, Secured, StartSecured
 
@@ -93,12 +93,15 @@ async def define_pushes(secured: Secured, urls: dict[str, str]) -> None:
 async def statuses_when(
     secured: Secured, names: list[str], done: Any, seconds: float = 15.0
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + seconds
-    while True:
+    found: dict[str, Any] = {}
+
+    async def all_done() -> bool:
+        nonlocal found
         found = {name: (await call(secured, "GET", f"/v1/handlers/{name}")).body["status"] for name in names}
-        if all(done(s) for s in found.values()) or time.monotonic() > deadline:
-            return found
-        await asyncio.sleep(0.1)
+        return all(done(s) for s in found.values())
+
+    await eventually(all_done, within=seconds, every=0.1)
+    return found
 
 
 async def test_loopback_in_any_spelling_is_refused_and_costs_no_attempt(

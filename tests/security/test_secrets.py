@@ -97,7 +97,7 @@ async def test_a_granted_secret_is_sent_and_a_revoked_one_stops_the_handler(
 
     await until(failed, 15.0)
     secured.call("POST", "/v1/queues/dev-q/messages", {"messages": [{"data": "two"}]})
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(1.0)  # time in which the refused handler must send nothing more
     assert len(receiver.seen) == 1
     for request in receiver.seen:
         assert (
