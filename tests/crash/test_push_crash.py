@@ -54,7 +54,7 @@ class Receiver:
             self.seen[path].append(Request(ids, "held", time.monotonic()))
             await self.release.wait()
             return web.Response(status=503)
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.002)  # a receiver that takes a moment, so requests are in flight at the kill
         refused = path == "un" and bool(REFUSED & set(ids))
         self.seen[path].append(Request(ids, "400" if refused else "200", time.monotonic()))
         if refused:
