@@ -27,7 +27,7 @@ MakeClient = Callable[[web.Application], Awaitable[TestClient[web.Request, web.A
 
 
 @pytest.fixture
-async def secured(
+async def secured_api(
     aiohttp_client: MakeClient, cluster: Cluster, tmp_path: Path
 ) -> AsyncIterator[TestClient[Any, Any]]:
     async with signed_in_api(aiohttp_client, cluster, tmp_path, ServerSettings()) as api:
@@ -93,15 +93,15 @@ async def test_a_file_the_console_does_not_have_is_a_404(api: TestClient[Any, An
     assert (await resp.json())["error"]["code"] == "not_found"
 
 
-async def test_the_page_is_public_and_the_api_behind_it_is_not(secured: TestClient[Any, Any]) -> None:
-    assert (await secured.get("/ui/")).status == 200
-    assert (await secured.get("/ui/api.js")).status == 200
-    resp = await secured.get("/v1/queues")
+async def test_the_page_is_public_and_the_api_behind_it_is_not(secured_api: TestClient[Any, Any]) -> None:
+    assert (await secured_api.get("/ui/")).status == 200
+    assert (await secured_api.get("/ui/api.js")).status == 200
+    resp = await secured_api.get("/v1/queues")
     assert resp.status == 401
     assert "Basic" in resp.headers["WWW-Authenticate"]
     # The page's own calls say they come from a script: no Basic challenge, so no browser
     # password prompt over the page's sign-in form.
-    resp = await secured.get("/v1/queues", headers={"X-Requested-With": "XMLHttpRequest"})
+    resp = await secured_api.get("/v1/queues", headers={"X-Requested-With": "XMLHttpRequest"})
     assert resp.status == 401
     assert resp.headers["WWW-Authenticate"] == 'Bearer realm="capella"'
 
