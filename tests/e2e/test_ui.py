@@ -9,11 +9,9 @@ to ``tmp_path`` (never into git). A page on another origin reads the stream with
 from __future__ import annotations
 
 import base64
-import http.server
 import json
 import os
 import re
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,16 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.servers import ServerProcess, free_port, running
+from playwright.sync_api import Browser, Page, expect
+from support.browser import PageServer, chromium, needs_chromium
+from support.servers import ServerProcess, running
 from support.wait import until_blocking
 
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():  # pragma: no cover - make tools installs it
-    pytest.skip("chromium is not installed (make tools installs it)", allow_module_level=True)
-
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
-
-pytestmark = pytest.mark.slow
+pytestmark = [needs_chromium, pytest.mark.slow]
 
 # A payload that would run if the console ever put message text into the DOM as HTML.
 HOSTILE = '<img src=x onerror="document.body.dataset.pwned=1">'
@@ -126,38 +120,6 @@ def seed(api: Api) -> None:
     api("POST", "/v1/queues/orders/messages", {"data": "later", "delay": "1h", "source": "cron"})
 
 
-class PageServer:
-    """A second origin: a tiny static server on another loopback port."""
-
-    def __init__(self) -> None:
-        self.pages: dict[str, str] = {}
-        pages = self.pages
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = pages.get(self.path.split("?")[0])
-                if body is None:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html; charset=utf-8")
-                self.end_headers()
-                self.wfile.write(body.encode())
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(5)
-
-
 @pytest.fixture(scope="module")
 def origin() -> Iterator[PageServer]:
     server = PageServer()
@@ -191,10 +153,8 @@ def server_api(server: ServerProcess) -> Api:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-        yield chromium
-        chromium.close()
+    with chromium() as browser:
+        yield browser
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from support.receiver import Received, listening
 from support.wait import until
 
 from capella import metrics
@@ -43,21 +44,12 @@ FAST = {"delay": "50ms", "max_delay": "200ms", "jitter": 0, "timeout": "1s", "wa
 
 
 @dataclass
-class Seen:
-    ids: list[int]
-    answer: str  # "200", "500", "slow", "reset", ...
-    at: float
-    headers: dict[str, str]
-    body: bytes
-
-
-@dataclass
 class Receiver:
     """An aiohttp server that answers each message id by a script (then 200) and records requests."""
 
     url: str = ""
     script: dict[int, list[str]] = field(default_factory=dict)
-    seen: list[Seen] = field(default_factory=list)
+    seen: list[Received] = field(default_factory=list)
     active: int = 0
     most_active: int = 0
     check: Callable[[web.Request, bytes], None] | None = None
@@ -69,7 +61,7 @@ class Receiver:
             self.check(request, body)
         steps = [self.script[i].pop(0) for i in ids if self.script.get(i)]
         answer = steps[0] if steps else "200"
-        self.seen.append(Seen(ids, answer, time.monotonic(), dict(request.headers), body))
+        self.seen.append(Received(request.method, request.path_qs, dict(request.headers), body, answer))
         if answer == "slow":
             # The sender gave up after its timeout: this request no longer counts as in flight.
             await asyncio.sleep(2.0)
@@ -98,16 +90,9 @@ class Receiver:
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
     rec = Receiver()
-    app = web.Application()
-    app.router.add_post("/hook", rec.handle)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    rec.url = f"http://127.0.0.1:{port}/hook"
-    yield rec
-    await runner.cleanup()
+    async with listening(rec.handle, route="/hook") as port:
+        rec.url = f"http://127.0.0.1:{port}/hook"
+        yield rec
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from support.receiver import listening
 from support.wait import eventually
 
 from security.conftest import Answer, Secured, StartSecured
@@ -56,19 +57,10 @@ class Loopback:
 @pytest.fixture
 async def loopback() -> AsyncIterator[Loopback]:
     found = Loopback()
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", found.handle)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    found.port = runner.addresses[0][1]
     found.hosts = ["127.0.0.1", "127.0.0.2"] + (["::1"] if ipv6_loopback() else [])
-    for host in found.hosts[1:]:
-        await web.TCPSite(runner, host, found.port).start()
-    try:
+    async with listening(found.handle, hosts=found.hosts) as port:
+        found.port = port
         yield found
-    finally:
-        await runner.cleanup()
 
 
 async def call(secured: Secured, method: str, path: str, body: Any = None, user: str = "dev") -> Answer:

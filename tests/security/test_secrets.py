@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 
+from support.receiver import Receiver
 from support.wait import until
 
-from security.conftest import ADMIN_PASSWORD, DEV_PASSWORD, DEV_RULES, Receiver, Secured, StartSecured
+from security.conftest import ADMIN_PASSWORD, DEV_PASSWORD, DEV_RULES, Secured, StartSecured
 
 LOOPBACK = '[egress]\nallow = ["127.0.0.0/8", "::1/128"]\n\n'
 DECLARED = (
