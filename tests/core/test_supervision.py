@@ -122,9 +122,8 @@ def cluster_config(tmp_path: Path) -> Config:
     return file_config(tmp_path, block={"max_messages": 10})
 
 
-@pytest.fixture
-def cluster_clock(clock: Clock) -> Clock:
-    return clock
+# ``cluster`` runs on ``clock``, which the tests move by hand.
+pytestmark = pytest.mark.hand_clock
 
 
 @pytest.fixture

@@ -46,9 +46,8 @@ def cluster_config(tmp_path: Path) -> Config:
     return make_config(tmp_path)
 
 
-@pytest.fixture
-def cluster_clock(clock: Clock) -> Clock:
-    return clock
+# ``cluster`` runs on ``clock``, which the tests move by hand.
+pytestmark = pytest.mark.hand_clock
 
 
 async def filled(cluster: Cluster, name: str, count: int) -> Any:
