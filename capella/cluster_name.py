@@ -11,10 +11,7 @@ configured name wins and is never written there.
 from __future__ import annotations
 
 import base64
-import contextlib
-import errno
 import logging
-import os
 import re
 import secrets
 import socket
@@ -22,7 +19,7 @@ from pathlib import Path
 
 from capella.config import Config
 from capella.errors import InvalidConfig
-from capella.fsync import create_directories, fsync_directory, open_private
+from capella.fsync import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -46,31 +43,9 @@ def generated_name(data_dir: Path) -> str:
     name = _read(path)
     if name is not None:
         return name
-    create_directories(data_dir)
     name = new_name(socket.gethostname())
-    temporary = data_dir / f".{FILE}.{os.getpid()}.tmp"
-    fd = open_private(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        os.write(fd, f"{name}\n".encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        # A hard link, not a rename: it never replaces a name another process kept first.
-        os.link(temporary, path)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
-            raise
-        # A filesystem without hard links (some FUSE and network ones): a rename, which could
-        # only replace a name that another process wrote in these same microseconds.
-        if not path.exists():
-            os.replace(temporary, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-    fsync_directory(data_dir)
+    # Never replaces a name another process kept first: the one read back below wins.
+    write_atomic(path, f"{name}\n".encode(), replace=False)
     kept = _read(path)
     if kept is None:  # pragma: no cover - the file was just written
         raise InvalidConfig(f"cannot keep the cluster name in {path}")

@@ -11,7 +11,6 @@ that hash or write in a thread.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import hmac
@@ -38,7 +37,7 @@ from capella.errors import (
     TokenNotFound,
     UserNotFound,
 )
-from capella.fsync import create_directories, fsync_directory, open_private
+from capella.fsync import create_directories, open_private, write_atomic
 
 USERS_FILE = "users.json"
 TOKENS_FILE = "tokens.json"
@@ -339,22 +338,11 @@ class AuthStore:
         create_directories(self.directory, mode=0o700)
 
     def _write(self, name: str, data: bytes) -> None:
-        # Atomic and durable: write a temporary file, fsync it, rename it over the old one,
-        # then fsync the directory so the rename itself survives a power failure.
-        self._mkdir()
         path = self.directory / name
-        tmp = path.with_suffix(".tmp")
         try:
-            # A .tmp left by a crash keeps its mode through O_CREAT: open_private resets it.
-            with open(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            fsync_directory(self.directory)
+            # A fixed temporary name: a .tmp left by a crash is reused, and made private again.
+            write_atomic(path, data, temporary=path.with_suffix(".tmp"))
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise StorageUnavailable(f"cannot write {path}: {exc.strerror}") from None
 
 

@@ -12,7 +12,7 @@ ca_file = "/home/alice/.config/capella/dc1-ca.pem"      # trust this CA for http
 
 The file holds no secret: a password is never stored, and a token only by the file it is in
 (as ``kubectl``'s ``tokenFile``), so the contexts can be shown and copied safely. It is still
-written with mode 0600 in a 0700 directory, atomically (temporary file, fsync, rename).
+written with mode 0600 in a 0700 directory, atomically (``capella.fsync.write_atomic``).
 
 Which server a command talks to (``choose``): ``--url``, else ``$CAPELLA_URL``, else the
 context ``--context`` (or ``$CAPELLA_CONTEXT``) names, else the current context, else
@@ -32,6 +32,7 @@ from pathlib import Path
 import msgspec
 
 from capella.errors import ContextNotFound, InvalidConfig
+from capella.fsync import write_atomic
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
 
@@ -94,23 +95,7 @@ def save(contexts: Contexts) -> Path:
     # mkdir leaves an existing directory's mode alone; this one is ours, so narrow it.
     folder.chmod(0o700)
     file = folder / "contexts.toml"
-    temporary = folder / f".contexts.toml.{os.getpid()}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(_toml(contexts))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, file)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    # fsync the directory as well: without it the rename can be lost on power failure.
-    dir_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(file, _toml(contexts).encode("utf-8"))
     return file
 
 

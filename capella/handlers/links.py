@@ -41,7 +41,7 @@ from capella.errors import (
     SameClusterName,
     Unreachable,
 )
-from capella.fsync import create_directories, fsync_directory
+from capella.fsync import write_atomic
 from capella.handlers.params import duration
 
 if TYPE_CHECKING:
@@ -444,15 +444,9 @@ class Links:
                 "or give password_secret / token_secret"
             ) from None
         if not self._key_file.exists():
-            create_directories(self._key_file.parent)
-            fd = os.open(self._key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(Fernet.generate_key())
-                f.flush()
-                os.fsync(f.fileno())
-            # Without this the key file's name can vanish at a power cut, and every stored
-            # secret with it.
-            fsync_directory(self._key_file.parent)
+            # Never replaced once there (every stored secret depends on it): when two writers
+            # race, the first key kept is the one both read back.
+            write_atomic(self._key_file, Fernet.generate_key(), replace=False)
         return self._key_file.read_bytes().strip()
 
     def encrypt(self, secret: str, context: tuple[str, ...]) -> str:

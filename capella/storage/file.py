@@ -1,11 +1,12 @@
 """Values as files under one directory on local disk.
 
 A key ``queues/orders/meta.json`` is the file ``<root>/queues/orders/meta.json``. Every
-``put`` is atomic and durable when it returns: the value goes to ``<name>.tmp-<random>`` in
-the same directory, is fsync'd, renamed over the final name, and then the directory is
-fsync'd so the rename itself survives a power failure. A crash between those steps leaves
-the old value in place and, at worst, a ``.tmp-`` file; ``list`` ignores such leftovers and
-nothing deletes them, because a scan cannot tell a dead one from a put still in progress.
+``put`` is atomic and durable when it returns (``capella.fsync.write_atomic``): the value goes
+to ``<name>.tmp-<random>`` in the same directory, is fsync'd, renamed over the final name, and
+then the directory is fsync'd so the rename itself survives a power failure. A crash between
+those steps leaves the old value in place and, at worst, a ``.tmp-`` file; ``list`` ignores
+such leftovers and nothing deletes them, because a scan cannot tell a dead one from a put
+still in progress.
 Files are created 0600 and directories 0700 whatever the umask (``capella.fsync``): they
 hold the messages and the definitions.
 
@@ -22,7 +23,6 @@ import asyncio
 import contextlib
 import errno
 import os
-import secrets
 import threading
 from collections import deque
 from pathlib import Path
@@ -30,9 +30,7 @@ from pathlib import Path
 import aiofiles
 
 from capella.errors import InvalidRequest, KeyNotFound, StorageUnavailable
-from capella.fsync import create_directories, fsync_directory, open_private
-
-TMP_MARK = ".tmp-"
+from capella.fsync import TMP_MARK, create_directories, fsync_directory, open_private, write_atomic
 
 # Appends are kept in memory until they reach this size or are synced, so ``append`` costs
 # no thread hop in the common case.
@@ -65,17 +63,10 @@ class FileStorage:
 
     async def put(self, key: str, value: bytes) -> None:
         path = self._path(key)
-        tmp = path.with_name(f"{path.name}{TMP_MARK}{secrets.token_hex(6)}")
         try:
-            try:
-                await _write_synced(tmp, value)
-            except FileNotFoundError:
-                # Only the first put under a new directory pays for creating it.
-                await asyncio.to_thread(create_directories, path.parent)
-                await _write_synced(tmp, value)
-            await asyncio.to_thread(_replace_synced, tmp, path)
+            # One thread hop for the whole write: temporary file, fsync, rename, directory fsync.
+            await asyncio.to_thread(write_atomic, path, value)
         except OSError as exc:
-            await asyncio.to_thread(_remove_quietly, tmp)
             raise StorageUnavailable(f"file: cannot write {key!r}: {exc}") from exc
 
     async def delete(self, key: str) -> None:
@@ -288,31 +279,12 @@ def _check_parts(parts: list[str], key: str) -> None:
             raise InvalidRequest(f"file: bad key {key!r}")
 
 
-async def _write_synced(path: Path, value: bytes) -> None:
-    # "xb": a fresh random name must not exist yet; never write through someone else's file.
-    async with aiofiles.open(path, "xb", opener=open_private) as f:
-        await f.write(value)
-        await f.flush()
-        await asyncio.to_thread(os.fsync, f.fileno())
-
-
-def _replace_synced(tmp: Path, path: Path) -> None:
-    os.replace(tmp, path)
-    # fsync the directory as well: without it the rename can be lost on power failure.
-    fsync_directory(path.parent)
-
-
 def _unlink_synced(path: Path) -> None:
     try:
         os.unlink(path)
     except _NO_VALUE:
         return
     fsync_directory(path.parent)
-
-
-def _remove_quietly(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
 
 
 def _walk(root: Path, directory: str) -> list[str]:
