@@ -1,4 +1,5 @@
-"""Users and tokens, kept in ``<data_dir>/auth/`` as two JSON files written atomically.
+"""Users and tokens, kept in ``<data_dir>/auth/`` as two JSON files written atomically
+(``USERS`` and ``TOKENS`` in ``capella.storage.catalog``).
 
 Passwords are stored only as scrypt hashes and token secrets only as SHA-256 digests (a token
 secret has 256 random bits, so a fast hash is enough). The files are mode 0600 in a 0700
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import orjson
+from msgspec.structs import asdict
 
 from capella.auth.password import check_password, hash_password
 from capella.auth.rule import Identity, Rule
@@ -33,14 +34,12 @@ from capella.errors import (
     Conflict,
     CorruptData,
     InvalidRequest,
-    StorageUnavailable,
     TokenNotFound,
     UserNotFound,
 )
-from capella.fsync import create_directories, open_private, write_atomic
+from capella.fsync import create_directories, open_private
+from capella.storage.catalog import TOKENS, USERS, StoredToken, StoredUser, TokenFile, UserFile
 
-USERS_FILE = "users.json"
-TOKENS_FILE = "tokens.json"
 LOCK_FILE = "lock"
 TOKEN_PREFIX = "cap_"
 _USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
@@ -283,67 +282,28 @@ class AuthStore:
     # --- files ---------------------------------------------------------------------------
 
     def _load(self) -> None:
-        users = self._read(USERS_FILE, "users")
-        tokens = self._read(TOKENS_FILE, "tokens")
+        users = USERS.read(self.directory).users
+        tokens = TOKENS.read(self.directory).tokens
         try:
             self._users = {
-                name: User(
-                    name=name,
-                    password_hash=str(u["password_hash"]),
-                    admin=bool(u.get("admin", False)),
-                    enabled=bool(u.get("enabled", True)),
-                    rules=tuple(Rule.parse(r) for r in u.get("rules", [])),
-                    created=float(u.get("created", 0.0)),
-                    updated=float(u.get("updated", 0.0)),
-                )
+                # The record's key is the name, whatever its copy inside says.
+                name: User(**(asdict(u) | {"name": name, "rules": tuple(Rule.parse(r) for r in u.rules)}))
                 for name, u in users.items()
             }
-            self._tokens = {
-                tid: Token(
-                    id=tid,
-                    user=str(t["user"]),
-                    digest=str(t["digest"]),
-                    created=float(t.get("created", 0.0)),
-                    expires=None if t.get("expires") is None else float(t["expires"]),
-                    description=str(t.get("description", "")),
-                )
-                for tid, t in tokens.items()
-            }
-        except (KeyError, TypeError, ValueError, InvalidRequest) as exc:
+        except InvalidRequest as exc:
             raise CorruptData(f"auth files in {self.directory} are not valid: {exc}") from None
-
-    def _read(self, name: str, section: str) -> dict[str, Any]:
-        try:
-            doc = orjson.loads((self.directory / name).read_bytes())
-        except FileNotFoundError:
-            return {}
-        except OSError as exc:
-            raise StorageUnavailable(f"cannot read {self.directory / name}: {exc.strerror}") from None
-        except orjson.JSONDecodeError as exc:
-            raise CorruptData(f"{self.directory / name} is not valid JSON: {exc}") from None
-        value = doc.get(section) if isinstance(doc, dict) else None
-        if not isinstance(value, dict):
-            raise CorruptData(f"{self.directory / name} has no {section!r} object")
-        return value
+        self._tokens = {tid: Token(**(asdict(t) | {"id": tid})) for tid, t in tokens.items()}
 
     def _save_users(self) -> None:
-        doc = {"version": 1, "users": {u.name: u.stored_dict() for u in self.users()}}
-        self._write(USERS_FILE, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        users = {u.name: StoredUser(**u.stored_dict()) for u in self.users()}
+        USERS.write(self.directory, UserFile(users=users))
 
     def _save_tokens(self) -> None:
-        tokens = {t.id: {**t.public_dict(), "digest": t.digest} for t in self._tokens.values()}
-        self._write(TOKENS_FILE, orjson.dumps({"version": 1, "tokens": tokens}, option=orjson.OPT_INDENT_2))
+        tokens = {t.id: StoredToken(**t.public_dict(), digest=t.digest) for t in self._tokens.values()}
+        TOKENS.write(self.directory, TokenFile(tokens=tokens))
 
     def _mkdir(self) -> None:
         create_directories(self.directory, mode=0o700)
-
-    def _write(self, name: str, data: bytes) -> None:
-        path = self.directory / name
-        try:
-            # A fixed temporary name: a .tmp left by a crash is reused, and made private again.
-            write_atomic(path, data, temporary=path.with_suffix(".tmp"))
-        except OSError as exc:
-            raise StorageUnavailable(f"cannot write {path}: {exc.strerror}") from None
 
 
 def parse_rules(raw: object) -> tuple[Rule, ...]:

@@ -1,7 +1,8 @@
 """The cluster: named mounts, the queue registry, and the periodic flush tick.
 
-Queue definitions live in one registry document (``.capella/queues.json``) on the default
-mount. Queue names cannot start with ``.``, so the registry never collides with a queue.
+Queue definitions live in one registry document on the default mount (``QUEUES`` in
+``capella.storage.catalog``). Queue names cannot start with ``.``, so the registry never
+collides with a queue.
 A drop is recorded as ``dropping`` before any key is deleted, so a crash half-way through
 finishes the drop on the next start instead of resurrecting half a queue.
 """
@@ -15,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import orjson
+import msgspec
 
 from capella.cluster_name import cluster_name
 from capella.config import Config
@@ -23,20 +24,11 @@ from capella.core.definition import QueueDefinition, check_name, default_definit
 from capella.core.loops import TaskFailures, keep_running
 from capella.core.queue import Queue
 from capella.core.stats import Histogram
-from capella.errors import (
-    CapellaError,
-    CorruptData,
-    InvalidConfig,
-    InvalidRequest,
-    KeyNotFound,
-    NotReady,
-    QueueNotFound,
-)
-from capella.storage import Storage, open_storage
+from capella.errors import CapellaError, InvalidConfig, InvalidRequest, NotReady, QueueNotFound
+from capella.storage import Storage, keys, open_storage
+from capella.storage.catalog import QUEUES, QueueEntry, QueueRegistry
 
 log = logging.getLogger(__name__)
-
-REGISTRY_KEY = ".capella/queues.json"
 
 
 class Cluster:
@@ -50,7 +42,7 @@ class Cluster:
         self._mounts = mounts
         self._clock = clock
         self._queues: dict[str, Queue] = {}
-        self._registry: dict[str, dict[str, Any]] = {}
+        self._registry: dict[str, QueueEntry] = {}
         self._registry_lock = asyncio.Lock()
         self._base = default_definition(
             config.queue_defaults, config.default_mount, set(mounts), config.source
@@ -103,16 +95,10 @@ class Cluster:
         return dict(self._mounts)
 
     async def _recover(self) -> None:
-        try:
-            doc = orjson.loads(await self.home.get(REGISTRY_KEY))
-            self._registry = dict(doc["queues"])
-        except KeyNotFound:
-            self._registry = {}
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CorruptData(f"queue registry {REGISTRY_KEY} is not valid: {exc}") from None
+        self._registry = (await QUEUES.load(self.home)).queues
         for name, entry in sorted(self._registry.items()):
-            definition = parse_definition(entry["definition"], self._base, set(self._mounts))
-            if entry.get("state") == "dropping":
+            definition = parse_definition(entry.definition, self._base, set(self._mounts))
+            if entry.state == "dropping":
                 await self._finish_drop(name, definition)
                 continue
             self._queues[name] = await self._open_queue(name, definition)
@@ -195,13 +181,13 @@ class Cluster:
                     raise InvalidRequest(
                         "mounts.meta cannot change on an existing queue", field="mounts.meta"
                     )
-                self._registry[name] = {"definition": definition.to_dict(), "state": "active"}
+                self._registry[name] = QueueEntry(definition=definition.to_dict())
                 await self._save_registry()
                 queue.definition = definition
                 return queue, False
             definition = parse_definition(data, self._base, mounts)
             self._check_meta_mount(definition)
-            self._registry[name] = {"definition": definition.to_dict(), "state": "active"}
+            self._registry[name] = QueueEntry(definition=definition.to_dict())
             await self._save_registry()
             queue = await self._open_queue(name, definition)
             self._queues[name] = queue
@@ -212,7 +198,7 @@ class Cluster:
         """Delete the queue and all its data."""
         async with self._registry_lock:
             queue = self.queue(name)
-            self._registry[name]["state"] = "dropping"
+            self._registry[name] = msgspec.structs.replace(self._registry[name], state="dropping")
             await self._save_registry()
             del self._queues[name]
             await queue.destroy()
@@ -223,7 +209,7 @@ class Cluster:
     async def _finish_drop(self, name: str, definition: QueueDefinition) -> None:
         for mount in {definition.meta_mount, *definition.marks.values()}:
             storage = self._mounts[mount]
-            for key in await storage.list(f"{name}/"):
+            for key in await storage.list(keys.within(name)):
                 await storage.delete(key)
         del self._registry[name]
         log.info("unfinished drop completed queue=%s", name)
@@ -243,4 +229,4 @@ class Cluster:
             raise NotReady("the cluster is still recovering its queues; retry shortly")
 
     async def _save_registry(self) -> None:
-        await self.home.put(REGISTRY_KEY, orjson.dumps({"version": 1, "queues": self._registry}))
+        await QUEUES.save(self.home, QueueRegistry(queues=self._registry))

@@ -52,7 +52,7 @@ from capella.core.subscription_store import SubscriptionStore
 from capella.core.work.retry import RetryPolicy
 from capella.core.work.work_queue import WorkQueue
 from capella.errors import CorruptData, InvalidMessage, ShuttingDown
-from capella.storage import Storage
+from capella.storage import Storage, keys
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class Queue:
         )
         self.schedule = Schedule(
             self._store.meta,
-            self._store.key("schedule"),
+            keys.schedule(name),
             release=self._writer.append_released,
             clock=clock,
             wake=lambda: self._releaser.start(),
@@ -238,7 +238,7 @@ class Queue:
         await self.close()
         for mount in {self.definition.meta_mount, *self.definition.marks.values()}:
             storage = self._mounts[mount]
-            for key in await storage.list(self._store.key("")):
+            for key in await storage.list(keys.within(self.name)):
                 await storage.delete(key)
 
     # --- faults ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from capella.core.log.writer import OpenBlock, Writer
 from capella.core.stats import Recovery
 from capella.core.subscription_store import SubscriptionStore
 from capella.errors import CorruptData, KeyNotFound
+from capella.storage import keys
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ async def recover(store: BlockStore, writer: Writer, consumers: SubscriptionStor
 async def _read_lease(store: BlockStore) -> int:
     """The first id that was never leased (1 for a new queue)."""
     try:
-        state = orjson.loads(await store.meta.get(store.key("state.json")))
+        state = orjson.loads(await store.meta.get(keys.state(store.name)))
         return int(state["lease_until"])
     except KeyNotFound:
         return 1
@@ -60,13 +61,13 @@ async def _recover_journals(store: BlockStore, sealed_last: int, recovery: Recov
     """The blocks that were not sealed, oldest first, with their journals open for appends."""
     meta, name = store.meta, store.name
     blocks: list[OpenBlock] = []
-    for key in await meta.list(store.key("journal", "")):
+    for key in await meta.list(keys.journals(name)):
         data = await meta.get(key)
         try:
             scan = decode_journal(data)
         except CorruptData as exc:
             # The header itself is bad: keep the bytes for an operator, never read them as data.
-            await meta.put(store.key("quarantine", key.rsplit("/", 1)[-1]), data)
+            await meta.put(keys.quarantine(name, key.rsplit("/", 1)[-1]), data)
             await meta.delete(key)
             recovery.quarantined.append(key)
             log.error("journal quarantined queue=%s key=%s reason=%s", name, key, exc.message)
@@ -87,7 +88,9 @@ async def _recover_journals(store: BlockStore, sealed_last: int, recovery: Recov
             continue
         if len(messages) != len(scan.messages):
             log.warning("journal overlaps sealed blocks queue=%s key=%s", name, key)
-        first = int(key.rsplit("/", 1)[-1].split(".", 1)[0])
+        first = keys.number_of(key)
+        if first is None:
+            raise CorruptData(f"queue {name}: journal {key} does not name its first id")
         block = OpenBlock(first_id=first, opened_at=messages[0].time, journal_key=key)
         for m in messages:
             block.add(m, b"")

@@ -33,7 +33,7 @@ from capella.errors import (
     StorageTimeout,
     WrongSubscriptionMode,
 )
-from capella.storage import Storage
+from capella.storage import Storage, keys
 
 # Cursor changes the log holds before the periodic pass replaces them with a snapshot (at
 # open, each costs a record's parse: ~2 µs).
@@ -73,15 +73,12 @@ class SubscriptionStore:
         self._fault_text = fault_text
         self._subs = Subscriptions()
         self._work: dict[str, WorkQueue] = {}
-        self._log = ChangeLog(meta, self._key("subscriptions"), write_timeout=settings.write_timeout)
-
-    def _key(self, *parts: str) -> str:
-        return "/".join((self._name, *parts))
+        self._log = ChangeLog(meta, keys.subscriptions(self._name), write_timeout=settings.write_timeout)
 
     async def open(self) -> None:
         """Recover the cursors and the work queues from their saved state."""
         document, records = await self._log.load()
-        legacy = self._key("subscriptions.json")
+        legacy = keys.old_subscriptions(self._name)
         try:
             old = await self._meta.get(legacy)
         except KeyNotFound:
@@ -171,7 +168,7 @@ class SubscriptionStore:
         sub, created = self._subs.define_ack(name, policy, now=self._clock())
         if created:
             # A subscription of this name deleted before a crash may have left its files.
-            for key in await self._meta.list(self._key("work", name, "")):
+            for key in await self._meta.list(keys.within(keys.work(self._name, name))):
                 await self._meta.delete(key)
             work = self._new_work(name, policy)
             await work.open()
@@ -187,7 +184,7 @@ class SubscriptionStore:
             name,
             policy,
             self._meta,
-            self._key("work", name),
+            keys.work(self._name, name),
             clock=self._clock,
             dead_letter=self._dead_letter,
             default_save=lambda: self.definition.subscription_save,

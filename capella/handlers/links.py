@@ -23,8 +23,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.auth.secret import Secrets
 from capella.core.cluster import Cluster
@@ -36,20 +34,19 @@ from capella.errors import (
     CorruptData,
     InvalidConfig,
     InvalidRequest,
-    KeyNotFound,
     LinkNotFound,
     SameClusterName,
     Unreachable,
 )
 from capella.fsync import write_atomic
 from capella.handlers.params import duration
+from capella.storage.catalog import CLUSTERS, ClusterRegistry
 
 if TYPE_CHECKING:
     from capella.client import AsyncClient
 
 log = logging.getLogger(__name__)
 
-REGISTRY_KEY = ".capella/clusters.json"
 # How long adding a link waits for the far side to say its name before accepting it unchecked.
 NAME_CHECK_TIMEOUT = 3.0
 COMPRESSIONS = ("none", "gzip", "zstd")
@@ -126,13 +123,7 @@ class Links:
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
-        try:
-            doc = orjson.loads(await self._cluster.home.get(REGISTRY_KEY))
-            stored: dict[str, dict[str, Any]] = doc["clusters"]
-        except KeyNotFound:
-            stored = {}
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CorruptData(f"cluster link registry {REGISTRY_KEY} is not valid: {exc}") from None
+        stored = (await CLUSTERS.load(self._cluster.home)).clusters
         for name, entry in stored.items():
             self._stored[name] = entry
             try:
@@ -491,8 +482,8 @@ class Links:
         return plain.decode()
 
     async def _save(self) -> None:
-        doc = {"version": 1, "clusters": {name: self._stored[name] for name in sorted(self._stored)}}
-        await self._cluster.home.put(REGISTRY_KEY, orjson.dumps(doc))
+        clusters = {name: self._stored[name] for name in sorted(self._stored)}
+        await CLUSTERS.save(self._cluster.home, ClusterRegistry(clusters=clusters))
 
 
 def _same_name(link: str, url: str, name: str) -> str:

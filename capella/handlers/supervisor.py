@@ -1,6 +1,7 @@
 """The supervisor: persisted handler definitions, one loop per started handler, and status.
 
-Definitions live in ``.capella/handlers.json`` on the default mount and come back on restart
+Definitions live in one document on the default mount (``HANDLERS`` in
+``capella.storage.catalog``) and come back on restart
 in the state they had. A handler runs as a user (``user`` in its definition, by default
 whoever defined it) and each pass is limited by that user's rules as they are at that moment;
 a handler defined while authentication was off has no user and is not limited. A pass that
@@ -19,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import orjson
-
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.auth.secret import Secrets
 from capella.auth.store import AuthStore
@@ -31,11 +30,9 @@ from capella.core.loops import keep_running
 from capella.egress import Egress
 from capella.errors import (
     CapellaError,
-    CorruptData,
     HandlerNotFound,
     InvalidConfig,
     InvalidRequest,
-    KeyNotFound,
     Unauthorized,
 )
 from capella.handlers.base import (
@@ -48,11 +45,11 @@ from capella.handlers.base import (
 )
 from capella.handlers.links import Links
 from capella.handlers.reach import Reach
+from capella.storage.catalog import HANDLERS, HandlerEntry, HandlerRegistry
 from capella.wire.handlers import HANDLER_TYPES
 
 log = logging.getLogger(__name__)
 
-REGISTRY_KEY = ".capella/handlers.json"
 # A copy handler whose link comes back resumes within a minute, not after an hour of backoff.
 MAX_BACKOFF = 60.0
 STOP_GRACE = 10.0
@@ -176,25 +173,17 @@ class Supervisor:
     async def start(self) -> None:
         """Load the persisted definitions and start the handlers that were started."""
         await self.links.start()
-        try:
-            doc = orjson.loads(await self._cluster.home.get(REGISTRY_KEY))
-            definitions: dict[str, Any] = doc["handlers"]
-        except KeyNotFound:
-            definitions = {}
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CorruptData(f"handler registry {REGISTRY_KEY} is not valid: {exc}") from None
+        definitions = (await HANDLERS.load(self._cluster.home)).handlers
         for name, d in sorted(definitions.items()):
             try:
                 # As the user it runs as: a secret or link it lost the right to does not load.
-                reach = replace(self.reach, by=self._identity_of(d.get("user")))
-                params, handler = build(self._cluster, d["type"], list(d["queues"]), d["params"], reach, name)
+                reach = replace(self.reach, by=self._identity_of(d.user))
+                params, handler = build(self._cluster, d.type, list(d.queues), d.params, reach, name)
             except CapellaError as exc:
                 # Keep the definition (a later save must not drop it); every pass reports why.
                 log.error("handler cannot be loaded handler=%s: %s", name, exc.message)
-                params, handler = _Unloadable(d["params"]), _Unloadable(d["params"], exc.message)
-            state = HandlerState(
-                name, d["type"], list(d["queues"]), params, handler, bool(d["started"]), d.get("user")
-            )
+                params, handler = _Unloadable(d.params), _Unloadable(d.params, exc.message)
+            state = HandlerState(name, d.type, list(d.queues), params, handler, d.started, d.user)
             self._states[name] = state
             if state.started:
                 self._launch(state)
@@ -448,8 +437,8 @@ class Supervisor:
             await state.handler.close()
 
     async def _save(self) -> None:
-        doc = {"version": 1, "handlers": {s.name: s.stored() for s in self.handlers()}}
-        await self._cluster.home.put(REGISTRY_KEY, orjson.dumps(doc))
+        handlers = {s.name: HandlerEntry(**s.stored()) for s in self.handlers()}
+        await HANDLERS.save(self._cluster.home, HandlerRegistry(handlers=handlers))
 
 
 class _Unloadable(Handler, HandlerParams):

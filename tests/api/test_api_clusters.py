@@ -27,8 +27,9 @@ from capella.auth.secret import Secrets
 from capella.client import AsyncClient
 from capella.config import SecretSettings, ServerSettings, parse_config
 from capella.core.cluster import Cluster
-from capella.handlers.links import REGISTRY_KEY, Links
+from capella.handlers.links import Links
 from capella.handlers.supervisor import Supervisor
+from capella.storage.keys import CLUSTERS as REGISTRY_KEY
 
 C = "/v1/clusters"
 PASSWORD = "pa55-w0rd-never-shown"

@@ -19,7 +19,8 @@ from cryptography.fernet import Fernet
 from capella.core.cluster import Cluster
 from capella.errors import CorruptData, InvalidRequest
 from capella.handlers.links import Links
-from capella.handlers.supervisor import REGISTRY_KEY, Supervisor
+from capella.handlers.supervisor import Supervisor
+from capella.storage.keys import HANDLERS as REGISTRY_KEY
 from security.fake_pg import FakePostgres, serving
 
 PASSWORD = "the-real-password"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from capella.core.delayed.item import Scheduled, decode_item, encode_item, identity_hash
 from capella.core.journal.changelog import frame, unframe
 from capella.errors import CorruptData, KeyNotFound
-from capella.storage import Storage
+from capella.storage import Storage, keys
 
 _CHUNK_HEAD = struct.Struct("<4sII")
 _CHUNK_MAGIC = b"CPSC"
@@ -61,7 +61,7 @@ class ChunkFiles:
         self._prefix = prefix
 
     def _key(self, number: int, ext: str) -> str:
-        return f"{self._prefix}/chunks/{number:012d}.{ext}"
+        return keys.chunk(self._prefix, number, ext)
 
     async def write(self, number: int, items: list[Scheduled]) -> Chunk:
         body = b"".join(frame(encode_item(i)) for i in items)
@@ -122,7 +122,7 @@ class ChunkFiles:
 
     async def delete_unknown(self, known: Container[int]) -> None:
         """Delete the files of chunks not in ``known``."""
-        for key in await self._storage.list(f"{self._prefix}/chunks/"):
-            stem = key.rsplit("/", 1)[-1].partition(".")[0]
-            if stem.isdigit() and int(stem) not in known:
+        for key in await self._storage.list(keys.chunks(self._prefix)):
+            number = keys.number_of(key)
+            if number is not None and number not in known:
                 await self._storage.delete(key)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from capella.core.journal.group_commit import GroupCommit
 from capella.core.message import SaveMode
 from capella.errors import CapellaError, CorruptData, KeyNotFound, StorageTimeout
-from capella.storage import Journal, Storage
+from capella.storage import Journal, Storage, keys
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +81,11 @@ class ChangeLog:
         self.marked = False
 
     def _log_key(self, seq: int) -> str:
-        return f"{self._prefix}/log/{seq:020d}.log"
+        return keys.log_file(self._prefix, seq)
 
     @property
     def _snapshot_key(self) -> str:
-        return f"{self._prefix}/snapshot"
+        return keys.snapshot(self._prefix)
 
     async def load(self) -> tuple[bytes | None, list[bytes]]:
         """The last snapshot's document (``None`` when there is none) and every record since."""
@@ -103,8 +103,8 @@ class ChangeLog:
                 raise CorruptData(f"{self._snapshot_key}: bad magic or checksum")
             self._seq = seq
         records: list[bytes] = []
-        for key in await self._storage.list(f"{self._prefix}/log/"):
-            seq = _seq_of(key)
+        for key in await self._storage.list(keys.log_files(self._prefix)):
+            seq = keys.number_of(key)
             if seq is None:
                 continue
             if seq < self._seq:
@@ -229,8 +229,3 @@ class ChangeLog:
             if self._journal is not None:
                 journal, self._journal = self._journal, None
                 await journal.close()
-
-
-def _seq_of(key: str) -> int | None:
-    stem = key.rsplit("/", 1)[-1].partition(".")[0]
-    return int(stem) if stem.isdigit() else None

@@ -32,7 +32,7 @@ from capella.core.log.dedup import BlockSummary, DedupIndex
 from capella.core.loops import retrieve
 from capella.core.stats import Recovery
 from capella.errors import CapellaError, Conflict, CorruptData, KeyNotFound, StorageUnavailable
-from capella.storage import Storage
+from capella.storage import Storage, keys
 
 log = logging.getLogger(__name__)
 
@@ -122,21 +122,18 @@ class BlockStore:
     def meta(self) -> Storage:
         return self._mounts[self.definition.meta_mount]
 
-    def key(self, *parts: str) -> str:
-        return "/".join((self.name, *parts))
-
     def block_key(self, first_id: int, last_id: int) -> str:
-        return self.key("blocks", f"{first_id:020d}-{last_id:020d}.blk")
+        return keys.block(self.name, first_id, last_id)
 
     def _summary_key(self, first_id: int) -> str:
-        return self.key("summaries", f"{first_id:020d}.sum")
+        return keys.summary(self.name, first_id)
 
     # --- the manifest ----------------------------------------------------------------------
 
     async def load_manifest(self) -> None:
         """Read the manifest (recovery); a block it records as quarantined is reported again."""
         try:
-            manifest = orjson.loads(await self.meta.get(self.key("manifest.json")))
+            manifest = orjson.loads(await self.meta.get(keys.manifest(self.name)))
             self.sealed = [BlockMeta(**b) for b in manifest["blocks"]]
             self.deleted_through = int(manifest.get("deleted_through", 0))
         except KeyNotFound:
@@ -166,7 +163,7 @@ class BlockStore:
             "deleted_through": self.deleted_through,
             "blocks": [b.to_dict() for b in blocks],
         }
-        await self.meta.put(self.key("manifest.json"), orjson.dumps(doc))
+        await self.meta.put(keys.manifest(self.name), orjson.dumps(doc))
 
     # --- adding a sealed block -------------------------------------------------------------
 
@@ -486,8 +483,8 @@ class BlockStore:
             removed = 0
             for mount_name in sorted({self.definition.meta_mount, *self.definition.marks.values()}):
                 storage = self._mounts[mount_name]
-                for key in await storage.list(self.key("blocks", "")):
-                    last = _last_id_of(key)
+                for key in await storage.list(keys.blocks(self.name)):
+                    last = keys.last_id_of(key)
                     # A block past the manifest may be sealing right now: not a leftover.
                     if last is None or last > sealed_last or where.get(key) == mount_name:
                         continue
@@ -497,8 +494,8 @@ class BlockStore:
                         "leftover block copy deleted queue=%s mount=%s key=%s", self.name, mount_name, key
                     )
             first = self.sealed[0].first_id if self.sealed else sealed_last + 1
-            for key in await self.meta.list(self.key("summaries", "")):
-                last = _first_id_of(key)
+            for key in await self.meta.list(keys.summaries(self.name)):
+                last = keys.number_of(key)
                 if last is not None and last < first:
                     await self.meta.delete(key)
             self._leftovers_possible = False
@@ -519,16 +516,3 @@ def _batch_of(data: bytes, render: Render | None) -> Batch:
     if render is not None:
         render(batch)
     return batch
-
-
-def _last_id_of(key: str) -> int | None:
-    """The last id in a block key ``.../<first>-<last>.blk``, or None for other names."""
-    name = key.rsplit("/", 1)[-1]
-    stem, _, ext = name.partition(".")
-    first, _, last = stem.partition("-")
-    return int(last) if ext == "blk" and first.isdigit() and last.isdigit() else None
-
-
-def _first_id_of(key: str) -> int | None:
-    stem = key.rsplit("/", 1)[-1].partition(".")[0]
-    return int(stem) if stem.isdigit() else None

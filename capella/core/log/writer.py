@@ -33,7 +33,7 @@ from capella.core.loops import Loop, TaskFailures, first_of
 from capella.core.message import Draft, Message
 from capella.core.stats import Histogram, QueueCounters
 from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
-from capella.storage import Journal
+from capella.storage import Journal, keys
 
 log = logging.getLogger(__name__)
 
@@ -350,7 +350,7 @@ class Writer:
         return results
 
     def _journal_key(self, first_id: int) -> str:
-        return self._store.key("journal", f"{first_id:020d}.log")
+        return keys.journal(self._store.name, first_id)
 
     async def extend_lease(self, needed: int) -> None:
         # Persist the lease before any id under it is answered: after a crash, numbering
@@ -369,7 +369,7 @@ class Writer:
 
     async def put_state(self, lease_until: int) -> None:
         await self._store.meta.put(
-            self._store.key("state.json"), orjson.dumps({"version": 1, "lease_until": lease_until})
+            keys.state(self._store.name), orjson.dumps({"version": 1, "lease_until": lease_until})
         )
 
     def rotate(self) -> None:

@@ -29,7 +29,7 @@ from capella.core.message import Draft, Message, SaveMode
 from capella.core.work.retry import RetryPolicy, exhausted, retry_delay
 from capella.core.work.state import LEASED, WAITING, DeadEntry, Entry, WorkState
 from capella.errors import CapellaError, InvalidRequest, LeaseLost, UnknownReceipt
-from capella.storage import Storage
+from capella.storage import Storage, keys
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class WorkQueue:
 
     async def destroy(self) -> None:
         await self._log.close()
-        for key in await self._storage.list(f"{self._prefix}/"):
+        for key in await self._storage.list(keys.within(self._prefix)):
             await self._storage.delete(key)
 
     # --- consumers -----------------------------------------------------------------------
