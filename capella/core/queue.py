@@ -136,7 +136,7 @@ class Queue:
         )
         self.schedule = Schedule(
             self._store.meta,
-            keys.schedule(name),
+            keys.of(name, keys.SCHEDULE),
             release=self._writer.append_released,
             clock=clock,
             wake=lambda: self._releaser.start(),

@@ -49,7 +49,7 @@ async def recover(store: BlockStore, writer: Writer, consumers: SubscriptionStor
 async def _read_lease(store: BlockStore) -> int:
     """The first id that was never leased (1 for a new queue)."""
     try:
-        state = orjson.loads(await store.meta.get(keys.state(store.name)))
+        state = orjson.loads(await store.meta.get(keys.of(store.name, keys.STATE)))
         return int(state["lease_until"])
     except KeyNotFound:
         return 1
@@ -61,13 +61,13 @@ async def _recover_journals(store: BlockStore, sealed_last: int, recovery: Recov
     """The blocks that were not sealed, oldest first, with their journals open for appends."""
     meta, name = store.meta, store.name
     blocks: list[OpenBlock] = []
-    for key in await meta.list(keys.journals(name)):
+    for key in await meta.list(keys.within(name, keys.JOURNALS)):
         data = await meta.get(key)
         try:
             scan = decode_journal(data)
         except CorruptData as exc:
             # The header itself is bad: keep the bytes for an operator, never read them as data.
-            await meta.put(keys.quarantine(name, key.rsplit("/", 1)[-1]), data)
+            await meta.put(keys.of(name, keys.QUARANTINE, key.rsplit("/", 1)[-1]), data)
             await meta.delete(key)
             recovery.quarantined.append(key)
             log.error("journal quarantined queue=%s key=%s reason=%s", name, key, exc.message)

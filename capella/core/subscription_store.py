@@ -73,12 +73,14 @@ class SubscriptionStore:
         self._fault_text = fault_text
         self._subs = Subscriptions()
         self._work: dict[str, WorkQueue] = {}
-        self._log = ChangeLog(meta, keys.subscriptions(self._name), write_timeout=settings.write_timeout)
+        self._log = ChangeLog(
+            meta, keys.of(self._name, keys.SUBSCRIPTIONS), write_timeout=settings.write_timeout
+        )
 
     async def open(self) -> None:
         """Recover the cursors and the work queues from their saved state."""
         document, records = await self._log.load()
-        legacy = keys.old_subscriptions(self._name)
+        legacy = keys.of(self._name, keys.OLD_SUBSCRIPTIONS)
         try:
             old = await self._meta.get(legacy)
         except KeyNotFound:
@@ -168,7 +170,7 @@ class SubscriptionStore:
         sub, created = self._subs.define_ack(name, policy, now=self._clock())
         if created:
             # A subscription of this name deleted before a crash may have left its files.
-            for key in await self._meta.list(keys.within(keys.work(self._name, name))):
+            for key in await self._meta.list(keys.within(self._name, keys.WORK, name)):
                 await self._meta.delete(key)
             work = self._new_work(name, policy)
             await work.open()
@@ -184,7 +186,7 @@ class SubscriptionStore:
             name,
             policy,
             self._meta,
-            keys.work(self._name, name),
+            keys.of(self._name, keys.WORK, name),
             clock=self._clock,
             dead_letter=self._dead_letter,
             default_save=lambda: self.definition.subscription_save,

@@ -6,6 +6,9 @@ start with ``.``, so they cannot collide with a queue. Everything a queue keeps 
 change log (the subscriptions, the schedule, a work queue) is a prefix that holds a snapshot
 and numbered logs. Ids and numbers are zero-padded so that keys sort in numeric order, and
 ``number_of`` reads them back.
+
+A key is its parts joined by ``of``: ``of(queue, WORK, subscription)`` is
+``<queue>/work/<subscription>``; ``within`` is the prefix that lists what is under one.
 """
 
 from __future__ import annotations
@@ -15,109 +18,50 @@ QUEUES = ".capella/queues.json"
 HANDLERS = ".capella/handlers.json"
 CLUSTERS = ".capella/clusters.json"
 
+# Inside ``<queue>/``, on its meta mount.
+MANIFEST = "manifest.json"  # the sealed blocks: id ranges, counts, marks, states
+STATE = "state.json"  # the id lease: ids below ``lease_until`` may have been answered
+JOURNALS = "journal"  # the journal of each open (or not yet sealed) block, by first id
+SUMMARIES = "summaries"  # each sealed block's dedup summary, by first id
+QUARANTINE = "quarantine"  # journals whose header was unreadable, kept for an operator
+SUBSCRIPTIONS = "subscriptions"  # the change log of the queue's subscriptions
+OLD_SUBSCRIPTIONS = "subscriptions.json"  # before the change log: read once, then deleted
+SCHEDULE = "schedule"  # the change log and chunk files of the delayed messages
+WORK = "work"  # a change log per ack-mode subscription: ``of(queue, WORK, name)``
+# Inside ``<queue>/``, on the mount of each block's mark.
+BLOCKS = "blocks"
+# Inside a change log.
+SNAPSHOT = "snapshot"
+LOGS = "log"
+# Inside a schedule.
+CHUNKS = "chunks"
 
-def within(prefix: str) -> str:
-    """The list prefix of every key under ``prefix`` (a queue, a change log, a work queue)."""
-    return f"{prefix}/"
+
+def of(*parts: str) -> str:
+    return "/".join(parts)
 
 
-# --- a queue, on its meta mount ----------------------------------------------------------
-
-
-def manifest(queue: str) -> str:
-    """The sealed blocks: id ranges, counts, marks, states."""
-    return f"{queue}/manifest.json"
-
-
-def state(queue: str) -> str:
-    """The id lease: ids below ``lease_until`` may have been answered."""
-    return f"{queue}/state.json"
+def within(*parts: str) -> str:
+    """The list prefix of every key under ``of(*parts)``."""
+    return f"{of(*parts)}/"
 
 
 def journal(queue: str, first_id: int) -> str:
-    """The journal of the open (or not yet sealed) block that starts at ``first_id``."""
-    return f"{queue}/journal/{first_id:020d}.log"
-
-
-def journals(queue: str) -> str:
-    return f"{queue}/journal/"
+    return of(queue, JOURNALS, f"{first_id:020d}.log")
 
 
 def summary(queue: str, first_id: int) -> str:
-    """A sealed block's dedup summary."""
-    return f"{queue}/summaries/{first_id:020d}.sum"
-
-
-def summaries(queue: str) -> str:
-    return f"{queue}/summaries/"
-
-
-def quarantine(queue: str, name: str) -> str:
-    """A journal whose header was unreadable, kept for an operator under its own name."""
-    return f"{queue}/quarantine/{name}"
-
-
-def subscriptions(queue: str) -> str:
-    """The change log of the queue's subscriptions."""
-    return f"{queue}/subscriptions"
-
-
-def old_subscriptions(queue: str) -> str:
-    """Where versions before the change log kept the subscriptions (read once, then deleted)."""
-    return f"{queue}/subscriptions.json"
-
-
-def schedule(queue: str) -> str:
-    """The change log (and chunk files) of the queue's delayed messages."""
-    return f"{queue}/schedule"
-
-
-def work(queue: str, subscription: str) -> str:
-    """The change log of an ack-mode subscription's work state."""
-    return f"{queue}/work/{subscription}"
-
-
-# --- a queue, on the mount of each block's mark ------------------------------------------
-
-
-def block(queue: str, first_id: int, last_id: int) -> str:
-    return f"{queue}/blocks/{first_id:020d}-{last_id:020d}.blk"
-
-
-def blocks(queue: str) -> str:
-    return f"{queue}/blocks/"
-
-
-def last_id_of(key: str) -> int | None:
-    """The last id in a block key ``.../<first>-<last>.blk``; None for other names."""
-    stem, _, ext = _name(key).partition(".")
-    first, _, last = stem.partition("-")
-    return int(last) if ext == "blk" and first.isdigit() and last.isdigit() else None
-
-
-# --- inside a change log -----------------------------------------------------------------
-
-
-def snapshot(log: str) -> str:
-    return f"{log}/snapshot"
+    return of(queue, SUMMARIES, f"{first_id:020d}.sum")
 
 
 def log_file(log: str, seq: int) -> str:
-    """The records appended after snapshot ``seq``."""
-    return f"{log}/log/{seq:020d}.log"
-
-
-def log_files(log: str) -> str:
-    return f"{log}/log/"
+    """The records a change log appended after its snapshot ``seq``."""
+    return of(log, LOGS, f"{seq:020d}.log")
 
 
 def chunk(schedule: str, number: int, ext: str) -> str:
     """A schedule's chunk of far-future messages (``sch``) or its index (``idx``)."""
-    return f"{schedule}/chunks/{number:012d}.{ext}"
-
-
-def chunks(schedule: str) -> str:
-    return f"{schedule}/chunks/"
+    return of(schedule, CHUNKS, f"{number:012d}.{ext}")
 
 
 def number_of(key: str) -> int | None:
@@ -125,6 +69,18 @@ def number_of(key: str) -> int | None:
     sequence, a chunk's number); None when it does not start with one."""
     stem = _name(key).partition(".")[0]
     return int(stem) if stem.isdigit() else None
+
+
+def block(queue: str, first_id: int, last_id: int) -> str:
+    """A sealed block, named by its id range."""
+    return of(queue, BLOCKS, f"{first_id:020d}-{last_id:020d}.blk")
+
+
+def last_id_of(key: str) -> int | None:
+    """The last id in a block key ``.../<first>-<last>.blk``; None for other names."""
+    stem, _, ext = _name(key).partition(".")
+    first, _, last = stem.partition("-")
+    return int(last) if ext == "blk" and first.isdigit() and last.isdigit() else None
 
 
 def _name(key: str) -> str:

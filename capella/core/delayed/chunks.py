@@ -122,7 +122,7 @@ class ChunkFiles:
 
     async def delete_unknown(self, known: Container[int]) -> None:
         """Delete the files of chunks not in ``known``."""
-        for key in await self._storage.list(keys.chunks(self._prefix)):
+        for key in await self._storage.list(keys.within(self._prefix, keys.CHUNKS)):
             number = keys.number_of(key)
             if number is not None and number not in known:
                 await self._storage.delete(key)

@@ -85,7 +85,7 @@ class ChangeLog:
 
     @property
     def _snapshot_key(self) -> str:
-        return keys.snapshot(self._prefix)
+        return keys.of(self._prefix, keys.SNAPSHOT)
 
     async def load(self) -> tuple[bytes | None, list[bytes]]:
         """The last snapshot's document (``None`` when there is none) and every record since."""
@@ -103,7 +103,7 @@ class ChangeLog:
                 raise CorruptData(f"{self._snapshot_key}: bad magic or checksum")
             self._seq = seq
         records: list[bytes] = []
-        for key in await self._storage.list(keys.log_files(self._prefix)):
+        for key in await self._storage.list(keys.within(self._prefix, keys.LOGS)):
             seq = keys.number_of(key)
             if seq is None:
                 continue

@@ -133,7 +133,7 @@ class BlockStore:
     async def load_manifest(self) -> None:
         """Read the manifest (recovery); a block it records as quarantined is reported again."""
         try:
-            manifest = orjson.loads(await self.meta.get(keys.manifest(self.name)))
+            manifest = orjson.loads(await self.meta.get(keys.of(self.name, keys.MANIFEST)))
             self.sealed = [BlockMeta(**b) for b in manifest["blocks"]]
             self.deleted_through = int(manifest.get("deleted_through", 0))
         except KeyNotFound:
@@ -163,7 +163,7 @@ class BlockStore:
             "deleted_through": self.deleted_through,
             "blocks": [b.to_dict() for b in blocks],
         }
-        await self.meta.put(keys.manifest(self.name), orjson.dumps(doc))
+        await self.meta.put(keys.of(self.name, keys.MANIFEST), orjson.dumps(doc))
 
     # --- adding a sealed block -------------------------------------------------------------
 
@@ -483,7 +483,7 @@ class BlockStore:
             removed = 0
             for mount_name in sorted({self.definition.meta_mount, *self.definition.marks.values()}):
                 storage = self._mounts[mount_name]
-                for key in await storage.list(keys.blocks(self.name)):
+                for key in await storage.list(keys.within(self.name, keys.BLOCKS)):
                     last = keys.last_id_of(key)
                     # A block past the manifest may be sealing right now: not a leftover.
                     if last is None or last > sealed_last or where.get(key) == mount_name:
@@ -494,7 +494,7 @@ class BlockStore:
                         "leftover block copy deleted queue=%s mount=%s key=%s", self.name, mount_name, key
                     )
             first = self.sealed[0].first_id if self.sealed else sealed_last + 1
-            for key in await self.meta.list(keys.summaries(self.name)):
+            for key in await self.meta.list(keys.within(self.name, keys.SUMMARIES)):
                 last = keys.number_of(key)
                 if last is not None and last < first:
                     await self.meta.delete(key)

@@ -369,7 +369,7 @@ class Writer:
 
     async def put_state(self, lease_until: int) -> None:
         await self._store.meta.put(
-            keys.state(self._store.name), orjson.dumps({"version": 1, "lease_until": lease_until})
+            keys.of(self._store.name, keys.STATE), orjson.dumps({"version": 1, "lease_until": lease_until})
         )
 
     def rotate(self) -> None:
