@@ -2,9 +2,9 @@
 
 Queue definitions live in one registry document on the default mount (``QUEUES`` in
 ``capella.storage.catalog``). Queue names cannot start with ``.``, so the registry never
-collides with a queue.
-A drop is recorded as ``dropping`` before any key is deleted, so a crash half-way through
-finishes the drop on the next start instead of resurrecting half a queue.
+collides with a queue. A drop is recorded as ``dropping`` before any key is deleted, so a
+crash half-way through finishes the drop on the next start instead of resurrecting half a
+queue.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The supervisor: persisted handler definitions, one loop per started handler, and status.
 
-Definitions live in one document on the default mount (``HANDLERS`` in
-``capella.storage.catalog``) and come back on restart
+Definitions live in ``.capella/handlers.json`` on the default mount and come back on restart
 in the state they had. A handler runs as a user (``user`` in its definition, by default
 whoever defined it) and each pass is limited by that user's rules as they are at that moment;
 a handler defined while authentication was off has no user and is not limited. A pass that
