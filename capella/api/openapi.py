@@ -136,7 +136,9 @@ def schemas() -> dict[str, Any]:
         for obj in vars(module).values()
         if isinstance(obj, type) and issubclass(obj, msgspec.Struct) and obj.__module__ == module.__name__
     ]
-    _, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    _, components = msgspec.json.schema_components(
+        types, ref_template="#/components/schemas/{name}", schema_hook=fields.schema_hook
+    )
     for kind in types:
         schema = components[kind.__name__]
         schema.pop("title", None)

@@ -4,6 +4,10 @@ A handler type is one module, ``capella.handlers.<type>``, that ends with its re
 
     HANDLER = HandlerType("expire", ExpireParams, build)
 
+Its params are the wire struct (``capella.wire.handlers.ExpireParams``), decoded straight from
+the definition (``decode_params``) and shown as msgspec renders it; what the handler adds to
+the status is a struct of its own there too (``CopyStatus``...).
+
 The names come from ``capella.wire.handlers.HandlerType`` (the contract the API, the document,
 the CLI and the client share); each module is imported when its entry is first needed, so the
 default configuration imports none (copy brings the HTTP client, pg_* asyncpg). The supervisor,
@@ -21,7 +25,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.errors import InvalidRequest, QueueNotFound
-from capella.wire.handlers import HANDLER_TYPES
+from capella.wire.handlers import HANDLER_TYPES, Params
+from capella.wire.struct import Struct
 
 if TYPE_CHECKING:
     from capella.core.cluster import Cluster
@@ -57,24 +62,6 @@ def _is_pattern(name: str) -> bool:
     return any(c in name for c in "*?[")
 
 
-class HandlerParams(ABC):
-    """A type's parsed params: what the API shows, what the registry stores, links it uses."""
-
-    __slots__ = ()
-
-    @abstractmethod
-    def to_dict(self) -> dict[str, Any]:
-        """The params as the API shows them."""
-
-    def stored_dict(self) -> dict[str, Any]:
-        """The params as the registry keeps them (a secret there only encrypted)."""
-        return self.to_dict()
-
-    def links(self) -> list[str]:
-        """The external clusters it reads from or writes to."""
-        return []
-
-
 class Handler(ABC):
     """One running handler; the supervisor calls ``run_once`` each pass, the rest are hooks.
 
@@ -96,8 +83,16 @@ class Handler(ABC):
     async def run_once(self) -> PassResult:
         """One pass; the supervisor owns the loop, the timing and the error reporting."""
 
-    def status(self) -> dict[str, Any]:
-        """Fields this type adds to the status (``wire.handlers.HandlerStatus``)."""
+    def status(self) -> Struct | None:
+        """What this type adds to the status: its entry's ``status`` struct, or nothing."""
+        return None
+
+    def links(self) -> list[str]:
+        """The external clusters it reads from or writes to."""
+        return []
+
+    def stored_params(self) -> dict[str, Any]:
+        """What the registry keeps beside the params the API shows (a password, encrypted)."""
         return {}
 
     async def pause(self, delay: float) -> None:
@@ -108,7 +103,7 @@ class Handler(ABC):
         """Release what the handler holds once it is stopped."""
 
 
-P = TypeVar("P", bound=HandlerParams)
+P = TypeVar("P", bound=Params)
 Build = Callable[["Cluster", list[str], object, "Reach", str], tuple[P, Handler]]
 Queues = Callable[[dict[str, Any], "Cluster"], list[str]]
 
@@ -118,10 +113,14 @@ class HandlerType(Generic[P]):
     """One handler type's registry entry, declared at the bottom of its module."""
 
     name: str
+    # Its params: the struct in ``wire.handlers``.
     params: type[P]
-    # ``build(cluster, queues, raw params, reach, handler name)``: parse the params (errors name
-    # the field) and make the handler.
+    # ``build(cluster, queues, raw params, reach, handler name)``: decode the params into
+    # ``params`` (errors name the field), resolve what depends on the rest of the server (a
+    # default named for the handler, a password to encrypt) and make the handler.
     build: Build[P]
+    # What its handler adds to the status (``Handler.status``): a struct in ``wire.handlers``.
+    status: type[Struct] | None = None
     # The queues a definition selects, from the definition as sent: ``queues`` (or ``queue``)
     # by default; a type whose queue is in its params says so here.
     queues: Queues = queue_patterns

@@ -7,26 +7,12 @@ does ("saved only by a later flush", docs/api.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from capella.core.queue import Queue
-from capella.handlers.base import HandlerParams, HandlerType, PassResult
-from capella.handlers.params import Params
-from capella.handlers.queues import QueueHandler
-
-
-@dataclass(frozen=True, slots=True)
-class FlushParams(HandlerParams):
-    interval: float = 1.0
-
-    @classmethod
-    def parse(cls, data: object) -> FlushParams:
-        params = Params(data, {"interval"})
-        return cls(interval=params.duration("interval", 1.0) or 1.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"interval": self.interval}
+from capella.handlers.base import HandlerType, PassResult
+from capella.handlers.per_queue import QueueHandler
+from capella.wire.handlers import FlushParams, decode_params
 
 
 class FlushHandler(QueueHandler[FlushParams]):
@@ -46,7 +32,7 @@ def build(
     cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
 ) -> tuple[FlushParams, FlushHandler]:
     """The ``flush`` handler type (its registry entry is ``HANDLER``)."""
-    params = FlushParams.parse(raw)
+    params = decode_params(FlushParams, raw)
     return params, FlushHandler(cluster, queues, params)
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
 import orjson
 
 from capella.auth.rule import UNRESTRICTED, Identity
@@ -38,17 +39,10 @@ from capella.errors import (
     KeyNotFound,
     Unauthorized,
 )
-from capella.handlers.base import (
-    Handler,
-    HandlerParams,
-    PassResult,
-    find,
-    handler_type,
-    queue_patterns,
-)
+from capella.handlers.base import Handler, PassResult, find, handler_type, queue_patterns
 from capella.handlers.links import Links
 from capella.handlers.reach import Reach
-from capella.wire.handlers import HANDLER_TYPES
+from capella.wire.handlers import HANDLER_TYPES, Params
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +54,14 @@ STOP_GRACE = 10.0
 
 def build(
     cluster: Cluster, kind: str, queues: list[str], raw: object, reach: Reach, name: str = ""
-) -> tuple[HandlerParams, Handler]:
+) -> tuple[Params, Handler]:
     """Parse ``raw`` params for handler ``name`` of ``kind`` and build it (errors name the field)."""
     return handler_type(kind).build(cluster, queues, raw, reach, name)
 
 
 def build_push(
     cluster: Cluster, queues: list[str], raw: object, name: str, reach: Reach | None = None
-) -> tuple[HandlerParams, Handler]:
+) -> tuple[Params, Handler]:
     """A push handler on its own (it needs no links)."""
     return build(cluster, "push", queues, raw, reach or Reach(Links(cluster)), name)
 
@@ -100,7 +94,8 @@ class HandlerState:
     name: str
     type: str
     queues: list[str]
-    params: HandlerParams
+    # The type's params struct; a stored definition that no longer builds keeps its dict.
+    params: Params | dict[str, Any]
     handler: Handler
     started: bool
     user: str | None = None
@@ -121,14 +116,25 @@ class HandlerState:
         return {
             "type": self.type,
             "queues": self.queues,
-            "params": self.params.to_dict(),
+            "params": self.shown_params(),
             "started": self.started,
             "user": self.user,
         }
 
+    def shown_params(self) -> dict[str, Any]:
+        """The params as the API shows them: the struct as msgspec renders it."""
+        if isinstance(self.params, dict):
+            # A pg handler's stored password stays out of the API even when encrypted.
+            return {k: v for k, v in self.params.items() if not k.endswith("_encrypted")}
+        shown: dict[str, Any] = msgspec.to_builtins(self.params)
+        return shown
+
     def stored(self) -> dict[str, Any]:
         """The definition as the registry keeps it (a secret in params only encrypted)."""
-        return self.definition() | {"params": self.params.stored_dict()}
+        if isinstance(self.params, dict):
+            return self.definition() | {"params": dict(self.params)}
+        shown = {k: v for k, v in self.shown_params().items() if k not in self.params.shown_only}
+        return self.definition() | {"params": shown | self.handler.stored_params()}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -147,9 +153,14 @@ class HandlerState:
                 if self.last_error is None
                 else {"message": self.last_error[0], "time": self.last_error[1]},
                 "next_run": self.next_run if self.task is not None else None,
-                **self.handler.status(),
+                **self._type_status(),
             },
         }
+
+    def _type_status(self) -> dict[str, Any]:
+        status = self.handler.status()
+        shown: dict[str, Any] = {} if status is None else msgspec.to_builtins(status)
+        return shown
 
 
 class Supervisor:
@@ -184,6 +195,7 @@ class Supervisor:
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             raise CorruptData(f"handler registry {REGISTRY_KEY} is not valid: {exc}") from None
         for name, d in sorted(definitions.items()):
+            params: Params | dict[str, Any]
             try:
                 # As the user it runs as: a secret or link it lost the right to does not load.
                 reach = replace(self.reach, by=self._identity_of(d.get("user")))
@@ -191,7 +203,7 @@ class Supervisor:
             except CapellaError as exc:
                 # Keep the definition (a later save must not drop it); every pass reports why.
                 log.error("handler cannot be loaded handler=%s: %s", name, exc.message)
-                params, handler = _Unloadable(d["params"]), _Unloadable(d["params"], exc.message)
+                params, handler = dict(d["params"]), _Unloadable(exc.message)
             state = HandlerState(
                 name, d["type"], list(d["queues"]), params, handler, bool(d["started"]), d.get("user")
             )
@@ -292,7 +304,7 @@ class Supervisor:
 
     def using_link(self, link: str) -> list[str]:
         """The handlers that read from or write to external cluster ``link``."""
-        return [s.name for s in self.handlers() if link in s.params.links()]
+        return [s.name for s in self.handlers() if link in s.handler.links()]
 
     async def start_handler(self, name: str) -> HandlerState:
         async with self._lock:
@@ -452,22 +464,14 @@ class Supervisor:
         await self._cluster.home.put(REGISTRY_KEY, orjson.dumps(doc))
 
 
-class _Unloadable(Handler, HandlerParams):
+class _Unloadable(Handler):
     """A stored definition that no longer builds (e.g. its mark lost its mount): kept as is."""
 
     interval = 60.0
     loaded = False
 
-    def __init__(self, raw: object, error: str = "") -> None:
-        self._raw = raw if isinstance(raw, dict) else {}
+    def __init__(self, error: str) -> None:
         self._error = error
-
-    def to_dict(self) -> dict[str, Any]:
-        # A pg handler's stored password stays out of the API even when encrypted.
-        return {k: v for k, v in self._raw.items() if not k.endswith("_encrypted")}
-
-    def stored_dict(self) -> dict[str, Any]:
-        return dict(self._raw)
 
     async def run_once(self) -> PassResult:
         raise InvalidConfig(f"this definition cannot be loaded: {self._error}; replace it with PUT")

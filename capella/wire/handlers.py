@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, get_args
+import re
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
+import msgspec
 from msgspec import UNSET, Meta, UnsetType, field
 
+from capella.errors import InvalidRequest
 from capella.wire.fields import (
+    NAME,
+    Bytes,
     Duration,
-    PositiveDuration,
+    PositiveSeconds,
     SaveModeText,
-    Size,
+    Seconds,
     Time,
+    decode_hook,
     schema,
 )
 from capella.wire.struct import Struct
@@ -21,8 +27,6 @@ from capella.wire.struct import Struct
 # the names from here.
 HandlerType = Literal["flush", "unload", "archive", "expire", "copy", "push", "pg_outbox", "pg_inbox"]
 HANDLER_TYPES: tuple[str, ...] = get_args(HandlerType)
-# Handler durations also take integers of nanoseconds (>= 1e12), as the original API did.
-HandlerDuration = PositiveDuration
 
 
 def params_schema(kind: str) -> str:
@@ -76,101 +80,233 @@ class HandlerDefinition(Struct, forbid_unknown_fields=True):
     ) = None
 
 
-class FlushParams(Struct, forbid_unknown_fields=True):
+class Params(Struct, forbid_unknown_fields=True):
+    """What every type's params share: how a definition's ``params`` object decodes into them.
+
+    ``decode_params`` is the one way in; ``null`` for a field means its default. A subclass
+    checks its cross-field rules in ``__post_init__`` (raising ``InvalidRequest`` that names
+    the field), and lists the params it no longer takes in ``replaced`` (old → new).
+    """
+
+    replaced: ClassVar[dict[str, str]] = {}
+    # Fields the answers show and a definition may not give (the server fills them in).
+    shown_only: ClassVar[tuple[str, ...]] = ()
+
+
+P = TypeVar("P", bound=Params)
+
+
+def decode_params(kind: type[P], raw: object) -> P:
+    """``raw`` (a definition's ``params``: an object, or null for none) as ``kind``.
+
+    Every error is ``InvalidRequest`` naming the field as ``params.<path>``.
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise InvalidRequest("params must be an object", field="params")
+    for old, new in kind.replaced.items():
+        if old in raw:
+            raise InvalidRequest(
+                f"params.{old} is no longer accepted: a definition may not name the server's "
+                f"environment variables. Ask the operator to declare the secret "
+                f'([secrets.NAME] env = "VAR" in the configuration) and give params.{new} = "NAME"',
+                field=f"params.{old}",
+            )
+    for name in kind.shown_only:
+        if name in raw:
+            raise InvalidRequest(f"params.{name}: unknown parameter", field=f"params.{name}")
+    given = {name: value for name, value in raw.items() if value is not None}
+    try:
+        params = msgspec.convert(given, kind, dec_hook=decode_hook)
+    except msgspec.ValidationError as exc:
+        raise _params_error(str(exc)) from None
+    _plain(params)
+    return params
+
+
+def _plain(struct: msgspec.Struct) -> None:
+    """Durations and sizes as plain numbers, as msgspec renders them (``Seconds`` → float)."""
+    for name in struct.__struct_fields__:
+        value = getattr(struct, name)
+        if isinstance(value, float) and type(value) is not float:
+            setattr(struct, name, float(value))
+        elif isinstance(value, int) and type(value) not in (int, bool):
+            setattr(struct, name, int(value))
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, msgspec.Struct):
+                    _plain(item)
+
+
+_PROBLEM = re.compile(r"^(.*?)(?: - at `\$(.*)`)?$", re.DOTALL)
+_NAMED = re.compile(r"(unknown|missing required) field `(.*)`")
+
+
+def _params_error(text: str) -> InvalidRequest:
+    """A msgspec finding at ``$.x[0].y`` as ``InvalidRequest`` naming ``params.x[0].y``."""
+    problem, path = _PROBLEM.match(text).groups()  # type: ignore[union-attr]  # the pattern always matches
+    where = f"params{path or ''}"
+    if named := _NAMED.search(problem):
+        where = f"{where}.{named.group(2)}"
+        problem = "unknown parameter" if named.group(1) == "unknown" else "required"
+    return InvalidRequest(f"{where}: {problem[:1].lower()}{problem[1:]}", field=where)
+
+
+Batch = Annotated[int, Meta(ge=1)]
+# Inclusive [lo, hi] pairs; none: every segment.
+Segments = Annotated[list[tuple[int, int]], Meta(min_length=1)]
+# As [secrets.NAME] in the configuration allows.
+SecretName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+# Lower-case identifiers only, optionally schema-qualified: what PostgreSQL folds an unquoted
+# name to, so the name in the params, in the DDL and in to_regclass is the same table.
+TABLE_PATTERN = r"^[a-z_][a-z0-9_]{0,62}(?:\.[a-z_][a-z0-9_]{0,62})?$"
+Table = Annotated[str, Meta(pattern=TABLE_PATTERN)]
+
+
+def _check_segments(segments: list[tuple[int, int]] | None) -> None:
+    for lo, hi in segments or ():
+        if lo > hi:
+            raise InvalidRequest(
+                f"params.segments: {[lo, hi]!r} is not a [lo, hi] pair", field="params.segments"
+            )
+
+
+class FlushParams(Params):
     """Flush the queues' open blocks every interval."""
 
-    interval: HandlerDuration | None = None
+    interval: PositiveSeconds = 1.0
 
 
-class UnloadParams(Struct, forbid_unknown_fields=True):
+class UnloadParams(Params):
     """with neither idle nor age, idle is 60 s"""
 
-    interval: HandlerDuration | None = None
-    idle: Annotated[HandlerDuration, Meta(description="unload blocks not read for this long")] | None = None
-    age: Annotated[HandlerDuration, Meta(description="unload blocks older than this")] | None = None
+    interval: PositiveSeconds = 10.0
+    idle: Annotated[PositiveSeconds, Meta(description="unload blocks not read for this long")] | None = None
+    age: Annotated[PositiveSeconds, Meta(description="unload blocks older than this")] | None = None
+
+    def __post_init__(self) -> None:
+        if self.idle is None and self.age is None:
+            self.idle = 60.0
 
 
 class ArchiveCondition(Struct, forbid_unknown_fields=True):
     """Blocks whose age is in [from_age, to_age) move to mark."""
 
-    mark: Annotated[int, schema(minimum=0, maximum=255, description="a mark the queue maps to a mount")]
-    from_age: Annotated[Duration, Meta(description="default 0")] | None = None
-    to_age: Annotated[Duration | None, Meta(description="null: no upper bound")] = None
+    mark: Annotated[int, Meta(ge=0, le=255, description="a mark the queue maps to a mount")]
+    from_age: Seconds = 0.0
+    to_age: Annotated[PositiveSeconds | None, Meta(description="null: no upper bound")] = None
+
+    def holds(self, age: float) -> bool:
+        return self.from_age <= age and (self.to_age is None or age < self.to_age)
 
 
-class ArchiveParams(Struct, forbid_unknown_fields=True):
+class ArchiveParams(Params):
     """Move blocks between tiers by age."""
 
-    conditions: Annotated[list[ArchiveCondition], schema(minItems=1)]
-    interval: HandlerDuration | None = None
-    limit: Annotated[int, schema(minimum=1, description="blocks moved per pass")] | None = None
+    conditions: Annotated[list[ArchiveCondition], Meta(min_length=1)]
+    interval: PositiveSeconds = 60.0
+    limit: Annotated[int, Meta(ge=1, description="blocks moved per pass")] = 100
+
+    def __post_init__(self) -> None:
+        for i, c in enumerate(self.conditions):
+            if c.to_age is not None and c.to_age <= c.from_age:
+                where = f"params.conditions[{i}].to_age"
+                raise InvalidRequest(f"{where} must be greater than from_age", field=where)
 
 
-class ExpireParams(Struct, forbid_unknown_fields=True):
+class ExpireParams(Params):
     """at least one of max_age, max_bytes and max_messages"""
 
     __schema_extra__: ClassVar[dict[str, Any]] = {
         "anyOf": [{"required": ["max_age"]}, {"required": ["max_bytes"]}, {"required": ["max_messages"]}]
     }
 
-    interval: HandlerDuration | None = None
-    max_age: HandlerDuration | None = None
-    max_bytes: Size | None = None
-    max_messages: Annotated[int, schema(minimum=1)] | None = None
+    interval: PositiveSeconds = 60.0
+    max_age: PositiveSeconds | None = None
+    max_bytes: Bytes | None = None
+    max_messages: Annotated[int, Meta(ge=1)] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_age is None and self.max_bytes is None and self.max_messages is None:
+            raise InvalidRequest("params: give max_age, max_bytes or max_messages", field="params.max_age")
 
 
-class CopyParams(Struct, forbid_unknown_fields=True):
+# A queue, or cluster/queue for one on an external cluster.
+QueueRef = Annotated[str, Meta(pattern=f"^(?:{NAME}/)?{NAME}$")]
+
+
+class CopyParams(Params):
     """Copy messages from queues (or another cluster) into a queue, once each."""
 
-    to: Annotated[str, Meta(description="the destination queue (local)")]
-    from_: Annotated[str, Meta(description="the source queue when the definition names no queues")] | None = (
-        field(default=None, name="from")
-    )
-    subscription: (
-        Annotated[str, Meta(description="the cursor on each source (default copy-to-<to>)")] | None
-    ) = None
-    interval: (
-        Annotated[HandlerDuration, Meta(description="pause between passes (default 0: continuous)")] | None
-    ) = None
-    batch: Annotated[int, schema(minimum=1)] | None = None
-    wait: Annotated[HandlerDuration, Meta(description="long-poll when caught up (default 2 s)")] | None = None
-    segments: list[Annotated[list[int], schema(minItems=2, maxItems=2)]] | None = None
-    save: SaveModeText | None = None
-    commit_save: SaveModeText | None = None
+    to: Annotated[QueueRef, Meta(description="the destination queue, or cluster/queue")]
+    from_: (
+        Annotated[QueueRef, Meta(description="the source queue when the definition names no queues")] | None
+    ) = field(default=None, name="from")
+    subscription: Annotated[str, Meta(description="the cursor on each source (default copy-to-<to>)")] = ""
+    interval: Annotated[Seconds, Meta(description="pause between passes (default 0: continuous)")] = 0.0
+    batch: Batch = 1000
+    wait: Annotated[Seconds, Meta(description="long-poll when caught up (default 2 s)")] = 2.0
+    segments: Segments | None = None
+    save: SaveModeText = "wait"
+    # A lost cursor commit only sends a batch again, which dedup absorbs: no need to wait.
+    commit_save: SaveModeText = "mark"
+
+    def __post_init__(self) -> None:
+        self.subscription = self.subscription or f"copy-to-{self.to.replace('/', '.')}"
+        _check_segments(self.segments)
+
+    def links(self) -> list[str]:
+        """The external clusters it reads from or writes to (``link/queue``)."""
+        return sorted({ref.partition("/")[0] for ref in (self.from_, self.to) if ref and "/" in ref})
 
 
-class PushParams(Struct, forbid_unknown_fields=True):
-    """POST the queue's messages to url through an ack-mode subscription (see docs/push.md)."""
+ORDERINGS = ("unordered", "by_segment", "ordered")
+# What one push handler may hold, so a definition cannot make the broker buffer without bound
+# (docs/push.md): messages in flight (concurrency x batch), and the seconds one request may
+# keep a connection and its batch (a receiver that needs longer should answer 202 and work on).
+MAX_IN_FLIGHT = 10_000
+MAX_TIMEOUT = 60.0
+_HEADER_NAME = re.compile(r"[!#$&'*+.^_`|~0-9A-Za-z-]+")
+# Set by the push handler itself: a params header of these names would be overwritten or unsafe.
+_RESERVED = ("authorization", "idempotency-key", "content-length", "host", "transfer-encoding", "user-agent")
+URL_PATTERN = r"^https?://[^\s/?#@]+([/?#]\S*)?$"
 
-    url: Annotated[str, schema(pattern=r"^https?://[^\s/?#@]+([/?#]\S*)?$", description="the receiver")]
-    subscription: (
-        Annotated[str, Meta(description="the ack-mode subscription it keeps (default push-<handler>)")] | None
-    ) = None
-    batch: (
-        Annotated[
-            int,
-            schema(
-                minimum=1,
-                maximum=10_000,
-                description="1 (default): the body is the payload; more: a JSON array of messages",
-            ),
-        ]
-        | None
-    ) = None
-    ordering: (
-        Annotated[
-            Literal["unordered", "by_segment", "ordered"],
-            Meta(description="ordered: one request at a time, in id order; by_segment: in order per segment"),
-        ]
-        | None
-    ) = None
-    concurrency: (
-        Annotated[int, schema(minimum=1, maximum=1000, description="requests in flight (default 4)")] | None
-    ) = None
-    timeout: Annotated[HandlerDuration, Meta(description="per request (default 10 s)")] | None = None
-    wait: Annotated[Duration, Meta(description="long-poll when caught up (default 2 s)")] | None = None
-    headers: Annotated[dict[str, str], Meta(description="extra request headers")] | None = None
-    segments: list[Annotated[list[int], schema(minItems=2, maxItems=2)]] | None = None
+
+class PushParams(Params):
+    """POST the queue's messages to url through an ack-mode subscription (see docs/push.md).
+
+    Credentials never appear in the params: ``secret`` (the HMAC signing secret), ``token`` (a
+    bearer token) and ``basic`` (``user:password``) name secrets the operator declared in
+    ``[secrets.NAME]``; the old ``*_env`` forms named variables of the server's environment,
+    which let any definer read any of them. The retry fields are those of an ack-mode
+    subscription's policy.
+    """
+
+    replaced: ClassVar[dict[str, str]] = {"secret_env": "secret", "token_env": "token", "basic_env": "basic"}
+
+    # No user info: the URL is shown and logged, credentials come from the token or basic secret.
+    url: Annotated[str, Meta(pattern=URL_PATTERN, description="the receiver")]
+    subscription: Annotated[
+        str, Meta(description="the ack-mode subscription it keeps (default push-<handler>)")
+    ] = ""
+    batch: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=10_000,
+            description="1 (default): the body is the payload; more: a JSON array of messages",
+        ),
+    ] = 1
+    ordering: Annotated[
+        Literal["unordered", "by_segment", "ordered"],
+        Meta(description="ordered: one request at a time, in id order; by_segment: in order per segment"),
+    ] = "unordered"
+    concurrency: Annotated[int, Meta(ge=1, le=1000, description="requests in flight (default 4)")] = 4
+    timeout: Annotated[PositiveSeconds, Meta(description="per request (default 10 s, at most 60 s)")] = 10.0
+    wait: Annotated[Seconds, Meta(description="long-poll when caught up (default 2 s)")] = 2.0
+    headers: Annotated[dict[str, str], Meta(description="extra request headers")] = {}
+    segments: Segments | None = None
     max_attempts: (
         Annotated[int, schema(minimum=0, maximum=1_000_000, description="0: no limit (default 5)")] | None
     ) = None
@@ -182,15 +318,55 @@ class PushParams(Struct, forbid_unknown_fields=True):
         None
     )
     secret: (
-        Annotated[str, Meta(description="a declared secret ([secrets.NAME]): the HMAC-SHA256 signing secret")]
+        Annotated[
+            SecretName, Meta(description="a declared secret ([secrets.NAME]): the HMAC-SHA256 signing secret")
+        ]
         | None
     ) = None
-    token: Annotated[str, Meta(description="a declared secret holding a bearer token")] | None = None
-    basic: Annotated[str, Meta(description="a declared secret holding user:password for Basic")] | None = None
+    token: Annotated[SecretName, Meta(description="a declared secret holding a bearer token")] | None = None
+    basic: (
+        Annotated[SecretName, Meta(description="a declared secret holding user:password for Basic")] | None
+    ) = None
+
+    def __post_init__(self) -> None:
+        if "@" in self.url.split("/")[2]:
+            raise InvalidRequest(
+                "params.url must not hold credentials: use token or basic (secret names)", field="params.url"
+            )
+        if self.ordering == "ordered":
+            self.concurrency = 1
+        if self.concurrency * self.batch > MAX_IN_FLIGHT:
+            raise InvalidRequest(
+                f"params.concurrency x params.batch must be at most {MAX_IN_FLIGHT} messages in flight, "
+                f"not {self.concurrency * self.batch}",
+                field="params.batch",
+            )
+        if self.timeout > MAX_TIMEOUT:
+            raise InvalidRequest(
+                f"params.timeout must be at most {MAX_TIMEOUT:g} seconds", field="params.timeout"
+            )
+        if self.token and self.basic:
+            raise InvalidRequest("give token or basic, not both", field="params.basic")
+        for name, text in self.headers.items():
+            if not _HEADER_NAME.fullmatch(name) or any(c in text for c in "\r\n\0"):
+                raise InvalidRequest(
+                    f"params.headers: {name!r} is not a valid header", field="params.headers"
+                )
+            if name.lower() in _RESERVED or name.lower().startswith("capella-"):
+                raise InvalidRequest(
+                    f"params.headers: {name} is set by the handler "
+                    "(credentials: params.token or params.basic)",
+                    field="params.headers",
+                )
+        _check_segments(self.segments)
 
 
-class PgConnection(Struct, forbid_unknown_fields=True):
-    """Where a pg_* handler connects, and with which secrets (docs/postgres.md)."""
+class PgConnection(Params):
+    """Where a pg_* handler connects, and with which secrets (docs/postgres.md): exactly one of
+    dsn and dsn_secret"""
+
+    replaced: ClassVar[dict[str, str]] = {"dsn_env": "dsn_secret"}
+    shown_only: ClassVar[tuple[str, ...]] = ("password",)
 
     dsn: (
         Annotated[
@@ -204,49 +380,68 @@ class PgConnection(Struct, forbid_unknown_fields=True):
         | None
     ) = None
     dsn_secret: (
-        Annotated[str, Meta(description="a declared secret ([secrets.NAME]) holding the whole DSN")] | None
+        Annotated[SecretName, Meta(description="a declared secret ([secrets.NAME]) holding the whole DSN")]
+        | None
     ) = None
     password_secret: (
-        Annotated[str, Meta(description="a declared secret holding the password (the DSN has none)")] | None
+        Annotated[SecretName, Meta(description="a declared secret holding the password (the DSN has none)")]
+        | None
     ) = None
     sslpassword_secret: (
-        Annotated[str, Meta(description="a declared secret holding the client key's passphrase")] | None
+        Annotated[SecretName, Meta(description="a declared secret holding the client key's passphrase")]
+        | None
     ) = None
+    # Shown, never taken: the server fills it in from where the password is.
+    password: (
+        Annotated[
+            str,
+            schema(
+                readOnly=True,
+                description='where the password is: "stored encrypted" or "secret:NAME" (answers only)',
+            ),
+        ]
+        | None
+    ) = None
+
+    def __post_init__(self) -> None:
+        if (self.dsn is None) == (self.dsn_secret is None):
+            raise InvalidRequest("params: give exactly one of dsn and dsn_secret", field="params.dsn")
 
 
 class PgOutboxParams(PgConnection, kw_only=True):
     """Relay committed rows of a PostgreSQL outbox table into a queue (docs/postgres.md)."""
 
-    to: Annotated[str, Meta(description="the destination queue")]
-    table: Annotated[str, Meta(description="the outbox table (default capella_outbox)")] | None = None
-    source: Annotated[str, Meta(description="the identity source (default pg:<database>.<table>)")] | None = (
-        None
-    )
-    batch: Annotated[int, schema(minimum=1, description="rows per relay step (default 1000)")] | None = None
-    save: SaveModeText | None = None
-    delete: (
-        Annotated[bool, Meta(description="delete relayed rows (default); false sets relayed_at instead")]
+    to: Annotated[str, Meta(min_length=1, description="the destination queue")]
+    table: Annotated[Table, Meta(description="the outbox table (default capella_outbox)")] = "capella_outbox"
+    source: (
+        Annotated[str, Meta(min_length=1, description="the identity source (default pg:<database>.<table>)")]
         | None
     ) = None
-    interval: (
-        Annotated[HandlerDuration, Meta(description="pause between passes (default 1 s; a NOTIFY wakes it)")]
-        | None
-    ) = None
+    batch: Annotated[int, Meta(ge=1, description="rows per relay step (default 1000)")] = 1000
+    save: SaveModeText = "wait"
+    delete: Annotated[
+        bool, Meta(description="delete relayed rows (default); false sets relayed_at instead")
+    ] = True
+    interval: Annotated[
+        PositiveSeconds, Meta(description="pause between passes (default 1 s; a NOTIFY wakes it)")
+    ] = 1.0
 
 
 class PgInboxParams(PgConnection):
     """Copy a queue into a PostgreSQL inbox table, once each (docs/postgres.md)."""
 
-    table: Annotated[str, Meta(description="the inbox table (default capella_inbox)")] | None = None
-    subscription: (
-        Annotated[str, Meta(description="the cursor on each queue (default pg_inbox-<table>)")] | None
-    ) = None
-    batch: Annotated[int, schema(minimum=1, description="messages per insert (default 1000)")] | None = None
-    segments: list[Annotated[list[int], schema(minItems=2, maxItems=2)]] | None = None
-    interval: (
-        Annotated[HandlerDuration, Meta(description="pause between passes (default 1 s; a message wakes it)")]
-        | None
-    ) = None
+    table: Annotated[Table, Meta(description="the inbox table (default capella_inbox)")] = "capella_inbox"
+    subscription: Annotated[str, Meta(description="the cursor on each queue (default pg_inbox-<table>)")] = ""
+    batch: Annotated[int, Meta(ge=1, description="messages per insert (default 1000)")] = 1000
+    segments: Segments | None = None
+    interval: Annotated[
+        PositiveSeconds, Meta(description="pause between passes (default 1 s; a message wakes it)")
+    ] = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.subscription = self.subscription or f"pg_inbox-{self.table}"
+        _check_segments(self.segments)
 
 
 class HandlerError(Struct):
@@ -262,6 +457,48 @@ class DeliveryError(Struct):
     message: str
     status: int | None
     time: Time
+
+
+class CopyStatus(Struct):
+    """What a copy handler adds to the status: messages each source holds past the cursor.
+
+    A local source's lag is read from the queue and the cursor when asked; a remote source's
+    is the last one seen, with the time it was seen (``lag_observed``).
+    """
+
+    lag: int
+    lag_by_queue: dict[str, int]
+    lag_observed: Time | UnsetType | None = UNSET
+
+
+class PushStatus(Struct):
+    """What a push handler adds to the status: its deliveries."""
+
+    delivered: int
+    failed: int
+    dead: int
+    in_flight: int
+    retrying: int
+    lag: int
+    last_delivery_error: DeliveryError | None
+
+
+class PgOutboxStatus(Struct):
+    """What a pg_outbox handler adds to the status: the table as last counted."""
+
+    source: str | None
+    lag: int | None
+    lag_observed: Time | None
+    oldest_age: float | None
+    duplicates: int
+
+
+class PgInboxStatus(Struct):
+    """What a pg_inbox handler adds to the status: messages past the cursors, read when asked."""
+
+    lag: int
+    lag_by_queue: dict[str, int]
+    duplicates: int
 
 
 class HandlerStatus(Struct):
