@@ -7,15 +7,15 @@ itself (copy, read back, switch the manifest, delete the old copy) is ``Queue.mo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from capella.core.log.blocks import BlockMeta
 from capella.core.queue import Queue
 from capella.errors import InvalidRequest
 from capella.handlers.base import HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler, selected
-from capella.wire.handlers import ArchiveParams, decode_params
+from capella.wire.handlers import ArchiveParams
 
 
 def check_marks(params: ArchiveParams, queue: Queue) -> None:
@@ -64,10 +64,14 @@ if TYPE_CHECKING:
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
+    cluster: Cluster,
+    queues: list[str],
+    params: ArchiveParams,
+    reach: Reach,
+    name: str,
+    kept: Mapping[str, Any],
 ) -> tuple[ArchiveParams, ArchiveHandler]:
     """The ``archive`` handler type; the marks must exist on every queue named exactly."""
-    params = decode_params(ArchiveParams, raw)
     for queue in selected(cluster, [q for q in queues if not any(c in q for c in "*?[")]):
         check_marks(params, queue)
     return params, ArchiveHandler(cluster, queues, params)

@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.errors import InvalidRequest, QueueNotFound
-from capella.wire.handlers import HANDLER_TYPES, Params
+from capella.wire.handlers import HANDLER_TYPES, Definition, Params, decode_params
 from capella.wire.struct import Struct
 
 if TYPE_CHECKING:
@@ -44,10 +44,10 @@ class PassResult:
         return PassResult(self.items + other.items, self.bytes + other.bytes)
 
 
-def queue_patterns(data: dict[str, Any], cluster: Cluster) -> list[str]:
+def queue_patterns(definition: Definition, cluster: Cluster) -> list[str]:
     """``queues`` (names or fnmatch patterns) from a definition; plain names must exist."""
-    raw = data.get("queues", [data["queue"]] if "queue" in data else None)
-    if not isinstance(raw, list) or not raw or not all(isinstance(q, str) and q for q in raw):
+    raw = definition.named_queues()
+    if raw is None:
         raise InvalidRequest("queues must be a non-empty list of queue names or patterns", field="queues")
     for name in raw:
         if not _is_pattern(name):
@@ -104,8 +104,8 @@ class Handler(ABC):
 
 
 P = TypeVar("P", bound=Params)
-Build = Callable[["Cluster", list[str], object, "Reach", str], tuple[P, Handler]]
-Queues = Callable[[dict[str, Any], "Cluster"], list[str]]
+Build = Callable[["Cluster", list[str], P, "Reach", str, Mapping[str, Any]], tuple[P, Handler]]
+Queues = Callable[[Definition, "Cluster"], list[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,18 +115,22 @@ class HandlerType(Generic[P]):
     name: str
     # Its params: the struct in ``wire.handlers``.
     params: type[P]
-    # ``build(cluster, queues, raw params, reach, handler name)``: decode the params into
-    # ``params`` (errors name the field), resolve what depends on the rest of the server (a
-    # default named for the handler, a password to encrypt) and make the handler.
+    # ``build(cluster, queues, params, reach, handler name, kept)``: resolve what depends on
+    # the rest of the server (a default named for the handler, a password to encrypt; ``kept``
+    # is what ``Handler.stored_params`` gave the registry) and make the handler.
     build: Build[P]
     # What its handler adds to the status (``Handler.status``): a struct in ``wire.handlers``.
     status: type[Struct] | None = None
-    # The queues a definition selects, from the definition as sent: ``queues`` (or ``queue``)
-    # by default; a type whose queue is in its params says so here.
+    # The queues a definition selects: ``queues`` (or ``queue``) by default; a type whose
+    # queue is in its params says so here.
     queues: Queues = queue_patterns
     # Its handler reports deliveries (``counters``, ``in_flight``, ``lag()``, ``latency``): the
     # ``capella_push_*`` metrics.
     delivers: bool = False
+
+    def decode(self, raw: object) -> P:
+        """Params as sent (or as stored) into ``params``; errors name the field."""
+        return decode_params(self.params, raw)
 
 
 # Every type's module, by name; imported when its entry is first asked for.

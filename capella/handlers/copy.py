@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Mapping
 from typing import Any, Protocol, cast
 
 import msgspec
@@ -38,7 +39,7 @@ from capella.handlers.links import Links
 from capella.handlers.per_queue import QueueHandler, cursor_lag
 from capella.handlers.reach import Reach
 from capella.wire.fields import SaveModeText
-from capella.wire.handlers import CopyParams, CopyStatus, decode_params
+from capella.wire.handlers import CopyParams, CopyStatus, Definition
 
 # A pass with a long backlog ends after this long, so the status shows progress.
 PASS_SECONDS = 5.0
@@ -233,10 +234,9 @@ def _wire(draft: Draft) -> dict[str, Any]:
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
+    cluster: Cluster, queues: list[str], params: CopyParams, reach: Reach, name: str, kept: Mapping[str, Any]
 ) -> tuple[CopyParams, CopyHandler]:
     """The ``copy`` handler type; its queues and links must exist when it is defined."""
-    params = decode_params(CopyParams, raw)
     check_name(params.subscription, "subscription")
     # Shown by name, as the stored definition keeps them.
     params = msgspec.structs.replace(
@@ -260,15 +260,15 @@ def _mode_name(text: str) -> SaveModeText:
     return cast(SaveModeText, SaveMode.parse(text).name.lower())
 
 
-def selects(data: dict[str, Any], cluster: Cluster) -> list[str]:
+def selects(definition: Definition, cluster: Cluster) -> list[str]:
     """Its queues: ``queues`` (or ``queue``), by default its source ``params.from``."""
-    if "queues" in data or "queue" in data:
-        return queue_patterns(data, cluster)
-    source = data.get("params", {}).get("from") if isinstance(data.get("params"), dict) else None
-    if isinstance(source, str) and "/" in source:
+    source = definition.params.from_ if isinstance(definition.params, CopyParams) else None
+    if definition.named_queues() is not None or source is None:
+        return queue_patterns(definition, cluster)
+    if "/" in source:
         # The source is on an external cluster: no local queue is selected.
         return [source]
-    return queue_patterns({**data, "queues": [source] if isinstance(source, str) else None}, cluster)
+    return queue_patterns(msgspec.structs.replace(definition, queues=[source]), cluster)
 
 
 HANDLER = HandlerType("copy", CopyParams, build, status=CopyStatus, queues=selects)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from capella.core.log.blocks import BlockMeta
 from capella.core.queue import Queue
 from capella.handlers.base import HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler
-from capella.wire.handlers import ExpireParams, decode_params
+from capella.wire.handlers import ExpireParams
 
 
 def expired(
@@ -52,10 +52,14 @@ if TYPE_CHECKING:
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
+    cluster: Cluster,
+    queues: list[str],
+    params: ExpireParams,
+    reach: Reach,
+    name: str,
+    kept: Mapping[str, Any],
 ) -> tuple[ExpireParams, ExpireHandler]:
     """The ``expire`` handler type (its registry entry is ``HANDLER``)."""
-    params = decode_params(ExpireParams, raw)
     return params, ExpireHandler(cluster, queues, params)
 
 

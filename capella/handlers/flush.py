@@ -7,12 +7,13 @@ does ("saved only by a later flush", docs/api.md).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from capella.core.queue import Queue
 from capella.handlers.base import HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler
-from capella.wire.handlers import FlushParams, decode_params
+from capella.wire.handlers import FlushParams
 
 
 class FlushHandler(QueueHandler[FlushParams]):
@@ -29,10 +30,9 @@ if TYPE_CHECKING:
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
+    cluster: Cluster, queues: list[str], params: FlushParams, reach: Reach, name: str, kept: Mapping[str, Any]
 ) -> tuple[FlushParams, FlushHandler]:
     """The ``flush`` handler type (its registry entry is ``HANDLER``)."""
-    params = decode_params(FlushParams, raw)
     return params, FlushHandler(cluster, queues, params)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,7 +29,7 @@ from capella.handlers.base import HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler, cursor_lag, selected
 from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.reach import Reach
-from capella.wire.handlers import PgInboxParams, PgInboxStatus, decode_params
+from capella.wire.handlers import PgInboxParams, PgInboxStatus
 
 # A pass with a long backlog ends after this long, so the status shows progress.
 PASS_SECONDS = 5.0
@@ -161,24 +162,29 @@ def inbox_ddl(table: str = DEFAULT_TABLE) -> str:
     )
 
 
-def inbox_params(raw: object, reach: Reach, name: str = "") -> tuple[PgInboxParams, Dsn]:
+def inbox_params(
+    params: PgInboxParams, reach: Reach, name: str = "", kept: Mapping[str, Any] | None = None
+) -> tuple[PgInboxParams, Dsn]:
     """Handler ``name``'s params as shown and stored, and where it connects.
 
-    A stored definition keeps the DSN's password encrypted beside them (``ENCRYPTED``).
+    A stored definition keeps the DSN's password encrypted beside them (``kept[ENCRYPTED]``).
     """
-    given = dict(raw) if isinstance(raw, dict) else raw
-    encrypted = given.pop(ENCRYPTED, None) if isinstance(given, dict) else None
-    params = decode_params(PgInboxParams, given)
+    encrypted = (kept or {}).get(ENCRYPTED)
     check_name(params.subscription, "subscription")
     dsn = Dsn.parse(params, encrypted, reach.links, name, reach.secrets, reach.by)
     return dsn.shown(params), dsn
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
+    cluster: Cluster,
+    queues: list[str],
+    params: PgInboxParams,
+    reach: Reach,
+    name: str,
+    kept: Mapping[str, Any],
 ) -> tuple[PgInboxParams, InboxHandler]:
     """The ``pg_inbox`` handler type."""
-    params, dsn = inbox_params(raw, reach, name)
+    params, dsn = inbox_params(params, reach, name, kept)
     return params, InboxHandler(cluster, queues, params, dsn, reach.secrets, reach.egress)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from typing import Any, cast
 
 import msgspec
@@ -33,7 +34,7 @@ from capella.handlers.base import Handler, HandlerType, PassResult
 from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.reach import Reach
 from capella.wire.fields import SaveModeText
-from capella.wire.handlers import PgOutboxParams, PgOutboxStatus, decode_params
+from capella.wire.handlers import Definition, PgOutboxParams, PgOutboxStatus
 
 # A pass with a long backlog ends after this long, so the status shows progress.
 PASS_SECONDS = 5.0
@@ -218,24 +219,29 @@ def outbox_ddl(table: str = DEFAULT_TABLE, *, notify: bool = False, keep: bool =
     return "\n".join(lines) + "\n"
 
 
-def outbox_params(raw: object, reach: Reach, name: str = "") -> tuple[PgOutboxParams, Dsn]:
+def outbox_params(
+    params: PgOutboxParams, reach: Reach, name: str = "", kept: Mapping[str, Any] | None = None
+) -> tuple[PgOutboxParams, Dsn]:
     """Handler ``name``'s params as shown and stored, and where it connects.
 
-    A stored definition keeps the DSN's password encrypted beside them (``ENCRYPTED``).
+    A stored definition keeps the DSN's password encrypted beside them (``kept[ENCRYPTED]``).
     """
-    given = dict(raw) if isinstance(raw, dict) else raw
-    encrypted = given.pop(ENCRYPTED, None) if isinstance(given, dict) else None
-    params = decode_params(PgOutboxParams, given)
+    encrypted = (kept or {}).get(ENCRYPTED)
     dsn = Dsn.parse(params, encrypted, reach.links, name, reach.secrets, reach.by)
     save = cast(SaveModeText, SaveMode.parse(params.save).name.lower())
     return dsn.shown(msgspec.structs.replace(params, save=save)), dsn
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
+    cluster: Cluster,
+    queues: list[str],
+    params: PgOutboxParams,
+    reach: Reach,
+    name: str,
+    kept: Mapping[str, Any],
 ) -> tuple[PgOutboxParams, OutboxHandler]:
     """The ``pg_outbox`` handler type; its target queue must exist."""
-    params, dsn = outbox_params(raw, reach, name)
+    params, dsn = outbox_params(params, reach, name, kept)
     try:
         cluster.queue(params.to)
     except QueueNotFound as exc:
@@ -243,12 +249,11 @@ def build(
     return params, OutboxHandler(cluster, params, dsn, reach.secrets, reach.egress)
 
 
-def selects(data: dict[str, Any], cluster: Cluster) -> list[str]:
+def selects(definition: Definition, cluster: Cluster) -> list[str]:
     """Its one queue is the destination, ``params.to``; it takes no ``queues``."""
-    if "queues" in data or "queue" in data:
+    if definition.named_queues() is not None:
         raise InvalidRequest("pg_outbox names its queue in params.to, not queues", field="queues")
-    to = data.get("params", {}).get("to") if isinstance(data.get("params"), dict) else None
-    return [to] if isinstance(to, str) else []
+    return [definition.params.to] if isinstance(definition.params, PgOutboxParams) else []
 
 
 HANDLER = HandlerType("pg_outbox", PgOutboxParams, build, status=PgOutboxStatus, queues=selects)

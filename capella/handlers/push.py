@@ -36,7 +36,7 @@ import logging
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +66,7 @@ from capella.handlers.delivery import (
     retryable,
 )
 from capella.handlers.reach import Reach
-from capella.wire.handlers import DeliveryError, PushParams, PushStatus, decode_params
+from capella.wire.handlers import DeliveryError, PushParams, PushStatus
 
 log = logging.getLogger(__name__)
 
@@ -509,9 +509,8 @@ def _without_secrets(text: str) -> str:
     return _URL_SECRETS.sub(r"\1\2", text)
 
 
-def push_params(raw: object, name: str) -> PushParams:
+def push_params(params: PushParams, name: str) -> PushParams:
     """Handler ``name``'s params as shown and stored: its subscription and policy resolved."""
-    params = decode_params(PushParams, raw)
     policy = policy_of(params)
     return msgspec.structs.replace(
         params,
@@ -556,12 +555,12 @@ def credentials(params: PushParams, secrets: Secrets, identity: Identity) -> Cre
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
+    cluster: Cluster, queues: list[str], params: PushParams, reach: Reach, name: str, kept: Mapping[str, Any]
 ) -> tuple[PushParams, PushHandler]:
     """The ``push`` handler type: one queue, and a dead-letter queue other than it (no links)."""
     if len(queues) != 1 or any(c in queues[0] for c in "*?["):
         raise InvalidRequest("a push handler takes one queue (queue), not a list or pattern", field="queue")
-    push = push_params(raw, name)
+    push = push_params(params, name)
     if push.dead_letter is not None:
         try:
             cluster.queue(push.dead_letter)

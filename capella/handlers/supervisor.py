@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 import orjson
+from msgspec import UNSET
 
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.auth.secret import Secrets
@@ -39,14 +40,16 @@ from capella.errors import (
     KeyNotFound,
     Unauthorized,
 )
-from capella.handlers.base import Handler, PassResult, find, handler_type, queue_patterns
+from capella.handlers.base import Handler, PassResult, handler_type
 from capella.handlers.links import Links
 from capella.handlers.reach import Reach
-from capella.wire.handlers import HANDLER_TYPES, Params
+from capella.wire.handlers import Params, decode_definition
 
 log = logging.getLogger(__name__)
 
 REGISTRY_KEY = ".capella/handlers.json"
+# What ends the name of a param that only the registry holds (a password, encrypted).
+_KEPT = "_encrypted"
 # A copy handler whose link comes back resumes within a minute, not after an hour of backoff.
 MAX_BACKOFF = 60.0
 STOP_GRACE = 10.0
@@ -55,8 +58,16 @@ STOP_GRACE = 10.0
 def build(
     cluster: Cluster, kind: str, queues: list[str], raw: object, reach: Reach, name: str = ""
 ) -> tuple[Params, Handler]:
-    """Parse ``raw`` params for handler ``name`` of ``kind`` and build it (errors name the field)."""
-    return handler_type(kind).build(cluster, queues, raw, reach, name)
+    """Handler ``name`` of ``kind`` from its params as sent or stored (errors name the field).
+
+    The registry keeps a secret beside the params only encrypted (``*_encrypted``, which the
+    API never takes): it goes to the type's ``build`` as ``kept``.
+    """
+    entry = handler_type(kind)
+    given = raw if isinstance(raw, dict) else {}
+    kept = {k: v for k, v in given.items() if k.endswith(_KEPT)}
+    params = entry.decode({k: v for k, v in given.items() if k not in kept} if given else raw)
+    return entry.build(cluster, queues, params, reach, name, kept)
 
 
 def build_push(
@@ -231,22 +242,16 @@ class Supervisor:
         except KeyError:
             raise HandlerNotFound(f"no handler {name!r}") from None
 
-    async def put(
-        self, name: str, data: dict[str, Any], by: Identity = UNRESTRICTED
-    ) -> tuple[HandlerState, bool]:
+    async def put(self, name: str, data: object, by: Identity = UNRESTRICTED) -> tuple[HandlerState, bool]:
         """Create or replace a handler from its JSON definition; ``True`` when created.
 
         The handler runs as ``data["user"]``, by default as ``by``; naming another user needs
         ``user admin`` on it, so nobody hands a handler more rights than they could use.
         """
         check_name(name, "handler")
-        if not isinstance(data, dict):
-            raise InvalidRequest("a handler definition must be a JSON object")
-        if unknown := sorted(set(data) - {"type", "queue", "queues", "params", "started", "user"}):
-            raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
-        if isinstance(data.get("params"), dict):
+        if isinstance(data, dict) and isinstance(data.get("params"), dict):
             for key in data["params"]:
-                if key.endswith("_encrypted"):
+                if key.endswith(_KEPT):
                     # Only this server writes ciphertexts, into its own registry: one taken from
                     # another definition would be replayed to wherever this one points.
                     raise InvalidRequest(
@@ -254,20 +259,17 @@ class Supervisor:
                         "(it is stored encrypted) or name a declared secret",
                         field=f"params.{key}",
                     )
-        kind = data.get("type")
-        if not isinstance(kind, str):
-            raise InvalidRequest(f"type is required: {', '.join(sorted(HANDLER_TYPES))}", field="type")
-        # An unknown type is refused by the build below, after the queues are checked.
-        entry = find(kind)
-        queues = (queue_patterns if entry is None else entry.queues)(data, self._cluster)
-        started = data.get("started", True)
-        if not isinstance(started, bool):
-            raise InvalidRequest("started must be true or false", field="started")
-        user = self._run_as(data.get("user", by.name), by)
+        definition = decode_definition(data)
+        kind = definition.kind
+        entry = handler_type(kind)
+        queues = entry.queues(definition, self._cluster)
+        started = definition.started
+        user = self._run_as(by.name if definition.user is UNSET else definition.user, by)
         # Built as the user it will run as: its secrets and links must be theirs to use.
         acting = by if user == by.name else self._identity_of(user)
         reach = replace(self.reach, by=acting)
-        params, handler = build(self._cluster, kind, queues, data.get("params"), reach, name)
+        params = definition.params if definition.params is not None else entry.decode(None)
+        params, handler = entry.build(self._cluster, queues, params, reach, name, {})
         async with self._lock:
             old = self._states.get(name)
             state = HandlerState(name, kind, queues, params, handler, started, user)

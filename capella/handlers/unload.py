@@ -6,12 +6,13 @@ memory profile: only block metadata, dedup summaries and the open block stay in 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from capella.core.queue import Queue
 from capella.handlers.base import HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler
-from capella.wire.handlers import UnloadParams, decode_params
+from capella.wire.handlers import UnloadParams
 
 
 class UnloadHandler(QueueHandler[UnloadParams]):
@@ -27,10 +28,14 @@ if TYPE_CHECKING:
 
 
 def build(
-    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
+    cluster: Cluster,
+    queues: list[str],
+    params: UnloadParams,
+    reach: Reach,
+    name: str,
+    kept: Mapping[str, Any],
 ) -> tuple[UnloadParams, UnloadHandler]:
     """The ``unload`` handler type (its registry entry is ``HANDLER``)."""
-    params = decode_params(UnloadParams, raw)
     return params, UnloadHandler(cluster, queues, params)
 
 

@@ -29,57 +29,6 @@ HandlerType = Literal["flush", "unload", "archive", "expire", "copy", "push", "p
 HANDLER_TYPES: tuple[str, ...] = get_args(HandlerType)
 
 
-def params_schema(kind: str) -> str:
-    """The name of a handler type's params schema: ``pg_outbox`` → ``PgOutboxParams``."""
-    return "".join(part.capitalize() for part in kind.split("_")) + "Params"
-
-
-def _params_by_type(kinds: tuple[str, ...]) -> dict[str, Any]:
-    kind, *rest = kinds
-    branch: dict[str, Any] = {
-        "if": {"required": ["type"], "properties": {"type": {"const": kind}}},
-        "then": {"properties": {"params": {"$ref": f"#/components/schemas/{params_schema(kind)}"}}},
-    }
-    if rest:
-        branch["else"] = _params_by_type(tuple(rest))
-    return branch
-
-
-class HandlerDefinition(Struct, forbid_unknown_fields=True):
-    """queues (or its shorthand queue) is required, except for pg_outbox (params.to) and copy
-    (params.from); params depend on type"""
-
-    # The params of one type: a oneOf over all of them would refuse {"interval": 5}, which is
-    # valid flush, unload and expire params alike. One chain of if/then/else, not an allOf of
-    # ifs: request generators (schemathesis) give up on an allOf of seven.
-    __schema_extra__: ClassVar[dict[str, Any]] = {"allOf": [_params_by_type(HANDLER_TYPES)]}
-
-    type: HandlerType
-    queues: (
-        Annotated[
-            list[Annotated[str, schema(minLength=1)]],
-            schema(
-                minItems=1,
-                description="queue names or fnmatch patterns (orders, logs-*); a plain name must name an "
-                "existing queue, a pattern may match none yet",
-            ),
-        ]
-        | None
-    ) = None
-    queue: Annotated[str, schema(minLength=1, description="shorthand for one queue")] | None = None
-    params: (
-        Annotated[dict[str, Any], Meta(description="by type: FlushParams for flush, and so on")] | None
-    ) = None
-    started: bool = True
-    user: (
-        Annotated[
-            str,
-            Meta(description="the user it runs as (default: who defines it; another user needs user admin)"),
-        ]
-        | None
-    ) = None
-
-
 class Params(Struct, forbid_unknown_fields=True):
     """What every type's params share: how a definition's ``params`` object decodes into them.
 
@@ -88,6 +37,7 @@ class Params(Struct, forbid_unknown_fields=True):
     the field), and lists the params it no longer takes in ``replaced`` (old → new).
     """
 
+    __schema_base__: ClassVar[bool] = True
     replaced: ClassVar[dict[str, str]] = {}
     # Fields the answers show and a definition may not give (the server fills them in).
     shown_only: ClassVar[tuple[str, ...]] = ()
@@ -101,6 +51,16 @@ def decode_params(kind: type[P], raw: object) -> P:
 
     Every error is ``InvalidRequest`` naming the field as ``params.<path>``.
     """
+    try:
+        params = msgspec.convert(_given(kind, raw), kind, dec_hook=decode_hook)
+    except msgspec.ValidationError as exc:
+        raise _params_error(str(exc)) from None
+    _plain(params)
+    return params
+
+
+def _given(kind: type[Params], raw: object) -> dict[str, Any]:
+    """``raw`` to decode as ``kind``: an object without nulls (null is the default)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -116,13 +76,7 @@ def decode_params(kind: type[P], raw: object) -> P:
     for name in kind.shown_only:
         if name in raw:
             raise InvalidRequest(f"params.{name}: unknown parameter", field=f"params.{name}")
-    given = {name: value for name, value in raw.items() if value is not None}
-    try:
-        params = msgspec.convert(given, kind, dec_hook=decode_hook)
-    except msgspec.ValidationError as exc:
-        raise _params_error(str(exc)) from None
-    _plain(params)
-    return params
+    return {name: value for name, value in raw.items() if value is not None}
 
 
 def _plain(struct: msgspec.Struct) -> None:
@@ -133,6 +87,8 @@ def _plain(struct: msgspec.Struct) -> None:
             setattr(struct, name, float(value))
         elif isinstance(value, int) and type(value) not in (int, bool):
             setattr(struct, name, int(value))
+        elif isinstance(value, msgspec.Struct):
+            _plain(value)
         elif isinstance(value, list):
             for item in value:
                 if isinstance(item, msgspec.Struct):
@@ -442,6 +398,163 @@ class PgInboxParams(PgConnection):
         super().__post_init__()
         self.subscription = self.subscription or f"pg_inbox-{self.table}"
         _check_segments(self.segments)
+
+
+QueueName = Annotated[str, Meta(min_length=1)]
+
+
+class Definition(Struct, forbid_unknown_fields=True, tag_field="type"):
+    """What every handler definition holds besides its type's params (``HandlerDefinition``)."""
+
+    __schema_base__: ClassVar[bool] = True
+
+    queues: (
+        Annotated[
+            list[QueueName],
+            Meta(
+                min_length=1,
+                description="queue names or fnmatch patterns (orders, logs-*); a plain name must name an "
+                "existing queue, a pattern may match none yet",
+            ),
+        ]
+        | None
+    ) = None
+    queue: Annotated[str, Meta(min_length=1, description="shorthand for one queue")] | None = None
+    started: bool = True
+    # Left out: who defines it; null: no user (as with authentication off).
+    user: (
+        Annotated[
+            str,
+            Meta(description="the user it runs as (default: who defines it; another user needs user admin)"),
+        ]
+        | UnsetType
+        | None
+    ) = UNSET
+    # Each type's own params struct (FlushParams for flush, and so on).
+    params: Params | None = None
+
+    @property
+    def kind(self) -> str:
+        """The handler type (the tag ``type``)."""
+        return str(self.__struct_config__.tag)
+
+    def named_queues(self) -> list[str] | None:
+        """``queues``, or the one ``queue``; None when it names none."""
+        if self.queues is not None:
+            return self.queues
+        return None if self.queue is None else [self.queue]
+
+
+class FlushDefinition(Definition, tag="flush"):
+    """A flush handler."""
+
+    params: FlushParams | None = None
+
+
+class UnloadDefinition(Definition, tag="unload"):
+    """An unload handler."""
+
+    params: UnloadParams | None = None
+
+
+class ArchiveDefinition(Definition, tag="archive"):
+    """An archive handler."""
+
+    params: ArchiveParams | None = None
+
+
+class ExpireDefinition(Definition, tag="expire"):
+    """An expire handler."""
+
+    params: ExpireParams | None = None
+
+
+class CopyDefinition(Definition, tag="copy"):
+    """A copy handler: queues (or queue) is required unless params.from names the source."""
+
+    params: CopyParams | None = None
+
+
+class PushDefinition(Definition, tag="push"):
+    """A push handler: one queue."""
+
+    params: PushParams | None = None
+
+
+class PgOutboxDefinition(Definition, tag="pg_outbox"):
+    """A pg_outbox handler: its queue is params.to (no queues)."""
+
+    params: PgOutboxParams | None = None
+
+
+class PgInboxDefinition(Definition, tag="pg_inbox"):
+    """A pg_inbox handler."""
+
+    params: PgInboxParams | None = None
+
+
+# A handler's definition, by type: what PUT /v1/handlers/{name} takes.
+HandlerDefinition = (
+    FlushDefinition
+    | UnloadDefinition
+    | ArchiveDefinition
+    | ExpireDefinition
+    | CopyDefinition
+    | PushDefinition
+    | PgOutboxDefinition
+    | PgInboxDefinition
+)
+DEFINITIONS: dict[str, type[Definition]] = {
+    str(kind.__struct_config__.tag): kind for kind in get_args(HandlerDefinition)
+}
+
+
+def params_type(kind: type[Definition]) -> type[Params]:
+    """The params struct of a definition type (its ``params`` field, without the None)."""
+    (found,) = (f for f in msgspec.structs.fields(kind) if f.name == "params")
+    params: type[Params] = next(t for t in get_args(found.type) if t is not type(None))
+    return params
+
+
+def decode_definition(data: object) -> Definition:
+    """A handler definition as its type's ``Definition``; errors name the field.
+
+    The params are read as ``decode_params`` reads them (null is the default, replaced and
+    shown-only params are refused by name).
+    """
+    if not isinstance(data, dict):
+        raise InvalidRequest("a handler definition must be a JSON object")
+    kind = DEFINITIONS.get(data["type"]) if isinstance(data.get("type"), str) else None
+    if kind is not None and data.get("params") is not None:
+        data = {**data, "params": _given(params_type(kind), data["params"])}
+    try:
+        definition: Definition = msgspec.convert(data, HandlerDefinition, dec_hook=decode_hook)
+    except msgspec.ValidationError as exc:
+        raise _definition_error(str(exc)) from None
+    _plain(definition)
+    return definition
+
+
+def _definition_error(text: str) -> InvalidRequest:
+    problem, path = _PROBLEM.match(text).groups()  # type: ignore[union-attr]  # the pattern always matches
+    path = path or ""
+    if path.startswith(".params"):
+        return _params_error(f"{problem} - at `${path.removeprefix('.params')}`")
+    if path == ".type" or "field `type`" in problem:
+        return InvalidRequest(
+            f"type is required, one of: {', '.join(sorted(HANDLER_TYPES))}"
+            if "missing" in problem
+            else f"type: unknown handler type {problem.removeprefix('Invalid value ')} "
+            f"(known: {', '.join(sorted(HANDLER_TYPES))})",
+            field="type",
+        )
+    if (named := _NAMED.search(problem)) and named.group(1) == "unknown":
+        return InvalidRequest(f"unknown field {named.group(2)!r}", field=named.group(2))
+    if not path:
+        return InvalidRequest("a handler definition must be a JSON object")
+    # The top-level field: queues[1] is a bad entry of queues.
+    where = re.split(r"[.\[]", path.lstrip("."), maxsplit=1)[0]
+    return InvalidRequest(f"{path.lstrip('.')}: {problem[:1].lower()}{problem[1:]}", field=where)
 
 
 class HandlerError(Struct):

@@ -28,6 +28,7 @@ from capella.handlers.pg_inbox import InboxHandler, inbox_ddl, inbox_params
 from capella.handlers.pg_outbox import outbox_ddl
 from capella.handlers.reach import Reach
 from capella.handlers.supervisor import Supervisor
+from capella.wire.handlers import PgInboxParams, decode_params
 
 
 @pytest.fixture
@@ -61,7 +62,11 @@ async def orders(cluster: Cluster) -> Cluster:
 
 
 def copier(cluster: Cluster, dsn: str, **params: Any) -> InboxHandler:
-    return InboxHandler(cluster, ["orders"], *inbox_params({"dsn": dsn, **params}, Reach(Links(cluster))))
+    return InboxHandler(
+        cluster,
+        ["orders"],
+        *inbox_params(decode_params(PgInboxParams, {"dsn": dsn, **params}), Reach(Links(cluster))),
+    )
 
 
 async def table_rows(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:

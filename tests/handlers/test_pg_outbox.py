@@ -30,6 +30,7 @@ from capella.handlers.links import Links
 from capella.handlers.pg_outbox import OutboxHandler, outbox_ddl, outbox_params
 from capella.handlers.reach import Reach
 from capella.handlers.supervisor import Supervisor
+from capella.wire.handlers import PgOutboxParams, decode_params
 
 Row = tuple[int, bytes]
 
@@ -53,7 +54,10 @@ async def orders(cluster: Cluster) -> Cluster:
 
 def relay(cluster: Cluster, dsn: str, **params: Any) -> OutboxHandler:
     return OutboxHandler(
-        cluster, *outbox_params({"to": "orders", "dsn": dsn, **params}, Reach(Links(cluster)))
+        cluster,
+        *outbox_params(
+            decode_params(PgOutboxParams, {"to": "orders", "dsn": dsn, **params}), Reach(Links(cluster))
+        ),
     )
 
 

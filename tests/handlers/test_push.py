@@ -36,6 +36,7 @@ from capella.handlers.push import PushHandler, policy_of, push_params
 from capella.handlers.reach import Reach
 from capella.handlers.signature import sign, verify
 from capella.handlers.supervisor import Supervisor, build_push
+from capella.wire.handlers import PushParams, decode_params
 
 # Short everything: a retry waits 50 ms, a request 1 s at most (a slow answer takes 2 s).
 FAST = {"delay": "50ms", "max_delay": "200ms", "jitter": 0, "timeout": "1s", "wait": 0}
@@ -403,18 +404,21 @@ async def test_bad_push_definitions_are_refused(
 
 def test_params_round_trip_through_their_stored_form() -> None:
     params = push_params(
-        {
-            "url": "https://example.com/h",
-            "batch": 10,
-            "ordering": "by_segment",
-            "max_attempts": 0,
-            "delay": "2s",
-            "segments": [[1, 4]],
-            "headers": {"X-A": "b"},
-        },
+        decode_params(
+            PushParams,
+            {
+                "url": "https://example.com/h",
+                "batch": 10,
+                "ordering": "by_segment",
+                "max_attempts": 0,
+                "delay": "2s",
+                "segments": [[1, 4]],
+                "headers": {"X-A": "b"},
+            },
+        ),
         "h",
     )
-    assert push_params(msgspec.to_builtins(params), "h") == params
+    assert push_params(decode_params(PushParams, msgspec.to_builtins(params)), "h") == params
     assert params.subscription == "push-h" and policy_of(params).max_attempts == 0
 
 
