@@ -10,6 +10,8 @@ Capella has no use for come back as zero (docs/compat.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -52,64 +54,149 @@ def _save_name(number: object, key: str) -> str:
     return shapes.save_mode(number).name.lower()
 
 
+# --- one pair of translations per type: the original's params to Capella's, and back -------
+
+
+def _flush_in(p: dict[str, Any], queues: list[str]) -> dict[str, Any]:
+    return {"queues": queues, "params": {"interval": _seconds(p, "interval")}}
+
+
+def _flush_out(params: dict[str, Any], queues: list[str]) -> tuple[list[str], dict[str, Any]]:
+    return queues, {"interval": _ns(params["interval"]), "wait": 0}
+
+
+def _unload_in(p: dict[str, Any], queues: list[str]) -> dict[str, Any]:
+    params = {
+        "interval": _seconds(p, "interval"),
+        "age": _seconds(p, "storage_memory_time", positive=False),
+        "idle": _seconds(p, "storage_last_load_time", positive=False),
+    }
+    return {"queues": queues, "params": params}
+
+
+def _unload_out(params: dict[str, Any], queues: list[str]) -> tuple[list[str], dict[str, Any]]:
+    return queues, {
+        "interval": _ns(params["interval"]),
+        "wait": 0,
+        "storage_memory_time": _ns(params["age"]),
+        "storage_last_load_time": _ns(params["idle"]),
+    }
+
+
+def _expire_in(p: dict[str, Any], queues: list[str]) -> dict[str, Any]:
+    params = {"interval": _seconds(p, "interval"), "max_age": _seconds(p, "storage_time")}
+    return {"queues": queues, "params": params}
+
+
+def _expire_out(params: dict[str, Any], queues: list[str]) -> tuple[list[str], dict[str, Any]]:
+    return queues, {
+        "interval": _ns(params["interval"]),
+        "wait_mark": 0,
+        "wait_delete": 0,
+        "storage_time": _ns(params["max_age"]),
+        "limit_delete": 0,
+    }
+
+
+def _archive_in(p: dict[str, Any], queues: list[str]) -> dict[str, Any]:
+    conditions = []
+    for i, c in enumerate(p.get("conditions") or []):
+        if not isinstance(c, dict):
+            raise InvalidRequest(f"conditions[{i}] must be an object", field="conditions")
+        conditions.append(
+            {
+                "mark": shapes.mark_number(str(c.get("mark", ""))),
+                "from_age": _seconds(c, "from_time", positive=False) or 0,
+                "to_age": _seconds(c, "to_time", positive=False),
+            }
+        )
+    params = {
+        "interval": _seconds(p, "interval"),
+        "conditions": conditions,
+        "limit": p.get("limit_update_block") or None,
+    }
+    return {"queues": queues, "params": params}
+
+
+def _archive_out(params: dict[str, Any], queues: list[str]) -> tuple[list[str], dict[str, Any]]:
+    conditions = [
+        {"mark": shapes.mark_name(c["mark"]), "from_time": _ns(c["from_age"]), "to_time": _ns(c["to_age"])}
+        for c in params["conditions"]
+    ]
+    return queues, {
+        "interval": _ns(params["interval"]),
+        "wait_mark": 0,
+        "wait_update_mark": 0,
+        "conditions": conditions,
+        "limit_update_block": params["limit"],
+    }
+
+
+def _copy_in(p: dict[str, Any], queues: list[str]) -> dict[str, Any]:
+    if len(queues) != 2:
+        raise InvalidRequest("copy_unique: queue_names must be [source, destination]", field="queue_names")
+    ranges = (p.get("segments") or {}).get("s")
+    params = {
+        "from": queues[0],
+        "to": queues[1],
+        "subscription": p.get("subscribe_name") or None,
+        "interval": _seconds(p, "interval", positive=False),
+        # Not wait: that is the original's request timeout, and as Capella's long poll it
+        # would hold h_stop (which lets a pass end) past the tool's own deadline.
+        "batch": p.get("cnt_limit") or None,
+        "segments": None if ranges is None else [[r.get("from", 0), r.get("to", 0)] for r in ranges],
+        "save": _save_name(p.get("dst_save_mode", SaveMode.DEFAULT), "dst_save_mode"),
+        "commit_save": _save_name(p.get("src_save_mode", SaveMode.DEFAULT), "src_save_mode"),
+    }
+    return {"params": params}
+
+
+def _copy_out(params: dict[str, Any], queues: list[str]) -> tuple[list[str], dict[str, Any]]:
+    segments = params["segments"]
+    return [params["from"] or (queues[0] if queues else ""), params["to"]], {
+        "interval": _ns(params["interval"]),
+        "wait": 0,
+        "src_save_mode": int(SaveMode[params["commit_save"].upper()]),
+        "dst_save_mode": int(SaveMode[params["save"].upper()]),
+        "subscribe_name": params["subscription"],
+        "cnt_limit": params["batch"],
+        "do_save_dst": True,
+        "segments": None if segments is None else {"s": [{"from": a, "to": b} for a, b in segments]},
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Translation:
+    """One of the original's handler types as a Capella type."""
+
+    original: str
+    capella: str
+    # The original's params and queue names → the PUT body's ``queues``/``params``.
+    to_capella: Callable[[dict[str, Any], list[str]], dict[str, Any]]
+    # Capella's params and queues → the original's queue names and params.
+    to_original: Callable[[dict[str, Any], list[str]], tuple[list[str], dict[str, Any]]]
+
+
+TRANSLATIONS = (
+    _Translation("regularly_save", "flush", _flush_in, _flush_out),
+    _Translation("block_unload", "unload", _unload_in, _unload_out),
+    _Translation("block_delete", "expire", _expire_in, _expire_out),
+    _Translation("block_mark", "archive", _archive_in, _archive_out),
+    _Translation("copy_unique", "copy", _copy_in, _copy_out),
+)
+_BY_ORIGINAL = {t.original: t for t in TRANSLATIONS}
+_BY_CAPELLA = {t.capella: t for t in TRANSLATIONS}
+
+
 def capella_definition(body: Definition) -> dict[str, Any]:
     """The body of ``PUT /v1/handlers/{name}`` for the original's handler."""
-    p = body.params
-    params: dict[str, Any]
-    if body.type == "regularly_save":
-        return {"type": "flush", "queues": body.queue_names, "params": {"interval": _seconds(p, "interval")}}
-    if body.type == "block_unload":
-        params = {
-            "interval": _seconds(p, "interval"),
-            "age": _seconds(p, "storage_memory_time", positive=False),
-            "idle": _seconds(p, "storage_last_load_time", positive=False),
-        }
-        return {"type": "unload", "queues": body.queue_names, "params": params}
-    if body.type == "block_delete":
-        params = {"interval": _seconds(p, "interval"), "max_age": _seconds(p, "storage_time")}
-        return {"type": "expire", "queues": body.queue_names, "params": params}
-    if body.type == "block_mark":
-        conditions = []
-        for i, c in enumerate(p.get("conditions") or []):
-            if not isinstance(c, dict):
-                raise InvalidRequest(f"conditions[{i}] must be an object", field="conditions")
-            conditions.append(
-                {
-                    "mark": shapes.mark_number(str(c.get("mark", ""))),
-                    "from_age": _seconds(c, "from_time", positive=False) or 0,
-                    "to_age": _seconds(c, "to_time", positive=False),
-                }
-            )
-        params = {
-            "interval": _seconds(p, "interval"),
-            "conditions": conditions,
-            "limit": p.get("limit_update_block") or None,
-        }
-        return {"type": "archive", "queues": body.queue_names, "params": params}
-    if body.type == "copy_unique":
-        if len(body.queue_names) != 2:
-            raise InvalidRequest(
-                "copy_unique: queue_names must be [source, destination]", field="queue_names"
-            )
-        ranges = (p.get("segments") or {}).get("s")
-        params = {
-            "from": body.queue_names[0],
-            "to": body.queue_names[1],
-            "subscription": p.get("subscribe_name") or None,
-            "interval": _seconds(p, "interval", positive=False),
-            # Not wait: that is the original's request timeout, and as Capella's long poll it
-            # would hold h_stop (which lets a pass end) past the tool's own deadline.
-            "batch": p.get("cnt_limit") or None,
-            "segments": None if ranges is None else [[r.get("from", 0), r.get("to", 0)] for r in ranges],
-            "save": _save_name(p.get("dst_save_mode", SaveMode.DEFAULT), "dst_save_mode"),
-            "commit_save": _save_name(p.get("src_save_mode", SaveMode.DEFAULT), "src_save_mode"),
-        }
-        return {"type": "copy", "params": params}
-    raise InvalidRequest(
-        f"handler type {body.type!r}: Capella takes regularly_save, block_unload, block_delete, "
-        "block_mark and copy_unique",
-        field="type",
-    )
+    translation = _BY_ORIGINAL.get(body.type)
+    if translation is None:
+        raise InvalidRequest(
+            f"handler type {body.type!r}: Capella takes {', '.join(_BY_ORIGINAL)}",
+            field="type",
+        )
+    return {"type": translation.capella, **translation.to_capella(body.params, body.queue_names)}
 
 
 def _ns(seconds: float | None) -> int:
@@ -120,72 +207,18 @@ def original_definition(
     name: str, kind: str, queues: list[str], params: dict[str, Any], user: str | None
 ) -> dict[str, Any]:
     """A Capella handler in the original's ``gd_h`` shape; other types keep Capella's params."""
-    shown: tuple[str, dict[str, Any]]
-    if kind == "flush":
-        shown = "regularly_save", {"interval": _ns(params["interval"]), "wait": 0}
-    elif kind == "unload":
-        shown = (
-            "block_unload",
-            {
-                "interval": _ns(params["interval"]),
-                "wait": 0,
-                "storage_memory_time": _ns(params["age"]),
-                "storage_last_load_time": _ns(params["idle"]),
-            },
-        )
-    elif kind == "expire":
-        shown = (
-            "block_delete",
-            {
-                "interval": _ns(params["interval"]),
-                "wait_mark": 0,
-                "wait_delete": 0,
-                "storage_time": _ns(params["max_age"]),
-                "limit_delete": 0,
-            },
-        )
-    elif kind == "archive":
-        shown = (
-            "block_mark",
-            {
-                "interval": _ns(params["interval"]),
-                "wait_mark": 0,
-                "wait_update_mark": 0,
-                "conditions": [
-                    {
-                        "mark": shapes.mark_name(c["mark"]),
-                        "from_time": _ns(c["from_age"]),
-                        "to_time": _ns(c["to_age"]),
-                    }
-                    for c in params["conditions"]
-                ],
-                "limit_update_block": params["limit"],
-            },
-        )
-    elif kind == "copy":
-        queues = [params["from"] or (queues[0] if queues else ""), params["to"]]
-        segments = params["segments"]
-        shown = (
-            "copy_unique",
-            {
-                "interval": _ns(params["interval"]),
-                "wait": 0,
-                "src_save_mode": int(SaveMode[params["commit_save"].upper()]),
-                "dst_save_mode": int(SaveMode[params["save"].upper()]),
-                "subscribe_name": params["subscription"],
-                "cnt_limit": params["batch"],
-                "do_save_dst": True,
-                "segments": None if segments is None else {"s": [{"from": a, "to": b} for a, b in segments]},
-            },
-        )
+    translation = _BY_CAPELLA.get(kind)
+    if translation is None:
+        shown_type, shown_params = kind, params
     else:
-        shown = kind, params
+        shown_type = translation.original
+        queues, shown_params = translation.to_original(params, queues)
     return {
         "name": name,
         "user_name": user or "",
-        "type": shown[0],
+        "type": shown_type,
         "queue_names": queues,
-        "params": shown[1],
+        "params": shown_params,
     }
 
 

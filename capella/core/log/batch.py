@@ -23,6 +23,7 @@ import orjson
 from capella.core.log.codec import Columns, columns_of, messages_of
 from capella.core.message import Message, stored_message
 from capella.wire.frames import encode_frames
+from capella.wire.record_batch import Fields, RecordBatch, encode_fields, read_all
 
 # Payloads ``_plain`` checks in one piece.
 _CHECKED_AT_ONCE = 512
@@ -31,16 +32,29 @@ _CHECKED_AT_ONCE = 512
 class Batch:
     """Messages in id order; ``ids`` is their id list, for bisecting."""
 
-    __slots__ = ("_columns", "_frames", "_json", "_messages", "ids")
+    __slots__ = ("_columns", "_frames", "_json", "_made_records", "_messages", "_records", "ids")
 
     def __init__(
-        self, ids: list[int], *, columns: Columns | None = None, messages: list[Message] | None = None
+        self,
+        ids: list[int],
+        *,
+        columns: Columns | None = None,
+        messages: list[Message] | None = None,
+        records: list[RecordBatch] | None = None,
     ) -> None:
         self.ids = ids
         self._columns = columns
         self._messages = messages
+        self._records = records
+        self._made_records = False
         self._json: list[bytes] | None = None
         self._frames: list[bytes] | None = None
+
+    @classmethod
+    def of_records(cls, records: list[RecordBatch]) -> Batch:
+        """The messages of record batches as stored (a block of format 2, a journal's batches)."""
+        ids = [i for r in records for i in range(r.base_id, r.base_id + r.count)]
+        return cls(ids, records=records)
 
     @classmethod
     def of_columns(cls, columns: Columns) -> Batch:
@@ -62,8 +76,21 @@ class Batch:
     @property
     def columns(self) -> Columns:
         if self._columns is None:
-            self._columns = columns_of(self.messages)
+            if self._records is not None:
+                parts = [r.fields() for r in self._records]
+                self._columns = Columns._make(
+                    [v for part in parts for v in part[i]] for i in range(len(Columns._fields))
+                )
+            else:
+                self._columns = columns_of(self.messages)
         return self._columns
+
+    def record_batches(self) -> list[RecordBatch]:
+        """The messages as record batches: as stored when they came as batches, else made once."""
+        if self._records is None:
+            self._records = read_all(b"".join(encode_fields(Fields._make(self.columns))))
+            self._made_records = True
+        return self._records
 
     def json(self) -> list[bytes]:
         """Each message as its StoredMessage JSON object (``stored_message``, rendered)."""
@@ -77,11 +104,14 @@ class Batch:
     @property
     def rendered(self) -> bool:
         """Whether the batch holds a rendered form now."""
-        return self._json is not None or self._frames is not None
+        return self._json is not None or self._frames is not None or self._made_records
 
     def drop_forms(self) -> None:
         """Forget the rendered forms (the next read that wants one renders it again)."""
         self._json = self._frames = None
+        if self._made_records:
+            self._records = None
+            self._made_records = False
 
     def frames(self) -> list[bytes]:
         """Each message as a frame of the binary read format (``capella.wire.frames``)."""

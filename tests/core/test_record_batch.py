@@ -1,0 +1,239 @@
+"""The record batch: round trips in every form, stamping, cutting, paging, and bytes that lie."""
+
+from __future__ import annotations
+
+import random
+import struct
+import zlib
+from itertools import chain
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capella.errors import CorruptData, InvalidMessage
+from capella.wire import record_batch
+from capella.wire.record_batch import (
+    Fields,
+    encode,
+    encode_fields,
+    page_messages,
+    read,
+    read_all,
+    scan,
+    select,
+    stamp,
+)
+
+I64 = st.integers(-(2**63), 2**63 - 1)
+TIMES = st.floats(allow_nan=False)
+SOURCES = st.sampled_from(["edge-1", "dc-eu", "zürich-☃", ""])
+HEADERS = st.dictionaries(st.text(max_size=8), st.text(max_size=16), max_size=3)
+PAYLOADS = st.binary(max_size=300)
+
+
+@st.composite
+def drafts(draw: st.DrawFn, max_size: int = 8) -> dict[str, list[object]]:
+    """A producer's columns: each optional value present or left to default."""
+    n = draw(st.integers(1, max_size))
+
+    def column(values: st.SearchStrategy[object]) -> list[object]:
+        return [draw(values) for _ in range(n)]
+
+    return {
+        "payloads": column(PAYLOADS),
+        "sources": column(st.none() | SOURCES),
+        "external_ids": column(st.none() | I64),
+        "external_times": column(st.none() | TIMES),
+        "segments": column(st.just(0) | I64),
+        "headers": column(st.just({}) | HEADERS),
+    }
+
+
+@st.composite
+def stored(draw: st.DrawFn, max_size: int = 10) -> Fields:
+    """Stored messages: increasing ids, with runs of consecutive ids sharing a time."""
+    n = draw(st.integers(1, max_size))
+    ids, times = [], []
+    next_id = draw(st.integers(0, 2**40))
+    time = draw(TIMES)
+    for _ in range(n):
+        if draw(st.booleans()):
+            next_id += draw(st.integers(1, 5))
+            time = draw(TIMES)
+        ids.append(next_id)
+        times.append(time)
+        next_id += 1
+    return Fields(
+        ids,
+        times,
+        [draw(SOURCES) for _ in range(n)],
+        [draw(st.sampled_from([i, i + 7]) | I64) for i in ids],
+        [draw(st.sampled_from([t]) | TIMES) for t in times],
+        [draw(st.just(0) | I64) for _ in range(n)],
+        [draw(PAYLOADS) for _ in range(n)],
+        [draw(st.just({}) | HEADERS) for _ in range(n)],
+    )
+
+
+def messages(fields: Fields) -> list[tuple[object, ...]]:
+    return list(zip(*fields, strict=True))
+
+
+@settings(max_examples=80, deadline=None)
+@given(drafts(), st.integers(0, 2**63), TIMES, SOURCES)
+def test_a_stamped_batch_reads_back_with_every_default_filled(
+    columns: dict[str, list[object]], base_id: int, time: float, source: str
+) -> None:
+    produced = read(encode(**columns))  # type: ignore[arg-type]
+    batch = read(stamp(produced, base_id, time, source))
+    f = batch.fields()
+    n = len(columns["payloads"])
+    assert (batch.base_id, batch.count, batch.last_id) == (base_id, n, base_id + n - 1)
+    assert f.ids == list(range(base_id, base_id + n))
+    assert f.times == [time] * n
+    assert f.sources == [source if s is None else s for s in columns["sources"]]
+    assert f.external_ids == [
+        i if e is None else e for i, e in zip(f.ids, columns["external_ids"], strict=True)
+    ]
+    assert f.external_times == [time if t is None else t for t in columns["external_times"]]
+    assert f.segments == columns["segments"]
+    assert f.payloads == columns["payloads"]
+    assert f.headers == columns["headers"]
+    # Stamping rewrites the head and keeps the producer's body, byte for byte.
+    assert batch.raw()[batch.body - batch.start :] == produced.raw()[produced.body - produced.start :]
+
+
+@settings(max_examples=80, deadline=None)
+@given(stored())
+def test_stored_messages_round_trip_through_batches(fields: Fields) -> None:
+    batches = encode_fields(fields)
+    found = read_all(b"".join(batches))
+    assert len(found) == len(batches)
+    got = [m for batch in found for m in messages(batch.fields())]
+    assert got == messages(fields)
+
+
+def test_defaults_take_no_room() -> None:
+    """256-byte messages with every field at its default: 4 bytes each past the payload."""
+    payloads = [random.Random(i).randbytes(256) for i in range(1000)]
+    data = encode(payloads, sources=[None] * 1000, external_ids=[None] * 1000, segments=[0] * 1000)
+    assert len(data) == record_batch.HEAD.size + 1000 * (256 + 4)
+    assert read(data).flags == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(drafts(), st.data())
+def test_select_cuts_messages_out_and_renumbers_the_rest(
+    columns: dict[str, list[object]], data: st.DataObject
+) -> None:
+    n = len(columns["payloads"])
+    keep = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    batch = read(stamp(read(encode(**columns)), 100, 5.0, "here"))  # type: ignore[arg-type]
+    cut = select(batch, keep, base_id=100)
+    if not any(keep):
+        assert cut is None
+        return
+    assert cut is not None
+    got = read(cut).fields()
+    kept = [i for i, k in enumerate(keep) if k]
+    assert got.ids == list(range(100, 100 + len(kept)))
+    assert got.payloads == [columns["payloads"][i] for i in kept]
+    # A default external id follows the new id; a given one stays.
+    given_ids = [columns["external_ids"][i] for i in kept]
+    assert got.external_ids == [mid if e is None else e for mid, e in zip(got.ids, given_ids, strict=True)]
+    assert got.external_times == [
+        5.0 if columns["external_times"][i] is None else columns["external_times"][i] for i in kept
+    ]
+    assert got.sources == ["here" if columns["sources"][i] is None else columns["sources"][i] for i in kept]
+
+
+@settings(max_examples=60, deadline=None)
+@given(stored(max_size=14), st.integers(-1, 2**40 + 100), st.integers(1, 20))
+def test_a_page_is_whole_batches_and_cut_edges(fields: Fields, after: int, limit: int) -> None:
+    batches = read_all(b"".join(encode_fields(fields)))
+    page = page_messages(batches, after, limit)
+    got = [m for raw in page for m in messages(read(raw).fields())]
+    assert got == [m for m in messages(fields) if m[0] > after][:limit]  # type: ignore[operator]
+    whole = {b.raw() for b in batches}
+    # Only the first and the last batch of a page may be re-framed.
+    assert all(raw in whole for raw in page[1:-1])
+
+
+def test_a_scan_stops_at_a_torn_tail() -> None:
+    first = encode([b"a", b"b"], base_id=1)
+    second = encode([b"c"], base_id=3)
+    data = first + second
+    for cut in range(len(first), len(data)):
+        found = scan(data[:cut])
+        assert [b.base_id for b in found.batches] == [1]
+        assert found.end == len(first)
+        assert bool(found.reason) == (cut > len(first))
+    assert [b.base_id for b in scan(data).batches] == [1, 3]
+    assert "does not follow" in scan(second + first).reason
+
+
+def test_out_of_range_values_are_refused_when_encoding() -> None:
+    with pytest.raises(InvalidMessage):
+        encode([])
+    with pytest.raises(InvalidMessage):
+        encode([b"x"], external_ids=[2**63])
+    with pytest.raises(InvalidMessage):
+        encode([b"x"], sources=["\ud800"])
+
+
+def reframed(body: bytes, flags: int, count: int) -> bytes:
+    """A batch whose checksums are right around any body: what only the body's checks can catch."""
+    return record_batch._framed(flags, count, 1, 0.0, "s", body, zlib.crc32(body))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.integers(0, 0x3F), st.integers(0, 40))
+def test_a_body_that_lies_raises_corrupt_data(body: bytes, flags: int, count: int) -> None:
+    try:
+        batch = read(reframed(body, flags, count))
+    except CorruptData:
+        return
+    try:
+        f = batch.fields()
+    except CorruptData:
+        return
+    # Whatever parsed is self-consistent.
+    assert len(f.payloads) == count and sum(map(len, f.payloads)) <= len(body)
+
+
+@settings(max_examples=300, deadline=None)
+@given(drafts(max_size=4), st.data())
+def test_any_damage_to_a_batch_raises_corrupt_data(
+    columns: dict[str, list[object]], data: st.DataObject
+) -> None:
+    good = encode(**columns)  # type: ignore[arg-type]
+    bad = bytearray(good)
+    kind = data.draw(st.sampled_from(["flip", "cut", "extend", "length"]))
+    if kind == "flip":
+        at = data.draw(st.integers(0, len(bad) - 1))
+        bad[at] ^= data.draw(st.integers(1, 255))
+    elif kind == "cut":
+        bad = bad[: data.draw(st.integers(0, len(bad) - 1))]
+    elif kind == "extend":
+        bad += data.draw(st.binary(min_size=1, max_size=8))
+    else:
+        struct.pack_into("<I", bad, 0, data.draw(st.integers(0, 2**32 - 1)))
+    raw = bytes(bad)
+    if kind == "extend":
+        # The batch itself is intact; what follows it is not a batch.
+        assert read(raw).raw() == good
+        with pytest.raises(CorruptData):
+            read_all(raw)
+        return
+    if raw[:4] == good[:4] and kind == "length":
+        return
+    with pytest.raises(CorruptData):
+        read_all(raw)
+        read(raw).fields()
+
+
+def test_many_batches_in_one_buffer_chain() -> None:
+    batches = [encode([b"m%d" % i] * (i + 1), base_id=100 * i + 1) for i in range(5)]
+    found = read_all(b"".join(batches))
+    assert list(chain.from_iterable(b.fields().ids for b in found))[:4] == [1, 101, 102, 201]
