@@ -7,13 +7,13 @@ itself (copy, read back, switch the manifest, delete the old copy) is ``Queue.mo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from capella.core.log.blocks import BlockMeta
 from capella.core.queue import Queue
 from capella.errors import InvalidRequest
-from capella.handlers.base import HandlerType, PassResult
+from capella.handlers.base import Building, HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler, selected
 from capella.wire.handlers import ArchiveParams
 
@@ -59,22 +59,14 @@ class ArchiveHandler(QueueHandler[ArchiveParams]):
 
 
 if TYPE_CHECKING:
-    from capella.core.cluster import Cluster
-    from capella.handlers.reach import Reach
+    pass
 
 
-def build(
-    cluster: Cluster,
-    queues: list[str],
-    params: ArchiveParams,
-    reach: Reach,
-    name: str,
-    kept: Mapping[str, Any],
-) -> tuple[ArchiveParams, ArchiveHandler]:
+def build(params: ArchiveParams, at: Building) -> tuple[ArchiveParams, ArchiveHandler]:
     """The ``archive`` handler type; the marks must exist on every queue named exactly."""
-    for queue in selected(cluster, [q for q in queues if not any(c in q for c in "*?[")]):
+    for queue in selected(at.cluster, [q for q in at.queues if not any(c in q for c in "*?[")]):
         check_marks(params, queue)
-    return params, ArchiveHandler(cluster, queues, params)
+    return params, ArchiveHandler(at.cluster, at.queues, params)
 
 
 HANDLER = HandlerType("archive", ArchiveParams, build)

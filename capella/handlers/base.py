@@ -20,7 +20,7 @@ import asyncio
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from capella.auth.rule import UNRESTRICTED, Identity
@@ -103,8 +103,23 @@ class Handler(ABC):
         """Release what the handler holds once it is stopped."""
 
 
+@dataclass(frozen=True, slots=True)
+class Building:
+    """What a type's ``build`` may use besides the params: where and as whom it will run."""
+
+    cluster: Cluster
+    # The queues its definition selects (``HandlerType.queues``).
+    queues: list[str]
+    # Its user's secrets and links, and the egress policy.
+    reach: Reach
+    # The handler's name.
+    name: str
+    # What ``Handler.stored_params`` gave the registry (a password, encrypted); empty from the API.
+    kept: Mapping[str, Any] = field(default_factory=dict)
+
+
 P = TypeVar("P", bound=Params)
-Build = Callable[["Cluster", list[str], P, "Reach", str, Mapping[str, Any]], tuple[P, Handler]]
+Build = Callable[[P, Building], tuple[P, Handler]]
 Queues = Callable[[Definition, "Cluster"], list[str]]
 
 
@@ -115,9 +130,8 @@ class HandlerType(Generic[P]):
     name: str
     # Its params: the struct in ``wire.handlers``.
     params: type[P]
-    # ``build(cluster, queues, params, reach, handler name, kept)``: resolve what depends on
-    # the rest of the server (a default named for the handler, a password to encrypt; ``kept``
-    # is what ``Handler.stored_params`` gave the registry) and make the handler.
+    # ``build(params, building)``: resolve what depends on the rest of the server (a default
+    # named for the handler, a password to encrypt) and make the handler.
     build: Build[P]
     # What its handler adds to the status (``Handler.status``): a struct in ``wire.handlers``.
     status: type[Struct] | None = None

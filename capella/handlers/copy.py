@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import Mapping
 from typing import Any, Protocol, cast
 
 import msgspec
@@ -34,10 +33,9 @@ from capella.errors import (
     StorageUnavailable,
     SubscriptionNotFound,
 )
-from capella.handlers.base import HandlerType, PassResult, queue_patterns
+from capella.handlers.base import Building, HandlerType, PassResult, queue_patterns
 from capella.handlers.links import Links
 from capella.handlers.per_queue import QueueHandler, cursor_lag
-from capella.handlers.reach import Reach
 from capella.wire.fields import SaveModeText
 from capella.wire.handlers import CopyParams, CopyStatus, Definition
 
@@ -233,9 +231,7 @@ def _wire(draft: Draft) -> dict[str, Any]:
     }
 
 
-def build(
-    cluster: Cluster, queues: list[str], params: CopyParams, reach: Reach, name: str, kept: Mapping[str, Any]
-) -> tuple[CopyParams, CopyHandler]:
+def build(params: CopyParams, at: Building) -> tuple[CopyParams, CopyHandler]:
     """The ``copy`` handler type; its queues and links must exist when it is defined."""
     check_name(params.subscription, "subscription")
     # Shown by name, as the stored definition keeps them.
@@ -244,16 +240,16 @@ def build(
     )
     for link in params.links():
         # Checked as the definer too, so a refused definition is a 403 now, not a failing pass.
-        reach.by.check("external_cluster", "write", link)
+        at.reach.by.check("external_cluster", "write", link)
     for ref, what in ((params.to, "to"), (params.from_, "from")):
         if ref is None:
             continue
         link, _, queue = ref.rpartition("/")
         try:
-            reach.links.link(link) if link else cluster.queue(queue)
+            at.reach.links.link(link) if link else at.cluster.queue(queue)
         except (QueueNotFound, LinkNotFound) as exc:
             raise InvalidRequest(f"params.{what}: {exc.message}", field=f"params.{what}") from None
-    return params, CopyHandler(cluster, queues, params, reach.links)
+    return params, CopyHandler(at.cluster, at.queues, params, at.reach.links)
 
 
 def _mode_name(text: str) -> SaveModeText:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from capella.core.log.blocks import BlockMeta
 from capella.core.queue import Queue
-from capella.handlers.base import HandlerType, PassResult
+from capella.handlers.base import Building, HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler
 from capella.wire.handlers import ExpireParams
 
@@ -47,20 +47,12 @@ class ExpireHandler(QueueHandler[ExpireParams]):
 
 
 if TYPE_CHECKING:
-    from capella.core.cluster import Cluster
-    from capella.handlers.reach import Reach
+    pass
 
 
-def build(
-    cluster: Cluster,
-    queues: list[str],
-    params: ExpireParams,
-    reach: Reach,
-    name: str,
-    kept: Mapping[str, Any],
-) -> tuple[ExpireParams, ExpireHandler]:
+def build(params: ExpireParams, at: Building) -> tuple[ExpireParams, ExpireHandler]:
     """The ``expire`` handler type (its registry entry is ``HANDLER``)."""
-    return params, ExpireHandler(cluster, queues, params)
+    return params, ExpireHandler(at.cluster, at.queues, params)
 
 
 HANDLER = HandlerType("expire", ExpireParams, build)

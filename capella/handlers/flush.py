@@ -7,11 +7,10 @@ does ("saved only by a later flush", docs/api.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from capella.core.queue import Queue
-from capella.handlers.base import HandlerType, PassResult
+from capella.handlers.base import Building, HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler
 from capella.wire.handlers import FlushParams
 
@@ -25,15 +24,12 @@ class FlushHandler(QueueHandler[FlushParams]):
 
 
 if TYPE_CHECKING:
-    from capella.core.cluster import Cluster
-    from capella.handlers.reach import Reach
+    pass
 
 
-def build(
-    cluster: Cluster, queues: list[str], params: FlushParams, reach: Reach, name: str, kept: Mapping[str, Any]
-) -> tuple[FlushParams, FlushHandler]:
+def build(params: FlushParams, at: Building) -> tuple[FlushParams, FlushHandler]:
     """The ``flush`` handler type (its registry entry is ``HANDLER``)."""
-    return params, FlushHandler(cluster, queues, params)
+    return params, FlushHandler(at.cluster, at.queues, params)
 
 
 HANDLER = HandlerType("flush", FlushParams, build)

@@ -25,7 +25,7 @@ from capella.core.message import SaveMode
 from capella.core.queue import Queue
 from capella.egress import Egress
 from capella.errors import SubscriptionNotFound
-from capella.handlers.base import HandlerType, PassResult
+from capella.handlers.base import Building, HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler, cursor_lag, selected
 from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.reach import Reach
@@ -175,17 +175,10 @@ def inbox_params(
     return dsn.shown(params), dsn
 
 
-def build(
-    cluster: Cluster,
-    queues: list[str],
-    params: PgInboxParams,
-    reach: Reach,
-    name: str,
-    kept: Mapping[str, Any],
-) -> tuple[PgInboxParams, InboxHandler]:
+def build(params: PgInboxParams, at: Building) -> tuple[PgInboxParams, InboxHandler]:
     """The ``pg_inbox`` handler type."""
-    params, dsn = inbox_params(params, reach, name, kept)
-    return params, InboxHandler(cluster, queues, params, dsn, reach.secrets, reach.egress)
+    params, dsn = inbox_params(params, at.reach, at.name, at.kept)
+    return params, InboxHandler(at.cluster, at.queues, params, dsn, at.reach.secrets, at.reach.egress)
 
 
 HANDLER = HandlerType("pg_inbox", PgInboxParams, build, status=PgInboxStatus)

@@ -30,7 +30,7 @@ from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.egress import Egress
 from capella.errors import InvalidMessage, InvalidRequest, QueueNotFound
-from capella.handlers.base import Handler, HandlerType, PassResult
+from capella.handlers.base import Building, Handler, HandlerType, PassResult
 from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.reach import Reach
 from capella.wire.fields import SaveModeText
@@ -232,21 +232,14 @@ def outbox_params(
     return dsn.shown(msgspec.structs.replace(params, save=save)), dsn
 
 
-def build(
-    cluster: Cluster,
-    queues: list[str],
-    params: PgOutboxParams,
-    reach: Reach,
-    name: str,
-    kept: Mapping[str, Any],
-) -> tuple[PgOutboxParams, OutboxHandler]:
+def build(params: PgOutboxParams, at: Building) -> tuple[PgOutboxParams, OutboxHandler]:
     """The ``pg_outbox`` handler type; its target queue must exist."""
-    params, dsn = outbox_params(params, reach, name, kept)
+    params, dsn = outbox_params(params, at.reach, at.name, at.kept)
     try:
-        cluster.queue(params.to)
+        at.cluster.queue(params.to)
     except QueueNotFound as exc:
         raise InvalidRequest(f"params.to: {exc.message}", field="params.to") from None
-    return params, OutboxHandler(cluster, params, dsn, reach.secrets, reach.egress)
+    return params, OutboxHandler(at.cluster, params, dsn, at.reach.secrets, at.reach.egress)
 
 
 def selects(definition: Definition, cluster: Cluster) -> list[str]:

@@ -36,7 +36,7 @@ import logging
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +55,7 @@ from capella.core.work.state import LEASED, WAITING, Entry
 from capella.core.work.work_queue import WorkQueue
 from capella.egress import Egress
 from capella.errors import CapellaError, InvalidRequest, QueueNotFound, SubscriptionNotFound
-from capella.handlers.base import Handler, HandlerType, PassResult
+from capella.handlers.base import Building, Handler, HandlerType, PassResult
 from capella.handlers.delivery import (
     ANSWER_BYTES,
     Credentials,
@@ -65,7 +65,6 @@ from capella.handlers.delivery import (
     retry_after,
     retryable,
 )
-from capella.handlers.reach import Reach
 from capella.wire.handlers import DeliveryError, PushParams, PushStatus
 
 log = logging.getLogger(__name__)
@@ -554,13 +553,12 @@ def credentials(params: PushParams, secrets: Secrets, identity: Identity) -> Cre
     return Credentials(authorization, None if secret is None else secret.encode())
 
 
-def build(
-    cluster: Cluster, queues: list[str], params: PushParams, reach: Reach, name: str, kept: Mapping[str, Any]
-) -> tuple[PushParams, PushHandler]:
+def build(params: PushParams, at: Building) -> tuple[PushParams, PushHandler]:
     """The ``push`` handler type: one queue, and a dead-letter queue other than it (no links)."""
+    queues, cluster = at.queues, at.cluster
     if len(queues) != 1 or any(c in queues[0] for c in "*?["):
         raise InvalidRequest("a push handler takes one queue (queue), not a list or pattern", field="queue")
-    push = push_params(params, name)
+    push = push_params(params, at.name)
     if push.dead_letter is not None:
         try:
             cluster.queue(push.dead_letter)
@@ -569,8 +567,10 @@ def build(
         if push.dead_letter == queues[0]:
             raise InvalidRequest("params.dead_letter must name another queue", field="params.dead_letter")
     # As whoever defines it: naming a secret its user may not use refuses the definition.
-    found = credentials(push, reach.secrets, reach.by)
-    return push, PushHandler(cluster, queues[0], push, found, egress=reach.egress, secrets=reach.secrets)
+    found = credentials(push, at.reach.secrets, at.reach.by)
+    return push, PushHandler(
+        cluster, queues[0], push, found, egress=at.reach.egress, secrets=at.reach.secrets
+    )
 
 
 HANDLER = HandlerType("push", PushParams, build, status=PushStatus, delivers=True)

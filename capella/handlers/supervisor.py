@@ -40,7 +40,7 @@ from capella.errors import (
     KeyNotFound,
     Unauthorized,
 )
-from capella.handlers.base import Handler, PassResult, handler_type
+from capella.handlers.base import Building, Handler, PassResult, handler_type
 from capella.handlers.links import Links
 from capella.handlers.reach import Reach
 from capella.wire.handlers import Params, decode_definition
@@ -67,7 +67,7 @@ def build(
     given = raw if isinstance(raw, dict) else {}
     kept = {k: v for k, v in given.items() if k.endswith(_KEPT)}
     params = entry.decode({k: v for k, v in given.items() if k not in kept} if given else raw)
-    return entry.build(cluster, queues, params, reach, name, kept)
+    return entry.build(params, Building(cluster, queues, reach, name, kept))
 
 
 def build_push(
@@ -269,7 +269,7 @@ class Supervisor:
         acting = by if user == by.name else self._identity_of(user)
         reach = replace(self.reach, by=acting)
         params = definition.params if definition.params is not None else entry.decode(None)
-        params, handler = entry.build(self._cluster, queues, params, reach, name, {})
+        params, handler = entry.build(params, Building(self._cluster, queues, reach, name))
         async with self._lock:
             old = self._states.get(name)
             state = HandlerState(name, kind, queues, params, handler, started, user)

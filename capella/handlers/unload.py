@@ -6,11 +6,10 @@ memory profile: only block metadata, dedup summaries and the open block stay in 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from capella.core.queue import Queue
-from capella.handlers.base import HandlerType, PassResult
+from capella.handlers.base import Building, HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler
 from capella.wire.handlers import UnloadParams
 
@@ -23,20 +22,12 @@ class UnloadHandler(QueueHandler[UnloadParams]):
 
 
 if TYPE_CHECKING:
-    from capella.core.cluster import Cluster
-    from capella.handlers.reach import Reach
+    pass
 
 
-def build(
-    cluster: Cluster,
-    queues: list[str],
-    params: UnloadParams,
-    reach: Reach,
-    name: str,
-    kept: Mapping[str, Any],
-) -> tuple[UnloadParams, UnloadHandler]:
+def build(params: UnloadParams, at: Building) -> tuple[UnloadParams, UnloadHandler]:
     """The ``unload`` handler type (its registry entry is ``HANDLER``)."""
-    return params, UnloadHandler(cluster, queues, params)
+    return params, UnloadHandler(at.cluster, at.queues, params)
 
 
 HANDLER = HandlerType("unload", UnloadParams, build)
