@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import msgspec
 
@@ -36,7 +36,6 @@ from capella.errors import (
 from capella.handlers.base import Building, HandlerType, PassResult, queue_patterns
 from capella.handlers.links import Links
 from capella.handlers.per_queue import QueueHandler, cursor_lag
-from capella.wire.fields import SaveModeText
 from capella.wire.handlers import CopyParams, CopyStatus, Definition
 
 # A pass with a long backlog ends after this long, so the status shows progress.
@@ -252,8 +251,8 @@ def build(params: CopyParams, at: Building) -> tuple[CopyParams, CopyHandler]:
     return params, CopyHandler(at.cluster, at.queues, params, at.reach.links)
 
 
-def _mode_name(text: str) -> SaveModeText:
-    return cast(SaveModeText, SaveMode.parse(text).name.lower())
+def _mode_name(mode: str | int) -> str:
+    return SaveMode.parse(mode).name.lower()
 
 
 def selects(definition: Definition, cluster: Cluster) -> list[str]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import orjson
@@ -33,7 +33,6 @@ from capella.errors import InvalidMessage, InvalidRequest, QueueNotFound
 from capella.handlers.base import Building, Handler, HandlerType, PassResult
 from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.reach import Reach
-from capella.wire.fields import SaveModeText
 from capella.wire.handlers import Definition, PgOutboxParams, PgOutboxStatus
 
 # A pass with a long backlog ends after this long, so the status shows progress.
@@ -228,7 +227,7 @@ def outbox_params(
     """
     encrypted = (kept or {}).get(ENCRYPTED)
     dsn = Dsn.parse(params, encrypted, reach.links, name, reach.secrets, reach.by)
-    save = cast(SaveModeText, SaveMode.parse(params.save).name.lower())
+    save = SaveMode.parse(params.save).name.lower()
     return dsn.shown(msgspec.structs.replace(params, save=save)), dsn
 
 

@@ -188,6 +188,11 @@ class ExpireParams(Params):
             raise InvalidRequest("params: give max_age, max_bytes or max_messages", field="params.max_age")
 
 
+# A save mode by name or number, read by the handler's build (an unknown one is
+# invalid_save_mode, as everywhere); answers show the name.
+SaveModeName = (
+    Annotated[str, schema(enum=list(get_args(SaveModeText)))] | Annotated[int, schema(minimum=0, maximum=4)]
+)
 # A queue, or cluster/queue for one on an external cluster.
 QueueRef = Annotated[str, Meta(pattern=f"^(?:{NAME}/)?{NAME}$")]
 
@@ -204,9 +209,9 @@ class CopyParams(Params):
     batch: Batch = 1000
     wait: Annotated[Seconds, Meta(description="long-poll when caught up (default 2 s)")] = 2.0
     segments: Segments | None = None
-    save: SaveModeText = "wait"
+    save: SaveModeName = "wait"
     # A lost cursor commit only sends a batch again, which dedup absorbs: no need to wait.
-    commit_save: SaveModeText = "mark"
+    commit_save: SaveModeName = "mark"
 
     def __post_init__(self) -> None:
         self.subscription = self.subscription or f"copy-to-{self.to.replace('/', '.')}"
@@ -374,7 +379,7 @@ class PgOutboxParams(PgConnection, kw_only=True):
         | None
     ) = None
     batch: Annotated[int, Meta(ge=1, description="rows per relay step (default 1000)")] = 1000
-    save: SaveModeText = "wait"
+    save: SaveModeName = "wait"
     delete: Annotated[
         bool, Meta(description="delete relayed rows (default); false sets relayed_at instead")
     ] = True
