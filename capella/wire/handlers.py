@@ -222,7 +222,6 @@ class CopyParams(Params):
         return sorted({ref.partition("/")[0] for ref in (self.from_, self.to) if ref and "/" in ref})
 
 
-ORDERINGS = ("unordered", "by_segment", "ordered")
 # What one push handler may hold, so a definition cannot make the broker buffer without bound
 # (docs/push.md): messages in flight (concurrency x batch), and the seconds one request may
 # keep a connection and its batch (a receiver that needs longer should answer 202 and work on).
@@ -246,8 +245,11 @@ class PushParams(Params):
 
     replaced: ClassVar[dict[str, str]] = {"secret_env": "secret", "token_env": "token", "basic_env": "basic"}
 
-    # No user info: the URL is shown and logged, credentials come from the token or basic secret.
-    url: Annotated[str, Meta(pattern=URL_PATTERN, description="the receiver")]
+    # No user info (the pattern has no @ before the path): the URL is shown and logged, so
+    # credentials come from the token or basic secret.
+    url: Annotated[
+        str, Meta(pattern=URL_PATTERN, description="the receiver (no user:password@: use token or basic)")
+    ]
     subscription: Annotated[
         str, Meta(description="the ack-mode subscription it keeps (default push-<handler>)")
     ] = ""
@@ -290,10 +292,6 @@ class PushParams(Params):
     ) = None
 
     def __post_init__(self) -> None:
-        if "@" in self.url.split("/")[2]:
-            raise InvalidRequest(
-                "params.url must not hold credentials: use token or basic (secret names)", field="params.url"
-            )
         if self.ordering == "ordered":
             self.concurrency = 1
         if self.concurrency * self.batch > MAX_IN_FLIGHT:

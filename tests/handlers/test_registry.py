@@ -9,7 +9,7 @@ import pytest
 
 from capella.errors import InvalidRequest
 from capella.handlers.base import MODULES, Handler, PassResult, find, handler_type
-from capella.wire.handlers import HANDLER_TYPES, Params
+from capella.wire.handlers import DEFINITIONS, HANDLER_TYPES, Params, params_type
 
 
 @pytest.mark.parametrize("name", HANDLER_TYPES)
@@ -18,6 +18,12 @@ def test_every_type_is_one_module_with_its_entry(name: str) -> None:
     assert entry.name == name
     assert MODULES[name] == f"capella.handlers.{name}"
     assert issubclass(entry.params, Params)
+    # The definition the API decodes for this type carries the same params struct.
+    assert params_type(DEFINITIONS[name]) is entry.params
+
+
+def test_every_type_has_a_definition_and_no_definition_lacks_a_type() -> None:
+    assert sorted(DEFINITIONS) == sorted(HANDLER_TYPES)
 
 
 def test_an_unknown_type_has_no_entry() -> None:
