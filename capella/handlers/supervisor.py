@@ -64,10 +64,11 @@ def build(
     API never takes): it goes to the type's ``build`` as ``kept``.
     """
     entry = handler_type(kind)
-    given = raw if isinstance(raw, dict) else {}
-    kept = {k: v for k, v in given.items() if k.endswith(_KEPT)}
-    params = entry.decode({k: v for k, v in given.items() if k not in kept} if given else raw)
-    return entry.build(params, Building(cluster, queues, reach, name, kept))
+    kept: dict[str, Any] = {}
+    if isinstance(raw, dict):
+        kept = {k: v for k, v in raw.items() if k.endswith(_KEPT)}
+        raw = {k: v for k, v in raw.items() if k not in kept}
+    return entry.build(entry.decode(raw), Building(cluster, queues, reach, name, kept))
 
 
 def build_push(
@@ -136,7 +137,7 @@ class HandlerState:
         """The params as the API shows them: the struct as msgspec renders it."""
         if isinstance(self.params, dict):
             # A pg handler's stored password stays out of the API even when encrypted.
-            return {k: v for k, v in self.params.items() if not k.endswith("_encrypted")}
+            return {k: v for k, v in self.params.items() if not k.endswith(_KEPT)}
         shown: dict[str, Any] = msgspec.to_builtins(self.params)
         return shown
 
@@ -214,7 +215,8 @@ class Supervisor:
             except CapellaError as exc:
                 # Keep the definition (a later save must not drop it); every pass reports why.
                 log.error("handler cannot be loaded handler=%s: %s", name, exc.message)
-                params, handler = dict(d["params"]), _Unloadable(exc.message)
+                params = dict(d["params"]) if isinstance(d["params"], dict) else {}
+                handler = _Unloadable(exc.message)
             state = HandlerState(
                 name, d["type"], list(d["queues"]), params, handler, bool(d["started"]), d.get("user")
             )
