@@ -53,6 +53,8 @@ class CopyHandler(QueueHandler[CopyParams]):
         # A remote source's lag as last seen (its last id minus the cursor), and when.
         self._remote_lag: dict[str, int] = {}
         self._remote_observed: float | None = None
+        # The params show the modes by name; the queue takes them as SaveMode.
+        self.save = SaveMode.parse(params.save)
 
     def status(self) -> CopyStatus:
         if self.params.from_ is not None and "/" in self.params.from_:
@@ -125,7 +127,7 @@ class CopyHandler(QueueHandler[CopyParams]):
         """Append as a dedup insert; answers the drafts the destination stored (not repeats)."""
         link, name = target
         if not link:
-            answers = await self._cluster.queue(name).append(drafts, SaveMode.parse(self.params.save))
+            answers = await self._cluster.queue(name).append(drafts, self.save)
             return [d for d, a in zip(drafts, answers, strict=True) if not a.duplicate]
         try:
             # A far side with our name is refused (checked once per client, not per batch).
@@ -153,6 +155,7 @@ class _LocalSource:
         self.queue = queue
         self.name = queue.name
         self._params = params
+        self._commit_save = SaveMode.parse(params.commit_save)
 
     async def cursor(self) -> int:
         try:
@@ -160,9 +163,7 @@ class _LocalSource:
         except SubscriptionNotFound:
             cursor = 0
         # The cursor is a replica subscription, so producers can ask for receipts.
-        await self.queue.commit(
-            self._params.subscription, cursor, replica=True, save=SaveMode.parse(self._params.commit_save)
-        )
+        await self.queue.commit(self._params.subscription, cursor, replica=True, save=self._commit_save)
         return cursor
 
     async def read(self, after: int, *, wait: float) -> tuple[list[Draft], int, int]:
@@ -176,9 +177,7 @@ class _LocalSource:
         return drafts, page.last_id, self.queue.last_id
 
     async def commit(self, last_id: int) -> None:
-        await self.queue.commit(
-            self._params.subscription, last_id, save=SaveMode.parse(self._params.commit_save)
-        )
+        await self.queue.commit(self._params.subscription, last_id, save=self._commit_save)
 
 
 class _RemoteSource:
