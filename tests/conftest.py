@@ -29,6 +29,10 @@ from capella.storage import Storage
 # Core code takes its clock as a parameter; tests move this one by hand instead of sleeping.
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "hand_clock: the module's cluster runs on the hand-moved clock")
+
+
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
@@ -96,8 +100,11 @@ def cluster_config(tmp_path: Path) -> Config:
 
 
 @pytest.fixture
-def cluster_clock() -> Callable[[], float]:
-    """The clock ``cluster`` runs on: the real one. A module that moves time returns ``clock``."""
+def cluster_clock(request: pytest.FixtureRequest) -> Callable[[], float]:
+    """The clock ``cluster`` runs on: the real one, or ``clock`` in a module marked ``hand_clock``."""
+    if request.node.get_closest_marker("hand_clock") is not None:
+        clock: Clock = request.getfixturevalue("clock")
+        return clock
     return time.time
 
 

@@ -6,7 +6,6 @@ which headers, what is refused, and that the page needs no credentials while the
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,6 +16,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from support.app import signed_in_api
+from support.wait import until
 
 from capella.api.console import ROOT
 from capella.config import ServerSettings
@@ -27,7 +27,7 @@ MakeClient = Callable[[web.Application], Awaitable[TestClient[web.Request, web.A
 
 
 @pytest.fixture
-async def secured(
+async def secured_api(
     aiohttp_client: MakeClient, cluster: Cluster, tmp_path: Path
 ) -> AsyncIterator[TestClient[Any, Any]]:
     async with signed_in_api(aiohttp_client, cluster, tmp_path, ServerSettings()) as api:
@@ -93,15 +93,15 @@ async def test_a_file_the_console_does_not_have_is_a_404(api: TestClient[Any, An
     assert (await resp.json())["error"]["code"] == "not_found"
 
 
-async def test_the_page_is_public_and_the_api_behind_it_is_not(secured: TestClient[Any, Any]) -> None:
-    assert (await secured.get("/ui/")).status == 200
-    assert (await secured.get("/ui/api.js")).status == 200
-    resp = await secured.get("/v1/queues")
+async def test_the_page_is_public_and_the_api_behind_it_is_not(secured_api: TestClient[Any, Any]) -> None:
+    assert (await secured_api.get("/ui/")).status == 200
+    assert (await secured_api.get("/ui/api.js")).status == 200
+    resp = await secured_api.get("/v1/queues")
     assert resp.status == 401
     assert "Basic" in resp.headers["WWW-Authenticate"]
     # The page's own calls say they come from a script: no Basic challenge, so no browser
     # password prompt over the page's sign-in form.
-    resp = await secured.get("/v1/queues", headers={"X-Requested-With": "XMLHttpRequest"})
+    resp = await secured_api.get("/v1/queues", headers={"X-Requested-With": "XMLHttpRequest"})
     assert resp.status == 401
     assert resp.headers["WWW-Authenticate"] == 'Bearer realm="capella"'
 
@@ -119,12 +119,14 @@ async def test_blocks_come_in_id_order_with_their_tier_and_state(api: TestClient
     assert [(b["first_id"], b["last_id"], b["count"]) for b in blocks] == [(1, 2, 2), (3, 4, 2), (5, 5, 1)]
     assert blocks[-1]["state"] == "open" and blocks[-1]["sealed"] is None
     assert {b["state"] for b in blocks[:-1]} <= {"sealed", "sealing"}
+
     # A seal changes a block's bytes (journal -> block file): compare once the sealer is done.
-    for _ in range(100):
+    async def all_sealed() -> bool:
+        nonlocal blocks
         blocks = (await (await api.get(f"{Q}/blocks")).json())["blocks"]
-        if {b["state"] for b in blocks[:-1]} == {"sealed"}:
-            break
-        await asyncio.sleep(0.05)
+        return {b["state"] for b in blocks[:-1]} == {"sealed"}
+
+    await until(all_sealed, what="every full block sealed", every=0.05)
     stats = (await (await api.get(Q)).json())["stats"]
     assert sum(b["bytes"] for b in blocks) == stats["bytes"]
     assert sum(b["count"] for b in blocks) == stats["messages"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from support.http import only_error_of
+from support.wait import until
 
 from capella.api import create_app
 from capella.config import ServerSettings, parse_config
@@ -38,12 +38,12 @@ async def produce(api: TestClient, queue: str, count: int) -> None:
     for i in range(count):
         resp = await api.post(f"/v1/queues/{queue}/messages", json={"data": f"m{i}"}, params={"save": "wait"})
         assert resp.status == 200, await resp.text()
+
     # Full blocks are sealed by a background task: give it a bounded time to catch up.
-    for _ in range(500):
-        if (await stats(api, queue))["blocks"]["by_state"]["sealing"] == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"queue {queue}: blocks still sealing after 5 s")
+    async def sealed() -> bool:
+        return bool((await stats(api, queue))["blocks"]["by_state"]["sealing"] == 0)
+
+    await until(sealed, what=f"queue {queue}: no block still sealing")
 
 
 async def stats(api: TestClient, queue: str) -> dict[str, Any]:
@@ -308,7 +308,7 @@ async def test_run_unloads_and_flushes(q: TestClient) -> None:
 
 
 @pytest.fixture
-async def tiered(aiohttp_client: ClientFactory, tmp_path: Path) -> AsyncIterator[TestClient]:
+async def tiered_api(aiohttp_client: ClientFactory, tmp_path: Path) -> AsyncIterator[TestClient]:
     """An api on two mounts, ``default`` and ``cold``, and a queue mapping mark 1 to ``cold``."""
     raw = {
         "cluster": {"name": "test"},
@@ -328,47 +328,47 @@ async def tiered(aiohttp_client: ClientFactory, tmp_path: Path) -> AsyncIterator
         await cluster.close()
 
 
-async def test_archive_moves_sealed_blocks_to_the_marked_mount(tiered: TestClient) -> None:
-    await produce(tiered, "logs", 5)
+async def test_archive_moves_sealed_blocks_to_the_marked_mount(tiered_api: TestClient) -> None:
+    await produce(tiered_api, "logs", 5)
     params = {"conditions": [{"mark": 1, "from_age": 0}], "limit": 10}
-    info = await put(tiered, "cold", {"type": "archive", "queues": ["logs"], "params": params}, 201)
+    info = await put(tiered_api, "cold", {"type": "archive", "queues": ["logs"], "params": params}, 201)
     assert info["params"]["conditions"] == [{"mark": 1, "from_age": 0.0, "to_age": None}]
     assert info["params"]["limit"] == 10
 
-    status = (await post(tiered, f"{H}/cold/run"))["status"]
+    status = (await post(tiered_api, f"{H}/cold/run"))["status"]
 
     assert status["last_error"] is None
     assert status["items"] == 2
-    by_mark = (await stats(tiered, "logs"))["blocks"]["by_mark"]
+    by_mark = (await stats(tiered_api, "logs"))["blocks"]["by_mark"]
     assert by_mark["1"] == 2
-    page = await (await tiered.get("/v1/queues/logs/messages")).json()
+    page = await (await tiered_api.get("/v1/queues/logs/messages")).json()
     assert [m["data"] for m in page["messages"]] == ["m0", "m1", "m2", "m3", "m4"]
 
 
-async def test_archive_refuses_a_mark_a_named_queue_does_not_map(tiered: TestClient) -> None:
+async def test_archive_refuses_a_mark_a_named_queue_does_not_map(tiered_api: TestClient) -> None:
     params = {"conditions": [{"mark": 1, "from_age": "1d"}]}
 
     error = await only_error_of(
-        await tiered.put(f"{H}/a", json={"type": "archive", "queues": ["plain"], "params": params}), 400
+        await tiered_api.put(f"{H}/a", json={"type": "archive", "queues": ["plain"], "params": params}), 400
     )
 
     assert error["field"] == "params.conditions[0].mark"
 
 
-async def test_a_failed_pass_shows_in_the_status(tiered: TestClient) -> None:
+async def test_a_failed_pass_shows_in_the_status(tiered_api: TestClient) -> None:
     # The pattern matches a queue created later that maps no mount to mark 1: the pass fails.
     params = {"conditions": [{"mark": 1}]}
     body = {"type": "archive", "queues": ["late-*"], "params": params, "started": False}
-    await put(tiered, "a", body, 201)
-    assert (await tiered.put("/v1/queues/late-1", json={})).status == 201
+    await put(tiered_api, "a", body, 201)
+    assert (await tiered_api.put("/v1/queues/late-1", json={})).status == 201
 
-    info = await post(tiered, f"{H}/a/run")
+    info = await post(tiered_api, f"{H}/a/run")
 
     error = info["status"]["last_error"]
     assert error is not None and "late-1" in error["message"]
     assert isinstance(error["time"], float)
     assert info["status"]["last_complete"] is None
-    resp = await tiered.get(H)
+    resp = await tiered_api.get(H)
     assert (await resp.json())["handlers"][0]["status"]["last_error"] == error
 
 

@@ -384,6 +384,7 @@ async def test_a_read_filters_by_source_header_and_json_field(q: TestClient) -> 
 
 async def test_a_long_poll_with_a_filter_waits_for_a_message_that_matches(q: TestClient) -> None:
     async def later() -> None:
+        # Paced: the long poll is waiting before each message comes.
         await asyncio.sleep(0.1)
         await produce(q, {"data": "other", "headers": {"kind": "refund"}})
         await asyncio.sleep(0.1)
@@ -445,7 +446,7 @@ async def test_ndjson_out(q: TestClient) -> None:
 
 async def test_long_poll_returns_when_a_message_arrives(q: TestClient) -> None:
     async def later() -> None:
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # the delay the long poll must wait out (measured below)
         await produce(q, {"data": "late"})
 
     started = time.monotonic()
@@ -471,6 +472,7 @@ async def test_long_poll_times_out_empty_and_wait_is_capped(
 
 async def test_long_poll_ignores_messages_outside_the_segments(q: TestClient) -> None:
     async def later() -> None:
+        # Paced: the long poll is waiting before each message comes.
         await asyncio.sleep(0.1)
         await produce(q, {"data": "other", "segment": 50})
         await asyncio.sleep(0.1)
@@ -485,6 +487,7 @@ async def test_long_poll_ignores_messages_outside_the_segments(q: TestClient) ->
 
 async def test_long_poll_ends_when_the_queue_is_dropped(q: TestClient) -> None:
     async def later() -> None:
+        # Paced: the long poll is waiting before each message comes.
         await asyncio.sleep(0.1)
         await q.delete(Q)
 

@@ -23,6 +23,7 @@ from aiohttp.test_utils import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.configs import file_config
+from support.wait import until
 
 from capella.api import create_app
 from capella.client import AsyncClient, Client
@@ -73,9 +74,8 @@ async def r(api: TestClient, cluster: Cluster) -> TestClient:
 
 
 async def sealed(queue: Queue, blocks: int) -> None:
-    async with asyncio.timeout(5):
-        while len(queue.sealed_blocks()) < blocks:  # noqa: ASYNC110 (the sealer sets no event a test can see)
-            await asyncio.sleep(0.01)
+    # The sealer sets no event a test can see.
+    await until(lambda: len(queue.sealed_blocks()) >= blocks, what=f"{blocks} sealed blocks")
 
 
 async def before(queue: Queue, after: int, limit: int, match: MessageFilter | None = None) -> bytes:
@@ -215,7 +215,7 @@ async def test_an_empty_read_in_every_form(r: TestClient) -> None:
 @pytest.mark.parametrize("headers", [BINARY, NDJSON, {}])
 async def test_a_long_poll_answers_in_the_asked_form(r: TestClient, headers: dict[str, str]) -> None:
     waiting = asyncio.ensure_future(body_of(r, headers, after=str(COUNT), wait="2"))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # time for an answer that must not come: nothing is there yet
     assert not waiting.done()
     await r.post(f"{Q}/messages", json={"data_b64": base64.b64encode(NOT_UTF8).decode()})
     body = await waiting
@@ -405,9 +405,8 @@ async def test_the_next_block_is_rendered_before_the_reader_is_there(r: TestClie
     # Both sealed blocks are loaded (the writer sealed them) and nothing is rendered yet.
     assert [b.rendered for b in queue._loaded.values()] == [False, False]
     await body_of(r, BINARY, after="8", limit="1")  # near the end of the first block
-    async with asyncio.timeout(5):
-        while not queue._loaded[11].rendered:  # noqa: ASYNC110 (the render runs in a worker thread)
-            await asyncio.sleep(0.01)
+    # The render runs in a worker thread.
+    await until(lambda: queue._loaded[11].rendered, what="the next block rendered")
     assert queue._loaded[11].frames() == queue._loaded[11].frames()
     messages, _ = frames.decode_page(await body_of(r, BINARY, after="10", limit="10"))
     assert [m.id for m in messages] == list(range(11, 21))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
 from support.http import error_of
+from support.wait import until
 
 from capella.core.cluster import Cluster
 
@@ -77,10 +77,11 @@ async def test_produce_lists_shows_and_delivers_delayed_messages(q: TestClient) 
     # Due now: delivered at the end of the log, with the identity it was scheduled with.
     resp = await q.patch(f"{S}/{results[2]['scheduled_id']}", json={"deliver_at": time.time() - 1})
     assert resp.status == 200
-    for _ in range(200):
-        if len(await payloads(q)) == 2:
-            break
-        await asyncio.sleep(0.01)
+
+    async def delivered_both() -> bool:
+        return len(await payloads(q)) == 2
+
+    await until(delivered_both, what="the due message delivered")
     resp = await q.get(f"{Q}/messages", params={"after": "1"})
     (delivered,) = (await resp.json())["messages"]
     assert (delivered["data"], delivered["external_id"], delivered["segment"]) == ("sooner", 9, 4)

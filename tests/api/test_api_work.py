@@ -104,7 +104,7 @@ async def test_extend_and_lease_expiry(q: TestClient) -> None:
     (m,) = await claim(q, lease="50ms")
     extended = await ok(await q.post(f"{W}/extend", json={"receipts": [m["receipt"]], "lease": "100ms"}))
     assert extended["results"][0]["lease_until"] > m["lease_until"]
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.15)  # the extended lease (100 ms) runs out
     (again,) = await claim(q)
     assert (again["id"], again["attempt"], again["last_error"]) == (1, 2, "the lease ran out")
     error = await error_of(await q.post(f"{W}/ack", json={"receipt": m["receipt"]}), 409)
@@ -115,12 +115,12 @@ async def test_a_long_poll_claim_wakes_for_a_new_or_a_returned_message(q: TestCl
     taken = await claim(q, limit="10")
     assert len(taken) == 5
     waiting = asyncio.create_task(claim(q, wait="5"))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # the claim is parked before the message comes, so it is woken
     await ok(await q.post(f"{Q}/messages", json={"data": "new"}))
     (new,) = await asyncio.wait_for(waiting, 5)
     assert new["data"] == "new"
     waiting = asyncio.create_task(claim(q, wait="5"))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # parked again, before the nack returns a message
     await ok(await q.post(f"{W}/nack", json={"receipt": taken[2]["receipt"], "delay": 0}))
     (returned,) = await asyncio.wait_for(waiting, 5)
     assert (returned["id"], returned["attempt"]) == (3, 2)

@@ -44,7 +44,7 @@ async def listed(
 
 
 @pytest.fixture
-async def secured(
+async def secured_api(
     aiohttp_client: MakeClient, cluster: Cluster, tmp_path: Path
 ) -> AsyncIterator[TestClient[Any, Any]]:
     async with signed_in_api(aiohttp_client, cluster, tmp_path, settings(PAGE)) as api:
@@ -52,9 +52,9 @@ async def secured(
 
 
 async def test_a_preflight_from_a_listed_origin_is_answered_without_credentials(
-    secured: TestClient[Any, Any],
+    secured_api: TestClient[Any, Any],
 ) -> None:
-    resp = await secured.options(
+    resp = await secured_api.options(
         f"{Q}/messages",
         headers={
             "Origin": PAGE,
@@ -71,11 +71,11 @@ async def test_a_preflight_from_a_listed_origin_is_answered_without_credentials(
     assert resp.headers["Vary"] == "Origin"
 
     # The request itself still needs credentials, and its answer (an error too) carries the headers.
-    resp = await secured.put(Q, json={}, headers={"Origin": PAGE})
+    resp = await secured_api.put(Q, json={}, headers={"Origin": PAGE})
     assert resp.status == 401
     assert resp.headers["Access-Control-Allow-Origin"] == PAGE
     assert "WWW-Authenticate" in resp.headers["Access-Control-Expose-Headers"]
-    resp = await secured.put(Q, json={}, headers={"Origin": PAGE, **ROOT})
+    resp = await secured_api.put(Q, json={}, headers={"Origin": PAGE, **ROOT})
     assert resp.status == 201
     assert resp.headers["Access-Control-Allow-Origin"] == PAGE
     assert "Origin" in resp.headers["Vary"]

@@ -12,6 +12,7 @@ async def test_produce_waits_for_replica_subscriptions(api: Any) -> None:
     await api.put("/v1/queues/orders/subscriptions/reader", json={"replica": False})
 
     async def confirm_later() -> None:
+        # Paced: the producer must still be waiting when each subscription moves.
         await asyncio.sleep(0.1)
         await api.put("/v1/queues/orders/subscriptions/reader", json={"last_id": 1})  # not a replica
         await asyncio.sleep(0.1)

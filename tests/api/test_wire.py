@@ -160,7 +160,7 @@ PATH_VALUES = {
 
 
 @pytest.fixture
-async def secured(
+async def secured_api(
     aiohttp_client: Any, cluster: Cluster, tmp_path: Path, api_settings: ServerSettings
 ) -> AsyncIterator[TestClient]:
     users = AuthStore(tmp_path / "auth")
@@ -174,12 +174,12 @@ async def secured(
 
 
 async def test_every_json_answer_of_a_get_round_trips_through_its_wire_type(
-    secured: TestClient, monkeypatch: pytest.MonkeyPatch
+    secured_api: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Decoded into the type its route documents and encoded back, every answer is unchanged:
     no field the server sends is missing from the types, at any depth, and none changes."""
     monkeypatch.setenv("DC2_TOKEN", "t")
-    api = secured
+    api = secured_api
 
     async def call(method: str, path: str, body: object = None, status: int = 200) -> Any:
         async with api.request(method, path, json=body, headers=ROOT) as resp:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from support.cli import Run
 from support.servers import ServerProcess, free_port, running
+from support.wait import until_blocking
 
 from capella.cli import main
 from capella.cli.output import size, utc
@@ -171,10 +172,11 @@ def test_a_handler_is_created_listed_shown_stopped_run_and_dropped(run: Run, blo
     blocking_client.put_queue("cli-h-orders", block={"max_messages": 2})
     blocking_client.produce("cli-h-orders", [f"m{i}" for i in range(5)], save="wait")
     # Full blocks are sealed by a background task: give it a bounded time to catch up.
-    deadline = time.monotonic() + 5.0
-    while blocking_client.queue("cli-h-orders").stats.blocks.by_state["sealed"] < 2:
-        assert time.monotonic() < deadline, "blocks still sealing after 5 s"
-        time.sleep(0.01)
+    until_blocking(
+        lambda: blocking_client.queue("cli-h-orders").stats.blocks.by_state["sealed"] >= 2,
+        what="two sealed blocks",
+        every=0.01,
+    )
 
     code, out, _ = run(
         "handler", "create", "cli-trim", "--type", "expire", "--queue", "cli-h-orders",

@@ -206,7 +206,7 @@ async def test_a_long_poll_read_returns_when_a_message_arrives(async_client: Asy
     await async_client.put_queue("q")
 
     waiting = asyncio.create_task(async_client.read("q", wait=5.0))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # time for an answer that must not come: the queue is empty
     assert not waiting.done()
     await async_client.produce("q", ["late"])
 

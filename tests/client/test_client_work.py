@@ -7,6 +7,7 @@ import time
 import msgspec
 import pytest
 from support.servers import ServerProcess
+from support.wait import until_blocking
 
 from capella.client import AsyncClient, Client
 from capella.errors import LeaseLost, ScheduledNotFound, UnknownReceipt
@@ -44,9 +45,7 @@ def test_the_blocking_client_schedules(server_process: ServerProcess) -> None:
         assert c.scheduled("sync-delayed").count == 1
         assert c.scheduled_message("sync-delayed", sid).data == "later"
         c.reschedule("sync-delayed", sid, delay=0)
-        deadline = time.monotonic() + 5
-        while not c.read("sync-delayed").messages and time.monotonic() < deadline:
-            time.sleep(0.02)
+        until_blocking(lambda: c.read("sync-delayed").messages, what="the rescheduled message", every=0.02)
         assert [m.payload for m in c.read("sync-delayed").messages] == [b"later"]
         (again,) = c.schedule("sync-delayed", ["x"], delay=60)
         assert c.cancel_scheduled_many("sync-delayed", [again.scheduled_id]).cancelled

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
+from support.receiver import listening
 
 from capella.client import AsyncClient
 from capella.client.connector import EgressConnector, check_destination
@@ -40,16 +41,9 @@ class Listeners:
 @pytest.fixture
 async def listeners() -> AsyncIterator[Listeners]:
     found = Listeners()
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", found.handle)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    first = web.TCPSite(runner, "127.0.0.1", 0)
-    await first.start()
-    found.port = runner.addresses[0][1]
-    await web.TCPSite(runner, "127.0.0.2", found.port).start()
-    yield found
-    await runner.cleanup()
+    async with listening(found.handle, hosts=("127.0.0.1", "127.0.0.2")) as port:
+        found.port = port
+        yield found
 
 
 class Table(AbstractResolver):

@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from support.servers import SERVER_START_TIMEOUT, ServerProcess, running
+from support.wait import eventually, until
 
 from capella.api import create_app
 from capella.api.connection import ConnectionGuard
@@ -351,7 +352,7 @@ async def test_slowloris_connections_are_closed_while_others_are_served(plain_se
             latencies.append(time.perf_counter() - started)
             if all(task.done() for task in attack):
                 break
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # paced: latency samples all through the attack
         closes = await asyncio.wait_for(asyncio.gather(*attack), HEADER_TIMEOUT + SLACK + 20)
         await client.put_queue("slowloris-after")  # the server still serves
 
@@ -408,7 +409,7 @@ async def test_a_slow_second_head_on_a_keepalive_connection_is_cut(plain_server:
     try:
         writer.write(request_bytes())
         assert (await read_answer(reader)).status == 200
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # idle between requests: that time must not count against the head
         writer.write(b"GET /healthz HTTP/1.1\r\n")  # the clock starts with this first byte
         started = time.monotonic()
         received = await closed_within(reader, HEADER_TIMEOUT + SLACK)
@@ -548,17 +549,21 @@ def test_the_precheck_passes_a_large_produce_body_without_walking_it() -> None:
 # --- the connection cap ----------------------------------------------------------------
 
 
-async def open_served(port: int, attempts: int = 50) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def open_served(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A keep-alive connection that has been answered 200 (retried while a closed one is released)."""
-    for _ in range(attempts):
+    served: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def answered() -> bool:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request_bytes())
-        answer = await read_answer(reader)
-        if answer.status == 200:
-            return reader, writer
+        if (await read_answer(reader)).status == 200:
+            served.append((reader, writer))
+            return True
         writer.close()
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"no connection accepted after {attempts} attempts")
+        return False
+
+    await until(answered, within=5.0, every=0.1, what="a connection accepted")
+    return served[0]
 
 
 async def test_a_connection_over_max_connections_gets_503_json(limited_server: ServerProcess) -> None:
@@ -599,16 +604,16 @@ async def test_refusals_past_a_second_max_connections_are_closed_at_once(
 
     async def reset_by_server(writer: asyncio.StreamWriter, reader: asyncio.StreamReader) -> bool:
         # A lingering refusal reads and discards; a closed socket answers a write with a reset.
-        for _ in range(20):
+        async def reset() -> bool:
             try:
                 writer.write(b"x")
                 await writer.drain()
             except ConnectionError:
                 return True
-            await asyncio.sleep(0.05)
-            if reader.exception() is not None:
-                return True
-        return False
+            return reader.exception() is not None
+
+        # A second: for the lingering one, the time in which no reset may come.
+        return await eventually(reset, within=1.0, every=0.05)
 
     held = [await open_served(port) for _ in range(20)]
     refused: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from support.wait import until
 
 from capella.core.journal.changelog import ChangeLog
 from capella.core.journal.group_commit import GroupCommit
@@ -58,9 +59,9 @@ async def test_changes_made_during_a_flush_share_the_next_one_and_are_answered_i
         answered.append(target)
 
     first = asyncio.create_task(save())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the first flush starts
     others = [asyncio.create_task(save()) for _ in range(5)]  # arrive while the first flush runs
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn: they all wait on the commit
     owner.release.set()
     await first
     assert answered == [1] and owner.flushes == [1]
@@ -77,7 +78,7 @@ async def test_a_failed_flush_fails_the_callers_it_covered_and_the_next_flush_se
     covered = asyncio.create_task(owner.commit.wait(owner.change()))
     await owner.started.wait()
     later = asyncio.create_task(owner.commit.wait(owner.change()))  # changed while the flush runs
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn: the later caller waits before the flush fails
     owner.release.set()
     with pytest.raises(StorageUnavailable, match="disk gone"):
         await covered
@@ -160,15 +161,17 @@ async def test_change_log_flushes_that_fail_are_written_again_in_order(
             appended.append(record)
             await asyncio.sleep(0.0002 if i % 2 else 0)
 
+    async def flushed() -> bool:
+        try:
+            await log.flush()
+        except StorageUnavailable:
+            failures[0] += 1
+        return appending.done() and not log.dirty
+
     async def flush() -> None:
-        for _ in range(400):
-            try:
-                await log.flush()
-            except StorageUnavailable:
-                failures[0] += 1
-            if appending.done() and not log.dirty:
-                return
-        raise AssertionError("the flushes kept failing")
+        # A deadline, not a count of passes: a flusher with nothing to write passes at once,
+        # and a count ran out while the appender slept.
+        await until(flushed, what="the flushes to stop failing", every=0)
 
     appending = asyncio.create_task(append())
     await asyncio.gather(appending, *(flush() for _ in range(8)))

@@ -11,6 +11,7 @@ import orjson
 import pytest
 from support.clock import Clock
 from support.configs import file_config
+from support.wait import until
 
 from capella.config import Config, parse_config
 from capella.core import subscription_store as consumers_module
@@ -32,9 +33,8 @@ def cluster_config(tmp_path: Path) -> Config:
     return file_config(tmp_path, block={"max_messages": 10})
 
 
-@pytest.fixture
-def cluster_clock(clock: Clock) -> Clock:
-    return clock
+# ``cluster`` runs on ``clock``, which the tests move by hand.
+pytestmark = pytest.mark.hand_clock
 
 
 def drafts(n: int, prefix: str = "m", **fields: Any) -> list[Draft]:
@@ -66,10 +66,7 @@ async def test_ids_strictly_increase_and_answers_follow_request_order(cluster: C
 async def test_blocks_seal_at_the_count_limit_and_reads_cross_them(cluster: Cluster) -> None:
     q, _ = await cluster.put_queue("orders", {})
     await q.append(drafts(35), SaveMode.WAIT)
-    for _ in range(100):
-        if q.stats()["blocks"]["by_state"]["sealed"] == 3:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 3, what="three sealed blocks")
     stats = q.stats()
     assert stats["blocks"]["by_state"]["sealed"] == 3
     assert stats["blocks"]["by_state"]["open"] == 1
@@ -87,10 +84,7 @@ async def test_a_block_seals_at_its_age_on_the_periodic_tick(cluster: Cluster, c
     assert q.stats()["blocks"]["by_state"]["open"] == 1
     clock.now += 11
     await q.tick()
-    for _ in range(100):
-        if q.stats()["blocks"]["by_state"]["sealed"] == 1:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 1, what="the aged block sealed")
     assert q.stats()["blocks"]["by_state"] == {
         "open": 0,
         "sealing": 0,
@@ -103,8 +97,7 @@ async def test_a_block_seals_at_its_age_on_the_periodic_tick(cluster: Cluster, c
 async def test_a_block_seals_at_its_byte_limit(cluster: Cluster) -> None:
     q, _ = await cluster.put_queue("big", {"block": {"max_bytes": "2KiB", "max_messages": 1000}})
     await q.append([Draft(payload=b"x" * 600) for _ in range(10)], SaveMode.WAIT)
-    await asyncio.sleep(0.05)
-    assert q.stats()["blocks"]["by_state"]["sealed"] >= 2
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] >= 2, what="two sealed blocks")
 
 
 async def test_segment_filter_advances_last_id_over_skipped_messages(cluster: Cluster) -> None:
@@ -157,8 +150,7 @@ async def test_dedup_covers_sealed_blocks_and_restarts(
         batch = [Draft(payload=b"x", source=s, external_id=round_ * 7 % 50) for s in sources]
         for d, a in zip(batch, await q.append(batch, SaveMode.WAIT), strict=True):
             originals.setdefault((d.source or "", d.external_id or 0), a.id)
-    await asyncio.sleep(0.05)
-    assert q.stats()["blocks"]["by_state"]["sealed"] >= 3
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] >= 3, what="three sealed blocks")
 
     cluster2 = await reopen(cluster, tmp_path, clock)
     try:
@@ -178,10 +170,7 @@ async def test_dedup_of_an_old_key_loads_only_the_blocks_that_may_hold_it(cluste
     for start in range(0, 2000, 100):
         await q.append([Draft(payload=b"x", source="s", external_id=i) for i in range(start, start + 100)])
     await q.append([], SaveMode.WAIT)
-    for _ in range(200):
-        if q.stats()["blocks"]["by_state"]["sealed"] == 20:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 20, what="twenty sealed blocks")
     assert q.stats()["blocks"]["by_state"]["sealed"] == 20
     before = q._dedup.exact_lookups
     answers = await q.append([Draft(payload=b"x", source="s", external_id=i) for i in (5, 555, 1999)])
@@ -262,7 +251,7 @@ async def test_a_corrupt_sealed_block_is_quarantined_and_never_served(
 ) -> None:
     q, _ = await cluster.put_queue("bad", {})
     await q.append(drafts(25), SaveMode.WAIT)
-    await asyncio.sleep(0.05)
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 2, what="both full blocks sealed")
     cluster = await reopen(cluster, tmp_path, clock)
     try:
         blocks = sorted((queue_dir(tmp_path, "bad") / "blocks").iterdir())
@@ -293,8 +282,7 @@ async def test_a_journal_left_after_its_block_was_sealed_is_removed(
     await q.append(drafts(10), SaveMode.WAIT)
     journal = next((queue_dir(tmp_path, "left") / "journal").iterdir())
     saved = journal.read_bytes()
-    await asyncio.sleep(0.05)
-    assert not journal.exists()
+    await until(lambda: not journal.exists(), what="the sealed block's journal removed")
     # A crash between the manifest update and the journal delete leaves this behind.
     journal.write_bytes(saved)
     cluster = await reopen(cluster, tmp_path, clock)
@@ -315,7 +303,7 @@ async def test_save_modes_decide_when_the_journal_holds_the_write(tmp_path: Path
 
     await q.append(drafts(1), SaveMode.NONE)
     await q.append(drafts(1), SaveMode.MARK)
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # time for a write that should not happen: only the tick saves these
     assert journal_size() == 0
     await q.tick()  # the periodic flush saves marked writes (and the unmarked ones before them)
     after_tick = journal_size()
@@ -495,7 +483,7 @@ async def test_an_unfinished_drop_completes_on_start(tmp_path: Path, clock: Cloc
 async def test_long_poll_returns_when_a_message_arrives(cluster: Cluster) -> None:
     q, _ = await cluster.put_queue("poll", {})
     waiter = asyncio.create_task(q.wait_for(0, 5.0))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the waiter is parked; nothing may wake it yet
     assert not waiter.done()
     await q.append(drafts(1))
     await asyncio.wait_for(waiter, 1.0)
@@ -565,8 +553,7 @@ async def test_own_keys_are_found_by_id_range_after_seal_and_restart(
     q, _ = await cluster.put_queue("own", {})
     produced = await q.append(drafts(25), SaveMode.WAIT)
     await q.append([Draft(payload=b"foreign", source="edge", external_id=10_000)], SaveMode.WAIT)
-    await asyncio.sleep(0.05)
-    assert q.stats()["blocks"]["by_state"]["sealed"] == 2
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 2, what="two sealed blocks")
     cluster = await reopen(cluster, tmp_path, clock)
     try:
         q = cluster.queue("own")
@@ -619,10 +606,7 @@ async def test_memory_per_sealed_block_stays_bounded(cluster: Cluster) -> None:
     for _ in range(30):
         await q.append(drafts(10), SaveMode.NONE)
     await q.append([], SaveMode.WAIT)
-    for _ in range(300):
-        if q.stats()["blocks"]["by_state"]["sealed"] == 30:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 30, what="thirty sealed blocks")
     assert q.stats()["blocks"]["by_state"]["sealed"] == 30
     assert len(q._key_sets) <= queue_module.KEY_SETS
     assert len(q._loaded) <= queue_module.LOADED_BLOCKS

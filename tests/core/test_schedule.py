@@ -24,9 +24,8 @@ def cluster_config(tmp_path: Path) -> Config:
     return file_config(tmp_path)
 
 
-@pytest.fixture
-def cluster_clock(clock: Clock) -> Clock:
-    return clock
+# ``cluster`` runs on ``clock``, which the tests move by hand.
+pytestmark = pytest.mark.hand_clock
 
 
 async def reopen(cluster: Cluster, tmp_path: Path, clock: Clock) -> Cluster:

@@ -103,7 +103,7 @@ async def test_cancelling_a_supervised_loop_ends_it() -> None:
         await asyncio.Event().wait()
 
     task = asyncio.create_task(keep_running("x", body, failures=TaskFailures()))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn: the loop is inside its body when it is cancelled
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -122,9 +122,8 @@ def cluster_config(tmp_path: Path) -> Config:
     return file_config(tmp_path, block={"max_messages": 10})
 
 
-@pytest.fixture
-def cluster_clock(clock: Clock) -> Clock:
-    return clock
+# ``cluster`` runs on ``clock``, which the tests move by hand.
+pytestmark = pytest.mark.hand_clock
 
 
 @pytest.fixture

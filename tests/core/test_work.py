@@ -32,9 +32,8 @@ def cluster_config(tmp_path: Path) -> Config:
     return file_config(tmp_path)
 
 
-@pytest.fixture
-def cluster_clock(clock: Clock) -> Clock:
-    return clock
+# ``cluster`` runs on ``clock``, which the tests move by hand.
+pytestmark = pytest.mark.hand_clock
 
 
 async def jobs(cluster: Cluster, n: int, policy: RetryPolicy = FIXED) -> tuple[Queue, WorkQueue]:
@@ -139,7 +138,7 @@ async def test_concurrent_workers_get_every_message_exactly_once(cluster: Cluste
     async def worker() -> None:
         while claimed := await work.claim(37, None, SaveMode.NONE):
             seen.extend(m.id for m, _ in claimed)
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # let the other workers claim between a claim and its ack
             await work.ack(receipts(claimed), SaveMode.NONE)
 
     await asyncio.gather(*(worker() for _ in range(6)))

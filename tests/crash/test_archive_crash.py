@@ -19,6 +19,7 @@ import pytest
 from support.faults import FaultProxy
 from support.http import read_all
 from support.servers import S3Server, ServerProcess, free_port
+from support.wait import until
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
@@ -65,12 +66,12 @@ async def test_kill_minus_9_during_archive_to_s3_loses_nothing(
                 batch = {"messages": [{"data": f"m{i}"} for i in range(start_at, start_at + 500)]}
                 async with session.post(f"{server.url}/v1/queues/arc/messages?save=wait", json=batch) as resp:
                     assert resp.status == 200
-            for _ in range(200):
-                if (await queue_stats(session, server.url))["blocks"]["by_state"][
-                    "sealed"
-                ] == MESSAGES // BLOCK:
-                    break
-                await asyncio.sleep(0.05)
+
+            async def all_sealed() -> bool:
+                stats = await queue_stats(session, server.url)
+                return bool(stats["blocks"]["by_state"]["sealed"] == MESSAGES // BLOCK)
+
+            await until(all_sealed, every=0.05, what="every full block sealed")
 
             archive = {
                 "type": "archive",
@@ -81,7 +82,7 @@ async def test_kill_minus_9_during_archive_to_s3_loses_nothing(
                 proxy.add_latency(0.02)
                 async with session.put(f"{server.url}/v1/handlers/tier", json=archive) as resp:
                     assert resp.status in (200, 201), await resp.text()
-                await asyncio.sleep(rng.uniform(0.2, 0.9))
+                await asyncio.sleep(rng.uniform(0.2, 0.9))  # the kill lands at a random point of a pass
                 server.kill()
                 proxy.heal()
                 server = await start(data_dir, port, config)

@@ -27,12 +27,14 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from support.faults import FaultProxy, PowerFs, powerfs
 from support.http import read_all
 from support.servers import ServerProcess, free_port
+from support.wait import eventually
 
 pytestmark = [
     pytest.mark.chaos,
@@ -196,7 +198,7 @@ async def test_two_clusters_copying_both_ways_survive_a_random_fault_schedule(tm
                 async def produce(p: Producer) -> None:
                     while not stop.is_set():
                         await p.step(http, rng, seen)
-                        await asyncio.sleep(0.02)
+                        await asyncio.sleep(0.02)  # paced: a steady stream, not a flood
 
                 async def follow(queue_url: str) -> None:
                     after = 0
@@ -211,7 +213,7 @@ async def test_two_clusters_copying_both_ways_survive_a_random_fault_schedule(tm
                         except (TimeoutError, aiohttp.ClientError):
                             page = None
                         if page is None:
-                            await asyncio.sleep(0.2)
+                            await asyncio.sleep(0.2)  # the node is down or cut off: ask again shortly
                             continue
                         for m in page["messages"]:
                             seen.saw(queue_url, int(m["id"]), (str(m["source"]), int(m["external_id"])))
@@ -246,7 +248,7 @@ async def test_two_clusters_copying_both_ways_survive_a_random_fault_schedule(tm
                             await asyncio.sleep(hold)
                             to_a.heal()
                             to_b.heal()
-                        await asyncio.sleep(rng.uniform(0.5, 2.0))
+                        await asyncio.sleep(rng.uniform(0.5, 2.0))  # a quiet spell between faults
                 finally:
                     stop.set()
                     await asyncio.gather(*workers, return_exceptions=True)
@@ -259,16 +261,18 @@ async def test_two_clusters_copying_both_ways_survive_a_random_fault_schedule(tm
                         await p.step(http, rng, seen)
                     assert not p.unanswered, f"{p.source}: writes still refused after the faults healed"
                 expected = {(p.source, ext): text for p in producers for ext, (_, text) in p.acked.items()}
-                deadline = time.monotonic() + CONVERGE_WITHIN
-                while True:
+                views: list[list[dict[str, Any]]] = []
+
+                async def converged() -> bool:
+                    nonlocal views
                     views = [
                         await read_all(http, f"{n.url}/v1/queues/events", request_timeout=REQUEST_TIMEOUT)
                         for n in (a, b)
                     ]
-                    keys = [{(str(m["source"]), int(m["external_id"])) for m in view} for view in views]  # type: ignore[call-overload]
-                    if all(set(expected) <= k for k in keys) or time.monotonic() > deadline:
-                        break
-                    await asyncio.sleep(1.0)
+                    keys = [{(str(m["source"]), int(m["external_id"])) for m in view} for view in views]
+                    return all(set(expected) <= k for k in keys)
+
+                await eventually(converged, within=CONVERGE_WITHIN, every=1.0)
 
                 losses = 0
                 for node, view in zip((a, b), views, strict=True):

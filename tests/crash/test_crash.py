@@ -87,7 +87,7 @@ async def test_answered_writes_survive_kill_minus_9(tmp_path: Path) -> None:
                     )
                     for p in range(PRODUCERS)
                 ]
-                await asyncio.sleep(rng.uniform(0.3, 1.2))
+                await asyncio.sleep(rng.uniform(0.3, 1.2))  # the kill lands at a random point of the writes
                 server.kill()
                 await asyncio.wait_for(asyncio.gather(*producers), 15)
                 highest_answered = max(answered, default=0)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 from support.servers import ServerProcess, free_port
+from support.wait import until
 
 pytestmark = pytest.mark.slow
 
@@ -71,13 +71,13 @@ async def delivered(session: aiohttp.ClientSession, url: str) -> list[str]:
 
 
 async def wait_until_nothing_is_scheduled(session: aiohttp.ClientSession, url: str) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    async def nothing_scheduled() -> bool:
         async with session.get(f"{url}{Q}") as resp:
-            if (await resp.json())["stats"]["scheduled"]["count"] == 0:
-                return
-        await asyncio.sleep(0.1)
-    raise AssertionError("scheduled messages were not delivered after the restart")
+            return bool((await resp.json())["stats"]["scheduled"]["count"] == 0)
+
+    await until(
+        nothing_scheduled, within=20, every=0.1, what="scheduled messages delivered after the restart"
+    )
 
 
 async def test_scheduled_messages_survive_kill_minus_9_and_are_delivered_once(tmp_path: Path) -> None:

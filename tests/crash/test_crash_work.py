@@ -13,10 +13,12 @@ import os
 import random
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from support.servers import ServerProcess, free_port
+from support.wait import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +55,7 @@ async def work_until_killed(session: aiohttp.ClientSession, url: str, worker: in
                     return
                 claimed = (await resp.json())["messages"]
             if not claimed:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # nothing to claim now (leases still out): ask again shortly
                 continue
             for m in claimed:
                 ledger.claims[-1][m["id"]] += 1
@@ -97,7 +99,7 @@ async def test_claims_and_acks_survive_kill_minus_9(tmp_path: Path) -> None:
                     asyncio.create_task(work_until_killed(session, server.url, w, ledger))
                     for w in range(WORKERS)
                 ]
-                await asyncio.sleep(rng.uniform(0.2, 0.6))
+                await asyncio.sleep(rng.uniform(0.2, 0.6))  # the kill lands at a random point of the work
                 server.kill()
                 await asyncio.wait_for(asyncio.gather(*workers), 15)
                 claims = ledger.claims[-1]
@@ -114,12 +116,16 @@ async def test_claims_and_acks_survive_kill_minus_9(tmp_path: Path) -> None:
             ]
             # Done when the server says every message is finished (an ack that went unanswered
             # may have been saved, or not: then the message comes back and is acked again).
-            for _ in range(600):
+            info: dict[str, Any] = {}
+
+            async def finished() -> bool:
+                nonlocal info
                 async with session.get(f"{server.url}{W}") as resp:
                     info = await resp.json()
-                if info["last_id"] == MESSAGES and not info["work"]["in_flight"] + info["work"]["failed"]:
-                    break
-                await asyncio.sleep(0.1)
+                work = info["work"]
+                return bool(info["last_id"] == MESSAGES and not work["in_flight"] + work["failed"])
+
+            await eventually(finished, within=60.0, every=0.1)
             server.kill()
             await asyncio.wait_for(asyncio.gather(*workers), 15)
             assert not ledger.redelivered_after_ack, (

@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 import pytest
 from support.servers import ServerProcess
+from support.wait import until, until_blocking
 
 pytestmark = [
     pytest.mark.slow,
@@ -141,10 +142,12 @@ def injected(pid: int, calls: str, action: str) -> Iterator[None]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 10.0
-        while not all(_tracer_of(pid, task) == tracer.pid for task in os.listdir(f"/proc/{pid}/task")):
-            assert time.monotonic() < deadline, "strace did not attach"
-            time.sleep(0.05)
+        until_blocking(
+            lambda: all(_tracer_of(pid, task) == tracer.pid for task in os.listdir(f"/proc/{pid}/task")),
+            within=10.0,
+            every=0.05,
+            what="strace to attach",
+        )
         yield
     finally:
         tracer.terminate()
@@ -200,9 +203,11 @@ async def back_after_a_restart(ledger: Ledger, data: Path, config: Path) -> None
 async def resumes_by_itself(ledger: Ledger) -> float:
     """Seconds until /readyz is 200 again, with no write in between (at most RESUME_WITHIN)."""
     started = time.monotonic()
-    while (await readiness(ledger))[0] != 200:
-        assert time.monotonic() - started < RESUME_WITHIN, f"still not ready: {await readiness(ledger)}"
-        await asyncio.sleep(0.1)
+
+    async def ready() -> bool:
+        return (await readiness(ledger))[0] == 200
+
+    await until(ready, within=RESUME_WITHIN, every=0.1, what="/readyz to be 200 again")
     return time.monotonic() - started
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from support.servers import ServerProcess
+from support.wait import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -32,13 +33,15 @@ async def test_a_flush_handler_saves_none_writes_before_a_kill(tmp_path: Path) -
             async with session.post(f"{server.url}/v1/queues/loose/messages?save=none", json=body) as resp:
                 assert resp.status == 200
             # Wait for a pass that wrote bytes (each pass runs every 200 ms).
-            deadline = time.monotonic() + 10
-            while True:
+            status: dict[str, Any] = {}
+
+            async def wrote() -> bool:
+                nonlocal status
                 async with session.get(f"{server.url}/v1/handlers/saver") as resp:
                     status = (await resp.json())["status"]
-                if status.get("bytes", 0) > 0 or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.1)
+                return bool(status.get("bytes", 0) > 0)
+
+            await eventually(wrote, every=0.1)
             assert status.get("bytes", 0) > 0, status
         server.kill()
         server = ServerProcess(data_dir, server.port)

@@ -120,7 +120,7 @@ async def test_power_cuts_keep_every_acknowledged_write_and_cursor(tmp_path: Pat
                         w.url = server.url
                     tasks = [asyncio.create_task(w.run(http, owners)) for w in writers]
                     tasks.append(asyncio.create_task(follow(http, server.url, owners, cursor)))
-                    await asyncio.sleep(rng.uniform(1.0, 2.5))
+                    await asyncio.sleep(rng.uniform(1.0, 2.5))  # the power cut lands at a random point
                     server.kill()
                     fs.cut()
                     await asyncio.gather(*tasks)

@@ -138,7 +138,7 @@ async def test_power_cuts_keep_every_answered_claim_ack_and_commit(tmp_path: Pat
                         ),
                         asyncio.create_task(committer(http, server.url, ledger, "cw", "wait")),
                     ]
-                    await asyncio.sleep(0.6 + 0.4 * cycle)
+                    await asyncio.sleep(0.6 + 0.4 * cycle)  # the work runs a while before the power cut
                     server.kill()
                     fs.cut()
                     await asyncio.gather(*tasks)

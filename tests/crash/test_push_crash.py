@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import time
 from collections.abc import AsyncIterator
 from contextlib import redirect_stdout
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from support.receiver import Received, listening
 from support.servers import ServerProcess, free_port
 from support.wait import until
 
@@ -34,16 +34,10 @@ DEADLINE = 30.0
 
 
 @dataclass
-class Request:
-    ids: list[int]
-    answer: str  # "200", "400" or "held" (never answered)
-    at: float
-
-
-@dataclass
 class Receiver:
     url: str = ""
-    seen: dict[str, list[Request]] = field(default_factory=lambda: {"ord": [], "un": []})
+    # Per handler path; a request's answer is "200", "400" or "held" (never answered).
+    seen: dict[str, list[Received]] = field(default_factory=lambda: {"ord": [], "un": []})
     holding: bool = True  # from the 100th ack of each handler on, requests are held
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -51,12 +45,12 @@ class Receiver:
         path = request.match_info["path"]
         ids = [int(i) for i in request.headers["Capella-Ids"].split(",")]
         if self.holding and len(self.acked(path)) >= 100:
-            self.seen[path].append(Request(ids, "held", time.monotonic()))
+            self.seen[path].append(await Received.of(request, "held"))
             await self.release.wait()
             return web.Response(status=503)
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.002)  # a receiver that takes a moment, so requests are in flight at the kill
         refused = path == "un" and bool(REFUSED & set(ids))
-        self.seen[path].append(Request(ids, "400" if refused else "200", time.monotonic()))
+        self.seen[path].append(await Received.of(request, "400" if refused else "200"))
         if refused:
             return web.Response(status=400, text="unknown customer")
         return web.Response(text="ok")
@@ -71,17 +65,10 @@ class Receiver:
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
     rec = Receiver()
-    app = web.Application()
-    app.router.add_post("/hook/{path}", rec.handle)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    rec.url = f"http://127.0.0.1:{port}/hook"
-    yield rec
-    rec.release.set()
-    await runner.cleanup()
+    async with listening(rec.handle, route="/hook/{path}", shutdown_timeout=0.5) as port:
+        rec.url = f"http://127.0.0.1:{port}/hook"
+        yield rec
+        rec.release.set()
 
 
 async def start(data_dir: Path, port: int) -> ServerProcess:
@@ -98,7 +85,7 @@ async def call(
         return await resp.json()  # type: ignore[no-any-return]
 
 
-def assert_acked_in_order(requests: list[Request]) -> None:
+def assert_acked_in_order(requests: list[Received]) -> None:
     """No request carried a message before every lower id was answered 2xx."""
     done: set[int] = set()
     for r in requests:

@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from support.servers import ServerProcess
+from support.wait import until_blocking
 
 from capella.client import Client
 from capella.config import load_config
@@ -168,11 +168,13 @@ def test_the_services_run_as_processes_and_an_edge_reading_reaches_both_datacent
     for dc in ("dc1", "dc2"):
         password = values[f"{dc.upper()}_ADMIN_PASSWORD"]
         with Client(brokers[dc].url, username="admin", password=password) as client:
-            deadline = time.monotonic() + COPY_TIMEOUT
-            while (
-                not (messages := client.read("telemetry", after=0).messages) and time.monotonic() < deadline
-            ):
-                time.sleep(0.2)
+            until_blocking(
+                lambda client=client: client.read("telemetry", after=0).messages,
+                within=COPY_TIMEOUT,
+                every=0.2,
+                what=f"the message copied to {dc}",
+            )
+            messages = client.read("telemetry", after=0).messages
             assert [(m.source, m.external_id, m.payload) for m in messages] == [("gw-7", 1, b"t=21.5")], dc
 
 

@@ -77,7 +77,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProce
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def secured_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("secured")
     auth = '[auth]\nenabled = true\nbootstrap_user = "admin"\nbootstrap_password_env = "TEST_ORIGINAL_PWD"\n'
     yield from running(start(tmp, "secure", auth, env={"TEST_ORIGINAL_PWD": PASSWORD}))
@@ -372,8 +372,8 @@ def test_the_clock_checks(chain: list[ServerProcess]) -> None:
 # --- security ------------------------------------------------------------------------------------
 
 
-def test_wrong_credentials_get_one_answer(secured: ServerProcess, tmp_path: Path) -> None:
-    url = secured.url
+def test_wrong_credentials_get_one_answer(secured_server: ServerProcess, tmp_path: Path) -> None:
+    url = secured_server.url
     assert call(url, envelope("ping", user="admin", password=PASSWORD))["error"] is None
     wrong = call(url, envelope("ping", user="admin", password="nope"))
     unknown = call(url, envelope("ping", user="nobody", password="nope"))
@@ -400,8 +400,8 @@ def test_failed_logins_are_rate_limited_as_on_v1(tmp_path: Path) -> None:
         assert codes[0] == 10300903 and codes[-1] == 10990004
 
 
-def test_a_narrow_user_may_not_do_through_cluster_what_v1_forbids(secured: ServerProcess) -> None:
-    url = secured.url
+def test_a_narrow_user_may_not_do_through_cluster_what_v1_forbids(secured_server: ServerProcess) -> None:
+    url = secured_server.url
     put(f"{url}/v1/queues/open_q", {}, user="admin")
     put(f"{url}/v1/queues/closed_q", {}, user="admin")
     put(f"{url}/v1/users/reader", {"password": PASSWORD, "rules": ["allow:queue:read:open_q"]}, user="admin")

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from support.servers import ServerProcess, free_port
+from support.wait import until_blocking
 
 from e2e.test_original import (
     CAPTURES,
@@ -79,15 +80,6 @@ def v1(url: str, path: str, user: str = "admin", password: str = PASSWORD) -> An
 
 def original_body(number: str) -> Any:
     return CAPTURES[number]["resp_json"]["responce"]["body"]
-
-
-def wait_for(check: Any, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
 
 
 def test_capsec_users_and_rules_map_onto_capella_users(
@@ -189,7 +181,7 @@ def test_external_clusters_and_handlers_through_cap(
         _, out = cap(far, "-cmd", "q_get", "-name", "example_queue2", "-qty", "10", "-id", "0")
         return [m["eid"] for m in json.loads(out) or []]
 
-    assert wait_for(lambda: len(copied()) == 2)
+    until_blocking(lambda: len(copied()) == 2, what="both messages copied east")
     assert cap(conn, "-cmd", "h_last_error", "-name", copy)[0] == 0
     assert cap(conn, "-cmd", "h_last_complete", "-name", copy)[1].strip() != NEVER
     # Stop means stop (the original's worker went on copying): nothing more reaches east.
@@ -198,7 +190,7 @@ def test_external_clusters_and_handlers_through_cap(
     runs = v1(west.url, f"/v1/handlers/{copy}")["status"]["runs"]
     more = ("-cmd", "q_au", "-name", "example_queue", "-pf", str(EXAMPLES / "new_messages2.json"))
     assert cap(conn, *more, "-save_mode", "1")[0] == 0
-    time.sleep(1.0)
+    time.sleep(1.0)  # time in which a stopped copy must not copy
     assert len(copied()) == 2
     assert v1(west.url, f"/v1/handlers/{copy}")["status"]["runs"] == runs
 
@@ -242,7 +234,8 @@ def test_a_failing_handler_shows_its_error_as_the_original(
     }
     assert capx(conn, "add_h", "-body", json.dumps(handler))["error"] is None
     assert cap(conn, "-cmd", "h_start", "-name", "rs_nobody") == (0, "OK\n")
-    failed = wait_for(lambda: capx(conn, "h_last_error", "-object", "rs_nobody")["error"])
+    until_blocking(lambda: capx(conn, "h_last_error", "-object", "rs_nobody")["error"], what="a last error")
+    failed = capx(conn, "h_last_error", "-object", "rs_nobody")["error"]
     want = CAPTURES["046"]["resp_json"]["responce"]["error"]
     assert failed["code"] == want["code"] and set(failed) == set(want)
     assert '[user:"nobody"]' in failed["msg"] and "may not" in failed["ie"]["msg"]
@@ -334,7 +327,7 @@ def beside(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Serv
     try:
         for server in servers:
             server.wait_ready()
-        wait_for(
+        until_blocking(
             lambda: (
                 subprocess.run(
                     ["python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), 1)"],

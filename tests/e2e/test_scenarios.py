@@ -7,12 +7,12 @@ links are created over HTTP as an operator would. Each wait is bounded.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from support.servers import ServerProcess, free_port
+from support.wait import eventually
 
 from capella.client import AsyncClient
 from capella.wire.messages import StoredMessage
@@ -87,12 +87,16 @@ async def produce(node: Node, prefix: str, count: int, queue: str = "events") ->
 
 
 async def converged(nodes: list[Node], expected: int) -> list[list[tuple[str, int]]]:
-    deadline = time.monotonic() + CONVERGE_TIMEOUT
-    while True:
+    """Every node's identities once each has ``expected`` (or as they are at the deadline)."""
+    views: list[list[tuple[str, int]]] = []
+
+    async def caught_up() -> bool:
+        nonlocal views
         views = [await n.identities() for n in nodes]
-        if all(len(v) >= expected for v in views) or time.monotonic() > deadline:
-            return views
-        await asyncio.sleep(0.2)
+        return all(len(v) >= expected for v in views)
+
+    await eventually(caught_up, within=CONVERGE_TIMEOUT, every=0.2)
+    return views
 
 
 def assert_union(views: list[list[tuple[str, int]]], expected: int) -> None:
@@ -112,11 +116,13 @@ async def test_edge_keeps_writing_while_the_datacenter_is_down(cluster_nodes: di
     await edge.link_and_copy(dc)
     await produce(edge, "e", 450)
     status = (await edge.client.handler("to-b")).status
-    for _ in range(50):
-        if status.last_error:
-            break
-        await asyncio.sleep(0.1)
+
+    async def failing() -> bool:
+        nonlocal status
         status = (await edge.client.handler("to-b")).status
+        return bool(status.last_error)
+
+    await eventually(failing, every=0.1)
     assert status.last_error and "unreachable" in status.last_error.message
 
     await dc.start()
@@ -168,7 +174,7 @@ async def test_three_clusters_converge_in_a_ring_and_in_a_mesh(
         await produce(node, node.name, 100)
     views = await converged(nodes, 300)
     assert_union(views, 300)
-    await asyncio.sleep(2.5)
+    await asyncio.sleep(2.5)  # quiet: nothing more may appear (no loop)
     assert [len(await n.identities()) for n in nodes] == [300, 300, 300]
 
 

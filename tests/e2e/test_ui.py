@@ -9,12 +9,9 @@ to ``tmp_path`` (never into git). A page on another origin reads the stream with
 from __future__ import annotations
 
 import base64
-import http.server
 import json
 import os
 import re
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,16 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.servers import ServerProcess, free_port, running
+from playwright.sync_api import Browser, Page, expect
+from support.browser import PageServer, chromium, needs_chromium
+from support.servers import ServerProcess, running
 from support.wait import until_blocking
 
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():  # pragma: no cover - make tools installs it
-    pytest.skip("chromium is not installed (make tools installs it)", allow_module_level=True)
-
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
-
-pytestmark = pytest.mark.slow
+pytestmark = [needs_chromium, pytest.mark.slow]
 
 # A payload that would run if the console ever put message text into the DOM as HTML.
 HOSTILE = '<img src=x onerror="document.body.dataset.pwned=1">'
@@ -90,11 +83,15 @@ def seed(api: Api) -> None:
     # The sealed blocks move to tier 1 (a compressed mount); the open one stays.
     archive = {"conditions": [{"mark": 1, "from_age": 0}]}
     api("PUT", "/v1/handlers/archive", {"type": "archive", "queue": "orders", "params": archive})
-    deadline = time.monotonic() + 10
-    while "1" not in api("GET", "/v1/queues/orders")["stats"]["blocks"]["by_mark"]:
-        assert time.monotonic() < deadline, api("GET", "/v1/handlers/archive")
-        time.sleep(0.05)  # blocks are sealed in the background: move them once they are
+
+    def archived() -> bool:
+        if "1" in api("GET", "/v1/queues/orders")["stats"]["blocks"]["by_mark"]:
+            return True
+        # Blocks are sealed in the background: move them once they are.
         api("POST", "/v1/handlers/archive/run")
+        return False
+
+    until_blocking(archived, every=0.05, what="blocks archived to tier 1")
     api("PUT", "/v1/handlers/orders-copy", {"type": "copy", "queue": "orders", "params": {"to": "copied"}})
     api("POST", "/v1/handlers/orders-copy/run")
     api("PUT", "/v1/queues/orders/subscriptions/billing", {"last_id": 4})
@@ -121,38 +118,6 @@ def seed(api: Api) -> None:
         {"receipt": again[0]["receipt"], "error": "fatal"},
     )
     api("POST", "/v1/queues/orders/messages", {"data": "later", "delay": "1h", "source": "cron"})
-
-
-class PageServer:
-    """A second origin: a tiny static server on another loopback port."""
-
-    def __init__(self) -> None:
-        self.pages: dict[str, str] = {}
-        pages = self.pages
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = pages.get(self.path.split("?")[0])
-                if body is None:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html; charset=utf-8")
-                self.end_headers()
-                self.wfile.write(body.encode())
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(5)
 
 
 @pytest.fixture(scope="module")
@@ -182,16 +147,14 @@ def server(tmp_path_factory: pytest.TempPathFactory, origin: PageServer) -> Iter
 
 
 @pytest.fixture(scope="module")
-def api(server: ServerProcess) -> Api:
+def server_api(server: ServerProcess) -> Api:
     return Api(server.url)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-        yield chromium
-        chromium.close()
+    with chromium() as browser:
+        yield browser
 
 
 @pytest.fixture
@@ -231,10 +194,10 @@ def row(page: Page, testid: str, text: str) -> Any:
 
 
 def test_overview_shows_each_queue_and_the_failing_handlers(
-    page: Page, api: Api, server: ServerProcess, tmp_path: Path
+    page: Page, server_api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
     page.goto(f"{server.url}/ui/?sample=0.3")
-    queues = {q["name"]: q["stats"] for q in api("GET", "/v1/queues")["queues"]}
+    queues = {q["name"]: q["stats"] for q in server_api("GET", "/v1/queues")["queues"]}
     table = page.get_by_test_id("queues")
     expect(table.locator("tbody tr")).to_have_count(len(queues))
     for name, stats in queues.items():
@@ -243,14 +206,14 @@ def test_overview_shows_each_queue_and_the_failing_handlers(
     by_mark = queues["orders"]["blocks"]["by_mark"]
     orders = table.locator("tbody tr").filter(has=page.get_by_role("link", name="orders", exact=True))
     expect(orders).to_contain_text(", ".join(f"tier {m}: {n}" for m, n in sorted(by_mark.items())))
-    failing = [h for h in api("GET", "/v1/handlers")["handlers"] if h["status"]["last_error"]]
+    failing = [h for h in server_api("GET", "/v1/handlers")["handlers"] if h["status"]["last_error"]]
     assert [h["name"] for h in failing] == ["to-dc2"]
     expect(row(page, "failing", "to-dc2")).to_contain_text(failing[0]["status"]["last_error"]["message"][:40])
     expect(page.get_by_test_id("card-failing")).to_have_text("1")
     expect(row(page, "failing", "to-dc2").get_by_test_id("failing-since")).to_contain_text("ago")
     page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
     # The charts fill as the page samples: a produced batch shows as a produce rate.
-    api("POST", "/v1/queues/copied/messages", {"messages": [{"data": "x"}] * 3})
+    server_api("POST", "/v1/queues/copied/messages", {"messages": [{"data": "x"}] * 3})
     expect(orders.locator("svg.spark").first).not_to_have_attribute("data-points", re.compile(r"^[01]$"))
 
 
@@ -258,18 +221,18 @@ def test_overview_shows_each_queue_and_the_failing_handlers(
 
 
 def test_queue_page_blocks_subscriptions_tail_produce_and_find(
-    page: Page, api: Api, server: ServerProcess, tmp_path: Path
+    page: Page, server_api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
     page.goto(f"{server.url}/ui/#/queue/orders")
-    stats = api("GET", "/v1/queues/orders")["stats"]
+    stats = server_api("GET", "/v1/queues/orders")["stats"]
     expect(page.get_by_test_id("stat-messages")).to_have_text(num(stats["messages"]))
-    blocks = api("GET", "/v1/queues/orders/blocks")["blocks"]
+    blocks = server_api("GET", "/v1/queues/orders/blocks")["blocks"]
     expect(page.locator("svg.blocks rect.tier")).to_have_count(len(blocks))
     moved = [b for b in blocks if b["state"] == "sealed" and b["mark"] == 1]
     assert moved and len(moved) == stats["blocks"]["by_mark"]["1"]
     expect(row(page, "tiers", "tier 1").get_by_test_id("tier-blocks")).to_have_text(str(len(moved)))
     expect(page.locator("svg.blocks rect.tier1")).to_have_count(len(moved))
-    for sub in api("GET", "/v1/queues/orders/subscriptions")["subscriptions"]:
+    for sub in server_api("GET", "/v1/queues/orders/subscriptions")["subscriptions"]:
         expect(row(page, "subscriptions", sub["name"]).get_by_test_id("lag")).to_have_text(num(sub["lag"]))
 
     # The tail shows the last ten messages, then a message produced from the page.
@@ -282,13 +245,13 @@ def test_queue_page_blocks_subscriptions_tail_produce_and_find(
     page.get_by_test_id("produce-send").click()
     expect(page.get_by_test_id("produce-result")).to_contain_text("stored as id")
     new_id = int(page.get_by_test_id("produce-result").inner_text().split()[3])
-    stored = api("GET", f"/v1/queues/orders/messages?after={new_id - 1}&limit=1")["messages"][0]
+    stored = server_api("GET", f"/v1/queues/orders/messages?after={new_id - 1}&limit=1")["messages"][0]
     assert (stored["id"], stored["source"], stored["headers"]) == (new_id, "console", {"kind": "test"})
     expect(page.locator(f'[data-testid=tail] tr[data-id="{new_id}"]')).to_contain_text("from the console")
     page.screenshot(path=str(tmp_path / "queue.png"), full_page=True)
 
     # Find: what the page finds is what the API holds, filtered as the work filter would.
-    every = api("GET", "/v1/queues/orders/messages?limit=1000")["messages"]
+    every = server_api("GET", "/v1/queues/orders/messages?limit=1000")["messages"]
 
     def find(**fields: str) -> list[int]:
         for name in ("from", "to", "source", "segments", "header", "json"):
@@ -325,15 +288,15 @@ def test_queue_page_blocks_subscriptions_tail_produce_and_find(
 
 
 def test_a_page_whose_queue_is_dropped_says_why_it_cannot_refresh(
-    page: Page, api: Api, server: ServerProcess
+    page: Page, server_api: Api, server: ServerProcess
 ) -> None:
-    api("PUT", "/v1/queues/short-lived", {})
+    server_api("PUT", "/v1/queues/short-lived", {})
     page.goto(f"{server.url}/ui/?sample=0.3#/queue/short-lived")
     expect(page.get_by_test_id("queue-name")).to_have_text("short-lived")
     # The page's first load is done (its stats are drawn): a drop during that load would
     # show the page's error instead of a failed refresh.
     expect(page.get_by_test_id("queue-stats")).to_be_visible()
-    api("DELETE", "/v1/queues/short-lived")
+    server_api("DELETE", "/v1/queues/short-lived")
     expect(page.get_by_test_id("status")).to_contain_text("Could not refresh: no queue")
     page.goto(f"{server.url}/ui/?sample=0.3#/")
     expect(page.get_by_test_id("status")).to_be_empty()
@@ -345,10 +308,10 @@ def test_a_page_whose_queue_is_dropped_says_why_it_cannot_refresh(
 
 
 def test_handlers_page_shows_state_and_starts_stops_and_runs(
-    page: Page, api: Api, server: ServerProcess, tmp_path: Path
+    page: Page, server_api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
     page.goto(f"{server.url}/ui/#/handlers")
-    for handler in api("GET", "/v1/handlers")["handlers"]:
+    for handler in server_api("GET", "/v1/handlers")["handlers"]:
         state = "started" if handler["started"] else "stopped"
         expect(row(page, "handlers", handler["name"]).get_by_test_id("handler-state")).to_have_text(
             re.compile(f"{state}|running")
@@ -356,12 +319,12 @@ def test_handlers_page_shows_state_and_starts_stops_and_runs(
     page.screenshot(path=str(tmp_path / "handlers-before.png"), full_page=True)
     page.get_by_test_id("stop-flush-all").click()
     expect(row(page, "handlers", "flush-all").get_by_test_id("handler-state")).to_have_text("stopped")
-    assert api("GET", "/v1/handlers/flush-all")["started"] is False
+    assert server_api("GET", "/v1/handlers/flush-all")["started"] is False
     page.get_by_test_id("start-flush-all").click()
     expect(row(page, "handlers", "flush-all").get_by_test_id("handler-state")).to_have_text(
         re.compile("started|running")
     )
-    assert api("GET", "/v1/handlers/flush-all")["started"] is True
+    assert server_api("GET", "/v1/handlers/flush-all")["started"] is True
 
     # A failing handler: when its failures began, its last run (a failed one) and its last
     # success (never) are three things.
@@ -369,7 +332,7 @@ def test_handlers_page_shows_state_and_starts_stops_and_runs(
     until_blocking(
         lambda: (
             failing.get_by_test_id("handler-failing-since").get_attribute("title")
-            == iso(failing_since(api("GET", "/v1/handlers/to-dc2")["status"]))
+            == iso(failing_since(server_api("GET", "/v1/handlers/to-dc2")["status"]))
         )
     )
     expect(failing.get_by_test_id("handler-last-run")).not_to_have_text("—")
@@ -378,10 +341,10 @@ def test_handlers_page_shows_state_and_starts_stops_and_runs(
     expect(healthy.get_by_test_id("handler-failing-since")).to_have_count(0)
     expect(healthy.get_by_test_id("handler-last-success")).not_to_have_text("—")
 
-    runs = api("GET", "/v1/handlers/to-dc2")["status"]["runs"]
+    runs = server_api("GET", "/v1/handlers/to-dc2")["status"]["runs"]
     page.get_by_test_id("run-to-dc2").click()
     expect(page.locator(".toast.error")).to_contain_text("the pass failed")
-    after = api("GET", "/v1/handlers/to-dc2")["status"]
+    after = server_api("GET", "/v1/handlers/to-dc2")["status"]
     assert after["runs"] > runs
     expect(row(page, "handlers", "to-dc2").get_by_test_id("handler-runs")).to_have_text(num(after["runs"]))
     expect(row(page, "handlers", "to-dc2").get_by_test_id("handler-error")).to_contain_text(
@@ -393,19 +356,19 @@ def test_handlers_page_shows_state_and_starts_stops_and_runs(
 
 
 def test_replication_page_pings_links_and_shows_copy_lag_and_replicas(
-    page: Page, api: Api, server: ServerProcess, tmp_path: Path
+    page: Page, server_api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
     page.goto(f"{server.url}/ui/?sample=0.3#/replication")
-    ping = api("POST", "/v1/clusters/dc2/ping")
+    ping = server_api("POST", "/v1/clusters/dc2/ping")
     assert ping["ok"] is False
     expect(row(page, "links", "dc2").get_by_test_id("ping")).to_contain_text(ping["error"]["code"])
     # The lag as of the handler's last pass (what it could not copy yet), sampled over time.
-    lag = api("GET", "/v1/handlers/orders-copy")["status"]["lag"]
+    lag = server_api("GET", "/v1/handlers/orders-copy")["status"]["lag"]
     expect(row(page, "copies", "orders-copy").get_by_test_id("copy-lag")).to_have_text(num(lag))
     expect(row(page, "copies", "orders-copy").locator("svg.spark")).not_to_have_attribute(
         "data-points", re.compile(r"^[01]$")
     )
-    replicas = api("GET", "/v1/queues/orders/replicas?id=1")
+    replicas = server_api("GET", "/v1/queues/orders/replicas?id=1")
     assert replicas["count"] >= 1
     page.get_by_test_id("replicas-queue").select_option("orders")
     page.get_by_test_id("replicas-id").fill("1")
@@ -418,11 +381,11 @@ def test_replication_page_pings_links_and_shows_copy_lag_and_replicas(
 
 
 def test_work_pages_count_and_retry_move_back_and_delete(
-    page: Page, api: Api, server: ServerProcess, tmp_path: Path
+    page: Page, server_api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
     base = "/v1/queues/jobs/subscriptions/workers"
     page.goto(f"{server.url}/ui/#/work")
-    work = api("GET", base)["work"]
+    work = server_api("GET", base)["work"]
     line = row(page, "work-queues", "workers")
     for key, testid in (
         ("backlog", "pending"),
@@ -435,7 +398,7 @@ def test_work_pages_count_and_retry_move_back_and_delete(
     page.screenshot(path=str(tmp_path / "work-queues.png"), full_page=True)
 
     line.get_by_role("link", name="workers").click()
-    shown = api("GET", f"{base}/work?status=in_flight,failed,dead")["messages"]
+    shown = server_api("GET", f"{base}/work?status=in_flight,failed,dead")["messages"]
     table = page.get_by_test_id("work-messages")
     expect(table.locator("tbody tr")).to_have_count(len(shown))
     for m in shown:
@@ -451,10 +414,10 @@ def test_work_pages_count_and_retry_move_back_and_delete(
 
     page.get_by_test_id(f"moveback-{dead}").click()
     expect(page.get_by_test_id(f"moveback-{dead}")).to_have_count(0)
-    assert api("GET", f"{base}/work/{dead}")["status"] == "pending"
+    assert server_api("GET", f"{base}/work/{dead}")["status"] == "pending"
     page.get_by_test_id(f"retry-{failed}").click()
     expect(page.get_by_test_id(f"retry-{failed}")).to_have_count(0)
-    assert api("GET", f"{base}/work/{failed}")["status"] == "pending"
+    assert server_api("GET", f"{base}/work/{failed}")["status"] == "pending"
     page.get_by_test_id("status-pending").check()
     page.get_by_test_id("work-show").click()
     # Delete asks first, naming the message; dismissing it keeps the message.
@@ -462,14 +425,14 @@ def test_work_pages_count_and_retry_move_back_and_delete(
     expect(page.get_by_test_id("confirm")).to_contain_text(f"Delete message {failed} from jobs / workers?")
     page.get_by_test_id("confirm-cancel").click()
     expect(page.get_by_test_id("confirm")).to_have_count(0)
-    assert api("GET", f"{base}/work/{failed}")["status"] == "pending"
+    assert server_api("GET", f"{base}/work/{failed}")["status"] == "pending"
     expect(page.get_by_test_id(f"delete-{failed}")).to_have_count(1)
     page.get_by_test_id(f"delete-{failed}").click()
     page.get_by_test_id("confirm-ok").click()
     expect(page.get_by_test_id(f"delete-{failed}")).to_have_count(0)
     # Finished without processing: "deleted", or "done" once every id before it is finished.
-    assert api("GET", f"{base}/work/{failed}")["status"] in ("deleted", "done")
-    work = api("GET", base)["work"]
+    assert server_api("GET", f"{base}/work/{failed}")["status"] in ("deleted", "done")
+    work = server_api("GET", base)["work"]
     counts = f"pending {work['backlog']}, in flight {work['in_flight']}, failed {work['failed']}"
     expect(page.get_by_test_id("work-counts")).to_have_text(f"{counts}, dead {work['dead']}")
 
@@ -478,10 +441,10 @@ def test_work_pages_count_and_retry_move_back_and_delete(
 
 
 def test_scheduled_page_lists_what_falls_due_and_cancels(
-    page: Page, api: Api, server: ServerProcess, tmp_path: Path
+    page: Page, server_api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
     page.goto(f"{server.url}/ui/#/scheduled")
-    listed = api("GET", "/v1/queues/orders/scheduled")
+    listed = server_api("GET", "/v1/queues/orders/scheduled")
     expect(row(page, "scheduled-queues", "orders").get_by_test_id("scheduled-count")).to_have_text(
         num(listed["count"])
     )
@@ -495,11 +458,11 @@ def test_scheduled_page_lists_what_falls_due_and_cancels(
     page.get_by_test_id(f"cancel-{sid}").click()
     page.keyboard.press("Escape")
     expect(page.get_by_test_id("confirm")).to_have_count(0)
-    assert api("GET", f"/v1/queues/orders/scheduled/{sid}")["scheduled_id"] == sid
+    assert server_api("GET", f"/v1/queues/orders/scheduled/{sid}")["scheduled_id"] == sid
     page.get_by_test_id(f"cancel-{sid}").click()
     page.get_by_test_id("confirm-ok").click()
     expect(page.get_by_test_id(f"cancel-{sid}")).to_have_count(0)
-    error = api("GET", f"/v1/queues/orders/scheduled/{sid}", expect_status=404)["error"]
+    error = server_api("GET", f"/v1/queues/orders/scheduled/{sid}", expect_status=404)["error"]
     assert error["code"] == "scheduled_not_found"
 
 
@@ -507,13 +470,13 @@ def test_scheduled_page_lists_what_falls_due_and_cancels(
 
 
 def test_every_delete_asks_first_and_a_queue_wants_its_name_typed(
-    page: Page, api: Api, server: ServerProcess, tmp_path: Path
+    page: Page, server_api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
-    api("PUT", "/v1/queues/doomed", {})
-    api("POST", "/v1/queues/doomed/messages", {"data": "keep me"})
-    api("PUT", "/v1/queues/doomed/subscriptions/reader", {})
-    api("PUT", "/v1/handlers/doomed-flush", {"type": "flush", "queue": "doomed"})
-    api("PUT", "/v1/clusters/spare", {"url": "http://127.0.0.1:9"})
+    server_api("PUT", "/v1/queues/doomed", {})
+    server_api("POST", "/v1/queues/doomed/messages", {"data": "keep me"})
+    server_api("PUT", "/v1/queues/doomed/subscriptions/reader", {})
+    server_api("PUT", "/v1/handlers/doomed-flush", {"type": "flush", "queue": "doomed"})
+    server_api("PUT", "/v1/clusters/spare", {"url": "http://127.0.0.1:9"})
     dialog = page.get_by_test_id("confirm")
 
     page.goto(f"{server.url}/ui/#/queue/doomed")
@@ -526,40 +489,40 @@ def test_every_delete_asks_first_and_a_queue_wants_its_name_typed(
     page.screenshot(path=str(tmp_path / "confirm-queue.png"))
     page.get_by_test_id("confirm-cancel").click()
     expect(dialog).to_have_count(0)
-    assert api("GET", "/v1/queues/doomed")["stats"]["messages"] == 1
+    assert server_api("GET", "/v1/queues/doomed")["stats"]["messages"] == 1
 
     # A subscription: dismissed, then confirmed.
     page.get_by_test_id("delete-subscription-reader").click()
     expect(dialog).to_contain_text("Delete subscription reader of doomed?")
     page.keyboard.press("Escape")
     expect(dialog).to_have_count(0)
-    assert api("GET", "/v1/queues/doomed/subscriptions/reader")["name"] == "reader"
+    assert server_api("GET", "/v1/queues/doomed/subscriptions/reader")["name"] == "reader"
     page.get_by_test_id("delete-subscription-reader").click()
     page.get_by_test_id("confirm-ok").click()
     expect(page.get_by_test_id("delete-subscription-reader")).to_have_count(0)
-    api("GET", "/v1/queues/doomed/subscriptions/reader", expect_status=404)
+    server_api("GET", "/v1/queues/doomed/subscriptions/reader", expect_status=404)
 
     # A handler.
     page.goto(f"{server.url}/ui/#/handlers")
     page.get_by_test_id("delete-doomed-flush").click()
     expect(dialog).to_contain_text("Delete handler doomed-flush?")
     page.get_by_test_id("confirm-cancel").click()
-    assert api("GET", "/v1/handlers/doomed-flush")["name"] == "doomed-flush"
+    assert server_api("GET", "/v1/handlers/doomed-flush")["name"] == "doomed-flush"
     page.get_by_test_id("delete-doomed-flush").click()
     page.get_by_test_id("confirm-ok").click()
     expect(page.get_by_test_id("delete-doomed-flush")).to_have_count(0)
-    api("GET", "/v1/handlers/doomed-flush", expect_status=404)
+    server_api("GET", "/v1/handlers/doomed-flush", expect_status=404)
 
     # A link.
     page.goto(f"{server.url}/ui/#/replication")
     page.get_by_test_id("delete-link-spare").click()
     expect(dialog).to_contain_text("Delete the link to spare?")
     page.get_by_test_id("confirm-cancel").click()
-    assert "spare" in [c["name"] for c in api("GET", "/v1/clusters")["clusters"]]
+    assert "spare" in [c["name"] for c in server_api("GET", "/v1/clusters")["clusters"]]
     page.get_by_test_id("delete-link-spare").click()
     page.get_by_test_id("confirm-ok").click()
     expect(page.get_by_test_id("delete-link-spare")).to_have_count(0)
-    assert "spare" not in [c["name"] for c in api("GET", "/v1/clusters")["clusters"]]
+    assert "spare" not in [c["name"] for c in server_api("GET", "/v1/clusters")["clusters"]]
 
     # The queue, once its name is typed: gone, and the console is back on the overview.
     page.goto(f"{server.url}/ui/#/queue/doomed")
@@ -567,18 +530,18 @@ def test_every_delete_asks_first_and_a_queue_wants_its_name_typed(
     page.get_by_test_id("confirm-typed").fill("doomed")
     page.get_by_test_id("confirm-ok").click()
     expect(page.locator("[data-page=overview]")).to_be_visible()
-    api("GET", "/v1/queues/doomed", expect_status=404)
+    server_api("GET", "/v1/queues/doomed", expect_status=404)
 
 
 # --- a queue's latest messages and an ack subscription's links ------------------------------
 
 
 def test_a_queue_page_shows_its_latest_messages_newest_first_at_once(
-    page: Page, api: Api, server: ServerProcess
+    page: Page, server_api: Api, server: ServerProcess
 ) -> None:
     page.goto(f"{server.url}/ui/#/queue/orders")
-    last = api("GET", "/v1/queues/orders")["stats"]["last_id"]
-    newest = api("GET", f"/v1/queues/orders/messages?after={max(0, last - 20)}&limit=20")["messages"]
+    last = server_api("GET", "/v1/queues/orders")["stats"]["last_id"]
+    newest = server_api("GET", f"/v1/queues/orders/messages?after={max(0, last - 20)}&limit=20")["messages"]
     ids = page.get_by_test_id("latest").locator("tbody tr td:first-child")
     expect(ids).to_have_text([str(m["id"]) for m in reversed(newest)])
     # Payloads are text here too.
@@ -586,12 +549,12 @@ def test_a_queue_page_shows_its_latest_messages_newest_first_at_once(
     assert page.evaluate("document.body.dataset.pwned") is None
     # A new message shows with the next sample, on top.
     page.goto(f"{server.url}/ui/?sample=0.3#/queue/orders")
-    made = api("POST", "/v1/queues/orders/messages", {"data": "the newest"})["results"][0]["id"]
+    made = server_api("POST", "/v1/queues/orders/messages", {"data": "the newest"})["results"][0]["id"]
     expect(ids.first).to_have_text(str(made))
 
 
 def test_an_ack_subscription_links_to_its_work_queue_and_dead_letter_queue(
-    page: Page, api: Api, server: ServerProcess
+    page: Page, server_api: Api, server: ServerProcess
 ) -> None:
     page.goto(f"{server.url}/ui/#/queue/jobs")
     workers = row(page, "subscriptions", "workers")
@@ -612,7 +575,7 @@ def test_an_ack_subscription_links_to_its_work_queue_and_dead_letter_queue(
 
 
 def test_charts_have_a_scale_and_a_time_window_the_user_chooses(
-    page: Page, api: Api, server: ServerProcess, tmp_path: Path
+    page: Page, server_api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
     page.goto(f"{server.url}/ui/?sample=0.3")
     orders = (
@@ -681,7 +644,7 @@ def test_every_page_fits_its_cards_from_800_px_up(
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory, origin: PageServer) -> Iterator[ServerProcess]:
+def secured_server(tmp_path_factory: pytest.TempPathFactory, origin: PageServer) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("secured")
     os.environ["CONSOLE_ADMIN"] = ADMIN_PASSWORD  # read by the server at its first start
     try:
@@ -696,16 +659,16 @@ def basic(user: str, password: str) -> str:
 
 
 def test_sign_in_with_a_password_keeps_a_token_and_hides_what_the_user_may_not_do(
-    page: Page, secured: ServerProcess
+    page: Page, secured_server: ServerProcess
 ) -> None:
-    admin = Api(secured.url, basic("admin", ADMIN_PASSWORD))
+    admin = Api(secured_server.url, basic("admin", ADMIN_PASSWORD))
     admin("PUT", "/v1/queues/orders", {})
     admin("POST", "/v1/queues/orders/messages", {"data": "hi"})
     admin("PUT", "/v1/handlers/flush", {"type": "flush", "queue": "orders"})
     rules = ["allow:queue:read:*", "allow:handler:read:*", "allow:subscription:read:*"]
     admin("PUT", "/v1/users/viewer", {"password": "viewer-password", "rules": rules})
 
-    page.goto(f"{secured.url}/ui/")
+    page.goto(f"{secured_server.url}/ui/")
     dialog = page.locator("dialog#signin")
     expect(dialog).to_be_visible()
     dialog.get_by_label("User").fill("viewer")
@@ -725,21 +688,21 @@ def test_sign_in_with_a_password_keeps_a_token_and_hides_what_the_user_may_not_d
     token = page.evaluate("sessionStorage.getItem('capella.auth')")
     assert token.startswith("Bearer cap_")
     assert "viewer-password" not in json.dumps(page.evaluate("Object.entries(sessionStorage)"))
-    assert Api(secured.url, token)("GET", "/v1/me")["user"] == "viewer"
+    assert Api(secured_server.url, token)("GET", "/v1/me")["user"] == "viewer"
     made = [t for t in admin("GET", "/v1/tokens")["tokens"] if t["user"] == "viewer"]
     assert [t["description"] for t in made] == ["console"]
 
-    page.goto(f"{secured.url}/ui/#/handlers")
+    page.goto(f"{secured_server.url}/ui/#/handlers")
     expect(page.get_by_test_id("run-flush")).to_be_disabled()
     expect(page.get_by_test_id("stop-flush")).to_be_disabled()
-    page.goto(f"{secured.url}/ui/#/queue/orders")
+    page.goto(f"{secured_server.url}/ui/#/queue/orders")
     expect(page.get_by_test_id("produce-send")).to_be_disabled()
     expect(page.get_by_test_id("stat-messages")).to_have_text("1")
 
     # A revoked (or expired) token: the next call is refused and the console asks again.
     token_id = page.evaluate("sessionStorage.getItem('capella.auth.id')")
     admin("DELETE", f"/v1/tokens/{token_id}")
-    page.goto(f"{secured.url}/ui/#/handlers")
+    page.goto(f"{secured_server.url}/ui/#/handlers")
     expect(dialog).to_be_visible()
     dialog.get_by_label("User").fill("viewer")
     dialog.get_by_label("Password").fill("viewer-password")
@@ -750,7 +713,7 @@ def test_sign_in_with_a_password_keeps_a_token_and_hides_what_the_user_may_not_d
     # Signing out revokes the token.
     page.get_by_test_id("signout").click()
     expect(dialog).to_be_visible()
-    Api(secured.url, token)("GET", "/v1/me", expect_status=401)
+    Api(secured_server.url, token)("GET", "/v1/me", expect_status=401)
 
 
 # --- another origin ------------------------------------------------------------------------

@@ -133,7 +133,7 @@ async def test_a_started_copy_follows_new_messages_and_serves_receipts(cluster: 
         assert (await all_messages(cluster, "dc")) == [("dc1", 1, b"hello")]
         state = await supervisor.stop_handler("up")
         runs = state.runs
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # time in which a stopped copy must not run
         assert state.runs == runs
     finally:
         await supervisor.close()

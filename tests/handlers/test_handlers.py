@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from support.clock import Clock
+from support.wait import until
 
 from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
@@ -46,18 +47,14 @@ def cluster_config(tmp_path: Path) -> Config:
     return make_config(tmp_path)
 
 
-@pytest.fixture
-def cluster_clock(clock: Clock) -> Clock:
-    return clock
+# ``cluster`` runs on ``clock``, which the tests move by hand.
+pytestmark = pytest.mark.hand_clock
 
 
 async def filled(cluster: Cluster, name: str, count: int) -> Any:
     q, _ = await cluster.put_queue(name, {})
     await q.append([Draft(payload=f"m{i}".encode()) for i in range(count)], SaveMode.WAIT)
-    for _ in range(200):
-        if q.stats()["blocks"]["by_state"]["sealing"] == 0:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealing"] == 0, what="no block still sealing")
     return q
 
 
@@ -240,10 +237,7 @@ async def test_supervisor_persists_handlers_and_their_started_state(
         "trim", {"type": "expire", "queue": "ex", "params": {"max_messages": 10, "interval": "1h"}}
     )
     assert created and state.started
-    for _ in range(100):  # the first pass runs at once
-        if state.runs:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: state.runs, what="the first pass, which runs at once")
     assert state.runs == 1 and state.items == 2 and state.last_complete == clock.now
     await supervisor.put("idle", {"type": "unload", "queues": ["*"], "started": False})
     await supervisor.close()
@@ -301,16 +295,15 @@ async def test_stop_really_stops(cluster: Cluster) -> None:
     await supervisor.start()
     try:
         await supervisor.put("fast", {"type": "flush", "queues": ["tick"], "params": {"interval": "10ms"}})
-        await asyncio.sleep(0.1)
+        await until(lambda: supervisor.handler("fast").runs >= 2, what="two passes")
         state = await supervisor.stop_handler("fast")
         runs = state.runs
         assert runs >= 2 and not state.started
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # ten intervals in which a stopped handler must not run
         assert state.runs == runs
         assert state.to_dict()["status"]["next_run"] is None
         await supervisor.start_handler("fast")
-        await asyncio.sleep(0.05)
-        assert supervisor.handler("fast").runs > runs
+        await until(lambda: supervisor.handler("fast").runs > runs, what="a pass after the restart")
         await supervisor.drop("fast")
         with pytest.raises(HandlerNotFound):
             supervisor.handler("fast")
@@ -326,10 +319,10 @@ async def test_a_journal_that_outlived_an_expired_block_is_not_replayed(
     journal_dir = tmp_path / "data" / "hot" / "outlive" / "journal"
     saved = {p.name: p.read_bytes() for p in journal_dir.iterdir()}
     await q.append([Draft(payload=b"y")] * 5, SaveMode.WAIT)
-    for _ in range(200):
-        if q.stats()["blocks"]["by_state"]["sealed"] == 1 and not any(journal_dir.iterdir()):
-            break
-        await asyncio.sleep(0.01)
+    await until(
+        lambda: q.stats()["blocks"]["by_state"]["sealed"] == 1 and not any(journal_dir.iterdir()),
+        what="the block sealed and its journal gone",
+    )
     await ExpireHandler(cluster, ["outlive"], decode_params(ExpireParams, {"max_messages": 1})).run_once()
     await cluster.close()
     # A crash between the seal's manifest update and its journal delete leaves this behind.

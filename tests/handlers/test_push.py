@@ -21,6 +21,8 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from support.receiver import Received, listening
+from support.wait import until
 
 from capella import metrics
 from capella.api.app import document
@@ -43,21 +45,12 @@ FAST = {"delay": "50ms", "max_delay": "200ms", "jitter": 0, "timeout": "1s", "wa
 
 
 @dataclass
-class Seen:
-    ids: list[int]
-    answer: str  # "200", "500", "slow", "reset", ...
-    at: float
-    headers: dict[str, str]
-    body: bytes
-
-
-@dataclass
 class Receiver:
     """An aiohttp server that answers each message id by a script (then 200) and records requests."""
 
     url: str = ""
     script: dict[int, list[str]] = field(default_factory=dict)
-    seen: list[Seen] = field(default_factory=list)
+    seen: list[Received] = field(default_factory=list)
     active: int = 0
     most_active: int = 0
     check: Callable[[web.Request, bytes], None] | None = None
@@ -69,7 +62,7 @@ class Receiver:
             self.check(request, body)
         steps = [self.script[i].pop(0) for i in ids if self.script.get(i)]
         answer = steps[0] if steps else "200"
-        self.seen.append(Seen(ids, answer, time.monotonic(), dict(request.headers), body))
+        self.seen.append(Received(request.method, request.path_qs, dict(request.headers), body, answer))
         if answer == "slow":
             # The sender gave up after its timeout: this request no longer counts as in flight.
             await asyncio.sleep(2.0)
@@ -98,16 +91,9 @@ class Receiver:
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
     rec = Receiver()
-    app = web.Application()
-    app.router.add_post("/hook", rec.handle)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    rec.url = f"http://127.0.0.1:{port}/hook"
-    yield rec
-    await runner.cleanup()
+    async with listening(rec.handle, route="/hook") as port:
+        rec.url = f"http://127.0.0.1:{port}/hook"
+        yield rec
 
 
 @pytest.fixture
@@ -438,11 +424,13 @@ async def test_a_push_handler_over_http_shows_its_status_and_metrics(
         "/v1/queues/orders/messages", json={"messages": [{"data": f"m{i}"} for i in range(3)]}
     )
     assert resp.status == 200
-    for _ in range(200):
+
+    async def all_delivered() -> bool:
+        nonlocal info
         info = await (await api.get("/v1/handlers/hook")).json()
-        if info["status"]["delivered"] == 3:
-            break
-        await asyncio.sleep(0.02)
+        return bool(info["status"]["delivered"] == 3)
+
+    await until(all_delivered, what="three messages delivered")
     status = info["status"]
     assert (status["delivered"], status["failed"], status["dead"], status["lag"]) == (3, 1, 0, 0)
     assert status["last_delivery_error"]["status"] == 503
@@ -465,10 +453,7 @@ async def test_a_pass_cut_short_is_taken_back_and_sent_again(cluster: Cluster, r
     receiver.script = {1: ["slow"]}
     handler = await pusher(cluster, receiver, ordering="ordered", timeout="5s")
     task = asyncio.create_task(handler.run_once())
-    for _ in range(200):
-        if receiver.seen:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: receiver.seen, what="the first request")
     assert handler.status().in_flight == 1
     task.cancel()  # as a stop (or a crash) does, with message 1 in flight
     with pytest.raises(asyncio.CancelledError):

@@ -13,12 +13,12 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
+from support.receiver import Receiver, listening
 from support.servers import ServerProcess, running
 
 ADMIN_PASSWORD = "admin-password-that-must-not-leak"
@@ -117,41 +117,10 @@ def secured(start_secured: StartSecured) -> Secured:
     return start_secured()
 
 
-@dataclass
-class Received:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-@dataclass
-class Receiver:
-    """An HTTP server on 127.0.0.1 that answers ``status`` and records what it was sent."""
-
-    url: str = ""
-    status: int = 200
-    seen: list[Received] = field(default_factory=list)
-
-    async def handle(self, request: web.Request) -> web.Response:
-        self.seen.append(
-            Received(request.method, request.path_qs, dict(request.headers), await request.read())
-        )
-        return web.Response(status=self.status, text="receiver answer")
-
-
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
+    """An HTTP server on 127.0.0.1 that answers ``status`` and records what it was sent."""
     found = Receiver()
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", found.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    found.url = f"http://127.0.0.1:{port}"
-    try:
+    async with listening(found.handle) as port:
+        found.url = f"http://127.0.0.1:{port}"
         yield found
-    finally:
-        await runner.cleanup()

@@ -10,25 +10,18 @@ origin, as far as the browser can tell.
 
 from __future__ import annotations
 
-import http.server
 import json
 import subprocess
-import threading
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from support.servers import ServerProcess, free_port, running
+from playwright.sync_api import Browser
+from support.browser import PageServer, chromium, needs_chromium
+from support.servers import ServerProcess, running
 
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():  # pragma: no cover - make tools installs it
-    pytest.skip("chromium is not installed (make tools installs it)", allow_module_level=True)
-
-from playwright.sync_api import Browser, sync_playwright  # noqa: E402
-
-pytestmark = pytest.mark.slow
+pytestmark = [needs_chromium, pytest.mark.slow]
 
 REBIND = "rebind.attacker.example"
 DELETE_ALL = '{"status": ["pending"]}'
@@ -52,34 +45,6 @@ window.sent = (async () => {
 """
 
 
-class PageServer:
-    """The attacker's web server: one page, on 127.0.0.1, reached by another name."""
-
-    def __init__(self, page: str) -> None:
-        body = page.encode()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(5)
-
-
 def call(url: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method)
@@ -97,14 +62,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=[f"--host-resolver-rules=MAP {REBIND} 127.0.0.1"],
-        )
-        yield chromium
-        chromium.close()
+    with chromium(f"--host-resolver-rules=MAP {REBIND} 127.0.0.1") as browser:
+        yield browser
 
 
 def pending(broker: ServerProcess, subscription: str) -> list[int]:
@@ -122,7 +81,7 @@ def test_a_page_on_another_site_deletes_nothing_and_curl_still_does(
     messages = {"messages": [{"data": f"job {i}"} for i in range(3)]}
     assert call(f"{broker.url}/v1/queues/jobs/messages", "POST", messages)[0] == 200
     target = f"{broker.url}{subscription}/work/delete"
-    attacker = PageServer(ATTACK % {"target": target, "body": DELETE_ALL})
+    attacker = PageServer({"/": ATTACK % {"target": target, "body": DELETE_ALL}})
     context = browser.new_context()
     try:
         page = context.new_page()

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from aiohttp import web
+from support.receiver import listening
+from support.wait import eventually
 
 from security.conftest import Answer, Secured, StartSecured
 
@@ -56,19 +57,10 @@ class Loopback:
 @pytest.fixture
 async def loopback() -> AsyncIterator[Loopback]:
     found = Loopback()
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", found.handle)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    found.port = runner.addresses[0][1]
     found.hosts = ["127.0.0.1", "127.0.0.2"] + (["::1"] if ipv6_loopback() else [])
-    for host in found.hosts[1:]:
-        await web.TCPSite(runner, host, found.port).start()
-    try:
+    async with listening(found.handle, hosts=found.hosts) as port:
+        found.port = port
         yield found
-    finally:
-        await runner.cleanup()
 
 
 async def call(secured: Secured, method: str, path: str, body: Any = None, user: str = "dev") -> Answer:
@@ -93,12 +85,15 @@ async def define_pushes(secured: Secured, urls: dict[str, str]) -> None:
 async def statuses_when(
     secured: Secured, names: list[str], done: Any, seconds: float = 15.0
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + seconds
-    while True:
+    found: dict[str, Any] = {}
+
+    async def all_done() -> bool:
+        nonlocal found
         found = {name: (await call(secured, "GET", f"/v1/handlers/{name}")).body["status"] for name in names}
-        if all(done(s) for s in found.values()) or time.monotonic() > deadline:
-            return found
-        await asyncio.sleep(0.1)
+        return all(done(s) for s in found.values())
+
+    await eventually(all_done, within=seconds, every=0.1)
+    return found
 
 
 async def test_loopback_in_any_spelling_is_refused_and_costs_no_attempt(

@@ -9,11 +9,11 @@ send any of them there.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.wait import until_blocking
 
 from security.conftest import Secured, StartSecured
 from security.fake_pg import FakePostgres, serving
@@ -47,12 +47,15 @@ def ambient_env(tmp_path: Path, port: int) -> dict[str, str]:
 
 
 def run_until_failed(secured: Secured, handler: str, within: float = 15.0) -> dict[str, object]:
-    deadline = time.monotonic() + within
-    while True:
-        status = secured.call("POST", f"/v1/handlers/{handler}/run", user="admin").body["status"]
-        if status.get("last_error") or time.monotonic() > deadline:
-            return dict(status)
-        time.sleep(0.1)
+    status: dict[str, object] = {}
+
+    def failed() -> bool:
+        nonlocal status
+        status = dict(secured.call("POST", f"/v1/handlers/{handler}/run", user="admin").body["status"])
+        return bool(status.get("last_error"))
+
+    until_blocking(failed, within, f"a failed run of {handler}")
+    return status
 
 
 def test_a_dsn_without_password_never_gets_the_brokers_ambient_credentials(

@@ -15,7 +15,6 @@ import contextlib
 import datetime
 import os
 import ssl
-import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from support.wait import until
 
 from capella.egress import Egress
 from capella.errors import CapellaError, DatabaseRefused, DatabaseUnavailable
@@ -125,10 +125,7 @@ async def closed(sockets: int, within: float = 10.0) -> None:
     asyncpg closes a connection that failed to log in without waiting, and closing TLS takes a
     round trip: the test's loop must not close before (uvloop refuses, its handle still open).
     """
-    deadline = time.monotonic() + within
-    while open_sockets() > sockets:
-        assert time.monotonic() < deadline, "a connection to the fake server was never closed"
-        await asyncio.sleep(0.01)
+    await until(lambda: open_sockets() <= sockets, within, "a connection to the fake server to close")
     await asyncio.sleep(0)  # the transport's connection_lost, scheduled as its socket closed
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 
+from support.receiver import Receiver
 from support.wait import until
 
-from security.conftest import ADMIN_PASSWORD, DEV_PASSWORD, DEV_RULES, Receiver, Secured, StartSecured
+from security.conftest import ADMIN_PASSWORD, DEV_PASSWORD, DEV_RULES, Secured, StartSecured
 
 LOOPBACK = '[egress]\nallow = ["127.0.0.0/8", "::1/128"]\n\n'
 DECLARED = (
@@ -97,7 +98,7 @@ async def test_a_granted_secret_is_sent_and_a_revoked_one_stops_the_handler(
 
     await until(failed, 15.0)
     secured.call("POST", "/v1/queues/dev-q/messages", {"messages": [{"data": "two"}]})
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(1.0)  # time in which the refused handler must send nothing more
     assert len(receiver.seen) == 1
     for request in receiver.seen:
         assert (

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from support.faults import FaultProxy
 from support.servers import S3Server
+from support.wait import until
 
 from capella.config import parse_config
 from capella.core.cluster import Cluster
@@ -53,10 +53,7 @@ async def tiered(
 async def sealed_queue(cluster: Cluster, count: int = 30) -> None:
     q, _ = await cluster.put_queue("t", {})
     await q.append([Draft(payload=f"m{i}".encode()) for i in range(count)], SaveMode.WAIT)
-    for _ in range(200):
-        if q.stats()["blocks"]["by_state"]["sealing"] == 0:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealing"] == 0, what="no block still sealing")
 
 
 async def sealed_queue_with_archive(cluster: Cluster, supervisor: Supervisor) -> None:

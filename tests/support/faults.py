@@ -23,7 +23,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from aiohttp import web
 from yarl import URL
 
 from capella.storage import Journal, Storage
+from support.wait import until_blocking
 
 # The proxy holds a blackholed request at most this long (far beyond any client timeout a
 # test sets), so a forgotten switch cannot hang the suite.
@@ -326,11 +326,12 @@ class PowerFs:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10.0
-        while not os.path.ismount(mount):
+
+        def mounted() -> bool:
             assert self.process.poll() is None, "powerfs exited"
-            assert time.monotonic() < deadline, "powerfs did not mount"
-            time.sleep(0.05)
+            return os.path.ismount(mount)
+
+        until_blocking(mounted, 10.0, "powerfs to mount", every=0.05)
 
     def cut(self) -> None:
         """The power goes out and comes back: only what was fsync'd is left."""

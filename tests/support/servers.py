@@ -12,13 +12,14 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from support.wait import until_blocking
 
 SERVER_START_TIMEOUT = 20.0
 SERVER_STOP_TIMEOUT = 10.0
@@ -65,18 +66,7 @@ class ServerProcess:
         )
 
     def wait_ready(self, timeout: float = SERVER_START_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"capella serve exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1.0, context=self.context) as resp:
-                    if resp.status == 200:
-                        return
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"capella serve not ready after {timeout}s:\n{self.log()}")
+        answering(self.process, f"{self.url}/readyz", "capella serve", self.log, timeout, self.context)
 
     def kill(self) -> None:
         """``kill -9``: no flush, no clean-up, as in a crash."""
@@ -99,6 +89,31 @@ class ServerProcess:
     def log(self) -> str:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
+
+
+def answering(
+    process: subprocess.Popen[bytes],
+    url: str,
+    name: str,
+    log: Callable[[], str],
+    timeout: float,
+    context: ssl.SSLContext | None = None,
+) -> None:
+    """Wait until ``url`` answers 200; fail at once, with the log, if ``process`` exits first."""
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{log()}")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0, context=context) as resp:
+                return bool(resp.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    try:
+        until_blocking(ready, timeout, every=0.05)
+    except AssertionError:
+        raise RuntimeError(f"{name} not ready after {timeout}s:\n{log()}") from None
 
 
 def running(server: ServerProcess) -> Iterator[ServerProcess]:
@@ -126,18 +141,7 @@ class S3Server:
         )
 
     def wait_ready(self, timeout: float = S3_START_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"moto server exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/moto-api/", timeout=1.0) as resp:
-                    if resp.status == 200:
-                        return
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"moto server not ready after {timeout}s:\n{self.log()}")
+        answering(self.process, f"{self.url}/moto-api/", "moto server", self.log, timeout)
 
     def stop(self) -> None:
         if self.process.poll() is None:

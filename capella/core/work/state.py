@@ -10,7 +10,7 @@ appends a record to ``records``; ``capella.core.work.work_queue`` writes them to
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,15 @@ from capella.errors import CorruptData
 
 LEASED = "in_flight"
 WAITING = "failed"
+
+# The kinds of change record: a JSON array whose first element is the kind. The letters are
+# what the change log holds on disk, so they never change.
+RECORD_LEASE = "L"  # ["L", high, [[id, claims, attempts, until], ...]]
+RECORD_WAIT = "W"  # ["W", [[id, claims, attempts, until, error], ...]]
+RECORD_REMOVE = "A"  # ["A", [id, ...]]: acked or deleted (A for the ack it mostly is)
+RECORD_BURY = "D"  # ["D", [[id, claims, attempts, error, died], ...]]
+RECORD_FORGET = "F"  # ["F", [id, ...]]: dead entries forgotten
+RECORD_SKIP = "S"  # ["S", [id, ...]]: ids above ``high`` deleted before any claim
 # Dead messages kept for operators; the oldest are forgotten beyond this (they stay in the
 # dead-letter queue when there is one).
 MAX_DEAD = 10_000
@@ -67,6 +76,14 @@ class WorkState:
         self._leases: list[tuple[float, int]] = []
         self._waits: list[tuple[float, int]] = []
         self.records: list[bytes] = []
+        self._replays: dict[str, Callable[[list[Any]], None]] = {
+            RECORD_LEASE: self._replay_lease,
+            RECORD_WAIT: self._replay_wait,
+            RECORD_REMOVE: self._replay_remove,
+            RECORD_BURY: self._replay_bury,
+            RECORD_FORGET: self._replay_forget,
+            RECORD_SKIP: self._replay_skip,
+        }
 
     @property
     def floor(self) -> int:
@@ -120,36 +137,36 @@ class WorkState:
         if high > self.high:
             self.high = high
             self.skipped = {i for i in self.skipped if i > high}
-        self._emit(["L", self.high, [[e.id, e.claims, e.attempts, e.until] for e in entries]])
+        self._emit([RECORD_LEASE, self.high, [[e.id, e.claims, e.attempts, e.until] for e in entries]])
 
     def wait(self, entries: list[Entry]) -> None:
         for e in entries:
             self.entries[e.id] = e
             self._push(e)
-        self._emit(["W", [[e.id, e.claims, e.attempts, e.until, e.error] for e in entries]])
+        self._emit([RECORD_WAIT, [[e.id, e.claims, e.attempts, e.until, e.error] for e in entries]])
 
     def remove(self, ids: list[int]) -> None:
         for i in ids:
             self.entries.pop(i, None)
-        self._emit(["A", ids])
+        self._emit([RECORD_REMOVE, ids])
 
     def bury(self, dead: list[DeadEntry]) -> None:
         for d in dead:
             self.entries.pop(d.id, None)
             self.dead[d.id] = d
         forgotten = self._trim_dead()
-        self._emit(["D", [d.row() for d in dead]])
+        self._emit([RECORD_BURY, [d.row() for d in dead]])
         if forgotten:
-            self._emit(["F", forgotten])
+            self._emit([RECORD_FORGET, forgotten])
 
     def forget_dead(self, ids: list[int]) -> None:
         for i in ids:
             self.dead.pop(i, None)
-        self._emit(["F", ids])
+        self._emit([RECORD_FORGET, ids])
 
     def skip(self, ids: list[int]) -> None:
         self.skipped.update(i for i in ids if i > self.high)
-        self._emit(["S", ids])
+        self._emit([RECORD_SKIP, ids])
 
     def _trim_dead(self) -> list[int]:
         if len(self.dead) <= MAX_DEAD:
@@ -168,32 +185,42 @@ class WorkState:
         """Replay one record at recovery."""
         try:
             kind, *rest = orjson.loads(record)
-            if kind == "L":
-                high, rows = rest
-                for i, claims, attempts, until in rows:
-                    self._set(Entry(i, LEASED, claims, attempts, until))
-                if high > self.high:
-                    self.high = high
-                    self.skipped = {i for i in self.skipped if i > high}
-            elif kind == "W":
-                for i, claims, attempts, until, error in rest[0]:
-                    self._set(Entry(i, WAITING, claims, attempts, until, error))
-            elif kind == "A":
-                for i in rest[0]:
-                    self.entries.pop(i, None)
-            elif kind == "D":
-                for i, claims, attempts, error, died in rest[0]:
-                    self.entries.pop(i, None)
-                    self.dead[i] = DeadEntry(i, claims, attempts, error, died)
-            elif kind == "F":
-                for i in rest[0]:
-                    self.dead.pop(i, None)
-            elif kind == "S":
-                self.skipped.update(i for i in rest[0] if i > self.high)
-            else:
+            replay = self._replays.get(kind)
+            if replay is None:
                 raise ValueError(f"unknown record kind {kind!r}")
+            replay(rest)
         except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
             raise CorruptData(f"work record is not valid: {exc}") from None
+
+    # Each takes the record after its kind, as ``lease`` ... ``skip`` above wrote it.
+
+    def _replay_lease(self, rest: list[Any]) -> None:
+        high, rows = rest
+        for i, claims, attempts, until in rows:
+            self._set(Entry(i, LEASED, claims, attempts, until))
+        if high > self.high:
+            self.high = high
+            self.skipped = {i for i in self.skipped if i > high}
+
+    def _replay_wait(self, rest: list[Any]) -> None:
+        for i, claims, attempts, until, error in rest[0]:
+            self._set(Entry(i, WAITING, claims, attempts, until, error))
+
+    def _replay_remove(self, rest: list[Any]) -> None:
+        for i in rest[0]:
+            self.entries.pop(i, None)
+
+    def _replay_bury(self, rest: list[Any]) -> None:
+        for i, claims, attempts, error, died in rest[0]:
+            self.entries.pop(i, None)
+            self.dead[i] = DeadEntry(i, claims, attempts, error, died)
+
+    def _replay_forget(self, rest: list[Any]) -> None:
+        for i in rest[0]:
+            self.dead.pop(i, None)
+
+    def _replay_skip(self, rest: list[Any]) -> None:
+        self.skipped.update(i for i in rest[0] if i > self.high)
 
     def _set(self, e: Entry) -> None:
         self.entries[e.id] = e
