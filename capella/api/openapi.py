@@ -9,7 +9,8 @@ operations, parameters and answers come from the rows, the schemas from the wire
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from types import UnionType
+from typing import Any, get_args
 
 import msgspec
 from aiohttp import web
@@ -128,19 +129,34 @@ def schemas() -> dict[str, Any]:
     """The components' schemas, generated from the wire structs.
 
     A struct's docstring is its description; ``__schema_extra__`` adds what a type cannot
-    say (exactly one of two fields, params tied to a handler's type).
+    say (exactly one of two fields, at least one of three); a base that is only the shared part
+    of others (``__schema_base__``) is no schema of its own.
     """
     types = [
         obj
         for module in WIRE_MODULES
         for obj in vars(module).values()
-        if isinstance(obj, type) and issubclass(obj, msgspec.Struct) and obj.__module__ == module.__name__
+        if isinstance(obj, type)
+        and issubclass(obj, msgspec.Struct)
+        and obj.__module__ == module.__name__
+        and not vars(obj).get("__schema_base__", False)
     ]
-    _, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    # A union of structs named at module level is a schema of its own (HandlerDefinition).
+    unions = {
+        name: obj
+        for module in WIRE_MODULES
+        for name, obj in vars(module).items()
+        if isinstance(obj, UnionType)
+        and all(isinstance(a, type) and issubclass(a, msgspec.Struct) for a in get_args(obj))
+    }
+    shown, components = msgspec.json.schema_components(
+        [*types, *unions.values()], ref_template="#/components/schemas/{name}", schema_hook=fields.schema_hook
+    )
     for kind in types:
         schema = components[kind.__name__]
         schema.pop("title", None)
         schema.update(getattr(kind, "__schema_extra__", {}))
+    components.update(zip(unions, shown[len(types) :], strict=True))
     return dict(sorted(components.items()))
 
 

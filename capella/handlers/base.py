@@ -4,6 +4,10 @@ A handler type is one module, ``capella.handlers.<type>``, that ends with its re
 
     HANDLER = HandlerType("expire", ExpireParams, build)
 
+Its params are the wire struct (``capella.wire.handlers.ExpireParams``), decoded straight from
+the definition (``decode_params``) and shown as msgspec renders it; what the handler adds to
+the status is a struct of its own there too (``CopyStatus``...).
+
 The names come from ``capella.wire.handlers.HandlerType`` (the contract the API, the document,
 the CLI and the client share); each module is imported when its entry is first needed, so the
 default configuration imports none (copy brings the HTTP client, pg_* asyncpg). The supervisor,
@@ -15,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.errors import InvalidRequest, QueueNotFound
-from capella.wire.handlers import HANDLER_TYPES
+from capella.wire.handlers import HANDLER_TYPES, Definition, Params, decode_params
+from capella.wire.struct import Struct
 
 if TYPE_CHECKING:
     from capella.core.cluster import Cluster
@@ -39,10 +44,10 @@ class PassResult:
         return PassResult(self.items + other.items, self.bytes + other.bytes)
 
 
-def queue_patterns(data: dict[str, Any], cluster: Cluster) -> list[str]:
+def queue_patterns(definition: Definition, cluster: Cluster) -> list[str]:
     """``queues`` (names or fnmatch patterns) from a definition; plain names must exist."""
-    raw = data.get("queues", [data["queue"]] if "queue" in data else None)
-    if not isinstance(raw, list) or not raw or not all(isinstance(q, str) and q for q in raw):
+    raw = definition.named_queues()
+    if raw is None:
         raise InvalidRequest("queues must be a non-empty list of queue names or patterns", field="queues")
     for name in raw:
         if not _is_pattern(name):
@@ -55,24 +60,6 @@ def queue_patterns(data: dict[str, Any], cluster: Cluster) -> list[str]:
 
 def _is_pattern(name: str) -> bool:
     return any(c in name for c in "*?[")
-
-
-class HandlerParams(ABC):
-    """A type's parsed params: what the API shows, what the registry stores, links it uses."""
-
-    __slots__ = ()
-
-    @abstractmethod
-    def to_dict(self) -> dict[str, Any]:
-        """The params as the API shows them."""
-
-    def stored_dict(self) -> dict[str, Any]:
-        """The params as the registry keeps them (a secret there only encrypted)."""
-        return self.to_dict()
-
-    def links(self) -> list[str]:
-        """The external clusters it reads from or writes to."""
-        return []
 
 
 class Handler(ABC):
@@ -96,8 +83,16 @@ class Handler(ABC):
     async def run_once(self) -> PassResult:
         """One pass; the supervisor owns the loop, the timing and the error reporting."""
 
-    def status(self) -> dict[str, Any]:
-        """Fields this type adds to the status (``wire.handlers.HandlerStatus``)."""
+    def status(self) -> Struct | None:
+        """What this type adds to the status: its entry's ``status`` struct, or nothing."""
+        return None
+
+    def links(self) -> list[str]:
+        """The external clusters it reads from or writes to."""
+        return []
+
+    def stored_params(self) -> dict[str, Any]:
+        """What the registry keeps beside the params the API shows (a password, encrypted)."""
         return {}
 
     async def pause(self, delay: float) -> None:
@@ -108,9 +103,24 @@ class Handler(ABC):
         """Release what the handler holds once it is stopped."""
 
 
-P = TypeVar("P", bound=HandlerParams)
-Build = Callable[["Cluster", list[str], object, "Reach", str], tuple[P, Handler]]
-Queues = Callable[[dict[str, Any], "Cluster"], list[str]]
+@dataclass(frozen=True, slots=True)
+class Building:
+    """What a type's ``build`` may use besides the params: where and as whom it will run."""
+
+    cluster: Cluster
+    # The queues its definition selects (``HandlerType.queues``).
+    queues: list[str]
+    # Its user's secrets and links, and the egress policy.
+    reach: Reach
+    # The handler's name.
+    name: str
+    # What ``Handler.stored_params`` gave the registry (a password, encrypted); empty from the API.
+    kept: Mapping[str, Any] = field(default_factory=dict)
+
+
+P = TypeVar("P", bound=Params)
+Build = Callable[[P, Building], tuple[P, Handler]]
+Queues = Callable[[Definition, "Cluster"], list[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,16 +128,23 @@ class HandlerType(Generic[P]):
     """One handler type's registry entry, declared at the bottom of its module."""
 
     name: str
+    # Its params: the struct in ``wire.handlers``.
     params: type[P]
-    # ``build(cluster, queues, raw params, reach, handler name)``: parse the params (errors name
-    # the field) and make the handler.
+    # ``build(params, building)``: resolve what depends on the rest of the server (a default
+    # named for the handler, a password to encrypt) and make the handler.
     build: Build[P]
-    # The queues a definition selects, from the definition as sent: ``queues`` (or ``queue``)
-    # by default; a type whose queue is in its params says so here.
+    # What its handler adds to the status (``Handler.status``): a struct in ``wire.handlers``.
+    status: type[Struct] | None = None
+    # The queues a definition selects: ``queues`` (or ``queue``) by default; a type whose
+    # queue is in its params says so here.
     queues: Queues = queue_patterns
     # Its handler reports deliveries (``counters``, ``in_flight``, ``lag()``, ``latency``): the
     # ``capella_push_*`` metrics.
     delivers: bool = False
+
+    def decode(self, raw: object) -> P:
+        """Params as sent (or as stored) into ``params``; errors name the field."""
+        return decode_params(self.params, raw)
 
 
 # Every type's module, by name; imported when its entry is first asked for.

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import re
 import time
-from dataclasses import dataclass
 from typing import Any, Protocol
+
+import msgspec
 
 from capella.client import AsyncClient
 from capella.core.cluster import Cluster
@@ -33,72 +33,13 @@ from capella.errors import (
     StorageUnavailable,
     SubscriptionNotFound,
 )
-from capella.handlers.base import HandlerParams, HandlerType, PassResult, queue_patterns
+from capella.handlers.base import Building, HandlerType, PassResult, queue_patterns
 from capella.handlers.links import Links
-from capella.handlers.params import Params, segment_ranges
-from capella.handlers.queues import QueueHandler, cursor_lag
-from capella.handlers.reach import Reach
+from capella.handlers.per_queue import QueueHandler, cursor_lag
+from capella.wire.handlers import CopyParams, CopyStatus, Definition
 
 # A pass with a long backlog ends after this long, so the status shows progress.
 PASS_SECONDS = 5.0
-_REF = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}/)?[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-
-
-@dataclass(frozen=True, slots=True)
-class CopyParams(HandlerParams):
-    to: str
-    subscription: str
-    source: str | None = None  # "cluster/queue" when the source is on an external cluster
-    interval: float = 0.0
-    batch: int = 1000
-    wait: float = 2.0
-    segments: tuple[tuple[int, int], ...] | None = None
-    save: SaveMode = SaveMode.WAIT
-    # A lost cursor commit only sends a batch again, which dedup absorbs: no need to wait.
-    commit_save: SaveMode = SaveMode.MARK
-
-    @classmethod
-    def parse(cls, data: object) -> CopyParams:
-        params = Params(
-            data,
-            {"from", "to", "subscription", "interval", "batch", "wait", "segments", "save", "commit_save"},
-        )
-        to = params.raw("to")
-        if not isinstance(to, str) or not _REF.fullmatch(to):
-            raise InvalidRequest("params.to must be a queue or cluster/queue", field="params.to")
-        source = params.raw("from")
-        if source is not None and (not isinstance(source, str) or not _REF.fullmatch(source)):
-            raise InvalidRequest("params.from must be a queue or cluster/queue", field="params.from")
-        subscription = params.raw("subscription") or f"copy-to-{to.replace('/', '.')}"
-        check_name(str(subscription), "subscription")
-        return cls(
-            to=to,
-            source=source,
-            subscription=str(subscription),
-            interval=params.duration("interval", 0.0, positive=False) or 0.0,
-            batch=params.integer("batch", 1000) or 1000,
-            wait=params.duration("wait", 2.0, positive=False) or 0.0,
-            segments=segment_ranges(params.raw("segments"), "params.segments"),
-            save=_save(params.raw("save"), "params.save", SaveMode.WAIT),
-            commit_save=_save(params.raw("commit_save"), "params.commit_save", SaveMode.MARK),
-        )
-
-    def links(self) -> list[str]:
-        """The external clusters it reads from or writes to (``link/queue``)."""
-        return sorted({ref.partition("/")[0] for ref in (self.source, self.to) if ref and "/" in ref})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "from": self.source,
-            "to": self.to,
-            "subscription": self.subscription,
-            "interval": self.interval,
-            "batch": self.batch,
-            "wait": self.wait,
-            "segments": None if self.segments is None else [list(s) for s in self.segments],
-            "save": self.save.name.lower(),
-            "commit_save": self.commit_save.name.lower(),
-        }
 
 
 class CopyHandler(QueueHandler[CopyParams]):
@@ -112,31 +53,31 @@ class CopyHandler(QueueHandler[CopyParams]):
         # A remote source's lag as last seen (its last id minus the cursor), and when.
         self._remote_lag: dict[str, int] = {}
         self._remote_observed: float | None = None
+        # The params show the modes by name; the queue takes them as SaveMode.
+        self.save = SaveMode.parse(params.save)
 
-    def status(self) -> dict[str, Any]:
-        """Extra status: messages each source holds past the cursor.
-
-        A local source's lag is read from the queue and the cursor now; a remote source's is
-        the last one seen, with the time it was seen (``lag_observed``).
-        """
-        if self.params.source is not None and "/" in self.params.source:
+    def status(self) -> CopyStatus:
+        if self.params.from_ is not None and "/" in self.params.from_:
             lag = dict(self._remote_lag)
-            return {"lag": sum(lag.values()), "lag_by_queue": lag, "lag_observed": self._remote_observed}
+            return CopyStatus(sum(lag.values()), lag, self._remote_observed)
         lag = cursor_lag(self._cluster, self._queues, self.params.subscription)
-        return {"lag": sum(lag.values()), "lag_by_queue": lag}
+        return CopyStatus(sum(lag.values()), lag)
+
+    def links(self) -> list[str]:
+        return self.params.links()
 
     async def run_once(self) -> PassResult:
         # A link's credentials are the link owner's: only a user granted the link may use them.
         for link in self.params.links():
             self.identity.check("external_cluster", "write", link)
-        if self.params.source is not None and "/" in self.params.source:
-            link, _, name = self.params.source.partition("/")
+        if self.params.from_ is not None and "/" in self.params.from_:
+            link, _, name = self.params.from_.partition("/")
             try:
                 client = await self._links.checked_client(link)
                 return await self._copy(_RemoteSource(client, name, self.params))
             except CapellaError as exc:
                 raise StorageUnavailable(
-                    f"CopyHandler: {self.params.source}: {exc.code}: {exc.message}"
+                    f"CopyHandler: {self.params.from_}: {exc.code}: {exc.message}"
                 ) from None
         return await super().run_once()
 
@@ -186,14 +127,12 @@ class CopyHandler(QueueHandler[CopyParams]):
         """Append as a dedup insert; answers the drafts the destination stored (not repeats)."""
         link, name = target
         if not link:
-            answers = await self._cluster.queue(name).append(drafts, self.params.save)
+            answers = await self._cluster.queue(name).append(drafts, self.save)
             return [d for d, a in zip(drafts, answers, strict=True) if not a.duplicate]
         try:
             # A far side with our name is refused (checked once per client, not per batch).
             client = await self._links.checked_client(link)
-            results = await client.produce(
-                name, [_wire(d) for d in drafts], save=self.params.save.name.lower()
-            )
+            results = await client.produce(name, [_wire(d) for d in drafts], save=self.params.save)
         except CapellaError as exc:
             raise StorageUnavailable(f"{self.params.to}: {exc.code}: {exc.message}") from None
         return [d for d, r in zip(drafts, results, strict=True) if not r.duplicate]
@@ -216,6 +155,7 @@ class _LocalSource:
         self.queue = queue
         self.name = queue.name
         self._params = params
+        self._commit_save = SaveMode.parse(params.commit_save)
 
     async def cursor(self) -> int:
         try:
@@ -223,9 +163,7 @@ class _LocalSource:
         except SubscriptionNotFound:
             cursor = 0
         # The cursor is a replica subscription, so producers can ask for receipts.
-        await self.queue.commit(
-            self._params.subscription, cursor, replica=True, save=self._params.commit_save
-        )
+        await self.queue.commit(self._params.subscription, cursor, replica=True, save=self._commit_save)
         return cursor
 
     async def read(self, after: int, *, wait: float) -> tuple[list[Draft], int, int]:
@@ -239,14 +177,14 @@ class _LocalSource:
         return drafts, page.last_id, self.queue.last_id
 
     async def commit(self, last_id: int) -> None:
-        await self.queue.commit(self._params.subscription, last_id, save=self._params.commit_save)
+        await self.queue.commit(self._params.subscription, last_id, save=self._commit_save)
 
 
 class _RemoteSource:
     def __init__(self, client: AsyncClient, queue: str, params: CopyParams) -> None:
         self._client = client
         self._queue = queue
-        self.name = params.source or queue
+        self.name = params.from_ or queue
         self._params = params
 
     async def cursor(self) -> int:
@@ -259,7 +197,7 @@ class _RemoteSource:
             self._params.subscription,
             cursor,
             replica=True,
-            save=self._params.commit_save.name.lower(),
+            save=self._params.commit_save,
         )
         return cursor
 
@@ -276,7 +214,7 @@ class _RemoteSource:
 
     async def commit(self, last_id: int) -> None:
         await self._client.commit(
-            self._queue, self._params.subscription, last_id, save=self._params.commit_save.name.lower()
+            self._queue, self._params.subscription, last_id, save=self._params.commit_save
         )
 
 
@@ -291,42 +229,40 @@ def _wire(draft: Draft) -> dict[str, Any]:
     }
 
 
-def _save(value: object, field_name: str, default: SaveMode) -> SaveMode:
-    if value is None:
-        return default
-    if not isinstance(value, str | int) or isinstance(value, bool):
-        raise InvalidRequest(f"{field_name} must be a save mode", field=field_name)
-    return SaveMode.parse(value)
-
-
-def build(
-    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
-) -> tuple[CopyParams, CopyHandler]:
+def build(params: CopyParams, at: Building) -> tuple[CopyParams, CopyHandler]:
     """The ``copy`` handler type; its queues and links must exist when it is defined."""
-    params = CopyParams.parse(raw)
+    check_name(params.subscription, "subscription")
+    # Shown by name, as the stored definition keeps them.
+    params = msgspec.structs.replace(
+        params, save=_mode_name(params.save), commit_save=_mode_name(params.commit_save)
+    )
     for link in params.links():
         # Checked as the definer too, so a refused definition is a 403 now, not a failing pass.
-        reach.by.check("external_cluster", "write", link)
-    for ref, what in ((params.to, "to"), (params.source, "from")):
+        at.reach.by.check("external_cluster", "write", link)
+    for ref, what in ((params.to, "to"), (params.from_, "from")):
         if ref is None:
             continue
         link, _, queue = ref.rpartition("/")
         try:
-            reach.links.link(link) if link else cluster.queue(queue)
+            at.reach.links.link(link) if link else at.cluster.queue(queue)
         except (QueueNotFound, LinkNotFound) as exc:
             raise InvalidRequest(f"params.{what}: {exc.message}", field=f"params.{what}") from None
-    return params, CopyHandler(cluster, queues, params, reach.links)
+    return params, CopyHandler(at.cluster, at.queues, params, at.reach.links)
 
 
-def selects(data: dict[str, Any], cluster: Cluster) -> list[str]:
+def _mode_name(mode: str | int) -> str:
+    return SaveMode.parse(mode).name.lower()
+
+
+def selects(definition: Definition, cluster: Cluster) -> list[str]:
     """Its queues: ``queues`` (or ``queue``), by default its source ``params.from``."""
-    if "queues" in data or "queue" in data:
-        return queue_patterns(data, cluster)
-    source = data.get("params", {}).get("from") if isinstance(data.get("params"), dict) else None
-    if isinstance(source, str) and "/" in source:
+    source = definition.params.from_ if isinstance(definition.params, CopyParams) else None
+    if definition.named_queues() is not None or source is None:
+        return queue_patterns(definition, cluster)
+    if "/" in source:
         # The source is on an external cluster: no local queue is selected.
         return [source]
-    return queue_patterns({**data, "queues": [source] if isinstance(source, str) else None}, cluster)
+    return queue_patterns(msgspec.structs.replace(definition, queues=[source]), cluster)
 
 
-HANDLER = HandlerType("copy", CopyParams, build, queues=selects)
+HANDLER = HandlerType("copy", CopyParams, build, status=CopyStatus, queues=selects)

@@ -7,26 +7,12 @@ does ("saved only by a later flush", docs/api.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from capella.core.queue import Queue
-from capella.handlers.base import HandlerParams, HandlerType, PassResult
-from capella.handlers.params import Params
-from capella.handlers.queues import QueueHandler
-
-
-@dataclass(frozen=True, slots=True)
-class FlushParams(HandlerParams):
-    interval: float = 1.0
-
-    @classmethod
-    def parse(cls, data: object) -> FlushParams:
-        params = Params(data, {"interval"})
-        return cls(interval=params.duration("interval", 1.0) or 1.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"interval": self.interval}
+from capella.handlers.base import Building, HandlerType, PassResult
+from capella.handlers.per_queue import QueueHandler
+from capella.wire.handlers import FlushParams
 
 
 class FlushHandler(QueueHandler[FlushParams]):
@@ -38,16 +24,12 @@ class FlushHandler(QueueHandler[FlushParams]):
 
 
 if TYPE_CHECKING:
-    from capella.core.cluster import Cluster
-    from capella.handlers.reach import Reach
+    pass
 
 
-def build(
-    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
-) -> tuple[FlushParams, FlushHandler]:
+def build(params: FlushParams, at: Building) -> tuple[FlushParams, FlushHandler]:
     """The ``flush`` handler type (its registry entry is ``HANDLER``)."""
-    params = FlushParams.parse(raw)
-    return params, FlushHandler(cluster, queues, params)
+    return params, FlushHandler(at.cluster, at.queues, params)
 
 
 HANDLER = HandlerType("flush", FlushParams, build)

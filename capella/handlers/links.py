@@ -39,8 +39,8 @@ from capella.errors import (
     Unreachable,
 )
 from capella.fsync import write_atomic
-from capella.handlers.params import duration
 from capella.storage.catalog import CLUSTERS, ClusterRegistry
+from capella.wire.fields import seconds
 
 if TYPE_CHECKING:
     from capella.client import AsyncClient
@@ -524,3 +524,14 @@ def _ssl_for(link: Link) -> ssl.SSLContext | bool | None:
         raise InvalidConfig(f"cluster {link.name}: ca_file {link.ca_file!r} cannot be used: {exc}") from None
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
+
+
+def duration(value: object, field: str) -> float:
+    """Seconds greater than 0 from ``"30s"`` or a number, with an error that names the field."""
+    try:
+        return seconds(value, positive=True)
+    except ValueError as exc:
+        text = str(exc)
+        raise InvalidRequest(
+            f"{field} {text}" if text.startswith("must") else f"{field}: {text}", field=field
+        ) from None

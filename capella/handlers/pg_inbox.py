@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,23 +25,17 @@ from capella.core.message import SaveMode
 from capella.core.queue import Queue
 from capella.egress import Egress
 from capella.errors import SubscriptionNotFound
-from capella.handlers.base import HandlerParams, HandlerType, PassResult
-from capella.handlers.params import Params, refuse_env_params, segment_ranges
-from capella.handlers.postgres import (
-    DSN_PARAMS,
-    DSN_REPLACED,
-    Database,
-    Dsn,
-    check_columns,
-    check_table,
-    quoted,
-)
-from capella.handlers.queues import QueueHandler, cursor_lag, selected
+from capella.handlers.base import Building, HandlerType, PassResult
+from capella.handlers.per_queue import QueueHandler, cursor_lag, selected
+from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.reach import Reach
+from capella.wire.handlers import PgInboxParams, PgInboxStatus
 
 # A pass with a long backlog ends after this long, so the status shows progress.
 PASS_SECONDS = 5.0
 DEFAULT_TABLE = "capella_inbox"
+# A lost cursor commit only inserts a batch again, which the primary key absorbs.
+COMMIT_SAVE = SaveMode.MARK
 COLUMNS: dict[str, tuple[str, ...]] = {
     "source": ("text",),
     "external_id": ("bigint",),
@@ -53,49 +47,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class InboxParams(HandlerParams):
-    dsn: Dsn
-    subscription: str
-    table: str = DEFAULT_TABLE
-    batch: int = 1000
-    segments: tuple[tuple[int, int], ...] | None = None
-    interval: float = 1.0
-    # A lost cursor commit only inserts a batch again, which the primary key absorbs.
-    commit_save: SaveMode = SaveMode.MARK
-
-    @classmethod
-    def parse(cls, data: object, reach: Reach, name: str = "") -> InboxParams:
-        refuse_env_params(data, DSN_REPLACED)
-        params = Params(data, {"table", "batch", "segments", "subscription", "interval", *DSN_PARAMS})
-        table = check_table(params.raw("table") or DEFAULT_TABLE)
-        subscription = params.raw("subscription") or f"pg_inbox-{table}"
-        check_name(str(subscription), "subscription")
-        return cls(
-            dsn=Dsn.parse(params, reach.links, name, reach.secrets, reach.by),
-            subscription=str(subscription),
-            table=table,
-            batch=params.integer("batch", 1000) or 1000,
-            segments=segment_ranges(params.raw("segments"), "params.segments"),
-            interval=params.duration("interval", 1.0) or 1.0,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **self.dsn.public_dict(),
-            "table": self.table,
-            "subscription": self.subscription,
-            "batch": self.batch,
-            "segments": None if self.segments is None else [list(s) for s in self.segments],
-            "interval": self.interval,
-        }
-
-    def stored_dict(self) -> dict[str, Any]:
-        public = {k: v for k, v in self.to_dict().items() if k != "password"}
-        return public | self.dsn.stored_dict()
-
-
-class InboxHandler(QueueHandler[InboxParams]):
+class InboxHandler(QueueHandler[PgInboxParams]):
     """Insert every message of the selected queues into the inbox table, once each."""
 
     needs = "read"
@@ -105,12 +57,14 @@ class InboxHandler(QueueHandler[InboxParams]):
         self,
         cluster: Cluster,
         queues: list[str],
-        params: InboxParams,
+        params: PgInboxParams,
+        dsn: Dsn,
         secrets: Secrets | None = None,
         egress: Egress | None = None,
     ) -> None:
         super().__init__(cluster, queues, params)
-        self._db = Database(params.dsn, secrets, egress)
+        self._dsn = dsn
+        self._db = Database(dsn, secrets, egress)
         self._insert = (
             f"INSERT INTO {quoted(params.table)} (source, external_id, id, data, segment, headers, time) "
             "SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bytea[], $5::bigint[], "
@@ -118,14 +72,12 @@ class InboxHandler(QueueHandler[InboxParams]):
         )
         self._duplicates = 0
 
-    def status(self) -> dict[str, Any]:
-        """Extra status: messages each queue holds past the cursor, read now."""
+    def status(self) -> PgInboxStatus:
         lag = cursor_lag(self._cluster, self._queues, self.params.subscription)
-        return {
-            "lag": sum(lag.values()),
-            "lag_by_queue": lag,
-            "duplicates": self._duplicates,
-        }
+        return PgInboxStatus(sum(lag.values()), lag, self._duplicates)
+
+    def stored_params(self) -> dict[str, Any]:
+        return self._dsn.stored()
 
     async def pause(self, delay: float) -> None:
         """The supervisor's wait between passes: ends early when a selected queue gets a message."""
@@ -154,7 +106,7 @@ class InboxHandler(QueueHandler[InboxParams]):
             cursor = queue.subscription(params.subscription).last_id
         except SubscriptionNotFound:
             cursor = 0
-            await queue.commit(params.subscription, 0, save=params.commit_save)
+            await queue.commit(params.subscription, 0, save=COMMIT_SAVE)
         await self._db.connect(self.identity)
         # Checked every pass, not once per connection: a table can be created or altered.
         check_columns(params.table, await self._db.columns(params.table), COLUMNS, {})
@@ -181,7 +133,7 @@ class InboxHandler(QueueHandler[InboxParams]):
             # Only now, with the rows committed, may the cursor move past them.
             moved = page.last_id > cursor
             if moved:
-                await queue.commit(params.subscription, page.last_id, save=params.commit_save)
+                await queue.commit(params.subscription, page.last_id, save=COMMIT_SAVE)
                 cursor = page.last_id
             if (not messages and not moved) or loop.time() >= deadline:
                 break
@@ -210,12 +162,23 @@ def inbox_ddl(table: str = DEFAULT_TABLE) -> str:
     )
 
 
-def build(
-    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
-) -> tuple[InboxParams, InboxHandler]:
+def inbox_params(
+    params: PgInboxParams, reach: Reach, name: str = "", kept: Mapping[str, Any] | None = None
+) -> tuple[PgInboxParams, Dsn]:
+    """Handler ``name``'s params as shown and stored, and where it connects.
+
+    A stored definition keeps the DSN's password encrypted beside them (``kept[ENCRYPTED]``).
+    """
+    encrypted = (kept or {}).get(ENCRYPTED)
+    check_name(params.subscription, "subscription")
+    dsn = Dsn.parse(params, encrypted, reach.links, name, reach.secrets, reach.by)
+    return dsn.shown(params), dsn
+
+
+def build(params: PgInboxParams, at: Building) -> tuple[PgInboxParams, InboxHandler]:
     """The ``pg_inbox`` handler type."""
-    params = InboxParams.parse(raw, reach, name)
-    return params, InboxHandler(cluster, queues, params, reach.secrets, reach.egress)
+    params, dsn = inbox_params(params, at.reach, at.name, at.kept)
+    return params, InboxHandler(at.cluster, at.queues, params, dsn, at.reach.secrets, at.reach.egress)
 
 
-HANDLER = HandlerType("pg_inbox", InboxParams, build)
+HANDLER = HandlerType("pg_inbox", PgInboxParams, build, status=PgInboxStatus)

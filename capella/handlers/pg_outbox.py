@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 import orjson
 
 from capella.auth.secret import Secrets
@@ -29,18 +30,10 @@ from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.egress import Egress
 from capella.errors import InvalidMessage, InvalidRequest, QueueNotFound
-from capella.handlers.base import Handler, HandlerParams, HandlerType, PassResult
-from capella.handlers.params import Params, refuse_env_params
-from capella.handlers.postgres import (
-    DSN_PARAMS,
-    DSN_REPLACED,
-    Database,
-    Dsn,
-    check_columns,
-    check_table,
-    quoted,
-)
+from capella.handlers.base import Building, Handler, HandlerType, PassResult
+from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.reach import Reach
+from capella.wire.handlers import Definition, PgOutboxParams, PgOutboxStatus
 
 # A pass with a long backlog ends after this long, so the status shows progress.
 PASS_SECONDS = 5.0
@@ -56,61 +49,6 @@ OPTIONAL = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxParams(HandlerParams):
-    to: str
-    dsn: Dsn
-    table: str = DEFAULT_TABLE
-    source: str | None = None  # None: pg:<database>.<table>
-    batch: int = 1000
-    save: SaveMode = SaveMode.WAIT
-    delete: bool = True
-    interval: float = 1.0
-
-    @classmethod
-    def parse(cls, data: object, reach: Reach, name: str = "") -> OutboxParams:
-        refuse_env_params(data, DSN_REPLACED)
-        params = Params(data, {"to", "table", "source", "batch", "save", "delete", "interval", *DSN_PARAMS})
-        to = params.raw("to")
-        if not isinstance(to, str) or not to:
-            raise InvalidRequest("params.to must name the destination queue", field="params.to")
-        source = params.raw("source")
-        if source is not None and (not isinstance(source, str) or not source):
-            raise InvalidRequest("params.source must be a non-empty string", field="params.source")
-        delete = params.raw("delete")
-        if delete is not None and not isinstance(delete, bool):
-            raise InvalidRequest("params.delete must be true or false", field="params.delete")
-        save = params.raw("save")
-        if save is not None and (not isinstance(save, str | int) or isinstance(save, bool)):
-            raise InvalidRequest("params.save must be a save mode", field="params.save")
-        return cls(
-            to=to,
-            dsn=Dsn.parse(params, reach.links, name, reach.secrets, reach.by),
-            table=check_table(params.raw("table") or DEFAULT_TABLE),
-            source=source,
-            batch=params.integer("batch", 1000) or 1000,
-            save=SaveMode.WAIT if save is None else SaveMode.parse(save),
-            delete=True if delete is None else delete,
-            interval=params.duration("interval", 1.0) or 1.0,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "to": self.to,
-            **self.dsn.public_dict(),
-            "table": self.table,
-            "source": self.source,
-            "batch": self.batch,
-            "save": self.save.name.lower(),
-            "delete": self.delete,
-            "interval": self.interval,
-        }
-
-    def stored_dict(self) -> dict[str, Any]:
-        public = {k: v for k, v in self.to_dict().items() if k != "password"}
-        return public | self.dsn.stored_dict()
-
-
 class OutboxHandler(Handler):
     """Relay the outbox table's committed rows into ``params.to``, then delete them."""
 
@@ -119,14 +57,17 @@ class OutboxHandler(Handler):
     def __init__(
         self,
         cluster: Cluster,
-        params: OutboxParams,
+        params: PgOutboxParams,
+        dsn: Dsn,
         secrets: Secrets | None = None,
         egress: Egress | None = None,
     ) -> None:
         self._cluster = cluster
         self.params = params
         self.interval = params.interval
-        self._db = Database(params.dsn, secrets, egress)
+        self._dsn = dsn
+        self._save = SaveMode.parse(params.save)
+        self._db = Database(dsn, secrets, egress)
         self._wake = asyncio.Event()
         self._select = ""
         self._done = ""
@@ -140,14 +81,11 @@ class OutboxHandler(Handler):
         self._observed: float | None = None
         self._duplicates = 0
 
-    def status(self) -> dict[str, Any]:
-        return {
-            "source": self._source,
-            "lag": self._waiting,
-            "lag_observed": self._observed,
-            "oldest_age": self._oldest_age,
-            "duplicates": self._duplicates,
-        }
+    def status(self) -> PgOutboxStatus:
+        return PgOutboxStatus(self._source, self._waiting, self._observed, self._oldest_age, self._duplicates)
+
+    def stored_params(self) -> dict[str, Any]:
+        return self._dsn.stored()
 
     async def pause(self, delay: float) -> None:
         """The supervisor's wait between passes: ends early when a commit NOTIFYs the table."""
@@ -176,7 +114,7 @@ class OutboxHandler(Handler):
             if rows:
                 drafts = [self._draft(row) for row in rows]
                 try:
-                    answers = await queue.append(drafts, params.save)
+                    answers = await queue.append(drafts, self._save)
                 except InvalidMessage as exc:
                     index = exc.details.get("index")
                     row = rows[index]["id"] if isinstance(index, int) else "?"
@@ -280,24 +218,34 @@ def outbox_ddl(table: str = DEFAULT_TABLE, *, notify: bool = False, keep: bool =
     return "\n".join(lines) + "\n"
 
 
-def build(
-    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
-) -> tuple[OutboxParams, OutboxHandler]:
+def outbox_params(
+    params: PgOutboxParams, reach: Reach, name: str = "", kept: Mapping[str, Any] | None = None
+) -> tuple[PgOutboxParams, Dsn]:
+    """Handler ``name``'s params as shown and stored, and where it connects.
+
+    A stored definition keeps the DSN's password encrypted beside them (``kept[ENCRYPTED]``).
+    """
+    encrypted = (kept or {}).get(ENCRYPTED)
+    dsn = Dsn.parse(params, encrypted, reach.links, name, reach.secrets, reach.by)
+    save = SaveMode.parse(params.save).name.lower()
+    return dsn.shown(msgspec.structs.replace(params, save=save)), dsn
+
+
+def build(params: PgOutboxParams, at: Building) -> tuple[PgOutboxParams, OutboxHandler]:
     """The ``pg_outbox`` handler type; its target queue must exist."""
-    params = OutboxParams.parse(raw, reach, name)
+    params, dsn = outbox_params(params, at.reach, at.name, at.kept)
     try:
-        cluster.queue(params.to)
+        at.cluster.queue(params.to)
     except QueueNotFound as exc:
         raise InvalidRequest(f"params.to: {exc.message}", field="params.to") from None
-    return params, OutboxHandler(cluster, params, reach.secrets, reach.egress)
+    return params, OutboxHandler(at.cluster, params, dsn, at.reach.secrets, at.reach.egress)
 
 
-def selects(data: dict[str, Any], cluster: Cluster) -> list[str]:
+def selects(definition: Definition, cluster: Cluster) -> list[str]:
     """Its one queue is the destination, ``params.to``; it takes no ``queues``."""
-    if "queues" in data or "queue" in data:
+    if definition.named_queues() is not None:
         raise InvalidRequest("pg_outbox names its queue in params.to, not queues", field="queues")
-    to = data.get("params", {}).get("to") if isinstance(data.get("params"), dict) else None
-    return [to] if isinstance(to, str) else []
+    return [definition.params.to] if isinstance(definition.params, PgOutboxParams) else []
 
 
-HANDLER = HandlerType("pg_outbox", OutboxParams, build, queues=selects)
+HANDLER = HandlerType("pg_outbox", PgOutboxParams, build, status=PgOutboxStatus, queues=selects)

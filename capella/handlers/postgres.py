@@ -28,8 +28,10 @@ import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+
+import msgspec
 
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.auth.secret import Secrets
@@ -44,17 +46,16 @@ from capella.errors import (
     TableMismatch,
 )
 from capella.handlers.links import Links, bound
-from capella.handlers.params import Params, secret_name
+from capella.wire.handlers import TABLE_PATTERN, PgConnection
 
 log = logging.getLogger(__name__)
+P = TypeVar("P", bound=PgConnection)
 
 CONNECT_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 60.0
-# Lower-case identifiers only, optionally schema-qualified: what PostgreSQL folds an unquoted
-# name to, so the name in the params, in the DDL and in to_regclass is the same table.
-_TABLE = re.compile(r"[a-z_][a-z0-9_]{0,62}(?:\.[a-z_][a-z0-9_]{0,62})?")
-DSN_PARAMS = ("dsn", "dsn_secret", "password_secret", "sslpassword_secret", "dsn_password_encrypted")
-DSN_REPLACED = {"dsn_env": "dsn_secret"}
+_TABLE = re.compile(TABLE_PATTERN)
+# Where the registry keeps a DSN's password, encrypted; never taken from the API.
+ENCRYPTED = "dsn_password_encrypted"
 SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 # The query parameters a DSN may carry; host, port, user and database are the URL's own
 # parts. sslrootcert names trust anchors on the server (public, and they grant nothing);
@@ -98,27 +99,27 @@ class Dsn:
     encrypted: str | None = field(default=None, repr=False)
 
     @classmethod
-    def parse(cls, params: Params, links: Links, handler: str, secrets: Secrets, by: Identity) -> Dsn:
-        """The DSN params of handler ``handler``; every secret named must be one ``by`` may use."""
-        url, secret = params.raw("dsn"), secret_name(params, "dsn_secret")
-        if (url is None) == (secret is None):
-            raise InvalidRequest("params: give exactly one of dsn and dsn_secret", field="params.dsn")
-        dsn = cls(
-            None,
-            secret,
-            secret_name(params, "password_secret"),
-            secret_name(params, "sslpassword_secret"),
-        )
-        if url is not None:
-            if not isinstance(url, str):
-                raise InvalidRequest("params.dsn must be a postgresql:// URL", field="params.dsn")
-            bare, password = split_password(url, "params.dsn")
+    def parse(
+        cls,
+        params: PgConnection,
+        encrypted: object,
+        links: Links,
+        handler: str,
+        secrets: Secrets,
+        by: Identity,
+    ) -> Dsn:
+        """The DSN params of handler ``handler``; every secret named must be one ``by`` may use.
+
+        ``encrypted`` is the password the registry kept (``ENCRYPTED``), or None.
+        """
+        dsn = cls(None, params.dsn_secret, params.password_secret, params.sslpassword_secret)
+        if params.dsn is not None:
+            bare, password = split_password(params.dsn, "params.dsn")
             if password is not None and dsn.password_secret is not None:
                 raise InvalidRequest(
                     "params.dsn holds a password and params.password_secret names one: give one",
                     field="params.password_secret",
                 )
-            encrypted = params.raw("dsn_password_encrypted")
             context = ("pg handler", handler, bare, "password")
             if password is not None:
                 try:
@@ -136,32 +137,27 @@ class Dsn:
                 if not bound(encrypted):
                     encrypted = links.encrypt(password, context)
             dsn = replace(
-                dsn, url=bare, password=password, encrypted=encrypted if password is not None else None
+                dsn,
+                url=bare,
+                password=password,
+                encrypted=encrypted if password is not None and isinstance(encrypted, str) else None,
             )
         # Resolved now as the definer: an unusable secret or DSN refuses the definition.
         dsn.target(secrets, by, InvalidRequest)
         return dsn
 
-    def public_dict(self) -> dict[str, Any]:
-        """What the API shows: the DSN without its password, and where the password is."""
+    def shown(self, params: P) -> P:
+        """``params`` as the API shows them: the DSN without its password, and where it is."""
         where = None
         if self.password is not None:
             where = "stored encrypted"
         elif self.password_secret is not None:
             where = f"secret:{self.password_secret}"
-        return {
-            "dsn": self.url,
-            "dsn_secret": self.secret,
-            "password_secret": self.password_secret,
-            "sslpassword_secret": self.sslpassword_secret,
-            "password": where,
-        }
+        return msgspec.structs.replace(params, dsn=self.url, password=where)
 
-    def stored_dict(self) -> dict[str, Any]:
-        """What the handler registry keeps: the password only encrypted."""
-        return {k: v for k, v in self.public_dict().items() if k != "password"} | {
-            "dsn_password_encrypted": self.encrypted
-        }
+    def stored(self) -> dict[str, Any]:
+        """What the handler registry keeps beside the params: the password, only encrypted."""
+        return {ENCRYPTED: self.encrypted}
 
     def target(
         self, secrets: Secrets, identity: Identity, error: type[CapellaError] = InvalidConfig

@@ -29,6 +29,7 @@ not answered (a crash, a stop): those messages count the attempt and are sent ag
 from __future__ import annotations
 
 import asyncio
+import base64
 import bisect
 import contextlib
 import logging
@@ -40,19 +41,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import msgspec
 
+from capella.auth.rule import Identity
 from capella.auth.secret import Secrets
 from capella.client.connector import EgressConnector, check_destination
 from capella.core.cluster import Cluster
 from capella.core.message import Message, SaveMode
 from capella.core.queue import Queue
 from capella.core.stats import Histogram
-from capella.core.work.retry import retry_delay
+from capella.core.work.retry import RetryPolicy, parse_policy, retry_delay
 from capella.core.work.state import LEASED, WAITING, Entry
 from capella.core.work.work_queue import WorkQueue
 from capella.egress import Egress
 from capella.errors import CapellaError, InvalidRequest, QueueNotFound, SubscriptionNotFound
-from capella.handlers.base import Handler, HandlerType, PassResult
+from capella.handlers.base import Building, Handler, HandlerType, PassResult
 from capella.handlers.delivery import (
     ANSWER_BYTES,
     Credentials,
@@ -62,8 +65,7 @@ from capella.handlers.delivery import (
     retry_after,
     retryable,
 )
-from capella.handlers.reach import Reach
-from capella.handlers.webhook import LEASE, PushParams
+from capella.wire.handlers import DeliveryError, PushParams, PushStatus
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +77,17 @@ PASS_SECONDS = 5.0
 # only retries are claimed, so a receiver that is down does not drain the queue into retries.
 MIN_WINDOW = 1000
 # Claimed messages held in memory, waiting for a request slot, at most: with up to
-# ``MAX_IN_FLIGHT`` (webhook.py) in requests, a handler holds at most twice that many messages.
+# ``MAX_IN_FLIGHT`` (wire.handlers) in requests, a handler holds at most twice that many messages.
 MAX_HELD = 10_000
 LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
+# The handler holds its claims until it answers them; a new run takes back what an old one
+# held, so the lease only matters when the handler is stopped for longer than this.
+LEASE = 12 * 3600.0
+# The params that are the subscription's retry policy (capella.core.work.retry).
+POLICY_FIELDS = ("max_attempts", "backoff", "delay", "max_delay", "jitter", "dead_letter")
+# The credentials params, each naming a declared secret.
+SECRET_PARAMS = ("secret", "token", "basic")
 Key = int | None  # what orders messages: 0 (ordered), the segment (by_segment), None (unordered)
 # A URL's user info and query string, wherever a URL appears in a text: webhook URLs often
 # carry their secret there (``?token=...``), and aiohttp's error texts quote the URL.
@@ -117,7 +126,8 @@ class PushHandler(Handler):
         self._egress = egress or Egress.open()
         self.queue = queue
         self.params = params
-        self.interval = params.interval
+        self.policy = policy_of(params)
+        self.interval = 0.0
         self._credentials = credentials
         self._rand = rand
         self.counters = PushCounters()
@@ -155,19 +165,17 @@ class PushHandler(Handler):
     def in_flight(self) -> int:
         return self._in_flight
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> PushStatus:
         failure = self.last_failure
-        return {
-            "delivered": self.counters.delivered,
-            "failed": self.counters.failed,
-            "dead": self.counters.dead,
-            "in_flight": self._in_flight,
-            "retrying": len(self._waiting),
-            "lag": self.lag(),
-            "last_delivery_error": None
-            if failure is None
-            else {"message": failure[0], "status": failure[1], "time": failure[2]},
-        }
+        return PushStatus(
+            delivered=self.counters.delivered,
+            failed=self.counters.failed,
+            dead=self.counters.dead,
+            in_flight=self._in_flight,
+            retrying=len(self._waiting),
+            lag=self.lag(),
+            last_delivery_error=None if failure is None else DeliveryError(*failure),
+        )
 
     # --- a pass ----------------------------------------------------------------------------
 
@@ -176,10 +184,10 @@ class PushHandler(Handler):
         params = self.params
         self.identity.check("queue", "read", queue.name)
         self.identity.check("subscription", "write", f"{queue.name}/{params.subscription}")
-        if params.policy.dead_letter is not None:
-            self.identity.check("queue", "write", params.policy.dead_letter)
+        if self.policy.dead_letter is not None:
+            self.identity.check("queue", "write", self.policy.dead_letter)
         # Read again as the handler's user now: a revoked grant stops it, a rotated value is used.
-        self._credentials = params.credentials(self._secrets, self.identity)
+        self._credentials = credentials(params, self._secrets, self.identity)
         work = await self._work(queue)
         before = (self.counters.delivered, self.counters.delivered_bytes)
         loop = asyncio.get_running_loop()
@@ -229,7 +237,7 @@ class PushHandler(Handler):
             work = None
         if work is None or work is not self._work_queue:
             # New to this run, or deleted and defined again (the queue too, maybe): start over.
-            await queue.define_work(self.params.subscription, self.params.policy)
+            await queue.define_work(self.params.subscription, self.policy)
             work = queue.work(self.params.subscription)
             self._work_queue = work
             self._take_back = True
@@ -446,7 +454,7 @@ class PushHandler(Handler):
         status: int | None,
         wait: float | None,
     ) -> None:
-        policy = self.params.policy
+        policy = self.policy
         # One delay for the whole batch, so its messages come back together and in order.
         attempts = max(e.attempts for _, e in batch)
         delay = wait if wait is not None else retry_delay(policy, attempts, self._rand())
@@ -500,25 +508,69 @@ def _without_secrets(text: str) -> str:
     return _URL_SECRETS.sub(r"\1\2", text)
 
 
-def build(
-    cluster: Cluster, queues: list[str], raw: object, reach: Reach, name: str
-) -> tuple[PushParams, PushHandler]:
-    """The ``push`` handler type: one queue, and a dead-letter queue other than it (no links)."""
-    if len(queues) != 1 or any(c in queues[0] for c in "*?["):
-        raise InvalidRequest("a push handler takes one queue (queue), not a list or pattern", field="queue")
-    push = PushParams.parse(raw, name)
-    if push.policy.dead_letter is not None:
-        try:
-            cluster.queue(push.policy.dead_letter)
-        except QueueNotFound as exc:
-            raise InvalidRequest(f"params.dead_letter: {exc.message}", field="params.dead_letter") from None
-        if push.policy.dead_letter == queues[0]:
-            raise InvalidRequest("params.dead_letter must name another queue", field="params.dead_letter")
-    # As whoever defines it: naming a secret its user may not use refuses the definition.
-    credentials = push.credentials(reach.secrets, reach.by)
-    return push, PushHandler(
-        cluster, queues[0], push, credentials, egress=reach.egress, secrets=reach.secrets
+def push_params(params: PushParams, name: str) -> PushParams:
+    """Handler ``name``'s params as shown and stored: its subscription and policy resolved."""
+    policy = policy_of(params)
+    return msgspec.structs.replace(
+        params,
+        subscription=params.subscription or f"push-{name}",
+        **{field: getattr(policy, field) for field in POLICY_FIELDS},
     )
 
 
-HANDLER = HandlerType("push", PushParams, build, delivers=True)
+def policy_of(params: PushParams) -> RetryPolicy:
+    """The retry policy its subscription gets; a bad field is named as the param it is."""
+    given = {name: getattr(params, name) for name in POLICY_FIELDS if getattr(params, name) is not None}
+    try:
+        return parse_policy(given, RetryPolicy(lease=LEASE))
+    except InvalidRequest as exc:
+        where = str(exc.details.get("field", "params")).replace("policy.", "params.")
+        raise InvalidRequest(exc.message.replace("policy.", "params."), field=where) from None
+
+
+def credentials(params: PushParams, secrets: Secrets, identity: Identity) -> Credentials:
+    """The values of the secrets ``params`` name, now, as ``identity`` may use them.
+
+    They are read when the handler is defined and again at the start of every pass, as its
+    user, so a revoked grant stops it and a rotated value is picked up.
+    """
+    values = {
+        name: None
+        if getattr(params, name) is None
+        else secrets.use(getattr(params, name), identity, f"params.{name}")
+        for name in SECRET_PARAMS
+    }
+    authorization = None
+    if values["token"] is not None:
+        authorization = f"Bearer {values['token']}"
+    elif values["basic"] is not None:
+        if ":" not in values["basic"]:
+            raise InvalidRequest(
+                f"params.basic: secret {params.basic!r} must hold user:password", field="params.basic"
+            )
+        authorization = "Basic " + base64.b64encode(values["basic"].encode()).decode("ascii")
+    secret = values["secret"]
+    return Credentials(authorization, None if secret is None else secret.encode())
+
+
+def build(params: PushParams, at: Building) -> tuple[PushParams, PushHandler]:
+    """The ``push`` handler type: one queue, and a dead-letter queue other than it (no links)."""
+    queues, cluster = at.queues, at.cluster
+    if len(queues) != 1 or any(c in queues[0] for c in "*?["):
+        raise InvalidRequest("a push handler takes one queue (queue), not a list or pattern", field="queue")
+    push = push_params(params, at.name)
+    if push.dead_letter is not None:
+        try:
+            cluster.queue(push.dead_letter)
+        except QueueNotFound as exc:
+            raise InvalidRequest(f"params.dead_letter: {exc.message}", field="params.dead_letter") from None
+        if push.dead_letter == queues[0]:
+            raise InvalidRequest("params.dead_letter must name another queue", field="params.dead_letter")
+    # As whoever defines it: naming a secret its user may not use refuses the definition.
+    found = credentials(push, at.reach.secrets, at.reach.by)
+    return push, PushHandler(
+        cluster, queues[0], push, found, egress=at.reach.egress, secrets=at.reach.secrets
+    )
+
+
+HANDLER = HandlerType("push", PushParams, build, status=PushStatus, delivers=True)

@@ -19,6 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
+from msgspec import UNSET
+
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.auth.secret import Secrets
 from capella.auth.store import AuthStore
@@ -34,21 +37,16 @@ from capella.errors import (
     InvalidRequest,
     Unauthorized,
 )
-from capella.handlers.base import (
-    Handler,
-    HandlerParams,
-    PassResult,
-    find,
-    handler_type,
-    queue_patterns,
-)
+from capella.handlers.base import Building, Handler, PassResult, handler_type
 from capella.handlers.links import Links
 from capella.handlers.reach import Reach
 from capella.storage.catalog import HANDLERS, HandlerEntry, HandlerRegistry
-from capella.wire.handlers import HANDLER_TYPES
+from capella.wire.handlers import Params, decode_definition
 
 log = logging.getLogger(__name__)
 
+# What ends the name of a param that only the registry holds (a password, encrypted).
+_KEPT = "_encrypted"
 # A copy handler whose link comes back resumes within a minute, not after an hour of backoff.
 MAX_BACKOFF = 60.0
 STOP_GRACE = 10.0
@@ -56,14 +54,23 @@ STOP_GRACE = 10.0
 
 def build(
     cluster: Cluster, kind: str, queues: list[str], raw: object, reach: Reach, name: str = ""
-) -> tuple[HandlerParams, Handler]:
-    """Parse ``raw`` params for handler ``name`` of ``kind`` and build it (errors name the field)."""
-    return handler_type(kind).build(cluster, queues, raw, reach, name)
+) -> tuple[Params, Handler]:
+    """Handler ``name`` of ``kind`` from its params as sent or stored (errors name the field).
+
+    The registry keeps a secret beside the params only encrypted (``*_encrypted``, which the
+    API never takes): it goes to the type's ``build`` as ``kept``.
+    """
+    entry = handler_type(kind)
+    kept: dict[str, Any] = {}
+    if isinstance(raw, dict):
+        kept = {k: v for k, v in raw.items() if k.endswith(_KEPT)}
+        raw = {k: v for k, v in raw.items() if k not in kept}
+    return entry.build(entry.decode(raw), Building(cluster, queues, reach, name, kept))
 
 
 def build_push(
     cluster: Cluster, queues: list[str], raw: object, name: str, reach: Reach | None = None
-) -> tuple[HandlerParams, Handler]:
+) -> tuple[Params, Handler]:
     """A push handler on its own (it needs no links)."""
     return build(cluster, "push", queues, raw, reach or Reach(Links(cluster)), name)
 
@@ -96,7 +103,8 @@ class HandlerState:
     name: str
     type: str
     queues: list[str]
-    params: HandlerParams
+    # The type's params struct; a stored definition that no longer builds keeps its dict.
+    params: Params | dict[str, Any]
     handler: Handler
     started: bool
     user: str | None = None
@@ -117,14 +125,25 @@ class HandlerState:
         return {
             "type": self.type,
             "queues": self.queues,
-            "params": self.params.to_dict(),
+            "params": self.shown_params(),
             "started": self.started,
             "user": self.user,
         }
 
+    def shown_params(self) -> dict[str, Any]:
+        """The params as the API shows them: the struct as msgspec renders it."""
+        if isinstance(self.params, dict):
+            # A pg handler's stored password stays out of the API even when encrypted.
+            return {k: v for k, v in self.params.items() if not k.endswith(_KEPT)}
+        shown: dict[str, Any] = msgspec.to_builtins(self.params)
+        return shown
+
     def stored(self) -> dict[str, Any]:
         """The definition as the registry keeps it (a secret in params only encrypted)."""
-        return self.definition() | {"params": self.params.stored_dict()}
+        if isinstance(self.params, dict):
+            return self.definition() | {"params": dict(self.params)}
+        shown = {k: v for k, v in self.shown_params().items() if k not in self.params.shown_only}
+        return self.definition() | {"params": shown | self.handler.stored_params()}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -143,9 +162,14 @@ class HandlerState:
                 if self.last_error is None
                 else {"message": self.last_error[0], "time": self.last_error[1]},
                 "next_run": self.next_run if self.task is not None else None,
-                **self.handler.status(),
+                **self._type_status(),
             },
         }
+
+    def _type_status(self) -> dict[str, Any]:
+        status = self.handler.status()
+        shown: dict[str, Any] = {} if status is None else msgspec.to_builtins(status)
+        return shown
 
 
 class Supervisor:
@@ -174,6 +198,7 @@ class Supervisor:
         await self.links.start()
         definitions = (await HANDLERS.load(self._cluster.home)).handlers
         for name, d in sorted(definitions.items()):
+            params: Params | dict[str, Any]
             try:
                 # As the user it runs as: a secret or link it lost the right to does not load.
                 reach = replace(self.reach, by=self._identity_of(d.user))
@@ -181,7 +206,8 @@ class Supervisor:
             except CapellaError as exc:
                 # Keep the definition (a later save must not drop it); every pass reports why.
                 log.error("handler cannot be loaded handler=%s: %s", name, exc.message)
-                params, handler = _Unloadable(d.params), _Unloadable(d.params, exc.message)
+                params = dict(d.params)
+                handler = _Unloadable(exc.message)
             state = HandlerState(name, d.type, list(d.queues), params, handler, d.started, d.user)
             self._states[name] = state
             if state.started:
@@ -207,22 +233,16 @@ class Supervisor:
         except KeyError:
             raise HandlerNotFound(f"no handler {name!r}") from None
 
-    async def put(
-        self, name: str, data: dict[str, Any], by: Identity = UNRESTRICTED
-    ) -> tuple[HandlerState, bool]:
+    async def put(self, name: str, data: object, by: Identity = UNRESTRICTED) -> tuple[HandlerState, bool]:
         """Create or replace a handler from its JSON definition; ``True`` when created.
 
         The handler runs as ``data["user"]``, by default as ``by``; naming another user needs
         ``user admin`` on it, so nobody hands a handler more rights than they could use.
         """
         check_name(name, "handler")
-        if not isinstance(data, dict):
-            raise InvalidRequest("a handler definition must be a JSON object")
-        if unknown := sorted(set(data) - {"type", "queue", "queues", "params", "started", "user"}):
-            raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
-        if isinstance(data.get("params"), dict):
+        if isinstance(data, dict) and isinstance(data.get("params"), dict):
             for key in data["params"]:
-                if key.endswith("_encrypted"):
+                if key.endswith(_KEPT):
                     # Only this server writes ciphertexts, into its own registry: one taken from
                     # another definition would be replayed to wherever this one points.
                     raise InvalidRequest(
@@ -230,20 +250,17 @@ class Supervisor:
                         "(it is stored encrypted) or name a declared secret",
                         field=f"params.{key}",
                     )
-        kind = data.get("type")
-        if not isinstance(kind, str):
-            raise InvalidRequest(f"type is required: {', '.join(sorted(HANDLER_TYPES))}", field="type")
-        # An unknown type is refused by the build below, after the queues are checked.
-        entry = find(kind)
-        queues = (queue_patterns if entry is None else entry.queues)(data, self._cluster)
-        started = data.get("started", True)
-        if not isinstance(started, bool):
-            raise InvalidRequest("started must be true or false", field="started")
-        user = self._run_as(data.get("user", by.name), by)
+        definition = decode_definition(data)
+        kind = definition.kind
+        entry = handler_type(kind)
+        queues = entry.queues(definition, self._cluster)
+        started = definition.started
+        user = self._run_as(by.name if definition.user is UNSET else definition.user, by)
         # Built as the user it will run as: its secrets and links must be theirs to use.
         acting = by if user == by.name else self._identity_of(user)
         reach = replace(self.reach, by=acting)
-        params, handler = build(self._cluster, kind, queues, data.get("params"), reach, name)
+        params = definition.params if definition.params is not None else entry.decode(None)
+        params, handler = entry.build(params, Building(self._cluster, queues, reach, name))
         async with self._lock:
             old = self._states.get(name)
             state = HandlerState(name, kind, queues, params, handler, started, user)
@@ -280,7 +297,7 @@ class Supervisor:
 
     def using_link(self, link: str) -> list[str]:
         """The handlers that read from or write to external cluster ``link``."""
-        return [s.name for s in self.handlers() if link in s.params.links()]
+        return [s.name for s in self.handlers() if link in s.handler.links()]
 
     async def start_handler(self, name: str) -> HandlerState:
         async with self._lock:
@@ -440,22 +457,14 @@ class Supervisor:
         await HANDLERS.save(self._cluster.home, HandlerRegistry(handlers=handlers))
 
 
-class _Unloadable(Handler, HandlerParams):
+class _Unloadable(Handler):
     """A stored definition that no longer builds (e.g. its mark lost its mount): kept as is."""
 
     interval = 60.0
     loaded = False
 
-    def __init__(self, raw: object, error: str = "") -> None:
-        self._raw = raw if isinstance(raw, dict) else {}
+    def __init__(self, error: str) -> None:
         self._error = error
-
-    def to_dict(self) -> dict[str, Any]:
-        # A pg handler's stored password stays out of the API even when encrypted.
-        return {k: v for k, v in self._raw.items() if not k.endswith("_encrypted")}
-
-    def stored_dict(self) -> dict[str, Any]:
-        return dict(self._raw)
 
     async def run_once(self) -> PassResult:
         raise InvalidConfig(f"this definition cannot be loaded: {self._error}; replace it with PUT")

@@ -9,9 +9,11 @@ adds JSON Schema keywords that decoding does not enforce.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from msgspec import Meta
+
+from capella.units import parse_duration, parse_size
 
 
 def schema(**keywords: Any) -> Meta:
@@ -60,3 +62,67 @@ NonEmpty = Annotated[str, schema(minLength=1)]
 SaveModeText = Literal["none", "immediate", "mark", "wait", "default", "0", "1", "2", "3", "4"]
 # A queue's own modes: "default" (and 4) would point back at the definition itself.
 DefinitionSaveMode = Literal["none", "immediate", "mark", "wait", "0", "1", "2", "3"]
+
+
+# Handler params decode straight into their structs (``wire.handlers.decode_params``), so a
+# duration or a size is turned into seconds or bytes while it is decoded. msgspec hands a
+# value to ``decode_hook`` only for a type it does not know: at run time these are classes of
+# their own, while to the type checker, and in every decoded struct, they are plain numbers.
+if TYPE_CHECKING:
+    Seconds = float
+    PositiveSeconds = float
+    Bytes = int
+else:
+
+    class Seconds(float):
+        """A duration: ``"30s"``, a number of seconds, or the original's nanoseconds (>= 1e12)."""
+
+    class PositiveSeconds(Seconds):
+        """A duration greater than 0."""
+
+    class Bytes(int):
+        """A size greater than 0: ``"8MiB"``, ``"512k"`` or a number of bytes."""
+
+
+# The original API took durations in nanoseconds; no sane interval is 31,700 years of seconds.
+NANOSECOND_THRESHOLD = 10**12
+
+
+def seconds(value: object, *, positive: bool) -> float:
+    """Seconds from a duration as the handler params take it; ``ValueError`` says why not."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= NANOSECOND_THRESHOLD:
+        result = value / 1e9
+    else:
+        result = parse_duration(value)
+    if positive and result <= 0:
+        raise ValueError("must be greater than 0")
+    return result
+
+
+def decode_hook(kind: type, value: object) -> object:
+    """``msgspec.convert``'s ``dec_hook`` for ``Seconds``, ``PositiveSeconds`` and ``Bytes``."""
+    # msgspec checks that the hook gave an instance of ``kind``; decode_params makes it plain.
+    if kind is PositiveSeconds or kind is Seconds:
+        return kind(seconds(value, positive=kind is PositiveSeconds))
+    if kind is Bytes:
+        size = parse_size(value)
+        if size <= 0:
+            raise ValueError("must be greater than 0")
+        return kind(size)
+    raise NotImplementedError(kind)
+
+
+def schema_hook(kind: type) -> dict[str, Any]:
+    """The JSON Schema of ``Seconds``, ``PositiveSeconds`` and ``Bytes`` in the document."""
+    if kind is PositiveSeconds:
+        return {
+            "anyOf": [
+                {"type": "number", "exclusiveMinimum": 0},
+                {"type": "string", "pattern": DURATION_PATTERN},
+            ]
+        }
+    if kind is Seconds:
+        return {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": DURATION_PATTERN}]}
+    if kind is Bytes:
+        return {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": SIZE_PATTERN}]}
+    raise NotImplementedError(kind)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, get_args
+import re
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
+import msgspec
 from msgspec import UNSET, Meta, UnsetType, field
 
+from capella.errors import InvalidRequest
 from capella.wire.fields import (
+    NAME,
+    Bytes,
     Duration,
-    PositiveDuration,
+    PositiveSeconds,
     SaveModeText,
-    Size,
+    Seconds,
     Time,
+    decode_hook,
     schema,
 )
 from capella.wire.struct import Struct
@@ -21,156 +27,249 @@ from capella.wire.struct import Struct
 # the names from here.
 HandlerType = Literal["flush", "unload", "archive", "expire", "copy", "push", "pg_outbox", "pg_inbox"]
 HANDLER_TYPES: tuple[str, ...] = get_args(HandlerType)
-# Handler durations also take integers of nanoseconds (>= 1e12), as the original API did.
-HandlerDuration = PositiveDuration
 
 
-def params_schema(kind: str) -> str:
-    """The name of a handler type's params schema: ``pg_outbox`` → ``PgOutboxParams``."""
-    return "".join(part.capitalize() for part in kind.split("_")) + "Params"
+class Params(Struct, forbid_unknown_fields=True):
+    """What every type's params share: how a definition's ``params`` object decodes into them.
+
+    ``decode_params`` is the one way in; ``null`` for a field means its default. A subclass
+    checks its cross-field rules in ``__post_init__`` (raising ``InvalidRequest`` that names
+    the field), and lists the params it no longer takes in ``replaced`` (old → new).
+    """
+
+    __schema_base__: ClassVar[bool] = True
+    replaced: ClassVar[dict[str, str]] = {}
+    # Fields the answers show and a definition may not give (the server fills them in).
+    shown_only: ClassVar[tuple[str, ...]] = ()
 
 
-def _params_by_type(kinds: tuple[str, ...]) -> dict[str, Any]:
-    kind, *rest = kinds
-    branch: dict[str, Any] = {
-        "if": {"required": ["type"], "properties": {"type": {"const": kind}}},
-        "then": {"properties": {"params": {"$ref": f"#/components/schemas/{params_schema(kind)}"}}},
-    }
-    if rest:
-        branch["else"] = _params_by_type(tuple(rest))
-    return branch
+P = TypeVar("P", bound=Params)
 
 
-class HandlerDefinition(Struct, forbid_unknown_fields=True):
-    """queues (or its shorthand queue) is required, except for pg_outbox (params.to) and copy
-    (params.from); params depend on type"""
+def decode_params(kind: type[P], raw: object) -> P:
+    """``raw`` (a definition's ``params``: an object, or null for none) as ``kind``.
 
-    # The params of one type: a oneOf over all of them would refuse {"interval": 5}, which is
-    # valid flush, unload and expire params alike. One chain of if/then/else, not an allOf of
-    # ifs: request generators (schemathesis) give up on an allOf of seven.
-    __schema_extra__: ClassVar[dict[str, Any]] = {"allOf": [_params_by_type(HANDLER_TYPES)]}
-
-    type: HandlerType
-    queues: (
-        Annotated[
-            list[Annotated[str, schema(minLength=1)]],
-            schema(
-                minItems=1,
-                description="queue names or fnmatch patterns (orders, logs-*); a plain name must name an "
-                "existing queue, a pattern may match none yet",
-            ),
-        ]
-        | None
-    ) = None
-    queue: Annotated[str, schema(minLength=1, description="shorthand for one queue")] | None = None
-    params: (
-        Annotated[dict[str, Any], Meta(description="by type: FlushParams for flush, and so on")] | None
-    ) = None
-    started: bool = True
-    user: (
-        Annotated[
-            str,
-            Meta(description="the user it runs as (default: who defines it; another user needs user admin)"),
-        ]
-        | None
-    ) = None
+    Every error is ``InvalidRequest`` naming the field as ``params.<path>``.
+    """
+    try:
+        params = msgspec.convert(_given(kind, raw), kind, dec_hook=decode_hook)
+    except msgspec.ValidationError as exc:
+        raise _params_error(str(exc)) from None
+    _plain(params)
+    return params
 
 
-class FlushParams(Struct, forbid_unknown_fields=True):
+def _given(kind: type[Params], raw: object) -> dict[str, Any]:
+    """``raw`` to decode as ``kind``: an object without nulls (null is the default)."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise InvalidRequest("params must be an object", field="params")
+    for old, new in kind.replaced.items():
+        if old in raw:
+            raise InvalidRequest(
+                f"params.{old} is no longer accepted: a definition may not name the server's "
+                f"environment variables. Ask the operator to declare the secret "
+                f'([secrets.NAME] env = "VAR" in the configuration) and give params.{new} = "NAME"',
+                field=f"params.{old}",
+            )
+    for name in kind.shown_only:
+        if name in raw:
+            raise InvalidRequest(f"params.{name}: unknown parameter", field=f"params.{name}")
+    return {name: value for name, value in raw.items() if value is not None}
+
+
+def _plain(struct: msgspec.Struct) -> None:
+    """Durations and sizes as plain numbers, as msgspec renders them (``Seconds`` → float)."""
+    for name in struct.__struct_fields__:
+        value = getattr(struct, name)
+        if isinstance(value, float) and type(value) is not float:
+            setattr(struct, name, float(value))
+        elif isinstance(value, int) and type(value) not in (int, bool):
+            setattr(struct, name, int(value))
+        elif isinstance(value, msgspec.Struct):
+            _plain(value)
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, msgspec.Struct):
+                    _plain(item)
+
+
+_PROBLEM = re.compile(r"^(.*?)(?: - at `\$(.*)`)?$", re.DOTALL)
+_NAMED = re.compile(r"(unknown|missing required) field `(.*)`")
+
+
+def _params_error(text: str) -> InvalidRequest:
+    """A msgspec finding at ``$.x[0].y`` as ``InvalidRequest`` naming ``params.x[0].y``."""
+    problem, path = _PROBLEM.match(text).groups()  # type: ignore[union-attr]  # the pattern always matches
+    where = f"params{path or ''}"
+    if named := _NAMED.search(problem):
+        where = f"{where}.{named.group(2)}"
+        problem = "unknown parameter" if named.group(1) == "unknown" else "required"
+    return InvalidRequest(f"{where}: {problem[:1].lower()}{problem[1:]}", field=where)
+
+
+Batch = Annotated[int, Meta(ge=1)]
+# Inclusive [lo, hi] pairs; none: every segment.
+Segments = Annotated[list[tuple[int, int]], Meta(min_length=1)]
+# As [secrets.NAME] in the configuration allows.
+SecretName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+# Lower-case identifiers only, optionally schema-qualified: what PostgreSQL folds an unquoted
+# name to, so the name in the params, in the DDL and in to_regclass is the same table.
+TABLE_PATTERN = r"^[a-z_][a-z0-9_]{0,62}(?:\.[a-z_][a-z0-9_]{0,62})?$"
+Table = Annotated[str, Meta(pattern=TABLE_PATTERN)]
+
+
+def _check_segments(segments: list[tuple[int, int]] | None) -> None:
+    for lo, hi in segments or ():
+        if lo > hi:
+            raise InvalidRequest(
+                f"params.segments: {[lo, hi]!r} is not a [lo, hi] pair", field="params.segments"
+            )
+
+
+class FlushParams(Params):
     """Flush the queues' open blocks every interval."""
 
-    interval: HandlerDuration | None = None
+    interval: PositiveSeconds = 1.0
 
 
-class UnloadParams(Struct, forbid_unknown_fields=True):
+class UnloadParams(Params):
     """with neither idle nor age, idle is 60 s"""
 
-    interval: HandlerDuration | None = None
-    idle: Annotated[HandlerDuration, Meta(description="unload blocks not read for this long")] | None = None
-    age: Annotated[HandlerDuration, Meta(description="unload blocks older than this")] | None = None
+    interval: PositiveSeconds = 10.0
+    idle: Annotated[PositiveSeconds, Meta(description="unload blocks not read for this long")] | None = None
+    age: Annotated[PositiveSeconds, Meta(description="unload blocks older than this")] | None = None
+
+    def __post_init__(self) -> None:
+        if self.idle is None and self.age is None:
+            self.idle = 60.0
 
 
 class ArchiveCondition(Struct, forbid_unknown_fields=True):
     """Blocks whose age is in [from_age, to_age) move to mark."""
 
-    mark: Annotated[int, schema(minimum=0, maximum=255, description="a mark the queue maps to a mount")]
-    from_age: Annotated[Duration, Meta(description="default 0")] | None = None
-    to_age: Annotated[Duration | None, Meta(description="null: no upper bound")] = None
+    mark: Annotated[int, Meta(ge=0, le=255, description="a mark the queue maps to a mount")]
+    from_age: Seconds = 0.0
+    to_age: Annotated[PositiveSeconds | None, Meta(description="null: no upper bound")] = None
+
+    def holds(self, age: float) -> bool:
+        return self.from_age <= age and (self.to_age is None or age < self.to_age)
 
 
-class ArchiveParams(Struct, forbid_unknown_fields=True):
+class ArchiveParams(Params):
     """Move blocks between tiers by age."""
 
-    conditions: Annotated[list[ArchiveCondition], schema(minItems=1)]
-    interval: HandlerDuration | None = None
-    limit: Annotated[int, schema(minimum=1, description="blocks moved per pass")] | None = None
+    conditions: Annotated[list[ArchiveCondition], Meta(min_length=1)]
+    interval: PositiveSeconds = 60.0
+    limit: Annotated[int, Meta(ge=1, description="blocks moved per pass")] = 100
+
+    def __post_init__(self) -> None:
+        for i, c in enumerate(self.conditions):
+            if c.to_age is not None and c.to_age <= c.from_age:
+                where = f"params.conditions[{i}].to_age"
+                raise InvalidRequest(f"{where} must be greater than from_age", field=where)
 
 
-class ExpireParams(Struct, forbid_unknown_fields=True):
+class ExpireParams(Params):
     """at least one of max_age, max_bytes and max_messages"""
 
     __schema_extra__: ClassVar[dict[str, Any]] = {
         "anyOf": [{"required": ["max_age"]}, {"required": ["max_bytes"]}, {"required": ["max_messages"]}]
     }
 
-    interval: HandlerDuration | None = None
-    max_age: HandlerDuration | None = None
-    max_bytes: Size | None = None
-    max_messages: Annotated[int, schema(minimum=1)] | None = None
+    interval: PositiveSeconds = 60.0
+    max_age: PositiveSeconds | None = None
+    max_bytes: Bytes | None = None
+    max_messages: Annotated[int, Meta(ge=1)] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_age is None and self.max_bytes is None and self.max_messages is None:
+            raise InvalidRequest("params: give max_age, max_bytes or max_messages", field="params.max_age")
 
 
-class CopyParams(Struct, forbid_unknown_fields=True):
+# A save mode by name or number, read by the handler's build (an unknown one is
+# invalid_save_mode, as everywhere); answers show the name.
+SaveModeName = (
+    Annotated[str, schema(enum=list(get_args(SaveModeText)))] | Annotated[int, schema(minimum=0, maximum=4)]
+)
+# A queue, or cluster/queue for one on an external cluster.
+QueueRef = Annotated[str, Meta(pattern=f"^(?:{NAME}/)?{NAME}$")]
+
+
+class CopyParams(Params):
     """Copy messages from queues (or another cluster) into a queue, once each."""
 
-    to: Annotated[str, Meta(description="the destination queue (local)")]
-    from_: Annotated[str, Meta(description="the source queue when the definition names no queues")] | None = (
-        field(default=None, name="from")
-    )
-    subscription: (
-        Annotated[str, Meta(description="the cursor on each source (default copy-to-<to>)")] | None
-    ) = None
-    interval: (
-        Annotated[HandlerDuration, Meta(description="pause between passes (default 0: continuous)")] | None
-    ) = None
-    batch: Annotated[int, schema(minimum=1)] | None = None
-    wait: Annotated[HandlerDuration, Meta(description="long-poll when caught up (default 2 s)")] | None = None
-    segments: list[Annotated[list[int], schema(minItems=2, maxItems=2)]] | None = None
-    save: SaveModeText | None = None
-    commit_save: SaveModeText | None = None
+    to: Annotated[QueueRef, Meta(description="the destination queue, or cluster/queue")]
+    from_: (
+        Annotated[QueueRef, Meta(description="the source queue when the definition names no queues")] | None
+    ) = field(default=None, name="from")
+    subscription: Annotated[str, Meta(description="the cursor on each source (default copy-to-<to>)")] = ""
+    interval: Annotated[Seconds, Meta(description="pause between passes (default 0: continuous)")] = 0.0
+    batch: Batch = 1000
+    wait: Annotated[Seconds, Meta(description="long-poll when caught up (default 2 s)")] = 2.0
+    segments: Segments | None = None
+    save: SaveModeName = "wait"
+    # A lost cursor commit only sends a batch again, which dedup absorbs: no need to wait.
+    commit_save: SaveModeName = "mark"
+
+    def __post_init__(self) -> None:
+        self.subscription = self.subscription or f"copy-to-{self.to.replace('/', '.')}"
+        _check_segments(self.segments)
+
+    def links(self) -> list[str]:
+        """The external clusters it reads from or writes to (``link/queue``)."""
+        return sorted({ref.partition("/")[0] for ref in (self.from_, self.to) if ref and "/" in ref})
 
 
-class PushParams(Struct, forbid_unknown_fields=True):
-    """POST the queue's messages to url through an ack-mode subscription (see docs/push.md)."""
+# What one push handler may hold, so a definition cannot make the broker buffer without bound
+# (docs/push.md): messages in flight (concurrency x batch), and the seconds one request may
+# keep a connection and its batch (a receiver that needs longer should answer 202 and work on).
+MAX_IN_FLIGHT = 10_000
+MAX_TIMEOUT = 60.0
+_HEADER_NAME = re.compile(r"[!#$&'*+.^_`|~0-9A-Za-z-]+")
+# Set by the push handler itself: a params header of these names would be overwritten or unsafe.
+_RESERVED = ("authorization", "idempotency-key", "content-length", "host", "transfer-encoding", "user-agent")
+URL_PATTERN = r"^https?://[^\s/?#@]+([/?#]\S*)?$"
 
-    url: Annotated[str, schema(pattern=r"^https?://[^\s/?#@]+([/?#]\S*)?$", description="the receiver")]
-    subscription: (
-        Annotated[str, Meta(description="the ack-mode subscription it keeps (default push-<handler>)")] | None
-    ) = None
-    batch: (
-        Annotated[
-            int,
-            schema(
-                minimum=1,
-                maximum=10_000,
-                description="1 (default): the body is the payload; more: a JSON array of messages",
-            ),
-        ]
-        | None
-    ) = None
-    ordering: (
-        Annotated[
-            Literal["unordered", "by_segment", "ordered"],
-            Meta(description="ordered: one request at a time, in id order; by_segment: in order per segment"),
-        ]
-        | None
-    ) = None
-    concurrency: (
-        Annotated[int, schema(minimum=1, maximum=1000, description="requests in flight (default 4)")] | None
-    ) = None
-    timeout: Annotated[HandlerDuration, Meta(description="per request (default 10 s)")] | None = None
-    wait: Annotated[Duration, Meta(description="long-poll when caught up (default 2 s)")] | None = None
-    headers: Annotated[dict[str, str], Meta(description="extra request headers")] | None = None
-    segments: list[Annotated[list[int], schema(minItems=2, maxItems=2)]] | None = None
+
+class PushParams(Params):
+    """POST the queue's messages to url through an ack-mode subscription (see docs/push.md).
+
+    Credentials never appear in the params: ``secret`` (the HMAC signing secret), ``token`` (a
+    bearer token) and ``basic`` (``user:password``) name secrets the operator declared in
+    ``[secrets.NAME]``; the old ``*_env`` forms named variables of the server's environment,
+    which let any definer read any of them. The retry fields are those of an ack-mode
+    subscription's policy.
+    """
+
+    replaced: ClassVar[dict[str, str]] = {"secret_env": "secret", "token_env": "token", "basic_env": "basic"}
+
+    # No user info (the pattern has no @ before the path): the URL is shown and logged, so
+    # credentials come from the token or basic secret.
+    url: Annotated[
+        str, Meta(pattern=URL_PATTERN, description="the receiver (no user:password@: use token or basic)")
+    ]
+    subscription: Annotated[
+        str, Meta(description="the ack-mode subscription it keeps (default push-<handler>)")
+    ] = ""
+    batch: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=10_000,
+            description="1 (default): the body is the payload; more: a JSON array of messages",
+        ),
+    ] = 1
+    ordering: Annotated[
+        Literal["unordered", "by_segment", "ordered"],
+        Meta(description="ordered: one request at a time, in id order; by_segment: in order per segment"),
+    ] = "unordered"
+    concurrency: Annotated[int, Meta(ge=1, le=1000, description="requests in flight (default 4)")] = 4
+    timeout: Annotated[PositiveSeconds, Meta(description="per request (default 10 s, at most 60 s)")] = 10.0
+    wait: Annotated[Seconds, Meta(description="long-poll when caught up (default 2 s)")] = 2.0
+    headers: Annotated[dict[str, str], Meta(description="extra request headers")] = {}
+    segments: Segments | None = None
     max_attempts: (
         Annotated[int, schema(minimum=0, maximum=1_000_000, description="0: no limit (default 5)")] | None
     ) = None
@@ -182,15 +281,51 @@ class PushParams(Struct, forbid_unknown_fields=True):
         None
     )
     secret: (
-        Annotated[str, Meta(description="a declared secret ([secrets.NAME]): the HMAC-SHA256 signing secret")]
+        Annotated[
+            SecretName, Meta(description="a declared secret ([secrets.NAME]): the HMAC-SHA256 signing secret")
+        ]
         | None
     ) = None
-    token: Annotated[str, Meta(description="a declared secret holding a bearer token")] | None = None
-    basic: Annotated[str, Meta(description="a declared secret holding user:password for Basic")] | None = None
+    token: Annotated[SecretName, Meta(description="a declared secret holding a bearer token")] | None = None
+    basic: (
+        Annotated[SecretName, Meta(description="a declared secret holding user:password for Basic")] | None
+    ) = None
+
+    def __post_init__(self) -> None:
+        if self.ordering == "ordered":
+            self.concurrency = 1
+        if self.concurrency * self.batch > MAX_IN_FLIGHT:
+            raise InvalidRequest(
+                f"params.concurrency x params.batch must be at most {MAX_IN_FLIGHT} messages in flight, "
+                f"not {self.concurrency * self.batch}",
+                field="params.batch",
+            )
+        if self.timeout > MAX_TIMEOUT:
+            raise InvalidRequest(
+                f"params.timeout must be at most {MAX_TIMEOUT:g} seconds", field="params.timeout"
+            )
+        if self.token and self.basic:
+            raise InvalidRequest("give token or basic, not both", field="params.basic")
+        for name, text in self.headers.items():
+            if not _HEADER_NAME.fullmatch(name) or any(c in text for c in "\r\n\0"):
+                raise InvalidRequest(
+                    f"params.headers: {name!r} is not a valid header", field="params.headers"
+                )
+            if name.lower() in _RESERVED or name.lower().startswith("capella-"):
+                raise InvalidRequest(
+                    f"params.headers: {name} is set by the handler "
+                    "(credentials: params.token or params.basic)",
+                    field="params.headers",
+                )
+        _check_segments(self.segments)
 
 
-class PgConnection(Struct, forbid_unknown_fields=True):
-    """Where a pg_* handler connects, and with which secrets (docs/postgres.md)."""
+class PgConnection(Params):
+    """Where a pg_* handler connects, and with which secrets (docs/postgres.md): exactly one of
+    dsn and dsn_secret"""
+
+    replaced: ClassVar[dict[str, str]] = {"dsn_env": "dsn_secret"}
+    shown_only: ClassVar[tuple[str, ...]] = ("password",)
 
     dsn: (
         Annotated[
@@ -204,49 +339,225 @@ class PgConnection(Struct, forbid_unknown_fields=True):
         | None
     ) = None
     dsn_secret: (
-        Annotated[str, Meta(description="a declared secret ([secrets.NAME]) holding the whole DSN")] | None
+        Annotated[SecretName, Meta(description="a declared secret ([secrets.NAME]) holding the whole DSN")]
+        | None
     ) = None
     password_secret: (
-        Annotated[str, Meta(description="a declared secret holding the password (the DSN has none)")] | None
+        Annotated[SecretName, Meta(description="a declared secret holding the password (the DSN has none)")]
+        | None
     ) = None
     sslpassword_secret: (
-        Annotated[str, Meta(description="a declared secret holding the client key's passphrase")] | None
+        Annotated[SecretName, Meta(description="a declared secret holding the client key's passphrase")]
+        | None
     ) = None
+    # Shown, never taken: the server fills it in from where the password is.
+    password: (
+        Annotated[
+            str,
+            schema(
+                readOnly=True,
+                description='where the password is: "stored encrypted" or "secret:NAME" (answers only)',
+            ),
+        ]
+        | None
+    ) = None
+
+    def __post_init__(self) -> None:
+        if (self.dsn is None) == (self.dsn_secret is None):
+            raise InvalidRequest("params: give exactly one of dsn and dsn_secret", field="params.dsn")
 
 
 class PgOutboxParams(PgConnection, kw_only=True):
     """Relay committed rows of a PostgreSQL outbox table into a queue (docs/postgres.md)."""
 
-    to: Annotated[str, Meta(description="the destination queue")]
-    table: Annotated[str, Meta(description="the outbox table (default capella_outbox)")] | None = None
-    source: Annotated[str, Meta(description="the identity source (default pg:<database>.<table>)")] | None = (
-        None
-    )
-    batch: Annotated[int, schema(minimum=1, description="rows per relay step (default 1000)")] | None = None
-    save: SaveModeText | None = None
-    delete: (
-        Annotated[bool, Meta(description="delete relayed rows (default); false sets relayed_at instead")]
+    to: Annotated[str, Meta(min_length=1, description="the destination queue")]
+    table: Annotated[Table, Meta(description="the outbox table (default capella_outbox)")] = "capella_outbox"
+    source: (
+        Annotated[str, Meta(min_length=1, description="the identity source (default pg:<database>.<table>)")]
         | None
     ) = None
-    interval: (
-        Annotated[HandlerDuration, Meta(description="pause between passes (default 1 s; a NOTIFY wakes it)")]
-        | None
-    ) = None
+    batch: Annotated[int, Meta(ge=1, description="rows per relay step (default 1000)")] = 1000
+    save: SaveModeName = "wait"
+    delete: Annotated[
+        bool, Meta(description="delete relayed rows (default); false sets relayed_at instead")
+    ] = True
+    interval: Annotated[
+        PositiveSeconds, Meta(description="pause between passes (default 1 s; a NOTIFY wakes it)")
+    ] = 1.0
 
 
 class PgInboxParams(PgConnection):
     """Copy a queue into a PostgreSQL inbox table, once each (docs/postgres.md)."""
 
-    table: Annotated[str, Meta(description="the inbox table (default capella_inbox)")] | None = None
-    subscription: (
-        Annotated[str, Meta(description="the cursor on each queue (default pg_inbox-<table>)")] | None
-    ) = None
-    batch: Annotated[int, schema(minimum=1, description="messages per insert (default 1000)")] | None = None
-    segments: list[Annotated[list[int], schema(minItems=2, maxItems=2)]] | None = None
-    interval: (
-        Annotated[HandlerDuration, Meta(description="pause between passes (default 1 s; a message wakes it)")]
+    table: Annotated[Table, Meta(description="the inbox table (default capella_inbox)")] = "capella_inbox"
+    subscription: Annotated[str, Meta(description="the cursor on each queue (default pg_inbox-<table>)")] = ""
+    batch: Annotated[int, Meta(ge=1, description="messages per insert (default 1000)")] = 1000
+    segments: Segments | None = None
+    interval: Annotated[
+        PositiveSeconds, Meta(description="pause between passes (default 1 s; a message wakes it)")
+    ] = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.subscription = self.subscription or f"pg_inbox-{self.table}"
+        _check_segments(self.segments)
+
+
+QueueName = Annotated[str, Meta(min_length=1)]
+
+
+class Definition(Struct, forbid_unknown_fields=True, tag_field="type"):
+    """What every handler definition holds besides its type's params (``HandlerDefinition``)."""
+
+    __schema_base__: ClassVar[bool] = True
+
+    queues: (
+        Annotated[
+            list[QueueName],
+            Meta(
+                min_length=1,
+                description="queue names or fnmatch patterns (orders, logs-*); a plain name must name an "
+                "existing queue, a pattern may match none yet",
+            ),
+        ]
         | None
     ) = None
+    queue: Annotated[str, Meta(min_length=1, description="shorthand for one queue")] | None = None
+    started: bool = True
+    # Left out: who defines it; null: no user (as with authentication off).
+    user: (
+        Annotated[
+            str,
+            Meta(description="the user it runs as (default: who defines it; another user needs user admin)"),
+        ]
+        | UnsetType
+        | None
+    ) = UNSET
+    # Each type's own params struct (FlushParams for flush, and so on).
+    params: Params | None = None
+
+    @property
+    def kind(self) -> str:
+        """The handler type (the tag ``type``)."""
+        return str(self.__struct_config__.tag)
+
+    def named_queues(self) -> list[str] | None:
+        """``queues``, or the one ``queue``; None when it names none."""
+        if self.queues is not None:
+            return self.queues
+        return None if self.queue is None else [self.queue]
+
+
+class FlushDefinition(Definition, tag="flush"):
+    """A flush handler."""
+
+    params: FlushParams | None = None
+
+
+class UnloadDefinition(Definition, tag="unload"):
+    """An unload handler."""
+
+    params: UnloadParams | None = None
+
+
+class ArchiveDefinition(Definition, tag="archive"):
+    """An archive handler."""
+
+    params: ArchiveParams | None = None
+
+
+class ExpireDefinition(Definition, tag="expire"):
+    """An expire handler."""
+
+    params: ExpireParams | None = None
+
+
+class CopyDefinition(Definition, tag="copy"):
+    """A copy handler: queues (or queue) is required unless params.from names the source."""
+
+    params: CopyParams | None = None
+
+
+class PushDefinition(Definition, tag="push"):
+    """A push handler: one queue."""
+
+    params: PushParams | None = None
+
+
+class PgOutboxDefinition(Definition, tag="pg_outbox"):
+    """A pg_outbox handler: its queue is params.to (no queues)."""
+
+    params: PgOutboxParams | None = None
+
+
+class PgInboxDefinition(Definition, tag="pg_inbox"):
+    """A pg_inbox handler."""
+
+    params: PgInboxParams | None = None
+
+
+# A handler's definition, by type: what PUT /v1/handlers/{name} takes.
+HandlerDefinition = (
+    FlushDefinition
+    | UnloadDefinition
+    | ArchiveDefinition
+    | ExpireDefinition
+    | CopyDefinition
+    | PushDefinition
+    | PgOutboxDefinition
+    | PgInboxDefinition
+)
+DEFINITIONS: dict[str, type[Definition]] = {
+    str(kind.__struct_config__.tag): kind for kind in get_args(HandlerDefinition)
+}
+
+
+def params_type(kind: type[Definition]) -> type[Params]:
+    """The params struct of a definition type (its ``params`` field, without the None)."""
+    (found,) = (f for f in msgspec.structs.fields(kind) if f.name == "params")
+    params: type[Params] = next(t for t in get_args(found.type) if t is not type(None))
+    return params
+
+
+def decode_definition(data: object) -> Definition:
+    """A handler definition as its type's ``Definition``; errors name the field.
+
+    The params are read as ``decode_params`` reads them (null is the default, replaced and
+    shown-only params are refused by name).
+    """
+    if not isinstance(data, dict):
+        raise InvalidRequest("a handler definition must be a JSON object")
+    kind = DEFINITIONS.get(data["type"]) if isinstance(data.get("type"), str) else None
+    if kind is not None and data.get("params") is not None:
+        data = {**data, "params": _given(params_type(kind), data["params"])}
+    try:
+        definition: Definition = msgspec.convert(data, HandlerDefinition, dec_hook=decode_hook)
+    except msgspec.ValidationError as exc:
+        raise _definition_error(str(exc)) from None
+    _plain(definition)
+    return definition
+
+
+def _definition_error(text: str) -> InvalidRequest:
+    problem, path = _PROBLEM.match(text).groups()  # type: ignore[union-attr]  # the pattern always matches
+    path = path or ""
+    if path.startswith(".params"):
+        return _params_error(f"{problem} - at `${path.removeprefix('.params')}`")
+    if path == ".type" or "field `type`" in problem:
+        return InvalidRequest(
+            f"type is required, one of: {', '.join(sorted(HANDLER_TYPES))}"
+            if "missing" in problem
+            else f"type: unknown handler type {problem.removeprefix('Invalid value ')} "
+            f"(known: {', '.join(sorted(HANDLER_TYPES))})",
+            field="type",
+        )
+    if (named := _NAMED.search(problem)) and named.group(1) == "unknown":
+        return InvalidRequest(f"unknown field {named.group(2)!r}", field=named.group(2))
+    if not path:
+        return InvalidRequest("a handler definition must be a JSON object")
+    # The top-level field: queues[1] is a bad entry of queues.
+    where = re.split(r"[.\[]", path.lstrip("."), maxsplit=1)[0]
+    return InvalidRequest(f"{path.lstrip('.')}: {problem[:1].lower()}{problem[1:]}", field=where)
 
 
 class HandlerError(Struct):
@@ -262,6 +573,48 @@ class DeliveryError(Struct):
     message: str
     status: int | None
     time: Time
+
+
+class CopyStatus(Struct):
+    """What a copy handler adds to the status: messages each source holds past the cursor.
+
+    A local source's lag is read from the queue and the cursor when asked; a remote source's
+    is the last one seen, with the time it was seen (``lag_observed``).
+    """
+
+    lag: int
+    lag_by_queue: dict[str, int]
+    lag_observed: Time | UnsetType | None = UNSET
+
+
+class PushStatus(Struct):
+    """What a push handler adds to the status: its deliveries."""
+
+    delivered: int
+    failed: int
+    dead: int
+    in_flight: int
+    retrying: int
+    lag: int
+    last_delivery_error: DeliveryError | None
+
+
+class PgOutboxStatus(Struct):
+    """What a pg_outbox handler adds to the status: the table as last counted."""
+
+    source: str | None
+    lag: int | None
+    lag_observed: Time | None
+    oldest_age: float | None
+    duplicates: int
+
+
+class PgInboxStatus(Struct):
+    """What a pg_inbox handler adds to the status: messages past the cursors, read when asked."""
+
+    lag: int
+    lag_by_queue: dict[str, int]
+    duplicates: int
 
 
 class HandlerStatus(Struct):

@@ -11,9 +11,10 @@ from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import InvalidRequest, StorageUnavailable
-from capella.handlers.copy import CopyHandler, CopyParams
+from capella.handlers.copy import CopyHandler
 from capella.handlers.links import Links
 from capella.handlers.supervisor import Supervisor
+from capella.wire.handlers import CopyParams, decode_params
 
 
 @pytest.fixture
@@ -29,7 +30,9 @@ def cluster_config(tmp_path: Path) -> Config:
 
 
 def copier(cluster: Cluster, source: str, to: str, **params: object) -> CopyHandler:
-    return CopyHandler(cluster, [source], CopyParams.parse({"to": to, "wait": 0, **params}), Links(cluster))
+    return CopyHandler(
+        cluster, [source], decode_params(CopyParams, {"to": to, "wait": 0, **params}), Links(cluster)
+    )
 
 
 async def all_messages(cluster: Cluster, name: str) -> list[tuple[str, int, bytes]]:
@@ -83,7 +86,7 @@ async def test_two_copies_in_opposite_directions_converge_without_loops(cluster:
     for _ in range(2):
         assert (await a_to_b.run_once()).items + (await b_to_a.run_once()).items == 0
     assert a.stats()["messages"] == b.stats()["messages"] == 100
-    assert a_to_b.status()["lag"] == 0
+    assert a_to_b.status().lag == 0
 
 
 async def test_segment_filter_copies_only_those_and_still_advances(cluster: Cluster) -> None:

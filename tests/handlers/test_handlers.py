@@ -14,11 +14,12 @@ from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import HandlerNotFound, InvalidRequest
-from capella.handlers.archive import ArchiveHandler, ArchiveParams
-from capella.handlers.expire import ExpireHandler, ExpireParams
-from capella.handlers.flush import FlushHandler, FlushParams
+from capella.handlers.archive import ArchiveHandler
+from capella.handlers.expire import ExpireHandler
+from capella.handlers.flush import FlushHandler
 from capella.handlers.supervisor import Supervisor
-from capella.handlers.unload import UnloadHandler, UnloadParams
+from capella.handlers.unload import UnloadHandler
+from capella.wire.handlers import ArchiveParams, ExpireParams, FlushParams, UnloadParams, decode_params
 
 
 def make_config(tmp_path: Path) -> Config:
@@ -64,7 +65,7 @@ def block_files(tmp_path: Path, mount: str, queue: str) -> list[str]:
 
 async def test_expire_by_count_deletes_whole_blocks_from_the_oldest_end(cluster: Cluster) -> None:
     q = await filled(cluster, "ex", 45)
-    handler = ExpireHandler(cluster, ["ex"], ExpireParams.parse({"max_messages": 20}))
+    handler = ExpireHandler(cluster, ["ex"], decode_params(ExpireParams, {"max_messages": 20}))
     result = await handler.run_once()
     assert result.items == 3
     assert q.stats()["first_id"] == 31
@@ -77,7 +78,7 @@ async def test_expire_by_count_deletes_whole_blocks_from_the_oldest_end(cluster:
 
 async def test_expire_by_age_and_by_bytes(cluster: Cluster, clock: Clock) -> None:
     q = await filled(cluster, "aged", 30)
-    aged = ExpireHandler(cluster, ["aged"], ExpireParams.parse({"max_age": "1h"}))
+    aged = ExpireHandler(cluster, ["aged"], decode_params(ExpireParams, {"max_age": "1h"}))
     assert (await aged.run_once()).items == 0
     clock.now += 3601
     assert (await aged.run_once()).items == 3
@@ -85,7 +86,7 @@ async def test_expire_by_age_and_by_bytes(cluster: Cluster, clock: Clock) -> Non
 
     q2 = await filled(cluster, "big", 30)
     one_block = q2.sealed_blocks()[0].bytes
-    sized = ExpireHandler(cluster, ["big"], ExpireParams.parse({"max_bytes": one_block * 2}))
+    sized = ExpireHandler(cluster, ["big"], decode_params(ExpireParams, {"max_bytes": one_block * 2}))
     await sized.run_once()
     assert q2.stats()["bytes"] <= one_block * 2
 
@@ -94,7 +95,7 @@ async def test_expired_ids_are_not_reused_after_a_restart(
     tmp_path: Path, clock: Clock, cluster: Cluster
 ) -> None:
     q = await filled(cluster, "gone", 20)
-    await ExpireHandler(cluster, ["gone"], ExpireParams.parse({"max_messages": 1})).run_once()
+    await ExpireHandler(cluster, ["gone"], decode_params(ExpireParams, {"max_messages": 1})).run_once()
     assert q.stats()["blocks"]["by_state"]["sealed"] == 0
     await cluster.close()
     cluster2 = await Cluster.open(make_config(tmp_path), clock=clock)
@@ -109,7 +110,7 @@ async def test_expired_ids_are_not_reused_after_a_restart(
 async def test_unload_drops_idle_contents_and_reads_reload_them(cluster: Cluster, clock: Clock) -> None:
     q = await filled(cluster, "mem", 40)
     assert q.stats()["blocks"]["by_state"]["loaded"] == 4
-    handler = UnloadHandler(cluster, ["mem"], UnloadParams.parse({"idle": "30s"}))
+    handler = UnloadHandler(cluster, ["mem"], decode_params(UnloadParams, {"idle": "30s"}))
     assert (await handler.run_once()).items == 0
     clock.now += 31
     result = await handler.run_once()
@@ -124,8 +125,9 @@ async def test_archive_moves_blocks_by_age_and_they_stay_readable(
     tmp_path: Path, cluster: Cluster, clock: Clock
 ) -> None:
     q = await filled(cluster, "tiers", 30)
-    params = ArchiveParams.parse(
-        {"conditions": [{"mark": 1, "from_age": "1h", "to_age": "1d"}, {"mark": 2, "from_age": "1d"}]}
+    params = decode_params(
+        ArchiveParams,
+        {"conditions": [{"mark": 1, "from_age": "1h", "to_age": "1d"}, {"mark": 2, "from_age": "1d"}]},
     )
     handler = ArchiveHandler(cluster, ["tiers"], params)
     assert (await handler.run_once()).items == 0
@@ -162,7 +164,7 @@ async def test_archive_survives_restart_and_cleans_leftovers_of_interrupted_move
     cluster = await Cluster.open(make_config(tmp_path), clock=clock)
     try:
         q = cluster.queue("left")
-        params = ArchiveParams.parse({"conditions": [{"mark": 1, "from_age": "1d"}]})
+        params = decode_params(ArchiveParams, {"conditions": [{"mark": 1, "from_age": "1d"}]})
         await ArchiveHandler(cluster, ["left"], params).run_once()
         assert block_files(tmp_path, "hot", "left") == [first.key.rsplit("/", 1)[1]]
         assert block_files(tmp_path, "warm", "left") == [second.key.rsplit("/", 1)[1]]
@@ -177,7 +179,9 @@ async def test_flush_handler_saves_marked_writes(tmp_path: Path, cluster: Cluste
     await q.append([Draft(payload=b"x")])
     journal = tmp_path / "data" / "hot" / "marked" / "journal"
     assert not journal.exists()
-    result = await FlushHandler(cluster, ["mark*"], FlushParams.parse({"interval": "100ms"})).run_once()
+    result = await FlushHandler(
+        cluster, ["mark*"], decode_params(FlushParams, {"interval": "100ms"})
+    ).run_once()
     assert result.items == 1
     assert sum(p.stat().st_size for p in journal.iterdir()) > 0
 
@@ -219,7 +223,7 @@ async def test_bad_definitions_are_refused_naming_the_field(
 
 
 async def test_nanosecond_durations_from_the_original_api_are_accepted() -> None:
-    params = ExpireParams.parse({"max_age": 86_400_000_000_000, "interval": 30})
+    params = decode_params(ExpireParams, {"max_age": 86_400_000_000_000, "interval": 30})
     assert params.max_age == 86400.0 and params.interval == 30.0
 
 
@@ -319,7 +323,7 @@ async def test_a_journal_that_outlived_an_expired_block_is_not_replayed(
         lambda: q.stats()["blocks"]["by_state"]["sealed"] == 1 and not any(journal_dir.iterdir()),
         what="the block sealed and its journal gone",
     )
-    await ExpireHandler(cluster, ["outlive"], ExpireParams.parse({"max_messages": 1})).run_once()
+    await ExpireHandler(cluster, ["outlive"], decode_params(ExpireParams, {"max_messages": 1})).run_once()
     await cluster.close()
     # A crash between the seal's manifest update and its journal delete leaves this behind.
     for name, data in saved.items():

@@ -24,10 +24,11 @@ from capella.cli import main
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, Message, SaveMode
 from capella.handlers.links import Links
-from capella.handlers.pg_inbox import InboxHandler, InboxParams, inbox_ddl
+from capella.handlers.pg_inbox import InboxHandler, inbox_ddl, inbox_params
 from capella.handlers.pg_outbox import outbox_ddl
 from capella.handlers.reach import Reach
 from capella.handlers.supervisor import Supervisor
+from capella.wire.handlers import PgInboxParams, decode_params
 
 
 @pytest.fixture
@@ -61,7 +62,11 @@ async def orders(cluster: Cluster) -> Cluster:
 
 
 def copier(cluster: Cluster, dsn: str, **params: Any) -> InboxHandler:
-    return InboxHandler(cluster, ["orders"], InboxParams.parse({"dsn": dsn, **params}, Reach(Links(cluster))))
+    return InboxHandler(
+        cluster,
+        ["orders"],
+        *inbox_params(decode_params(PgInboxParams, {"dsn": dsn, **params}), Reach(Links(cluster))),
+    )
 
 
 async def table_rows(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
@@ -91,7 +96,7 @@ async def test_every_message_lands_once_byte_exact_and_the_cursor_follows(
         assert (await handler.run_once()).items == 300
         queue = orders.queue("orders")
         assert cursor(orders) == queue.last_id
-        assert handler.status()["lag"] == 0
+        assert handler.status().lag == 0
         rows = await table_rows(conn)
         queued = (await queue.read_after(0, 1000)).messages
         assert [r[:6] for r in rows] == [e[:6] for e in expected(queued)]
@@ -99,7 +104,7 @@ async def test_every_message_lands_once_byte_exact_and_the_cursor_follows(
         # As after a crash between the insert and the cursor commit: the batch comes again.
         await queue.commit("pg_inbox-capella_inbox", 100, reset=True)
         assert (await handler.run_once()).items == 0
-        assert handler.status()["duplicates"] == 200
+        assert handler.status().duplicates == 200
         assert len(await table_rows(conn)) == 300
     finally:
         await handler.close()

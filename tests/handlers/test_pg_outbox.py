@@ -27,9 +27,10 @@ from capella.core.cluster import Cluster
 from capella.core.message import Message
 from capella.errors import InvalidRequest, TableMismatch
 from capella.handlers.links import Links
-from capella.handlers.pg_outbox import OutboxHandler, OutboxParams, outbox_ddl
+from capella.handlers.pg_outbox import OutboxHandler, outbox_ddl, outbox_params
 from capella.handlers.reach import Reach
 from capella.handlers.supervisor import Supervisor
+from capella.wire.handlers import PgOutboxParams, decode_params
 
 Row = tuple[int, bytes]
 
@@ -53,7 +54,10 @@ async def orders(cluster: Cluster) -> Cluster:
 
 def relay(cluster: Cluster, dsn: str, **params: Any) -> OutboxHandler:
     return OutboxHandler(
-        cluster, OutboxParams.parse({"to": "orders", "dsn": dsn, **params}, Reach(Links(cluster)))
+        cluster,
+        *outbox_params(
+            decode_params(PgOutboxParams, {"to": "orders", "dsn": dsn, **params}), Reach(Links(cluster))
+        ),
     )
 
 
@@ -103,7 +107,7 @@ async def test_committed_rows_become_messages_with_their_identity_and_columns(
     assert scheduled.count == 1
     assert (await scheduled.find((f"pg:{database}.capella_outbox", 251))) is not None
     assert await conn.fetchval("SELECT count(*) FROM capella_outbox") == 0
-    assert handler.status()["lag"] == 0
+    assert handler.status().lag == 0
 
 
 async def test_text_and_jsonb_data_and_relayed_at_instead_of_delete(
@@ -218,7 +222,7 @@ async def test_a_batch_repeated_after_a_lost_delete_is_absorbed(
             "INSERT INTO capella_outbox (id, data) OVERRIDING SYSTEM VALUE VALUES ($1, $2)", rows
         )
         assert (await handler.run_once()).items == 30
-        assert handler.status()["duplicates"] == 30
+        assert handler.status().duplicates == 30
     finally:
         await handler.close()
     assert_exactly_once(await messages(orders), rows)

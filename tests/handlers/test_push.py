@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import msgspec
 import orjson
 import pytest
 from aiohttp import web
@@ -33,11 +34,11 @@ from capella.core.message import Draft, SaveMode
 from capella.errors import Forbidden, InvalidRequest, QueueNotFound
 from capella.handlers.delivery import header_value, retry_after
 from capella.handlers.links import Links
-from capella.handlers.push import PushHandler
+from capella.handlers.push import PushHandler, policy_of, push_params
 from capella.handlers.reach import Reach
 from capella.handlers.signature import sign, verify
 from capella.handlers.supervisor import Supervisor, build_push
-from capella.handlers.webhook import PushParams
+from capella.wire.handlers import PushParams, decode_params
 
 # Short everything: a retry waits 50 ms, a request 1 s at most (a slow answer takes 2 s).
 FAST = {"delay": "50ms", "max_delay": "200ms", "jitter": 0, "timeout": "1s", "wait": 0}
@@ -118,7 +119,7 @@ async def push_until_done(handler: PushHandler, passes: int = 20) -> None:
     """Passes until one ends with everything delivered or dead (a pass ends early then)."""
     for _ in range(passes):
         await handler.run_once()
-        if not handler.status()["lag"]:
+        if not handler.status().lag:
             return
     raise AssertionError(f"not done after {passes} passes: {handler.status()}")
 
@@ -164,7 +165,7 @@ async def test_batch_1_sends_the_payload_with_its_metadata_as_headers(
     assert second.headers["Idempotency-Key"] == "dc1:2"
     assert second.headers["Content-Type"] == "application/octet-stream"
     assert "Capella-Signature" not in h and "Authorization" not in h
-    status = handler.status()
+    status = msgspec.to_builtins(handler.status())  # as the API renders it
     assert (status["delivered"], status["failed"], status["dead"], status["lag"]) == (2, 0, 0, 0)
     assert q.subscription("push-hook").last_id == 2  # acked: the cursor of the ack-mode subscription
 
@@ -215,7 +216,7 @@ async def test_failures_are_retried_by_the_policy_and_honour_retry_after(
     # The last attempt of each is numbered.
     last = [s for s in receiver.seen if 1 in s.ids][-1]
     assert last.headers["Capella-Attempt"] == "3"
-    status = handler.status()
+    status = msgspec.to_builtins(handler.status())  # as the API renders it
     assert status["failed"] == 7 and status["delivered"] == 6 and status["retrying"] == 0
     assert handler.counters.requests["timeout"] == 1 and handler.counters.requests["connection"] == 1
     assert status["last_delivery_error"] is not None
@@ -237,9 +238,9 @@ async def test_what_is_refused_for_good_goes_to_the_dead_letters(
     assert h["capella-last-error"].startswith('HTTP 400 Bad Request: {"error": "no such customer"} xxx')
     assert len(h["capella-last-error"]) < 320  # the first bytes of the answer, not all of it
     assert dead[1].headers["capella-last-error"].startswith("HTTP 500")
-    assert handler.status()["dead"] == 2
-    error = handler.status()["last_delivery_error"]
-    assert error["status"] == 500
+    assert handler.status().dead == 2
+    error = handler.status().last_delivery_error
+    assert error is not None and error.status == 500
 
 
 def in_order_of_acks(receiver: Receiver, group: Callable[[int], int]) -> None:
@@ -323,7 +324,8 @@ async def test_signed_requests_verify_and_a_tampered_body_does_not(
     handler = await pusher(cluster, receiver, secret="hook-secret", token="hook-token", batch=2)
     await push_until_done(handler)
     assert len(results) == 6 and all(results)
-    assert "s3cr3t" not in str(handler.params.to_dict()) and "tok-123" not in str(handler.params.to_dict())
+    shown = msgspec.to_builtins(handler.params)  # as the API renders it
+    assert "s3cr3t" not in str(shown) and "tok-123" not in str(shown)
 
 
 def test_a_signature_is_refused_when_stale_or_malformed() -> None:
@@ -387,20 +389,23 @@ async def test_bad_push_definitions_are_refused(
 
 
 def test_params_round_trip_through_their_stored_form() -> None:
-    params = PushParams.parse(
-        {
-            "url": "https://example.com/h",
-            "batch": 10,
-            "ordering": "by_segment",
-            "max_attempts": 0,
-            "delay": "2s",
-            "segments": [[1, 4]],
-            "headers": {"X-A": "b"},
-        },
+    params = push_params(
+        decode_params(
+            PushParams,
+            {
+                "url": "https://example.com/h",
+                "batch": 10,
+                "ordering": "by_segment",
+                "max_attempts": 0,
+                "delay": "2s",
+                "segments": [[1, 4]],
+                "headers": {"X-A": "b"},
+            },
+        ),
         "h",
     )
-    assert PushParams.parse(params.to_dict(), "h") == params
-    assert params.subscription == "push-h" and params.policy.max_attempts == 0
+    assert push_params(decode_params(PushParams, msgspec.to_builtins(params)), "h") == params
+    assert params.subscription == "push-h" and policy_of(params).max_attempts == 0
 
 
 async def test_a_push_handler_over_http_shows_its_status_and_metrics(
@@ -449,11 +454,11 @@ async def test_a_pass_cut_short_is_taken_back_and_sent_again(cluster: Cluster, r
     handler = await pusher(cluster, receiver, ordering="ordered", timeout="5s")
     task = asyncio.create_task(handler.run_once())
     await until(lambda: receiver.seen, what="the first request")
-    assert handler.status()["in_flight"] == 1
+    assert handler.status().in_flight == 1
     task.cancel()  # as a stop (or a crash) does, with message 1 in flight
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert handler.status()["in_flight"] == 0
+    assert handler.status().in_flight == 0
     await push_until_done(handler)
     assert receiver.ok() == [1, 2, 3]
     again = [s for s in receiver.seen if 1 in s.ids][1]

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from capella.errors import InvalidRequest
-from capella.handlers.base import MODULES, Handler, HandlerParams, PassResult, find, handler_type
-from capella.wire.handlers import HANDLER_TYPES
+from capella.handlers.base import MODULES, Handler, PassResult, find, handler_type
+from capella.wire.handlers import DEFINITIONS, HANDLER_TYPES, Params, params_type
 
 
 @pytest.mark.parametrize("name", HANDLER_TYPES)
@@ -17,7 +17,13 @@ def test_every_type_is_one_module_with_its_entry(name: str) -> None:
     entry = handler_type(name)
     assert entry.name == name
     assert MODULES[name] == f"capella.handlers.{name}"
-    assert issubclass(entry.params, HandlerParams)
+    assert issubclass(entry.params, Params)
+    # The definition the API decodes for this type carries the same params struct.
+    assert params_type(DEFINITIONS[name]) is entry.params
+
+
+def test_every_type_has_a_definition_and_no_definition_lacks_a_type() -> None:
+    assert sorted(DEFINITIONS) == sorted(HANDLER_TYPES)
 
 
 def test_an_unknown_type_has_no_entry() -> None:
@@ -34,7 +40,7 @@ def test_the_hooks_default_to_nothing() -> None:
             return PassResult()
 
     bare = Bare()
-    assert bare.status() == {}
+    assert bare.status() is None
     assert not bare.closes
 
 

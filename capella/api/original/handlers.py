@@ -247,7 +247,7 @@ async def gd_h(ctx: Context, request: Request) -> object:
     name = body_name(request)
     ctx.same_as("GET", "/v1/handlers/{name}", name=name)
     state = ctx.supervisor.handler(name)
-    return original_definition(name, state.type, state.queues, state.params.to_dict(), state.user)
+    return original_definition(name, state.type, state.queues, state.shown_params(), state.user)
 
 
 async def list_h(ctx: Context, request: Request) -> object:
