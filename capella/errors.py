@@ -39,6 +39,13 @@ class MessageHeadersTooLarge(InvalidMessage):
     code = "message_headers_too_large"
 
 
+class InvalidBatch(InvalidRequest):
+    """A record-batch body (``application/vnd.capella.batch``) does not parse: a length,
+    checksum, flag or column is wrong. Nothing of the request is stored."""
+
+    code = "invalid_batch"
+
+
 class InvalidName(InvalidRequest):
     """A queue, subscription or mount name is not allowed."""
 

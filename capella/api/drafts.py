@@ -2,8 +2,11 @@
 
 This is the hot half of produce: a JSON body decodes straight into ``wire`` structs (one
 msgspec pass, unknown fields refused) and each becomes a ``Draft`` in a short loop; the
-common message, a payload and nothing else, skips the metadata checks. Every error names
-the message's index and field, in the words the API has always used.
+common message, a payload and nothing else, skips the metadata checks. A record-batch body
+(``application/vnd.capella.batch``) is checked as a whole (``record_batches``: lengths,
+checksums, columns) and then message by message against the same limits as JSON
+(``batch_drafts``). Every error names the message's index and field, in the words the API
+has always used.
 """
 
 from __future__ import annotations
@@ -19,9 +22,19 @@ import msgspec
 from capella import wire
 from capella.config import ServerSettings
 from capella.core.message import EMPTY_HEADERS, Draft
-from capella.errors import InvalidMessage, InvalidRequest, MessageHeadersTooLarge, PayloadTooLarge
+from capella.errors import (
+    CorruptData,
+    InvalidBatch,
+    InvalidMessage,
+    InvalidRequest,
+    MessageHeadersTooLarge,
+    PayloadTooLarge,
+)
 from capella.units import parse_duration
 from capella.wire import messages as wire_messages
+from capella.wire import record_batch
+from capella.wire.batch_page import BATCH_MEDIA_TYPE
+from capella.wire.record_batch import RecordBatch
 
 HEADER_PREFIX = "capella-header-"
 MAX_SOURCE_BYTES = 255
@@ -37,7 +50,7 @@ FORM = "application/x-www-form-urlencoded"
 
 
 def body_kind(content_type: str | None) -> str:
-    """``json``, ``form`` (JSON sent as curl -d sends it), ``ndjson`` or ``octet``."""
+    """``json``, ``form`` (JSON sent as curl -d sends it), ``ndjson``, ``octet`` or ``batch``."""
     if content_type is None:
         return "json"
     mime = content_type.partition(";")[0].strip().lower()
@@ -49,9 +62,11 @@ def body_kind(content_type: str | None) -> str:
         return "ndjson"
     if mime == "application/octet-stream":
         return "octet"
+    if mime == BATCH_MEDIA_TYPE:
+        return "batch"
     raise InvalidRequest(
         f"Content-Type {mime!r} is not supported: use application/json, "
-        "application/x-ndjson or application/octet-stream"
+        f"application/x-ndjson, application/octet-stream or {BATCH_MEDIA_TYPE}"
     )
 
 
@@ -109,6 +124,74 @@ def ndjson_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> li
         except msgspec.DecodeError as exc:
             raise InvalidMessage(f"message {i}: not valid JSON: {exc}", index=i) from None
     return _drafts(items, settings, now)
+
+
+def record_batches(body: bytes, settings: ServerSettings) -> list[RecordBatch]:
+    """The record batches of an ``application/vnd.capella.batch`` body, each checked whole.
+
+    Bytes that do not parse (a length, a checksum, a flag or a column) are ``InvalidBatch``:
+    a 400, never a 500, and nothing is stored. More messages than ``server.max_batch`` is
+    ``PayloadTooLarge``, as for JSON. A producer leaves the head's source empty: the server
+    writes its own there.
+    """
+    batches: list[RecordBatch] = []
+    pos = 0
+    try:
+        # Not ``read_all``: a producer's batches all have base id 0 until the server stamps them.
+        while pos < len(body):
+            batch = record_batch.read(body, pos)
+            batches.append(batch)
+            pos = batch.end
+            if batch.source:
+                raise CorruptData(
+                    f"record batch of ids from {batch.base_id}: the head's source is the server's "
+                    f"to write; a producer leaves it empty (got {batch.source!r})"
+                )
+            batch.fields()  # the columns parse: checked before anything is stored
+    except CorruptData as exc:
+        raise InvalidBatch(f"body: {exc.message}") from None
+    count = sum(batch.count for batch in batches)
+    if count > settings.max_batch:
+        raise PayloadTooLarge(
+            f"the batch holds {count} messages; the limit is {settings.max_batch}", limit=settings.max_batch
+        )
+    return batches
+
+
+# A base id no external id (an i64) can equal, and a time no external time can be (NaN is
+# the batch's time on the wire): stamped on a copy of a batch, they tell which external ids
+# and times the producer gave (a default resolves to the id or the time, a given one never).
+_PROBE_ID = 1 << 63
+_PROBE_TIME = math.nan
+
+
+def batch_drafts(batches: list[RecordBatch], settings: ServerSettings) -> list[Draft]:
+    """The messages of checked batches as drafts, with the JSON form's limits: payload size,
+    header count and bytes, source length, finite external time. ``index`` counts from the
+    first message of the body."""
+    max_size = settings.max_message_size
+    drafts: list[Draft] = []
+    index = 0
+    for batch in batches:
+        probe = record_batch.read(record_batch.stamp(batch, _PROBE_ID, _PROBE_TIME, ""))
+        f = probe.fields()
+        for mid, source, external_id, external_time, segment, payload, headers in zip(
+            f.ids, f.sources, f.external_ids, f.external_times, f.segments, f.payloads, f.headers, strict=True
+        ):
+            if len(payload) > max_size:
+                raise _too_large(index, len(payload), max_size)
+            drafts.append(
+                Draft(
+                    payload,
+                    _source(source, index) if source else None,
+                    None if external_id == mid else external_id,
+                    None if external_time != external_time else _time(external_time, index),
+                    segment,
+                    _headers(headers, index, settings) if headers else EMPTY_HEADERS,
+                )
+            )
+            index += 1
+    return drafts
 
 
 def _drafts(items: list[wire_messages.Message], settings: ServerSettings, now: float) -> list[Draft]:

@@ -17,7 +17,18 @@ from aiohttp import web
 
 from capella import wire
 from capella.api.route import Route
-from capella.wire import answers, auth, clusters, fields, frames, handlers, messages, queues, work
+from capella.wire import (
+    answers,
+    auth,
+    batch_page,
+    clusters,
+    fields,
+    frames,
+    handlers,
+    messages,
+    queues,
+    work,
+)
 
 
 def schema_of(kind: object) -> dict[str, Any]:
@@ -84,7 +95,8 @@ ACCEPT = param(
     "header",
     {"type": "string"},
     "application/json (the default), application/x-ndjson for one StoredMessage per line, or "
-    f"{frames.MEDIA_TYPE} for binary frames (docs/format.md); anything else is 406 not_acceptable",
+    f"{frames.MEDIA_TYPE} for binary frames, {batch_page.PAGE_MEDIA_TYPE} for a page of record "
+    "batches (docs/format.md); anything else is 406 not_acceptable",
 )
 
 MESSAGES_ANSWER = {
@@ -100,6 +112,13 @@ MESSAGES_ANSWER = {
                 "type": "string",
                 "format": "binary",
                 "description": "a page head and one frame per message (docs/format.md)",
+            }
+        },
+        batch_page.PAGE_MEDIA_TYPE: {
+            "schema": {
+                "type": "string",
+                "format": "binary",
+                "description": "a CPP2 page head, then record batches (docs/format.md)",
             }
         },
     },

@@ -3,8 +3,10 @@
 Every answer is the typed msgspec struct of the HTTP contract in ``capella.wire``
 (``QueueInfo``, ``Messages``, ``ClaimedMessage``...), decoded straight from the answer's
 bytes; ``msgspec.to_builtins`` turns one into plain dicts and lists. A message read back
-has ``payload``, its bytes, whichever of ``data`` and ``data_b64`` the server chose; a read
-with ``binary=True`` asks for the binary read format and decodes it to the same structs.
+has ``payload``, its bytes, whichever of ``data`` and ``data_b64`` the server chose.
+Messages travel as record batches by default (docs/format.md): ``produce`` sends one, and a
+read asks for the binary page and decodes it to the same structs the JSON answer gives;
+``binary=False`` asks for JSON, which stays the API's default for every other client.
 Every non-2xx answer raises the ``capella.errors`` class whose ``code`` the server sent
 (``QueueNotFound``, ``InvalidMessage``...), so callers catch the same classes the server
 raises. A server that cannot be reached, or does not answer in time, raises ``Unreachable``.
@@ -29,11 +31,11 @@ import orjson
 from capella.backoff import backoff
 from capella.client import paths
 from capella.client.answers import Saved, decode_answer
-from capella.client.message import MessageLike, Segments, to_wire
+from capella.client.message import MessageLike, Segments, to_batch, to_wire
 from capella.client.transport import Transport
 from capella.egress import Egress
 from capella.errors import CapellaError, EgressRefused, Unreachable
-from capella.wire import frames
+from capella.wire import batch_page
 from capella.wire.answers import Status
 from capella.wire.auth import Me, Token, TokenList, User, UserList
 from capella.wire.clusters import ClusterInfo, ClusterList, ClusterPing
@@ -164,12 +166,38 @@ class AsyncClient:
     # --- messages --------------------------------------------------------------------
 
     async def produce(
-        self, queue: str, messages: Iterable[MessageLike], *, save: Save = None
+        self, queue: str, messages: Iterable[MessageLike], *, save: Save = None, binary: bool = True
     ) -> list[ProduceResult]:
-        """Append a batch; the answer holds an ``id`` and ``duplicate`` per message, in order."""
-        body = {"messages": [to_wire(m) for m in messages]}
+        """Append a batch; the answer holds an ``id`` and ``duplicate`` per message, in order.
+
+        ``binary`` (the default) sends the batch as one record batch (docs/format.md);
+        ``False`` sends JSON. Either way the answer is the same. A batch holding a delayed
+        message (``deliver_at``/``delay``), or one the server would refuse, goes as JSON, so
+        that the server schedules it or names what is wrong as it always has.
+        """
+        items = list(messages)
+        batch = to_batch(items) if binary else None
+        if batch is not None:
+            return await self.produce_batch(queue, batch, save=save)
+        body = {"messages": [to_wire(m) for m in items]}
         answer = await self._call(
             "POST", paths.queue_path(queue, "messages"), params=paths.params(save=save), json=body
+        )
+        return decode_answer(ProduceResults, answer).results
+
+    async def produce_batch(
+        self, queue: str, batches: bytes | Iterable[bytes], *, save: Save = None
+    ) -> list[ProduceResult]:
+        """Append record batches already encoded (``capella.wire.record_batch.encode``), sent
+        back to back as one request: stored whole or not at all, as ``produce``."""
+        body = batches if isinstance(batches, bytes) else b"".join(batches)
+        headers = {"Content-Type": batch_page.BATCH_MEDIA_TYPE}
+        answer = await self._call(
+            "POST",
+            paths.queue_path(queue, "messages"),
+            params=paths.params(save=save),
+            data=self._transport.compressed(body, headers),
+            headers=headers,
         )
         return decode_answer(ProduceResults, answer).results
 
@@ -204,7 +232,7 @@ class AsyncClient:
         source: str | None = None,
         headers: Mapping[str, str] | None = None,
         json: Mapping[str, Any] | None = None,
-        binary: bool = False,
+        binary: bool = True,
     ) -> Messages:
         """Messages after ``after``: ``messages`` and ``last_id``.
 
@@ -212,8 +240,8 @@ class AsyncClient:
         server's ``data``/``data_b64``. ``wait`` long-polls for up to that many seconds.
         ``segments``, ``source``, ``headers`` and ``json`` (a dotted path of the JSON payload
         to the value it must equal) keep only the messages that match; ``last_id`` then says
-        how far the server looked. ``binary`` asks for the binary read format (docs/format.md)
-        instead of JSON: the same messages, less to parse on both sides.
+        how far the server looked. ``binary`` (the default) asks for the binary page of record
+        batches (docs/format.md) rather than JSON: the same messages, less work on both sides.
         """
         params = paths.params(after=after, limit=limit, segments=segments, wait=wait, source=source)
         paths.with_filters(params, headers, json)
@@ -222,12 +250,12 @@ class AsyncClient:
     async def _messages(
         self, path: str, params: dict[str, str], wait: float | None, binary: bool
     ) -> Messages:
-        """A read's answer, asked for and decoded as JSON or, with ``binary``, as frames."""
+        """A read's answer, asked for and decoded as JSON or, with ``binary``, as a batch page."""
         if not binary:
             return decode_answer(Messages, await self._call("GET", path, params=params, wait=wait))
-        accept = {"Accept": frames.MEDIA_TYPE}
+        accept = {"Accept": batch_page.PAGE_MEDIA_TYPE}
         answer = await self._call("GET", path, params=params, wait=wait, headers=accept)
-        messages, last_id = frames.decode_page(answer)
+        messages, last_id = batch_page.decode_page(answer)
         return Messages(messages, last_id)
 
     async def stream(
@@ -345,7 +373,7 @@ class AsyncClient:
         wait: float | None = None,
         segments: Segments | None = None,
         commit: Literal["auto", "none"] = "auto",
-        binary: bool = False,
+        binary: bool = True,
     ) -> Messages:
         """Messages after the subscription's cursor, shaped as ``read`` (``binary`` as there).
 
