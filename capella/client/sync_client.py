@@ -153,6 +153,7 @@ class Client:
     # --- messages --------------------------------------------------------------------
 
     produce = blocking(AsyncClient.produce)
+    produce_batch = blocking(AsyncClient.produce_batch)
     produce_ndjson = blocking(AsyncClient.produce_ndjson)
     read = blocking(AsyncClient.read)
     stream = blocking_iter(AsyncClient.stream)

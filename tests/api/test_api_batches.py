@@ -21,7 +21,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 
-from capella.client import AsyncClient
+from capella.client import AsyncClient, Client
 from capella.client.message import to_batch
 from capella.config import ServerSettings
 from capella.core.cluster import Cluster
@@ -336,3 +336,19 @@ def test_to_batch_leaves_to_json_what_it_cannot_carry() -> None:
     assert fields.payloads == [b"t", b"b", b"x"]
     assert fields.external_times[2] == 1714564800.0
     assert orjson.loads(orjson.dumps(fields.sources)) == ["", "", ""]
+
+
+def test_the_blocking_client_gives_the_same_results_in_both_forms(blocking_client: Client) -> None:
+    blocking_client.put_queue("parity-batch")
+    blocking_client.put_queue("parity-json")
+    messages: list[Any] = [shape(i) for i in range(len(SHAPES))] + ["text", NOT_UTF8, b""]
+    as_batch = blocking_client.produce("parity-batch", messages)
+    assert as_batch == blocking_client.produce("parity-json", messages, binary=False)
+    batch_page_read = blocking_client.read("parity-batch", limit=100)
+    json_read = blocking_client.read("parity-json", limit=100, binary=False)
+    # Two queues, two receive times: everything else is equal.
+    assert [msgspec.structs.replace(m, time=0.0, external_time=0.0) for m in batch_page_read.messages] == [
+        msgspec.structs.replace(m, time=0.0, external_time=0.0) for m in json_read.messages
+    ]
+    assert [m.external_time for m in batch_page_read.messages][5] == 1.7e9
+    assert batch_page_read.last_id == json_read.last_id
