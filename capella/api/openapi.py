@@ -181,7 +181,8 @@ def schemas() -> dict[str, Any]:
 
 _ERROR_TEXT = {
     400: "invalid_request, invalid_message (with index), message_headers_too_large (with index and "
-    "limit), invalid_name, invalid_save_mode, invalid_config, json_too_deep, table_mismatch, "
+    "limit), invalid_batch (a record-batch body that does not parse), invalid_name, invalid_save_mode, "
+    "invalid_config, json_too_deep, table_mismatch, "
     "secret_unavailable (a named secret that is not declared, not granted by a secret use rule, or has "
     "no value: one answer for the three); unknown_action, too_many_hops, call_loop (the original "
     "protocol's POST /cluster, docs/compat.md, answers them as numeric codes)",
