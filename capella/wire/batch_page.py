@@ -11,12 +11,10 @@ decodes to, so the client's two forms give equal values.
 
 from __future__ import annotations
 
-import struct
-from base64 import b64encode
-
 from capella.errors import CorruptData
-from capella.wire import record_batch
-from capella.wire.messages import StoredMessage
+from capella.wire import frames, record_batch
+from capella.wire.frames import read_page_head
+from capella.wire.messages import StoredMessage, stored_of
 
 BATCH_MEDIA_TYPE = "application/vnd.capella.batch"
 PAGE_MEDIA_TYPE = "application/vnd.capella.batches"
@@ -24,7 +22,7 @@ MAGIC = b"CPP2"
 VERSION = 2
 
 # magic, version, flags (0), message count, last_id: the CPM1 head's shape.
-PAGE_HEAD = struct.Struct("<4sHHIQ")
+PAGE_HEAD = frames.PAGE_HEAD
 
 
 def page_head(count: int, last_id: int) -> bytes:
@@ -38,36 +36,10 @@ def decode_page(body: bytes) -> tuple[list[StoredMessage], int]:
     Each message is the ``StoredMessage`` a JSON answer gives: ``data`` for a UTF-8 payload,
     ``data_b64`` for any other bytes.
     """
-    size = len(body)
-    if size < PAGE_HEAD.size:
-        raise CorruptData(f"batch page: {size} bytes is shorter than its {PAGE_HEAD.size}-byte head")
-    magic, version, _, count, last_id = PAGE_HEAD.unpack_from(body)
-    if magic != MAGIC:
-        raise CorruptData(f"batch page: bad magic {magic!r}, expected {MAGIC!r}")
-    if version != VERSION:
-        raise CorruptData(f"batch page: unsupported format version {version}")
+    count, last_id = read_page_head(body, MAGIC, VERSION, "batch page")
     messages: list[StoredMessage] = []
-    append = messages.append
     for batch in record_batch.read_all(body, PAGE_HEAD.size):
-        f = batch.fields()
-        for mid, time, source, external_id, external_time, segment, payload, headers in zip(*f, strict=True):
-            try:
-                text = payload.decode()
-            except UnicodeDecodeError:
-                append(
-                    StoredMessage(
-                        mid,
-                        time,
-                        source,
-                        external_id,
-                        external_time,
-                        segment,
-                        headers,
-                        data_b64=b64encode(payload).decode("ascii"),
-                    )
-                )
-            else:
-                append(StoredMessage(mid, time, source, external_id, external_time, segment, headers, text))
+        messages += map(stored_of, *batch.fields())
     if len(messages) != count:
         raise CorruptData(f"batch page: its head counts {count} messages, its batches hold {len(messages)}")
     return messages, last_id

@@ -11,7 +11,6 @@ little-endian.
 from __future__ import annotations
 
 import struct
-from base64 import b64encode
 from collections.abc import Sequence
 from itertools import repeat
 from operator import add
@@ -19,7 +18,7 @@ from operator import add
 import orjson
 
 from capella.errors import CorruptData
-from capella.wire.messages import StoredMessage
+from capella.wire.messages import StoredMessage, stored_of
 
 MEDIA_TYPE = "application/vnd.capella.messages"
 MAGIC = b"CPM1"
@@ -79,6 +78,20 @@ def _header_json(headers: dict[str, str]) -> bytes:
     return orjson.dumps(headers) if headers else b""
 
 
+def read_page_head(body: bytes, magic: bytes, version: int, what: str) -> tuple[int, int]:
+    """The message count and ``last_id`` of a page head (this one's, or the batch page's of
+    the same shape); ``CorruptData`` if it is short or of another magic or version."""
+    size = len(body)
+    if size < PAGE_HEAD.size:
+        raise CorruptData(f"{what}: {size} bytes is shorter than its {PAGE_HEAD.size}-byte head")
+    found, found_version, _, count, last_id = PAGE_HEAD.unpack_from(body)
+    if found != magic:
+        raise CorruptData(f"{what}: bad magic {found!r}, expected {magic!r}")
+    if found_version != version:
+        raise CorruptData(f"{what}: unsupported format version {found_version}")
+    return count, last_id
+
+
 def decode_page(body: bytes) -> tuple[list[StoredMessage], int]:
     """The messages of a page and its ``last_id``; ``CorruptData`` if the bytes do not parse.
 
@@ -86,13 +99,7 @@ def decode_page(body: bytes) -> tuple[list[StoredMessage], int]:
     ``data_b64`` for any other bytes.
     """
     size = len(body)
-    if size < PAGE_HEAD.size:
-        raise CorruptData(f"binary page: {size} bytes is shorter than its {PAGE_HEAD.size}-byte head")
-    magic, version, _, count, last_id = PAGE_HEAD.unpack_from(body)
-    if magic != MAGIC:
-        raise CorruptData(f"binary page: bad magic {magic!r}, expected {MAGIC!r}")
-    if version != VERSION:
-        raise CorruptData(f"binary page: unsupported format version {version}")
+    count, last_id = read_page_head(body, MAGIC, VERSION, "binary page")
     messages: list[StoredMessage] = []
     append = messages.append
     unpack = FRAME_HEAD.unpack_from
@@ -109,23 +116,7 @@ def decode_page(body: bytes) -> tuple[list[StoredMessage], int]:
             source = body[start:headers_at].decode()
             headers = orjson.loads(body[headers_at:payload_at]) if hlen else {}
             payload = body[payload_at : payload_at + plen]
-            try:
-                text = payload.decode()
-            except UnicodeDecodeError:
-                append(
-                    StoredMessage(
-                        mid,
-                        time,
-                        source,
-                        external_id,
-                        external_time,
-                        segment,
-                        headers,
-                        data_b64=b64encode(payload).decode("ascii"),
-                    )
-                )
-            else:
-                append(StoredMessage(mid, time, source, external_id, external_time, segment, headers, text))
+            append(stored_of(mid, time, source, external_id, external_time, segment, payload, headers))
     except (struct.error, UnicodeDecodeError, orjson.JSONDecodeError) as exc:
         raise CorruptData(f"binary page: a frame does not parse: {exc}") from None
     if pos != size:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import binascii
-from base64 import b64decode
+from base64 import b64decode, b64encode
 from typing import Annotated, Any, ClassVar
 
 from msgspec import UNSET, Meta, UnsetType
@@ -127,6 +127,27 @@ class StoredMessage(Struct, omit_defaults=True):
             return b64decode(self.data_b64, validate=True)
         except (binascii.Error, ValueError):
             raise InvalidMessage(f"message {self.id}: data_b64 is not valid base64") from None
+
+
+def stored_of(
+    id: int,
+    time: float,
+    source: str,
+    external_id: int,
+    external_time: float,
+    segment: int,
+    payload: bytes,
+    headers: dict[str, str],
+) -> StoredMessage:
+    """The StoredMessage a JSON answer gives for a message decoded from a binary form:
+    ``data`` for a UTF-8 payload, ``data_b64`` for any other bytes. The fields come in
+    ``Message`` order (``record_batch.Fields``'s)."""
+    try:
+        text = payload.decode()
+    except UnicodeDecodeError:
+        b64 = b64encode(payload).decode("ascii")
+        return StoredMessage(id, time, source, external_id, external_time, segment, headers, data_b64=b64)
+    return StoredMessage(id, time, source, external_id, external_time, segment, headers, text)
 
 
 class Messages(Struct):

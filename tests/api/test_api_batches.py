@@ -10,7 +10,6 @@ equal field by field.
 from __future__ import annotations
 
 import asyncio
-import base64
 import struct
 import zlib
 from collections.abc import Callable
@@ -20,6 +19,8 @@ import msgspec
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient
+from support import shapes
+from support.shapes import NOT_UTF8
 
 from capella.client import AsyncClient, Client
 from capella.client.message import to_batch
@@ -31,16 +32,9 @@ from capella.wire.messages import Messages
 NOW = 1_750_000_000.0
 BATCH = {"Content-Type": batch_page.BATCH_MEDIA_TYPE}
 PAGE = {"Accept": batch_page.PAGE_MEDIA_TYPE}
-NOT_UTF8 = b"\xff\x00\x80 not text"
+# The shapes every read test meets, and two whose external id and source are given as defaults.
 SHAPES: list[dict[str, Any]] = [
-    {"data": "plain text"},
-    {"data_b64": base64.b64encode(NOT_UTF8).decode()},
-    {"data": ""},
-    {"data": 'ünïcødé "quoted" \\ back\nslash\ttab \u0001'},
-    {"data": '{"order": {"id": 42}}', "headers": {"x": "1"}},
-    {"data": "all fields", "source": "dc1", "external_id": -5, "external_time": 1.7e9, "segment": 3},
-    {"data": "unicode headers", "headers": {"x": "2", "ünï": "çødé ✓", "empty": ""}},
-    {"data_b64": base64.b64encode(bytes(range(256))).decode(), "segment": 7},
+    *shapes.SHAPES,
     {"data": "own id, default time", "external_id": 0},
     {"data": "explicit source", "source": "test"},
 ]

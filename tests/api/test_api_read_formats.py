@@ -23,6 +23,7 @@ from aiohttp.test_utils import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.configs import file_config
+from support.shapes import NOT_UTF8, SHAPES
 from support.wait import until
 
 from capella.api import create_app
@@ -42,18 +43,7 @@ from capella.wire.messages import Messages, StoredMessage
 Q = "/v1/queues/r"
 BINARY = {"Accept": frames.MEDIA_TYPE}
 NDJSON = {"Accept": "application/x-ndjson"}
-NOT_UTF8 = b"\xff\x00\x80 not text"
-# Every kind of payload and field a reader can meet, spread over sealed blocks and the open one.
-SHAPES: list[dict[str, Any]] = [
-    {"data": "plain text"},
-    {"data_b64": base64.b64encode(NOT_UTF8).decode()},
-    {"data": ""},
-    {"data": 'ünïcødé "quoted" \\ back\nslash\ttab \u0001'},
-    {"data": '{"order": {"id": 42, "lines": [1, 2]}}', "headers": {"x": "1"}},
-    {"data": "all fields", "source": "dc1", "external_id": -5, "external_time": 1.7e9, "segment": 3},
-    {"data": "unicode headers", "headers": {"x": "2", "ünï": "çødé ✓", "empty": ""}},
-    {"data_b64": base64.b64encode(bytes(range(256))).decode(), "segment": 7},
-]
+# Every kind of payload and field a reader can meet (SHAPES), spread over sealed blocks and the open one.
 COUNT = 27  # two sealed blocks of 10, seven in the open block
 
 
