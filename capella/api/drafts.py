@@ -3,9 +3,9 @@
 This is the hot half of produce: a JSON body decodes straight into ``wire`` structs (one
 msgspec pass, unknown fields refused) and each becomes a ``Draft`` in a short loop; the
 common message, a payload and nothing else, skips the metadata checks. A record-batch body
-(``application/vnd.capella.batch``) is checked as a whole (``record_batches``: lengths,
-checksums, columns) and then message by message against the same limits as JSON
-(``batch_drafts``). Every error names the message's index and field, in the words the API
+(``application/vnd.capella.batch``) is checked batch by batch (``record_batches``: lengths,
+checksums, flags; ``batch_drafts``: columns) and then message by message against the same
+limits as JSON. Every error names the message's index and field, in the words the API
 has always used.
 """
 
@@ -126,13 +126,12 @@ def ndjson_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> li
     return _drafts(items, settings, now)
 
 
-def record_batches(body: bytes, settings: ServerSettings) -> list[RecordBatch]:
-    """The record batches of an ``application/vnd.capella.batch`` body, each checked whole.
+def record_batches(body: bytes) -> list[RecordBatch]:
+    """The record batches of an ``application/vnd.capella.batch`` body, their heads checked.
 
-    Bytes that do not parse (a length, a checksum, a flag or a column) are ``InvalidBatch``:
-    a 400, never a 500, and nothing is stored. More messages than ``server.max_batch`` is
-    ``PayloadTooLarge``, as for JSON. A producer leaves the head's source empty: the server
-    writes its own there.
+    Bytes that do not parse (a length, a checksum, a flag, the count) are ``InvalidBatch``: a
+    400, never a 500, and nothing is stored. A producer leaves the head's source empty: the
+    server writes its own there. ``batch_drafts`` checks the bodies.
     """
     batches: list[RecordBatch] = []
     pos = 0
@@ -140,21 +139,15 @@ def record_batches(body: bytes, settings: ServerSettings) -> list[RecordBatch]:
         # Not ``read_all``: a producer's batches all have base id 0 until the server stamps them.
         while pos < len(body):
             batch = record_batch.read(body, pos)
-            batches.append(batch)
-            pos = batch.end
             if batch.source:
                 raise CorruptData(
-                    f"record batch of ids from {batch.base_id}: the head's source is the server's "
-                    f"to write; a producer leaves it empty (got {batch.source!r})"
+                    f"record batch at offset {pos}: the head's source is the server's to write; "
+                    f"a producer leaves it empty (got {batch.source!r})"
                 )
-            batch.fields()  # the columns parse: checked before anything is stored
+            batches.append(batch)
+            pos = batch.end
     except CorruptData as exc:
         raise InvalidBatch(f"body: {exc.message}") from None
-    count = sum(batch.count for batch in batches)
-    if count > settings.max_batch:
-        raise PayloadTooLarge(
-            f"the batch holds {count} messages; the limit is {settings.max_batch}", limit=settings.max_batch
-        )
     return batches
 
 
@@ -166,15 +159,27 @@ _PROBE_TIME = math.nan
 
 
 def batch_drafts(batches: list[RecordBatch], settings: ServerSettings) -> list[Draft]:
-    """The messages of checked batches as drafts, with the JSON form's limits: payload size,
-    header count and bytes, source length, finite external time. ``index`` counts from the
-    first message of the body."""
+    """The messages of a body's batches as drafts, checked before anything is stored: a body
+    whose columns do not parse is ``InvalidBatch``, more messages than ``server.max_batch``
+    ``PayloadTooLarge``, and each message is held to the JSON form's limits (payload size,
+    header count and bytes, source length, finite external time), ``index`` counting from
+    the first message of the body."""
+    try:
+        columns = [
+            record_batch.read(record_batch.stamp(batch, _PROBE_ID, _PROBE_TIME, "")).fields()
+            for batch in batches
+        ]
+    except CorruptData as exc:
+        raise InvalidBatch(f"body: {exc.message}") from None
+    count = sum(len(f.ids) for f in columns)
+    if count > settings.max_batch:
+        raise PayloadTooLarge(
+            f"the batch holds {count} messages; the limit is {settings.max_batch}", limit=settings.max_batch
+        )
     max_size = settings.max_message_size
     drafts: list[Draft] = []
     index = 0
-    for batch in batches:
-        probe = record_batch.read(record_batch.stamp(batch, _PROBE_ID, _PROBE_TIME, ""))
-        f = probe.fields()
+    for f in columns:
         for mid, source, external_id, external_time, segment, payload, headers in zip(
             f.ids, f.sources, f.external_ids, f.external_times, f.segments, f.payloads, f.headers, strict=True
         ):

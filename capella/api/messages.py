@@ -90,7 +90,7 @@ async def produce(request: web.Request) -> web.Response:
                 "delayed delivery (deliver_at, delay) is sent as JSON, not as record batches",
                 parameter="deliver_at" if "deliver_at" in request.query else "delay",
             )
-        batches = record_batches(body, settings)
+        batches = record_batches(body)
     elif kind == "octet":
         drafts = [raw_draft(body, request.query, request.headers, settings, now)]
     elif kind == "ndjson":
