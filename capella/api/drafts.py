@@ -156,6 +156,7 @@ def record_batches(body: bytes) -> list[RecordBatch]:
 # and times the producer gave (a default resolves to the id or the time, a given one never).
 _PROBE_ID = 1 << 63
 _PROBE_TIME = math.nan
+_GIVEN = record_batch.FLAG_EXTERNAL_IDS | record_batch.FLAG_EXTERNAL_TIMES
 
 
 def batch_drafts(batches: list[RecordBatch], settings: ServerSettings) -> list[Draft]:
@@ -166,12 +167,17 @@ def batch_drafts(batches: list[RecordBatch], settings: ServerSettings) -> list[D
     the first message of the body."""
     try:
         columns = [
-            record_batch.read(record_batch.stamp(batch, _PROBE_ID, _PROBE_TIME, "")).fields()
+            (
+                batch.flags,
+                record_batch.read(record_batch.stamp(batch, _PROBE_ID, _PROBE_TIME, "")).fields()
+                if batch.flags & _GIVEN
+                else batch.fields(),
+            )
             for batch in batches
         ]
     except CorruptData as exc:
         raise InvalidBatch(f"body: {exc.message}") from None
-    count = sum(len(f.ids) for f in columns)
+    count = sum(len(f.ids) for _, f in columns)
     if count > settings.max_batch:
         raise PayloadTooLarge(
             f"the batch holds {count} messages; the limit is {settings.max_batch}", limit=settings.max_batch
@@ -179,7 +185,15 @@ def batch_drafts(batches: list[RecordBatch], settings: ServerSettings) -> list[D
     max_size = settings.max_message_size
     drafts: list[Draft] = []
     index = 0
-    for f in columns:
+    for flags, f in columns:
+        if not flags:
+            # Payloads and nothing else, the common batch: no per-message checks but the size.
+            if max(map(len, f.payloads)) > max_size:
+                at = next(i for i, p in enumerate(f.payloads) if len(p) > max_size)
+                raise _too_large(index + at, len(f.payloads[at]), max_size)
+            drafts += [Draft(p, None, None, None, 0, EMPTY_HEADERS) for p in f.payloads]
+            index += len(f.payloads)
+            continue
         for mid, source, external_id, external_time, segment, payload, headers in zip(
             f.ids, f.sources, f.external_ids, f.external_times, f.segments, f.payloads, f.headers, strict=True
         ):
