@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import struct
 import zlib
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -20,6 +19,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 from support import shapes
+from support.clock import Clock
 from support.shapes import NOT_UTF8
 
 from capella.client import AsyncClient, Client
@@ -29,7 +29,9 @@ from capella.core.cluster import Cluster
 from capella.wire import batch_page, record_batch
 from capella.wire.messages import Messages
 
-NOW = 1_750_000_000.0
+# The hand-moved clock, never moved here: two queues' messages get the same times.
+pytestmark = pytest.mark.hand_clock
+NOW = Clock().now
 BATCH = {"Content-Type": batch_page.BATCH_MEDIA_TYPE}
 PAGE = {"Accept": batch_page.PAGE_MEDIA_TYPE}
 # The shapes every read test meets, and two whose external id and source are given as defaults.
@@ -39,11 +41,6 @@ SHAPES: list[dict[str, Any]] = [
     {"data": "explicit source", "source": "test"},
 ]
 COUNT = 27  # two sealed blocks of 10, seven in the open block
-
-
-@pytest.fixture
-def cluster_clock() -> Callable[[], float]:
-    return lambda: NOW
 
 
 def shape(i: int) -> dict[str, Any]:
