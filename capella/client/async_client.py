@@ -34,7 +34,7 @@ from capella.client.answers import Saved, decode_answer
 from capella.client.message import MessageLike, Segments, to_batch, to_wire
 from capella.client.transport import Transport
 from capella.egress import Egress
-from capella.errors import CapellaError, EgressRefused, Unreachable
+from capella.errors import CapellaError, EgressRefused, InvalidRequest, NotAcceptable, Unreachable
 from capella.wire import batch_page
 from capella.wire.answers import Status
 from capella.wire.auth import Me, Token, TokenList, User, UserList
@@ -114,6 +114,9 @@ class AsyncClient:
         )
         self.base_url = self._transport.base_url
         self._call = self._transport.call
+        # False once the server has refused the record-batch forms (a Capella from before
+        # them): the defaults then go as JSON, so a copy to a cluster not yet upgraded goes on.
+        self._batch_forms = True
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -176,9 +179,14 @@ class AsyncClient:
         that the server schedules it or names what is wrong as it always has.
         """
         items = list(messages)
-        batch = to_batch(items) if binary else None
+        batch = to_batch(items) if binary and self._batch_forms else None
         if batch is not None:
-            return await self.produce_batch(queue, batch, save=save)
+            try:
+                return await self.produce_batch(queue, batch, save=save)
+            except InvalidRequest as exc:
+                if not _batch_body_refused(exc):
+                    raise
+                self._batch_forms = False
         body = {"messages": [to_wire(m) for m in items]}
         answer = await self._call(
             "POST", paths.queue_path(queue, "messages"), params=paths.params(save=save), json=body
@@ -251,12 +259,16 @@ class AsyncClient:
         self, path: str, params: dict[str, str], wait: float | None, binary: bool
     ) -> Messages:
         """A read's answer, asked for and decoded as JSON or, with ``binary``, as a batch page."""
-        if not binary:
-            return decode_answer(Messages, await self._call("GET", path, params=params, wait=wait))
-        accept = {"Accept": batch_page.PAGE_MEDIA_TYPE}
-        answer = await self._call("GET", path, params=params, wait=wait, headers=accept)
-        messages, last_id = batch_page.decode_page(answer)
-        return Messages(messages, last_id)
+        if binary and self._batch_forms:
+            accept = {"Accept": batch_page.PAGE_MEDIA_TYPE}
+            try:
+                answer = await self._call("GET", path, params=params, wait=wait, headers=accept)
+            except NotAcceptable:
+                self._batch_forms = False
+            else:
+                messages, last_id = batch_page.decode_page(answer)
+                return Messages(messages, last_id)
+        return decode_answer(Messages, await self._call("GET", path, params=params, wait=wait))
 
     async def stream(
         self,
@@ -731,3 +743,11 @@ def _ndjson_line(line: NdjsonLine) -> bytes:
     if isinstance(line, bytes | bytearray):
         return bytes(line) if line.endswith(b"\n") else bytes(line) + b"\n"
     return orjson.dumps(to_wire(line), option=orjson.OPT_APPEND_NEWLINE)
+
+
+def _batch_body_refused(exc: InvalidRequest) -> bool:
+    """Whether a produce was refused for its record-batch body's media type alone: what a
+    Capella from before record batches answers (a plain ``invalid_request`` naming it)."""
+    return exc.code == InvalidRequest.code and exc.message.startswith(
+        f"Content-Type {batch_page.BATCH_MEDIA_TYPE!r} is not supported"
+    )
