@@ -27,7 +27,7 @@ import orjson
 
 from capella.core.definition import QueueDefinition
 from capella.core.log.batch import Batch
-from capella.core.log.codec import block_columns, block_keys
+from capella.core.log.codec import block_columns, block_keys, block_records
 from capella.core.log.dedup import BlockSummary, DedupIndex
 from capella.core.loops import retrieve
 from capella.core.stats import Recovery
@@ -515,7 +515,8 @@ class BlockStore:
 
 def _batch_of(data: bytes, render: Render | None) -> Batch:
     """The batch of a sealed block's bytes, with ``render``'s form made (in the load thread)."""
-    batch = Batch.of_columns(block_columns(data))
+    records = block_records(data)  # None for a block of format 1
+    batch = Batch.of_columns(block_columns(data)) if records is None else Batch.of_records(records)
     if render is not None:
         render(batch)
     return batch
