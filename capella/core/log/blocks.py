@@ -231,7 +231,7 @@ class BlockStore:
         if loaded is None:
             self._start_load(meta, render)
         elif render is not None and not loaded.rendered:
-            # A block the writer sealed is loaded already, from its messages: render it.
+            # A block the writer sealed is loaded already, from its bytes: render it.
             task = asyncio.create_task(self._rendered(meta.first_id, loaded, render))
             task.add_done_callback(retrieve)
             self._loading[meta.first_id] = task

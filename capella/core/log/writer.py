@@ -811,8 +811,9 @@ def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary, Bat
     """The block's bytes, its summary, and its batch for the block store's cache.
 
     The block holds its journal's batches byte for byte; a block recovered from a format 1
-    journal is encoded as batches here, once. Made in the sealing thread, with the messages
-    the block has in memory, so a reader's first page of the block waits for neither.
+    journal is encoded as batches here, once. The cached batch serves the sealed object's
+    bytes, as a load of the block would: the block's messages are let go with it, so a
+    sealed block is in memory once (a reader's render decodes it, in the prefetch thread).
     """
     raw = (
         block.batches
@@ -820,5 +821,4 @@ def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary, Bat
         else record_batch.encode_fields(Fields._make(columns_of(block.messages)))
     )
     data, records = encode_block(record_batch.read_all(b"".join(raw)))
-    batch = Batch(block.ids, messages=block.messages, records=records)
-    return data, BlockSummary.build(block.keys, own), batch
+    return data, BlockSummary.build(block.keys, own), Batch.of_records(records)
