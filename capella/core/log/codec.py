@@ -22,7 +22,7 @@ import zlib
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, pairwise
+from itertools import accumulate, chain, pairwise
 from operator import add, attrgetter, sub
 from types import ModuleType
 from typing import NamedTuple
@@ -418,11 +418,27 @@ def block_keys(data: Buffer) -> tuple[list[int], list[tuple[str, int]]]:
 
 
 def columns_of_records(records: Sequence[RecordBatch]) -> Columns:
-    """The messages of record batches as one set of columns (``CorruptData`` if a body does not parse)."""
+    """The messages of record batches as one set of columns (``CorruptData`` if a body does not parse).
+
+    As ``block_columns`` does for a format 1 block, external ids that are all the ids (no
+    batch has its own) are the ids list itself, and likewise external times and times: a
+    reader renders such a column once (``batch.json_objects``).
+    """
     if len(records) == 1:
-        return Columns._make(records[0].fields())
-    parts = [r.fields() for r in records]
-    return Columns._make([v for part in parts for v in part[i]] for i in range(len(Columns._fields)))
+        columns = Columns._make(records[0].fields())
+    else:
+        parts = [r.fields() for r in records]
+        columns = Columns._make(
+            list(chain.from_iterable(part[i] for part in parts)) for i in range(len(Columns._fields))
+        )
+    flags = 0
+    for r in records:
+        flags |= r.flags
+    if not flags & record_batch.FLAG_EXTERNAL_IDS:
+        columns = columns._replace(external_ids=columns.ids)
+    if not flags & record_batch.FLAG_EXTERNAL_TIMES:
+        columns = columns._replace(external_times=columns.times)
+    return columns
 
 
 @dataclass(frozen=True, slots=True)
