@@ -104,11 +104,18 @@ class Batch:
         return self._json is not None or self._frames is not None or self._made_records
 
     def drop_forms(self) -> None:
-        """Forget the rendered forms (the next read that wants one renders it again)."""
+        """Forget the rendered forms (the next read that wants one renders it again).
+
+        A batch of stored record batches forgets its columns and messages too: they are
+        decoded from the batches again when asked, and otherwise its payloads would be in
+        memory twice (in the block's bytes and in the columns).
+        """
         self._json = self._frames = None
         if self._made_records:
             self._records = None
             self._made_records = False
+        elif self._records is not None:
+            self._columns = self._messages = None
 
     def frames(self) -> list[bytes]:
         """Each message as a frame of the binary read format (``capella.wire.frames``)."""
