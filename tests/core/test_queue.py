@@ -17,6 +17,7 @@ from capella.core import subscription_store as consumers_module
 from capella.core.cluster import Cluster
 from capella.core.log import blocks as queue_module
 from capella.core.log.codec import (
+    JOURNAL_HEADER,
     JOURNAL_HEADER_V1,
     decode_block,
     decode_journal,
@@ -303,6 +304,44 @@ async def test_a_queue_written_in_format_1_reads_on_and_seals_its_open_block_as_
     cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
     try:
         assert (await cluster.queue("old").read_after(0, 100)).messages == after
+    finally:
+        await cluster.close()
+
+
+async def test_a_journal_batch_that_straddles_the_sealed_blocks_is_cut_when_its_block_is_sealed(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    q, _ = await cluster.put_queue("cut", {})
+    await q.append(drafts(10), SaveMode.WAIT)
+    for _ in range(100):
+        if q.stats()["blocks"]["by_state"]["sealed"] == 1:
+            break
+        await asyncio.sleep(0.01)
+    await cluster.close()
+    # A journal whose first batch holds ids 8-12, of which 8-10 are sealed already.
+    batch = encode([b"j%d" % i for i in range(8, 13)], base_id=8, base_time=clock.now, source="edge")
+    (queue_dir(tmp_path, "cut") / "journal").mkdir(exist_ok=True)
+    (queue_dir(tmp_path, "cut") / "journal" / f"{8:020d}.log").write_bytes(JOURNAL_HEADER + batch)
+    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+    try:
+        q = cluster.queue("cut")
+        await q.append(drafts(8, "new"), SaveMode.WAIT)
+        for _ in range(100):
+            if q.stats()["blocks"]["by_state"]["sealed"] == 2:
+                break
+            await asyncio.sleep(0.01)
+        by_state = q.stats()["blocks"]["by_state"]
+        assert (by_state["sealed"], by_state["open"]) == (2, 0)
+        page = (await q.read_after(0, 100)).messages
+        assert [m.payload for m in page] == [*(b"m%d" % i for i in range(10)), b"j11", b"j12"] + [
+            b"new%d" % i for i in range(8)
+        ]
+        assert [m.id for m in page[10:12]] == [11, 12]
+    finally:
+        await cluster.close()
+    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+    try:
+        assert (await cluster.queue("cut").read_after(0, 100)).messages == page
     finally:
         await cluster.close()
 
