@@ -21,6 +21,7 @@ from capella.core.log.writer import OpenBlock, Writer
 from capella.core.stats import Recovery
 from capella.core.subscription_store import SubscriptionStore
 from capella.errors import CorruptData, KeyNotFound
+from capella.wire.record_batch import RecordBatch, select
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,13 @@ async def recover(store: BlockStore, writer: Writer, consumers: SubscriptionStor
         sum(len(b.ids) for b in writer.in_memory()),
         store.recovery.truncated_bytes,
     )
+
+
+def _tail(batch: RecordBatch, first: int) -> bytes:
+    """The batch's messages from id ``first`` on (at least one), with their ids."""
+    cut = select(batch, [i >= first for i in range(batch.base_id, batch.last_id + 1)], first)
+    assert cut is not None
+    return cut
 
 
 async def _read_lease(store: BlockStore) -> int:
@@ -93,6 +101,12 @@ async def _recover_journals(store: BlockStore, sealed_last: int, recovery: Recov
         block = OpenBlock(first_id=first, opened_at=messages[0].time, journal_key=key, v1=scan.version == 1)
         for m in messages:
             block.add(m)
+        # A batch that overlaps the sealed blocks is cut to its messages after them.
+        for batch in scan.batches:
+            if batch.base_id > sealed_last:
+                block.batches.append(batch.raw())
+            elif batch.last_id > sealed_last:
+                block.batches.append(_tail(batch, sealed_last + 1))
         block.journal = await meta.journal(key, truncate_to=scan.valid_length)
         block.durable_size = block.journal.size
         block.size = scan.valid_length - len(JOURNAL_HEADER)

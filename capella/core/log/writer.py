@@ -2,12 +2,12 @@
 
 Each call's messages are encoded at once as one record batch per block they go to
 (``capella.wire.record_batch``) and kept in ``pending`` until a flush appends them to the
-block's journal and fsyncs it. ``wait`` and ``immediate`` writes join the next flush (group
+block's journal and fsyncs it; the block keeps every batch, which its sealed form holds byte
+for byte. ``wait`` and ``immediate`` writes join the next flush (group
 commit: concurrent writers share one fsync). A full block moves to ``sealing``; the sealer
-writes its journal's batches, byte for byte, as an immutable block, has the block store
-record it in the manifest, and deletes its journal. Ids come from a lease persisted ahead of
-use (``<q>/state.json``), so an id that was ever answered is never handed out again, even
-after ``kill -9``.
+writes it once as an immutable block, has the block store record it in the manifest, and
+deletes its journal. Ids come from a lease persisted ahead of use (``<q>/state.json``), so
+an id that was ever answered is never handed out again, even after ``kill -9``.
 
 A step that fails (journal, seal, state) is a *fault*: the queue says it cannot accept
 writes until the step next succeeds.
@@ -34,7 +34,7 @@ from capella.core.log.dedup import BlockSummary
 from capella.core.loops import Loop, TaskFailures, first_of
 from capella.core.message import Draft, Message
 from capella.core.stats import Histogram, QueueCounters
-from capella.errors import CapellaError, CorruptData, ShuttingDown, StorageTimeout, StorageUnavailable
+from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
 from capella.storage import Journal
 from capella.wire import record_batch
 from capella.wire.record_batch import Fields, RecordBatch
@@ -75,7 +75,10 @@ class OpenBlock:
     pending: list[bytes] = field(default_factory=list)
     journal: Journal | None = None
     durable_size: int = 0
-    # Recovered from a format 1 journal: it takes no more writes, and is sealed from its messages.
+    # Every record batch of the block, in order: its journal after the header, and the
+    # batches of its sealed form. Empty for a block recovered from a format 1 journal
+    # (``v1``), which takes no more writes and is sealed from its messages.
+    batches: list[bytes] = field(default_factory=list)
     v1: bool = False
 
     def add(self, message: Message) -> None:
@@ -84,7 +87,7 @@ class OpenBlock:
         self.keys[(message.source, message.external_id)] = message.id
 
     def add_batch(self, data: bytes) -> None:
-        self.size += len(data)
+        self.batches.append(data)
         self.pending.append(data)
 
     def drop_from(self, index: int) -> None:
@@ -447,6 +450,7 @@ class Writer:
                     dedup.note(sources[i], external_id)
                 ids[i] = message_id
             self.next_id = first_id + len(take)
+            block.size += len(data)
             block.add_batch(data)
             start += len(take)
             if len(block.ids) >= limits.max_messages or block.size >= limits.max_bytes:
@@ -723,12 +727,8 @@ class Writer:
         # Also when nothing is pending: a flush may be writing this block's journal right now,
         # and closing the journal under it would fail writers whose records the block holds.
         await self.commit(urgent=True)
-        # The journal holds every batch of the block now: the sealed block takes them from
-        # there, so an open block is not in memory twice (its messages serve readers).
-        journal = None if block.v1 else await self._store.meta.get(block.journal_key)
-        # Checking the batches and the Bloom filter take milliseconds for a full block: keep
-        # them off the loop.
-        data, summary, batch = await asyncio.to_thread(_encode_sealed, block, self.own, journal)
+        # Encoding and the Bloom filter take ~30 ms for a full block: keep them off the loop.
+        data, summary, batch = await asyncio.to_thread(_encode_sealed, block, self.own)
         meta = BlockMeta(
             first_id=block.ids[0],
             last_id=block.ids[-1],
@@ -803,48 +803,22 @@ def _add_batch(block: OpenBlock, drafts: list[Draft], now: float, own: str) -> N
     except BaseException:
         block.drop_from(start)
         raise
+    block.size += len(data)
     block.add_batch(data)
 
 
-def _encode_sealed(block: OpenBlock, own: str, journal: bytes | None) -> tuple[bytes, BlockSummary, Batch]:
+def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary, Batch]:
     """The block's bytes, its summary, and its batch for the block store's cache.
 
-    The block holds its ``journal``'s batches byte for byte; a block recovered from a format 1
-    journal (``journal`` None) is encoded as batches here, once. The cached batch serves the
-    sealed object's bytes, as a load of the block would: the block's messages are let go with
-    it, so a sealed block is in memory once (a reader's render decodes it, in the prefetch
-    thread).
+    The block holds its journal's batches byte for byte; a block recovered from a format 1
+    journal is encoded as batches here, once. The cached batch serves the sealed object's
+    bytes, as a load of the block would: the block's messages are let go with it, so a
+    sealed block is in memory once (a reader's render decodes it, in the prefetch thread).
     """
-    if journal is None:
-        fields = Fields._make(columns_of(block.messages))
-        records = record_batch.read_all(b"".join(record_batch.encode_fields(fields)))
-    else:
-        records = _journal_batches(journal, block)
-    data, placed = encode_block(records)
-    return data, BlockSummary.build(block.keys, own), Batch.of_records(placed)
-
-
-def _journal_batches(journal: bytes, block: OpenBlock) -> list[RecordBatch]:
-    """The batches of ``block`` in its journal; ``CorruptData`` unless they hold exactly its messages.
-
-    A journal recovered with messages that were in a sealed block already (a crash between
-    a seal and its journal's delete, then expiry) starts with them: they are cut off.
-    """
-    if not journal.startswith(JOURNAL_HEADER):
-        raise CorruptData(f"journal {block.journal_key}: not a format 2 journal")
-    first = block.ids[0]
-    records = []
-    for batch in record_batch.read_all(journal, len(JOURNAL_HEADER)):
-        if batch.last_id < first:
-            continue
-        if batch.base_id < first:
-            keep = [i >= first for i in range(batch.base_id, batch.last_id + 1)]
-            cut = record_batch.select(batch, keep, first)
-            assert cut is not None
-            batch = record_batch.read(cut)
-        records.append(batch)
-    if sum(r.count for r in records) != len(block.ids) or records[-1].last_id != block.ids[-1]:
-        raise CorruptData(
-            f"journal {block.journal_key}: its batches do not hold the block's {len(block.ids)} messages"
-        )
-    return records
+    raw = (
+        block.batches
+        if not block.v1
+        else record_batch.encode_fields(Fields._make(columns_of(block.messages)))
+    )
+    data, records = encode_block(record_batch.read_all(b"".join(raw)))
+    return data, BlockSummary.build(block.keys, own), Batch.of_records(records)
