@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 import functools
 import logging
 import time
@@ -43,7 +44,7 @@ from capella.core.log.dedup import DedupIndex
 from capella.core.log.writer import Appended as Appended  # answered by ``Queue.append``
 from capella.core.log.writer import OpenBlock, Writer
 from capella.core.loops import Loop, TaskFailures
-from capella.core.message import Draft, Message, SaveMode
+from capella.core.message import MAX_HEADERS, MAX_HEADERS_SIZE, Draft, Message, SaveMode, check_headers
 from capella.core.recovery import recover
 from capella.core.report import block_list, queue_stats
 from capella.core.stats import Histogram, QueueCounters, Recovery
@@ -53,6 +54,7 @@ from capella.core.work.retry import RetryPolicy
 from capella.core.work.work_queue import WorkQueue
 from capella.errors import CorruptData, InvalidMessage, ShuttingDown
 from capella.storage import Storage, keys
+from capella.wire.record_batch import Fields, RecordBatch, decode_given
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +302,49 @@ class Queue:
             await self.schedule.spill_if_needed()
         return results
 
+    async def append_batch(
+        self,
+        batch: RecordBatch,
+        save: SaveMode = SaveMode.DEFAULT,
+        *,
+        max_headers: int = MAX_HEADERS,
+        max_headers_size: int = MAX_HEADERS_SIZE,
+    ) -> list[Appended]:
+        """Store a producer's record batch as it came: ``append``'s rules, dedup and durability,
+        without encoding a message again.
+
+        The batch is given the server's ids, time and cluster name (its default source); its
+        messages are checked as ``append`` checks drafts (external_time not in the future,
+        segment in the queue's range) and their headers against the server's limits
+        (``server.max_message_headers``, ``max_message_headers_size``). A duplicate is cut
+        out and answered with the id it has. The answers follow the batch's order.
+        """
+        if self._closing:
+            raise ShuttingDown(f"queue {self.name} is closing")
+        now = self._clock()
+        writer = self._writer
+        # The defaults the server fills in are read as filled in: the producer's head counts for nothing.
+        batch = dataclasses.replace(batch, base_time=now, source=writer.own)
+        try:
+            fields, external_ids, external_times = decode_given(batch)
+        except CorruptData as exc:
+            raise InvalidMessage(f"record batch: {exc.message}") from None
+        self._validate_batch(fields, external_times, now, max_headers, max_headers_size)
+        mode = save.resolve(self.definition.save)
+        self.counters.produce_requests += 1
+        if writer.sealer_behind:
+            await writer.wait_for_sealer()
+        await writer.lock()
+        try:
+            results = await writer.assign_batch(batch, (fields, external_ids), now)
+        finally:
+            writer.unlock()
+        if mode is SaveMode.IMMEDIATE or mode is SaveMode.WAIT:
+            await writer.commit(urgent=mode is SaveMode.IMMEDIATE)
+        elif mode is SaveMode.MARK:
+            writer.marked = True
+        return results
+
     async def reschedule(self, sid: int, deliver_at: float, save: SaveMode = SaveMode.DEFAULT) -> Scheduled:
         """Move a scheduled message to ``deliver_at`` (a time in the past releases it at once)."""
         if self._closing:
@@ -330,6 +375,36 @@ class Queue:
                 raise InvalidMessage(
                     f"message {index}: external_id must be a 64-bit integer", index=index, field="external_id"
                 )
+
+    def _validate_batch(
+        self,
+        fields: Fields,
+        external_times: list[float | None] | None,
+        now: float,
+        max_headers: int,
+        max_headers_size: int,
+    ) -> None:
+        """``_validate`` for a record batch's messages, and the header limits the API checks for drafts."""
+        if external_times is not None:
+            latest = now + FUTURE_SKEW
+            for index, t in enumerate(external_times):
+                if t is not None and t > latest:
+                    raise InvalidMessage(
+                        f"message {index}: external_time is in the future", index=index, field="external_time"
+                    )
+        segments = self.definition.segments
+        if segments is not None:
+            low, high = segments
+            for index, segment in enumerate(fields.segments):
+                if not low <= segment <= high:
+                    raise InvalidMessage(
+                        f"message {index}: segment {segment} is outside the queue's range {low}-{high}",
+                        index=index,
+                        field="segment",
+                    )
+        for index, headers in enumerate(fields.headers):
+            if headers:
+                check_headers(headers, index, max_headers, max_headers_size)
 
     async def flush(self) -> int:
         """Save everything written so far, ``none`` writes too; answers the message bytes it wrote."""

@@ -3,7 +3,9 @@
 Nothing here trusts that the last run ended cleanly. The manifest says which sealed blocks
 exist; a journal may hold a torn tail (cut off), may belong to a block that was sealed
 before the crash (deleted), or may not be a journal at all (quarantined, kept for an
-operator). The id lease in ``state.json`` is where numbering resumes, so an id answered
+operator). A journal of either format is read (``CPJ2`` record batches, ``CPJ1`` frames); a
+block recovered from a format 1 journal is sealed (as format 2) before anything is written, so
+no file ever mixes the formats. The id lease in ``state.json`` is where numbering resumes, so an id answered
 before a ``kill -9`` is never handed out again.
 """
 
@@ -20,6 +22,7 @@ from capella.core.stats import Recovery
 from capella.core.subscription_store import SubscriptionStore
 from capella.errors import CorruptData, KeyNotFound
 from capella.storage import keys
+from capella.wire.record_batch import RecordBatch, select
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,13 @@ async def recover(store: BlockStore, writer: Writer, consumers: SubscriptionStor
         sum(len(b.ids) for b in writer.in_memory()),
         store.recovery.truncated_bytes,
     )
+
+
+def _tail(batch: RecordBatch, first: int) -> bytes:
+    """The batch's messages from id ``first`` on (at least one), with their ids."""
+    cut = select(batch, [i >= first for i in range(batch.base_id, batch.last_id + 1)], first)
+    assert cut is not None
+    return cut
 
 
 async def _read_lease(store: BlockStore) -> int:
@@ -91,10 +101,15 @@ async def _recover_journals(store: BlockStore, sealed_last: int, recovery: Recov
         first = keys.number_of(key)
         if first is None:
             raise CorruptData(f"queue {name}: journal {key} does not name its first id")
-        block = OpenBlock(first_id=first, opened_at=messages[0].time, journal_key=key)
+        block = OpenBlock(first_id=first, opened_at=messages[0].time, journal_key=key, v1=scan.version == 1)
         for m in messages:
-            block.add(m, b"")
-        block.pending.clear()
+            block.add(m)
+        # A batch that overlaps the sealed blocks is cut to its messages after them.
+        for batch in scan.batches:
+            if batch.base_id > sealed_last:
+                block.batches.append(batch.raw())
+            elif batch.last_id > sealed_last:
+                block.batches.append(_tail(batch, sealed_last + 1))
         block.journal = await meta.journal(key, truncate_to=scan.valid_length)
         block.durable_size = block.journal.size
         block.size = scan.valid_length - len(JOURNAL_HEADER)

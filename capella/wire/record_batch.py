@@ -365,6 +365,16 @@ def decode_body(batch: RecordBatch) -> Fields:
     return _decode(batch)[0]
 
 
+def decode_given(batch: RecordBatch) -> tuple[Fields, list[int | None] | None, list[float | None] | None]:
+    """The messages of ``batch`` as columns, and the external ids and times as the producer gave
+    them (``None`` where left to default; the list is ``None`` when every one was).
+
+    What an append needs: dedup looks up only the explicit external ids, and only explicit
+    external times are checked against the clock.
+    """
+    return _decode(batch)
+
+
 def _decode(batch: RecordBatch) -> tuple[Fields, list[int | None] | None, list[float | None] | None]:
     """The columns, and the external ids and times as given (``None`` where left to default)."""
     try:
@@ -383,14 +393,7 @@ def _decode_columns(batch: RecordBatch) -> tuple[Fields, list[int | None] | None
     ids = list(range(base_id, base_id + n))
 
     if flags & FLAG_SOURCES:
-        (count,) = reader.unpack(_U16)
-        table = [batch.source]
-        for _ in range(count):
-            (length,) = reader.unpack(_U16)
-            table.append(reader.take(length).decode())
-        index = reader.column("H")
-        if max(index) >= len(table):
-            raise CorruptData(f"record batch of ids from {base_id}: a source index is past its table")
+        table, index = _source_columns_read(reader, batch)
         sources = list(map(table.__getitem__, index))
     else:
         sources = [batch.source] * n
@@ -426,6 +429,19 @@ def _decode_columns(batch: RecordBatch) -> tuple[Fields, list[int | None] | None
     payloads = [data[a:b] for a, b in pairwise(ends)]
     fields = Fields(ids, [time] * n, sources, external_ids, external_times, segments, payloads, headers)
     return fields, given_ids, given_times
+
+
+def _source_columns_read(reader: _Reader, batch: RecordBatch) -> tuple[list[str], list[int]]:
+    """The source table (the batch's default source first) and each message's index into it."""
+    (count,) = reader.unpack(_U16)
+    table = [batch.source]
+    for _ in range(count):
+        (length,) = reader.unpack(_U16)
+        table.append(reader.take(length).decode())
+    index = reader.column("H")
+    if max(index) >= len(table):
+        raise CorruptData(f"record batch of ids from {batch.base_id}: a source index is past its table")
+    return table, index
 
 
 class _Reader:
@@ -481,6 +497,42 @@ def _decode_headers(raw: bytes) -> dict[str, str]:
     if pos != len(raw) or len(headers) != count:
         raise CorruptData("record batch: a header map has trailing bytes or a repeated key")
     return headers
+
+
+class Extent(NamedTuple):
+    """What a block's index says of one batch: the sources its messages have, and their segment range."""
+
+    sources: list[str]
+    min_segment: int
+    max_segment: int
+
+
+def extent(batch: RecordBatch) -> Extent:
+    """The batch's sources (in first-use order) and segment range, read without decoding its messages.
+
+    Only the columns before the segments are stepped over; a batch with no per-message
+    sources or segments answers from its head alone.
+    """
+    n, flags = batch.count, batch.flags
+    if not flags & (FLAG_SOURCES | FLAG_SEGMENTS):
+        return Extent([batch.source], 0, 0)
+    try:
+        reader = _Reader(batch.data, batch.body, batch.end, n)
+        reader.take(4 * n)  # payload lengths
+        sources = [batch.source]
+        if flags & FLAG_SOURCES:
+            table, index = _source_columns_read(reader, batch)
+            sources = list(dict.fromkeys(table[i] for i in dict.fromkeys(index)))
+        if not flags & FLAG_SEGMENTS:
+            return Extent(sources, 0, 0)
+        if flags & FLAG_EXTERNAL_IDS:
+            reader.take((n + 7) // 8 + 8 * n)
+        if flags & FLAG_EXTERNAL_TIMES:
+            reader.take(8 * n)
+        segments = reader.column("q")
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise CorruptData(f"record batch of ids from {batch.base_id}: body does not parse: {exc}") from None
+    return Extent(sources, min(segments), max(segments))
 
 
 def page_messages(batches: Sequence[RecordBatch], after: int, limit: int) -> list[bytes]:

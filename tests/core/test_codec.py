@@ -1,4 +1,4 @@
-"""The journal and sealed block formats: round trips, torn tails and corruption."""
+"""The journal and sealed block formats, 1 and 2: round trips, torn tails and corruption."""
 
 from __future__ import annotations
 
@@ -12,14 +12,19 @@ from hypothesis import strategies as st
 
 from capella.core.log.codec import (
     JOURNAL_HEADER,
+    JOURNAL_HEADER_V1,
     block_keys,
+    block_records,
+    columns_of,
     decode_block,
     decode_journal,
     encode_block,
-    encode_record,
+    encode_block_v1,
+    encode_record_v1,
 )
 from capella.core.message import Message
 from capella.errors import CorruptData, InvalidMessage
+from capella.wire.record_batch import Fields, encode, encode_fields, read, read_all
 
 I64 = st.integers(-(2**63), 2**63 - 1)
 U64 = st.integers(0, 2**64 - 1)
@@ -63,12 +68,12 @@ def messages(draw: st.DrawFn, max_size: int = 6) -> list[Message]:
 
 
 def journal(msgs: list[Message]) -> tuple[bytes, list[int]]:
-    """A journal holding ``msgs`` and the offset at which each frame ends."""
-    frames = [encode_record(m) for m in msgs]
-    ends = [len(JOURNAL_HEADER)]
+    """A format 1 journal holding ``msgs`` and the offset at which each frame ends."""
+    frames = [encode_record_v1(m) for m in msgs]
+    ends = [len(JOURNAL_HEADER_V1)]
     for frame in frames:
         ends.append(ends[-1] + len(frame))
-    return JOURNAL_HEADER + b"".join(frames), ends
+    return JOURNAL_HEADER_V1 + b"".join(frames), ends
 
 
 def flip(data: bytes, bit: int) -> bytes:
@@ -106,7 +111,7 @@ def test_journal_round_trip(msgs: list[Message]) -> None:
 @given(messages(max_size=4).filter(lambda ms: all(len(m.payload) < 1000 for m in ms)))
 def test_every_truncation_keeps_exactly_the_complete_records(msgs: list[Message]) -> None:
     data, ends = journal(msgs)
-    for cut in range(len(JOURNAL_HEADER), len(data) + 1):
+    for cut in range(len(JOURNAL_HEADER_V1), len(data) + 1):
         scan = decode_journal(data[:cut])
         complete = sum(end <= cut for end in ends) - 1
         assert scan.messages == msgs[:complete]
@@ -114,16 +119,19 @@ def test_every_truncation_keeps_exactly_the_complete_records(msgs: list[Message]
         assert scan.torn == (cut != ends[complete])
 
 
-def test_a_torn_journal_header_scans_as_empty() -> None:
-    for cut in range(len(JOURNAL_HEADER)):
-        scan = decode_journal(JOURNAL_HEADER[:cut])
+@pytest.mark.parametrize("header", [JOURNAL_HEADER, JOURNAL_HEADER_V1])
+def test_a_torn_journal_header_scans_as_empty(header: bytes) -> None:
+    for cut in range(len(header)):
+        scan = decode_journal(header[:cut])
         assert (scan.messages, scan.valid_length, scan.torn) == ([], 0, cut > 0)
 
 
 @pytest.mark.parametrize("bit", range(len(JOURNAL_HEADER) * 8))
 def test_a_bad_journal_header_is_corrupt(bit: int) -> None:
     with pytest.raises(CorruptData, match="journal"):
-        decode_journal(flip(JOURNAL_HEADER, bit) + encode_record(message()))
+        decode_journal(flip(JOURNAL_HEADER_V1, bit) + encode_record_v1(message()))
+    with pytest.raises(CorruptData, match="journal"):
+        decode_journal(flip(JOURNAL_HEADER, bit) + batches_of([message()])[0])
 
 
 def test_every_bit_flip_in_the_last_frame_is_detected() -> None:
@@ -175,7 +183,7 @@ def test_zero_fill_after_the_last_frame_is_a_torn_tail() -> None:
 )
 def test_a_message_that_cannot_be_stored_is_refused(bad: Message) -> None:
     with pytest.raises(InvalidMessage):
-        encode_record(bad)
+        encode_record_v1(bad)
 
 
 # --- sealed block ------------------------------------------------------------------------
@@ -184,19 +192,19 @@ def test_a_message_that_cannot_be_stored_is_refused(bad: Message) -> None:
 @settings(max_examples=60, deadline=None)
 @given(messages(max_size=12))
 def test_block_round_trip(msgs: list[Message]) -> None:
-    block = encode_block(msgs)
+    block = encode_block_v1(msgs)
     assert decode_block(block) == msgs
     assert block_keys(block) == ([m.id for m in msgs], [m.key for m in msgs])
 
 
 def test_decoded_payloads_are_bytes_even_from_a_bytearray() -> None:
-    decoded = decode_block(bytearray(encode_block(small_block())))
+    decoded = decode_block(bytearray(encode_block_v1(small_block())))
     assert decoded == small_block()
     assert all(type(m.payload) is bytes for m in decoded)
 
 
 def test_every_truncation_and_extension_of_a_block_is_corrupt() -> None:
-    block = encode_block(small_block())
+    block = encode_block_v1(small_block())
     for cut in range(len(block)):
         with pytest.raises(CorruptData):
             decode_block(block[:cut])
@@ -206,7 +214,7 @@ def test_every_truncation_and_extension_of_a_block_is_corrupt() -> None:
 
 
 def test_every_bit_flip_of_a_block_is_corrupt() -> None:
-    block = encode_block(small_block())
+    block = encode_block_v1(small_block())
     for bit in range(len(block) * 8):
         with pytest.raises(CorruptData):
             decode_block(flip(block, bit))
@@ -217,7 +225,7 @@ def test_every_bit_flip_of_a_block_is_corrupt() -> None:
 @settings(max_examples=60, deadline=None)
 @given(messages(max_size=8).filter(lambda ms: sum(len(m.payload) for m in ms) < 5000), st.data())
 def test_a_random_cut_or_bit_flip_of_a_block_is_corrupt(msgs: list[Message], data: st.DataObject) -> None:
-    block = encode_block(msgs)
+    block = encode_block_v1(msgs)
     with pytest.raises(CorruptData):
         decode_block(block[: data.draw(st.integers(0, len(block) - 1))])
     with pytest.raises(CorruptData):
@@ -225,7 +233,7 @@ def test_a_random_cut_or_bit_flip_of_a_block_is_corrupt(msgs: list[Message], dat
 
 
 def test_a_block_that_passes_its_checksum_but_not_its_framing_is_corrupt() -> None:
-    block = encode_block(small_block())
+    block = encode_block_v1(small_block())
     # Claim one message more, and make the last id disagree, each with a valid CRC.
     more = block[:8] + struct.pack("<I", 4) + block[12:]
     wrong_last = block[:24] + struct.pack("<Q", 10) + block[32:]
@@ -235,17 +243,136 @@ def test_a_block_that_passes_its_checksum_but_not_its_framing_is_corrupt() -> No
 
 
 def test_an_empty_block_round_trips() -> None:
-    assert decode_block(encode_block([])) == []
+    assert decode_block(encode_block_v1([])) == []
 
 
 def test_block_ids_must_increase() -> None:
     with pytest.raises(ValueError, match="increasing"):
-        encode_block([message(2), message(2)])
+        encode_block_v1([message(2), message(2)])
 
 
 def test_ten_thousand_random_payloads_cost_at_most_293_bytes_each() -> None:
     rnd = random.Random(7)
     msgs = [message(i, payload=rnd.randbytes(256)) for i in range(1, 10_001)]
-    block = encode_block(msgs)
+    block = encode_block_v1(msgs)
     assert len(block) / len(msgs) <= 293
     assert decode_block(block) == msgs
+
+
+# --- format 2: journal of record batches, sealed block of record batches -----------------
+
+
+def batches_of(msgs: list[Message]) -> list[bytes]:
+    """``msgs`` as record batches (one per run of consecutive ids with one time)."""
+    return encode_fields(Fields._make(columns_of(msgs))) if msgs else []
+
+
+def journal_v2(msgs: list[Message]) -> tuple[bytes, list[int], list[list[Message]]]:
+    """A format 2 journal holding ``msgs``, where each batch ends, and the messages of each batch."""
+    batches = batches_of(msgs)
+    ends = [len(JOURNAL_HEADER)]
+    groups: list[list[Message]] = []
+    for raw in batches:
+        ends.append(ends[-1] + len(raw))
+        count = read(raw).count
+        done = sum(map(len, groups))
+        groups.append(msgs[done : done + count])
+    return JOURNAL_HEADER + b"".join(batches), ends, groups
+
+
+def block_v2(msgs: list[Message]) -> bytes:
+    return encode_block(read_all(b"".join(batches_of(msgs))))[0]
+
+
+def run_of(first: int, n: int, **fields: object) -> list[Message]:
+    """``n`` messages with consecutive ids from ``first`` and one time: one batch."""
+    return [message(i, time=5.0, external_time=5.0, **fields) for i in range(first, first + n)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(messages())
+def test_journal_v2_round_trip(msgs: list[Message]) -> None:
+    data, _, _ = journal_v2(msgs)
+    scan = decode_journal(data)
+    assert scan.messages == msgs
+    assert (scan.valid_length, scan.torn, scan.reason, scan.version) == (len(data), False, "", 2)
+    assert b"".join(b.raw() for b in scan.batches) == data[len(JOURNAL_HEADER) :]
+
+
+def test_every_truncation_of_a_v2_journal_keeps_exactly_the_complete_batches() -> None:
+    msgs = [*run_of(1, 3), *run_of(10, 2, source="dc-eu", headers={"k": "v"}), *run_of(20, 1, segment=4)]
+    data, ends, groups = journal_v2(msgs)
+    assert len(groups) == 3
+    for cut in range(len(JOURNAL_HEADER), len(data) + 1):
+        scan = decode_journal(data[:cut])
+        complete = sum(end <= cut for end in ends) - 1
+        assert scan.messages == [m for group in groups[:complete] for m in group]
+        assert scan.valid_length == ends[complete]
+        assert scan.torn == (cut != ends[complete])
+
+
+def test_every_bit_flip_in_the_last_v2_batch_is_detected() -> None:
+    msgs = [*run_of(1, 2), *run_of(5, 3, source="zürich", payload=b"x" * 40)]
+    data, ends, groups = journal_v2(msgs)
+    for bit in range(ends[-2] * 8, len(data) * 8):
+        scan = decode_journal(flip(data, bit))
+        assert scan.messages == groups[0]
+        assert scan.valid_length == ends[-2]
+        assert scan.torn and scan.reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(messages(max_size=12))
+def test_block_v2_round_trip(msgs: list[Message]) -> None:
+    block = block_v2(msgs)
+    assert decode_block(block) == msgs
+    assert block_keys(block) == ([m.id for m in msgs], [m.key for m in msgs])
+    records = block_records(block)
+    assert records is not None
+    assert b"".join(r.raw() for r in records) == b"".join(batches_of(msgs))
+
+
+def test_the_sealed_block_holds_the_batches_byte_for_byte_and_serves_them_from_its_bytes() -> None:
+    raw = b"".join(batches_of(small_block()))
+    block, placed = encode_block(read_all(raw))
+    assert raw in block
+    assert all(r.data is block for r in placed)
+    assert block_records(block) == placed
+    assert block_records(encode_block_v1(small_block())) is None
+
+
+def test_every_truncation_extension_and_bit_flip_of_a_v2_block_is_corrupt() -> None:
+    block = block_v2(small_block())
+    for cut in range(len(block)):
+        with pytest.raises(CorruptData):
+            decode_block(block[:cut])
+    for extra in (b"\x00", b"\x00" * 4, block[-16:]):
+        with pytest.raises(CorruptData):
+            decode_block(block + extra)
+    for bit in range(len(block) * 8):
+        with pytest.raises(CorruptData):
+            decode_block(flip(block, bit))
+        with pytest.raises(CorruptData):
+            block_keys(flip(block, bit))
+
+
+def test_v2_block_ids_must_increase() -> None:
+    with pytest.raises(ValueError, match="increasing"):
+        encode_block([read(batches_of(run_of(2, 1))[0])] * 2)
+
+
+def test_an_empty_v2_block_round_trips() -> None:
+    assert decode_block(encode_block([])[0]) == []
+
+
+def test_ten_thousand_random_payloads_in_batches_of_100_cost_at_most_293_bytes_each() -> None:
+    rnd = random.Random(7)
+    batches = [
+        encode(
+            [rnd.randbytes(256) for _ in range(100)], base_id=first, base_time=1.7e9 + first, source="edge-1"
+        )
+        for first in range(1, 10_001, 100)
+    ]
+    block, _ = encode_block(read_all(b"".join(batches)))
+    assert len(block) / 10_000 <= 293
+    assert len(decode_block(block)) == 10_000

@@ -17,15 +17,25 @@ from capella.config import Config, parse_config
 from capella.core import subscription_store as consumers_module
 from capella.core.cluster import Cluster
 from capella.core.log import blocks as queue_module
+from capella.core.log.codec import (
+    JOURNAL_HEADER,
+    JOURNAL_HEADER_V1,
+    decode_block,
+    decode_journal,
+    encode_block_v1,
+    encode_record_v1,
+)
 from capella.core.message import Draft, SaveMode
 from capella.errors import (
     InvalidMessage,
     InvalidName,
     InvalidRequest,
+    MessageHeadersTooLarge,
     QueueNotFound,
     StorageUnavailable,
     SubscriptionNotFound,
 )
+from capella.wire.record_batch import encode, read, scan
 
 
 @pytest.fixture
@@ -242,6 +252,85 @@ async def test_a_torn_journal_tail_is_truncated_and_reported(tmp_path: Path, clo
         page = await cluster.queue("torn").read_after(0, 10)
         assert [m.payload for m in page.messages][-1] == b"after0"
         assert cluster.queue("torn").stats()["recovery"]["truncated_bytes"] == 0
+    finally:
+        await cluster.close()
+
+
+async def test_a_queue_written_in_format_1_reads_on_and_seals_its_open_block_as_format_2(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    q, _ = await cluster.put_queue("old", {})
+    await q.append(drafts(15, headers={"k": "v"}), SaveMode.WAIT)
+    await q.append(drafts(10, source="dc-eu", external_id=None), SaveMode.WAIT)
+    await asyncio.sleep(0.05)
+    before = (await q.read_after(0, 100)).messages
+    await cluster.close()
+    # What an earlier version left: its first sealed block and its open journal in format 1.
+    folder = queue_dir(tmp_path, "old")
+    first_block = sorted((folder / "blocks").iterdir())[0]
+    first_block.write_bytes(encode_block_v1(decode_block(first_block.read_bytes())))
+    [journal] = (folder / "journal").iterdir()
+    open_messages = decode_journal(journal.read_bytes()).messages
+    journal.write_bytes(JOURNAL_HEADER_V1 + b"".join(map(encode_record_v1, open_messages)))
+
+    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+    try:
+        q = cluster.queue("old")
+        assert (await q.read_after(0, 100)).messages == before
+        await asyncio.sleep(0.05)
+        # The format 1 journal took no new bytes: its block was sealed, as format 2.
+        assert not journal.exists()
+        magics = [p.read_bytes()[:4] for p in sorted((folder / "blocks").iterdir())]
+        assert magics == [b"CPB1", b"CPB2", b"CPB2"]
+        await q.append(drafts(3, "new"), SaveMode.WAIT)
+        [new_journal] = (folder / "journal").iterdir()
+        assert new_journal.read_bytes()[:4] == b"CPJ2"
+        after = (await q.read_after(0, 100)).messages
+        assert after[:25] == before
+        assert [m.payload for m in after[25:]] == [b"new0", b"new1", b"new2"]
+    finally:
+        await cluster.close()
+    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+    try:
+        assert (await cluster.queue("old").read_after(0, 100)).messages == after
+    finally:
+        await cluster.close()
+
+
+async def test_a_journal_batch_that_straddles_the_sealed_blocks_is_cut_when_its_block_is_sealed(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    q, _ = await cluster.put_queue("cut", {})
+    await q.append(drafts(10), SaveMode.WAIT)
+    for _ in range(100):
+        if q.stats()["blocks"]["by_state"]["sealed"] == 1:
+            break
+        await asyncio.sleep(0.01)
+    await cluster.close()
+    # A journal whose first batch holds ids 8-12, of which 8-10 are sealed already.
+    batch = encode([b"j%d" % i for i in range(8, 13)], base_id=8, base_time=clock.now, source="edge")
+    (queue_dir(tmp_path, "cut") / "journal").mkdir(exist_ok=True)
+    (queue_dir(tmp_path, "cut") / "journal" / f"{8:020d}.log").write_bytes(JOURNAL_HEADER + batch)
+    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+    try:
+        q = cluster.queue("cut")
+        await q.append(drafts(8, "new"), SaveMode.WAIT)
+        for _ in range(100):
+            if q.stats()["blocks"]["by_state"]["sealed"] == 2:
+                break
+            await asyncio.sleep(0.01)
+        by_state = q.stats()["blocks"]["by_state"]
+        assert (by_state["sealed"], by_state["open"]) == (2, 0)
+        page = (await q.read_after(0, 100)).messages
+        assert [m.payload for m in page] == [*(b"m%d" % i for i in range(10)), b"j11", b"j12"] + [
+            b"new%d" % i for i in range(8)
+        ]
+        assert [m.id for m in page[10:12]] == [11, 12]
+    finally:
+        await cluster.close()
+    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+    try:
+        assert (await cluster.queue("cut").read_after(0, 100)).messages == page
     finally:
         await cluster.close()
 
@@ -610,3 +699,135 @@ async def test_memory_per_sealed_block_stays_bounded(cluster: Cluster) -> None:
     assert q.stats()["blocks"]["by_state"]["sealed"] == 30
     assert len(q._key_sets) <= queue_module.KEY_SETS
     assert len(q._loaded) <= queue_module.LOADED_BLOCKS
+
+
+# --- appending a record batch as it came ---------------------------------------------------
+
+
+def produced(payloads: list[bytes], **columns: object) -> bytes:
+    """A batch as a producer sends it: no ids, no time, no source."""
+    return encode(payloads, **columns)  # type: ignore[arg-type]
+
+
+async def test_a_batch_is_stored_as_append_would_store_its_drafts(cluster: Cluster, clock: Clock) -> None:
+    q, _ = await cluster.put_queue("orders", {})
+    drafts = [
+        Draft(payload=b"a"),
+        Draft(payload=b"b", source="dc-eu", external_id=7, external_time=clock.now - 5, segment=3),
+        Draft(payload=b"c", headers={"trace": "x"}),
+    ]
+    answers = await q.append_batch(
+        read(
+            produced(
+                [d.payload for d in drafts],
+                sources=[d.source for d in drafts],
+                external_ids=[d.external_id for d in drafts],
+                external_times=[d.external_time for d in drafts],
+                segments=[d.segment for d in drafts],
+                headers=[d.headers for d in drafts],
+            )
+        ),
+        SaveMode.WAIT,
+    )
+    assert [(a.id, a.duplicate) for a in answers] == [(1, False), (2, False), (3, False)]
+    await q.append(drafts, SaveMode.WAIT)
+    page = (await q.read_after(0, 100)).messages
+    # The batch's answer to each draft is the drafts' own; only the ids differ (and the
+    # second, a repeat of identity ("dc-eu", 7), is a duplicate of the first's).
+    assert len(page) == 5
+    fields = [(m.time, m.source, m.external_time, m.segment, m.payload, m.headers) for m in page]
+    assert fields[3:] == [fields[0], fields[2]]
+    assert [m.external_id for m in page[:3]] == [1, 7, 3]
+    assert page[0].source == "edge" and page[0].time == clock.now
+    assert page[1].key == ("dc-eu", 7)
+
+
+async def test_the_journal_holds_the_producers_body_byte_for_byte(tmp_path: Path, cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("raw", {})
+    body = produced([b"x" * 40, b"y" * 7], segments=[0, 2])
+    await q.append_batch(read(body), SaveMode.WAIT)
+    [journal] = (tmp_path / "data" / "queues" / "raw" / "journal").iterdir()
+    [stored] = scan(journal.read_bytes(), 16).batches
+    assert (stored.base_id, stored.count, stored.source) == (1, 2, "edge")
+    produced_batch = read(body)
+    assert stored.raw()[stored.body - stored.start :] == body[produced_batch.body :]
+
+
+async def test_duplicates_are_cut_out_of_the_batch_and_answered_with_their_ids(cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("dedup", {})
+    await q.append([Draft(payload=b"old", source="s", external_id=5)], SaveMode.WAIT)
+    answers = await q.append_batch(
+        read(
+            produced(
+                [b"dup-of-stored", b"new", b"dup-in-batch", b"plain"],
+                sources=["s", "s", "s", None],
+                external_ids=[5, 6, 6, None],
+            )
+        ),
+        SaveMode.WAIT,
+    )
+    assert [(a.id, a.duplicate) for a in answers] == [(1, True), (2, False), (2, True), (3, False)]
+    page = (await q.read_after(0, 100)).messages
+    assert [(m.id, m.payload, m.external_id) for m in page] == [
+        (1, b"old", 5),
+        (2, b"new", 6),
+        (3, b"plain", 3),
+    ]
+    again = await q.append_batch(read(produced([b"x", b"y"], sources=["s", "s"], external_ids=[5, 6])))
+    assert [(a.id, a.duplicate) for a in again] == [(1, True), (2, True)]
+    assert q.stats()["messages"] == 3
+
+
+@pytest.mark.parametrize(
+    ("columns", "error", "field"),
+    [
+        ({"external_times": [None, 4e9]}, InvalidMessage, "external_time"),
+        ({"segments": [0, 99]}, InvalidMessage, "segment"),
+        ({"headers": [{}, {f"h{i}": "v" for i in range(65)}]}, MessageHeadersTooLarge, "headers"),
+        ({"headers": [{}, {"big": "v" * 16_384}]}, MessageHeadersTooLarge, "headers"),
+    ],
+)
+async def test_a_batch_breaking_a_rule_is_refused_whole(
+    cluster: Cluster, columns: dict[str, object], error: type[Exception], field: str
+) -> None:
+    q, _ = await cluster.put_queue("rules", {"segments": {"min": 0, "max": 10}})
+    with pytest.raises(error) as caught:
+        await q.append_batch(read(produced([b"a", b"b"], **columns)), SaveMode.WAIT)
+    assert caught.value.details["index"] == 1  # type: ignore[attr-defined]
+    assert caught.value.details["field"] == field  # type: ignore[attr-defined]
+    assert q.stats()["messages"] == 0
+
+
+async def test_a_body_that_does_not_parse_is_an_invalid_message(cluster: Cluster) -> None:
+    q, _ = await cluster.put_queue("bad", {})
+    batch = read(produced([b"abc"]))
+    lying = read(produced([b"abc", b"de"]))
+    # Two payload lengths for one message: the checksums hold, the body does not parse.
+    bad = batch.__class__(lying.data, lying.start, lying.end, lying.body, 0, 1, 0, 0.0, "")
+    with pytest.raises(InvalidMessage, match="record batch"):
+        await q.append_batch(bad)
+    assert q.stats()["messages"] == 0
+
+
+async def test_a_batch_larger_than_the_blocks_room_fills_one_and_opens_the_next(
+    tmp_path: Path, clock: Clock, cluster: Cluster
+) -> None:
+    q, _ = await cluster.put_queue("split", {})
+    await q.append([Draft(payload=b"first")], SaveMode.WAIT)
+    payloads = [b"p%d" % i for i in range(25)]
+    answers = await q.append_batch(read(produced(payloads, external_ids=[None] * 24 + [99])), SaveMode.WAIT)
+    assert [a.id for a in answers] == list(range(2, 27))
+    for _ in range(100):
+        if q.stats()["blocks"]["by_state"]["sealed"] == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert q.stats()["blocks"]["by_state"]["sealed"] == 2
+    before = (await q.read_after(0, 100)).messages
+    assert [m.payload for m in before] == [b"first", *payloads]
+    assert before[-1].external_id == 99
+    await cluster.close()
+    reopened = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+    try:
+        assert (await reopened.queue("split").read_after(0, 100)).messages == before
+    finally:
+        await reopened.close()

@@ -237,3 +237,26 @@ def test_many_batches_in_one_buffer_chain() -> None:
     batches = [encode([b"m%d" % i] * (i + 1), base_id=100 * i + 1) for i in range(5)]
     found = read_all(b"".join(batches))
     assert list(chain.from_iterable(b.fields().ids for b in found))[:4] == [1, 101, 102, 201]
+
+
+@settings(max_examples=80, deadline=None)
+@given(drafts(), SOURCES)
+def test_the_extent_is_the_sources_and_segment_range_of_the_messages(
+    columns: dict[str, list[object]], source: str
+) -> None:
+    batch = read(stamp(read(encode(**columns)), 1, 0.0, source))  # type: ignore[arg-type]
+    f = batch.fields()
+    found = record_batch.extent(batch)
+    assert found.sources == list(dict.fromkeys(f.sources))
+    assert (found.min_segment, found.max_segment) == (min(f.segments), max(f.segments))
+
+
+@settings(max_examples=40, deadline=None)
+@given(drafts())
+def test_decode_given_tells_the_explicit_values_from_the_defaults(columns: dict[str, list[object]]) -> None:
+    batch = read(encode(**columns))  # type: ignore[arg-type]
+    fields, external_ids, external_times = record_batch.decode_given(batch)
+    assert fields == batch.fields()
+    given_ids, given_times = columns["external_ids"], columns["external_times"]
+    assert external_ids == (None if given_ids.count(None) == len(given_ids) else given_ids)
+    assert external_times == (None if given_times.count(None) == len(given_times) else given_times)

@@ -20,7 +20,7 @@ from itertools import repeat
 
 import orjson
 
-from capella.core.log.codec import Columns, columns_of, messages_of
+from capella.core.log.codec import Columns, columns_of, columns_of_records, messages_of
 from capella.core.message import Message, stored_message
 from capella.wire.frames import encode_frames
 from capella.wire.record_batch import Fields, RecordBatch, encode_fields, read_all
@@ -77,10 +77,7 @@ class Batch:
     def columns(self) -> Columns:
         if self._columns is None:
             if self._records is not None:
-                parts = [r.fields() for r in self._records]
-                self._columns = Columns._make(
-                    [v for part in parts for v in part[i]] for i in range(len(Columns._fields))
-                )
+                self._columns = columns_of_records(self._records)
             else:
                 self._columns = columns_of(self.messages)
         return self._columns
@@ -107,11 +104,18 @@ class Batch:
         return self._json is not None or self._frames is not None or self._made_records
 
     def drop_forms(self) -> None:
-        """Forget the rendered forms (the next read that wants one renders it again)."""
+        """Forget the rendered forms (the next read that wants one renders it again).
+
+        A batch of stored record batches forgets its columns and messages too: they are
+        decoded from the batches again when asked, and otherwise its payloads would be in
+        memory twice (in the block's bytes and in the columns).
+        """
         self._json = self._frames = None
         if self._made_records:
             self._records = None
             self._made_records = False
+        elif self._records is not None:
+            self._columns = self._messages = None
 
     def frames(self) -> list[bytes]:
         """Each message as a frame of the binary read format (``capella.wire.frames``)."""

@@ -27,7 +27,7 @@ import orjson
 
 from capella.core.definition import QueueDefinition
 from capella.core.log.batch import Batch
-from capella.core.log.codec import block_columns, block_keys
+from capella.core.log.codec import block_columns, block_keys, block_records
 from capella.core.log.dedup import BlockSummary, DedupIndex
 from capella.core.loops import retrieve
 from capella.core.stats import Recovery
@@ -228,7 +228,7 @@ class BlockStore:
         if loaded is None:
             self._start_load(meta, render)
         elif render is not None and not loaded.rendered:
-            # A block the writer sealed is loaded already, from its messages: render it.
+            # A block the writer sealed is loaded already, from its bytes: render it.
             task = asyncio.create_task(self._rendered(meta.first_id, loaded, render))
             task.add_done_callback(retrieve)
             self._loading[meta.first_id] = task
@@ -512,7 +512,8 @@ class BlockStore:
 
 def _batch_of(data: bytes, render: Render | None) -> Batch:
     """The batch of a sealed block's bytes, with ``render``'s form made (in the load thread)."""
-    batch = Batch.of_columns(block_columns(data))
+    records = block_records(data)  # None for a block of format 1
+    batch = Batch.of_columns(block_columns(data)) if records is None else Batch.of_records(records)
     if render is not None:
         render(batch)
     return batch

@@ -3,10 +3,17 @@
 Both are pure functions from messages to bytes and back; nothing here touches a file or the
 event loop. docs/format.md describes every byte. Bad bytes raise ``CorruptData`` and are
 never returned as messages.
+
+Format 2 (``CPJ2`` journals, ``CPB2`` blocks) holds record batches
+(``capella.wire.record_batch``) byte for byte: the journal is the batches back to back, and
+a sealed block is those same bytes between a head and an index. Format 1 (``CPJ1``, ``CPB1``:
+one frame per message, a columnar block) is read forever; its encoders (``*_v1``) remain for
+the tests that write such bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import struct
@@ -14,14 +21,16 @@ import sys
 import zlib
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from itertools import accumulate, pairwise
+from dataclasses import dataclass, field
+from itertools import accumulate, chain, pairwise
 from operator import add, attrgetter, sub
 from types import ModuleType
 from typing import NamedTuple
 
 from capella.core.message import EMPTY_HEADERS, Message
 from capella.errors import CorruptData, InvalidMessage
+from capella.wire import record_batch
+from capella.wire.record_batch import RecordBatch
 
 BLOCK_SUFFIX = ".blk"
 JOURNAL_SUFFIX = ".log"
@@ -34,12 +43,23 @@ _HEADER_VALUE = struct.Struct("<I")
 
 # --- journal -----------------------------------------------------------------------------
 
-JOURNAL_MAGIC = b"CPJ1"
-JOURNAL_VERSION = 1
 # magic, format version, two reserved fields (zero), then a CRC32 of those 12 bytes.
 _JOURNAL_HEAD = struct.Struct("<4sHHI")
-_JOURNAL_HEAD_BODY = _JOURNAL_HEAD.pack(JOURNAL_MAGIC, JOURNAL_VERSION, 0, 0)
-JOURNAL_HEADER: bytes = _JOURNAL_HEAD_BODY + _U32.pack(zlib.crc32(_JOURNAL_HEAD_BODY))
+
+
+def _journal_header(magic: bytes, version: int) -> bytes:
+    body = _JOURNAL_HEAD.pack(magic, version, 0, 0)
+    return body + _U32.pack(zlib.crc32(body))
+
+
+# Format 2, written by this version: record batches back to back.
+JOURNAL_MAGIC = b"CPJ2"
+JOURNAL_VERSION = 2
+JOURNAL_HEADER: bytes = _journal_header(JOURNAL_MAGIC, JOURNAL_VERSION)
+# Format 1, read forever: one frame per message.
+JOURNAL_MAGIC_V1 = b"CPJ1"
+JOURNAL_HEADER_V1: bytes = _journal_header(JOURNAL_MAGIC_V1, 1)
+_JOURNAL_VERSIONS = {JOURNAL_MAGIC: JOURNAL_VERSION, JOURNAL_MAGIC_V1: 1}
 
 # A frame is body length + CRC32 of the body, then the body.
 _FRAME = struct.Struct("<II")
@@ -53,19 +73,23 @@ _MIN_BODY = _RECORD.size + _U16.size
 class JournalScan:
     """What a journal holds: the good prefix, and whether anything after it was cut off.
 
-    ``valid_length`` is the byte length of the header plus every good frame, so recovery can
-    truncate the file there. ``torn`` is true when bytes follow the good prefix; ``reason``
-    says why the scan stopped there ("" for a clean journal).
+    ``valid_length`` is the byte length of the header plus every good frame (or batch), so
+    recovery can truncate the file there. ``torn`` is true when bytes follow the good prefix;
+    ``reason`` says why the scan stopped there ("" for a clean journal). ``batches`` holds the
+    good record batches of a format 2 journal (none for format 1), which a sealed block takes
+    as they are.
     """
 
     messages: list[Message]
     valid_length: int
     torn: bool
     reason: str
+    batches: list[RecordBatch] = field(default_factory=list)
+    version: int = JOURNAL_VERSION
 
 
-def encode_record(m: Message) -> bytes:
-    """One journal frame for ``m``. Called once per produced message, so kept lean."""
+def encode_record_v1(m: Message) -> bytes:
+    """One frame of a format 1 journal for ``m`` (the tests write such journals; Capella no longer does)."""
     try:
         source = m.source.encode()
         head = _RECORD.pack(m.id, m.time, m.external_id, m.external_time, m.segment, len(source))
@@ -99,22 +123,40 @@ def message_from_body(data: bytes, start: int = 0, end: int | None = None) -> Me
 
 
 def decode_journal(data: bytes) -> JournalScan:
-    """Every message in a journal up to the first frame that is torn, corrupt or out of order.
+    """Every message in a journal up to the first frame or batch that is torn, corrupt or out of order.
 
-    A journal shorter than its header whose bytes are a prefix of ``JOURNAL_HEADER`` (also an
-    empty one) was cut off while being created: it scans as empty with ``valid_length`` 0,
-    and the caller writes a fresh header. Any other bad header raises ``CorruptData``.
+    The header's magic says the format: ``CPJ2`` (record batches) or ``CPJ1`` (a frame per
+    message). A journal shorter than its header whose bytes are a prefix of either header
+    (also an empty one) was cut off while being created: it scans as empty with
+    ``valid_length`` 0, and the caller writes a fresh header. Any other bad header raises
+    ``CorruptData``.
     """
     size = len(data)
     head_size = len(JOURNAL_HEADER)
-    if size < head_size and JOURNAL_HEADER.startswith(data):
+    if size < head_size and (JOURNAL_HEADER.startswith(data) or JOURNAL_HEADER_V1.startswith(data)):
         return JournalScan([], 0, size > 0, "torn journal header" if size else "")
-    _check_journal_header(data)
+    version = _check_journal_header(data)
+    if version == 1:
+        return _decode_journal_v1(data)
+    found = record_batch.scan(data, head_size)
+    batches, end, reason = found.batches, found.end, found.reason
+    messages: list[Message] = []
+    for index, batch in enumerate(batches):
+        try:
+            messages += messages_of(Columns._make(batch.fields()))
+        except CorruptData as exc:
+            # Its checksums held but its body does not parse: cut here, as for a torn batch.
+            batches, end, reason = batches[:index], batch.start, exc.message
+            break
+    return JournalScan(messages, end, end != size, reason, batches, version)
 
+
+def _decode_journal_v1(data: bytes) -> JournalScan:
+    size = len(data)
     view = memoryview(data)
     messages: list[Message] = []
     last_id = -1
-    pos = head_size
+    pos = len(JOURNAL_HEADER_V1)
     reason = ""
     while pos < size:
         if size - pos < _FRAME.size:
@@ -143,21 +185,24 @@ def decode_journal(data: bytes) -> JournalScan:
         messages.append(message)
         last_id = message.id
         pos = end
-    return JournalScan(messages, pos, pos != size, reason)
+    return JournalScan(messages, pos, pos != size, reason, [], 1)
 
 
-def _check_journal_header(data: bytes) -> None:
+def _check_journal_header(data: bytes) -> int:
+    """The format version of a journal whose header is good; ``CorruptData`` otherwise."""
     head_size = len(JOURNAL_HEADER)
     if len(data) < head_size:
         raise CorruptData(f"journal: {len(data)} bytes is shorter than its {head_size}-byte header")
     magic, version, _, _ = _JOURNAL_HEAD.unpack_from(data)
-    if magic != JOURNAL_MAGIC:
-        raise CorruptData(f"journal: bad magic {magic!r}, expected {JOURNAL_MAGIC!r}")
+    expected = _JOURNAL_VERSIONS.get(magic)
+    if expected is None:
+        raise CorruptData(f"journal: bad magic {magic!r}, expected {JOURNAL_MAGIC!r} or {JOURNAL_MAGIC_V1!r}")
     (crc,) = _U32.unpack_from(data, _JOURNAL_HEAD.size)
     if crc != zlib.crc32(data[: _JOURNAL_HEAD.size]):
         raise CorruptData("journal: header checksum mismatch")
-    if version != JOURNAL_VERSION:
+    if version != expected:
         raise CorruptData(f"journal: unsupported format version {version}")
+    return int(version)
 
 
 def _decode_record(data: bytes, start: int, end: int) -> Message:
@@ -225,9 +270,9 @@ def _text(raw: bytes) -> str:
 
 # --- sealed block ------------------------------------------------------------------------
 
-BLOCK_MAGIC = b"CPB1"
+BLOCK_MAGIC_V1 = b"CPB1"
 BLOCK_END_MAGIC = b"CPBE"
-BLOCK_VERSION = 1
+BLOCK_VERSION_V1 = 1
 FLAG_HEADERS = 0x0001
 _KNOWN_FLAGS = FLAG_HEADERS
 # magic, version, flags, count, reserved, first id, last id, compressed metadata length,
@@ -246,13 +291,14 @@ assert array("Q").itemsize == 8 and array("q").itemsize == 8 and array("d").item
 assert array("I").itemsize == 4
 
 
-def encode_block(messages: Sequence[Message]) -> bytes:
-    """A sealed block holding ``messages``, whose ids must strictly increase."""
-    return encode_columns(columns_of(messages))
+def encode_block_v1(messages: Sequence[Message]) -> bytes:
+    """A sealed block of format 1 holding ``messages``, whose ids must strictly increase
+    (the tests write such blocks; Capella seals blocks of format 2)."""
+    return encode_columns_v1(columns_of(messages))
 
 
-def encode_columns(c: Columns) -> bytes:
-    """A sealed block holding the messages of ``c`` (the sealer has them as columns already)."""
+def encode_columns_v1(c: Columns) -> bytes:
+    """A sealed block of format 1 holding the messages of ``c``."""
     n = len(c.ids)
     ids = c.ids
     id_deltas = [ids[0], *map(sub, ids[1:], ids[:-1])] if n else []
@@ -307,7 +353,16 @@ def encode_columns(c: Columns) -> bytes:
     flags = FLAG_HEADERS if has_headers else 0
     first_id, last_id = (ids[0], ids[-1]) if n else (0, 0)
     head = _BLOCK_HEAD.pack(
-        BLOCK_MAGIC, BLOCK_VERSION, flags, n, 0, first_id, last_id, len(meta), len(raw_meta), payload_len
+        BLOCK_MAGIC_V1,
+        BLOCK_VERSION_V1,
+        flags,
+        n,
+        0,
+        first_id,
+        last_id,
+        len(meta),
+        len(raw_meta),
+        payload_len,
     )
     total = _BLOCK_HEAD.size + len(meta) + payload_len + _BLOCK_FOOT.size
     body = b"".join((head, meta, *payloads, _BLOCK_FOOT_HEAD.pack(total, BLOCK_END_MAGIC)))
@@ -328,18 +383,22 @@ class Columns(NamedTuple):
 
 
 def decode_block(data: Buffer) -> list[Message]:
-    """Every message in a sealed block; ``CorruptData`` if any byte is wrong."""
+    """Every message in a sealed block of either format; ``CorruptData`` if any byte is wrong."""
     return messages_of(block_columns(data))
 
 
 def block_columns(data: Buffer) -> Columns:
-    """Every message in a sealed block, as columns; ``CorruptData`` if any byte is wrong.
+    """Every message in a sealed block of either format, as columns; ``CorruptData`` if any byte is wrong.
 
-    A column the block stores as "same as another" (external ids equal to the ids, external
-    times equal to the times) is that other list itself, so a reader can tell without looking.
+    A column a format 1 block stores as "same as another" (external ids equal to the ids,
+    external times equal to the times) is that other list itself, so a reader can tell
+    without looking.
     """
     if not isinstance(data, bytes):
         data = bytes(data)  # payloads are sliced from it and must come out as bytes
+    records = block_records(data)
+    if records is not None:
+        return columns_of_records(records)
     block = _open_block(data)
     start = _BLOCK_HEAD.size + block.meta_len
     ends = list(accumulate(block.payload_lengths, initial=start))
@@ -352,10 +411,34 @@ def columns_of(messages: Sequence[Message]) -> Columns:
 
 
 def block_keys(data: Buffer) -> tuple[list[int], list[tuple[str, int]]]:
-    """The ids and ``(source, external_id)`` keys of a sealed block, without its payloads."""
-    block = _open_block(data)
-    columns = block.columns
+    """The ids and ``(source, external_id)`` keys of a sealed block (format 1: without its payloads)."""
+    records = block_records(data)
+    columns = _open_block(data).columns if records is None else columns_of_records(records)
     return columns.ids, list(zip(columns.sources, columns.external_ids, strict=True))
+
+
+def columns_of_records(records: Sequence[RecordBatch]) -> Columns:
+    """The messages of record batches as one set of columns (``CorruptData`` if a body does not parse).
+
+    As ``block_columns`` does for a format 1 block, external ids that are all the ids (no
+    batch has its own) are the ids list itself, and likewise external times and times: a
+    reader renders such a column once (``batch.json_objects``).
+    """
+    if len(records) == 1:
+        columns = Columns._make(records[0].fields())
+    else:
+        parts = [r.fields() for r in records]
+        columns = Columns._make(
+            list(chain.from_iterable(part[i] for part in parts)) for i in range(len(Columns._fields))
+        )
+    flags = 0
+    for r in records:
+        flags |= r.flags
+    if not flags & record_batch.FLAG_EXTERNAL_IDS:
+        columns = columns._replace(external_ids=columns.ids)
+    if not flags & record_batch.FLAG_EXTERNAL_TIMES:
+        columns = columns._replace(external_times=columns.times)
+    return columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,8 +458,8 @@ def _open_block(data: Buffer) -> _Meta:
     magic, version, flags, n, _, first_id, last_id, meta_len, raw_len, payload_len = _BLOCK_HEAD.unpack_from(
         data
     )
-    if magic != BLOCK_MAGIC:
-        raise CorruptData(f"block: bad magic {magic!r}, expected {BLOCK_MAGIC!r}")
+    if magic != BLOCK_MAGIC_V1:
+        raise CorruptData(f"block: bad magic {magic!r}, expected {BLOCK_MAGIC_V1!r}")
     # Checked before the CRC so that truncation and extension are reported as such, and
     # caught for certain rather than with CRC odds.
     expected = _BLOCK_HEAD.size + meta_len + payload_len + _BLOCK_FOOT.size
@@ -387,7 +470,7 @@ def _open_block(data: Buffer) -> _Meta:
         raise CorruptData(f"block: bad footer (length {total}, magic {end_magic!r}) in {size} bytes")
     if crc != zlib.crc32(memoryview(data)[:-4]):
         raise CorruptData("block: checksum mismatch")
-    if version != BLOCK_VERSION:
+    if version != BLOCK_VERSION_V1:
         raise CorruptData(f"block: unsupported format version {version}")
     if flags & ~_KNOWN_FLAGS:
         raise CorruptData(f"block: unknown flags {flags:#06x}")
@@ -477,6 +560,136 @@ def _decode_meta(
         ids, times, sources, external_ids, external_times, segments, [], headers or [EMPTY_HEADERS] * n
     )
     return _Meta(meta_len, payload_lengths, columns)
+
+
+# --- sealed block, format 2 ------------------------------------------------------------
+
+BLOCK_MAGIC = b"CPB2"
+BLOCK_VERSION = 2
+# magic, version, flags (none yet), message count, batch count, first id, last id, length of
+# the batches; the batches follow, then the index, then the footer (``_BLOCK_FOOT``).
+_BLOCK2_HEAD = struct.Struct("<4sHHIIQQQ")
+# Per batch: first id, byte offset in the block, message count, min and max segment, number
+# of sources; each source follows as a u16 length and its UTF-8 bytes.
+_INDEX_ENTRY = struct.Struct("<QQIqqH")
+
+
+def encode_block(batches: Sequence[RecordBatch]) -> tuple[bytes, list[RecordBatch]]:
+    """A sealed block of format 2 holding ``batches`` byte for byte, and the same batches as
+    found in the block's bytes (for the block store's cache). Their ids must strictly increase."""
+    offsets: list[int] = []
+    entries: list[bytes] = []
+    pos = _BLOCK2_HEAD.size
+    last = -1
+    try:
+        for batch in batches:
+            if batch.base_id <= last:
+                raise ValueError("block batches must have strictly increasing ids")
+            last = batch.last_id
+            found = record_batch.extent(batch)
+            entries.append(
+                _INDEX_ENTRY.pack(
+                    batch.base_id, pos, batch.count, found.min_segment, found.max_segment, len(found.sources)
+                )
+            )
+            for source in found.sources:
+                raw = source.encode()
+                entries += (_U16.pack(len(raw)), raw)
+            offsets.append(pos)
+            pos += batch.end - batch.start
+    except (struct.error, UnicodeEncodeError, OverflowError) as exc:
+        raise InvalidMessage(f"block: a batch's index entry cannot be stored: {exc}") from exc
+    count = sum(b.count for b in batches)
+    first_id, last_id = (batches[0].base_id, batches[-1].last_id) if batches else (0, 0)
+    head = _BLOCK2_HEAD.pack(
+        BLOCK_MAGIC, BLOCK_VERSION, 0, count, len(batches), first_id, last_id, pos - _BLOCK2_HEAD.size
+    )
+    index = b"".join(entries)
+    total = pos + len(index) + _BLOCK_FOOT.size
+    crc = zlib.crc32(index, zlib.crc32(head))
+    data = b"".join(
+        (
+            head,
+            *(b.data[b.start : b.end] for b in batches),
+            index,
+            _BLOCK_FOOT.pack(total, BLOCK_END_MAGIC, crc),
+        )
+    )
+    placed = [
+        dataclasses.replace(b, data=data, start=at, end=at + b.end - b.start, body=at + b.body - b.start)
+        for b, at in zip(batches, offsets, strict=True)
+    ]
+    return data, placed
+
+
+def block_records(data: Buffer) -> list[RecordBatch] | None:
+    """The record batches of a format 2 block, every checksum checked; None for a format 1 block.
+
+    ``CorruptData`` if any byte is wrong: the head and index by the footer's CRC, each batch
+    by its own two, and the index against the batches it points at.
+    """
+    if bytes(data[:4]) == BLOCK_MAGIC_V1:
+        return None
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    size = len(data)
+    if size < _BLOCK2_HEAD.size + _BLOCK_FOOT.size:
+        raise CorruptData(f"block: {size} bytes is too short to be a block")
+    magic, version, flags, count, batch_count, first_id, last_id, batches_len = _BLOCK2_HEAD.unpack_from(data)
+    if magic != BLOCK_MAGIC:
+        raise CorruptData(f"block: bad magic {magic!r}, expected {BLOCK_MAGIC!r} or {BLOCK_MAGIC_V1!r}")
+    total, end_magic, crc = _BLOCK_FOOT.unpack_from(data, size - _BLOCK_FOOT.size)
+    index_end = size - _BLOCK_FOOT.size
+    batches_end = _BLOCK2_HEAD.size + batches_len
+    if total != size or end_magic != BLOCK_END_MAGIC:
+        raise CorruptData(f"block: truncated or extended: footer says {total} bytes, found {size}")
+    if batches_end > index_end:
+        raise CorruptData(f"block: batches of {batches_len} bytes do not fit in {size}")
+    view = memoryview(data)
+    if zlib.crc32(view[batches_end:index_end], zlib.crc32(view[: _BLOCK2_HEAD.size])) != crc:
+        raise CorruptData("block: checksum mismatch")
+    if version != BLOCK_VERSION or flags:
+        raise CorruptData(f"block: unsupported format version {version} or flags {flags:#06x}")
+    try:
+        records = _read_index(data, batch_count, batches_end, index_end)
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise CorruptData(f"block: index does not parse: {exc}") from None
+    if sum(r.count for r in records) != count or (
+        records and (records[0].base_id, records[-1].last_id) != (first_id, last_id)
+    ):
+        raise CorruptData(
+            f"block: batches disagree with the head ({count} messages, ids {first_id}..{last_id})"
+        )
+    return records
+
+
+def _read_index(data: bytes, batch_count: int, batches_end: int, index_end: int) -> list[RecordBatch]:
+    records: list[RecordBatch] = []
+    pos = batches_end
+    at = _BLOCK2_HEAD.size
+    last = -1
+    for _ in range(batch_count):
+        first, offset, count, low, high, source_count = _INDEX_ENTRY.unpack_from(data, pos)
+        pos += _INDEX_ENTRY.size
+        sources = []
+        for _ in range(source_count):
+            (length,) = _U16.unpack_from(data, pos)
+            pos += _U16.size
+            sources.append(data[pos : pos + length].decode())
+            pos += length
+        if pos > index_end or offset != at:
+            raise CorruptData(f"block: index entry for id {first} is past the index or off its batch")
+        batch = record_batch.read(data, offset, batches_end)
+        if (batch.base_id, batch.count) != (first, count) or batch.base_id <= last:
+            raise CorruptData(f"block: batch at offset {offset} is not the one the index names")
+        if record_batch.extent(batch) != (sources, low, high):
+            raise CorruptData(f"block: index entry for id {first} disagrees with its batch")
+        records.append(batch)
+        at = batch.end
+        last = batch.last_id
+    if pos != index_end or at != batches_end:
+        raise CorruptData("block: the index and the batches do not fill the block")
+    return records
 
 
 class _ColumnReader:

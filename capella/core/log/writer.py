@@ -1,7 +1,9 @@
 """The write path of one queue: ids, the open block, group-commit flushes to its journal, and sealing.
 
-Each record is encoded at once and kept in ``pending`` until a flush appends it to the
-block's journal and fsyncs it. ``wait`` and ``immediate`` writes join the next flush (group
+Each call's messages are encoded at once as one record batch per block they go to
+(``capella.wire.record_batch``) and kept in ``pending`` until a flush appends them to the
+block's journal and fsyncs it; the block keeps every batch, which its sealed form holds byte
+for byte. ``wait`` and ``immediate`` writes join the next flush (group
 commit: concurrent writers share one fsync). A full block moves to ``sealing``; the sealer
 writes it once as an immutable block, has the block store record it in the manifest, and
 deletes its journal. Ids come from a lease persisted ahead of use (``<q>/state.json``), so
@@ -27,13 +29,15 @@ from capella.core.definition import QueueDefinition
 from capella.core.journal.group_commit import fail
 from capella.core.log.batch import Batch
 from capella.core.log.blocks import BlockMeta, BlockStore
-from capella.core.log.codec import JOURNAL_HEADER, encode_columns, encode_record
+from capella.core.log.codec import JOURNAL_HEADER, columns_of, encode_block
 from capella.core.log.dedup import BlockSummary
 from capella.core.loops import Loop, TaskFailures, first_of
 from capella.core.message import Draft, Message
 from capella.core.stats import Histogram, QueueCounters
 from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
 from capella.storage import Journal, keys
+from capella.wire import record_batch
+from capella.wire.record_batch import Fields, RecordBatch
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +75,27 @@ class OpenBlock:
     pending: list[bytes] = field(default_factory=list)
     journal: Journal | None = None
     durable_size: int = 0
+    # Every record batch of the block, in order: its journal after the header, and the
+    # batches of its sealed form. Empty for a block recovered from a format 1 journal
+    # (``v1``), which takes no more writes and is sealed from its messages.
+    batches: list[bytes] = field(default_factory=list)
+    v1: bool = False
 
-    def add(self, message: Message, record: bytes) -> None:
+    def add(self, message: Message) -> None:
         self.ids.append(message.id)
         self.messages.append(message)
         self.keys[(message.source, message.external_id)] = message.id
-        self.size += len(record)
-        self.pending.append(record)
+
+    def add_batch(self, data: bytes) -> None:
+        self.batches.append(data)
+        self.pending.append(data)
+
+    def drop_from(self, index: int) -> None:
+        """Forget the messages from ``index`` on (their batch could not be encoded)."""
+        for m in self.messages[index:]:
+            self.keys.pop((m.source, m.external_id), None)
+        del self.ids[index:]
+        del self.messages[index:]
 
     def is_full(self, definition: QueueDefinition, now: float) -> bool:
         limits = definition.block
@@ -188,7 +206,8 @@ class Writer:
         if blocks:
             self.open_block = blocks.pop()
             self.sealing = blocks
-            if self.open_block.is_full(self.definition, self._clock()):
+            # A format 1 journal takes no record batches: its block is sealed as it is.
+            if self.open_block.v1 or self.open_block.is_full(self.definition, self._clock()):
                 self.sealing.append(self.open_block)
                 self.open_block = None
         self.refresh_recent()
@@ -272,8 +291,9 @@ class Writer:
     async def assign(self, drafts: Sequence[Draft], now: float, *, check: bool = True) -> list[Appended]:
         """Give the drafts ids and add them to the open block (holding the write lock).
 
-        ``check=False`` skips the dedup lookup for drafts whose identity is known to be new
-        (it is still noted).
+        The messages a block takes from one call become one record batch (a block that fills
+        up mid-call ends its batch there). ``check=False`` skips the dedup lookup for drafts
+        whose identity is known to be new (it is still noted).
         """
         if self.next_id + len(drafts) > self.lease_until:
             await self.extend_lease(len(drafts))
@@ -288,39 +308,59 @@ class Writer:
         if block is not None and block.is_full(self.definition, now):
             self.rotate()
             block = None
-        for d in drafts:
-            source = own if d.source is None else d.source
-            external_id = d.external_id
-            if external_id is not None and check:
-                found = await dedup.find(source, external_id)
-                if found is not None:
-                    results.append(Appended(found, True))
-                    continue
-            message_id = self.next_id
-            self.next_id = message_id + 1
-            if external_id is None:
-                external_id = message_id
-            message = Message(
-                message_id,
-                now,
-                source,
-                external_id,
-                now if d.external_time is None else d.external_time,
-                d.segment,
-                d.payload,
-                d.headers,
-            )
-            if block is None:
-                block = self.open_block = OpenBlock(message_id, now, self._journal_key(message_id))
-                self.refresh_recent()
-            block.add(message, encode_record(message))
-            if source is not own or external_id != message_id:
-                dedup.note(source, external_id)
-            added += 1
-            results.append(Appended(message_id, False))
-            if len(block.ids) >= max_messages or block.size >= max_bytes:
-                self.rotate()
-                block = None
+        run: list[Draft] = []  # the drafts of the block's batch being built
+        size = 0  # the block's bytes with that batch, estimated until it is encoded
+        try:
+            for d in drafts:
+                source = own if d.source is None else d.source
+                external_id = d.external_id
+                if external_id is not None and check:
+                    found = await dedup.find(source, external_id)
+                    if found is not None:
+                        results.append(Appended(found, True))
+                        continue
+                message_id = self.next_id
+                self.next_id = message_id + 1
+                if external_id is None:
+                    external_id = message_id
+                message = Message(
+                    message_id,
+                    now,
+                    source,
+                    external_id,
+                    now if d.external_time is None else d.external_time,
+                    d.segment,
+                    d.payload,
+                    d.headers,
+                )
+                if block is None:
+                    block = self.open_block = OpenBlock(message_id, now, self._journal_key(message_id))
+                    self.refresh_recent()
+                    size = 0
+                elif not run:
+                    size = block.size
+                block.add(message)
+                run.append(d)
+                # A message costs its payload and length in the batch; headers about their text.
+                size += (
+                    len(d.payload)
+                    + 4
+                    + (sum(len(k) + len(v) for k, v in d.headers.items()) if d.headers else 0)
+                )
+                if source is not own or external_id != message_id:
+                    dedup.note(source, external_id)
+                added += 1
+                results.append(Appended(message_id, False))
+                if len(block.ids) >= max_messages or size >= max_bytes:
+                    done, run = run, []
+                    _add_batch(block, done, now, own)
+                    self.rotate()
+                    block = None
+        finally:
+            # Also when a dedup lookup was cancelled: what was added stays, as a batch.
+            if run and block is not None:
+                done, run = run, []
+                _add_batch(block, done, now, own)
         if added:
             self.last_id = self.next_id - 1
             dedup.note(own, self.last_id)
@@ -328,6 +368,108 @@ class Writer:
             self.arrived.set()
             self.arrived = asyncio.Event()
         self.counters.duplicates += len(results) - added
+        return results
+
+    async def assign_batch(
+        self, batch: RecordBatch, given: tuple[Fields, list[int | None] | None], now: float
+    ) -> list[Appended]:
+        """Append a producer's record batch as it came (holding the write lock).
+
+        ``batch`` has the server's time and source already (not its ids); ``given`` is its
+        columns and its explicit external ids (``record_batch.decode_given``). Dedup looks up
+        only the explicit external ids; the duplicates are cut out (``record_batch.select``),
+        and what is left is stamped with its ids and appended without encoding a message
+        again. A block that fills up takes the messages that fit and the next block the rest.
+        """
+        fields, external_ids = given
+        n = batch.count
+        if self.next_id + n > self.lease_until:
+            await self.extend_lease(n)
+        own, dedup = self.own, self.dedup
+        sources = fields.sources
+        # Per message: None to append it, an Appended for a stored duplicate, or the index of
+        # the message earlier in this batch that it repeats.
+        found: list[Appended | int | None] = [None] * n
+        if external_ids is not None:
+            seen: dict[tuple[str, int], int] = {}
+            for i, external_id in enumerate(external_ids):
+                if external_id is None:
+                    continue
+                key = (sources[i], external_id)
+                earlier = seen.get(key)
+                if earlier is not None:
+                    found[i] = earlier
+                    continue
+                stored = await dedup.find(*key)
+                if stored is not None:
+                    found[i] = Appended(stored, True)
+                else:
+                    seen[key] = i
+        keep = [f is None for f in found]
+        kept = [i for i in range(n) if keep[i]]
+        ids: dict[int, int] = {}
+        limits = self.definition.block
+        start = 0
+        while start < len(kept):
+            block = self.open_block
+            if block is not None and block.is_full(self.definition, now):
+                self.rotate()
+                block = None
+            first_id = self.next_id
+            if block is None:
+                block = self.open_block = OpenBlock(first_id, now, self._journal_key(first_id))
+                self.refresh_recent()
+            room = limits.max_messages - len(block.ids)
+            take = kept[start : start + room]
+            if len(take) == n:
+                data = record_batch.stamp(batch, first_id, now, own)
+            else:
+                piece = [False] * n
+                for i in take:
+                    piece[i] = True
+                cut = record_batch.select(batch, piece, first_id)
+                assert cut is not None
+                data = cut
+            for offset, i in enumerate(take):
+                message_id = first_id + offset
+                given_id = None if external_ids is None else external_ids[i]
+                external_id = message_id if given_id is None else given_id
+                block.add(
+                    Message(
+                        message_id,
+                        now,
+                        sources[i],
+                        external_id,
+                        fields.external_times[i],
+                        fields.segments[i],
+                        fields.payloads[i],
+                        fields.headers[i],
+                    )
+                )
+                if given_id is not None or sources[i] != own:
+                    dedup.note(sources[i], external_id)
+                ids[i] = message_id
+            self.next_id = first_id + len(take)
+            block.size += len(data)
+            block.add_batch(data)
+            start += len(take)
+            if len(block.ids) >= limits.max_messages or block.size >= limits.max_bytes:
+                self.rotate()
+        results: list[Appended] = []
+        for i, f in enumerate(found):
+            if f is None:
+                results.append(Appended(ids[i], False))
+            elif isinstance(f, int):
+                results.append(Appended(ids[f], True))
+            else:
+                results.append(f)
+        if kept:
+            self.last_id = self.next_id - 1
+            dedup.note(own, self.last_id)
+            self.counters.produced += len(kept)
+            self.arrived.set()
+            self.arrived = asyncio.Event()
+        self.counters.duplicates += n - len(kept)
         return results
 
     async def append_released(self, drafts: list[Draft], new: bool) -> list[Appended]:
@@ -638,11 +780,45 @@ class Writer:
                 block.journal = None
 
 
+def _add_batch(block: OpenBlock, drafts: list[Draft], now: float, own: str) -> None:
+    """Encode the last ``len(drafts)`` messages of ``block`` as one record batch and add it.
+
+    A batch that cannot be encoded (a source or header past its length field) takes its
+    messages out of the block again before the error goes to the writer.
+    """
+    n = len(drafts)
+    start = len(block.ids) - n
+    try:
+        data = record_batch.encode(
+            [d.payload for d in drafts],
+            sources=[d.source for d in drafts],
+            external_ids=[d.external_id for d in drafts],
+            external_times=[d.external_time for d in drafts],
+            segments=[d.segment for d in drafts],
+            headers=[d.headers for d in drafts],
+            base_id=block.ids[start],
+            base_time=now,
+            source=own,
+        )
+    except BaseException:
+        block.drop_from(start)
+        raise
+    block.size += len(data)
+    block.add_batch(data)
+
+
 def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary, Batch]:
     """The block's bytes, its summary, and its batch for the block store's cache.
 
-    The batch's columns are made here, in the sealing thread, so a reader's first page of the
-    block does not wait for them.
+    The block holds its journal's batches byte for byte; a block recovered from a format 1
+    journal is encoded as batches here, once. The cached batch serves the sealed object's
+    bytes, as a load of the block would: the block's messages are let go with it, so a
+    sealed block is in memory once (a reader's render decodes it, in the prefetch thread).
     """
-    batch = Batch.of_messages(block.messages, block.ids)
-    return encode_columns(batch.columns), BlockSummary.build(block.keys, own), batch
+    raw = (
+        block.batches
+        if not block.v1
+        else record_batch.encode_fields(Fields._make(columns_of(block.messages)))
+    )
+    data, records = encode_block(record_batch.read_all(b"".join(raw)))
+    return data, BlockSummary.build(block.keys, own), Batch.of_records(records)
