@@ -165,6 +165,17 @@ def batch_drafts(batches: list[RecordBatch], settings: ServerSettings) -> list[D
     ``PayloadTooLarge``, and each message is held to the JSON form's limits (payload size,
     header count and bytes, source length, finite external time), ``index`` counting from
     the first message of the body."""
+    drafts = _checked(batches, settings, build=True)
+    assert drafts is not None
+    return drafts
+
+
+def check_batches(batches: list[RecordBatch], settings: ServerSettings) -> None:
+    """``batch_drafts``'s checks, for batches the queue appends as they came."""
+    _checked(batches, settings, build=False)
+
+
+def _checked(batches: list[RecordBatch], settings: ServerSettings, *, build: bool) -> list[Draft] | None:
     try:
         columns = [
             (
@@ -191,7 +202,8 @@ def batch_drafts(batches: list[RecordBatch], settings: ServerSettings) -> list[D
             if max(map(len, f.payloads)) > max_size:
                 at = next(i for i, p in enumerate(f.payloads) if len(p) > max_size)
                 raise _too_large(index + at, len(f.payloads[at]), max_size)
-            drafts += [Draft(p, None, None, None, 0, EMPTY_HEADERS) for p in f.payloads]
+            if build:
+                drafts += [Draft(p, None, None, None, 0, EMPTY_HEADERS) for p in f.payloads]
             index += len(f.payloads)
             continue
         for mid, source, external_id, external_time, segment, payload, headers in zip(
@@ -199,18 +211,18 @@ def batch_drafts(batches: list[RecordBatch], settings: ServerSettings) -> list[D
         ):
             if len(payload) > max_size:
                 raise _too_large(index, len(payload), max_size)
-            drafts.append(
-                Draft(
-                    payload,
-                    _source(source, index) if source else None,
-                    None if external_id == mid else external_id,
-                    None if external_time != external_time else _time(external_time, index),
-                    segment,
-                    _headers(headers, index, settings) if headers else EMPTY_HEADERS,
-                )
+            draft = Draft(
+                payload,
+                _source(source, index) if source else None,
+                None if external_id == mid else external_id,
+                None if external_time != external_time else _time(external_time, index),
+                segment,
+                _headers(headers, index, settings) if headers else EMPTY_HEADERS,
             )
+            if build:
+                drafts.append(draft)
             index += 1
-    return drafts
+    return drafts if build else None
 
 
 def _drafts(items: list[wire_messages.Message], settings: ServerSettings, now: float) -> list[Draft]:

@@ -10,7 +10,7 @@ batch page, as the Accept header asks.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import msgspec
 from aiohttp import web
@@ -19,6 +19,7 @@ from capella import wire
 from capella.api.drafts import (
     batch_drafts,
     body_kind,
+    check_batches,
     json_drafts,
     ndjson_drafts,
     raw_draft,
@@ -100,7 +101,7 @@ async def produce(request: web.Request) -> web.Response:
     replicas = int_param(request, "replicas", 0, low=0, high=1000)
     replica_wait = wait_param(request, "replica_timeout", REPLICA_TIMEOUT) if replicas else 0.0
     if batches:
-        appended = await append_batches_as_drafts(queue, batches, settings, save)
+        appended: Sequence[Appended | Delayed] = await append_batches(queue, batches, settings, save)
     else:
         appended = await queue.append(drafts, save) if drafts else []
     # The results are Structs msgspec renders as {"id", "duplicate"} (or, for a delayed
@@ -114,16 +115,24 @@ async def produce(request: web.Request) -> web.Response:
     return web.Response(body=msgspec.json.encode(answer), content_type=wire.JSON)
 
 
-async def append_batches_as_drafts(
+async def append_batches(
     queue: Queue, batches: list[RecordBatch], settings: ServerSettings, save: SaveMode
-) -> list[Appended | Delayed]:
-    """Append a body's record batches, checked as JSON messages are, as one dedup insert.
+) -> list[Appended]:
+    """Append a body's record batches, checked as JSON messages are.
 
-    A stand-in until ``Queue.append_batch`` lands (branch i24-disk): the lead swaps the
-    ``queue.append`` below for it, which stamps each batch's head instead of taking its
-    messages apart. The checks of ``batch_drafts`` stay in front of it.
+    One batch (what the client sends) is appended as it came: the queue stamps its head and
+    never takes its messages apart. A body of several batches is stored whole or not at all,
+    as one dedup insert of their messages.
     """
-    return await queue.append(batch_drafts(batches, settings), save)
+    if len(batches) == 1:
+        check_batches(batches, settings)
+        return await queue.append_batch(
+            batches[0],
+            save,
+            max_headers=settings.max_message_headers,
+            max_headers_size=settings.max_message_headers_size,
+        )
+    return [a for a in await queue.append(batch_drafts(batches, settings), save) if isinstance(a, Appended)]
 
 
 # --- read -----------------------------------------------------------------------------------
