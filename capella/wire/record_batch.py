@@ -287,7 +287,8 @@ def _encode_headers(headers: dict[str, str]) -> bytes:
 # --- reading -----------------------------------------------------------------------------
 
 
-class Scan(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Scan:
     """The good batches at the start of a buffer, where they end, and why the scan stopped there."""
 
     batches: list[RecordBatch]
