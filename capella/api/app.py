@@ -31,7 +31,7 @@ from capella.api.access import AUTHENTICATOR, NEEDS, access_middleware, challeng
 from capella.api.browser import BrowserGuard
 from capella.api.connection import ConnectionGuard
 from capella.api.cors import Cors
-from capella.api.errors import status_for
+from capella.api.errors import answered, status_for
 from capella.api.original import endpoint as original
 from capella.api.original.actions import IdClock
 from capella.api.request import CLUSTER, SETTINGS, STOPPING, SUPERVISOR, json_response
@@ -41,6 +41,7 @@ from capella.config import CompatSettings, ServerSettings
 from capella.core.cluster import Cluster
 from capella.errors import CapellaError, RateLimited, Unauthorized
 from capella.handlers.supervisor import Supervisor
+from capella.wire.answers import Error
 
 __all__ = ["CLUSTER", "ROUTES", "SETTINGS", "SUPERVISOR", "create_app", "document"]
 
@@ -77,14 +78,9 @@ def document_body() -> bytes:
     return wire.dumps(document())
 
 
-# aiohttp raises these itself (unknown route, wrong method, body over client_max_size).
-HTTP_CODES = {
-    400: "invalid_request",
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "request_timeout",
-    413: "payload_too_large",
-}
+# aiohttp raises some itself (unknown route, wrong method, body over client_max_size): each
+# status gets the code of the most general error answered with it (404 not_found...).
+HTTP_CODES = {status: kinds[0].code for status, kinds in answered().items()}
 
 
 def create_app(
@@ -184,7 +180,7 @@ def error_response(
     details: dict[str, object],
     headers: dict[str, str] | None = None,
 ) -> web.Response:
-    return json_response({"error": {**details, "code": code, "message": message}}, status, headers)
+    return json_response(Error.of(code, message, details), status, headers)
 
 
 def _http_message(request: web.Request, exc: web.HTTPException) -> str:
