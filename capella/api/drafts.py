@@ -22,6 +22,7 @@ from capella.core.message import EMPTY_HEADERS, Draft
 from capella.errors import InvalidMessage, InvalidRequest, MessageHeadersTooLarge, PayloadTooLarge
 from capella.units import parse_duration
 from capella.wire import messages as wire_messages
+from capella.wire.decode import unknown_field
 
 HEADER_PREFIX = "capella-header-"
 MAX_SOURCE_BYTES = 255
@@ -81,7 +82,7 @@ def json_drafts(
     items: list[wire_messages.Message]
     if decoded.messages is not None:
         if extra := [f for f in wire_messages.Message.__struct_fields__ if getattr(decoded, f) is not None]:
-            raise InvalidRequest(f"unknown field(s) next to messages: {', '.join(extra)}")
+            raise unknown_field(extra[0], ("messages",))
         items = decoded.messages
     else:
         items = [decoded]
@@ -190,7 +191,7 @@ def _decode_error(text: str, index: int, *, batch: bool) -> InvalidRequest:
         if field == "messages" and "unknown field" not in problem:
             return InvalidRequest("messages: expected a list of message objects")
         if unknown := re.search(r"unknown field `(.*)`", problem):
-            return InvalidRequest(f"unknown field(s) next to messages: {unknown.group(1)}")
+            return unknown_field(unknown.group(1), ("messages",))
     if field is None or field == "messages":
         if unknown := re.search(r"unknown field `(.*)`", problem):
             return _bad(index, unknown.group(1), "unknown field")

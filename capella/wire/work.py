@@ -143,8 +143,8 @@ class DeletedWork(Struct):
 
 
 class WorkSelection(Struct, forbid_unknown_fields=True):
-    """which messages: status (retry: default waiting and dead; delete: status or ids is required),
-    optional filters, at most limit of them after after"""
+    """which messages: status (delete: status or ids is required), optional filters, at most
+    limit of them after after"""
 
     status: list[Literal["in_flight", "failed", "pending", "dead"]] | UnsetType = UNSET
     ids: Annotated[list[MessageId], schema(maxItems=10_000)] | UnsetType = UNSET
@@ -154,24 +154,40 @@ class WorkSelection(Struct, forbid_unknown_fields=True):
     json: Annotated[dict[str, Any], Meta(description=JSON_FILTER)] | UnsetType = UNSET
     after: MessageId | UnsetType = UNSET
     limit: Annotated[int, schema(minimum=1, maximum=10_000, default=1000)] | UnsetType = UNSET
-    at: Annotated[TimeInput, Meta(description="retry: claimable from then (default now)")] | UnsetType = UNSET
-    delay: Annotated[Duration, Meta(description="retry: claimable after this")] | UnsetType = UNSET
+
+
+class RetrySelection(WorkSelection, forbid_unknown_fields=True):
+    """which messages, as for a delete (status defaults to failed and dead), and when they may
+    be claimed again: at or delay, not both (default now)"""
+
+    at: Annotated[TimeInput, Meta(description="claimable from then (default now)")] | UnsetType = UNSET
+    delay: Annotated[Duration, Meta(description="claimable after this")] | UnsetType = UNSET
 
 
 JSON_FILTER = "dotted path of the JSON payload → value, all equal"
-NACK_DELAY = "nack: retry after this (default: the backoff)"
-NACK_ERROR = "nack: why it failed (first 2048 characters kept)"
-EXTEND_LEASE = "extend: the new lease from now (default: the policy's)"
+NACK_DELAY = "retry after this (default: the backoff)"
+NACK_ERROR = "why it failed (first 2048 characters kept)"
+EXTEND_LEASE = "the new lease from now (default: the policy's)"
 
 
 class Receipts(Struct, forbid_unknown_fields=True):
     """exactly one of receipts (answered per receipt) and receipt (its error is the answer's
-    status); nack also takes delay and error, extend takes lease"""
+    status)"""
 
     receipts: Annotated[list[str], schema(minItems=1)] | UnsetType = UNSET
     receipt: str | UnsetType = UNSET
+
+
+class NackReceipts(Receipts, forbid_unknown_fields=True):
+    """the receipts as for an ack, and how they failed"""
+
     delay: Annotated[Duration | None, Meta(description=NACK_DELAY)] | UnsetType = UNSET
     error: Annotated[str | None, Meta(description=NACK_ERROR)] | UnsetType = UNSET
+
+
+class ExtendReceipts(Receipts, forbid_unknown_fields=True):
+    """the receipts as for an ack, and their new lease"""
+
     lease: Annotated[Duration | None, Meta(description=EXTEND_LEASE)] | UnsetType = UNSET
 
 
