@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -120,8 +121,7 @@ def create_app(
     # How many clusters a relayed /v1 request may pass through, as for nested /cluster calls.
     app[relay.MAX_HOPS] = (compat or CompatSettings()).max_hops
     for route in ROUTES:
-        # A trailing {path} is the rest of the path, slashes included (the cluster relay).
-        path = route.path.replace("{path}", "{path:.*}")
+        path = served_path(route.path, ROUTES)
         if route.method == "GET":
             app.router.add_get(path, route.handler)  # HEAD too
         else:
@@ -137,6 +137,31 @@ def create_app(
     render: Callable[[], bytes] = document_body
     app[openapi.DOCUMENT_BODY] = render
     return app
+
+
+def served_path(path: str, routes: list[Route]) -> str:
+    """``path`` as aiohttp matches it.
+
+    A trailing ``{path}`` is the rest of the path, slashes included (the cluster relay). Any
+    other ``{name}`` is not one of the fixed segments beside it: ``/scheduled/cancel`` is not a
+    scheduled message whose id is "cancel", so a method cancel does not take is 405 with an
+    ``Allow`` of cancel's methods alone, as the document says.
+    """
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if part == "{path}":
+            parts[i] = "{path:.*}"
+        elif part.startswith("{"):
+            fixed = sorted(
+                {
+                    other[i]
+                    for other in (r.path.split("/") for r in routes)
+                    if len(other) > i and other[:i] == parts[:i] and other[i] and not other[i].startswith("{")
+                }
+            )
+            if fixed:
+                parts[i] = f"{part[:-1]}:(?!(?:{'|'.join(map(re.escape, fixed))})$)[^{{}}/]+}}"
+    return "/".join(parts)
 
 
 async def _stop_streams(app: web.Application) -> None:

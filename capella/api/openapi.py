@@ -48,20 +48,34 @@ def answer(description: str, schema: dict[str, Any] | None = None) -> dict[str, 
 
 
 def param(
-    name: str, where: str, schema: dict[str, Any], description: str, required: bool = False
+    name: str,
+    where: str,
+    schema: dict[str, Any],
+    description: str,
+    required: bool = False,
+    *,
+    empty: bool = True,
 ) -> dict[str, Any]:
-    return {
+    """A parameter of an operation. An optional query parameter given empty (``?wait=``) counts
+    as not given, as ``api/request.py`` reads them; ``empty=False`` for one whose reader
+    refuses an empty value."""
+    result = {
         "name": name,
         "in": where,
         "required": required or where == "path",
         "schema": schema,
         "description": description,
     }
+    if where == "query" and not required and empty:
+        result["allowEmptyValue"] = True
+    return result
 
 
 QUEUE = param("queue", "path", NAME, "Queue name")
 SUBSCRIPTION = param("name", "path", NAME, "Subscription name")
-SCHEDULED_ID = param("id", "path", MESSAGE_ID, "Scheduled message id (scheduled_id)")
+# Ids are handed out from 1: 0 names nothing (400, as a path of another kind would).
+STORED_ID = {**MESSAGE_ID, "minimum": 1}
+SCHEDULED_ID = param("id", "path", STORED_ID, "Scheduled message id (scheduled_id)")
 HANDLER = param("name", "path", NAME, "Handler name")
 CLUSTER = param("name", "path", NAME, "External cluster name")
 USER = param("name", "path", schema_of(fields.UserName), "User name")
@@ -187,7 +201,7 @@ _PATH_PARAMS = {
     ("queues", "queue"): QUEUE,
     ("subscriptions", "name"): SUBSCRIPTION,
     ("scheduled", "id"): SCHEDULED_ID,
-    ("work", "id"): param("id", "path", MESSAGE_ID, "Message id"),
+    ("work", "id"): param("id", "path", STORED_ID, "Message id"),
     ("handlers", "name"): HANDLER,
     ("clusters", "name"): CLUSTER,
     ("users", "name"): USER,

@@ -70,6 +70,9 @@ from capella.wire.work import (
 # go on from).
 MAX_BULK = 10_000
 
+_STATUS = r"\s*(pending|in_flight|failed|dead)\s*"
+STATUS_LIST = f"^{_STATUS}(,{_STATUS})*$"
+
 R = TypeVar("R", bound=Receipts)
 W = TypeVar("W", bound=WorkSelection)
 
@@ -457,8 +460,9 @@ ROUTES = [
             param(
                 "status",
                 "query",
-                {"type": "string"},
+                {"type": "string", "pattern": STATUS_LIST},
                 "comma-separated: pending, in_flight, failed, dead (default all)",
+                empty=False,
             ),
             *MESSAGE_FILTERS,
             AFTER,
