@@ -46,8 +46,9 @@ class ClusterDefinition(Struct, forbid_unknown_fields=True):
     ) = None
     verify_tls: bool = True
     ca_file: Annotated[str, Meta(description="a PEM file on the server that exists")] | None = None
-    connect_timeout: Annotated[PositiveDuration, Meta(description="default 5 s")] | None = None
-    timeout: Annotated[PositiveDuration, Meta(description="per request; default 30 s")] | None = None
+    # Left out for the default; null is refused, as the server has always read it.
+    connect_timeout: Annotated[PositiveDuration, Meta(description="default 5 s")] | UnsetType = UNSET
+    timeout: Annotated[PositiveDuration, Meta(description="per request; default 30 s")] | UnsetType = UNSET
     compression: Annotated[
         Compression, Meta(description="Content-Encoding of request bodies of 1 KiB or more")
     ] = "none"

@@ -48,7 +48,31 @@ class HandlerDefinition(Struct, forbid_unknown_fields=True):
     # The params of one type: a oneOf over all of them would refuse {"interval": 5}, which is
     # valid flush, unload and expire params alike. One chain of if/then/else, not an allOf of
     # ifs: request generators (schemathesis) give up on an allOf of seven.
-    __schema_extra__: ClassVar[dict[str, Any]] = {"allOf": [_params_by_type(HANDLER_TYPES)]}
+    # Which queues: queues or queue, unless the type names its own (pg_outbox's params.to, or
+    # copy's params.from).
+    __schema_extra__: ClassVar[dict[str, Any]] = {
+        "allOf": [
+            _params_by_type(HANDLER_TYPES),
+            {
+                "anyOf": [
+                    {"required": ["queues"]},
+                    {"required": ["queue"]},
+                    {"required": ["type"], "properties": {"type": {"const": "pg_outbox"}}},
+                    {
+                        "required": ["type", "params"],
+                        "properties": {
+                            "type": {"const": "copy"},
+                            "params": {
+                                "type": "object",
+                                "required": ["from"],
+                                "properties": {"from": {"type": "string"}},
+                            },
+                        },
+                    },
+                ]
+            },
+        ]
+    }
 
     type: HandlerType
     queues: (
@@ -60,9 +84,9 @@ class HandlerDefinition(Struct, forbid_unknown_fields=True):
                 "existing queue, a pattern may match none yet",
             ),
         ]
-        | None
-    ) = None
-    queue: Annotated[str, schema(minLength=1, description="shorthand for one queue")] | None = None
+        | UnsetType
+    ) = UNSET
+    queue: Annotated[str, schema(minLength=1, description="shorthand for one queue")] | UnsetType = UNSET
     params: (
         Annotated[dict[str, Any], Meta(description="by type: FlushParams for flush, and so on")] | None
     ) = None

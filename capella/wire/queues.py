@@ -42,6 +42,9 @@ QueueSaveMode = (
     | Annotated[int, schema(minimum=0, maximum=3)]
 )
 Mark = Annotated[str, schema(pattern=MARK_PATTERN)]
+# One of the server's configured mounts ([mounts.NAME]); the built-in configuration has one,
+# default, and the document cannot list another server's.
+MountName = Annotated[str, schema(examples=["default"])]
 
 
 class BlockLimits(Struct, forbid_unknown_fields=True):
@@ -92,10 +95,10 @@ class SegmentRange(Struct, forbid_unknown_fields=True):
 class Mounts(Struct, forbid_unknown_fields=True):
     """names of configured mounts; meta cannot change on an existing queue"""
 
-    meta: str | None = None
+    meta: MountName | None = None
     marks: (
         Annotated[
-            dict[Mark, str],
+            dict[Mark, MountName],
             schema(required=["0"], description="mark (0-255) → mount; must map mark 0"),
         ]
         | None
