@@ -86,7 +86,8 @@ async def produce(request: web.Request) -> web.Response:
         else:
             drafts = json_drafts(body, settings, now, form=kind == "form")
     replicas = int_param(request, "replicas", 0, low=0, high=1000)
-    replica_wait = wait_param(request, "replica_timeout", REPLICA_TIMEOUT) if replicas else 0.0
+    # Checked without replicas too: a bad value is refused, as the document says.
+    replica_wait = wait_param(request, "replica_timeout", REPLICA_TIMEOUT)
     appended = await queue.append(drafts, save) if drafts else []
     # The results are Structs msgspec renders as {"id", "duplicate"} (or, for a delayed
     # message, {"scheduled_id", "deliver_at", "duplicate"}): no dict per message.

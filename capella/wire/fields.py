@@ -34,6 +34,9 @@ SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*([kmgtKMGT][iI]?[bB]?|[bB])?\s*$"
 
 Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX, extra_json_schema={"format": "int64"})]
 MessageId = Annotated[int, Meta(ge=0, le=INT64_MAX, extra_json_schema={"format": "int64"})]
+# An id that names a stored message: ids are handed out from 1. The reader refuses 0 and below
+# in its own words (msgspec's ge would also write minimum 0 into the document).
+StoredId = Annotated[int, Meta(le=INT64_MAX, extra_json_schema={"format": "int64", "minimum": 1})]
 Time = Annotated[float, Meta(description="UNIX seconds")]
 DateTime = Annotated[str, schema(format="date-time")]
 # A time a client gives: UNIX seconds or RFC 3339 text (wire.parse_time reads both).

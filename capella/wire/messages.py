@@ -17,6 +17,7 @@ from capella.wire.fields import (
     Headers,
     Int64,
     MessageId,
+    StoredId,
     Time,
     TimeInput,
     schema,
@@ -168,7 +169,14 @@ class ScheduledList(Struct):
 
 
 class Reschedule(Struct, forbid_unknown_fields=True):
-    """exactly one of deliver_at and delay"""
+    """exactly one of deliver_at and delay (null counts as not given)"""
+
+    __schema_extra__: ClassVar[dict[str, Any]] = {
+        "oneOf": [
+            {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+            for name in ("deliver_at", "delay")
+        ]
+    }
 
     deliver_at: TimeInput | None = None
     delay: Duration | None = None
@@ -177,7 +185,7 @@ class Reschedule(Struct, forbid_unknown_fields=True):
 class CancelScheduled(Struct, forbid_unknown_fields=True):
     """The scheduled messages to cancel."""
 
-    ids: Annotated[list[MessageId], Meta(max_length=10_000)]
+    ids: Annotated[list[StoredId], Meta(max_length=10_000)]
 
 
 class CancelledScheduled(Struct):

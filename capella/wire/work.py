@@ -12,6 +12,7 @@ from capella.wire.fields import (
     Headers,
     MessageId,
     SegmentsText,
+    StoredId,
     Time,
     TimeInput,
     schema,
@@ -147,7 +148,7 @@ class WorkSelection(Struct, forbid_unknown_fields=True):
     limit of them after after"""
 
     status: list[Literal["in_flight", "failed", "pending", "dead"]] | UnsetType = UNSET
-    ids: Annotated[list[MessageId], schema(maxItems=10_000)] | UnsetType = UNSET
+    ids: Annotated[list[StoredId], schema(maxItems=10_000)] | UnsetType = UNSET
     source: str | UnsetType = UNSET
     segments: SegmentsText | UnsetType = UNSET
     headers: Headers | UnsetType = UNSET
