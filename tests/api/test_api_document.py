@@ -1,0 +1,225 @@
+"""The document and the server agree: one test for each disagreement schemathesis found.
+
+Each sends what the document allows (or forbids) and checks that the server accepts (or
+refuses) it too; the whole run is ``test_schemathesis_finds_no_disagreement`` in
+tests/e2e/test_fuzz.py (``make fuzz``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from aiohttp.test_utils import TestClient
+from support.http import error_of
+
+import capella
+from capella.api.app import document
+from capella.errors import error_classes
+from capella.wire.answers import ErrorDetail
+
+DOCUMENT = document()
+Q = "/v1/queues/q"
+W = f"{Q}/subscriptions/w"
+
+
+def valid(schema_name: str, body: object) -> bool:
+    schema = {"$ref": f"#/components/schemas/{schema_name}", "components": DOCUMENT["components"]}
+    return bool(jsonschema.Draft202012Validator(schema).is_valid(body))
+
+
+def parameter(path: str, method: str, name: str) -> dict[str, Any]:
+    item = DOCUMENT["paths"][path]
+    found = [
+        p for p in (*item.get("parameters", ()), *item[method].get("parameters", ())) if p["name"] == name
+    ]
+    assert found, (path, method, name)
+    return dict(found[0])
+
+
+def valid_parameter(path: str, method: str, name: str, value: str) -> bool:
+    spec = parameter(path, method, name)
+    if value == "" and spec.get("allowEmptyValue"):
+        return True
+    return bool(jsonschema.Draft202012Validator(spec["schema"]).is_valid(value))
+
+
+@pytest.fixture
+async def q(api: TestClient) -> TestClient:
+    assert (await api.put(Q, json={})).status == 201
+    return api
+
+
+async def test_a_method_a_fixed_segment_lacks_is_405_with_its_own_allow(q: TestClient) -> None:
+    # ST204, ST205: {id} matched cancel, retry and delete, adding the methods of a message's
+    # path to theirs.
+    resp = await q.patch(f"{Q}/scheduled/cancel", json={"ids": []})
+    assert (await error_of(resp, 405))["code"] == "method_not_allowed"
+    assert resp.headers["Allow"] == "POST"
+    for action in ("retry", "delete"):
+        resp = await q.options(f"{W}/work/{action}")
+        assert resp.status == 405
+        assert resp.headers["Allow"] == "POST"
+    # What is not a fixed segment is still an id, and a bad one is still named.
+    assert (await error_of(await q.get(f"{Q}/scheduled/abc"), 400))["parameter"] == "id"
+
+
+async def test_ids_start_at_1_in_the_document_as_in_the_server(q: TestClient) -> None:
+    # ST202: the document allowed 0, which names nothing.
+    for path in ("/v1/queues/{queue}/scheduled/{id}", "/v1/queues/{queue}/subscriptions/{name}/work/{id}"):
+        assert parameter(path, "get", "id")["schema"]["minimum"] == 1
+    assert (await error_of(await q.get(f"{Q}/scheduled/0"), 400))["parameter"] == "id"
+    assert not valid("CancelScheduled", {"ids": [0]})
+    assert (await error_of(await q.post(f"{Q}/scheduled/cancel", json={"ids": [0]}), 400))["field"] == "ids"
+    assert valid("CancelScheduled", {"ids": [1]})
+    assert (await q.post(f"{Q}/scheduled/cancel", json={"ids": [1]})).status == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        (f"{Q}/messages?wait=", "wait"),
+        (f"{Q}/scheduled?segments=", "segments"),
+        (f"{Q}/messages?after=", "after"),
+    ],
+)
+async def test_an_empty_query_parameter_is_not_given_in_both(q: TestClient, path: str, name: str) -> None:
+    # ST201: the server read ?wait= as no wait, the document refused the empty value.
+    template = "/v1/queues/{queue}/messages" if "/messages" in path else "/v1/queues/{queue}/scheduled"
+    assert valid_parameter(template, "get", name, "")
+    assert (await q.get(path)).status == 200
+
+
+async def test_an_empty_last_event_id_is_not_given_in_both(q: TestClient) -> None:
+    # ST201: the same for the stream's Last-Event-ID header.
+    assert valid_parameter("/v1/queues/{queue}/stream", "get", "Last-Event-ID", "")
+    async with q.get(f"{Q}/stream", headers={"Last-Event-ID": ""}) as resp:
+        assert resp.status == 200
+
+
+@pytest.mark.parametrize(("status", "accepted"), [("failed,dead", True), ("dead", True), ("waiting", False)])
+async def test_a_work_status_list_is_the_same_in_both(q: TestClient, status: str, accepted: bool) -> None:
+    # ST202: the document took any text.
+    assert (await q.put(W, json={"mode": "ack"})).status == 201
+    path = "/v1/queues/{queue}/subscriptions/{name}/work"
+    assert valid_parameter(path, "get", "status", status) is accepted
+    assert ((await q.get(f"{W}/work", params={"status": status})).status == 200) is accepted
+
+
+@pytest.mark.parametrize(
+    "query",
+    [{"source": "s" * 256}, {"external_id": "x"}, {"segment": "x"}, {"replica_timeout": "-5"}],
+)
+async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, query: dict[str, str]) -> None:
+    # ST201: octet-stream metadata and replica_timeout (without replicas) were ignored, not checked.
+    (name, value), *_ = query.items()
+    assert not valid_parameter("/v1/queues/{queue}/messages", "post", name, value)
+    resp = await q.post(f"{Q}/messages", json={"messages": []}, params=query)
+    assert (await error_of(resp, 400))["code"] in ("invalid_request", "invalid_message")
+    assert (await q.post(f"{Q}/messages", json={"messages": []}, params={"source": "ok"})).status == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "schema", "body", "accepted"),
+    [
+        # The definition's nulls keep the current values; save modes are names or numbers.
+        (Q, "QueueDefinition", {"save": None, "block": None, "mounts": None}, True),
+        (Q, "QueueDefinition", {"subscription_save": 0}, True),
+        (Q, "QueueDefinition", {"save": 4}, False),
+        (
+            Q,
+            "QueueDefinition",
+            {"mounts": {"meta": "default", "marks": {"0": "default", "007": "default"}}},
+            True,
+        ),
+        (Q, "QueueDefinition", {"mounts": {"marks": {"256": "default"}}}, False),
+        (Q, "QueueDefinition", {"segments": None}, True),
+        # A link's timeouts are left out for the default, not null.
+        ("/v1/clusters/c", "ClusterDefinition", {"url": "http://127.0.0.1:9", "timeout": None}, False),
+        # A handler names its queues unless its type names them in params.
+        ("/v1/handlers/h", "HandlerDefinition", {"type": "copy"}, False),
+        ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queues": None}, False),
+        ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "started": False}, True),
+    ],
+)
+async def test_a_body_is_accepted_by_both_or_refused_by_both(
+    q: TestClient, path: str, schema: str, body: dict[str, Any], accepted: bool
+) -> None:
+    # ST202: null where the document allowed it, a copy handler without queues, an empty mount.
+    assert valid(schema, body) is accepted
+    resp = await q.put(path, json=body)
+    assert (resp.status < 300) is accepted, await resp.text()
+
+
+async def test_the_document_names_a_mount_the_server_has() -> None:
+    # ST202: an empty mount name was schema-valid; the example is the built-in mount.
+    mounts = DOCUMENT["components"]["schemas"]["Mounts"]["properties"]
+    assert mounts["meta"]["anyOf"][0]["examples"] == ["default"]
+
+
+async def test_work_bodies_take_only_their_own_fields(q: TestClient) -> None:
+    # ST202: ack, nack and extend shared one body in the document, and the server refused the
+    # others' fields by hand; each is its own struct now.
+    assert (await q.put(W, json={"mode": "ack"})).status == 201
+    schemas = {"ack": "Receipts", "nack": "NackReceipts", "extend": "ExtendReceipts"}
+    for action, body, accepted in (
+        ("ack", {"receipt": "1.1", "delay": 1}, False),
+        ("nack", {"receipt": "1.1", "delay": 1}, True),
+        ("extend", {"receipt": "1.1", "lease": "1m"}, True),
+        ("extend", {"receipt": "1.1", "error": "x"}, False),
+    ):
+        op = DOCUMENT["paths"][f"/v1/queues/{{queue}}/subscriptions/{{name}}/{action}"]["post"]
+        assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(schemas[action])
+        assert valid(schemas[action], body) is accepted
+        resp = await q.post(f"{W}/{action}", json=body)
+        if accepted:
+            assert resp.status != 400, await resp.text()  # the receipt is unknown: 404
+        else:
+            error = await error_of(resp, 400)
+            assert error["field"] == next(iter(set(body) - {"receipt"}))
+            assert error["message"].startswith("unknown field")
+
+
+async def test_a_reschedule_takes_exactly_one_time_in_both(q: TestClient) -> None:
+    # ST202: both null was schema-valid.
+    produced = await (await q.post(f"{Q}/messages", json={"data": "x", "delay": "1h"})).json()
+    sid = produced["results"][0]["scheduled_id"]
+    for body, accepted in (
+        ({"delay": None, "deliver_at": None}, False),
+        ({"delay": "2h", "deliver_at": None}, True),
+        ({"delay": "2h", "deliver_at": 1}, False),
+    ):
+        assert valid("Reschedule", body) is accepted
+        resp = await q.patch(f"{Q}/scheduled/{sid}", json=body)
+        assert (resp.status == 200) is accepted, await resp.text()
+
+
+async def test_an_unknown_field_is_refused_one_way_with_a_hint(q: TestClient) -> None:
+    for path, body, field, hint in (
+        (Q, {"block": {"max_mesages": 5}}, "block.max_mesages", "block.max_messages"),
+        (W, {"mode": "ack", "policy": {"leese": "1m"}}, "policy.leese", "policy.lease"),
+        (W, {"last_idd": 3}, "last_idd", "last_id"),
+    ):
+        error = await error_of(await q.put(path, json=body), 400)
+        assert (error["code"], error["field"]) == ("invalid_request", field)
+        assert error["message"] == f"unknown field {field!r} (did you mean {hint!r}?)"
+
+
+def test_every_detail_the_server_raises_is_a_field_of_the_error_body() -> None:
+    # The error body is rendered from wire.answers.Error: a detail it lacks would be dropped.
+    classes = {cls.__name__ for cls in error_classes() if not cls.client_only}
+    client_only = {"status", "failures", "holders", "known", "answer"}
+    found = set()
+    root = Path(capella.__file__).parent
+    for path in root.rglob("*.py"):
+        if path.parts[len(root.parts)] == "client":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", getattr(node.func, "attr", None))
+                if name in classes:
+                    found |= {k.arg for k in node.keywords if k.arg is not None}
+    assert found - client_only <= set(ErrorDetail.__struct_fields__)
