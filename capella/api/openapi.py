@@ -94,10 +94,14 @@ SEGMENTS = param(
     "Inclusive segment ranges, e.g. 0-9,20-29,42",
 )
 WAIT = param("wait", "query", DURATION, "Long-poll up to this many seconds (capped at max_wait)")
+# What answer_form takes: nothing, or a list naming */*, application/* or one of the forms.
+ACCEPT_PATTERN = (
+    r"^(\s*|(.*,)?\s*(\*/\*|application/(\*|json|x-ndjson|vnd\.capella\.messages))\s*(;[^,]*)?(,.*)?)$"
+)
 ACCEPT = param(
     "Accept",
     "header",
-    {"type": "string"},
+    {"type": "string", "pattern": ACCEPT_PATTERN},
     "application/json (the default), application/x-ndjson for one StoredMessage per line, or "
     f"{frames.MEDIA_TYPE} for binary frames (docs/format.md); anything else is 406 not_acceptable",
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 
 from aiohttp import web
 
@@ -34,6 +35,8 @@ from capella.wire.messages import (
 
 # At most this many ids in one cancel request.
 MAX_CANCEL = 10_000
+# A page's next: the due time and the scheduled id of the last one listed.
+CURSOR = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?:\d+")
 
 
 def scheduled_info(item: Scheduled) -> ScheduledMessage:
@@ -139,13 +142,13 @@ SCAN_LIMIT = 10_000
 def _cursor(text: str | None) -> tuple[float, int] | None:
     if text is None or text == "":
         return None
-    due, _, sid = text.partition(":")
-    try:
-        return (float(due), int(sid))
-    except ValueError:
+    # Only what a page's next looks like ("1700000000.5:42"), as the document says.
+    if not CURSOR.fullmatch(text):
         raise InvalidRequest(
             f"after: expected the next value of a previous page, got {text!r}", parameter="after"
-        ) from None
+        )
+    due, _, sid = text.partition(":")
+    return (float(due), int(sid))
 
 
 async def get_scheduled(request: web.Request) -> web.Response:
@@ -213,7 +216,12 @@ ROUTES = [
         fails=(400, 404),
         params=(
             LIMIT,
-            param("after", "query", {"type": "string"}, "the next value of the previous page"),
+            param(
+                "after",
+                "query",
+                {"type": "string", "pattern": f"^{CURSOR.pattern}$"},
+                "the next value of the previous page",
+            ),
             param(
                 "due_after", "query", {"type": "string"}, "only due at or after this time (UNIX or RFC 3339)"
             ),

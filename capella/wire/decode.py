@@ -37,9 +37,24 @@ _JSON_TYPES |= {"array": "an array", "object": "an object", "null": "null"}
 def decode(value: object, kind: type[S], *, at: str = "") -> S:
     """``value`` (parsed JSON or TOML) as the struct ``kind``; ``InvalidRequest`` names the field."""
     try:
-        return msgspec.convert(value, kind)
+        return msgspec.convert(_whole_numbers(value), kind)
     except msgspec.ValidationError as exc:
         raise field_error(str(exc), kind, at) from None
+
+
+def _whole_numbers(value: object) -> object:
+    """``value`` with every whole float (``5.0``) as an int, at any depth.
+
+    JSON has one number type, and JSON Schema's integer takes ``5.0``; msgspec's int does not.
+    A float field still takes the int.
+    """
+    if type(value) is float:
+        return int(value) if value.is_integer() else value
+    if type(value) is dict:
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_whole_numbers(v) for v in value]
+    return value
 
 
 def unknown_field(field: str, known: Iterable[str] = ()) -> UnknownField:

@@ -30,6 +30,8 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 SEGMENTS_PATTERN = r"^\s*-?\d+(--?\d+)?(\s*,\s*-?\d+(--?\d+)?)*\s*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ns|us|ms|s|m|h|d)?\s*$"
+# The same with a digit other than 0 somewhere in the number: greater than 0.
+POSITIVE_DURATION_PATTERN = r"^\s*(\d*[1-9]\d*(\.\d+)?|\d+\.\d*[1-9]\d*)\s*(ns|us|ms|s|m|h|d)?\s*$"
 SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*([kmgtKMGT][iI]?[bB]?|[bB])?\s*$"
 
 Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX, extra_json_schema={"format": "int64"})]
@@ -48,8 +50,9 @@ Headers = dict[str, str]
 DurationText = Annotated[str, schema(pattern=DURATION_PATTERN)]
 # Seconds, or text such as "250ms", "30s", "10m", "2d".
 Duration = Annotated[float, schema(minimum=0)] | DurationText
-# A text duration of zero ("0s") is refused too; a pattern that said so would be unreadable.
-PositiveDuration = Annotated[float, schema(exclusiveMinimum=0)] | DurationText
+PositiveDuration = (
+    Annotated[float, schema(exclusiveMinimum=0)] | Annotated[str, schema(pattern=POSITIVE_DURATION_PATTERN)]
+)
 # Bytes, or text such as "512k", "8MB", "16MiB".
 SizeText = Annotated[str, schema(pattern=SIZE_PATTERN)]
 Size = Annotated[int, schema(minimum=0)] | SizeText
@@ -59,6 +62,12 @@ UserName = Annotated[str, schema(pattern=USER_NAME_PATTERN)]
 EnvName = Annotated[str, schema(pattern=ENV_NAME_PATTERN)]
 SegmentsText = Annotated[str, schema(pattern=SEGMENTS_PATTERN)]
 NonEmpty = Annotated[str, schema(minLength=1)]
+
+
+def exactly_one(*names: str) -> dict[str, Any]:
+    """JSON Schema for "exactly one of these fields, not null" (null counts as not given)."""
+    return {"oneOf": [{"required": [n], "properties": {n: {"not": {"type": "null"}}}} for n in names]}
+
 
 SaveModeText = Literal["none", "immediate", "mark", "wait", "default", "0", "1", "2", "3", "4"]
 # A queue's own modes: "default" (and 4) would point back at the definition itself.

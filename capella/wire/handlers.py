@@ -65,7 +65,7 @@ class HandlerDefinition(Struct, forbid_unknown_fields=True):
                             "params": {
                                 "type": "object",
                                 "required": ["from"],
-                                "properties": {"from": {"type": "string"}},
+                                "properties": {"from": {"type": "string", "minLength": 1}},
                             },
                         },
                     },

@@ -20,6 +20,7 @@ from capella.wire.fields import (
     StoredId,
     Time,
     TimeInput,
+    exactly_one,
     schema,
 )
 from capella.wire.struct import Struct
@@ -33,9 +34,7 @@ Source = Annotated[
 class Message(Struct, forbid_unknown_fields=True):
     """Exactly one of data (UTF-8 text) and data_b64 (standard base64)."""
 
-    __schema_extra__: ClassVar[dict[str, Any]] = {
-        "oneOf": [{"required": ["data"]}, {"required": ["data_b64"]}]
-    }
+    __schema_extra__: ClassVar[dict[str, Any]] = exactly_one("data", "data_b64")
 
     data: str | None = None
     data_b64: Base64 | None = None
@@ -171,12 +170,7 @@ class ScheduledList(Struct):
 class Reschedule(Struct, forbid_unknown_fields=True):
     """exactly one of deliver_at and delay (null counts as not given)"""
 
-    __schema_extra__: ClassVar[dict[str, Any]] = {
-        "oneOf": [
-            {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
-            for name in ("deliver_at", "delay")
-        ]
-    }
+    __schema_extra__: ClassVar[dict[str, Any]] = exactly_one("deliver_at", "delay")
 
     deliver_at: TimeInput | None = None
     delay: Duration | None = None
