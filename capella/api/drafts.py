@@ -21,13 +21,14 @@ from capella.config import ServerSettings
 from capella.core.message import EMPTY_HEADERS, Draft
 from capella.errors import InvalidMessage, InvalidRequest, MessageHeadersTooLarge, PayloadTooLarge
 from capella.units import parse_duration
+from capella.wire import fields
 from capella.wire import messages as wire_messages
 from capella.wire.decode import unknown_field
 
 HEADER_PREFIX = "capella-header-"
 MAX_SOURCE_BYTES = 255
 # How far ahead a delayed message may be scheduled (ten years).
-MAX_DELAY = 10 * 365 * 86_400.0
+MAX_DELAY = float(fields.MAX_DELAY)
 
 _INT64_MIN = wire.INT64_MIN
 _INT64_MAX = wire.INT64_MAX

@@ -20,7 +20,6 @@ from capella import wire
 from capella.api.drafts import MAX_DELAY
 from capella.api.openapi import (
     AFTER,
-    DURATION,
     LIMIT,
     MESSAGE_FILTERS,
     SAVE,
@@ -29,6 +28,7 @@ from capella.api.openapi import (
     json_content,
     param,
     ref,
+    schema_of,
 )
 from capella.api.request import (
     CLUSTER,
@@ -48,12 +48,12 @@ from capella.api.route import Route, on_queue, on_subscription
 from capella.core.filter import MessageFilter, matches, parse_path
 from capella.core.message import Message, SaveMode, stored_message
 from capella.core.queue import Queue
-from capella.core.work.retry import MAX_LEASE
 from capella.core.work.state import Entry
 from capella.core.work.work_queue import STATUSES, Outcome, WorkQueue, parse_receipt
 from capella.errors import InvalidRequest, MessageNotFound
 from capella.units import parse_duration
 from capella.wire.answers import ErrorDetail
+from capella.wire.fields import MAX_LEASE, Lease
 from capella.wire.work import (
     DeletedWork,
     ExtendReceipts,
@@ -402,7 +402,7 @@ ROUTES = [
                 {"type": "integer", "minimum": 1, "default": 1},
                 "At most this many messages (capped at the server's max_limit)",
             ),
-            param("lease", "query", DURATION, "How long the claim is held (default: the policy's)"),
+            param("lease", "query", schema_of(Lease), "How long the claim is held (default: the policy's)"),
             WAIT,
             SAVE,
         ),

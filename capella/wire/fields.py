@@ -53,6 +53,13 @@ Duration = Annotated[float, schema(minimum=0)] | DurationText
 PositiveDuration = (
     Annotated[float, schema(exclusiveMinimum=0)] | Annotated[str, schema(pattern=POSITIVE_DURATION_PATTERN)]
 )
+PositiveDurationText = Annotated[str, schema(pattern=POSITIVE_DURATION_PATTERN)]
+# A lease: more than 0 and at most 12 h (a text one over 12 h is refused too).
+MAX_LEASE = 12 * 3600
+Lease = Annotated[float, schema(exclusiveMinimum=0, maximum=MAX_LEASE)] | PositiveDurationText
+# How long to hold something back: at most ten years (a text one over that is refused too).
+MAX_DELAY = 10 * 365 * 86_400
+Delay = Annotated[float, schema(minimum=0, maximum=MAX_DELAY)] | DurationText
 # Bytes, or text such as "512k", "8MB", "16MiB".
 SizeText = Annotated[str, schema(pattern=SIZE_PATTERN)]
 Size = Annotated[int, schema(minimum=0)] | SizeText

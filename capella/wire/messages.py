@@ -13,7 +13,7 @@ from capella.wire.fields import (
     Base64,
     Base64Out,
     DateTime,
-    Duration,
+    Delay,
     Headers,
     Int64,
     MessageId,
@@ -60,7 +60,7 @@ class Message(Struct, forbid_unknown_fields=True):
         | None
     ) = None
     delay: (
-        Annotated[Duration, Meta(description="hold the message back this long (not with deliver_at)")] | None
+        Annotated[Delay, Meta(description="hold the message back this long (not with deliver_at)")] | None
     ) = None
 
 
@@ -173,7 +173,7 @@ class Reschedule(Struct, forbid_unknown_fields=True):
     __schema_extra__: ClassVar[dict[str, Any]] = exactly_one("deliver_at", "delay")
 
     deliver_at: TimeInput | None = None
-    delay: Duration | None = None
+    delay: Delay | None = None
 
 
 class CancelScheduled(Struct, forbid_unknown_fields=True):

@@ -8,8 +8,10 @@ from msgspec import UNSET, Meta, UnsetType
 
 from capella.wire.answers import ErrorDetail
 from capella.wire.fields import (
+    Delay,
     Duration,
     Headers,
+    Lease,
     MessageId,
     SegmentsText,
     StoredId,
@@ -30,17 +32,18 @@ class RetryPolicy(Struct, forbid_unknown_fields=True):
     """How an ack-mode subscription leases, retries and gives up on a message (in a request,
     the fields given change the current policy; in an answer, all of them)."""
 
-    lease: (
-        Annotated[Duration, Meta(description="default lease of a claim (30 s; at most 12 h)")] | UnsetType
-    ) = UNSET
+    lease: Annotated[Lease, Meta(description="default lease of a claim (30 s; at most 12 h)")] | UnsetType = (
+        UNSET
+    )
     max_attempts: (
         Annotated[int, schema(minimum=0, maximum=1_000_000, description=MAX_ATTEMPTS)] | UnsetType
     ) = UNSET
     backoff: Literal["fixed", "exponential"] | UnsetType = UNSET
     delay: (
-        Annotated[Duration, Meta(description="first retry delay (1 s); fixed: every retry")] | UnsetType
+        Annotated[Delay, Meta(description="first retry delay (1 s); fixed: every retry; not above max_delay")]
+        | UnsetType
     ) = UNSET
-    max_delay: Annotated[Duration, Meta(description="cap of a retry delay (300 s)")] | UnsetType = UNSET
+    max_delay: Annotated[Delay, Meta(description="cap of a retry delay (300 s)")] | UnsetType = UNSET
     jitter: Annotated[float, schema(minimum=0, maximum=1, description="± fraction (0.1)")] | UnsetType = UNSET
     dead_letter: Annotated[str | None, Meta(description=DEAD_LETTER)] | UnsetType = UNSET
 
@@ -182,14 +185,14 @@ class Receipts(Struct, forbid_unknown_fields=True):
 class NackReceipts(Receipts, forbid_unknown_fields=True):
     """the receipts as for an ack, and how they failed"""
 
-    delay: Annotated[Duration | None, Meta(description=NACK_DELAY)] | UnsetType = UNSET
+    delay: Annotated[Delay | None, Meta(description=NACK_DELAY)] | UnsetType = UNSET
     error: Annotated[str | None, Meta(description=NACK_ERROR)] | UnsetType = UNSET
 
 
 class ExtendReceipts(Receipts, forbid_unknown_fields=True):
     """the receipts as for an ack, and their new lease"""
 
-    lease: Annotated[Duration | None, Meta(description=EXTEND_LEASE)] | UnsetType = UNSET
+    lease: Annotated[Lease | None, Meta(description=EXTEND_LEASE)] | UnsetType = UNSET
 
 
 class ReceiptResult(Struct, omit_defaults=True):

@@ -21,9 +21,9 @@ from capella.errors import InvalidRequest
 from capella.units import parse_duration
 from capella.wire import work as wire
 from capella.wire.decode import decode
+from capella.wire.fields import MAX_LEASE
 
 BACKOFFS = ("fixed", "exponential")
-MAX_LEASE = 12 * 3600.0
 MAX_ATTEMPTS = 1_000_000
 
 
