@@ -10,7 +10,16 @@ from aiohttp import web
 
 from capella import wire
 from capella.api.drafts import MAX_DELAY
-from capella.api.openapi import LIMIT, MESSAGE_FILTERS, SAVE, answer, json_content, param, ref
+from capella.api.openapi import (
+    LIMIT,
+    MESSAGE_FILTERS,
+    SAVE,
+    TIME_TEXT_PATTERN,
+    answer,
+    json_content,
+    param,
+    ref,
+)
 from capella.api.request import (
     CLUSTER,
     json_response,
@@ -36,6 +45,7 @@ from capella.wire.messages import (
 # At most this many ids in one cancel request.
 MAX_CANCEL = 10_000
 # A page's next: the due time and the scheduled id of the last one listed.
+TIME_TEXT = re.compile(TIME_TEXT_PATTERN)
 CURSOR = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?:\d+")
 
 
@@ -121,6 +131,8 @@ def _time_param(request: web.Request, name: str) -> float | None:
     if text is None or text == "":
         return None
     try:
+        if not TIME_TEXT.fullmatch(text):  # what the document says: the server takes no more
+            raise ValueError(text)
         return wire.parse_time(float(text) if _is_number(text) else text)
     except ValueError:
         raise InvalidRequest(
@@ -223,9 +235,17 @@ ROUTES = [
                 "the next value of the previous page",
             ),
             param(
-                "due_after", "query", {"type": "string"}, "only due at or after this time (UNIX or RFC 3339)"
+                "due_after",
+                "query",
+                {"type": "string", "pattern": TIME_TEXT_PATTERN},
+                "only due at or after this time (UNIX or RFC 3339)",
             ),
-            param("due_before", "query", {"type": "string"}, "only due before this time (UNIX or RFC 3339)"),
+            param(
+                "due_before",
+                "query",
+                {"type": "string", "pattern": TIME_TEXT_PATTERN},
+                "only due before this time (UNIX or RFC 3339)",
+            ),
             *MESSAGE_FILTERS,
         ),
     ),

@@ -109,7 +109,8 @@ async def commit(request: web.Request) -> web.Response:
 async def _define_work(
     queue: Queue, name: str, body: wire_work.SubscriptionCommit, given: set[str], save: SaveMode
 ) -> web.Response:
-    if extra := sorted(given & {"last_id", "replica", "reset"}):
+    # null counts as not given, as for a cursor.
+    if extra := sorted(f for f in given & {"last_id", "replica", "reset"} if getattr(body, f) is not None):
         raise InvalidRequest(f"{extra[0]}: not for an ack-mode subscription", field=extra[0])
     if body.mode not in (UNSET, ACK):
         raise InvalidRequest("policy: only an ack-mode subscription has one", field="policy")

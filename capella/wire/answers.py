@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, UnsetType
 
@@ -47,8 +47,16 @@ class Error(Struct):
         Each detail the server sends is a field of ``ErrorDetail``, so the document lists it;
         one that is not is left out rather than failing the answer.
         """
-        known = {k: v for k, v in details.items() if k in ErrorDetail.__struct_fields__}
-        return cls(ErrorDetail(code=code, message=message, **known))  # type: ignore[arg-type]  # values as raised
+        known = {k: _text(v) for k, v in details.items() if k in ErrorDetail.__struct_fields__}
+        return cls(ErrorDetail(code=code, message=_text(message), **known))
+
+
+def _text(value: Any) -> Any:
+    """``value``, a text one made encodable: a header's undecodable bytes come as lone
+    surrogates (``Accept: \\x84``), which an answer echoes as ``\\udc84``."""
+    if isinstance(value, str) and not value.isascii():
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
 
 
 class Status(Struct):

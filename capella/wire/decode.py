@@ -49,7 +49,8 @@ def _whole_numbers(value: object) -> object:
     A float field still takes the int.
     """
     if type(value) is float:
-        return int(value) if value.is_integer() else value
+        # Only where a float is exact: past 2**53 it may be a rounded integer out of range.
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value
     if type(value) is dict:
         return {k: _whole_numbers(v) for k, v in value.items()}
     if type(value) is list:

@@ -8,10 +8,12 @@ tests/e2e/test_fuzz.py (``make fuzz``).
 from __future__ import annotations
 
 import ast
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 from support.http import error_of
@@ -223,3 +225,43 @@ def test_every_detail_the_server_raises_is_a_field_of_the_error_body() -> None:
                 if name in classes:
                     found |= {k.arg for k in node.keywords if k.arg is not None}
     assert found - client_only <= set(ErrorDetail.__struct_fields__)
+
+
+async def test_an_accept_header_that_is_not_utf8_is_406_not_500(q: TestClient) -> None:
+    # ST101/ST103: the error echoed the header's undecodable byte, which JSON cannot hold.
+    reader, writer = await asyncio.open_connection(q.server.host, q.server.port)
+    writer.write(f"GET {Q}/messages HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n".encode())
+    writer.write(b"Accept: \x84\r\n\r\n")
+    answer = await reader.read()
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 406 ")
+    error = orjson.loads(body)["error"]
+    assert (error["code"], error["accept"]) == ("not_acceptable", "\\udc84")
+
+
+@pytest.mark.parametrize(
+    ("value", "accepted"), [("1700000000", True), ("2026-01-01T00:00:00Z", True), ("Å8+", False)]
+)
+async def test_a_due_time_filter_is_the_same_in_both(q: TestClient, value: str, accepted: bool) -> None:
+    # ST202: the document took any text for due_after and due_before.
+    for name in ("due_after", "due_before"):
+        assert valid_parameter("/v1/queues/{queue}/scheduled", "get", name, value) is accepted
+        assert ((await q.get(f"{Q}/scheduled", params={name: value})).status == 200) is accepted
+
+
+async def test_a_null_cursor_field_beside_ack_mode_is_not_given(q: TestClient) -> None:
+    # ST202: {"replica": null, "mode": "ack"} was refused as a cursor's field.
+    body = {"replica": None, "mode": "ack"}
+    assert valid("SubscriptionCommit", body)
+    assert (await q.put(W, json=body)).status == 201
+
+
+async def test_a_whole_float_is_an_integer_and_a_rounded_one_is_not(q: TestClient) -> None:
+    # ST202: JSON Schema's integer takes 3.0; msgspec's int did not.
+    assert valid("SubscriptionCommit", {"mode": "ack", "policy": {"max_attempts": 3.0}})
+    assert (await q.put(W, json={"mode": "ack", "policy": {"max_attempts": 3.0}})).status == 201
+    # ST201: but a float past 2**53 may be an integer rounded into range; it stays refused.
+    body = b'{"segments": {"min": -9223372036854775809, "max": 0}}'
+    resp = await q.put(Q, data=body, headers={"Content-Type": "application/json"})
+    assert (await error_of(resp, 400))["code"] == "invalid_request"

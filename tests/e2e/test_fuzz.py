@@ -56,6 +56,8 @@ from support.servers import ServerProcess, free_port
 
 from capella.api.app import ROUTES, document
 
+from . import fuzz_rules
+
 DOCUMENT = document()
 
 # Examples per operation in the fuzzing phase, on top of the coverage phase's boundary cases;
@@ -435,6 +437,8 @@ def test_schemathesis_finds_no_disagreement(seed: int, tmp_path: Path) -> None:
     process = ServerProcess(tmp_path / "data", config=config)
     try:
         process.wait_ready()
+        for queue in (fuzz_rules.QUEUE, fuzz_rules.OTHER_QUEUE):
+            requests.put(f"{process.url}/v1/queues/{queue}", json={}, timeout=10).raise_for_status()
         command = [str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(settings), "run"]
         command += [f"{process.url}/v1/openapi.json", f"--seed={seed}", *AGREEMENT_ARGS]
         # The rules the document states in words: fuzz_rules.py, beside this file.
