@@ -152,9 +152,9 @@ def draft_of(item: wire_messages.Message, index: int, settings: ServerSettings, 
     return Draft(
         payload,
         None if source is None else _source(source, index),
-        item.external_id,
+        None if item.external_id is None else int(item.external_id),
         None if external_time is None else _time(external_time, index),
-        0 if segment is None else segment,
+        0 if segment is None else int(segment),
         EMPTY_HEADERS if headers is None else _headers(headers, index, settings),
         None
         if item.deliver_at is None and item.delay is None

@@ -28,7 +28,7 @@ def schema_of(kind: object) -> dict[str, Any]:
 
 INT64 = schema_of(fields.Int64)
 MESSAGE_ID = schema_of(fields.MessageId)
-TIME_TEXT_PATTERN = r"^(\d+(\.\d+)?|\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2}))$"
+TIME_TEXT_PATTERN = rf"^(\d+(\.\d+)?|{fields.RFC3339})$"
 DURATION = schema_of(fields.Duration)
 NAME = schema_of(fields.Name)
 

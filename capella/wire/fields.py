@@ -35,12 +35,20 @@ POSITIVE_DURATION_PATTERN = r"^\s*(\d*[1-9]\d*(\.\d+)?|\d+\.\d*[1-9]\d*)\s*(ns|u
 SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*([kmgtKMGT][iI]?[bB]?|[bB])?\s*$"
 
 Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX, extra_json_schema={"format": "int64"})]
+# A whole number written as a float (5.0), which JSON Schema's integer takes: exact up to 2**53.
+WholeFloat = Annotated[float, Meta(ge=-(2**53), le=2**53, multiple_of=1)]
 MessageId = Annotated[int, Meta(ge=0, le=INT64_MAX, extra_json_schema={"format": "int64"})]
 # An id that names a stored message: ids are handed out from 1. The reader refuses 0 and below
 # in its own words (msgspec's ge would also write minimum 0 into the document).
 StoredId = Annotated[int, Meta(le=INT64_MAX, extra_json_schema={"format": "int64", "minimum": 1})]
 Time = Annotated[float, Meta(description="UNIX seconds")]
-DateTime = Annotated[str, schema(format="date-time")]
+# RFC 3339 as wire.parse_time reads it, each part in its range (a day past its month's end is
+# still refused by the reader).
+RFC3339 = (
+    r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt ]([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?"
+    r"([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+)
+DateTime = Annotated[str, schema(format="date-time", pattern=f"^{RFC3339}$")]
 # A time a client gives: UNIX seconds or RFC 3339 text (wire.parse_time reads both).
 TimeInput = float | DateTime
 Base64 = Annotated[str, schema(contentEncoding="base64", pattern=BASE64_PATTERN)]

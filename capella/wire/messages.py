@@ -20,6 +20,7 @@ from capella.wire.fields import (
     StoredId,
     Time,
     TimeInput,
+    WholeFloat,
     exactly_one,
     schema,
 )
@@ -39,7 +40,8 @@ class Message(Struct, forbid_unknown_fields=True):
     data: str | None = None
     data_b64: Base64 | None = None
     source: Source | None = None
-    external_id: Int64 | None = None
+    # 5.0 too, as JSON Schema's integer: the produce path reads the body straight into this.
+    external_id: Int64 | WholeFloat | None = None
     external_time: (
         Annotated[
             Annotated[float, schema(minimum=0)] | DateTime,
@@ -47,7 +49,7 @@ class Message(Struct, forbid_unknown_fields=True):
         ]
         | None
     ) = None
-    segment: Int64 | None = None
+    segment: Int64 | WholeFloat | None = None
     headers: Headers | None = None
     deliver_at: (
         Annotated[

@@ -265,3 +265,29 @@ async def test_a_whole_float_is_an_integer_and_a_rounded_one_is_not(q: TestClien
     body = b'{"segments": {"min": -9223372036854775809, "max": 0}}'
     resp = await q.put(Q, data=body, headers={"Content-Type": "application/json"})
     assert (await error_of(resp, 400))["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize(
+    ("extra", "accepted"), [({"external_id": 5.0, "segment": 2.0}, True), ({"segment": 2.5}, False)]
+)
+async def test_a_produced_message_takes_whole_floats_as_integers(
+    q: TestClient, extra: dict[str, float], accepted: bool
+) -> None:
+    # ST202: the produce path decodes straight into its struct, whose int refused 5.0.
+    body = {"data": "x", **extra}
+    assert valid("Message", body) is accepted
+    resp = await q.post(f"{Q}/messages", json=body)
+    assert (resp.status == 200) is accepted, await resp.text()
+    if accepted:
+        (message,) = (await (await q.get(f"{Q}/messages")).json())["messages"]
+        assert (message["external_id"], message["segment"]) == (5, 2)
+
+
+async def test_a_time_in_text_has_each_part_in_its_range_in_both(q: TestClient) -> None:
+    # ST202: the document's date-time took month 80; the server refuses it.
+    for text, accepted in (("2026-01-31T23:59:59Z", True), ("2026-80-01T00:00:00Z", False)):
+        assert valid_parameter("/v1/queues/{queue}/scheduled", "get", "due_after", text) is accepted
+        assert ((await q.get(f"{Q}/scheduled", params={"due_after": text})).status == 200) is accepted
+        assert valid("Message", {"data": "x", "external_time": text}) is accepted
+        resp = await q.post(f"{Q}/messages", json={"data": "x", "external_time": text})
+        assert (resp.status == 200) is accepted, await resp.text()
