@@ -24,7 +24,14 @@ class ClusterDefinition(Struct, forbid_unknown_fields=True):
         "not": {
             "anyOf": [{"required": [a, b]} for i, a in enumerate(CREDENTIALS) for b in CREDENTIALS[i + 1 :]]
         },
-        "dependentRequired": {"password": ["username"], "password_secret": ["username"]},
+        # A password (not null) needs a username (not null), as the server reads them.
+        "allOf": [
+            {
+                "if": {"required": [name], "properties": {name: {"type": "string"}}},
+                "then": {"required": ["username"], "properties": {"username": {"type": "string"}}},
+            }
+            for name in ("password", "password_secret")
+        ],
     }
 
     url: Annotated[str, schema(pattern=r"^https?://[^\s/@]+(/\S*)?$")]

@@ -42,12 +42,13 @@ MessageId = Annotated[int, Meta(ge=0, le=INT64_MAX, extra_json_schema={"format":
 # in its own words (msgspec's ge would also write minimum 0 into the document).
 StoredId = Annotated[int, Meta(le=INT64_MAX, extra_json_schema={"format": "int64", "minimum": 1})]
 Time = Annotated[float, Meta(description="UNIX seconds")]
-# RFC 3339 as wire.parse_time reads it, each part in its range (a day past its month's end is
-# still refused by the reader).
-RFC3339 = (
-    r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt ]([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?"
-    r"([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+# RFC 3339 as wire.parse_time reads it, each part in its range: years from 1, no February 29
+# (the reader takes it in a leap year only).
+_DATE = (
+    r"(000[1-9]|00[1-9]\d|0[1-9]\d\d|[1-9]\d{3})-"
+    r"((0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
 )
+RFC3339 = _DATE + r"[Tt ]([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
 DateTime = Annotated[str, schema(format="date-time", pattern=f"^{RFC3339}$")]
 # A time a client gives: UNIX seconds or RFC 3339 text (wire.parse_time reads both).
 TimeInput = float | DateTime

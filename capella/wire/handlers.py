@@ -8,10 +8,12 @@ from msgspec import UNSET, Meta, UnsetType, field
 
 from capella.wire.fields import (
     Duration,
+    Name,
     PositiveDuration,
     SaveModeText,
     Size,
     Time,
+    exactly_one,
     schema,
 )
 from capella.wire.struct import Struct
@@ -151,7 +153,7 @@ class CopyParams(Struct, forbid_unknown_fields=True):
         field(default=None, name="from")
     )
     subscription: (
-        Annotated[str, Meta(description="the cursor on each source (default copy-to-<to>)")] | None
+        Annotated[Name, Meta(description="the cursor on each source (default copy-to-<to>)")] | None
     ) = None
     interval: (
         Annotated[HandlerDuration, Meta(description="pause between passes (default 0: continuous)")] | None
@@ -215,6 +217,8 @@ class PushParams(Struct, forbid_unknown_fields=True):
 
 class PgConnection(Struct, forbid_unknown_fields=True):
     """Where a pg_* handler connects, and with which secrets (docs/postgres.md)."""
+
+    __schema_extra__: ClassVar[dict[str, Any]] = exactly_one("dsn", "dsn_secret")
 
     dsn: (
         Annotated[

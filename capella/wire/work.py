@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from msgspec import UNSET, Meta, UnsetType
 
@@ -51,6 +51,24 @@ class RetryPolicy(Struct, forbid_unknown_fields=True):
 class SubscriptionCommit(Struct, forbid_unknown_fields=True):
     """a cursor takes last_id, replica and reset; an ack-mode subscription takes mode ack and
     policy (its mode never changes)"""
+
+    # With mode ack or a policy it defines a work queue: no cursor field (null is not given).
+    __schema_extra__: ClassVar[dict[str, Any]] = {
+        "if": {
+            "anyOf": [
+                {"required": ["mode"], "properties": {"mode": {"const": "ack"}}},
+                {"required": ["policy"]},
+            ]
+        },
+        "then": {
+            "properties": {
+                "mode": {"const": "ack"},
+                "last_id": {"type": "null"},
+                "replica": {"type": "null"},
+            },
+            "not": {"required": ["reset"]},
+        },
+    }
 
     last_id: MessageId | UnsetType | None = UNSET
     replica: bool | UnsetType | None = UNSET

@@ -291,3 +291,39 @@ async def test_a_time_in_text_has_each_part_in_its_range_in_both(q: TestClient) 
         assert valid("Message", {"data": "x", "external_time": text}) is accepted
         resp = await q.post(f"{Q}/messages", json={"data": "x", "external_time": text})
         assert (resp.status == 200) is accepted, await resp.text()
+
+
+@pytest.mark.parametrize(
+    ("body", "accepted"),
+    [
+        ({"mode": "ack", "last_id": 0}, False),
+        ({"mode": "cursor", "policy": {}}, False),
+        ({"policy": {"dead_letter": None}, "reset": True}, False),
+        ({"mode": "ack", "policy": {"max_attempts": 2}}, True),
+        ({"last_id": 3, "replica": True}, True),
+    ],
+)
+async def test_a_work_queue_definition_has_no_cursor_field_in_both(
+    q: TestClient, body: dict[str, Any], accepted: bool
+) -> None:
+    # ST202: the document allowed a cursor's fields beside mode ack or a policy.
+    assert valid("SubscriptionCommit", body) is accepted
+    assert ((await q.put(W, json=body)).status < 300) is accepted
+
+
+async def test_a_password_needs_a_username_that_is_not_null_in_both(q: TestClient) -> None:
+    # ST202: dependentRequired took a null username.
+    body = {"url": "http://127.0.0.1:9", "password": "secret-pass", "username": None}
+    assert not valid("ClusterDefinition", body)
+    assert (await error_of(await q.put("/v1/clusters/c", json=body), 400))["field"] == "username"
+    assert valid("ClusterDefinition", {**body, "username": "u"})
+
+
+def test_the_document_says_what_a_pg_handler_and_a_copy_subscription_take() -> None:
+    # ST202: a pg handler needs exactly one of dsn and dsn_secret; a copy's subscription is a name.
+    assert not valid("PgInboxParams", {"sslpassword_secret": "S"})
+    assert valid("PgInboxParams", {"dsn_secret": "S"})
+    assert not valid("CopyParams", {"to": "q", "subscription": "a/b"})
+    # Year 0 and February 30 are not times the server reads.
+    assert not valid("Reschedule", {"deliver_at": "0000-01-01T00:00:00Z"})
+    assert not valid("Reschedule", {"deliver_at": "2026-02-30T00:00:00Z"})
