@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from multidict import MultiMapping
 
 from capella import wire
 from capella.api import (
@@ -40,7 +41,7 @@ from capella.api.route import Route
 from capella.auth.authenticator import Authenticator
 from capella.config import CompatSettings, ServerSettings
 from capella.core.cluster import Cluster
-from capella.errors import CapellaError, RateLimited, Unauthorized
+from capella.errors import CapellaError, InvalidRequest, RateLimited, Unauthorized
 from capella.handlers.supervisor import Supervisor
 from capella.wire.answers import Error
 
@@ -171,6 +172,9 @@ async def _stop_streams(app: web.Application) -> None:
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
+        query = request.query
+        if len(query) != len(set(query)):
+            _refuse_repeated(query)
         return await handler(request)
     except CapellaError as exc:
         if status_for(exc) >= 500:
@@ -196,6 +200,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.error("unexpected error method=%s path=%s", request.method, request.path, exc_info=True)
         return error_response(500, "internal", "internal server error", {})
+
+
+def _refuse_repeated(query: MultiMapping[str]) -> None:
+    """A parameter that takes one value, given twice: 400 rather than the first silently
+    winning (``header.<name>`` and ``json.<path>`` filters may repeat: all must match)."""
+    for key in query:
+        if not key.startswith(("header.", "json.")) and len(query.getall(key)) > 1:
+            raise InvalidRequest(f"{key}: given more than once", parameter=key)
 
 
 def error_response(

@@ -327,3 +327,10 @@ def test_the_document_says_what_a_pg_handler_and_a_copy_subscription_take() -> N
     # Year 0 and February 30 are not times the server reads.
     assert not valid("Reschedule", {"deliver_at": "0000-01-01T00:00:00Z"})
     assert not valid("Reschedule", {"deliver_at": "2026-02-30T00:00:00Z"})
+
+
+async def test_a_parameter_given_twice_is_refused(q: TestClient) -> None:
+    # ST201: ?due_after=&due_after=junk read the first, empty, value; a filter may repeat.
+    error = await error_of(await q.get(f"{Q}/scheduled?due_after=&due_after=junk"), 400)
+    assert (error["code"], error["parameter"]) == ("invalid_request", "due_after")
+    assert (await q.get(f"{Q}/messages?header.k=a&header.k=b")).status == 200
