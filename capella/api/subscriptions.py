@@ -235,7 +235,7 @@ ROUTES = [
         summary="Read after the subscription's cursor; commit=auto moves it",
         tag="subscriptions",
         answers={200: MESSAGES_ANSWER},
-        fails=(400, 404, 406),
+        fails=(400, 404, 406, 409),
         params=(
             LIMIT,
             SEGMENTS,

@@ -35,7 +35,13 @@ Source = Annotated[
 class Message(Struct, forbid_unknown_fields=True):
     """Exactly one of data (UTF-8 text) and data_b64 (standard base64)."""
 
-    __schema_extra__: ClassVar[dict[str, Any]] = exactly_one("data", "data_b64")
+    # And not both deliver_at and delay (null counts as not given).
+    __schema_extra__: ClassVar[dict[str, Any]] = exactly_one("data", "data_b64") | {
+        "not": {
+            "required": ["deliver_at", "delay"],
+            "properties": {name: {"not": {"type": "null"}} for name in ("deliver_at", "delay")},
+        }
+    }
 
     data: str | None = None
     data_b64: Base64 | None = None

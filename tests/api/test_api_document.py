@@ -334,3 +334,18 @@ async def test_a_parameter_given_twice_is_refused(q: TestClient) -> None:
     error = await error_of(await q.get(f"{Q}/scheduled?due_after=&due_after=junk"), 400)
     assert (error["code"], error["parameter"]) == ("invalid_request", "due_after")
     assert (await q.get(f"{Q}/messages?header.k=a&header.k=b")).status == 200
+
+
+async def test_a_message_has_not_both_deliver_at_and_delay_in_both(q: TestClient) -> None:
+    # ST202: the document allowed both.
+    body = {"data": "x", "delay": 1, "deliver_at": 1}
+    assert not valid("Message", body)
+    assert (await error_of(await q.post(f"{Q}/messages", json=body), 400))["field"] == "delay"
+    assert valid("Message", {**body, "deliver_at": None})
+
+
+async def test_reading_an_ack_mode_subscription_as_a_cursor_is_a_documented_409(q: TestClient) -> None:
+    # ST103: the 409 was not among the read's documented answers.
+    assert (await q.put(W, json={"mode": "ack"})).status == 201
+    assert (await error_of(await q.get(f"{W}/messages"), 409))["code"] == "wrong_subscription_mode"
+    assert "409" in DOCUMENT["paths"]["/v1/queues/{queue}/subscriptions/{name}/messages"]["get"]["responses"]

@@ -87,6 +87,8 @@ def breaks_a_rule(value: Any) -> bool:
         return True
     if isinstance(segments, str) and not ranges_in_order(segments):
         return True
+    if isinstance(segments, list) and not pairs_in_order(segments):
+        return True
     if too_far(value.get("delay"), value.get("deliver_at")) or in_the_future(value.get("external_time")):
         return True
     for name in ("block", "limits"):
@@ -143,6 +145,11 @@ def _size(text: str) -> float:
         return parse_size(text)
     except ValueError:
         return float("inf")
+
+
+def pairs_in_order(pairs: list[Any]) -> bool:
+    """A copy handler's ``segments``: ``[lo, hi]`` pairs, lo not above hi."""
+    return all(not (isinstance(p, list) and len(p) == 2 and _numbers(*p) and p[0] > p[1]) for p in pairs)
 
 
 def ranges_in_order(text: str) -> bool:
