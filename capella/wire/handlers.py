@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
+import msgspec
 from msgspec import UNSET, Meta, UnsetType, field
 
 from capella.wire.fields import (
@@ -32,11 +33,20 @@ def params_schema(kind: str) -> str:
     return "".join(part.capitalize() for part in kind.split("_")) + "Params"
 
 
+def _needs_params(kind: str) -> bool:
+    """Whether a type's params struct has a field without a default (read when the document is
+    built, once every params struct exists)."""
+    return any(f.required for f in msgspec.structs.fields(globals()[params_schema(kind)]))
+
+
 def _params_by_type(kinds: tuple[str, ...]) -> dict[str, Any]:
     kind, *rest = kinds
+    then: dict[str, Any] = {"properties": {"params": {"$ref": f"#/components/schemas/{params_schema(kind)}"}}}
+    if _needs_params(kind):
+        then["required"] = ["params"]  # its params have a required field (copy's to, push's url)
     branch: dict[str, Any] = {
         "if": {"required": ["type"], "properties": {"type": {"const": kind}}},
-        "then": {"properties": {"params": {"$ref": f"#/components/schemas/{params_schema(kind)}"}}},
+        "then": then,
     }
     if rest:
         branch["else"] = _params_by_type(tuple(rest))
@@ -52,29 +62,8 @@ class HandlerDefinition(Struct, forbid_unknown_fields=True):
     # ifs: request generators (schemathesis) give up on an allOf of seven.
     # Which queues: queues or queue, unless the type names its own (pg_outbox's params.to, or
     # copy's params.from).
-    __schema_extra__: ClassVar[dict[str, Any]] = {
-        "allOf": [
-            _params_by_type(HANDLER_TYPES),
-            {
-                "anyOf": [
-                    {"required": ["queues"]},
-                    {"required": ["queue"]},
-                    {"required": ["type"], "properties": {"type": {"const": "pg_outbox"}}},
-                    {
-                        "required": ["type", "params"],
-                        "properties": {
-                            "type": {"const": "copy"},
-                            "params": {
-                                "type": "object",
-                                "required": ["from"],
-                                "properties": {"from": {"type": "string", "minLength": 1}},
-                            },
-                        },
-                    },
-                ]
-            },
-        ]
-    }
+    # Set below, once the params structs it names exist.
+    __schema_extra__: ClassVar[dict[str, Any]]
 
     type: HandlerType
     queues: (
@@ -394,3 +383,28 @@ class HandlerList(Struct):
     """Every handler the caller may read."""
 
     handlers: list[HandlerInfo]
+
+
+HandlerDefinition.__schema_extra__ = {
+    "allOf": [
+        _params_by_type(HANDLER_TYPES),
+        {
+            "anyOf": [
+                {"required": ["queues"]},
+                {"required": ["queue"]},
+                {"required": ["type"], "properties": {"type": {"const": "pg_outbox"}}},
+                {
+                    "required": ["type", "params"],
+                    "properties": {
+                        "type": {"const": "copy"},
+                        "params": {
+                            "type": "object",
+                            "required": ["from"],
+                            "properties": {"from": {"type": "string", "minLength": 1}},
+                        },
+                    },
+                },
+            ]
+        },
+    ]
+}

@@ -349,3 +349,11 @@ async def test_reading_an_ack_mode_subscription_as_a_cursor_is_a_documented_409(
     assert (await q.put(W, json={"mode": "ack"})).status == 201
     assert (await error_of(await q.get(f"{W}/messages"), 409))["code"] == "wrong_subscription_mode"
     assert "409" in DOCUMENT["paths"]["/v1/queues/{queue}/subscriptions/{name}/messages"]["get"]["responses"]
+
+
+async def test_a_handler_whose_params_have_a_required_field_needs_params_in_both(q: TestClient) -> None:
+    # ST202: {"type": "copy", "queue": "q"} was schema-valid; copy's params.to is required.
+    body = {"type": "copy", "queue": "q", "started": False}
+    assert not valid("HandlerDefinition", body)
+    assert (await error_of(await q.put("/v1/handlers/h", json=body), 400))["field"] == "params.to"
+    assert valid("HandlerDefinition", {"type": "flush", "queue": "q"})
