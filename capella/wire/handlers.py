@@ -34,9 +34,11 @@ def params_schema(kind: str) -> str:
 
 
 def _needs_params(kind: str) -> bool:
-    """Whether a type's params struct has a field without a default (read when the document is
-    built, once every params struct exists)."""
-    return any(f.required for f in msgspec.structs.fields(globals()[params_schema(kind)]))
+    """Whether a type's params struct refuses an empty object: a field without a default, or a
+    rule that one of some fields is given (read once every params struct exists)."""
+    params = globals()[params_schema(kind)]
+    rules = getattr(params, "__schema_extra__", {})
+    return any(f.required for f in msgspec.structs.fields(params)) or "anyOf" in rules or "oneOf" in rules
 
 
 def _params_by_type(kinds: tuple[str, ...]) -> dict[str, Any]:
@@ -124,8 +126,12 @@ class ArchiveParams(Struct, forbid_unknown_fields=True):
 class ExpireParams(Struct, forbid_unknown_fields=True):
     """at least one of max_age, max_bytes and max_messages"""
 
+    # Given and not null, as the server reads them.
     __schema_extra__: ClassVar[dict[str, Any]] = {
-        "anyOf": [{"required": ["max_age"]}, {"required": ["max_bytes"]}, {"required": ["max_messages"]}]
+        "anyOf": [
+            {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+            for name in ("max_age", "max_bytes", "max_messages")
+        ]
     }
 
     interval: HandlerDuration | None = None
@@ -256,7 +262,7 @@ class PgInboxParams(PgConnection):
 
     table: Annotated[str, Meta(description="the inbox table (default capella_inbox)")] | None = None
     subscription: (
-        Annotated[str, Meta(description="the cursor on each queue (default pg_inbox-<table>)")] | None
+        Annotated[Name, Meta(description="the cursor on each queue (default pg_inbox-<table>)")] | None
     ) = None
     batch: Annotated[int, schema(minimum=1, description="messages per insert (default 1000)")] | None = None
     segments: list[Annotated[list[int], schema(minItems=2, maxItems=2)]] | None = None

@@ -357,3 +357,17 @@ async def test_a_handler_whose_params_have_a_required_field_needs_params_in_both
     assert not valid("HandlerDefinition", body)
     assert (await error_of(await q.put("/v1/handlers/h", json=body), 400))["field"] == "params.to"
     assert valid("HandlerDefinition", {"type": "flush", "queue": "q"})
+
+
+async def test_an_expire_handler_gives_one_of_its_limits_in_both(q: TestClient) -> None:
+    # ST202: {"type": "expire"} without params, or with a null limit, was schema-valid.
+    for body in (
+        {"type": "expire", "queue": "q"},
+        {"type": "expire", "queue": "q", "params": {"max_age": None}},
+    ):
+        assert not valid("HandlerDefinition", body)
+        assert (await error_of(await q.put("/v1/handlers/h", json=body), 400))["field"] == "params.max_age"
+    body = {"type": "expire", "queue": "q", "params": {"max_messages": 10}, "started": False}
+    assert valid("HandlerDefinition", body)
+    assert (await q.put("/v1/handlers/h", json=body)).status == 201
+    assert not valid("PgInboxParams", {"dsn_secret": "S", "subscription": "a/b"})

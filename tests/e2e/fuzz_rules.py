@@ -20,6 +20,7 @@ from capella.wire import parse_time
 from capella.wire.fields import DURATION_PATTERN, SIZE_PATTERN
 
 TEN_YEARS = 10 * 365 * 86_400
+MAX_LEASE = 12 * 3600
 # The queues the test creates before the run: a handler or a dead-letter queue names an
 # existing queue, which a generated name seldom is.
 QUEUE, OTHER_QUEUE = "orders", "copies"
@@ -35,6 +36,8 @@ def filter_case(ctx: schemathesis.HookContext, case: schemathesis.Case) -> bool:
     later valid requests fail (a queue narrowed to a segment range refuses writes outside it)."""
     query = case.query or {}
     if isinstance(query.get("segments"), str) and not ranges_in_order(query["segments"]):
+        return False
+    if in_the_future(query.get("external_time")):
         return False
     if case.method == "DELETE" and (case.path_parameters or {}).get("queue") in (QUEUE, OTHER_QUEUE):
         return False  # schemathesis reuses names from answers: the run's queues stay
@@ -56,17 +59,20 @@ def map_case(ctx: schemathesis.HookContext, case: schemathesis.Case) -> schemath
     if not isinstance(body, dict):
         return case
     if case.operation.label == "PUT /v1/handlers/{name}":
-        if isinstance(body.get("queues"), list) and body["queues"]:
+        # Only names the document allows become the run's: a case that is invalid on purpose
+        # (an empty name) stays invalid.
+        queues = body.get("queues")
+        if isinstance(queues, list) and queues and all(isinstance(q, str) and q for q in queues):
             body["queues"] = [QUEUE]
-        if isinstance(body.get("queue"), str):
+        if isinstance(body.get("queue"), str) and body["queue"]:
             body["queue"] = QUEUE
         params = body.get("params")
         if isinstance(params, dict):
             for name, queue in (("from", QUEUE), ("to", OTHER_QUEUE), ("dead_letter", OTHER_QUEUE)):
-                if isinstance(params.get(name), str):
+                if isinstance(params.get(name), str) and params[name]:
                     params[name] = queue
     policy = body.get("policy")
-    if isinstance(policy, dict) and isinstance(policy.get("dead_letter"), str):
+    if isinstance(policy, dict) and isinstance(policy.get("dead_letter"), str) and policy["dead_letter"]:
         policy["dead_letter"] = OTHER_QUEUE
     return case
 
@@ -91,6 +97,9 @@ def breaks_a_rule(value: Any) -> bool:
         return True
     if too_far(value.get("delay"), value.get("deliver_at")) or in_the_future(value.get("external_time")):
         return True
+    lease, cap = _seconds(value.get("lease")), _seconds(value.get("max_delay"))
+    if (lease is not None and lease > MAX_LEASE) or (cap is not None and cap > TEN_YEARS):
+        return True  # a lease of at most 12 h, a delay of at most ten years, in text too
     for name in ("block", "limits"):
         limits = value.get(name)
         size = limits.get("max_bytes") if isinstance(limits, dict) else None
@@ -134,7 +143,7 @@ def _seconds(value: object) -> float | None:
 def _time(value: object) -> float | None:
     if isinstance(value, str):
         try:
-            return parse_time(value)
+            return parse_time(float(value) if value.strip().replace(".", "", 1).isdigit() else value)
         except ValueError:
             return None  # not a time: the document refuses it too
     return _seconds(value)
