@@ -143,7 +143,7 @@ class ExpireParams(Struct, forbid_unknown_fields=True):
 class CopyParams(Struct, forbid_unknown_fields=True):
     """Copy messages from queues (or another cluster) into a queue, once each."""
 
-    to: Annotated[str, Meta(description="the destination queue (local)")]
+    to: Annotated[str, Meta(min_length=1, description="the destination queue (local)")]
     from_: Annotated[str, Meta(description="the source queue when the definition names no queues")] | None = (
         field(default=None, name="from")
     )
@@ -240,7 +240,7 @@ class PgConnection(Struct, forbid_unknown_fields=True):
 class PgOutboxParams(PgConnection, kw_only=True):
     """Relay committed rows of a PostgreSQL outbox table into a queue (docs/postgres.md)."""
 
-    to: Annotated[str, Meta(description="the destination queue")]
+    to: Annotated[str, Meta(min_length=1, description="the destination queue")]
     table: Annotated[str, Meta(description="the outbox table (default capella_outbox)")] | None = None
     source: Annotated[str, Meta(description="the identity source (default pg:<database>.<table>)")] | None = (
         None

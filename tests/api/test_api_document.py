@@ -371,3 +371,9 @@ async def test_an_expire_handler_gives_one_of_its_limits_in_both(q: TestClient) 
     assert valid("HandlerDefinition", body)
     assert (await q.put("/v1/handlers/h", json=body)).status == 201
     assert not valid("PgInboxParams", {"dsn_secret": "S", "subscription": "a/b"})
+
+
+def test_a_copy_names_a_destination() -> None:
+    # ST202: an empty params.to was schema-valid; the server refuses it.
+    assert not valid("CopyParams", {"to": ""})
+    assert not valid("PgOutboxParams", {"to": "", "dsn_secret": "S"})
