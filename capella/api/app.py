@@ -103,7 +103,7 @@ def create_app(
     # The guard's middleware goes first: a head is complete whatever the later ones decide.
     # The browser checks come before the access check, so a refused request costs no login.
     browser = BrowserGuard(settings, check_host=authenticator is None)
-    middlewares: list[Middleware] = [error_middleware, browser.middleware, access_middleware]
+    middlewares: list[Middleware] = [error_middleware, browser.middleware, access_middleware, single_values]
     cors = Cors(settings.cors) if settings.cors.origins else None
     if cors is not None:
         middlewares.insert(0, cors.middleware)  # a preflight carries no credentials
@@ -172,9 +172,6 @@ async def _stop_streams(app: web.Application) -> None:
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
-        query = request.query
-        if len(query) != len(set(query)):
-            _refuse_repeated(query)
         return await handler(request)
     except CapellaError as exc:
         if status_for(exc) >= 500:
@@ -202,9 +199,18 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(500, "internal", "internal server error", {})
 
 
-def _refuse_repeated(query: MultiMapping[str]) -> None:
+@web.middleware
+async def single_values(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A parameter that takes one value, given twice: 400 rather than the first silently
-    winning (``header.<name>`` and ``json.<path>`` filters may repeat: all must match)."""
+    winning (``header.<name>`` and ``json.<path>`` filters may repeat: all must match).
+    After the access check, so a request without credentials is still a 401."""
+    query = request.query
+    if len(query) != len(set(query)):
+        _refuse_repeated(query)
+    return await handler(request)
+
+
+def _refuse_repeated(query: MultiMapping[str]) -> None:
     for key in query:
         if not key.startswith(("header.", "json.")) and len(query.getall(key)) > 1:
             raise InvalidRequest(f"{key}: given more than once", parameter=key)
