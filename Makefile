@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck pytest docs docs-check bench chaos tools clean
+.PHONY: run test lint typecheck pytest docs docs-check bench chaos fuzz tools clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +39,12 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP) tools
-	$(BIN)/pytest -q -p no:cacheprovider -m "not chaos"
+	$(BIN)/pytest -q -p no:cacheprovider -m "not chaos and not fuzz"
+
+# schemathesis with every check but auth, three seeds, against a real server: the document and
+# the server agree (tests/e2e/test_fuzz.py). A few minutes.
+fuzz: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider -m fuzz tests/e2e/test_fuzz.py
 
 # Randomized fault schedules against real processes, a few minutes; prints a summary.
 chaos: $(STAMP) tools

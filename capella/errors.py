@@ -6,11 +6,16 @@ place that maps these classes to HTTP statuses.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class CapellaError(Exception):
-    """Root of every error Capella raises on purpose."""
+    """An unexpected failure, a bug (the server log has the details); the root of every error
+    Capella raises on purpose."""
 
     code = "internal"
+    # Raised only by the client library or the command line: the server never answers with it.
+    client_only: ClassVar[bool] = False
 
     def __init__(self, message: str = "", **details: object) -> None:
         super().__init__(message)
@@ -25,6 +30,18 @@ class InvalidRequest(CapellaError):
     """The request is malformed or breaks a rule."""
 
     code = "invalid_request"
+
+
+class UnknownField(InvalidRequest):
+    """A body or a definition names a field its type does not take.
+
+    ``known`` holds the fields that were allowed there, for a "did you mean" in another
+    wording (the configuration says "unknown key"); it is not part of the answer.
+    """
+
+    def __init__(self, message: str = "", *, field: str = "", known: tuple[str, ...] = ()) -> None:
+        super().__init__(message, field=field)
+        self.known = known
 
 
 class InvalidMessage(InvalidRequest):
@@ -98,6 +115,12 @@ class HeadersTooLarge(InvalidRequest):
     """The request line or a header is longer than the limit, or there are too many headers."""
 
     code = "headers_too_large"
+
+
+class MethodNotAllowed(InvalidRequest):
+    """The path exists, but not with this method; the Allow header lists the methods it takes."""
+
+    code = "method_not_allowed"
 
 
 class JsonTooDeep(InvalidRequest):
@@ -245,6 +268,7 @@ class ContextNotFound(NotFound):
     """The CLI has no saved context of this name (``capella context list``)."""
 
     code = "context_not_found"
+    client_only = True
 
 
 class AlreadyExists(CapellaError):
@@ -359,3 +383,20 @@ class NotEnoughReplicas(CapellaError):
     """Fewer clusters than required acknowledged an M-of-K write."""
 
     code = "not_enough_replicas"
+    client_only = True
+
+
+def error_classes() -> list[type[CapellaError]]:
+    """Every class of the tree, each after its bases (breadth first from ``CapellaError``).
+
+    The client reads a code as the first class here that carries it; the OpenAPI document
+    lists the codes under their statuses.
+    """
+    found: list[type[CapellaError]] = []
+    pending: list[type[CapellaError]] = [CapellaError]
+    while pending:
+        cls = pending.pop(0)
+        if cls not in found:
+            found.append(cls)
+            pending.extend(cls.__subclasses__())
+    return found

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from multidict import MultiMapping
 
 from capella import wire
 from capella.api import (
@@ -31,7 +33,7 @@ from capella.api.access import AUTHENTICATOR, NEEDS, access_middleware, challeng
 from capella.api.browser import BrowserGuard
 from capella.api.connection import ConnectionGuard
 from capella.api.cors import Cors
-from capella.api.errors import status_for
+from capella.api.errors import answered, status_for
 from capella.api.original import endpoint as original
 from capella.api.original.actions import IdClock
 from capella.api.request import CLUSTER, SETTINGS, STOPPING, SUPERVISOR, json_response
@@ -39,8 +41,9 @@ from capella.api.route import Route
 from capella.auth.authenticator import Authenticator
 from capella.config import CompatSettings, ServerSettings
 from capella.core.cluster import Cluster
-from capella.errors import CapellaError, RateLimited, Unauthorized
+from capella.errors import CapellaError, InvalidRequest, RateLimited, Unauthorized
 from capella.handlers.supervisor import Supervisor
+from capella.wire.answers import Error
 
 __all__ = ["CLUSTER", "ROUTES", "SETTINGS", "SUPERVISOR", "create_app", "document"]
 
@@ -77,14 +80,9 @@ def document_body() -> bytes:
     return wire.dumps(document())
 
 
-# aiohttp raises these itself (unknown route, wrong method, body over client_max_size).
-HTTP_CODES = {
-    400: "invalid_request",
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "request_timeout",
-    413: "payload_too_large",
-}
+# aiohttp raises some itself (unknown route, wrong method, body over client_max_size): each
+# status gets the code of the most general error answered with it (404 not_found...).
+HTTP_CODES = {status: kinds[0].code for status, kinds in answered().items()}
 
 
 def create_app(
@@ -105,7 +103,7 @@ def create_app(
     # The guard's middleware goes first: a head is complete whatever the later ones decide.
     # The browser checks come before the access check, so a refused request costs no login.
     browser = BrowserGuard(settings, check_host=authenticator is None)
-    middlewares: list[Middleware] = [error_middleware, browser.middleware, access_middleware]
+    middlewares: list[Middleware] = [error_middleware, browser.middleware, access_middleware, single_values]
     cors = Cors(settings.cors) if settings.cors.origins else None
     if cors is not None:
         middlewares.insert(0, cors.middleware)  # a preflight carries no credentials
@@ -124,8 +122,7 @@ def create_app(
     # How many clusters a relayed /v1 request may pass through, as for nested /cluster calls.
     app[relay.MAX_HOPS] = (compat or CompatSettings()).max_hops
     for route in ROUTES:
-        # A trailing {path} is the rest of the path, slashes included (the cluster relay).
-        path = route.path.replace("{path}", "{path:.*}")
+        path = served_path(route.path, ROUTES)
         if route.method == "GET":
             app.router.add_get(path, route.handler)  # HEAD too
         else:
@@ -141,6 +138,31 @@ def create_app(
     render: Callable[[], bytes] = document_body
     app[openapi.DOCUMENT_BODY] = render
     return app
+
+
+def served_path(path: str, routes: list[Route]) -> str:
+    """``path`` as aiohttp matches it.
+
+    A trailing ``{path}`` is the rest of the path, slashes included (the cluster relay). Any
+    other ``{name}`` is not one of the fixed segments beside it: ``/scheduled/cancel`` is not a
+    scheduled message whose id is "cancel", so a method cancel does not take is 405 with an
+    ``Allow`` of cancel's methods alone, as the document says.
+    """
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if part == "{path}":
+            parts[i] = "{path:.*}"
+        elif part.startswith("{"):
+            fixed = sorted(
+                {
+                    other[i]
+                    for other in (r.path.split("/") for r in routes)
+                    if len(other) > i and other[:i] == parts[:i] and other[i] and not other[i].startswith("{")
+                }
+            )
+            if fixed:
+                parts[i] = f"{part[:-1]}:(?!(?:{'|'.join(map(re.escape, fixed))})$)[^{{}}/]+}}"
+    return "/".join(parts)
 
 
 async def _stop_streams(app: web.Application) -> None:
@@ -177,6 +199,23 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(500, "internal", "internal server error", {})
 
 
+@web.middleware
+async def single_values(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A parameter that takes one value, given twice: 400 rather than the first silently
+    winning (``header.<name>`` and ``json.<path>`` filters may repeat: all must match).
+    After the access check, so a request without credentials is still a 401."""
+    query = request.query
+    if len(query) != len(set(query)):
+        _refuse_repeated(query)
+    return await handler(request)
+
+
+def _refuse_repeated(query: MultiMapping[str]) -> None:
+    for key in query:
+        if not key.startswith(("header.", "json.")) and len(query.getall(key)) > 1:
+            raise InvalidRequest(f"{key}: given more than once", parameter=key)
+
+
 def error_response(
     status: int,
     code: str,
@@ -184,7 +223,7 @@ def error_response(
     details: dict[str, object],
     headers: dict[str, str] | None = None,
 ) -> web.Response:
-    return json_response({"error": {**details, "code": code, "message": message}}, status, headers)
+    return json_response(Error.of(code, message, details), status, headers)
 
 
 def _http_message(request: web.Request, exc: web.HTTPException) -> str:

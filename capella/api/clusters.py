@@ -1,6 +1,6 @@
 """External clusters: register (PUT), describe (GET), list, drop (DELETE), and ping one.
 
-No answer holds a password or token: a link is shown by ``Link.public_dict()``, which says
+No answer holds a password or token: a link is shown by ``Link.info()``, which says
 only what kind of credential it has and where it comes from, and an ``error`` when its
 stored credentials cannot be read.
 """
@@ -15,23 +15,26 @@ from capella.api.openapi import answer, json_content, ref
 from capella.api.request import json_response, read_object
 from capella.api.route import Route, on_named
 from capella.handlers.links import Links
+from capella.wire.clusters import ClusterList
 
 
 async def list_clusters(request: web.Request) -> web.Response:
     who = identity(request)
     readable = [link for link in links(request).links() if who.can("external_cluster", "read", link.name)]
-    return json_response({"clusters": [link.public_dict() for link in readable]})
+    return json_response(ClusterList([link.info() for link in readable]))
 
 
 async def put_cluster(request: web.Request) -> web.Response:
     data = await read_object(request)
     # A named secret must be one the definer may use (secret use), not any the server holds.
     link, created, check = await links(request).put(request.match_info["name"], data, by=identity(request))
-    return json_response(link.public_dict() | {"name_check": check}, 201 if created else 200)
+    info = link.info()
+    info.name_check = check
+    return json_response(info, 201 if created else 200)
 
 
 async def get_cluster(request: web.Request) -> web.Response:
-    return json_response(links(request).link(request.match_info["name"]).public_dict())
+    return json_response(links(request).link(request.match_info["name"]).info())
 
 
 async def drop_cluster(request: web.Request) -> web.Response:

@@ -29,6 +29,7 @@ from http import HTTPStatus
 from ssl import SSLContext
 from typing import cast
 
+import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.typedefs import Handler, Middleware
@@ -45,6 +46,7 @@ from capella.errors import (
     RequestTimeout,
     TooManyConnections,
 )
+from capella.wire.answers import Error
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +363,7 @@ class _Tally:
 def _answer(error: CapellaError) -> bytes:
     """A whole ``Connection: close`` HTTP response carrying ``error``, for writing to a transport."""
     status = status_for(error)
-    body = wire.dumps(_error_body(error))
+    body = msgspec.json.encode(_error_body(error))
     head = (
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
         f"Content-Type: {wire.JSON}\r\n"
@@ -371,6 +373,5 @@ def _answer(error: CapellaError) -> bytes:
     return head.encode("ascii") + body
 
 
-def _error_body(error: CapellaError) -> dict[str, object]:
-    # The shape of every Capella error answer (see error_response in api/app.py).
-    return {"error": {**error.details, "code": error.code, "message": error.message}}
+def _error_body(error: CapellaError) -> Error:
+    return Error.of(error.code, error.message, error.details)

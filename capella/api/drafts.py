@@ -31,15 +31,16 @@ from capella.errors import (
     PayloadTooLarge,
 )
 from capella.units import parse_duration
+from capella.wire import fields, record_batch
 from capella.wire import messages as wire_messages
-from capella.wire import record_batch
 from capella.wire.batch_page import BATCH_MEDIA_TYPE
+from capella.wire.decode import unknown_field
 from capella.wire.record_batch import RecordBatch
 
 HEADER_PREFIX = "capella-header-"
 MAX_SOURCE_BYTES = 255
 # How far ahead a delayed message may be scheduled (ten years).
-MAX_DELAY = 10 * 365 * 86_400.0
+MAX_DELAY = float(fields.MAX_DELAY)
 
 _INT64_MIN = wire.INT64_MIN
 _INT64_MAX = wire.INT64_MAX
@@ -96,7 +97,7 @@ def json_drafts(
     items: list[wire_messages.Message]
     if decoded.messages is not None:
         if extra := [f for f in wire_messages.Message.__struct_fields__ if getattr(decoded, f) is not None]:
-            raise InvalidRequest(f"unknown field(s) next to messages: {', '.join(extra)}")
+            raise unknown_field(extra[0], ("messages",))
         items = decoded.messages
     else:
         items = [decoded]
@@ -264,9 +265,9 @@ def draft_of(item: wire_messages.Message, index: int, settings: ServerSettings, 
     return Draft(
         payload,
         None if source is None else _source(source, index),
-        item.external_id,
+        None if item.external_id is None else int(item.external_id),
         None if external_time is None else _time(external_time, index),
-        0 if segment is None else segment,
+        0 if segment is None else int(segment),
         EMPTY_HEADERS if headers is None else _headers(headers, index, settings),
         None
         if item.deliver_at is None and item.delay is None
@@ -304,7 +305,7 @@ def _decode_error(text: str, index: int, *, batch: bool) -> InvalidRequest:
         if field == "messages" and "unknown field" not in problem:
             return InvalidRequest("messages: expected a list of message objects")
         if unknown := re.search(r"unknown field `(.*)`", problem):
-            return InvalidRequest(f"unknown field(s) next to messages: {unknown.group(1)}")
+            return unknown_field(unknown.group(1), ("messages",))
     if field is None or field == "messages":
         if unknown := re.search(r"unknown field `(.*)`", problem):
             return _bad(index, unknown.group(1), "unknown field")

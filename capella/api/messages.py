@@ -76,6 +76,10 @@ _SSE_EVENT = b"id: %d\nevent: message\ndata: %b\n\n"
 # --- produce --------------------------------------------------------------------------------
 
 
+# What a raw (application/octet-stream) body's message takes from the query.
+RAW_PARAMETERS = frozenset(("source", "external_id", "external_time", "segment", "deliver_at", "delay"))
+
+
 async def produce(request: web.Request) -> web.Response:
     queue = request.app[CLUSTER].queue(request.match_info["queue"])
     save = save_param(request)
@@ -94,12 +98,18 @@ async def produce(request: web.Request) -> web.Response:
         batches = record_batches(body)
     elif kind == "octet":
         drafts = [raw_draft(body, request.query, request.headers, settings, now)]
-    elif kind == "ndjson":
-        drafts = ndjson_drafts(body, settings, now)
     else:
-        drafts = json_drafts(body, settings, now, form=kind == "form")
+        # The metadata parameters are for a raw body; with another they are still checked, so
+        # a bad one is refused, as the document says, rather than ignored.
+        if not RAW_PARAMETERS.isdisjoint(request.query):
+            raw_draft(b"", request.query, {}, settings, now)
+        if kind == "ndjson":
+            drafts = ndjson_drafts(body, settings, now)
+        else:
+            drafts = json_drafts(body, settings, now, form=kind == "form")
     replicas = int_param(request, "replicas", 0, low=0, high=1000)
-    replica_wait = wait_param(request, "replica_timeout", REPLICA_TIMEOUT) if replicas else 0.0
+    # Checked without replicas too: a bad value is refused, as the document says.
+    replica_wait = wait_param(request, "replica_timeout", REPLICA_TIMEOUT)
     if batches:
         appended: Sequence[Appended | Delayed] = await append_batches(queue, batches, settings, save)
     else:
@@ -361,15 +371,17 @@ ROUTES = [
                 "query",
                 {"type": "string", "minLength": 1, "maxLength": 255},
                 "octet-stream only: source (at most 255 bytes)",
+                empty=False,
             ),
-            param("external_id", "query", INT64, "octet-stream only: external id"),
+            param("external_id", "query", INT64, "octet-stream only: external id", empty=False),
             param(
                 "external_time",
                 "query",
                 {"type": "string", "pattern": TIME_TEXT_PATTERN},
                 "octet-stream only: UNIX seconds or RFC 3339, not in the future",
+                empty=False,
             ),
-            param("segment", "query", INT64, "octet-stream only: segment"),
+            param("segment", "query", INT64, "octet-stream only: segment", empty=False),
         ),
         body={
             "required": True,
@@ -433,8 +445,8 @@ ROUTES = [
             param(
                 "Last-Event-ID",
                 "header",
-                {"type": "string", "pattern": r"^\s*\d+\s*$"},
-                "Resume after this message id (wins over after)",
+                {"type": "string", "pattern": r"^\s*\d*\s*$"},
+                "Resume after this message id (wins over after; empty: not given)",
             ),
         ),
     ),

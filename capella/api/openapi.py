@@ -16,7 +16,9 @@ import msgspec
 from aiohttp import web
 
 from capella import wire
+from capella.api.errors import answered
 from capella.api.route import Route
+from capella.errors import CapellaError
 from capella.wire import (
     answers,
     auth,
@@ -38,7 +40,7 @@ def schema_of(kind: object) -> dict[str, Any]:
 
 INT64 = schema_of(fields.Int64)
 MESSAGE_ID = schema_of(fields.MessageId)
-TIME_TEXT_PATTERN = r"^(\d+(\.\d+)?|\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2}))$"
+TIME_TEXT_PATTERN = rf"^(\d+(\.\d+)?|{fields.RFC3339})$"
 DURATION = schema_of(fields.Duration)
 NAME = schema_of(fields.Name)
 
@@ -58,20 +60,34 @@ def answer(description: str, schema: dict[str, Any] | None = None) -> dict[str, 
 
 
 def param(
-    name: str, where: str, schema: dict[str, Any], description: str, required: bool = False
+    name: str,
+    where: str,
+    schema: dict[str, Any],
+    description: str,
+    required: bool = False,
+    *,
+    empty: bool = True,
 ) -> dict[str, Any]:
-    return {
+    """A parameter of an operation. An optional query parameter given empty (``?wait=``) counts
+    as not given, as ``api/request.py`` reads them; ``empty=False`` for one whose reader
+    refuses an empty value."""
+    result = {
         "name": name,
         "in": where,
         "required": required or where == "path",
         "schema": schema,
         "description": description,
     }
+    if where == "query" and not required and empty:
+        result["allowEmptyValue"] = True
+    return result
 
 
 QUEUE = param("queue", "path", NAME, "Queue name")
 SUBSCRIPTION = param("name", "path", NAME, "Subscription name")
-SCHEDULED_ID = param("id", "path", MESSAGE_ID, "Scheduled message id (scheduled_id)")
+# Ids are handed out from 1: 0 names nothing (400, as a path of another kind would).
+STORED_ID = {**MESSAGE_ID, "minimum": 1}
+SCHEDULED_ID = param("id", "path", STORED_ID, "Scheduled message id (scheduled_id)")
 HANDLER = param("name", "path", NAME, "Handler name")
 CLUSTER = param("name", "path", NAME, "External cluster name")
 USER = param("name", "path", schema_of(fields.UserName), "User name")
@@ -90,10 +106,14 @@ SEGMENTS = param(
     "Inclusive segment ranges, e.g. 0-9,20-29,42",
 )
 WAIT = param("wait", "query", DURATION, "Long-poll up to this many seconds (capped at max_wait)")
+# What answer_form takes: nothing, or a list naming */*, application/* or one of the forms.
+ACCEPT_PATTERN = (
+    r"^(\s*|(.*,)?\s*(\*/\*|application/(\*|json|x-ndjson|vnd\.capella\.messages))\s*(;[^,]*)?(,.*)?)$"
+)
 ACCEPT = param(
     "Accept",
     "header",
-    {"type": "string"},
+    {"type": "string", "pattern": ACCEPT_PATTERN},
     "application/json (the default), application/x-ndjson for one StoredMessage per line, or "
     f"{frames.MEDIA_TYPE} for binary frames, {batch_page.PAGE_MEDIA_TYPE} for a page of record "
     "batches (docs/format.md); anything else is 406 not_acceptable",
@@ -179,33 +199,14 @@ def schemas() -> dict[str, Any]:
     return dict(sorted(components.items()))
 
 
-_ERROR_TEXT = {
-    400: "invalid_request, invalid_message (with index), message_headers_too_large (with index and "
-    "limit), invalid_batch (a record-batch body that does not parse), invalid_name, invalid_save_mode, "
-    "invalid_config, json_too_deep, table_mismatch, "
-    "secret_unavailable (a named secret that is not declared, not granted by a secret use rule, or has "
-    "no value: one answer for the three); unknown_action, too_many_hops, call_loop (the original "
-    "protocol's POST /cluster, docs/compat.md, answers them as numeric codes)",
-    401: "unauthorized: no credentials, or not valid ones (with a WWW-Authenticate header)",
-    403: "forbidden: the user's rules do not allow this; cross_site_request: a browser sent a "
-    "state-changing request from a page of another site; host_not_allowed: with authentication off, "
-    "the Host is neither a loopback name nor in server.allowed_hosts; egress_refused: the egress policy "
-    "does not allow connecting to that address",
-    404: "not_found, queue_not_found, subscription_not_found, message_not_found, scheduled_not_found, "
-    "unknown_receipt, handler_not_found, cluster_not_found, user_not_found, token_not_found, key_not_found",
-    405: "method_not_allowed",
-    406: "not_acceptable: the Accept header names no form the answer comes in",
-    408: "request_timeout: the body (or the request head) did not arrive within its deadline",
-    409: "already_exists, conflict, wrong_subscription_mode, lease_lost, same_cluster_name",
-    413: "payload_too_large: body, message or batch over the limit",
-    429: "too_many_logins (password checks waiting over the limit), too_many_failed_logins (the failed "
-    "logins of this address or user name over the limit), rate_limited; Retry-After says when to retry",
-    431: "headers_too_large: the request line, a header or the number of headers is over the limit",
-    500: "internal: a bug; the server log has the details",
-    502: "unreachable: an external cluster could not be reached, or refused the link's credentials",
-    503: "storage_unavailable, storage_timeout, unsupported, shutting_down, corrupt_data, not_ready, "
-    "too_many_connections, database_unavailable, database_refused",
-}
+def error_text(kinds: list[type[CapellaError]]) -> str:
+    """What the errors of one status mean: each code with the first paragraph of its docstring."""
+    return "; ".join(f"{kind.code}: {_summary(kind)}" for kind in kinds)
+
+
+def _summary(kind: type[CapellaError]) -> str:
+    first = (kind.__doc__ or "").split("\n\n")[0]
+    return " ".join(first.split())
 
 
 def fails(*statuses: int) -> dict[str, Any]:
@@ -239,7 +240,7 @@ _PATH_PARAMS = {
     ("queues", "queue"): QUEUE,
     ("subscriptions", "name"): SUBSCRIPTION,
     ("scheduled", "id"): SCHEDULED_ID,
-    ("work", "id"): param("id", "path", MESSAGE_ID, "Message id"),
+    ("work", "id"): param("id", "path", STORED_ID, "Message id"),
     ("handlers", "name"): HANDLER,
     ("clusters", "name"): CLUSTER,
     ("users", "name"): USER,
@@ -302,8 +303,8 @@ def document(routes: list[Route]) -> dict[str, Any]:
             },
             "schemas": schemas(),
             "responses": {
-                f"E{status}": {"description": text, "content": json_content(ref("Error"))}
-                for status, text in _ERROR_TEXT.items()
+                f"E{status}": {"description": error_text(kinds), "content": json_content(ref("Error"))}
+                for status, kinds in answered().items()
             },
         },
     }

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+import msgspec
 from aiohttp import web
 
 from capella.api.access import identity
@@ -11,16 +10,19 @@ from capella.api.openapi import AFTER, LIMIT, answer, json_content, param, ref
 from capella.api.request import CLUSTER, int_param, json_response, limit_param, read_object
 from capella.api.route import Route, on_queue
 from capella.core.queue import Queue
+from capella.wire.queues import Block, BlockList, QueueInfo, QueueList, QueueStats
 
 
-def queue_info(queue: Queue) -> dict[str, Any]:
-    return {"name": queue.name, "definition": queue.definition_dict(), "stats": queue.stats()}
+def queue_info(queue: Queue) -> QueueInfo:
+    # The queue reports its stats as plain values (handlers and metrics read them too).
+    stats = msgspec.convert(queue.stats(), QueueStats)
+    return QueueInfo(name=queue.name, definition=queue.definition.to_wire(), stats=stats)
 
 
 async def list_queues(request: web.Request) -> web.Response:
     who = identity(request)
     readable = [q for q in request.app[CLUSTER].queues() if who.can("queue", "read", q.name)]
-    return json_response({"queues": [queue_info(q) for q in readable]})
+    return json_response(QueueList([queue_info(q) for q in readable]))
 
 
 async def put_queue(request: web.Request) -> web.Response:
@@ -41,7 +43,8 @@ async def list_blocks(request: web.Request) -> web.Response:
     blocks = queue.blocks(after, limit + 1)
     more = len(blocks) > limit
     del blocks[limit:]
-    return json_response({"blocks": blocks, "next_after": blocks[-1]["last_id"] if more else None})
+    next_after = blocks[-1]["last_id"] if more else None
+    return json_response(BlockList(msgspec.convert(blocks, list[Block]), next_after))
 
 
 async def drop_queue(request: web.Request) -> web.Response:

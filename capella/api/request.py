@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any, TypeVar
 
 import msgspec
@@ -17,6 +16,7 @@ from capella.core.message import SaveMode
 from capella.errors import InvalidRequest, JsonTooDeep, PayloadTooLarge, RequestTimeout
 from capella.handlers.supervisor import Supervisor
 from capella.units import parse_duration
+from capella.wire.decode import decode
 
 CLUSTER = web.AppKey("cluster", Cluster)
 SETTINGS = web.AppKey("settings", ServerSettings)
@@ -29,13 +29,6 @@ _AS_SQUARE = bytes.maketrans(b"{}", b"[]")
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 S = TypeVar("S", bound=msgspec.Struct)
-
-# What msgspec says, and where: "Expected `int`, got `str` - at `$.policy.lease`".
-_PROBLEM = re.compile(r"^(.*?)(?: - at `\$((?:\.\w+)*)(.*)`)?$", re.DOTALL)
-_UNKNOWN = re.compile(r"unknown field `(.*)`")
-_MISSING = re.compile(r"missing required field `(.*)`")
-_JSON_TYPES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a boolean"}
-_JSON_TYPES |= {"array": "an array", "object": "an object", "null": "null"}
 
 
 def json_response(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -117,44 +110,19 @@ async def read_object(request: web.Request) -> dict[str, Any]:
     return value
 
 
-def _in_words(types: re.Match[str]) -> str:
-    """``int | null`` → "an integer or null"."""
-    words = [_JSON_TYPES.get(t, t) for t in types.group(1).split(" | ")]
-    return " or ".join(words)
-
-
 async def read_struct(request: web.Request, kind: type[S]) -> S:
     """The body decoded into the wire struct ``kind`` (no body counts as ``{}``).
 
     A wrong type, a missing or an unknown field is ``InvalidRequest`` naming the field by its
-    dotted path (``policy.lease``); what the values mean is the caller's to check.
+    dotted path (``policy.lease``, ``wire.decode``); rules the struct does not hold are the
+    caller's to check.
     """
-    value = await read_json(request, empty={})
-    try:
-        return msgspec.convert(value, kind)
-    except msgspec.ValidationError as exc:
-        raise field_error(str(exc)) from None
+    return decode(await read_json(request, empty={}), kind)
 
 
 def present(body: msgspec.Struct) -> set[str]:
     """The fields a decoded body gave (``null`` counts as given; a field left out is UNSET)."""
     return {name for name in body.__struct_fields__ if getattr(body, name) is not msgspec.UNSET}
-
-
-def field_error(text: str) -> InvalidRequest:
-    """``InvalidRequest`` for a msgspec validation message, in the API's words."""
-    problem, path, rest = _PROBLEM.match(text).groups()  # type: ignore[union-attr]  # the pattern always matches
-    parent = (path or "").lstrip(".")
-    if unknown := _UNKNOWN.search(problem):
-        field = f"{parent}.{unknown.group(1)}" if parent else unknown.group(1)
-        return InvalidRequest(f"unknown field {field!r}", field=field)
-    if missing := _MISSING.search(problem):
-        field = f"{parent}.{missing.group(1)}" if parent else missing.group(1)
-        return InvalidRequest(f"{field} is required", field=field)
-    if not parent:
-        return InvalidRequest("the body must be a JSON object")
-    problem = re.sub(r"`([^`]*)`", _in_words, problem)
-    return InvalidRequest(f"{parent}{rest or ''}: {problem[:1].lower()}{problem[1:]}", field=parent)
 
 
 def int_param(

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 
 from aiohttp import web
 
 from capella import wire
 from capella.api.drafts import MAX_DELAY
-from capella.api.openapi import LIMIT, MESSAGE_FILTERS, SAVE, answer, json_content, param, ref
+from capella.api.openapi import (
+    LIMIT,
+    MESSAGE_FILTERS,
+    SAVE,
+    TIME_TEXT_PATTERN,
+    answer,
+    json_content,
+    param,
+    ref,
+)
 from capella.api.request import (
     CLUSTER,
     json_response,
@@ -34,6 +44,9 @@ from capella.wire.messages import (
 
 # At most this many ids in one cancel request.
 MAX_CANCEL = 10_000
+# A page's next: the due time and the scheduled id of the last one listed.
+TIME_TEXT = re.compile(TIME_TEXT_PATTERN)
+CURSOR = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?:\d+")
 
 
 def scheduled_info(item: Scheduled) -> ScheduledMessage:
@@ -118,6 +131,8 @@ def _time_param(request: web.Request, name: str) -> float | None:
     if text is None or text == "":
         return None
     try:
+        if not TIME_TEXT.fullmatch(text):  # what the document says: the server takes no more
+            raise ValueError(text)
         return wire.parse_time(float(text) if _is_number(text) else text)
     except ValueError:
         raise InvalidRequest(
@@ -139,13 +154,13 @@ SCAN_LIMIT = 10_000
 def _cursor(text: str | None) -> tuple[float, int] | None:
     if text is None or text == "":
         return None
-    due, _, sid = text.partition(":")
-    try:
-        return (float(due), int(sid))
-    except ValueError:
+    # Only what a page's next looks like ("1700000000.5:42"), as the document says.
+    if not CURSOR.fullmatch(text):
         raise InvalidRequest(
             f"after: expected the next value of a previous page, got {text!r}", parameter="after"
-        ) from None
+        )
+    due, _, sid = text.partition(":")
+    return (float(due), int(sid))
 
 
 async def get_scheduled(request: web.Request) -> web.Response:
@@ -213,11 +228,24 @@ ROUTES = [
         fails=(400, 404),
         params=(
             LIMIT,
-            param("after", "query", {"type": "string"}, "the next value of the previous page"),
             param(
-                "due_after", "query", {"type": "string"}, "only due at or after this time (UNIX or RFC 3339)"
+                "after",
+                "query",
+                {"type": "string", "pattern": f"^{CURSOR.pattern}$"},
+                "the next value of the previous page",
             ),
-            param("due_before", "query", {"type": "string"}, "only due before this time (UNIX or RFC 3339)"),
+            param(
+                "due_after",
+                "query",
+                {"type": "string", "pattern": TIME_TEXT_PATTERN},
+                "only due at or after this time (UNIX or RFC 3339)",
+            ),
+            param(
+                "due_before",
+                "query",
+                {"type": "string", "pattern": TIME_TEXT_PATTERN},
+                "only due before this time (UNIX or RFC 3339)",
+            ),
             *MESSAGE_FILTERS,
         ),
     ),

@@ -3,7 +3,6 @@ definition of ack-mode subscriptions (their claims and acks are in ``api/work.py
 
 from __future__ import annotations
 
-import msgspec
 from aiohttp import web
 from msgspec import UNSET
 
@@ -38,7 +37,7 @@ from capella.core.filter import MessageFilter
 from capella.core.message import SaveMode
 from capella.core.queue import Queue
 from capella.core.subscription import ACK, CURSOR, Subscription
-from capella.core.work.retry import RetryPolicy, parse_policy
+from capella.core.work.retry import RetryPolicy, apply_policy
 from capella.errors import InvalidRequest, SubscriptionNotFound, WrongSubscriptionMode
 from capella.wire import work as wire_work
 
@@ -55,7 +54,7 @@ def subscription_info(queue: Queue, sub: Subscription) -> wire_work.Subscription
     )
     if sub.mode == ACK and sub.policy is not None:
         state = queue.work(sub.name).state
-        info.policy = msgspec.convert(sub.policy.to_dict(), wire_work.RetryPolicy)
+        info.policy = sub.policy.to_wire()
         info.work = wire_work.WorkCounts(
             claimed_through=state.high,
             backlog=max(0, queue.last_id - state.high),
@@ -110,7 +109,8 @@ async def commit(request: web.Request) -> web.Response:
 async def _define_work(
     queue: Queue, name: str, body: wire_work.SubscriptionCommit, given: set[str], save: SaveMode
 ) -> web.Response:
-    if extra := sorted(given & {"last_id", "replica", "reset"}):
+    # null counts as not given, as for a cursor.
+    if extra := sorted(f for f in given & {"last_id", "replica", "reset"} if getattr(body, f) is not None):
         raise InvalidRequest(f"{extra[0]}: not for an ack-mode subscription", field=extra[0])
     if body.mode not in (UNSET, ACK):
         raise InvalidRequest("policy: only an ack-mode subscription has one", field="policy")
@@ -122,7 +122,7 @@ async def _define_work(
         if current.mode != ACK:
             raise WrongSubscriptionMode(f"subscription {name!r} is a cursor; its mode cannot change")
         base = current.policy or RetryPolicy()
-    policy = parse_policy({} if body.policy is UNSET else msgspec.to_builtins(body.policy), base)
+    policy = base if body.policy is UNSET else apply_policy(body.policy, base)
     sub, created = await queue.define_work(name, policy, save)
     return json_response(subscription_info(queue, sub), 201 if created else 200)
 
@@ -235,7 +235,7 @@ ROUTES = [
         summary="Read after the subscription's cursor; commit=auto moves it",
         tag="subscriptions",
         answers={200: MESSAGES_ANSWER},
-        fails=(400, 404, 406),
+        fails=(400, 404, 406, 409),
         params=(
             LIMIT,
             SEGMENTS,

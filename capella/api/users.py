@@ -8,18 +8,20 @@ password, or enable and disable it. A user changes its own password with the old
 from __future__ import annotations
 
 import asyncio
+import functools
 
-import msgspec
 from aiohttp import web
 from msgspec import UNSET
 
 from capella.api.access import AUTHENTICATOR, identity
 from capella.api.openapi import answer, json_content, ref
-from capella.api.request import CLUSTER, json_response, read_struct
+from capella.api.request import CLUSTER, json_response, present, read_struct
 from capella.api.route import Route, on_named
-from capella.auth.store import AuthStore
-from capella.errors import Forbidden, NotFound, Unauthorized
+from capella.auth.rule import Rule
+from capella.auth.store import MAX_RULES, AuthStore
+from capella.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
 from capella.wire.auth import PasswordChange, UserPut
+from capella.wire.auth import Rule as WireRule
 
 
 def store(request: web.Request) -> AuthStore:
@@ -38,11 +40,34 @@ async def list_users(request: web.Request) -> web.Response:
 async def put_user(request: web.Request) -> web.Response:
     users = store(request)
     # The store checks what the values mean; fields left out are left as they are.
-    body = msgspec.to_builtins(await read_struct(request, UserPut))
-    if ("admin" in body or "rules" in body) and not identity(request).admin:
-        raise Forbidden("only an admin may set admin or rules", field="admin" if "admin" in body else "rules")
-    user, created = await asyncio.to_thread(users.put_user, request.match_info["name"], body)
+    body = await read_struct(request, UserPut)
+    given = present(body)
+    if given & {"admin", "rules"} and not identity(request).admin:
+        raise Forbidden(
+            "only an admin may set admin or rules", field="admin" if "admin" in given else "rules"
+        )
+    change = functools.partial(
+        users.change_user,
+        request.match_info["name"],
+        password=None if body.password is UNSET else body.password,
+        admin=None if body.admin is UNSET else body.admin,
+        enabled=None if body.enabled is UNSET else body.enabled,
+        rules=None if body.rules is UNSET else rules(body.rules),
+    )
+    user, created = await asyncio.to_thread(change)
     return json_response(user.public_dict(), 201 if created else 200)
+
+
+def rules(given: list[WireRule | str]) -> tuple[Rule, ...]:
+    """The rules of a body, each an object or a line (``allow:queue:read:orders``)."""
+    if len(given) > MAX_RULES:
+        raise InvalidRequest(f"rules: at most {MAX_RULES} rules per user", field="rules")
+    return tuple(
+        Rule.parse(r, f"rules[{i}]")
+        if isinstance(r, str)
+        else Rule.of(r.effect, r.type, r.action, "*" if r.name is UNSET else r.name, f"rules[{i}]")
+        for i, r in enumerate(given)
+    )
 
 
 async def get_user(request: web.Request) -> web.Response:
@@ -75,7 +100,7 @@ async def change_password(request: web.Request) -> web.Response:
             raise Forbidden(
                 "old_password is required and must be the current password", field="old_password"
             ) from None
-    user, _ = await asyncio.to_thread(users.put_user, name, {"password": body.password})
+    user, _ = await asyncio.to_thread(functools.partial(users.change_user, name, password=body.password))
     return json_response(user.public_dict())
 
 

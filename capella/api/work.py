@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from msgspec import UNSET
@@ -20,7 +20,6 @@ from capella import wire
 from capella.api.drafts import MAX_DELAY
 from capella.api.openapi import (
     AFTER,
-    DURATION,
     LIMIT,
     MESSAGE_FILTERS,
     SAVE,
@@ -29,6 +28,7 @@ from capella.api.openapi import (
     json_content,
     param,
     ref,
+    schema_of,
 )
 from capella.api.request import (
     CLUSTER,
@@ -48,16 +48,33 @@ from capella.api.route import Route, on_queue, on_subscription
 from capella.core.filter import MessageFilter, matches, parse_path
 from capella.core.message import Message, SaveMode, stored_message
 from capella.core.queue import Queue
-from capella.core.work.retry import MAX_LEASE
 from capella.core.work.state import Entry
 from capella.core.work.work_queue import STATUSES, Outcome, WorkQueue, parse_receipt
 from capella.errors import InvalidRequest, MessageNotFound
 from capella.units import parse_duration
-from capella.wire.work import DeletedWork, Receipts, RetriedWork, WorkSelection
+from capella.wire.answers import ErrorDetail
+from capella.wire.fields import MAX_LEASE, Lease
+from capella.wire.work import (
+    DeletedWork,
+    ExtendReceipts,
+    NackReceipts,
+    ReceiptResult,
+    ReceiptResults,
+    Receipts,
+    RetriedWork,
+    RetrySelection,
+    WorkSelection,
+)
 
 # At most this many messages are retried or deleted by one request (the answer says where to
 # go on from).
 MAX_BULK = 10_000
+
+_STATUS = r"\s*(pending|in_flight|failed|dead)\s*"
+STATUS_LIST = f"^{_STATUS}(,{_STATUS})*$"
+
+R = TypeVar("R", bound=Receipts)
+W = TypeVar("W", bound=WorkSelection)
 
 
 def _work(request: web.Request) -> tuple[Queue, WorkQueue]:
@@ -138,11 +155,9 @@ async def _claim_waiting(
     return []
 
 
-async def _receipts(request: web.Request, allowed: set[str]) -> tuple[list[tuple[int, int]], bool, Receipts]:
-    """The receipts of the body, whether it named a single one, and the body."""
-    body = await read_struct(request, Receipts)
-    if unknown := sorted(present(body) - allowed - {"receipts", "receipt"}):
-        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", field=unknown[0])
+async def _receipts(request: web.Request, kind: type[R]) -> tuple[list[tuple[int, int]], bool, R]:
+    """The receipts of the body (a ``kind``), whether it named a single one, and the body."""
+    body = await read_struct(request, kind)
     if body.receipt is not UNSET:
         if body.receipts is not UNSET:
             raise InvalidRequest("give receipts (a list) or receipt (one)", field="receipts")
@@ -159,27 +174,27 @@ async def _receipts(request: web.Request, allowed: set[str]) -> tuple[list[tuple
 
 
 def _answer(outcomes: Sequence[Outcome], single: bool, field: str | None = None) -> web.Response:
+    """One ``ReceiptResult`` per outcome; ``field`` (``lease_until``, ``retry_at``) holds the
+    time an outcome's entry runs to, and ``retry_at`` without one means the message is dead."""
     if single and outcomes[0].error is not None:
         raise outcomes[0].error
     results = []
     for o in outcomes:
-        if o.error is None:
-            result: dict[str, Any] = {"receipt": o.receipt, "id": o.id, "ok": True}
-            if field is not None and o.entry is not None:
-                result[field] = o.entry.until
-            elif field == "retry_at":
-                result["dead"] = True  # its attempts were used up
-        else:
-            error = {"code": o.error.code, "message": o.error.message}
-            result = {"receipt": o.receipt, "id": o.id, "ok": False, "error": error}
+        result = ReceiptResult(o.receipt, o.id, o.error is None)
+        if o.error is not None:
+            result.error = ErrorDetail(o.error.code, o.error.message)
+        elif field is not None and o.entry is not None:
+            setattr(result, field, o.entry.until)
+        elif field == "retry_at":
+            result.dead = True  # its attempts were used up
         results.append(result)
-    return json_response(results[0] if single else {"results": results})
+    return json_response(results[0] if single else ReceiptResults(results))
 
 
 async def ack(request: web.Request) -> web.Response:
     _, work = _work(request)
     save = save_param(request)
-    receipts, single, _ = await _receipts(request, set())
+    receipts, single, _ = await _receipts(request, Receipts)
     return _answer(await work.ack(receipts, save), single)
 
 
@@ -187,7 +202,7 @@ async def nack(request: web.Request) -> web.Response:
     """Give messages back: retried after ``delay`` (default: the policy's backoff), with ``error``."""
     _, work = _work(request)
     save = save_param(request)
-    receipts, single, body = await _receipts(request, {"delay", "error"})
+    receipts, single, body = await _receipts(request, NackReceipts)
     delay = None
     if body.delay is not UNSET and body.delay is not None:
         try:
@@ -203,7 +218,7 @@ async def nack(request: web.Request) -> web.Response:
 async def extend(request: web.Request) -> web.Response:
     _, work = _work(request)
     save = save_param(request)
-    receipts, single, body = await _receipts(request, {"lease"})
+    receipts, single, body = await _receipts(request, ExtendReceipts)
     lease = _lease(None if body.lease is UNSET else body.lease, "lease")
     return _answer(await work.extend(receipts, lease, save), single, "lease_until")
 
@@ -280,14 +295,13 @@ async def get_work(request: web.Request) -> web.Response:
 
 
 async def _bulk(
-    request: web.Request, allowed: set[str], default: tuple[str, ...] | None
-) -> tuple[WorkSelection, list[tuple[Message, str]], int | None]:
-    """The messages a retry or delete body selects, and where the next call should go on from."""
+    request: web.Request, kind: type[W], default: tuple[str, ...] | None
+) -> tuple[W, list[tuple[Message, str]], int | None]:
+    """The messages a retry or delete body (a ``kind``) selects, and where the next call should
+    go on from."""
     queue, work = _work(request)
-    body = await read_struct(request, WorkSelection)
+    body = await read_struct(request, kind)
     given = present(body)
-    if unknown := sorted(given & {"at", "delay"} - allowed):
-        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", field=unknown[0])
     if default is None and not given & {"status", "ids"}:
         raise InvalidRequest("status or ids: say which messages", field="status")
     statuses = _statuses(None if body.status is UNSET else body.status, "status", default or STATUSES)
@@ -329,7 +343,7 @@ async def _pick(
     return found, None
 
 
-def _when(body: WorkSelection, now: float) -> float | None:
+def _when(body: RetrySelection, now: float) -> float | None:
     if body.at is not UNSET and body.delay is not UNSET:
         raise InvalidRequest("give at or delay, not both", field="delay")
     if body.delay is not UNSET:
@@ -349,7 +363,7 @@ async def retry(request: web.Request) -> web.Response:
     """Waiting messages become claimable now (or ``at``); dead ones are moved back."""
     queue, work = _work(request)
     save = save_param(request)
-    body, found, next_after = await _bulk(request, {"at", "delay"}, ("failed", "dead"))
+    body, found, next_after = await _bulk(request, RetrySelection, ("failed", "dead"))
     statuses = _statuses(None if body.status is UNSET else body.status, "status", ("failed", "dead"))
     if statuses - {"failed", "dead", "pending"}:
         raise InvalidRequest("status: only failed and dead messages can be retried", field="status")
@@ -362,7 +376,7 @@ async def delete(request: web.Request) -> web.Response:
     """Finish messages without processing them (``status`` or ``ids`` is required)."""
     _, work = _work(request)
     save = save_param(request)
-    _, found, next_after = await _bulk(request, set(), None)
+    _, found, next_after = await _bulk(request, WorkSelection, None)
     deleted = await work.delete([m.id for m, _ in found], save)
     return json_response(DeletedWork(deleted=sorted(deleted), next_after=next_after))
 
@@ -388,7 +402,7 @@ ROUTES = [
                 {"type": "integer", "minimum": 1, "default": 1},
                 "At most this many messages (capped at the server's max_limit)",
             ),
-            param("lease", "query", DURATION, "How long the claim is held (default: the policy's)"),
+            param("lease", "query", schema_of(Lease), "How long the claim is held (default: the policy's)"),
             WAIT,
             SAVE,
         ),
@@ -417,7 +431,7 @@ ROUTES = [
         answers={200: answer("One result per receipt", RECEIPT_RESULTS)},
         fails=(400, 404, 408, 409, 413),
         params=(SAVE,),
-        body={"required": True, "content": json_content(ref("Receipts"))},
+        body={"required": True, "content": json_content(ref("NackReceipts"))},
     ),
     Route(
         "POST",
@@ -430,7 +444,7 @@ ROUTES = [
         answers={200: answer("One result per receipt", RECEIPT_RESULTS)},
         fails=(400, 404, 408, 409, 413),
         params=(SAVE,),
-        body={"required": True, "content": json_content(ref("Receipts"))},
+        body={"required": True, "content": json_content(ref("ExtendReceipts"))},
     ),
     Route(
         "GET",
@@ -446,8 +460,9 @@ ROUTES = [
             param(
                 "status",
                 "query",
-                {"type": "string"},
+                {"type": "string", "pattern": STATUS_LIST},
                 "comma-separated: pending, in_flight, failed, dead (default all)",
+                empty=False,
             ),
             *MESSAGE_FILTERS,
             AFTER,
@@ -465,7 +480,7 @@ ROUTES = [
         answers={200: answer("What was retried", ref("RetriedWork"))},
         fails=(400, 404, 408, 409, 413),
         params=(SAVE,),
-        body={"required": False, "content": json_content(ref("WorkSelection"))},
+        body={"required": False, "content": json_content(ref("RetrySelection"))},
     ),
     Route(
         "POST",

@@ -46,7 +46,11 @@ class Rule:
         if unknown := sorted(set(raw) - {"effect", "type", "action", "name"}):
             raise InvalidRequest(f"{where}: unknown field {unknown[0]!r}", field=where)
         effect, kind, action, pattern = (raw.get(k) for k in ("effect", "type", "action", "name"))
-        pattern = "*" if pattern is None else pattern
+        return cls.of(effect, kind, action, "*" if pattern is None else pattern, where)
+
+    @classmethod
+    def of(cls, effect: object, kind: object, action: object, pattern: object, where: str = "rules") -> Rule:
+        """A rule from its four parts, each checked; ``where`` names it in an error."""
         if effect not in EFFECTS:
             raise InvalidRequest(f"{where}.effect: expected allow or deny, got {effect!r}", field=where)
         if kind not in (*OBJECT_TYPES, "*"):

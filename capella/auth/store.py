@@ -45,6 +45,9 @@ TOKEN_PREFIX = "cap_"
 _USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
 _TOKEN = re.compile(r"cap_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
 
+# What one user may hold, so a definition cannot grow the users file without bound.
+MAX_RULES = 1000
+
 
 @dataclass(frozen=True, slots=True)
 class User:
@@ -166,38 +169,55 @@ class AuthStore:
 
     def put_user(self, name: str, data: object) -> tuple[User, bool]:
         """Create (``password`` required) or update a user from an API-style object."""
-        with self._mutex:
-            return self._put_user(name, data)
-
-    def _put_user(self, name: str, data: object) -> tuple[User, bool]:
-        check_user_name(name)
         if not isinstance(data, dict):
             raise InvalidRequest("a user must be a JSON object")
         if unknown := sorted(set(data) - {"password", "admin", "enabled", "rules"}):
             raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
-        old = self._users.get(name)
-        now = self._clock()
-        if old is None:
-            if "password" not in data:
-                raise InvalidRequest("password is required for a new user", field="password")
-            old = User(name, "", created=now)
-        changes: dict[str, Any] = {"updated": now}
-        if "password" in data:
-            changes["password_hash"] = hash_password(check_password(data["password"]))
         for flag in ("admin", "enabled"):
-            if flag in data:
-                if not isinstance(data[flag], bool):
-                    raise InvalidRequest(f"{flag} must be true or false", field=flag)
-                changes[flag] = data[flag]
-        if "rules" in data:
-            changes["rules"] = parse_rules(data["rules"])
-        user = replace(old, **changes)
-        created = name not in self._users
-        if not created and not (user.admin and user.enabled):
-            self._keep_an_admin(name)
-        self._users[name] = user
-        self._save_users()
-        return user, created
+            if flag in data and not isinstance(data[flag], bool):
+                raise InvalidRequest(f"{flag} must be true or false", field=flag)
+        return self.change_user(
+            name,
+            password=check_password(data["password"]) if "password" in data else None,
+            admin=data.get("admin"),
+            enabled=data.get("enabled"),
+            rules=parse_rules(data["rules"]) if "rules" in data else None,
+        )
+
+    def change_user(
+        self,
+        name: str,
+        *,
+        password: str | None = None,
+        admin: bool | None = None,
+        enabled: bool | None = None,
+        rules: tuple[Rule, ...] | None = None,
+    ) -> tuple[User, bool]:
+        """Create (``password`` required) or update a user; None leaves a field as it is."""
+        with self._mutex:
+            check_user_name(name)
+            old = self._users.get(name)
+            now = self._clock()
+            if old is None:
+                if password is None:
+                    raise InvalidRequest("password is required for a new user", field="password")
+                old = User(name, "", created=now)
+            changes: dict[str, Any] = {"updated": now}
+            if password is not None:
+                changes["password_hash"] = hash_password(check_password(password))
+            if admin is not None:
+                changes["admin"] = admin
+            if enabled is not None:
+                changes["enabled"] = enabled
+            if rules is not None:
+                changes["rules"] = rules
+            user = replace(old, **changes)
+            created = name not in self._users
+            if not created and not (user.admin and user.enabled):
+                self._keep_an_admin(name)
+            self._users[name] = user
+            self._save_users()
+            return user, created
 
     def add_user(
         self, name: str, password: str, *, admin: bool = False, rules: tuple[Rule, ...] = ()
@@ -205,8 +225,7 @@ class AuthStore:
         with self._mutex:
             if name in self._users:
                 raise AlreadyExists(f"user {name!r} already exists")
-            data = {"password": password, "admin": admin, "rules": [r.to_dict() for r in rules]}
-            return self._put_user(name, data)[0]
+            return self.change_user(name, password=password, admin=admin, rules=rules)[0]
 
     def drop_user(self, name: str) -> None:
         """Delete the user and revoke its tokens."""
@@ -309,6 +328,6 @@ class AuthStore:
 def parse_rules(raw: object) -> tuple[Rule, ...]:
     if not isinstance(raw, list):
         raise InvalidRequest("rules must be a list", field="rules")
-    if len(raw) > 1000:
-        raise InvalidRequest("rules: at most 1000 rules per user", field="rules")
+    if len(raw) > MAX_RULES:
+        raise InvalidRequest(f"rules: at most {MAX_RULES} rules per user", field="rules")
     return tuple(Rule.parse(r, f"rules[{i}]") for i, r in enumerate(raw))

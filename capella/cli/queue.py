@@ -115,13 +115,13 @@ def show_queue(args: argparse.Namespace, client: Client) -> int:
         ),
         ("last error", stats.last_error or "-"),
     ]
-    if block is not None:
+    if block:  # every answer has it; only a request may leave it out
         max_bytes = size(block.max_bytes) if isinstance(block.max_bytes, int) else block.max_bytes
         limits = f"{block.max_messages} messages, {max_bytes}, {block.max_age} s"
         fields.append(("block sealed at", limits))
     fields.append(("save", f"{definition.save} (subscriptions: {definition.subscription_save})"))
     segments = definition.segments
-    fields.append(("segments", "any" if segments is None else f"{segments.min} to {segments.max}"))
+    fields.append(("segments", "any" if not segments else f"{segments.min} to {segments.max}"))
     print_fields(fields)
     subscriptions = client.subscriptions(args.name)
     if subscriptions:

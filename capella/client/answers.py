@@ -12,7 +12,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import msgspec
 import orjson
 
-from capella.errors import CapellaError
+from capella.errors import CapellaError, error_classes
 
 T = TypeVar("T")
 
@@ -49,11 +49,8 @@ def decode_answer(kind: type[T], body: bytes) -> T:
 def error_codes() -> dict[str, type[CapellaError]]:
     """Every ``code`` → the most general ``CapellaError`` class that carries it."""
     table: dict[str, type[CapellaError]] = {}
-    pending: list[type[CapellaError]] = [CapellaError]
-    while pending:
-        cls = pending.pop(0)
+    for cls in error_classes():
         table.setdefault(cls.code, cls)
-        pending.extend(cls.__subclasses__())
     return table
 
 

@@ -1,7 +1,14 @@
 """A queue's definition: block limits, save modes, segment range and mount mapping.
 
-``parse_definition`` turns the JSON body of ``PUT /v1/queues/{queue}`` (or a stored
-definition) into a ``QueueDefinition``, naming the bad field in every error.
+The shape and its rules are declared once, in ``wire/queues.py`` ``QueueDefinition``: a body
+of ``PUT /v1/queues/{queue}``, a stored definition and ``[queue_defaults]`` decode straight into
+it (``wire.decode``), which checks every field and names the bad one. Here is what only the
+broker knows: ``apply`` lays a decoded definition over the queue's current one (fields left out
+keep their values) and checks its mounts against the configured ones, giving the
+``QueueDefinition`` the queue reads, with values in their plain types (bytes, seconds, a
+``SaveMode``, marks as numbers); ``to_wire`` renders it back into the struct, for answers and
+for the registry. core may import wire (the layers in pyproject.toml), so the model stays here
+and the shape there, each written once.
 
 ``block`` was called ``limits`` (with ``max_count`` for ``max_messages``) until the name was
 found to read like retention; the old spelling is still read, in bodies, in
@@ -11,19 +18,21 @@ found to read like retention; the old spelling is still read, in bodies, in
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any
 
-from capella.config import closest, unknown_key
+import msgspec
+from msgspec import UNSET
+
+from capella.config import unknown_key
 from capella.core.message import SaveMode
-from capella.errors import InvalidConfig, InvalidName, InvalidRequest
-from capella.units import parse_duration, parse_size
+from capella.errors import InvalidConfig, InvalidName, InvalidRequest, UnknownField
 from capella.wire import fields
+from capella.wire import queues as wire
+from capella.wire.decode import decode
 
 _NAME = re.compile(fields.NAME)
-I64_MIN, I64_MAX = -(2**63), 2**63 - 1
-T = TypeVar("T")
+I64_MIN, I64_MAX = fields.INT64_MIN, fields.INT64_MAX
 
 
 def check_name(name: str, what: str = "queue") -> str:
@@ -55,18 +64,20 @@ class QueueDefinition:
     meta_mount: str = "default"
     marks: dict[int, str] = field(default_factory=lambda: {0: "default"})
 
+    def to_wire(self) -> wire.QueueDefinition:
+        """The definition as answers show it and the registry stores it: every field set."""
+        return wire.QueueDefinition(
+            block=wire.BlockLimits(self.block.max_messages, self.block.max_bytes, self.block.max_age),
+            save=self.save.name.lower(),
+            subscription_save=self.subscription_save.name.lower(),
+            segments=None if self.segments is None else wire.SegmentRange(*self.segments),
+            mounts=wire.Mounts(self.meta_mount, {str(k): v for k, v in sorted(self.marks.items())}),
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "block": {
-                "max_messages": self.block.max_messages,
-                "max_bytes": self.block.max_bytes,
-                "max_age": self.block.max_age,
-            },
-            "save": self.save.name.lower(),
-            "subscription_save": self.subscription_save.name.lower(),
-            "segments": None if self.segments is None else {"min": self.segments[0], "max": self.segments[1]},
-            "mounts": {"meta": self.meta_mount, "marks": {str(k): v for k, v in sorted(self.marks.items())}},
-        }
+        """``to_wire`` as plain JSON values: the stored form."""
+        stored: dict[str, Any] = msgspec.to_builtins(self.to_wire())
+        return stored
 
     def mount_for_mark(self, mark: int) -> str:
         """The mount of ``mark``, or of the highest mark below it when it has none."""
@@ -74,146 +85,65 @@ class QueueDefinition:
         return self.marks[max(candidates)] if candidates else self.marks[min(self.marks)]
 
 
-# The fields of a definition, nested; None marks a value without keys of its own to check.
-FIELDS: dict[str, Any] = {
-    "block": {"max_messages": None, "max_bytes": None, "max_age": None},
-    "limits": {"max_count": None, "max_bytes": None, "max_age": None},  # block's old name
-    "save": None,
-    "subscription_save": None,
-    "segments": None,
-    "mounts": {"meta": None, "marks": None},
-}
-
-
 def default_definition(
     defaults: dict[str, Any], default_mount: str, mounts: set[str], source: str = "config"
 ) -> QueueDefinition:
     """The definition a new queue starts from: built-ins, then ``[queue_defaults]`` of ``source``."""
-    if found := _unknown(defaults, FIELDS, "queue_defaults"):
-        raise InvalidConfig(f"{source}: {unknown_key(*found)}")
     base = QueueDefinition(meta_mount=default_mount, marks={0: default_mount})
     try:
-        return parse_definition(defaults, base, mounts)
+        return apply(decode(defaults, wire.QueueDefinition), base, mounts)
+    except UnknownField as exc:
+        parent, _, key = str(exc.details["field"]).rpartition(".")
+        path = f"queue_defaults.{parent}" if parent else "queue_defaults"
+        raise InvalidConfig(f"{source}: {unknown_key(path, key, exc.known)}") from None
     except InvalidRequest as exc:
         raise InvalidConfig(f"{source}: queue_defaults: {exc.message}") from None
 
 
 def parse_definition(data: object, base: QueueDefinition, mounts: set[str]) -> QueueDefinition:
-    """Apply the fields present in ``data`` on top of ``base``."""
-    if not isinstance(data, dict):
-        raise InvalidRequest("queue definition must be a JSON object")
-    if found := _unknown(data, FIELDS, ""):
-        path, key, known = found
-        prefix = f"{path}." if path else ""
-        close = closest(key, known)
-        hint = f" (did you mean {prefix + close!r}?)" if close else ""
-        raise InvalidRequest(f"unknown field {prefix + key!r}{hint}", field=prefix + key)
-    if "block" in data and "limits" in data:
-        raise InvalidRequest("give block or its deprecated name limits, not both", field="limits")
-    result = base
-    if "block" in data:
-        result = replace(result, block=_block(data["block"], base.block, "block", "max_messages"))
-    elif "limits" in data:
-        result = replace(result, block=_block(data["limits"], base.block, "limits", "max_count"))
-    if "save" in data:
-        result = replace(result, save=_save(data["save"], "save"))
-    if "subscription_save" in data:
-        result = replace(result, subscription_save=_save(data["subscription_save"], "subscription_save"))
-    if "segments" in data:
-        result = replace(result, segments=_segments(data["segments"]))
-    if "mounts" in data:
-        meta, marks = _mounts(data["mounts"], result, mounts)
-        result = replace(result, meta_mount=meta, marks=marks)
-    return result
+    """The fields present in ``data`` (a body or a stored definition) laid over ``base``."""
+    return apply(decode(data, wire.QueueDefinition), base, mounts)
 
 
-def _unknown(data: object, fields: dict[str, Any], path: str) -> tuple[str, str, list[str]] | None:
-    """The first key in ``data`` that ``fields`` lacks: (the dotted path to its table, the key,
-    the keys that table takes); a value of the wrong kind is left for its parser to name."""
-    if not isinstance(data, dict):
-        return None
-    for key, value in data.items():
-        if key not in fields:
-            return path, key, list(fields)
-        inner = f"{path}.{key}" if path else key
-        if fields[key] is not None and (found := _unknown(value, fields[key], inner)):
-            return found
-    return None
+def apply(body: wire.QueueDefinition, base: QueueDefinition, mounts: set[str]) -> QueueDefinition:
+    """``body``'s fields over ``base``, its mounts checked against the configured ``mounts``."""
+    messages, size, age = body.block_limits()
+    block = BlockLimits(
+        base.block.max_messages if messages is None else messages,
+        base.block.max_bytes if size is None else size,
+        base.block.max_age if age is None else age,
+    )
+    segments = base.segments
+    if body.segments is None:
+        segments = None
+    elif body.segments is not UNSET:
+        segments = (body.segments.min, body.segments.max)
+    meta, marks = base.meta_mount, base.marks
+    if body.mounts is not None:
+        meta = base.meta_mount if body.mounts.meta is None else body.mounts.meta
+        if meta not in mounts:
+            raise InvalidRequest(f"mounts.meta: unknown mount {meta!r}", field="mounts.meta")
+        if body.mounts.marks is not None:
+            for key, mount in body.mounts.marks.items():
+                if mount not in mounts:
+                    raise InvalidRequest(f"mounts.marks.{key}: unknown mount {mount!r}", field="mounts.marks")
+            marks = {int(key): mount for key, mount in body.mounts.marks.items()}
+    return QueueDefinition(
+        block=block,
+        save=base.save if body.save is None else _save(body.save, "save"),
+        subscription_save=(
+            base.subscription_save
+            if body.subscription_save is None
+            else _save(body.subscription_save, "subscription_save")
+        ),
+        segments=segments,
+        meta_mount=meta,
+        marks=marks,
+    )
 
 
-def _block(value: object, base: BlockLimits, name: str, count: str) -> BlockLimits:
-    """``block`` (``count`` = ``max_messages``), or the old ``limits`` (``count`` = ``max_count``)."""
-    if not isinstance(value, dict):
-        raise InvalidRequest(f"{name} must be an object", field=name)
-    block = base
-    if count in value:
-        messages = value[count]
-        if isinstance(messages, bool) or not isinstance(messages, int) or not 1 <= messages <= 10_000_000:
-            raise InvalidRequest(
-                f"{name}.{count} must be an integer from 1 to 10000000", field=f"{name}.{count}"
-            )
-        block = replace(block, max_messages=messages)
-    if "max_bytes" in value:
-        size = _unit(parse_size, value["max_bytes"], f"{name}.max_bytes")
-        if not 1024 <= size <= 1024**3:
-            raise InvalidRequest(f"{name}.max_bytes must be from 1 KiB to 1 GiB", field=f"{name}.max_bytes")
-        block = replace(block, max_bytes=size)
-    if "max_age" in value:
-        age = _unit(parse_duration, value["max_age"], f"{name}.max_age")
-        if age <= 0:
-            raise InvalidRequest(f"{name}.max_age must be greater than 0", field=f"{name}.max_age")
-        block = replace(block, max_age=age)
-    return block
-
-
-def _unit(parse: Callable[[object], T], value: object, what: str) -> T:
-    try:
-        return parse(value)
-    except ValueError as exc:
-        raise InvalidRequest(f"{what}: {exc}", field=what) from None
-
-
-def _save(value: object, what: str) -> SaveMode:
-    if not isinstance(value, str | int) or isinstance(value, bool):
-        raise InvalidRequest(f"{what} must be a save mode name or number", field=what)
+def _save(value: str | int, what: str) -> SaveMode:
     mode = SaveMode.parse(value)
     if mode is SaveMode.DEFAULT:
         raise InvalidRequest(f"{what} cannot be 'default' in a queue definition", field=what)
     return mode
-
-
-def _segments(value: object) -> tuple[int, int] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict) or set(value) != {"min", "max"}:
-        raise InvalidRequest('segments must be null or {"min": LO, "max": HI}', field="segments")
-    lo, hi = value["min"], value["max"]
-    for v in (lo, hi):
-        if isinstance(v, bool) or not isinstance(v, int) or not I64_MIN <= v <= I64_MAX:
-            raise InvalidRequest("segments.min and segments.max must be 64-bit integers", field="segments")
-    if lo > hi:
-        raise InvalidRequest("segments.min must not be greater than segments.max", field="segments")
-    return (lo, hi)
-
-
-def _mounts(value: object, current: QueueDefinition, mounts: set[str]) -> tuple[str, dict[int, str]]:
-    if not isinstance(value, dict):
-        raise InvalidRequest("mounts must be an object", field="mounts")
-    meta = value.get("meta", current.meta_mount)
-    if not isinstance(meta, str) or meta not in mounts:
-        raise InvalidRequest(f"mounts.meta: unknown mount {meta!r}", field="mounts.meta")
-    marks = dict(current.marks)
-    if "marks" in value:
-        raw = value["marks"]
-        if not isinstance(raw, dict) or not raw:
-            raise InvalidRequest("mounts.marks must be a non-empty object", field="mounts.marks")
-        marks = {}
-        for key, mount in raw.items():
-            if not str(key).isdigit() or int(key) > 255:
-                raise InvalidRequest(f"mounts.marks: mark {key!r} must be 0-255", field="mounts.marks")
-            if not isinstance(mount, str) or mount not in mounts:
-                raise InvalidRequest(f"mounts.marks.{key}: unknown mount {mount!r}", field="mounts.marks")
-            marks[int(key)] = mount
-        if 0 not in marks:
-            raise InvalidRequest("mounts.marks must map mark 0 (new blocks)", field="mounts.marks")
-    return str(meta), marks

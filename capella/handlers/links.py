@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.auth.secret import Secrets
 from capella.core.cluster import Cluster
@@ -40,6 +42,8 @@ from capella.errors import (
 )
 from capella.fsync import write_atomic
 from capella.storage.catalog import CLUSTERS, ClusterRegistry
+from capella.wire.answers import ErrorDetail
+from capella.wire.clusters import ClusterInfo, ClusterPing, LinkCredentials, LinkTimeouts, LinkTls, NameCheck
 from capella.wire.fields import seconds
 
 if TYPE_CHECKING:
@@ -73,24 +77,26 @@ class Link:
     # Why the link cannot be used (its stored credentials do not decrypt): shown, not hidden.
     error: str | None = None
 
-    def public_dict(self) -> dict[str, Any]:
+    def info(self) -> ClusterInfo:
         """What the API shows: everything but the secret itself."""
-        credentials: dict[str, Any] | None = None
+        credentials = None
         if self.secret_kind is not None:
-            credentials = {
-                "kind": self.secret_kind,
-                "username": self.username,
-                "source": f"secret:{self.secret_name}" if self.secret_name else "stored encrypted",
-            }
-        return {
-            "name": self.name,
-            "url": self.url,
-            "credentials": credentials,
-            "tls": {"verify": self.verify_tls, "ca_file": self.ca_file},
-            "timeouts": {"connect": self.connect_timeout, "request": self.timeout},
-            "compression": self.compression,
-            "error": self.error,
-        }
+            source = f"secret:{self.secret_name}" if self.secret_name else "stored encrypted"
+            credentials = LinkCredentials(self.secret_kind, self.username, source)  # type: ignore[arg-type]  # "password" or "token"
+        return ClusterInfo(
+            name=self.name,
+            url=self.url,
+            credentials=credentials,
+            tls=LinkTls(self.verify_tls, self.ca_file),
+            timeouts=LinkTimeouts(self.connect_timeout, self.timeout),
+            compression=self.compression,  # type: ignore[arg-type]  # one of COMPRESSIONS, checked by _parse
+            error=self.error,
+        )
+
+    def public_dict(self) -> dict[str, Any]:
+        """``info`` as plain JSON values."""
+        shown: dict[str, Any] = msgspec.to_builtins(self.info())
+        return shown
 
     def context(self) -> tuple[str, ...]:
         """What a stored secret of this link is bound to."""
@@ -151,9 +157,7 @@ class Links:
         except KeyError:
             raise LinkNotFound(f"no external cluster {name!r}") from None
 
-    async def put(
-        self, name: str, data: object, by: Identity = UNRESTRICTED
-    ) -> tuple[Link, bool, dict[str, Any]]:
+    async def put(self, name: str, data: object, by: Identity = UNRESTRICTED) -> tuple[Link, bool, NameCheck]:
         """Add or replace a link; a named secret must be one ``by`` may use.
 
         Answers the link, whether it was created, and the check of the far side's name
@@ -243,7 +247,7 @@ class Links:
         """The far side's cluster name as ``checked_client`` found it (None: not known)."""
         return self._far_names.get(name)
 
-    async def ping(self, name: str) -> dict[str, Any]:
+    async def ping(self, name: str) -> ClusterPing:
         """Reach the link's /readyz and an authenticated call that names the far side's cluster.
 
         Answers what happened; a far side with this cluster's name is ``same_cluster_name``.
@@ -255,9 +259,9 @@ class Links:
             # Proves the credentials, not only the network, and names the far side.
             await self._remote_name(name, client)
         except CapellaError as exc:
-            return {"ok": False, "error": {"code": exc.code, "message": exc.message}}
+            return ClusterPing(ok=False, error=ErrorDetail(exc.code, exc.message))
         latency = (time.perf_counter() - started) * 1000
-        return {"ok": ready, "ready": ready, "latency_ms": round(latency, 2), "error": None}
+        return ClusterPing(ok=ready, ready=ready, latency_ms=round(latency, 2), error=None)
 
     async def _remote_name(self, name: str, client: AsyncClient) -> str | None:
         """The far side's cluster name (None from a server older than the field)."""
@@ -267,7 +271,7 @@ class Links:
             raise SameClusterName(_same_name(name, url, remote), cluster=remote)
         return remote
 
-    async def _name_check(self, link: Link) -> dict[str, Any]:
+    async def _name_check(self, link: Link) -> NameCheck:
         """Ask the far side of a link being added its name: refuse ours, accept not knowing."""
         try:
             probe = self._new_client(link, self._secret(link))
@@ -280,10 +284,10 @@ class Links:
                 await probe.close()
         except CapellaError as exc:
             log.warning("cluster link name not checked link=%s: %s", link.name, exc.message)
-            return {"checked": False, "cluster": None, "error": {"code": exc.code, "message": exc.message}}
+            return NameCheck(checked=False, cluster=None, error=ErrorDetail(exc.code, exc.message))
         if remote is not None and remote == self._cluster.name:
             raise SameClusterName(_same_name(link.name, link.url, remote), cluster=remote)
-        return {"checked": remote is not None, "cluster": remote, "error": None}
+        return NameCheck(checked=remote is not None, cluster=remote, error=None)
 
     def _new_client(self, link: Link, secret: str | None) -> AsyncClient:
         # Imported on first use, deliberately: a server without links never loads the

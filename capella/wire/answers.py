@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, UnsetType
 
@@ -19,12 +20,43 @@ class ErrorDetail(Struct, omit_defaults=True):
     field: Annotated[str, Meta(description="the bad field")] | UnsetType = UNSET
     parameter: Annotated[str, Meta(description="the bad query parameter")] | UnsetType = UNSET
     limit: Annotated[int, Meta(description="the limit that was exceeded")] | UnsetType = UNSET
+    retry_after: Annotated[int, Meta(description="rate_limited: seconds to wait")] | UnsetType = UNSET
+    accept: Annotated[str, Meta(description="not_acceptable: the Accept header")] | UnsetType = UNSET
+    type: Annotated[str, Meta(description="forbidden: the object type asked for")] | UnsetType = UNSET
+    action: Annotated[str, Meta(description="forbidden: the action asked for")] | UnsetType = UNSET
+    name: Annotated[str, Meta(description="forbidden: the object's name")] | UnsetType = UNSET
+    origin: Annotated[str, Meta(description="cross_site_request: the page's origin")] | UnsetType = UNSET
+    host: Annotated[str, Meta(description="host_not_allowed: the Host header")] | UnsetType = UNSET
+    address: Annotated[str, Meta(description="egress_refused: the refused addresses")] | UnsetType = UNSET
+    cluster: Annotated[str, Meta(description="same_cluster_name: the far side's name")] | UnsetType = UNSET
+    handlers: (
+        Annotated[list[str], Meta(description="conflict: the handlers that use a cluster link")] | UnsetType
+    ) = UNSET
+    url: Annotated[str, Meta(description="unreachable: what could not be reached")] | UnsetType = UNSET
 
 
 class Error(Struct):
     """Every error answer."""
 
     error: ErrorDetail
+
+    @classmethod
+    def of(cls, code: str, message: str, details: Mapping[str, object]) -> Error:
+        """The answer for an error's code, message and details (``CapellaError.details``).
+
+        Each detail the server sends is a field of ``ErrorDetail``, so the document lists it;
+        one that is not is left out rather than failing the answer.
+        """
+        known = {k: _text(v) for k, v in details.items() if k in ErrorDetail.__struct_fields__}
+        return cls(ErrorDetail(code=code, message=_text(message), **known))
+
+
+def _text(value: Any) -> Any:
+    """``value``, a text one made encodable: a header's undecodable bytes come as lone
+    surrogates (``Accept: \\x84``), which an answer echoes as ``\\udc84``."""
+    if isinstance(value, str) and not value.isascii():
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
 
 
 class Status(Struct):

@@ -20,8 +20,10 @@ class Rule(Struct, forbid_unknown_fields=True):
     """allow or deny an action on resources of a type whose names match a pattern"""
 
     effect: Literal["allow", "deny"]
-    type: Literal["cluster", "queue", "subscription", "handler", "external_cluster", "user", "*"]
-    action: Literal["read", "write", "admin", "*"]
+    type: Literal["cluster", "queue", "subscription", "handler", "external_cluster", "user", "secret", "*"]
+    action: Annotated[
+        Literal["read", "write", "admin", "use", "*"], Meta(description="use is for secrets, and only use")
+    ]
     name: Annotated[str, schema(minLength=1, description="Name pattern; * matches anything")] | UnsetType = (
         UNSET
     )

@@ -24,7 +24,14 @@ class ClusterDefinition(Struct, forbid_unknown_fields=True):
         "not": {
             "anyOf": [{"required": [a, b]} for i, a in enumerate(CREDENTIALS) for b in CREDENTIALS[i + 1 :]]
         },
-        "dependentRequired": {"password": ["username"], "password_secret": ["username"]},
+        # A password (not null) needs a username (not null), as the server reads them.
+        "allOf": [
+            {
+                "if": {"required": [name], "properties": {name: {"type": "string"}}},
+                "then": {"required": ["username"], "properties": {"username": {"type": "string"}}},
+            }
+            for name in ("password", "password_secret")
+        ],
     }
 
     url: Annotated[str, schema(pattern=r"^https?://[^\s/@]+(/\S*)?$")]
@@ -46,8 +53,9 @@ class ClusterDefinition(Struct, forbid_unknown_fields=True):
     ) = None
     verify_tls: bool = True
     ca_file: Annotated[str, Meta(description="a PEM file on the server that exists")] | None = None
-    connect_timeout: Annotated[PositiveDuration, Meta(description="default 5 s")] | None = None
-    timeout: Annotated[PositiveDuration, Meta(description="per request; default 30 s")] | None = None
+    # Left out for the default; null is refused, as the server has always read it.
+    connect_timeout: Annotated[PositiveDuration, Meta(description="default 5 s")] | UnsetType = UNSET
+    timeout: Annotated[PositiveDuration, Meta(description="per request; default 30 s")] | UnsetType = UNSET
     compression: Annotated[
         Compression, Meta(description="Content-Encoding of request bodies of 1 KiB or more")
     ] = "none"

@@ -32,12 +32,26 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 SEGMENTS_PATTERN = r"^\s*-?\d+(--?\d+)?(\s*,\s*-?\d+(--?\d+)?)*\s*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ns|us|ms|s|m|h|d)?\s*$"
+# The same with a digit other than 0 somewhere in the number: greater than 0.
+POSITIVE_DURATION_PATTERN = r"^\s*(\d*[1-9]\d*(\.\d+)?|\d+\.\d*[1-9]\d*)\s*(ns|us|ms|s|m|h|d)?\s*$"
 SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*([kmgtKMGT][iI]?[bB]?|[bB])?\s*$"
 
 Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX, extra_json_schema={"format": "int64"})]
+# A whole number written as a float (5.0), which JSON Schema's integer takes: exact up to 2**53.
+WholeFloat = Annotated[float, Meta(ge=-(2**53), le=2**53, multiple_of=1)]
 MessageId = Annotated[int, Meta(ge=0, le=INT64_MAX, extra_json_schema={"format": "int64"})]
+# An id that names a stored message: ids are handed out from 1. The reader refuses 0 and below
+# in its own words (msgspec's ge would also write minimum 0 into the document).
+StoredId = Annotated[int, Meta(le=INT64_MAX, extra_json_schema={"format": "int64", "minimum": 1})]
 Time = Annotated[float, Meta(description="UNIX seconds")]
-DateTime = Annotated[str, schema(format="date-time")]
+# RFC 3339 as wire.parse_time reads it, each part in its range: years from 1, no February 29
+# (the reader takes it in a leap year only).
+_DATE = (
+    r"(000[1-9]|00[1-9]\d|0[1-9]\d\d|[1-9]\d{3})-"
+    r"((0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
+)
+RFC3339 = _DATE + r"[Tt ]([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+DateTime = Annotated[str, schema(format="date-time", pattern=f"^{RFC3339}$")]
 # A time a client gives: UNIX seconds or RFC 3339 text (wire.parse_time reads both).
 TimeInput = float | DateTime
 Base64 = Annotated[str, schema(contentEncoding="base64", pattern=BASE64_PATTERN)]
@@ -47,8 +61,16 @@ Headers = dict[str, str]
 DurationText = Annotated[str, schema(pattern=DURATION_PATTERN)]
 # Seconds, or text such as "250ms", "30s", "10m", "2d".
 Duration = Annotated[float, schema(minimum=0)] | DurationText
-# A text duration of zero ("0s") is refused too; a pattern that said so would be unreadable.
-PositiveDuration = Annotated[float, schema(exclusiveMinimum=0)] | DurationText
+PositiveDuration = (
+    Annotated[float, schema(exclusiveMinimum=0)] | Annotated[str, schema(pattern=POSITIVE_DURATION_PATTERN)]
+)
+PositiveDurationText = Annotated[str, schema(pattern=POSITIVE_DURATION_PATTERN)]
+# A lease: more than 0 and at most 12 h (a text one over 12 h is refused too).
+MAX_LEASE = 12 * 3600
+Lease = Annotated[float, schema(exclusiveMinimum=0, maximum=MAX_LEASE)] | PositiveDurationText
+# How long to hold something back: at most ten years (a text one over that is refused too).
+MAX_DELAY = 10 * 365 * 86_400
+Delay = Annotated[float, schema(minimum=0, maximum=MAX_DELAY)] | DurationText
 # Bytes, or text such as "512k", "8MB", "16MiB".
 SizeText = Annotated[str, schema(pattern=SIZE_PATTERN)]
 Size = Annotated[int, schema(minimum=0)] | SizeText
@@ -58,6 +80,12 @@ UserName = Annotated[str, schema(pattern=USER_NAME_PATTERN)]
 EnvName = Annotated[str, schema(pattern=ENV_NAME_PATTERN)]
 SegmentsText = Annotated[str, schema(pattern=SEGMENTS_PATTERN)]
 NonEmpty = Annotated[str, schema(minLength=1)]
+
+
+def exactly_one(*names: str) -> dict[str, Any]:
+    """JSON Schema for "exactly one of these fields, not null" (null counts as not given)."""
+    return {"oneOf": [{"required": [n], "properties": {n: {"not": {"type": "null"}}}} for n in names]}
+
 
 SaveModeText = Literal["none", "immediate", "mark", "wait", "default", "0", "1", "2", "3", "4"]
 # A queue's own modes: "default" (and 4) would point back at the definition itself.

@@ -13,11 +13,13 @@ from capella.wire.fields import (
     NAME,
     Bytes,
     Duration,
+    Name,
     PositiveSeconds,
     SaveModeText,
     Seconds,
     Time,
     decode_hook,
+    exactly_one,
     schema,
 )
 from capella.wire.struct import Struct
@@ -174,8 +176,12 @@ class ArchiveParams(Params):
 class ExpireParams(Params):
     """at least one of max_age, max_bytes and max_messages"""
 
+    # Given and not null, as the server reads them.
     __schema_extra__: ClassVar[dict[str, Any]] = {
-        "anyOf": [{"required": ["max_age"]}, {"required": ["max_bytes"]}, {"required": ["max_messages"]}]
+        "anyOf": [
+            {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+            for name in ("max_age", "max_bytes", "max_messages")
+        ]
     }
 
     interval: PositiveSeconds = 60.0
@@ -204,7 +210,7 @@ class CopyParams(Params):
     from_: (
         Annotated[QueueRef, Meta(description="the source queue when the definition names no queues")] | None
     ) = field(default=None, name="from")
-    subscription: Annotated[str, Meta(description="the cursor on each source (default copy-to-<to>)")] = ""
+    subscription: Annotated[Name, Meta(description="the cursor on each source (default copy-to-<to>)")] = ""
     interval: Annotated[Seconds, Meta(description="pause between passes (default 0: continuous)")] = 0.0
     batch: Batch = 1000
     wait: Annotated[Seconds, Meta(description="long-poll when caught up (default 2 s)")] = 2.0
@@ -327,6 +333,8 @@ class PgConnection(Params):
     replaced: ClassVar[dict[str, str]] = {"dsn_env": "dsn_secret"}
     shown_only: ClassVar[tuple[str, ...]] = ("password",)
 
+    __schema_extra__: ClassVar[dict[str, Any]] = exactly_one("dsn", "dsn_secret")
+
     dsn: (
         Annotated[
             str,
@@ -390,7 +398,9 @@ class PgInboxParams(PgConnection):
     """Copy a queue into a PostgreSQL inbox table, once each (docs/postgres.md)."""
 
     table: Annotated[Table, Meta(description="the inbox table (default capella_inbox)")] = "capella_inbox"
-    subscription: Annotated[str, Meta(description="the cursor on each queue (default pg_inbox-<table>)")] = ""
+    subscription: Annotated[Name, Meta(description="the cursor on each queue (default pg_inbox-<table>)")] = (
+        ""
+    )
     batch: Annotated[int, Meta(ge=1, description="messages per insert (default 1000)")] = 1000
     segments: Segments | None = None
     interval: Annotated[
@@ -448,8 +458,22 @@ class Definition(Struct, forbid_unknown_fields=True, tag_field="type"):
         return None if self.queue is None else [self.queue]
 
 
+def _given_rule(name: str) -> dict[str, Any]:
+    """A schema rule: ``name`` is given, and not null."""
+    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+
+
+# The document's rules for a definition, as the server reads it: a handler names its queues
+# (queues or queue) unless its type names them in params, and a type whose params have a
+# required field (copy's to, push's url, a pg handler's dsn) needs params.
+_NAMES_QUEUES: dict[str, Any] = {"anyOf": [_given_rule("queues"), _given_rule("queue")]}
+_NEEDS_PARAMS: dict[str, Any] = _given_rule("params")
+
+
 class FlushDefinition(Definition, tag="flush"):
     """A flush handler."""
+
+    __schema_extra__: ClassVar[dict[str, Any]] = _NAMES_QUEUES
 
     params: FlushParams | None = None
 
@@ -457,11 +481,15 @@ class FlushDefinition(Definition, tag="flush"):
 class UnloadDefinition(Definition, tag="unload"):
     """An unload handler."""
 
+    __schema_extra__: ClassVar[dict[str, Any]] = _NAMES_QUEUES
+
     params: UnloadParams | None = None
 
 
 class ArchiveDefinition(Definition, tag="archive"):
     """An archive handler."""
+
+    __schema_extra__: ClassVar[dict[str, Any]] = {"allOf": [_NEEDS_PARAMS, _NAMES_QUEUES]}
 
     params: ArchiveParams | None = None
 
@@ -469,11 +497,30 @@ class ArchiveDefinition(Definition, tag="archive"):
 class ExpireDefinition(Definition, tag="expire"):
     """An expire handler."""
 
+    __schema_extra__: ClassVar[dict[str, Any]] = {"allOf": [_NEEDS_PARAMS, _NAMES_QUEUES]}
+
     params: ExpireParams | None = None
 
 
 class CopyDefinition(Definition, tag="copy"):
     """A copy handler: queues (or queue) is required unless params.from names the source."""
+
+    __schema_extra__: ClassVar[dict[str, Any]] = {
+        "allOf": [
+            _NEEDS_PARAMS,
+            {
+                "anyOf": [
+                    _given_rule("queues"),
+                    _given_rule("queue"),
+                    {
+                        "properties": {
+                            "params": {"required": ["from"], "properties": {"from": {"minLength": 1}}}
+                        }
+                    },
+                ]
+            },
+        ]
+    }
 
     params: CopyParams | None = None
 
@@ -481,17 +528,23 @@ class CopyDefinition(Definition, tag="copy"):
 class PushDefinition(Definition, tag="push"):
     """A push handler: one queue."""
 
+    __schema_extra__: ClassVar[dict[str, Any]] = {"allOf": [_NEEDS_PARAMS, _NAMES_QUEUES]}
+
     params: PushParams | None = None
 
 
 class PgOutboxDefinition(Definition, tag="pg_outbox"):
     """A pg_outbox handler: its queue is params.to (no queues)."""
 
+    __schema_extra__: ClassVar[dict[str, Any]] = _NEEDS_PARAMS
+
     params: PgOutboxParams | None = None
 
 
 class PgInboxDefinition(Definition, tag="pg_inbox"):
     """A pg_inbox handler."""
+
+    __schema_extra__: ClassVar[dict[str, Any]] = {"allOf": [_NEEDS_PARAMS, _NAMES_QUEUES]}
 
     params: PgInboxParams | None = None
 

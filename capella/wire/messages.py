@@ -13,12 +13,15 @@ from capella.wire.fields import (
     Base64,
     Base64Out,
     DateTime,
-    Duration,
+    Delay,
     Headers,
     Int64,
     MessageId,
+    StoredId,
     Time,
     TimeInput,
+    WholeFloat,
+    exactly_one,
     schema,
 )
 from capella.wire.struct import Struct
@@ -32,14 +35,19 @@ Source = Annotated[
 class Message(Struct, forbid_unknown_fields=True):
     """Exactly one of data (UTF-8 text) and data_b64 (standard base64)."""
 
-    __schema_extra__: ClassVar[dict[str, Any]] = {
-        "oneOf": [{"required": ["data"]}, {"required": ["data_b64"]}]
+    # And not both deliver_at and delay (null counts as not given).
+    __schema_extra__: ClassVar[dict[str, Any]] = exactly_one("data", "data_b64") | {
+        "not": {
+            "required": ["deliver_at", "delay"],
+            "properties": {name: {"not": {"type": "null"}} for name in ("deliver_at", "delay")},
+        }
     }
 
     data: str | None = None
     data_b64: Base64 | None = None
     source: Source | None = None
-    external_id: Int64 | None = None
+    # 5.0 too, as JSON Schema's integer: the produce path reads the body straight into this.
+    external_id: Int64 | WholeFloat | None = None
     external_time: (
         Annotated[
             Annotated[float, schema(minimum=0)] | DateTime,
@@ -47,7 +55,7 @@ class Message(Struct, forbid_unknown_fields=True):
         ]
         | None
     ) = None
-    segment: Int64 | None = None
+    segment: Int64 | WholeFloat | None = None
     headers: Headers | None = None
     deliver_at: (
         Annotated[
@@ -60,7 +68,7 @@ class Message(Struct, forbid_unknown_fields=True):
         | None
     ) = None
     delay: (
-        Annotated[Duration, Meta(description="hold the message back this long (not with deliver_at)")] | None
+        Annotated[Delay, Meta(description="hold the message back this long (not with deliver_at)")] | None
     ) = None
 
 
@@ -189,16 +197,18 @@ class ScheduledList(Struct):
 
 
 class Reschedule(Struct, forbid_unknown_fields=True):
-    """exactly one of deliver_at and delay"""
+    """exactly one of deliver_at and delay (null counts as not given)"""
+
+    __schema_extra__: ClassVar[dict[str, Any]] = exactly_one("deliver_at", "delay")
 
     deliver_at: TimeInput | None = None
-    delay: Duration | None = None
+    delay: Delay | None = None
 
 
 class CancelScheduled(Struct, forbid_unknown_fields=True):
     """The scheduled messages to cancel."""
 
-    ids: Annotated[list[MessageId], Meta(max_length=10_000)]
+    ids: Annotated[list[StoredId], Meta(max_length=10_000)]
 
 
 class CancelledScheduled(Struct):

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from msgspec import UNSET, Meta, UnsetType
 
 from capella.wire.answers import ErrorDetail
 from capella.wire.fields import (
+    Delay,
     Duration,
     Headers,
+    Lease,
     MessageId,
     SegmentsText,
+    StoredId,
     Time,
     TimeInput,
     schema,
@@ -29,17 +32,18 @@ class RetryPolicy(Struct, forbid_unknown_fields=True):
     """How an ack-mode subscription leases, retries and gives up on a message (in a request,
     the fields given change the current policy; in an answer, all of them)."""
 
-    lease: (
-        Annotated[Duration, Meta(description="default lease of a claim (30 s; at most 12 h)")] | UnsetType
-    ) = UNSET
+    lease: Annotated[Lease, Meta(description="default lease of a claim (30 s; at most 12 h)")] | UnsetType = (
+        UNSET
+    )
     max_attempts: (
         Annotated[int, schema(minimum=0, maximum=1_000_000, description=MAX_ATTEMPTS)] | UnsetType
     ) = UNSET
     backoff: Literal["fixed", "exponential"] | UnsetType = UNSET
     delay: (
-        Annotated[Duration, Meta(description="first retry delay (1 s); fixed: every retry")] | UnsetType
+        Annotated[Delay, Meta(description="first retry delay (1 s); fixed: every retry; not above max_delay")]
+        | UnsetType
     ) = UNSET
-    max_delay: Annotated[Duration, Meta(description="cap of a retry delay (300 s)")] | UnsetType = UNSET
+    max_delay: Annotated[Delay, Meta(description="cap of a retry delay (300 s)")] | UnsetType = UNSET
     jitter: Annotated[float, schema(minimum=0, maximum=1, description="± fraction (0.1)")] | UnsetType = UNSET
     dead_letter: Annotated[str | None, Meta(description=DEAD_LETTER)] | UnsetType = UNSET
 
@@ -47,6 +51,24 @@ class RetryPolicy(Struct, forbid_unknown_fields=True):
 class SubscriptionCommit(Struct, forbid_unknown_fields=True):
     """a cursor takes last_id, replica and reset; an ack-mode subscription takes mode ack and
     policy (its mode never changes)"""
+
+    # With mode ack or a policy it defines a work queue: no cursor field (null is not given).
+    __schema_extra__: ClassVar[dict[str, Any]] = {
+        "if": {
+            "anyOf": [
+                {"required": ["mode"], "properties": {"mode": {"const": "ack"}}},
+                {"required": ["policy"]},
+            ]
+        },
+        "then": {
+            "properties": {
+                "mode": {"const": "ack"},
+                "last_id": {"type": "null"},
+                "replica": {"type": "null"},
+            },
+            "not": {"required": ["reset"]},
+        },
+    }
 
     last_id: MessageId | UnsetType | None = UNSET
     replica: bool | UnsetType | None = UNSET
@@ -143,36 +165,52 @@ class DeletedWork(Struct):
 
 
 class WorkSelection(Struct, forbid_unknown_fields=True):
-    """which messages: status (retry: default waiting and dead; delete: status or ids is required),
-    optional filters, at most limit of them after after"""
+    """which messages: status (delete: status or ids is required), optional filters, at most
+    limit of them after after"""
 
     status: list[Literal["in_flight", "failed", "pending", "dead"]] | UnsetType = UNSET
-    ids: Annotated[list[MessageId], schema(maxItems=10_000)] | UnsetType = UNSET
+    ids: Annotated[list[StoredId], schema(maxItems=10_000)] | UnsetType = UNSET
     source: str | UnsetType = UNSET
     segments: SegmentsText | UnsetType = UNSET
     headers: Headers | UnsetType = UNSET
     json: Annotated[dict[str, Any], Meta(description=JSON_FILTER)] | UnsetType = UNSET
     after: MessageId | UnsetType = UNSET
     limit: Annotated[int, schema(minimum=1, maximum=10_000, default=1000)] | UnsetType = UNSET
-    at: Annotated[TimeInput, Meta(description="retry: claimable from then (default now)")] | UnsetType = UNSET
-    delay: Annotated[Duration, Meta(description="retry: claimable after this")] | UnsetType = UNSET
+
+
+class RetrySelection(WorkSelection, forbid_unknown_fields=True):
+    """which messages, as for a delete (status defaults to failed and dead), and when they may
+    be claimed again: at or delay, not both (default now)"""
+
+    at: Annotated[TimeInput, Meta(description="claimable from then (default now)")] | UnsetType = UNSET
+    delay: Annotated[Duration, Meta(description="claimable after this")] | UnsetType = UNSET
 
 
 JSON_FILTER = "dotted path of the JSON payload → value, all equal"
-NACK_DELAY = "nack: retry after this (default: the backoff)"
-NACK_ERROR = "nack: why it failed (first 2048 characters kept)"
-EXTEND_LEASE = "extend: the new lease from now (default: the policy's)"
+NACK_DELAY = "retry after this (default: the backoff)"
+NACK_ERROR = "why it failed (first 2048 characters kept)"
+EXTEND_LEASE = "the new lease from now (default: the policy's)"
 
 
 class Receipts(Struct, forbid_unknown_fields=True):
     """exactly one of receipts (answered per receipt) and receipt (its error is the answer's
-    status); nack also takes delay and error, extend takes lease"""
+    status)"""
 
     receipts: Annotated[list[str], schema(minItems=1)] | UnsetType = UNSET
     receipt: str | UnsetType = UNSET
-    delay: Annotated[Duration | None, Meta(description=NACK_DELAY)] | UnsetType = UNSET
+
+
+class NackReceipts(Receipts, forbid_unknown_fields=True):
+    """the receipts as for an ack, and how they failed"""
+
+    delay: Annotated[Delay | None, Meta(description=NACK_DELAY)] | UnsetType = UNSET
     error: Annotated[str | None, Meta(description=NACK_ERROR)] | UnsetType = UNSET
-    lease: Annotated[Duration | None, Meta(description=EXTEND_LEASE)] | UnsetType = UNSET
+
+
+class ExtendReceipts(Receipts, forbid_unknown_fields=True):
+    """the receipts as for an ack, and their new lease"""
+
+    lease: Annotated[Lease | None, Meta(description=EXTEND_LEASE)] | UnsetType = UNSET
 
 
 class ReceiptResult(Struct, omit_defaults=True):

@@ -318,7 +318,7 @@ async def test_a_stored_secret_is_encrypted_on_disk_and_comes_back_with_the_key(
     finally:
         await links.close()
         await cluster.close()
-    assert result["ok"] is True
+    assert result.ok is True
     basic = "Basic " + base64.b64encode(f"copier:{PASSWORD}".encode()).decode()
     assert remote.authorization[-1] == basic
 

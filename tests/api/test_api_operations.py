@@ -251,22 +251,14 @@ async def test_a_recovering_cluster_is_live_but_not_ready(aiohttp_client: Any, t
 CLIENT_ONLY_CODES = {"unreachable", "not_enough_replicas", "context_not_found"}
 
 
-def error_classes() -> list[type[errors.CapellaError]]:
-    found: list[type[errors.CapellaError]] = []
-    pending = [errors.CapellaError]
-    while pending:
-        cls = pending.pop()
-        found.append(cls)
-        pending.extend(cls.__subclasses__())
-    return found
-
-
 def test_every_error_code_the_server_can_answer_is_documented_under_its_status() -> None:
     texts = {
         int(name[1:]): response["description"]
         for name, response in DOCUMENT["components"]["responses"].items()
     }
-    served = {(status_for(cls()), cls.code) for cls in error_classes() if cls.code not in CLIENT_ONLY_CODES}
+    served = {
+        (status_for(cls()), cls.code) for cls in errors.error_classes() if cls.code not in CLIENT_ONLY_CODES
+    }
     served |= {(status, code) for status, code in HTTP_CODES.items()}
     missing = sorted((status, code) for status, code in served if code not in texts.get(status, ""))
     assert not missing, f"error codes missing from the document: {missing}"

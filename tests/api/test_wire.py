@@ -19,7 +19,6 @@ from aiohttp.test_utils import TestClient
 from capella.api import create_app
 from capella.api.app import ROUTES
 from capella.api.openapi import WIRE_MODULES
-from capella.api.request import field_error
 from capella.auth.authenticator import Authenticator
 from capella.auth.rule import Rule
 from capella.auth.store import AuthStore
@@ -27,6 +26,7 @@ from capella.config import AuthSettings, ServerSettings
 from capella.core.cluster import Cluster
 from capella.handlers.supervisor import Supervisor
 from capella.wire import answers, handlers, messages, queues, work
+from capella.wire.decode import field_error
 
 Q = "/v1/queues/orders"
 

@@ -13,6 +13,13 @@ that the run made its requests, so it cannot pass by testing nothing.
 The run is the same on every machine (a fixed seed). For a longer or different run locally:
 ``CAPELLA_FUZZ_EXAMPLES=200 CAPELLA_FUZZ_SEED=7 pytest tests/e2e/test_fuzz.py``.
 
+``test_schemathesis_finds_no_disagreement`` (``make fuzz``, a few minutes, not part of
+``make test``) is schemathesis' own run with every check but the authorization ones, for three
+seeds: a request the document allows is accepted, one it forbids is refused, every method and
+``Allow`` header is the document's. It runs against a server with authentication off: the
+coverage phase sends bad credentials, and an address locked out by them would be answered 429
+for everything, testing nothing.
+
 Credentials: the server runs with authentication on, and every request carries the admin's
 Basic ``Authorization`` (``FuzzServer.headers``). A second pass sends generated requests to
 every non-public operation without credentials: each must be a 401 with the JSON error.
@@ -24,9 +31,12 @@ import base64
 import json
 import os
 import re
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -47,6 +57,8 @@ from support.servers import ServerProcess, free_port
 from capella.api.app import ROUTES, document
 from capella.wire import batch_page, record_batch
 
+from . import fuzz_rules
+
 DOCUMENT = document()
 
 # Examples per operation in the fuzzing phase, on top of the coverage phase's boundary cases;
@@ -58,7 +70,7 @@ MIN_REQUESTS = 300
 
 # Long-polls (wait, replica_timeout) are capped by max_wait, so no request holds the run up;
 # small limits make the over-the-limit answers reachable by generated bodies.
-SERVER_TOML = """
+OPEN_SERVER_TOML = """
 [cluster]
 name = "fuzz"
 
@@ -74,12 +86,16 @@ shutdown_timeout = "2s"
 [mounts.default]
 provider = "file"
 path = "queues"
-
+"""
+SERVER_TOML = (
+    OPEN_SERVER_TOML
+    + """
 [auth]
 enabled = true
 bootstrap_user = "fuzz-admin"
 bootstrap_password_env = "CAPELLA_FUZZ_ADMIN_PASSWORD"
 """
+)
 ADMIN_PASSWORD = "fuzz-admin-password"
 # The routes that answer without credentials (health, the document, the console's files).
 PUBLIC_OPERATIONS = [route.op for route in ROUTES if route.need is None]
@@ -399,3 +415,52 @@ def test_the_run_made_its_requests_and_the_server_outlived_them(fuzz_server: Fuz
     fuzz_server.process.wait_ready(timeout=5)
     log = fuzz_server.process.log()
     assert "Traceback" not in log, log[max(0, log.index("Traceback") - 300) :][:3000]
+
+
+# The issue's seed and two more. Every check but the authorization ones, which need users.
+AGREEMENT_SEEDS = (20261123, 7, 424242)
+AGREEMENT_ARGS = [
+    "--checks=all",
+    "--exclude-checks=ignored_auth,object_level_authorization",
+    "--phases=coverage,fuzzing",
+    "--max-examples=40",
+    "--request-timeout=5",
+    "--no-color",
+]
+# The relay's 502 unreachable is its documented answer when the far cluster cannot be reached,
+# and the links a run makes point at hosts that are not there ("http://0").
+AGREEMENT_CONFIG = r"""
+[[operations]]
+include-path-regex = '^/v1/clusters/\{name\}/v1/'
+checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "502"]
+"""
+
+
+@pytest.mark.fuzz
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("seed", AGREEMENT_SEEDS)
+def test_schemathesis_finds_no_disagreement(seed: int, tmp_path: Path) -> None:
+    config = tmp_path / "capella.toml"
+    config.write_text(OPEN_SERVER_TOML)
+    settings = tmp_path / "schemathesis.toml"
+    settings.write_text(AGREEMENT_CONFIG)
+    process = ServerProcess(tmp_path / "data", config=config)
+    try:
+        process.wait_ready()
+        for queue in (fuzz_rules.QUEUE, fuzz_rules.OTHER_QUEUE):
+            requests.put(f"{process.url}/v1/queues/{queue}", json={}, timeout=10).raise_for_status()
+        command = [str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(settings), "run"]
+        command += [f"{process.url}/v1/openapi.json", f"--seed={seed}", *AGREEMENT_ARGS]
+        # The rules the document states in words: fuzz_rules.py, beside this file.
+        here = Path(__file__).parent
+        env = {**os.environ, "SCHEMATHESIS_HOOKS": "fuzz_rules"}
+        env["PYTHONPATH"] = os.pathsep.join([str(here), *filter(None, [env.get("PYTHONPATH")])])
+        run = subprocess.run(
+            command, capture_output=True, text=True, timeout=840, cwd=tmp_path, env=env, check=False
+        )
+        report = run.stdout[run.stdout.find("FAILURES") :] if "FAILURES" in run.stdout else run.stdout
+        assert run.returncode == 0, report[-30_000:] + run.stderr[-2000:]
+        log = process.log()
+        assert "Traceback" not in log, log[max(0, log.index("Traceback") - 300) :][:3000]
+    finally:
+        process.stop()

@@ -1,8 +1,10 @@
 """The retry policy of an ack-mode subscription, and the pure rules that apply it.
 
-``retry_delay`` says how long a failed message waits before it may be claimed again;
-``parse_policy`` reads the ``policy`` object of ``PUT .../subscriptions/{name}``, naming the
-bad field in every error.
+``retry_delay`` says how long a failed message waits before it may be claimed again.
+``apply_policy`` lays a ``policy`` decoded into its wire struct (``wire/work.py``
+``RetryPolicy``, the body of ``PUT .../subscriptions/{name}``) over the current policy, naming
+the bad field in every error; ``parse_policy`` decodes one first (a stored subscription, a push
+handler's params).
 """
 
 from __future__ import annotations
@@ -10,13 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
+from msgspec import UNSET
+
 from capella.backoff import backoff
 from capella.core.definition import check_name
 from capella.errors import InvalidRequest
 from capella.units import parse_duration
+from capella.wire import work as wire
+from capella.wire.decode import decode
+from capella.wire.fields import MAX_LEASE
 
 BACKOFFS = ("fixed", "exponential")
-MAX_LEASE = 12 * 3600.0
 MAX_ATTEMPTS = 1_000_000
 
 
@@ -38,16 +45,22 @@ class RetryPolicy:
     jitter: float = 0.1
     dead_letter: str | None = None
 
+    def to_wire(self) -> wire.RetryPolicy:
+        """The policy as answers show it: every field set."""
+        return wire.RetryPolicy(
+            lease=self.lease,
+            max_attempts=self.max_attempts,
+            backoff=self.backoff,  # type: ignore[arg-type]  # one of BACKOFFS
+            delay=self.delay,
+            max_delay=self.max_delay,
+            jitter=self.jitter,
+            dead_letter=self.dead_letter,
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "lease": self.lease,
-            "max_attempts": self.max_attempts,
-            "backoff": self.backoff,
-            "delay": self.delay,
-            "max_delay": self.max_delay,
-            "jitter": self.jitter,
-            "dead_letter": self.dead_letter,
-        }
+        """``to_wire`` as plain JSON values: the stored form."""
+        stored: dict[str, Any] = msgspec.to_builtins(self.to_wire())
+        return stored
 
 
 def retry_delay(policy: RetryPolicy, failures: int, rand: float) -> float:
@@ -69,47 +82,42 @@ def exhausted(policy: RetryPolicy, attempts: int) -> bool:
 
 
 def parse_policy(data: object, base: RetryPolicy) -> RetryPolicy:
-    """Apply the fields present in ``data`` on top of ``base``."""
-    if not isinstance(data, dict):
-        raise InvalidRequest("policy must be an object", field="policy")
-    allowed = {"lease", "max_attempts", "backoff", "delay", "max_delay", "jitter", "dead_letter"}
-    if unknown := sorted(set(data) - allowed):
-        raise InvalidRequest(f"unknown field 'policy.{unknown[0]}'", field=f"policy.{unknown[0]}")
+    """The ``policy`` object ``data`` (decoded here) over ``base``."""
+    return apply_policy(decode(data, wire.RetryPolicy, at="policy"), base)
+
+
+def apply_policy(body: wire.RetryPolicy, base: RetryPolicy) -> RetryPolicy:
+    """The fields ``body`` gives over ``base``, each checked."""
     policy = base
-    if "lease" in data:
-        lease = _seconds(data["lease"], "lease")
+    if body.lease is not UNSET:
+        lease = _seconds(body.lease, "lease")
         if not 0 < lease <= MAX_LEASE:
             raise InvalidRequest("policy.lease must be more than 0 and at most 12h", field="policy.lease")
         policy = replace(policy, lease=lease)
-    if "max_attempts" in data:
-        value = data["max_attempts"]
-        if type(value) is not int or not 0 <= value <= MAX_ATTEMPTS:
+    if body.max_attempts is not UNSET:
+        if not 0 <= body.max_attempts <= MAX_ATTEMPTS:
             raise InvalidRequest(
                 f"policy.max_attempts must be an integer from 0 (no limit) to {MAX_ATTEMPTS}",
                 field="policy.max_attempts",
             )
-        policy = replace(policy, max_attempts=value)
-    if "backoff" in data:
-        if data["backoff"] not in BACKOFFS:
-            raise InvalidRequest("policy.backoff must be fixed or exponential", field="policy.backoff")
-        policy = replace(policy, backoff=data["backoff"])
-    if "delay" in data:
-        policy = replace(policy, delay=_seconds(data["delay"], "delay"))
-    if "max_delay" in data:
-        policy = replace(policy, max_delay=_seconds(data["max_delay"], "max_delay"))
-    if "jitter" in data:
-        value = data["jitter"]
-        if type(value) not in (int, float) or not 0 <= value <= 1:
+        policy = replace(policy, max_attempts=body.max_attempts)
+    if body.backoff is not UNSET:
+        policy = replace(policy, backoff=body.backoff)
+    if body.delay is not UNSET:
+        policy = replace(policy, delay=_seconds(body.delay, "delay"))
+    if body.max_delay is not UNSET:
+        policy = replace(policy, max_delay=_seconds(body.max_delay, "max_delay"))
+    if body.jitter is not UNSET:
+        if not 0 <= body.jitter <= 1:
             raise InvalidRequest("policy.jitter must be a number from 0 to 1", field="policy.jitter")
-        policy = replace(policy, jitter=float(value))
-    if "dead_letter" in data:
-        value = data["dead_letter"]
-        if value is not None:
+        policy = replace(policy, jitter=body.jitter)
+    if body.dead_letter is not UNSET:
+        if body.dead_letter is not None:
             try:
-                check_name(value, "dead-letter queue")
+                check_name(body.dead_letter, "dead-letter queue")
             except InvalidRequest as exc:
                 raise InvalidRequest(exc.message, field="policy.dead_letter") from None
-        policy = replace(policy, dead_letter=value)
+        policy = replace(policy, dead_letter=body.dead_letter)
     if policy.delay > policy.max_delay:
         raise InvalidRequest("policy.delay must not be more than policy.max_delay", field="policy.delay")
     return policy

@@ -1,0 +1,121 @@
+"""A JSON value into its wire struct, with an error that names the bad field.
+
+``decode(value, kind, at="")`` is how a body, a stored definition or a ``params`` object
+becomes its struct: msgspec checks the JSON types, the ranges its ``Meta`` enforces and the
+fields (every request struct refuses unknown ones), and the struct's ``__post_init__`` checks
+what ties its fields together. A problem is ``InvalidRequest`` naming the field by its dotted
+path, below ``at`` when the value sits inside another (``"params"``).
+
+``unknown_field`` is the one error for a field a body may not hold: the struct's own refusal
+comes through it, and so do rules that allow a field only in some cases (``"at"`` only for a
+retry). The server, the handlers and the configuration's ``[queue_defaults]`` all refuse an
+unknown field this way; the configuration words it as its own "unknown key".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import msgspec
+from msgspec import inspect
+
+from capella.config import closest
+from capella.errors import InvalidRequest, UnknownField
+
+S = TypeVar("S")
+
+# What msgspec says, and where: "Expected `int`, got `str` - at `$.policy.lease`".
+_PROBLEM = re.compile(r"^(.*?)(?: - at `\$((?:\.\w+)*)(.*)`)?$", re.DOTALL)
+_UNKNOWN = re.compile(r"unknown field `(.*)`")
+_MISSING = re.compile(r"missing required field `(.*)`")
+_JSON_TYPES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a boolean"}
+_JSON_TYPES |= {"array": "an array", "object": "an object", "null": "null"}
+
+
+def decode(value: object, kind: type[S], *, at: str = "") -> S:
+    """``value`` (parsed JSON or TOML) as the struct ``kind``; ``InvalidRequest`` names the field."""
+    try:
+        return msgspec.convert(_whole_numbers(value), kind)
+    except msgspec.ValidationError as exc:
+        raise field_error(str(exc), kind, at) from None
+
+
+def _whole_numbers(value: object) -> object:
+    """``value`` with every whole float (``5.0``) as an int, at any depth.
+
+    JSON has one number type, and JSON Schema's integer takes ``5.0``; msgspec's int does not.
+    A float field still takes the int.
+    """
+    if type(value) is float:
+        # Only where a float is exact: past 2**53 it may be a rounded integer out of range.
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value
+    if type(value) is dict:
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_whole_numbers(v) for v in value]
+    return value
+
+
+def unknown_field(field: str, known: Iterable[str] = ()) -> UnknownField:
+    """``unknown field 'block.max_mesages' (did you mean 'block.max_messages'?)``.
+
+    ``known`` is what the object holding the field takes; the hint is the closest of them.
+    """
+    parent, _, key = field.rpartition(".")
+    names = tuple(known)
+    close = closest(key, names)
+    hint = f" (did you mean {(f'{parent}.' if parent else '') + close!r}?)" if close else ""
+    return UnknownField(f"unknown field {field!r}{hint}", field=field, known=names)
+
+
+def field_error(text: str, kind: object = None, at: str = "") -> InvalidRequest:
+    """``InvalidRequest`` for a msgspec validation message, in the API's words; with ``kind``,
+    an unknown field gets the closest known one as a hint."""
+    problem, path, rest = _PROBLEM.match(text).groups()  # type: ignore[union-attr]  # the pattern always matches
+    inner = (path or "").lstrip(".")
+    parent = ".".join(p for p in (at, inner) if p)
+    if unknown := _UNKNOWN.search(problem):
+        field = f"{parent}.{unknown.group(1)}" if parent else unknown.group(1)
+        known = _fields_at(kind, inner.split(".") if inner else []) if kind is not None and not rest else ()
+        return unknown_field(field, known)
+    if missing := _MISSING.search(problem):
+        field = f"{parent}.{missing.group(1)}" if parent else missing.group(1)
+        return InvalidRequest(f"{field} is required", field=field)
+    if not parent:
+        return InvalidRequest("the body must be a JSON object")
+    if not inner:
+        return InvalidRequest(f"{parent} must be an object", field=parent)
+    problem = re.sub(r"`([^`]*)`", _in_words, problem)
+    return InvalidRequest(f"{parent}{rest or ''}: {problem[:1].lower()}{problem[1:]}", field=parent)
+
+
+def _in_words(types: re.Match[str]) -> str:
+    """``int | null`` → "an integer or null"."""
+    words = [_JSON_TYPES.get(t, t) for t in types.group(1).split(" | ")]
+    return " or ".join(words)
+
+
+def _fields_at(kind: object, path: list[str]) -> tuple[str, ...]:
+    """The field names of the struct found at ``path`` inside ``kind`` (none if there is none)."""
+    info: Any = inspect.type_info(kind)
+    for name in path:
+        struct = _struct(info)
+        field = next((f for f in struct.fields if f.encode_name == name), None) if struct else None
+        if field is None:
+            return ()
+        info = field.type
+    struct = _struct(info)
+    return tuple(f.encode_name for f in struct.fields) if struct else ()
+
+
+def _struct(info: inspect.Type) -> inspect.StructType | None:
+    """The struct a type is, or holds as one of its options (``Limits | None``)."""
+    if isinstance(info, inspect.StructType):
+        return info
+    if isinstance(info, inspect.Metadata):
+        return _struct(info.type)
+    if isinstance(info, inspect.UnionType):
+        return next((s for t in info.types if (s := _struct(t)) is not None), None)
+    return None

@@ -1,0 +1,379 @@
+"""The document and the server agree: one test for each disagreement schemathesis found.
+
+Each sends what the document allows (or forbids) and checks that the server accepts (or
+refuses) it too; the whole run is ``test_schemathesis_finds_no_disagreement`` in
+tests/e2e/test_fuzz.py (``make fuzz``).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient
+from support.http import error_of
+
+import capella
+from capella.api.app import document
+from capella.errors import error_classes
+from capella.wire.answers import ErrorDetail
+
+DOCUMENT = document()
+Q = "/v1/queues/q"
+W = f"{Q}/subscriptions/w"
+
+
+def valid(schema_name: str, body: object) -> bool:
+    schema = {"$ref": f"#/components/schemas/{schema_name}", "components": DOCUMENT["components"]}
+    return bool(jsonschema.Draft202012Validator(schema).is_valid(body))
+
+
+def parameter(path: str, method: str, name: str) -> dict[str, Any]:
+    item = DOCUMENT["paths"][path]
+    found = [
+        p for p in (*item.get("parameters", ()), *item[method].get("parameters", ())) if p["name"] == name
+    ]
+    assert found, (path, method, name)
+    return dict(found[0])
+
+
+def valid_parameter(path: str, method: str, name: str, value: str) -> bool:
+    spec = parameter(path, method, name)
+    if value == "" and spec.get("allowEmptyValue"):
+        return True
+    return bool(jsonschema.Draft202012Validator(spec["schema"]).is_valid(value))
+
+
+@pytest.fixture
+async def q(api: TestClient) -> TestClient:
+    assert (await api.put(Q, json={})).status == 201
+    return api
+
+
+async def test_a_method_a_fixed_segment_lacks_is_405_with_its_own_allow(q: TestClient) -> None:
+    # ST204, ST205: {id} matched cancel, retry and delete, adding the methods of a message's
+    # path to theirs.
+    resp = await q.patch(f"{Q}/scheduled/cancel", json={"ids": []})
+    assert (await error_of(resp, 405))["code"] == "method_not_allowed"
+    assert resp.headers["Allow"] == "POST"
+    for action in ("retry", "delete"):
+        resp = await q.options(f"{W}/work/{action}")
+        assert resp.status == 405
+        assert resp.headers["Allow"] == "POST"
+    # What is not a fixed segment is still an id, and a bad one is still named.
+    assert (await error_of(await q.get(f"{Q}/scheduled/abc"), 400))["parameter"] == "id"
+
+
+async def test_ids_start_at_1_in_the_document_as_in_the_server(q: TestClient) -> None:
+    # ST202: the document allowed 0, which names nothing.
+    for path in ("/v1/queues/{queue}/scheduled/{id}", "/v1/queues/{queue}/subscriptions/{name}/work/{id}"):
+        assert parameter(path, "get", "id")["schema"]["minimum"] == 1
+    assert (await error_of(await q.get(f"{Q}/scheduled/0"), 400))["parameter"] == "id"
+    assert not valid("CancelScheduled", {"ids": [0]})
+    assert (await error_of(await q.post(f"{Q}/scheduled/cancel", json={"ids": [0]}), 400))["field"] == "ids"
+    assert valid("CancelScheduled", {"ids": [1]})
+    assert (await q.post(f"{Q}/scheduled/cancel", json={"ids": [1]})).status == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        (f"{Q}/messages?wait=", "wait"),
+        (f"{Q}/scheduled?segments=", "segments"),
+        (f"{Q}/messages?after=", "after"),
+    ],
+)
+async def test_an_empty_query_parameter_is_not_given_in_both(q: TestClient, path: str, name: str) -> None:
+    # ST201: the server read ?wait= as no wait, the document refused the empty value.
+    template = "/v1/queues/{queue}/messages" if "/messages" in path else "/v1/queues/{queue}/scheduled"
+    assert valid_parameter(template, "get", name, "")
+    assert (await q.get(path)).status == 200
+
+
+async def test_an_empty_last_event_id_is_not_given_in_both(q: TestClient) -> None:
+    # ST201: the same for the stream's Last-Event-ID header.
+    assert valid_parameter("/v1/queues/{queue}/stream", "get", "Last-Event-ID", "")
+    async with q.get(f"{Q}/stream", headers={"Last-Event-ID": ""}) as resp:
+        assert resp.status == 200
+
+
+@pytest.mark.parametrize(("status", "accepted"), [("failed,dead", True), ("dead", True), ("waiting", False)])
+async def test_a_work_status_list_is_the_same_in_both(q: TestClient, status: str, accepted: bool) -> None:
+    # ST202: the document took any text.
+    assert (await q.put(W, json={"mode": "ack"})).status == 201
+    path = "/v1/queues/{queue}/subscriptions/{name}/work"
+    assert valid_parameter(path, "get", "status", status) is accepted
+    assert ((await q.get(f"{W}/work", params={"status": status})).status == 200) is accepted
+
+
+@pytest.mark.parametrize(
+    "query",
+    [{"source": "s" * 256}, {"external_id": "x"}, {"segment": "x"}, {"replica_timeout": "-5"}],
+)
+async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, query: dict[str, str]) -> None:
+    # ST201: octet-stream metadata and replica_timeout (without replicas) were ignored, not checked.
+    (name, value), *_ = query.items()
+    assert not valid_parameter("/v1/queues/{queue}/messages", "post", name, value)
+    resp = await q.post(f"{Q}/messages", json={"messages": []}, params=query)
+    assert (await error_of(resp, 400))["code"] in ("invalid_request", "invalid_message")
+    assert (await q.post(f"{Q}/messages", json={"messages": []}, params={"source": "ok"})).status == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "schema", "body", "accepted"),
+    [
+        # The definition's nulls keep the current values; save modes are names or numbers.
+        (Q, "QueueDefinition", {"save": None, "block": None, "mounts": None}, True),
+        (Q, "QueueDefinition", {"subscription_save": 0}, True),
+        (Q, "QueueDefinition", {"save": 4}, False),
+        (
+            Q,
+            "QueueDefinition",
+            {"mounts": {"meta": "default", "marks": {"0": "default", "007": "default"}}},
+            True,
+        ),
+        (Q, "QueueDefinition", {"mounts": {"marks": {"256": "default"}}}, False),
+        (Q, "QueueDefinition", {"segments": None}, True),
+        # A link's timeouts are left out for the default, not null.
+        ("/v1/clusters/c", "ClusterDefinition", {"url": "http://127.0.0.1:9", "timeout": None}, False),
+        # A handler names its queues unless its type names them in params.
+        ("/v1/handlers/h", "HandlerDefinition", {"type": "copy"}, False),
+        ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queues": None}, False),
+        ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "started": False}, True),
+    ],
+)
+async def test_a_body_is_accepted_by_both_or_refused_by_both(
+    q: TestClient, path: str, schema: str, body: dict[str, Any], accepted: bool
+) -> None:
+    # ST202: null where the document allowed it, a copy handler without queues, an empty mount.
+    assert valid(schema, body) is accepted
+    resp = await q.put(path, json=body)
+    assert (resp.status < 300) is accepted, await resp.text()
+
+
+async def test_the_document_names_a_mount_the_server_has() -> None:
+    # ST202: an empty mount name was schema-valid; the example is the built-in mount.
+    mounts = DOCUMENT["components"]["schemas"]["Mounts"]["properties"]
+    assert mounts["meta"]["anyOf"][0]["examples"] == ["default"]
+
+
+async def test_work_bodies_take_only_their_own_fields(q: TestClient) -> None:
+    # ST202: ack, nack and extend shared one body in the document, and the server refused the
+    # others' fields by hand; each is its own struct now.
+    assert (await q.put(W, json={"mode": "ack"})).status == 201
+    schemas = {"ack": "Receipts", "nack": "NackReceipts", "extend": "ExtendReceipts"}
+    for action, body, accepted in (
+        ("ack", {"receipt": "1.1", "delay": 1}, False),
+        ("nack", {"receipt": "1.1", "delay": 1}, True),
+        ("extend", {"receipt": "1.1", "lease": "1m"}, True),
+        ("extend", {"receipt": "1.1", "error": "x"}, False),
+    ):
+        op = DOCUMENT["paths"][f"/v1/queues/{{queue}}/subscriptions/{{name}}/{action}"]["post"]
+        assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(schemas[action])
+        assert valid(schemas[action], body) is accepted
+        resp = await q.post(f"{W}/{action}", json=body)
+        if accepted:
+            assert resp.status != 400, await resp.text()  # the receipt is unknown: 404
+        else:
+            error = await error_of(resp, 400)
+            assert error["field"] == next(iter(set(body) - {"receipt"}))
+            assert error["message"].startswith("unknown field")
+
+
+async def test_a_reschedule_takes_exactly_one_time_in_both(q: TestClient) -> None:
+    # ST202: both null was schema-valid.
+    produced = await (await q.post(f"{Q}/messages", json={"data": "x", "delay": "1h"})).json()
+    sid = produced["results"][0]["scheduled_id"]
+    for body, accepted in (
+        ({"delay": None, "deliver_at": None}, False),
+        ({"delay": "2h", "deliver_at": None}, True),
+        ({"delay": "2h", "deliver_at": 1}, False),
+    ):
+        assert valid("Reschedule", body) is accepted
+        resp = await q.patch(f"{Q}/scheduled/{sid}", json=body)
+        assert (resp.status == 200) is accepted, await resp.text()
+
+
+async def test_an_unknown_field_is_refused_one_way_with_a_hint(q: TestClient) -> None:
+    for path, body, field, hint in (
+        (Q, {"block": {"max_mesages": 5}}, "block.max_mesages", "block.max_messages"),
+        (W, {"mode": "ack", "policy": {"leese": "1m"}}, "policy.leese", "policy.lease"),
+        (W, {"last_idd": 3}, "last_idd", "last_id"),
+    ):
+        error = await error_of(await q.put(path, json=body), 400)
+        assert (error["code"], error["field"]) == ("invalid_request", field)
+        assert error["message"] == f"unknown field {field!r} (did you mean {hint!r}?)"
+
+
+def test_every_detail_the_server_raises_is_a_field_of_the_error_body() -> None:
+    # The error body is rendered from wire.answers.Error: a detail it lacks would be dropped.
+    classes = {cls.__name__ for cls in error_classes() if not cls.client_only}
+    client_only = {"status", "failures", "holders", "known", "answer"}
+    found = set()
+    root = Path(capella.__file__).parent
+    for path in root.rglob("*.py"):
+        if path.parts[len(root.parts)] == "client":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", getattr(node.func, "attr", None))
+                if name in classes:
+                    found |= {k.arg for k in node.keywords if k.arg is not None}
+    assert found - client_only <= set(ErrorDetail.__struct_fields__)
+
+
+async def test_an_accept_header_that_is_not_utf8_is_406_not_500(q: TestClient) -> None:
+    # ST101/ST103: the error echoed the header's undecodable byte, which JSON cannot hold.
+    reader, writer = await asyncio.open_connection(q.server.host, q.server.port)
+    writer.write(f"GET {Q}/messages HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n".encode())
+    writer.write(b"Accept: \x84\r\n\r\n")
+    answer = await reader.read()
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 406 ")
+    error = orjson.loads(body)["error"]
+    assert (error["code"], error["accept"]) == ("not_acceptable", "\\udc84")
+
+
+@pytest.mark.parametrize(
+    ("value", "accepted"), [("1700000000", True), ("2026-01-01T00:00:00Z", True), ("Å8+", False)]
+)
+async def test_a_due_time_filter_is_the_same_in_both(q: TestClient, value: str, accepted: bool) -> None:
+    # ST202: the document took any text for due_after and due_before.
+    for name in ("due_after", "due_before"):
+        assert valid_parameter("/v1/queues/{queue}/scheduled", "get", name, value) is accepted
+        assert ((await q.get(f"{Q}/scheduled", params={name: value})).status == 200) is accepted
+
+
+async def test_a_null_cursor_field_beside_ack_mode_is_not_given(q: TestClient) -> None:
+    # ST202: {"replica": null, "mode": "ack"} was refused as a cursor's field.
+    body = {"replica": None, "mode": "ack"}
+    assert valid("SubscriptionCommit", body)
+    assert (await q.put(W, json=body)).status == 201
+
+
+async def test_a_whole_float_is_an_integer_and_a_rounded_one_is_not(q: TestClient) -> None:
+    # ST202: JSON Schema's integer takes 3.0; msgspec's int did not.
+    assert valid("SubscriptionCommit", {"mode": "ack", "policy": {"max_attempts": 3.0}})
+    assert (await q.put(W, json={"mode": "ack", "policy": {"max_attempts": 3.0}})).status == 201
+    # ST201: but a float past 2**53 may be an integer rounded into range; it stays refused.
+    body = b'{"segments": {"min": -9223372036854775809, "max": 0}}'
+    resp = await q.put(Q, data=body, headers={"Content-Type": "application/json"})
+    assert (await error_of(resp, 400))["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize(
+    ("extra", "accepted"), [({"external_id": 5.0, "segment": 2.0}, True), ({"segment": 2.5}, False)]
+)
+async def test_a_produced_message_takes_whole_floats_as_integers(
+    q: TestClient, extra: dict[str, float], accepted: bool
+) -> None:
+    # ST202: the produce path decodes straight into its struct, whose int refused 5.0.
+    body = {"data": "x", **extra}
+    assert valid("Message", body) is accepted
+    resp = await q.post(f"{Q}/messages", json=body)
+    assert (resp.status == 200) is accepted, await resp.text()
+    if accepted:
+        (message,) = (await (await q.get(f"{Q}/messages")).json())["messages"]
+        assert (message["external_id"], message["segment"]) == (5, 2)
+
+
+async def test_a_time_in_text_has_each_part_in_its_range_in_both(q: TestClient) -> None:
+    # ST202: the document's date-time took month 80; the server refuses it.
+    for text, accepted in (("2026-01-31T23:59:59Z", True), ("2026-80-01T00:00:00Z", False)):
+        assert valid_parameter("/v1/queues/{queue}/scheduled", "get", "due_after", text) is accepted
+        assert ((await q.get(f"{Q}/scheduled", params={"due_after": text})).status == 200) is accepted
+        assert valid("Message", {"data": "x", "external_time": text}) is accepted
+        resp = await q.post(f"{Q}/messages", json={"data": "x", "external_time": text})
+        assert (resp.status == 200) is accepted, await resp.text()
+
+
+@pytest.mark.parametrize(
+    ("body", "accepted"),
+    [
+        ({"mode": "ack", "last_id": 0}, False),
+        ({"mode": "cursor", "policy": {}}, False),
+        ({"policy": {"dead_letter": None}, "reset": True}, False),
+        ({"mode": "ack", "policy": {"max_attempts": 2}}, True),
+        ({"last_id": 3, "replica": True}, True),
+    ],
+)
+async def test_a_work_queue_definition_has_no_cursor_field_in_both(
+    q: TestClient, body: dict[str, Any], accepted: bool
+) -> None:
+    # ST202: the document allowed a cursor's fields beside mode ack or a policy.
+    assert valid("SubscriptionCommit", body) is accepted
+    assert ((await q.put(W, json=body)).status < 300) is accepted
+
+
+async def test_a_password_needs_a_username_that_is_not_null_in_both(q: TestClient) -> None:
+    # ST202: dependentRequired took a null username.
+    body = {"url": "http://127.0.0.1:9", "password": "secret-pass", "username": None}
+    assert not valid("ClusterDefinition", body)
+    assert (await error_of(await q.put("/v1/clusters/c", json=body), 400))["field"] == "username"
+    assert valid("ClusterDefinition", {**body, "username": "u"})
+
+
+def test_the_document_says_what_a_pg_handler_and_a_copy_subscription_take() -> None:
+    # ST202: a pg handler needs exactly one of dsn and dsn_secret; a copy's subscription is a name.
+    assert not valid("PgInboxParams", {"sslpassword_secret": "S"})
+    assert valid("PgInboxParams", {"dsn_secret": "S"})
+    assert not valid("CopyParams", {"to": "q", "subscription": "a/b"})
+    # Year 0 and February 30 are not times the server reads.
+    assert not valid("Reschedule", {"deliver_at": "0000-01-01T00:00:00Z"})
+    assert not valid("Reschedule", {"deliver_at": "2026-02-30T00:00:00Z"})
+
+
+async def test_a_parameter_given_twice_is_refused(q: TestClient) -> None:
+    # ST201: ?due_after=&due_after=junk read the first, empty, value; a filter may repeat.
+    error = await error_of(await q.get(f"{Q}/scheduled?due_after=&due_after=junk"), 400)
+    assert (error["code"], error["parameter"]) == ("invalid_request", "due_after")
+    assert (await q.get(f"{Q}/messages?header.k=a&header.k=b")).status == 200
+
+
+async def test_a_message_has_not_both_deliver_at_and_delay_in_both(q: TestClient) -> None:
+    # ST202: the document allowed both.
+    body = {"data": "x", "delay": 1, "deliver_at": 1}
+    assert not valid("Message", body)
+    assert (await error_of(await q.post(f"{Q}/messages", json=body), 400))["field"] == "delay"
+    assert valid("Message", {**body, "deliver_at": None})
+
+
+async def test_reading_an_ack_mode_subscription_as_a_cursor_is_a_documented_409(q: TestClient) -> None:
+    # ST103: the 409 was not among the read's documented answers.
+    assert (await q.put(W, json={"mode": "ack"})).status == 201
+    assert (await error_of(await q.get(f"{W}/messages"), 409))["code"] == "wrong_subscription_mode"
+    assert "409" in DOCUMENT["paths"]["/v1/queues/{queue}/subscriptions/{name}/messages"]["get"]["responses"]
+
+
+async def test_a_handler_whose_params_have_a_required_field_needs_params_in_both(q: TestClient) -> None:
+    # ST202: {"type": "copy", "queue": "q"} was schema-valid; copy's params.to is required.
+    body = {"type": "copy", "queue": "q", "started": False}
+    assert not valid("HandlerDefinition", body)
+    assert (await error_of(await q.put("/v1/handlers/h", json=body), 400))["field"] == "params.to"
+    assert valid("HandlerDefinition", {"type": "flush", "queue": "q"})
+
+
+async def test_an_expire_handler_gives_one_of_its_limits_in_both(q: TestClient) -> None:
+    # ST202: {"type": "expire"} without params, or with a null limit, was schema-valid.
+    for body in (
+        {"type": "expire", "queue": "q"},
+        {"type": "expire", "queue": "q", "params": {"max_age": None}},
+    ):
+        assert not valid("HandlerDefinition", body)
+        assert (await error_of(await q.put("/v1/handlers/h", json=body), 400))["field"] == "params.max_age"
+    body = {"type": "expire", "queue": "q", "params": {"max_messages": 10}, "started": False}
+    assert valid("HandlerDefinition", body)
+    assert (await q.put("/v1/handlers/h", json=body)).status == 201
+    assert not valid("PgInboxParams", {"dsn_secret": "S", "subscription": "a/b"})
+
+
+def test_a_copy_names_a_destination() -> None:
+    # ST202: an empty params.to was schema-valid; the server refuses it.
+    assert not valid("CopyParams", {"to": ""})
+    assert not valid("PgOutboxParams", {"to": "", "dsn_secret": "S"})

@@ -1,0 +1,216 @@
+"""The rules the OpenAPI document states only in words, as schemathesis hooks.
+
+JSON Schema cannot say that a range's low end is not above its high end, that a time is at
+most ten years ahead, or which mounts a server has; the document says so in descriptions, and
+the server refuses what breaks them (400). ``test_schemathesis_finds_no_disagreement``
+(test_fuzz.py) loads this module (``SCHEMATHESIS_HOOKS``) so that schemathesis does not send
+such a request as one the document allows: everything else it generates is checked.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import schemathesis
+
+from capella.units import parse_duration, parse_size
+from capella.wire import parse_time
+from capella.wire.fields import DURATION_PATTERN, SIZE_PATTERN
+
+TEN_YEARS = 10 * 365 * 86_400
+MAX_LEASE = 12 * 3600
+# The queues the test creates before the run: a handler or a dead-letter queue names an
+# existing queue, which a generated name seldom is.
+QUEUE, OTHER_QUEUE = "orders", "copies"
+# The mounts of the server under test (its capella.toml): [mounts.default] only.
+MOUNTS = {"default"}
+DURATION = re.compile(DURATION_PATTERN)
+SIZE = re.compile(SIZE_PATTERN)
+
+
+@schemathesis.hook
+def filter_case(ctx: schemathesis.HookContext, case: schemathesis.Case) -> bool:
+    """False for a case that breaks a rule the document states in words, or that would make
+    later valid requests fail (a queue narrowed to a segment range refuses writes outside it)."""
+    query = case.query or {}
+    if isinstance(query.get("segments"), str) and not ranges_in_order(query["segments"]):
+        return False
+    if in_the_future(query.get("external_time")):
+        return False
+    if case.method == "DELETE" and (case.path_parameters or {}).get("queue") in (QUEUE, OTHER_QUEUE):
+        return False  # schemathesis reuses names from answers: the run's queues stay
+    body = case.body
+    queue_put = case.operation.label == "PUT /v1/queues/{queue}"
+    if queue_put and isinstance(body, dict) and body.get("segments") is not None:
+        return False
+    if isinstance(body, dict) and isinstance(body.get("ca_file"), str):
+        return False  # a PEM file on the server: the run has none
+    if names_a_secret(body):
+        return False  # a secret the operator declared ([secrets.NAME]): the run has none
+    return not breaks_a_rule(body)
+
+
+@schemathesis.hook
+def map_case(ctx: schemathesis.HookContext, case: schemathesis.Case) -> schemathesis.Case:
+    """A handler's queues and any dead-letter queue name the queues the server holds."""
+    body = case.body
+    if not isinstance(body, dict):
+        return case
+    if case.operation.label == "PUT /v1/handlers/{name}":
+        # Only names the document allows become the run's: a case that is invalid on purpose
+        # (an empty name) stays invalid.
+        queues = body.get("queues")
+        if isinstance(queues, list) and queues and all(isinstance(q, str) and q for q in queues):
+            body["queues"] = [QUEUE]
+        if isinstance(body.get("queue"), str) and body["queue"]:
+            body["queue"] = QUEUE
+        params = body.get("params")
+        if isinstance(params, dict):
+            for name, queue in (("from", QUEUE), ("to", OTHER_QUEUE), ("dead_letter", OTHER_QUEUE)):
+                if isinstance(params.get(name), str) and params[name]:
+                    params[name] = queue
+    policy = body.get("policy")
+    if isinstance(policy, dict) and isinstance(policy.get("dead_letter"), str) and policy["dead_letter"]:
+        policy["dead_letter"] = OTHER_QUEUE
+    return case
+
+
+def breaks_a_rule(value: Any) -> bool:
+    """Whether a body, at any depth, holds a reversed range, a time too far ahead, a number
+    too large for the server, or a mount the server does not have."""
+    if isinstance(value, list):
+        return any(breaks_a_rule(item) for item in value)
+    if not isinstance(value, dict):
+        return isinstance(value, str) and too_large(value)
+    segments = value.get("segments")
+    if (
+        isinstance(segments, dict)
+        and _numbers(segments.get("min"), segments.get("max"))
+        and segments["min"] > segments["max"]
+    ):
+        return True
+    if isinstance(segments, str) and not ranges_in_order(segments):
+        return True
+    if isinstance(segments, list) and not pairs_in_order(segments):
+        return True
+    if too_far(value.get("delay"), value.get("deliver_at")) or in_the_future(value.get("external_time")):
+        return True
+    lease, cap = _seconds(value.get("lease")), _seconds(value.get("max_delay"))
+    if (lease is not None and lease > MAX_LEASE) or (cap is not None and cap > TEN_YEARS):
+        return True  # a lease of at most 12 h, a delay of at most ten years, in text too
+    for name in ("block", "limits"):
+        limits = value.get(name)
+        size = limits.get("max_bytes") if isinstance(limits, dict) else None
+        if isinstance(size, str) and SIZE.fullmatch(size) and not 1024 <= _size(size) <= 1024**3:
+            return True  # a block's size in text: from 1 KiB to 1 GiB, as a number says in the document
+    policy = value.get("policy")
+    if isinstance(policy, dict) and retries_out_of_order(policy):
+        return True
+    if "max_delay" in value and retries_out_of_order(value):
+        return True
+    mounts = value.get("mounts")
+    if isinstance(mounts, dict):
+        named = [mounts.get("meta")]
+        if isinstance(mounts.get("marks"), dict):
+            named += list(mounts["marks"].values())
+        if any(isinstance(name, str) and name not in MOUNTS for name in named):
+            return True
+    return any(breaks_a_rule(item) for item in value.values())
+
+
+def retries_out_of_order(policy: dict[str, Any]) -> bool:
+    """A retry policy's delay must not be above its max_delay, which may be the one the
+    subscription already has: only a policy that gives both, in order, is sure to pass."""
+    if "delay" not in policy and "max_delay" not in policy:
+        return False
+    delay, cap = (_seconds(policy.get(name)) for name in ("delay", "max_delay"))
+    return delay is None or cap is None or delay > cap
+
+
+def _seconds(value: object) -> float | None:
+    if isinstance(value, str) and DURATION.fullmatch(value) and not too_large(value):
+        return parse_duration(value)
+    if not _numbers(value):
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return float("inf")
+
+
+def _time(value: object) -> float | None:
+    if isinstance(value, str):
+        try:
+            return parse_time(float(value) if value.strip().replace(".", "", 1).isdigit() else value)
+        except ValueError:
+            return None  # not a time: the document refuses it too
+    return _seconds(value)
+
+
+def _size(text: str) -> float:
+    try:
+        return parse_size(text)
+    except ValueError:
+        return float("inf")
+
+
+def pairs_in_order(pairs: list[Any]) -> bool:
+    """A copy handler's ``segments``: ``[lo, hi]`` pairs, lo not above hi."""
+    return all(not (isinstance(p, list) and len(p) == 2 and _numbers(*p) and p[0] > p[1]) for p in pairs)
+
+
+def ranges_in_order(text: str) -> bool:
+    """``segments=0-9,20-29``: every range's low end is not above its high end."""
+    for part in text.split(","):
+        part = part.strip()
+        cut = next((i for i in range(1, len(part)) if part[i] == "-" and part[i - 1].isdigit()), -1)
+        try:
+            low = int(part if cut < 0 else part[:cut])
+            high = low if cut < 0 else int(part[cut + 1 :])
+        except ValueError:
+            return True  # not a range at all: the document refuses it too
+        if low > high or not -(2**63) <= low <= high < 2**63:
+            return False
+    return True
+
+
+def names_a_secret(value: Any) -> bool:
+    """Whether a body names a declared secret (``token_secret``, a push handler's ``secret``)."""
+    if isinstance(value, list):
+        return any(names_a_secret(item) for item in value)
+    if not isinstance(value, dict):
+        return False
+    named = any(isinstance(v, str) and (k == "secret" or k.endswith("_secret")) for k, v in value.items())
+    return named or any(names_a_secret(v) for v in value.values())
+
+
+def in_the_future(when: object) -> bool:
+    """An external time must not be in the future."""
+    at = _time(when)
+    return at is not None and at > time.time()
+
+
+def too_far(delay: object, deliver_at: object) -> bool:
+    """A delivery more than ten years ahead."""
+    if isinstance(delay, str) and too_large(delay):
+        return True
+    seconds, at = _seconds(delay), _time(deliver_at)
+    return (seconds is not None and seconds > TEN_YEARS) or (at is not None and at > time.time() + TEN_YEARS)
+
+
+def too_large(text: str) -> bool:
+    """A duration or a size in text that the document's pattern takes but whose value no
+    number holds ("9" * 400)."""
+    for pattern, parse in ((DURATION, parse_duration), (SIZE, parse_size)):
+        if pattern.fullmatch(text):
+            try:
+                parse(text)
+            except ValueError:
+                return True
+    return False
+
+
+def _numbers(*values: object) -> bool:
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
