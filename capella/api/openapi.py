@@ -209,10 +209,16 @@ def _summary(kind: type[CapellaError]) -> str:
     return " ".join(first.split())
 
 
+# What any request can be answered, whatever its operation: a request that is not valid HTTP
+# (400), one whose head or body did not arrive in time (408), or whose head is over its limits
+# (431); a login over its bounds (401, 403, 429); and a server that cannot serve (503).
+ANY_OPERATION = (400, 401, 403, 408, 429, 431, 503)
+
+
 def fails(*statuses: int) -> dict[str, Any]:
-    """The error answers of an operation; every one has the Error body. Any route that takes
-    credentials can answer 401, 403 and 429 (a login over its bounds)."""
-    return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in (401, 403, 429, *statuses, 503)}
+    """The error answers of an operation, ``ANY_OPERATION``'s and its own; every one has the
+    Error body."""
+    return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in sorted({*ANY_OPERATION, *statuses})}
 
 
 MESSAGE_FILTERS = [

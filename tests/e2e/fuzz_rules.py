@@ -66,6 +66,12 @@ def map_case(ctx: schemathesis.HookContext, case: schemathesis.Case) -> schemath
             body["queues"] = [QUEUE]
         if isinstance(body.get("queue"), str) and body["queue"]:
             body["queue"] = QUEUE
+        # Defined stopped: a started one's passes would reach for the generated hosts and
+        # databases, and each later replace or drop waits (up to the supervisor's grace) for
+        # a pass stuck in a connect; a run took minutes.
+        # (A value that is not a boolean stays: the case is invalid on purpose.)
+        if isinstance(body.get("started", True), bool):
+            body["started"] = False
         params = body.get("params")
         if isinstance(params, dict):
             for name, queue in (("from", QUEUE), ("to", OTHER_QUEUE), ("dead_letter", OTHER_QUEUE)):
