@@ -183,9 +183,11 @@ def _code_of(exc: BaseException) -> str:
     A handler that adds where a pass failed (which queue, which cluster) raises its error from
     the one it caught, so the status shows why (``unreachable``), not the wrapper's code.
     """
+    if not isinstance(exc, CapellaError):
+        return CapellaError.code
     while isinstance(exc.__cause__, CapellaError):
         exc = exc.__cause__
-    return exc.code if isinstance(exc, CapellaError) else CapellaError.code
+    return exc.code
 
 
 class Supervisor:
