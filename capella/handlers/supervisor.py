@@ -185,8 +185,11 @@ def _code_of(exc: BaseException) -> str:
     """
     if not isinstance(exc, CapellaError):
         return CapellaError.code
-    while isinstance(exc.__cause__, CapellaError):
+    seen = {id(exc)}
+    # A handler may raise a kept error again, from a new one: a chain can loop, so stop at a repeat.
+    while isinstance(exc.__cause__, CapellaError) and id(exc.__cause__) not in seen:
         exc = exc.__cause__
+        seen.add(id(exc))
     return exc.code
 
 
