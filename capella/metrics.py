@@ -191,9 +191,7 @@ def _work_metrics(out: list[str], queues: list[Queue]) -> None:
 
 
 def _handler_metrics(out: list[str], handlers: Sequence[HandlerState]) -> None:
-    rows = [
-        (h, f'handler="{escape(h.name)}",type="{escape(h.type)}"', h.to_dict()["status"]) for h in handlers
-    ]
+    rows = [(h, f'handler="{escape(h.name)}",type="{escape(h.type)}"', h.status()) for h in handlers]
     _header(
         out,
         "capella_handler_items_total",
@@ -213,15 +211,15 @@ def _handler_metrics(out: list[str], handlers: Sequence[HandlerState]) -> None:
         "gauge",
     )
     out.extend(
-        f"capella_handler_lag{{{labels}}} {_num(status['lag'])}"
+        f"capella_handler_lag{{{labels}}} {_num(status.lag)}"
         for _, labels, status in rows
-        if status.get("lag") is not None
+        if isinstance(status.lag, int | float)
     )
     _header(out, "capella_handler_oldest_age_seconds", "pg_outbox: age of the oldest waiting row.", "gauge")
     out.extend(
-        f"capella_handler_oldest_age_seconds{{{labels}}} {_num(status['oldest_age'])}"
+        f"capella_handler_oldest_age_seconds{{{labels}}} {_num(status.oldest_age)}"
         for _, labels, status in rows
-        if status.get("oldest_age") is not None
+        if isinstance(status.oldest_age, int | float)
     )
 
 

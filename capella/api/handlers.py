@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from aiohttp import web
 
 from capella.api.access import identity
@@ -10,22 +11,23 @@ from capella.api.request import CLUSTER, SUPERVISOR, json_response, read_object
 from capella.api.route import Route, on_named
 from capella.errors import NotReady
 from capella.handlers.supervisor import Supervisor
+from capella.wire.handlers import HandlerList
 
 
 async def list_handlers(request: web.Request) -> web.Response:
     who = identity(request)
     readable = [h for h in supervisor(request).handlers() if who.can("handler", "read", h.name)]
-    return json_response({"handlers": [h.to_dict() for h in readable]})
+    return json_response(HandlerList([h.info() for h in readable]))
 
 
 async def put_handler(request: web.Request) -> web.Response:
     data = await read_object(request)
     handler, created = await supervisor(request).put(request.match_info["name"], data, identity(request))
-    return json_response(handler.to_dict(), 201 if created else 200)
+    return json_response(handler.info(), 201 if created else 200)
 
 
 async def get_handler(request: web.Request) -> web.Response:
-    return json_response(supervisor(request).handler(request.match_info["name"]).to_dict())
+    return json_response(supervisor(request).handler(request.match_info["name"]).info())
 
 
 async def drop_handler(request: web.Request) -> web.Response:
@@ -35,19 +37,19 @@ async def drop_handler(request: web.Request) -> web.Response:
 
 async def start_handler(request: web.Request) -> web.Response:
     handler = await supervisor(request).start_handler(request.match_info["name"])
-    return json_response(handler.to_dict())
+    return json_response(handler.info())
 
 
 async def stop_handler(request: web.Request) -> web.Response:
     handler = await supervisor(request).stop_handler(request.match_info["name"])
-    return json_response(handler.to_dict())
+    return json_response(handler.info())
 
 
 async def run_handler(request: web.Request) -> web.Response:
     """One pass now, answered after it ends: ``pass`` is that pass (``ok``, its ``items``,
     ``bytes`` and ``error``), ``status`` the handler's totals after it."""
     handler, report = await supervisor(request).run_pass_now(request.match_info["name"])
-    return json_response(handler.to_dict() | {"pass": report.to_dict()})
+    return json_response(msgspec.structs.replace(handler.info(), pass_=report.result()))
 
 
 def supervisor(request: web.Request) -> Supervisor:

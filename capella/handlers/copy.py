@@ -79,9 +79,10 @@ class CopyHandler(QueueHandler[CopyParams]):
                 client = await self._links.checked_client(link)
                 return await self._copy(_RemoteSource(client, name, self.params))
             except CapellaError as exc:
+                # From the error: the status shows its code (unreachable, forbidden...).
                 raise StorageUnavailable(
                     f"CopyHandler: {self.params.from_}: {exc.code}: {exc.message}"
-                ) from None
+                ) from exc
         return await super().run_once()
 
     async def run_queue(self, queue: Queue) -> PassResult:
@@ -137,7 +138,7 @@ class CopyHandler(QueueHandler[CopyParams]):
             client = await self._links.checked_client(link)
             results = await client.produce_batch(name, _batch(drafts), save=self.params.save)
         except CapellaError as exc:
-            raise StorageUnavailable(f"{self.params.to}: {exc.code}: {exc.message}") from None
+            raise StorageUnavailable(f"{self.params.to}: {exc.code}: {exc.message}") from exc
         return [d for d, r in zip(drafts, results, strict=True) if not r.duplicate]
 
 

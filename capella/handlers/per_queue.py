@@ -13,7 +13,7 @@ from typing import Generic, Protocol, TypeVar
 
 from capella.core.cluster import Cluster
 from capella.core.queue import Queue
-from capella.errors import CapellaError, StorageUnavailable, SubscriptionNotFound
+from capella.errors import CapellaError, Forbidden, StorageUnavailable, SubscriptionNotFound
 from capella.handlers.base import Handler, PassResult
 
 
@@ -39,20 +39,23 @@ class QueueHandler(Handler, abc.ABC, Generic[P]):
 
     async def run_once(self) -> PassResult:
         result = PassResult()
-        errors: list[str] = []
+        errors: list[tuple[str, CapellaError]] = []
         for queue in selected(self._cluster, self._queues):
             if not self.identity.can("queue", self.needs, queue.name):
                 # A queue matched by a pattern is skipped, as a listing would skip it; a queue
                 # named outright is an error the status shows.
                 if queue.name in self._queues:
-                    errors.append(f"{queue.name}: user {self.identity.name!r} may not {self.needs} it")
+                    refused = Forbidden(f"user {self.identity.name!r} may not {self.needs} it")
+                    errors.append((queue.name, refused))
                 continue
             try:
                 result += await self.run_queue(queue)
             except CapellaError as exc:
-                errors.append(f"{queue.name}: {exc.message}")
+                errors.append((queue.name, exc))
         if errors:
-            raise StorageUnavailable(f"{type(self).__name__}: " + "; ".join(errors))
+            text = "; ".join(f"{name}: {exc.message}" for name, exc in errors)
+            # Raised from the first failure: the status shows its code (unreachable, forbidden...).
+            raise StorageUnavailable(f"{type(self).__name__}: {text}") from errors[0][1]
         return result
 
     @abc.abstractmethod

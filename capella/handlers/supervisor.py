@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from msgspec import UNSET
@@ -41,6 +41,7 @@ from capella.handlers.base import Building, Handler, PassResult, handler_type
 from capella.handlers.links import Links
 from capella.handlers.reach import Reach
 from capella.storage.catalog import HANDLERS, HandlerEntry, HandlerRegistry
+from capella.wire import handlers as wire
 from capella.wire.handlers import Params, decode_definition
 
 log = logging.getLogger(__name__)
@@ -85,15 +86,11 @@ class PassReport:
     started: float
     finished: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.error is None,
-            "items": self.items,
-            "bytes": self.bytes,
-            "error": self.error,
-            "started": self.started,
-            "finished": self.finished,
-        }
+    def result(self) -> wire.PassResult:
+        """The pass as the API shows it (``pass`` in the answer to run)."""
+        return wire.PassResult(
+            self.error is None, self.items, self.bytes, self.error, self.started, self.finished
+        )
 
 
 @dataclass(slots=True)
@@ -116,19 +113,10 @@ class HandlerState:
     last_complete: float | None = None  # when the last successful pass ended (last_success)
     last_run: float | None = None  # when the last pass ended, whatever it did
     failing_since: float | None = None  # when the current streak of failed passes began
-    last_error: tuple[str, float] | None = None
+    last_error: wire.HandlerError | None = None  # with the error's code (``internal``: not a CapellaError)
     next_run: float | None = None
     task: asyncio.Task[None] | None = None
     pass_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    def definition(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "queues": self.queues,
-            "params": self.shown_params(),
-            "started": self.started,
-            "user": self.user,
-        }
 
     def shown_params(self) -> dict[str, Any]:
         """The params as the API shows them: the struct as msgspec renders it."""
@@ -138,38 +126,71 @@ class HandlerState:
         shown: dict[str, Any] = msgspec.to_builtins(self.params)
         return shown
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> HandlerEntry:
         """The definition as the registry keeps it (a secret in params only encrypted)."""
         if isinstance(self.params, dict):
-            return self.definition() | {"params": dict(self.params)}
-        shown = {k: v for k, v in self.shown_params().items() if k not in self.params.shown_only}
-        return self.definition() | {"params": shown | self.handler.stored_params()}
+            params = dict(self.params)
+        else:
+            shown = {k: v for k, v in self.shown_params().items() if k not in self.params.shown_only}
+            params = shown | self.handler.stored_params()
+        return HandlerEntry(
+            type=self.type, queues=self.queues, params=params, started=self.started, user=self.user
+        )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            **self.definition(),
-            "status": {
-                "running": self.running,
-                "runs": self.runs,
-                "items": self.items,
-                "bytes": self.bytes,
-                "last_complete": self.last_complete,
-                "last_success": self.last_complete,
-                "last_run": self.last_run,
-                "failing_since": self.failing_since,
-                "last_error": None
-                if self.last_error is None
-                else {"message": self.last_error[0], "time": self.last_error[1]},
-                "next_run": self.next_run if self.task is not None else None,
-                **self._type_status(),
-            },
-        }
+    def info(self) -> wire.HandlerInfo:
+        """The handler as the API shows it: its definition and its status."""
+        return wire.HandlerInfo(
+            name=self.name,
+            # Only a registered type ever reaches a state (a definition decodes by its type).
+            type=cast("wire.HandlerType", self.type),
+            queues=self.queues,
+            params=self.shown_params(),
+            started=self.started,
+            user=self.user,
+            status=self.status(),
+        )
 
-    def _type_status(self) -> dict[str, Any]:
-        status = self.handler.status()
-        shown: dict[str, Any] = {} if status is None else msgspec.to_builtins(status)
-        return shown
+    def status(self) -> wire.HandlerStatus:
+        """The passes so far, with the fields the handler's type adds (its status struct)."""
+        status = wire.HandlerStatus(
+            running=self.running,
+            runs=self.runs,
+            items=self.items,
+            bytes=self.bytes,
+            last_complete=self.last_complete,
+            last_success=self.last_complete,
+            last_run=self.last_run,
+            failing_since=self.failing_since,
+            last_error=self.last_error,
+            next_run=self.next_run if self.task is not None else None,
+        )
+        typed = self.handler.status()
+        if typed is None:
+            return status
+        # A type's status struct names its fields as HandlerStatus does; UNSET stays absent.
+        return msgspec.structs.replace(status, **msgspec.structs.asdict(typed))
+
+    def note_error(self, exc: Exception, message: str, at: float) -> None:
+        """``exc`` (told as ``message``) is the last error; a streak of failures begins at its first."""
+        self.last_error = wire.HandlerError(message, at, _code_of(exc))
+        if self.failing_since is None:
+            self.failing_since = at
+
+
+def _code_of(exc: BaseException) -> str:
+    """The code of the Capella error that caused ``exc``; ``internal`` for any other exception.
+
+    A handler that adds where a pass failed (which queue, which cluster) raises its error from
+    the one it caught, so the status shows why (``unreachable``), not the wrapper's code.
+    """
+    if not isinstance(exc, CapellaError):
+        return CapellaError.code
+    seen = {id(exc)}
+    # A handler may raise a kept error again, from a new one: a chain can loop, so stop at a repeat.
+    while isinstance(exc.__cause__, CapellaError) and id(exc.__cause__) not in seen:
+        exc = exc.__cause__
+        seen.add(id(exc))
+    return exc.code
 
 
 class Supervisor:
@@ -335,15 +356,17 @@ class Supervisor:
         state.next_run = self._clock()
         task = f"handler:{state.name}"
 
-        def report(message: str) -> None:
-            state.last_error = (message, self._clock())
-            if state.failing_since is None:
-                state.failing_since = state.last_error[1]
+        async def body() -> None:
+            try:
+                await self._loop(state)
+            except Exception as exc:
+                # keep_running logs it and restarts the loop; the status shows it with its code.
+                message = exc.message if isinstance(exc, CapellaError) else f"{task} crashed: {exc!r}"
+                state.note_error(exc, message, self._clock())
+                raise
 
         state.task = asyncio.create_task(
-            keep_running(
-                task, lambda: self._loop(state), failures=self._cluster.task_failures, report=report
-            ),
+            keep_running(task, body, failures=self._cluster.task_failures),
             name=task,
         )
 
@@ -398,10 +421,10 @@ class Supervisor:
                 state.handler.identity = self._identity(state)
                 result = await state.handler.run_once()
             except CapellaError as exc:
-                report = self._failed(state, exc.message, started)
+                report = self._failed(state, exc, exc.message, started)
             except Exception as exc:  # a bug in a pass must not take the server down
                 log.exception("handler pass crashed handler=%s", state.name)
-                report = self._failed(state, f"internal error: {exc!r}", started)
+                report = self._failed(state, exc, f"internal error: {exc!r}", started)
             else:
                 finished = self._clock()
                 state.runs += 1
@@ -419,15 +442,12 @@ class Supervisor:
                 state.running = False
             return report
 
-    def _failed(self, state: HandlerState, message: str, started: float) -> PassReport:
+    def _failed(self, state: HandlerState, exc: Exception, message: str, started: float) -> PassReport:
         finished = self._clock()
         state.runs += 1
         state.failures += 1
-        state.last_error = (message, finished)
         state.last_run = finished
-        if state.failing_since is None:
-            # The streak began with its first failure, not at the latest retry.
-            state.failing_since = finished
+        state.note_error(exc, message, finished)
         self._cluster.task_failures.add(f"handler:{state.name}")
         log.error("handler pass failed handler=%s failures=%d: %s", state.name, state.failures, message)
         return PassReport(0, 0, message, started, finished)
@@ -453,7 +473,7 @@ class Supervisor:
             await state.handler.close()
 
     async def _save(self) -> None:
-        handlers = {s.name: HandlerEntry(**s.stored()) for s in self.handlers()}
+        handlers = {s.name: s.stored() for s in self.handlers()}
         await HANDLERS.save(self._cluster.home, HandlerRegistry(handlers=handlers))
 
 

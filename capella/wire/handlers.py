@@ -618,6 +618,14 @@ class HandlerError(Struct):
 
     message: str
     time: Time
+    # A default, so an answer from a server that predates the field still decodes.
+    code: Annotated[
+        str,
+        Meta(
+            description="the error's stable code, as in error answers (unreachable, forbidden...); "
+            "internal for an unexpected failure"
+        ),
+    ] = "internal"
 
 
 class DeliveryError(Struct):

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
@@ -383,7 +384,7 @@ async def test_definitions_and_started_flags_survive_a_restart(q: TestClient, cl
     again = Supervisor(cluster)
     await again.start()
     try:
-        listed = {h.name: h.to_dict() for h in again.handlers()}
+        listed = {h.name: msgspec.to_builtins(h.info()) for h in again.handlers()}
     finally:
         await again.close()
 

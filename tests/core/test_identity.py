@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -157,7 +158,7 @@ async def test_an_unreachable_link_is_kept_unchecked_and_its_ping_refuses_a_same
             copy = {"type": "copy", "queues": ["orders"], "params": {"to": "far/orders", "wait": 0}}
             await here.supervisor.put("up", copy | {"started": False})
             state = await here.supervisor.run_now("up")
-            assert state.last_error is not None and "same_cluster_name" in state.last_error[0]
+            assert state.last_error is not None and "same_cluster_name" in state.last_error.message
             assert far.cluster.queue("orders").last_id == 0
         finally:
             await close(far)
@@ -279,8 +280,8 @@ async def test_failing_since_stays_at_the_first_failure_and_clears_after_a_succe
                 "started": False,
             },
         )
-        first = (await here.supervisor.run_now("up")).to_dict()["status"]
-        second = (await here.supervisor.run_now("up")).to_dict()["status"]
+        first = msgspec.to_builtins((await here.supervisor.run_now("up")).info())["status"]
+        second = msgspec.to_builtins((await here.supervisor.run_now("up")).info())["status"]
 
         assert first["failing_since"] == first["last_error"]["time"] == first["last_run"]
         assert second["failing_since"] == first["failing_since"] < second["last_error"]["time"]
@@ -291,7 +292,7 @@ async def test_failing_since_stays_at_the_first_failure_and_clears_after_a_succe
         try:
             await far.cluster.put_queue("orders", {})
             state, done = await here.supervisor.run_pass_now("up")
-            status = state.to_dict()["status"]
+            status = msgspec.to_builtins(state.info())["status"]
             assert done.error is None and done.items == 1
             assert status["failing_since"] is None and status["last_error"] is None
             assert status["last_success"] == status["last_complete"] == status["last_run"] == done.finished

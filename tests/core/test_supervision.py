@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
 from support.clock import Clock
 from support.configs import file_config
 from support.faults import FlakyStorage
@@ -146,6 +148,22 @@ async def until_stored(storage: FlakyStorage, key: str, text: bytes) -> None:
     await until(stored, 5.0, f"{key} to hold {text!r}")
 
 
+async def test_a_pass_that_raises_a_plain_python_error_shows_the_code_internal(
+    cluster: Cluster, flaky: FlakyStorage, api: TestClient[web.Request, web.Application]
+) -> None:
+    q, _ = await cluster.put_queue("q", {})
+    await q.append(drafts(20), SaveMode.WAIT)
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 2, 5.0)
+    flaky.fail(".blk", RuntimeError("bug in a provider"))
+    expire = {"type": "expire", "queues": ["q"], "params": {"max_messages": 10}, "started": False}
+    assert (await api.put("/v1/handlers/trim", json=expire)).status == 201
+    ran = await (await api.post("/v1/handlers/trim/run")).json()
+    error = ran["status"]["last_error"]
+    assert error["message"] == "internal error: RuntimeError('bug in a provider')"
+    assert error["code"] == "internal"
+    assert ran["pass"]["ok"] is False and ran["pass"]["error"] == error["message"]
+
+
 async def test_a_crashing_flush_fails_its_writers_then_the_flusher_restarts(
     cluster: Cluster, flaky: FlakyStorage
 ) -> None:
@@ -264,7 +282,7 @@ async def test_a_failing_handler_is_counted_retried_with_backoff_and_recovers(
         await supervisor.put("move", move)
         await until(lambda: cluster.task_failures.counts.get("handler:move", 0) >= 2, 5.0)
         state = supervisor.handler("move")
-        assert state.last_error is not None and "warm" in state.last_error[0]
+        assert state.last_error is not None and "warm" in state.last_error.message
         assert state.next_run is not None and 2.0 <= state.next_run - clock.now <= 60.0
         warm.unlink()
         await until(lambda: state.last_error is None, 10.0)  # the next retry, 4 s at most

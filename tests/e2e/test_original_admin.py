@@ -239,6 +239,8 @@ def test_a_failing_handler_shows_its_error_as_the_original(
     want = CAPTURES["046"]["resp_json"]["responce"]["error"]
     assert failed["code"] == want["code"] and set(failed) == set(want)
     assert '[user:"nobody"]' in failed["msg"] and "may not" in failed["ie"]["msg"]
+    # The numeric codes are the original's; the /v1 code of the pass's error rides in iet.
+    assert failed["ie"]["iet"] == "forbidden"
     code, out = cap(conn, "-cmd", "h_last_error", "-name", "rs_nobody")
     assert code == 1 and code_in(out) == want["code"]
     assert cap(conn, "-cmd", "h_last_complete", "-name", "rs_nobody")[1].strip() == NEVER

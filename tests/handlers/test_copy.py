@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from capella.config import Config, parse_config
@@ -110,12 +111,12 @@ async def test_a_missing_destination_is_a_clear_error_and_loses_nothing(cluster:
         await src.append([Draft(b"kept")], SaveMode.WAIT)
         await cluster.drop_queue("dc")
         state = await supervisor.run_now("up")
-        assert state.last_error is not None and "no queue 'dc'" in state.last_error[0]
+        assert state.last_error is not None and "no queue 'dc'" in state.last_error.message
         await cluster.put_queue("dc", {})
         state = await supervisor.run_now("up")
         assert state.last_error is None and state.items == 1
         assert (await all_messages(cluster, "dc")) == [("dc1", 1, b"kept")]
-        assert state.to_dict()["status"]["lag"] == 0
+        assert msgspec.to_builtins(state.info())["status"]["lag"] == 0
     finally:
         await supervisor.close()
 

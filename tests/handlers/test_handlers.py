@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from support.clock import Clock
 from support.wait import until
@@ -247,7 +248,7 @@ async def test_supervisor_persists_handlers_and_their_started_state(
     supervisor = Supervisor(cluster, clock=clock)
     await supervisor.start()
     try:
-        by_name = {s.name: s.to_dict() for s in supervisor.handlers()}
+        by_name = {s.name: msgspec.to_builtins(s.info()) for s in supervisor.handlers()}
         assert by_name["trim"]["started"] is True and by_name["idle"]["started"] is False
         assert by_name["trim"]["params"]["max_messages"] == 10
         assert by_name["idle"]["status"]["next_run"] is None
@@ -278,7 +279,7 @@ async def test_a_failing_pass_is_recorded_backs_off_and_clears_on_success(
         warm.rmdir()
         warm.write_text("not a directory")
         state = await supervisor.run_now("move")
-        assert state.last_error is not None and "arch" in state.last_error[0]
+        assert state.last_error is not None and "arch" in state.last_error.message
         assert state.failures == 1
         assert q.stats()["blocks"]["by_mark"] == {"0": 2}
         assert (await q.read_after(0, 100)).messages[0].id == 1  # still readable from the old tier
@@ -301,7 +302,7 @@ async def test_stop_really_stops(cluster: Cluster) -> None:
         assert runs >= 2 and not state.started
         await asyncio.sleep(0.1)  # ten intervals in which a stopped handler must not run
         assert state.runs == runs
-        assert state.to_dict()["status"]["next_run"] is None
+        assert msgspec.to_builtins(state.info())["status"]["next_run"] is None
         await supervisor.start_handler("fast")
         await until(lambda: supervisor.handler("fast").runs > runs, what="a pass after the restart")
         await supervisor.drop("fast")
@@ -356,8 +357,10 @@ async def test_a_stored_definition_that_no_longer_builds_is_kept_and_reports(
     try:
         await supervisor.put("trim", {"type": "expire", "queues": ["arc"], "params": {"max_age": "30d"}})
         state = await supervisor.run_now("move")
-        assert state.last_error is not None and "cannot be loaded" in state.last_error[0]
-        assert state.to_dict()["params"]["conditions"] == [{"mark": 2, "from_age": 0.0, "to_age": None}]
+        assert state.last_error is not None and "cannot be loaded" in state.last_error.message
+        assert msgspec.to_builtins(state.info())["params"]["conditions"] == [
+            {"mark": 2, "from_age": 0.0, "to_age": None}
+        ]
     finally:
         await supervisor.close()
     supervisor = Supervisor(cluster, clock=clock)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
+import msgspec
 import orjson
 import pytest
 from support.pg import PgServer
@@ -131,13 +132,13 @@ async def test_the_cursor_stays_until_the_database_has_the_rows(
     await supervisor.put(
         "inbox", {"type": "pg_inbox", "queue": "orders", "params": {"dsn": dsn}, "started": False}
     )
-    status = (await supervisor.run_now("inbox")).to_dict()["status"]
+    status = msgspec.to_builtins((await supervisor.run_now("inbox")).info())["status"]
     assert "table capella_inbox does not exist" in status["last_error"]["message"]
     assert status["lag"] == 300
     queue = orders.queue("orders")
     assert cursor(orders) == 0
     pg_server.psql(database, inbox_ddl())
-    status = (await supervisor.run_now("inbox")).to_dict()["status"]
+    status = msgspec.to_builtins((await supervisor.run_now("inbox")).info())["status"]
     assert status["last_error"] is None and status["items"] == 300
     assert cursor(orders) == queue.last_id
 
@@ -165,7 +166,7 @@ async def test_a_wrong_table_shows_in_the_status(
     await supervisor.put(
         "inbox", {"type": "pg_inbox", "queue": "orders", "params": {"dsn": dsn}, "started": False}
     )
-    status = (await supervisor.run_now("inbox")).to_dict()["status"]
+    status = msgspec.to_builtins((await supervisor.run_now("inbox")).info())["status"]
     assert expected in status["last_error"]["message"]
     assert cursor(orders) == 0
 
@@ -180,7 +181,7 @@ async def test_an_unreachable_database_shows_in_the_status(orders: Cluster, supe
             "started": False,
         },
     )
-    status = (await supervisor.run_now("inbox")).to_dict()["status"]
+    status = msgspec.to_builtins((await supervisor.run_now("inbox")).info())["status"]
     assert "postgres postgres@127.0.0.1:1/x: cannot connect" in status["last_error"]["message"]
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import msgspec
 import pytest
 from support.pg import PASSWORD, PASSWORD_ROLE, PgServer
 from support.wait import eventually
@@ -308,7 +309,7 @@ async def _status_after_a_pass(supervisor: Supervisor, params: dict[str, Any]) -
     await supervisor.put(
         "relay", {"type": "pg_outbox", "params": {"to": "orders", **params}, "started": False}
     )
-    return (await supervisor.run_now("relay")).to_dict()["status"]
+    return msgspec.to_builtins((await supervisor.run_now("relay")).info())["status"]
 
 
 @pytest.mark.parametrize(
@@ -372,7 +373,7 @@ async def test_a_dsn_password_is_never_shown_logged_or_stored_in_clear(
         await supervisor.put(
             "relay", {"type": "pg_outbox", "params": {"to": "orders", "dsn": dsn}, "started": False}
         )
-        shown = (await supervisor.run_now("relay")).to_dict()
+        shown = msgspec.to_builtins((await supervisor.run_now("relay")).info())
     finally:
         await supervisor.close()
     assert shown["status"]["last_error"] is None and shown["status"]["items"] == 2
@@ -386,7 +387,7 @@ async def test_a_dsn_password_is_never_shown_logged_or_stored_in_clear(
     again = Supervisor(orders, links=Links(orders, key_file=tmp_path / "links.key"))
     await again.start()
     try:
-        assert (await again.run_now("relay")).to_dict()["status"]["items"] == 1
+        assert msgspec.to_builtins((await again.run_now("relay")).info())["status"]["items"] == 1
     finally:
         await again.close()
     assert [m.payload for m in await messages(orders)] == [b"one", b"two", b"three"]
@@ -395,7 +396,7 @@ async def test_a_dsn_password_is_never_shown_logged_or_stored_in_clear(
     keyless = Supervisor(orders, links=Links(orders, key_file=tmp_path / "links.key"))
     await keyless.start()
     try:
-        failed = (await keyless.run_now("relay")).to_dict()
+        failed = msgspec.to_builtins((await keyless.run_now("relay")).info())
         assert "cannot be decrypted" in failed["status"]["last_error"]["message"]
         assert "dsn_password_encrypted" not in failed["params"]
         await keyless.put("other", {"type": "flush", "queue": "orders"})

@@ -497,8 +497,8 @@ async def test_a_definition_whose_secret_is_gone_after_a_restart_says_so(
     await supervisor.start()
     try:
         state = await supervisor.run_now("hook")
-        assert state.last_error is not None and "'hook-secret' cannot be used" in state.last_error[0]
-        assert state.to_dict()["params"]["secret"] == "hook-secret"  # kept as it was
+        assert state.last_error is not None and "'hook-secret' cannot be used" in state.last_error.message
+        assert msgspec.to_builtins(state.info())["params"]["secret"] == "hook-secret"  # kept as it was
         # The metrics page still renders: a definition that did not load has no push counters.
         text = metrics.render(cluster, supervisor.handlers())
         assert 'capella_handler_error{handler="hook"' in text

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -108,7 +109,7 @@ async def test_a_missing_remote_queue_shows_in_the_status_and_copying_resumes(no
         {"type": "copy", "queues": ["events"], "params": {"to": "dc/events", "wait": 0}, "started": False},
     )
     state = await edge.supervisor.run_now("push")
-    assert state.last_error is not None and "queue_not_found" in state.last_error[0]
+    assert state.last_error is not None and "queue_not_found" in state.last_error.message
     assert edge.cluster.queue("events").subscription("copy-to-dc.events").last_id == 0
     await dc.cluster.put_queue("events", {})
     state = await edge.supervisor.run_now("push")
@@ -127,7 +128,9 @@ async def test_an_unreachable_cluster_is_an_error_and_nothing_is_lost(nodes: dic
     )
     await edge.cluster.queue("events").append([Draft(b"x")], SaveMode.WAIT)
     state = await edge.supervisor.run_now("push")
-    assert state.last_error is not None and "unreachable" in state.last_error[0]
+    assert state.last_error is not None and "unreachable" in state.last_error.message
+    # The code as the API shows it: the JSON answer is rendered from this struct.
+    assert msgspec.to_builtins(state.info())["status"]["last_error"]["code"] == "unreachable"
     assert edge.cluster.queue("events").subscription("copy-to-gone.events").last_id == 0
     await edge.supervisor.links.put("gone", {"url": dc.url})
     state = await edge.supervisor.run_now("push")
@@ -190,7 +193,7 @@ async def test_wrong_credentials_show_in_the_status_and_copying_resumes_once_fix
     await edge.supervisor.put("push", push)
 
     state = await edge.supervisor.run_now("push")
-    assert state.last_error is not None and "unauthorized" in state.last_error[0]
+    assert state.last_error is not None and "unauthorized" in state.last_error.message
     assert edge.cluster.queue("events").subscription("copy-to-secure.events").last_id == 0
     assert await stored(secure_dc, "events") == []
 
@@ -201,7 +204,7 @@ async def test_wrong_credentials_show_in_the_status_and_copying_resumes_once_fix
     )
     await edge.supervisor.put("push", {**push, "params": {"to": "secure/other", "wait": 0}})
     state = await edge.supervisor.run_now("push")
-    assert state.last_error is not None and "forbidden" in state.last_error[0]
+    assert state.last_error is not None and "forbidden" in state.last_error.message
 
     await edge.supervisor.put("push", push)
     await edge.cluster.queue("events").append([Draft(b"m5")], SaveMode.WAIT)

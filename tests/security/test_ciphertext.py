@@ -12,6 +12,7 @@ import base64
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import orjson
 import pytest
 from cryptography.fernet import Fernet
@@ -70,7 +71,7 @@ async def test_a_ciphertext_moved_to_another_handler_or_host_sends_nothing(
     await again.start()
     try:
         for name in ("a", "b"):
-            shown = (await again.run_now(name)).to_dict()
+            shown = msgspec.to_builtins((await again.run_now(name)).info())
             assert "cannot be decrypted" in shown["status"]["last_error"]["message"], shown
             assert "dsn_password_encrypted" not in shown["params"]
     finally:
@@ -107,7 +108,7 @@ async def test_an_older_unbound_ciphertext_is_read_and_sealed_bound(cluster: Clu
     loaded = supervisor(cluster, tmp_path)
     await loaded.start()
     try:
-        assert loaded.handler("old").to_dict()["params"]["password"] == "stored encrypted"
+        assert msgspec.to_builtins(loaded.handler("old").info())["params"]["password"] == "stored encrypted"
         await loaded.stop_handler("old")  # any save writes the bound form
         await loaded.start_handler("old")
         await loaded.stop_handler("old")

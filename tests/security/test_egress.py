@@ -111,6 +111,7 @@ async def test_loopback_in_any_spelling_is_refused_and_costs_no_attempt(
         message = status["last_error"]["message"]
         assert "refused by the egress policy" in message, (name, status)
         assert "[egress] allow" in message
+        assert status["last_error"]["code"] == "egress_refused", (name, status)
         assert (status["delivered"], status["failed"], status["dead"], status["lag"]) == (0, 0, 0, 1)
     assert "127.0.0.2" in statuses["dev-two"]["last_error"]["message"]
     assert "localhost (" in statuses["dev-localhost"]["last_error"]["message"]

@@ -72,7 +72,7 @@ async def test_while_s3_is_down_archive_fails_loudly_and_blocks_stay_readable(
     await sealed_queue_with_archive(cluster, supervisor)
     proxy.fail_all(503)
     state = await supervisor.run_now("to-s3")
-    assert state.last_error is not None and "SlowDown" in state.last_error[0]
+    assert state.last_error is not None and "SlowDown" in state.last_error.message
     assert cluster.queue("t").stats()["blocks"]["by_mark"] == {"0": 3}
     page = await cluster.queue("t").read_after(0, 100)
     assert len(page.messages) == 30

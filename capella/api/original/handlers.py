@@ -276,14 +276,16 @@ async def h_last_error(ctx: Context, request: Request) -> object:
     """The last pass's error as the call's own error, which is what ``cap h_last_error`` prints."""
     ctx.same_as("GET", "/v1/handlers/{name}", name=request.object_name)
     state = ctx.supervisor.handler(request.object_name)
-    if state.last_error is None:
+    error = state.last_error
+    if error is None:
         return None
-    message, at = state.last_error
     who = f'[user:"{state.user or ""}"] '
     raise Failure(
         LAST_ERROR,
-        f"{who}{state.type} handler {state.name}: the pass at {shapes.rfc3339(at)} failed",
-        inner=Failure(PASS_FAILED, f"{who}{message}"),
+        f"{who}{state.type} handler {state.name}: the pass at {shapes.rfc3339(error.time)} failed",
+        # The numeric code stays the original's; Capella's own code goes in the inner error's
+        # ``iet`` (its type, which the original's shape already has room for).
+        inner=Failure(PASS_FAILED, f"{who}{error.message}", iet=error.code),
     )
 
 
