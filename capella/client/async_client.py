@@ -82,7 +82,7 @@ class AsyncClient:
     ``timeout`` bounds every request in seconds (long-polling reads get their ``wait`` on
     top). Pass ``session`` to share an ``aiohttp.ClientSession``; the client then leaves
     closing it to you. Use as ``async with AsyncClient(url) as client:`` or call ``close()``.
-    ``egress`` (the server's clusters pass one) refuses connections to addresses it does not
+    ``egress`` (the server's external clusters pass one) refuses connections to addresses it does not
     allow with ``EgressRefused``; without it every address is reached.
     """
 

@@ -163,6 +163,8 @@ class Document(Generic[T]):
 
 QUEUES = Document(keys.QUEUES, QueueRegistry, "queue registry", lambda: QueueRegistry(queues={}))
 HANDLERS = Document(keys.HANDLERS, HandlerRegistry, "handler registry", lambda: HandlerRegistry(handlers={}))
-CLUSTERS = Document(keys.CLUSTERS, ClusterRegistry, "cluster registry", lambda: ClusterRegistry(clusters={}))
+CLUSTERS = Document(
+    keys.CLUSTERS, ClusterRegistry, "external cluster registry", lambda: ClusterRegistry(clusters={})
+)
 USERS = Document("users.json", UserFile, "users file", lambda: UserFile(users={}), indent=True)
 TOKENS = Document("tokens.json", TokenFile, "tokens file", lambda: TokenFile(tokens={}), indent=True)

@@ -343,7 +343,7 @@ async def test_a_secret_under_another_key_is_not_loaded_but_kept(
         await other.put("dc3", {"url": "http://b"})
         again = Clusters(cluster, key_file=tmp_path / "a.key")
         await again.start()
-        assert [cluster.name for cluster in again.clusters()] == ["dc2", "dc3"]
+        assert [external.name for external in again.clusters()] == ["dc2", "dc3"]
         assert again.cluster("dc2").secret == TOKEN
     finally:
         await cluster.close()
@@ -431,11 +431,11 @@ async def test_a_replaced_cluster_pings_its_new_url(api: TestClient, remote: Rem
 @pytest.mark.parametrize("compression", ["gzip", "zstd"])
 async def test_a_compressed_batch_arrives_intact(api: TestClient, remote: Remote, compression: str) -> None:
     await put(api, "dc2", {"url": remote.url, "compression": compression}, 201)
-    cluster = api.app[SUPERVISOR].clusters.client("dc2")
+    far = api.app[SUPERVISOR].clusters.client("dc2")
     texts = [f"order {i:05d} " + "x" * (i % 200) for i in range(2000)]
 
-    await cluster.put_queue("orders")
-    results = await cluster.produce("orders", texts)
+    await far.put_queue("orders")
+    results = await far.produce("orders", texts)
 
     assert [r.duplicate for r in results] == [False] * len(texts)
     assert compression in remote.encodings
@@ -446,9 +446,9 @@ async def test_a_compressed_batch_arrives_intact(api: TestClient, remote: Remote
 
 async def test_a_small_body_is_sent_uncompressed(api: TestClient, remote: Remote) -> None:
     await put(api, "dc2", {"url": remote.url, "compression": "zstd"}, 201)
-    cluster = api.app[SUPERVISOR].clusters.client("dc2")
+    far = api.app[SUPERVISOR].clusters.client("dc2")
 
-    await cluster.put_queue("orders")
-    await cluster.produce("orders", ["small"])
+    await far.put_queue("orders")
+    await far.produce("orders", ["small"])
 
     assert "zstd" not in remote.encodings

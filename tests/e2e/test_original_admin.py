@@ -140,9 +140,9 @@ def test_external_clusters_and_handlers_through_cap(
     assert cap(conn, "-cmd", "q_add", "-pf", str(EXAMPLES / "new_queue.json")) == (0, "OK\n")
     assert cap(far, "-cmd", "q_add", "-pf", str(EXAMPLES / "new_queue2.json")) == (0, "OK\n")
 
-    cluster = json.loads((EXAMPLES / "new_external_cluster.json").read_text())
-    cluster["params"]["connection"]["server"] = east.url
-    (tmp_path / "ec.json").write_text(json.dumps(cluster))
+    definition = json.loads((EXAMPLES / "new_external_cluster.json").read_text())
+    definition["params"]["connection"]["server"] = east.url
+    (tmp_path / "ec.json").write_text(json.dumps(definition))
     assert cap(conn, "-cmd", "exc_add", "-pf", str(tmp_path / "ec.json")) == (0, "OK\n")
     code, out = cap(conn, "-cmd", "exc_list")
     assert set(json.loads(out)) == set(original_body("071"))
@@ -269,7 +269,7 @@ def test_a_limited_user_can_do_through_cluster_only_what_v1_allows(
             west.url, envelope(action, body, object_name=object_name, user="limited", password=PASSWORD)
         )
 
-    cluster = {
+    definition = {
         "name": "evil",
         "type": "http_cluster",
         "params": {"connection": {"server": east.url, "query_wait": 5_000_000_000}},
@@ -280,7 +280,7 @@ def test_a_limited_user_can_do_through_cluster_only_what_v1_allows(
         ("drop_h", "limited_h", ""),
         ("h_stop", None, "limited_h"),
         ("h_start", None, "limited_h"),
-        ("add_ec", cluster, ""),
+        ("add_ec", definition, ""),
         ("drop_ec", "example_external_cluster", ""),
         ("gd_ec", "example_external_cluster", ""),
         ("SecurityATRZ_set_user_admin", {"name": "limited", "is_admin": True}, ""),
@@ -350,9 +350,9 @@ def test_handler_and_cluster_commands_answer_as_the_original_server_does(
     original_url, here, far = beside
     far_conn = connection(tmp_path, far.url)
     assert cap(far_conn, "-cmd", "q_add", "-pf", str(EXAMPLES / "new_queue2.json")) == (0, "OK\n")
-    cluster = json.loads((EXAMPLES / "new_external_cluster.json").read_text())
-    cluster["params"]["connection"]["server"] = far.url
-    (tmp_path / "ec.json").write_text(json.dumps(cluster))
+    definition = json.loads((EXAMPLES / "new_external_cluster.json").read_text())
+    definition["params"]["connection"]["server"] = far.url
+    (tmp_path / "ec.json").write_text(json.dumps(definition))
 
     def run(url: str) -> dict[str, Any]:
         conn = connection(tmp_path, url)

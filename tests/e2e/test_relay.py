@@ -76,8 +76,8 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server
             (gw, "to_dc", dc, "gw"),
             (dc, "to_edge", edge, "admin"),
         ):
-            cluster = {"url": there, "username": user, "password": PASSWORD}
-            assert http(f"{here}/v1/clusters/{name}", "PUT", cluster)[0] == 201
+            definition = {"url": there, "username": user, "password": PASSWORD}
+            assert http(f"{here}/v1/clusters/{name}", "PUT", definition)[0] == 201
         yield servers
     finally:
         for server in servers.values():
@@ -138,7 +138,7 @@ def test_bodies_are_bounded_and_wrong_cluster_credentials_are_a_502(sites: dict[
         f"{edge}/v1/clusters/to_gw/v1/clusters/to_dc/v1/queues/orders/messages", "POST", big
     )
     assert status == 413
-    cluster = {"url": gw, "username": "edge", "password": "wrong-password"}
-    assert http(f"{edge}/v1/clusters/bad_gw", "PUT", cluster)[0] == 201
+    definition = {"url": gw, "username": "edge", "password": "wrong-password"}
+    assert http(f"{edge}/v1/clusters/bad_gw", "PUT", definition)[0] == 201
     status, answer = http(f"{edge}/v1/clusters/bad_gw/v1/queues")
     assert status == 502 and answer["error"]["code"] == "unreachable"

@@ -22,8 +22,8 @@ def test_a_copy_handler_needs_write_on_the_cluster_and_a_used_cluster_is_not_dro
     start_secured: StartSecured,
 ) -> None:
     secured = start_secured(LOOPBACK, env={"FAR_TOKEN": "far-token-value"})
-    cluster = {"url": "http://127.0.0.1:9", "token_secret": "far-token"}
-    assert secured.call("PUT", "/v1/clusters/far", cluster, user="admin").status == 201
+    definition = {"url": "http://127.0.0.1:9", "token_secret": "far-token"}
+    assert secured.call("PUT", "/v1/clusters/far", definition, user="admin").status == 201
     assert secured.call("PUT", "/v1/queues/dev-q", {}).status == 201
     copy = {"type": "copy", "queue": "dev-q", "params": {"to": "far/anything"}, "started": False}
 
@@ -51,8 +51,8 @@ def test_a_cluster_secret_needs_secret_use_by_its_definer(start_secured: StartSe
         secured.call("PUT", "/v1/users/dev", {"password": DEV_PASSWORD, "rules": rules}, user="admin").status
         == 200
     )
-    cluster = {"url": "http://127.0.0.1:9", "token_secret": "far-token"}
-    refused = secured.call("PUT", "/v1/clusters/dev-far", cluster)
+    definition = {"url": "http://127.0.0.1:9", "token_secret": "far-token"}
+    refused = secured.call("PUT", "/v1/clusters/dev-far", definition)
     assert refused.status == 400 and refused.body["error"]["code"] == "secret_unavailable", refused.body
     old = secured.call("PUT", "/v1/clusters/dev-far", {"url": "http://127.0.0.1:9", "token_env": "FAR_TOKEN"})
     assert old.status == 400 and 'token_secret = "NAME"' in old.body["error"]["message"]
@@ -83,8 +83,8 @@ async def test_a_cluster_uses_its_secret_as_it_is_now(start_secured: StartSecure
         token.write_text("first-token\n")
         secured = start_secured(f'{LOOPBACK}[secrets.far-file]\nfile = "{token}"\n')
         url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        cluster = {"url": url, "token_secret": "far-file"}
-        assert secured.call("PUT", "/v1/clusters/far", cluster, user="admin").status == 201
+        definition = {"url": url, "token_secret": "far-file"}
+        assert secured.call("PUT", "/v1/clusters/far", definition, user="admin").status == 201
 
         ping = await asyncio.to_thread(secured.call, "POST", "/v1/clusters/far/ping", user="admin")
         assert ping.body["ok"] is True, ping.body
