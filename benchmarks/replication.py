@@ -1,7 +1,7 @@
 """Replication between two real clusters: a copy handler's catch-up rate, and steady-state lag.
 
 Two servers run with generated configs naming their clusters ``a`` and ``b``. Both have a
-queue ``events``; A has a link ``b`` to B and a copy handler ``push`` (``to`` ``b/events``,
+queue ``events``; A has B as external cluster ``b`` and a copy handler ``push`` (``to`` ``b/events``,
 ``batch`` 1000, the default ``save=wait`` on both sides), created stopped.
 
 1. Catch-up: A is seeded with 1,000,000 messages of 256 ASCII characters (``--quick``:
@@ -83,7 +83,7 @@ async def run(settings: Settings) -> Outcome:
         if status["last_error"] is not None:
             raise BenchmarkFailed(f"copy handler: {status['last_error']}")
     outcome.details = {
-        "clusters": "a → b, link without TLS or compression, copy handler batch 1000, save=wait both sides",
+        "clusters": "a → b, no TLS or compression, copy handler batch 1000, save=wait both sides",
         "payload": f"{PAYLOAD} random ASCII chars in 'data'",
         "seed": seeded,
         "catch_up": catch_up,
@@ -127,7 +127,7 @@ def write_config(path: Path, name: str) -> Path:
 
 
 async def connect(session: aiohttp.ClientSession, a: Server, b: Server) -> None:
-    """The queues on both sides, A's link to B, and the copy handler, stopped."""
+    """The queues on both sides, B as A's external cluster, and the copy handler, stopped."""
     await put_queue(session, a.url, QUEUE)
     await put_queue(session, b.url, QUEUE)
     async with session.put(f"{a.url}/v1/clusters/b", json={"url": b.url}) as resp:

@@ -193,7 +193,7 @@ class AuthSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class SecretSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """``[secrets.NAME]``: where one secret's value is, read each time it is used.
 
-    Definitions (push, PostgreSQL handlers, cluster links) name the secret, never the
+    Definitions (push, PostgreSQL handlers, external clusters) name the secret, never the
     variable or the file, and using it needs a ``secret use`` rule on its name.
     """
 
@@ -229,7 +229,7 @@ Networks = Annotated[tuple[str, ...], _Read(_networks)]
 
 
 class EgressSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """``[egress]``: where the broker may connect on a definition's behalf (push, PostgreSQL, links).
+    """``[egress]``: where the broker may connect for a definition (push, PostgreSQL, external clusters).
 
     With authentication on, only public addresses are allowed, plus the networks in ``allow``;
     with it off (loopback only, one local user) every address is.

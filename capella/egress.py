@@ -1,6 +1,6 @@
 """The egress policy: which addresses the broker may connect to on a definition's behalf.
 
-Push receivers, PostgreSQL servers and external-cluster links are named by users; without a
+Push receivers, PostgreSQL servers and external clusters are named by users; without a
 policy a user could point them at the broker's own network position (loopback services,
 cloud metadata at 169.254.169.254, private ranges). The policy is checked on the resolved
 address at connect time, so a DNS name, a rebinding answer or an IPv4-mapped IPv6 form

@@ -240,7 +240,7 @@ class TokenNotFound(NotFound):
     code = "token_not_found"
 
 
-class LinkNotFound(NotFound):
+class ClusterNotFound(NotFound):
     """No external cluster has this name."""
 
     code = "cluster_not_found"
@@ -284,7 +284,7 @@ class Conflict(CapellaError):
 
 
 class SameClusterName(Conflict):
-    """A link's far side has this cluster's own name: the two would mint the same identities."""
+    """An external cluster has this cluster's own name: the two would mint the same identities."""
 
     code = "same_cluster_name"
 

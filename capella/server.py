@@ -31,7 +31,7 @@ from capella.core.cluster import Cluster
 from capella.egress import Egress
 from capella.errors import InvalidConfig, InvalidRequest
 from capella.fsync import create_directories, private_tree
-from capella.handlers.links import Links
+from capella.handlers.clusters import Clusters
 from capella.handlers.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,11 @@ async def serve(config: Config) -> None:
     cluster = Cluster.create(config)
     secrets = Secrets(config.secrets)
     egress = Egress.of(config.egress.allow, auth_enabled=config.auth.enabled)
-    links = Links(cluster, key_file=config.data_dir / "keys" / "links.key", secrets=secrets, egress=egress)
-    supervisor = Supervisor(cluster, links=links, users=users, secrets=secrets, egress=egress)
+    # keys/links.key: the key file's name from when clusters were called links; it stays.
+    clusters = Clusters(
+        cluster, key_file=config.data_dir / "keys" / "links.key", secrets=secrets, egress=egress
+    )
+    supervisor = Supervisor(cluster, clusters=clusters, users=users, secrets=secrets, egress=egress)
     guard = ConnectionGuard(config.server)
     app = create_app(
         cluster, config.server, supervisor, authenticator=authenticator, guard=guard, compat=config.compat

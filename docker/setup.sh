@@ -1,7 +1,7 @@
 #!/bin/sh
 # Wires the brokers of docker/compose.yaml together: the queue, the `replicator` users the
-# links sign in with, the links and the copy handlers (edge -> dc1, dc1 <-> dc2). It only uses
-# the `capella` CLI, and it can run again: every step creates or replaces.
+# external clusters sign in with, the external clusters and the copy handlers (edge -> dc1,
+# dc1 <-> dc2). It only uses the `capella` CLI, and it can run again: every step creates or replaces.
 #
 # compose.yaml runs it once as the `setup` service; by hand it needs the variables of
 # capella.env.example and the brokers' URLs (DC1_URL, DC2_URL, EDGE_URL).
@@ -29,7 +29,7 @@ wait_for() {
     done
 }
 
-# replicator URL ADMIN_PASSWORD REPLICATOR_PASSWORD: the user other clusters' links sign in
+# replicator URL ADMIN_PASSWORD REPLICATOR_PASSWORD: the user other clusters sign in
 # with; it may read and write the replicated queue and nothing else.
 replicator() {
     if on "$1" "$2" user show replicator >/dev/null 2>&1; then

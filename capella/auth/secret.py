@@ -1,6 +1,6 @@
 """Named secrets: what the operator declared in ``[secrets.NAME]``, used by name under a rule.
 
-A definition (a push handler, a PostgreSQL handler, a cluster link) names a secret; using it
+A definition (a push handler, a PostgreSQL handler, an external cluster) names a secret; using it
 needs ``allow:secret:use:NAME`` (admins may use all). The value is read from its variable or
 file each time it is used, so rotating it needs no restart. A secret that is not declared, one
 the user may not use, and one whose variable is unset get the same answer, so a definition

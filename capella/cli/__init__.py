@@ -83,7 +83,7 @@ def parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
 
     ``capella serve`` is parsed by the serve command alone (it takes no global option), and
     the other commands' modules are imported here, deliberately late: they import the HTTP
-    client and more, which a server without links never needs (~1 MB of idle memory).
+    client and more, which a server without clusters never needs (~1 MB of idle memory).
     """
     if serve_only:
         root = argparse.ArgumentParser(prog="capella", description="Capella message broker.")

@@ -1,4 +1,4 @@
-"""``capella cluster add|list|show|ping|drop``: manage links to external Capella clusters.
+"""``capella cluster add|list|show|ping|drop``: manage external Capella clusters.
 
 ``cluster add`` has its own ``--url`` (the external cluster's) and ``--timeout`` (its request
 timeout, a duration); the server's ``--url`` and ``--timeout`` go before ``cluster``.
@@ -25,7 +25,7 @@ def add_parser(
     )
     actions = cluster.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    # Not parents=[common]: its --url and --timeout would clash with the link's own.
+    # Not parents=[common]: its --url and --timeout would clash with the cluster's own.
     add = actions.add_parser(
         "add",
         help="add an external cluster, or replace its definition",
@@ -33,7 +33,7 @@ def add_parser(
     )
     add.add_argument("name")
     add.add_argument(
-        "--url", dest="link_url", required=True, metavar="URL", help="the external cluster's base URL"
+        "--url", dest="cluster_url", required=True, metavar="URL", help="the external cluster's base URL"
     )
     add.add_argument("--username", help="the user a password belongs to")
     secret = add.add_mutually_exclusive_group()
@@ -52,7 +52,7 @@ def add_parser(
     )
     add.add_argument("--ca-file", metavar="FILE", help="a PEM file of CAs, on the server's machine")
     add.add_argument(
-        "--timeout", dest="link_timeout", metavar="DUR", help="per request, e.g. 30s (default 30 s)"
+        "--timeout", dest="cluster_timeout", metavar="DUR", help="per request, e.g. 30s (default 30 s)"
     )
     add.add_argument("--connect-timeout", metavar="DUR", help="to connect, e.g. 5s (default 5 s)")
     add.add_argument("--compression", choices=COMPRESSIONS, help="compress request bodies (default none)")
@@ -79,7 +79,7 @@ def add_parser(
 
 
 def add_cluster(args: argparse.Namespace, client: Client) -> int:
-    fields: dict[str, Any] = {"url": args.link_url}
+    fields: dict[str, Any] = {"url": args.cluster_url}
     optional = {
         "username": args.username,
         "password_secret": args.password_secret,
@@ -87,7 +87,7 @@ def add_cluster(args: argparse.Namespace, client: Client) -> int:
         "password": args.password,
         "token": args.token,
         "ca_file": args.ca_file,
-        "timeout": args.link_timeout,
+        "timeout": args.cluster_timeout,
         "connect_timeout": args.connect_timeout,
         "compression": args.compression,
     }

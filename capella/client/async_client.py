@@ -82,7 +82,7 @@ class AsyncClient:
     ``timeout`` bounds every request in seconds (long-polling reads get their ``wait`` on
     top). Pass ``session`` to share an ``aiohttp.ClientSession``; the client then leaves
     closing it to you. Use as ``async with AsyncClient(url) as client:`` or call ``close()``.
-    ``egress`` (the server's links pass one) refuses connections to addresses it does not
+    ``egress`` (the server's external clusters pass one) refuses connections to addresses it does not
     allow with ``EgressRefused``; without it every address is reached.
     """
 
@@ -635,7 +635,7 @@ class AsyncClient:
         return (await self.save_cluster(name, **fields)).value
 
     async def save_cluster(self, name: str, **fields: Any) -> Saved[ClusterInfo]:
-        """``put_cluster``, and whether it registered a new link: ``info, created = ...``."""
+        """``put_cluster``, and whether it registered a new cluster: ``info, created = ...``."""
         return await self._put(ClusterInfo, paths.cluster_path(name), fields)
 
     async def clusters(self) -> list[ClusterInfo]:

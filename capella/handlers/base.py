@@ -87,7 +87,7 @@ class Handler(ABC):
         """What this type adds to the status: its entry's ``status`` struct, or nothing."""
         return None
 
-    def links(self) -> list[str]:
+    def clusters(self) -> list[str]:
         """The external clusters it reads from or writes to."""
         return []
 
@@ -110,7 +110,7 @@ class Building:
     cluster: Cluster
     # The queues its definition selects (``HandlerType.queues``).
     queues: list[str]
-    # Its user's secrets and links, and the egress policy.
+    # Its user's secrets and clusters, and the egress policy.
     reach: Reach
     # The handler's name.
     name: str

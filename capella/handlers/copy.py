@@ -29,14 +29,14 @@ from capella.core.message import Draft, SaveMode
 from capella.core.queue import Queue
 from capella.errors import (
     CapellaError,
+    ClusterNotFound,
     InvalidRequest,
-    LinkNotFound,
     QueueNotFound,
     StorageUnavailable,
     SubscriptionNotFound,
 )
 from capella.handlers.base import Building, HandlerType, PassResult, queue_patterns
-from capella.handlers.links import Links
+from capella.handlers.clusters import Clusters
 from capella.handlers.per_queue import QueueHandler, cursor_lag
 from capella.wire import record_batch
 from capella.wire.handlers import CopyParams, CopyStatus, Definition
@@ -50,9 +50,9 @@ class CopyHandler(QueueHandler[CopyParams]):
 
     needs = "read"
 
-    def __init__(self, cluster: Cluster, queues: list[str], params: CopyParams, links: Links) -> None:
+    def __init__(self, cluster: Cluster, queues: list[str], params: CopyParams, clusters: Clusters) -> None:
         super().__init__(cluster, queues, params)
-        self._links = links
+        self._clusters = clusters
         # A remote source's lag as last seen (its last id minus the cursor), and when.
         self._remote_lag: dict[str, int] = {}
         self._remote_observed: float | None = None
@@ -66,17 +66,17 @@ class CopyHandler(QueueHandler[CopyParams]):
         lag = cursor_lag(self._cluster, self._queues, self.params.subscription)
         return CopyStatus(sum(lag.values()), lag)
 
-    def links(self) -> list[str]:
-        return self.params.links()
+    def clusters(self) -> list[str]:
+        return self.params.clusters()
 
     async def run_once(self) -> PassResult:
-        # A link's credentials are the link owner's: only a user granted the link may use them.
-        for link in self.params.links():
-            self.identity.check("external_cluster", "write", link)
+        # A cluster's credentials are the cluster owner's: only a user granted the cluster may use them.
+        for cluster in self.params.clusters():
+            self.identity.check("external_cluster", "write", cluster)
         if self.params.from_ is not None and "/" in self.params.from_:
-            link, _, name = self.params.from_.partition("/")
+            cluster, _, name = self.params.from_.partition("/")
             try:
-                client = await self._links.checked_client(link)
+                client = await self._clusters.checked_client(cluster)
                 return await self._copy(_RemoteSource(client, name, self.params))
             except CapellaError as exc:
                 # From the error: the status shows its code (unreachable, forbidden...).
@@ -124,18 +124,18 @@ class CopyHandler(QueueHandler[CopyParams]):
         return result
 
     def _destination(self) -> tuple[str, str]:
-        link, _, name = self.params.to.rpartition("/")
-        return link, name
+        cluster, _, name = self.params.to.rpartition("/")
+        return cluster, name
 
     async def _append(self, target: tuple[str, str], drafts: list[Draft]) -> list[Draft]:
         """Append as a dedup insert; answers the drafts the destination stored (not repeats)."""
-        link, name = target
-        if not link:
+        cluster, name = target
+        if not cluster:
             answers = await self._cluster.queue(name).append(drafts, self.save)
             return [d for d, a in zip(drafts, answers, strict=True) if not a.duplicate]
         try:
             # A far side with our name is refused (checked once per client, not per batch).
-            client = await self._links.checked_client(link)
+            client = await self._clusters.checked_client(cluster)
             results = await client.produce_batch(name, _batch(drafts), save=self.params.save)
         except CapellaError as exc:
             raise StorageUnavailable(f"{self.params.to}: {exc.code}: {exc.message}") from exc
@@ -235,24 +235,24 @@ def _batch(drafts: list[Draft]) -> bytes:
 
 
 def build(params: CopyParams, at: Building) -> tuple[CopyParams, CopyHandler]:
-    """The ``copy`` handler type; its queues and links must exist when it is defined."""
+    """The ``copy`` handler type; its queues and clusters must exist when it is defined."""
     check_name(params.subscription, "subscription")
     # Shown by name, as the stored definition keeps them.
     params = msgspec.structs.replace(
         params, save=_mode_name(params.save), commit_save=_mode_name(params.commit_save)
     )
-    for link in params.links():
+    for cluster in params.clusters():
         # Checked as the definer too, so a refused definition is a 403 now, not a failing pass.
-        at.reach.by.check("external_cluster", "write", link)
+        at.reach.by.check("external_cluster", "write", cluster)
     for ref, what in ((params.to, "to"), (params.from_, "from")):
         if ref is None:
             continue
-        link, _, queue = ref.rpartition("/")
+        cluster, _, queue = ref.rpartition("/")
         try:
-            at.reach.links.link(link) if link else at.cluster.queue(queue)
-        except (QueueNotFound, LinkNotFound) as exc:
+            at.reach.clusters.cluster(cluster) if cluster else at.cluster.queue(queue)
+        except (QueueNotFound, ClusterNotFound) as exc:
             raise InvalidRequest(f"params.{what}: {exc.message}", field=f"params.{what}") from None
-    return params, CopyHandler(at.cluster, at.queues, params, at.reach.links)
+    return params, CopyHandler(at.cluster, at.queues, params, at.reach.clusters)
 
 
 def _mode_name(mode: str | int) -> str:

@@ -171,7 +171,7 @@ def inbox_params(
     """
     encrypted = (kept or {}).get(ENCRYPTED)
     check_name(params.subscription, "subscription")
-    dsn = Dsn.parse(params, encrypted, reach.links, name, reach.secrets, reach.by)
+    dsn = Dsn.parse(params, encrypted, reach.clusters, name, reach.secrets, reach.by)
     return dsn.shown(params), dsn
 
 

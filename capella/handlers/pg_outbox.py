@@ -226,7 +226,7 @@ def outbox_params(
     A stored definition keeps the DSN's password encrypted beside them (``kept[ENCRYPTED]``).
     """
     encrypted = (kept or {}).get(ENCRYPTED)
-    dsn = Dsn.parse(params, encrypted, reach.links, name, reach.secrets, reach.by)
+    dsn = Dsn.parse(params, encrypted, reach.clusters, name, reach.secrets, reach.by)
     save = SaveMode.parse(params.save).name.lower()
     return dsn.shown(msgspec.structs.replace(params, save=save)), dsn
 

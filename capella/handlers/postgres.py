@@ -8,7 +8,7 @@ wrong type): nothing above this module sees an asyncpg exception.
 A handler connects only with what its definition gives, never with the broker's own
 credentials: the DSN (``dsn``, or ``dsn_secret``, a declared secret that holds it) names the
 host, port, database and user, and the password is the DSN's own (stored only encrypted,
-bound to the handler and the DSN: ``Links.encrypt``) or a declared secret's
+bound to the handler and the DSN: ``Clusters.encrypt``) or a declared secret's
 (``password_secret``). asyncpg is given every value explicitly (host, port, user, database,
 password, TLS context), so it never reads ``PG*`` variables, a pass file, a service file or
 ``~/.postgresql``. DSN parameters are an allow-list; anything else is refused by name.
@@ -45,7 +45,7 @@ from capella.errors import (
     InvalidRequest,
     TableMismatch,
 )
-from capella.handlers.links import Links, bound
+from capella.handlers.clusters import Clusters, bound
 from capella.wire.handlers import TABLE_PATTERN, PgConnection
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class Dsn:
         cls,
         params: PgConnection,
         encrypted: object,
-        links: Links,
+        clusters: Clusters,
         handler: str,
         secrets: Secrets,
         by: Identity,
@@ -123,7 +123,7 @@ class Dsn:
             context = ("pg handler", handler, bare, "password")
             if password is not None:
                 try:
-                    encrypted = links.encrypt(password, context)
+                    encrypted = clusters.encrypt(password, context)
                 except InvalidRequest as exc:
                     raise InvalidRequest(
                         f"params.dsn holds a password, which is stored only encrypted: {exc.message}; "
@@ -133,9 +133,9 @@ class Dsn:
             elif isinstance(encrypted, str):
                 # A stored definition (the API refuses *_encrypted): only this handler's
                 # ciphertext for this very DSN decrypts.
-                password = links.decrypt(encrypted, context)
+                password = clusters.decrypt(encrypted, context)
                 if not bound(encrypted):
-                    encrypted = links.encrypt(password, context)
+                    encrypted = clusters.encrypt(password, context)
             dsn = replace(
                 dsn,
                 url=bare,

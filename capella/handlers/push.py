@@ -554,7 +554,7 @@ def credentials(params: PushParams, secrets: Secrets, identity: Identity) -> Cre
 
 
 def build(params: PushParams, at: Building) -> tuple[PushParams, PushHandler]:
-    """The ``push`` handler type: one queue, and a dead-letter queue other than it (no links)."""
+    """The ``push`` handler type: one queue, and a dead-letter queue other than it (no clusters)."""
     queues, cluster = at.queues, at.cluster
     if len(queues) != 1 or any(c in queues[0] for c in "*?["):
         raise InvalidRequest("a push handler takes one queue (queue), not a list or pattern", field="queue")

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.auth.secret import Secrets
 from capella.egress import Egress
-from capella.handlers.links import Links
+from capella.handlers.clusters import Clusters
 
 
 @dataclass(frozen=True, slots=True)
 class Reach:
-    links: Links
+    clusters: Clusters
     secrets: Secrets = field(default_factory=Secrets)
     egress: Egress = field(default_factory=Egress.open)
     by: Identity = UNRESTRICTED

@@ -38,7 +38,7 @@ from capella.errors import (
     Unauthorized,
 )
 from capella.handlers.base import Building, Handler, PassResult, handler_type
-from capella.handlers.links import Links
+from capella.handlers.clusters import Clusters
 from capella.handlers.reach import Reach
 from capella.storage.catalog import HANDLERS, HandlerEntry, HandlerRegistry
 from capella.wire import handlers as wire
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 # What ends the name of a param that only the registry holds (a password, encrypted).
 _KEPT = "_encrypted"
-# A copy handler whose link comes back resumes within a minute, not after an hour of backoff.
+# A copy handler whose cluster comes back resumes within a minute, not after an hour of backoff.
 MAX_BACKOFF = 60.0
 STOP_GRACE = 10.0
 
@@ -72,8 +72,8 @@ def build(
 def build_push(
     cluster: Cluster, queues: list[str], raw: object, name: str, reach: Reach | None = None
 ) -> tuple[Params, Handler]:
-    """A push handler on its own (it needs no links)."""
-    return build(cluster, "push", queues, raw, reach or Reach(Links(cluster)), name)
+    """A push handler on its own (it needs no clusters)."""
+    return build(cluster, "push", queues, raw, reach or Reach(Clusters(cluster)), name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +200,7 @@ class Supervisor:
         self,
         cluster: Cluster,
         clock: Callable[[], float] = time.time,
-        links: Links | None = None,
+        clusters: Clusters | None = None,
         users: AuthStore | None = None,
         secrets: Secrets | None = None,
         egress: Egress | None = None,
@@ -208,20 +208,20 @@ class Supervisor:
         self._cluster = cluster
         self._users = users
         self._clock = clock
-        # External clusters that copy handlers reach as ``link/queue``.
-        self.links = links if links is not None else Links(cluster)
-        self.reach = Reach(self.links, secrets or Secrets(), egress or Egress.open())
+        # External clusters that copy handlers reach as ``cluster/queue``.
+        self.clusters = clusters if clusters is not None else Clusters(cluster)
+        self.reach = Reach(self.clusters, secrets or Secrets(), egress or Egress.open())
         self._states: dict[str, HandlerState] = {}
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
         """Load the persisted definitions and start the handlers that were started."""
-        await self.links.start()
+        await self.clusters.start()
         definitions = (await HANDLERS.load(self._cluster.home)).handlers
         for name, d in sorted(definitions.items()):
             params: Params | dict[str, Any]
             try:
-                # As the user it runs as: a secret or link it lost the right to does not load.
+                # As the user it runs as: a secret or cluster it lost the right to does not load.
                 reach = replace(self.reach, by=self._identity_of(d.user))
                 params, handler = build(self._cluster, d.type, list(d.queues), d.params, reach, name)
             except CapellaError as exc:
@@ -243,7 +243,7 @@ class Supervisor:
         """Stop every loop; the persisted ``started`` flags stay as they are."""
         for state in list(self._states.values()):
             await self._halt(state)
-        await self.links.close()
+        await self.clusters.close()
 
     def handlers(self) -> list[HandlerState]:
         return [self._states[name] for name in sorted(self._states)]
@@ -277,7 +277,7 @@ class Supervisor:
         queues = entry.queues(definition, self._cluster)
         started = definition.started
         user = self._run_as(by.name if definition.user is UNSET else definition.user, by)
-        # Built as the user it will run as: its secrets and links must be theirs to use.
+        # Built as the user it will run as: its secrets and clusters must be theirs to use.
         acting = by if user == by.name else self._identity_of(user)
         reach = replace(self.reach, by=acting)
         params = definition.params if definition.params is not None else entry.decode(None)
@@ -316,9 +316,9 @@ class Supervisor:
             await self._halt(state)
         log.info("handler dropped handler=%s", name)
 
-    def using_link(self, link: str) -> list[str]:
-        """The handlers that read from or write to external cluster ``link``."""
-        return [s.name for s in self.handlers() if link in s.handler.links()]
+    def using_cluster(self, cluster: str) -> list[str]:
+        """The handlers that read from or write to external cluster ``cluster``."""
+        return [s.name for s in self.handlers() if cluster in s.handler.clusters()]
 
     async def start_handler(self, name: str) -> HandlerState:
         async with self._lock:

@@ -4,7 +4,7 @@
 |---|---|---|
 | ``QUEUES`` | ``.capella/queues.json`` on the default mount | ``capella.core.cluster`` |
 | ``HANDLERS`` | ``.capella/handlers.json`` on the default mount | ``capella.handlers.supervisor`` |
-| ``CLUSTERS`` | ``.capella/clusters.json`` on the default mount | ``capella.handlers.links`` |
+| ``CLUSTERS`` | ``.capella/clusters.json`` on the default mount | ``capella.handlers.clusters`` |
 | ``USERS``, ``TOKENS`` | ``users.json``, ``tokens.json`` in ``<data_dir>/auth/`` | ``capella.auth.store`` |
 
 Users and tokens are files outside every mount because the offline ``capella user ...
@@ -16,7 +16,7 @@ field), changes its records in memory, then ``save`` of the whole document, atom
 mount's ``put``, or ``capella.fsync.write_atomic`` for a file; both fsync, rename, fsync the
 directory, 0600 in 0700). The shapes are the on-disk formats of docs/format.md: an older
 document loads as it always has. What a registry checks beyond the shape stays with it (a
-queue definition's rules, a handler's params, a link's credentials), because a record that
+queue definition's rules, a handler's params, a cluster's credentials), because a record that
 no longer builds is kept and reported rather than refusing the whole document.
 
 This module is in ``storage/`` because every registry can import it there: core, handlers
@@ -70,7 +70,7 @@ class HandlerRegistry(msgspec.Struct, kw_only=True):
 
 
 class ClusterRegistry(msgspec.Struct, kw_only=True):
-    """External clusters by name. Each record is read by ``capella.handlers.links`` on its own:
+    """External clusters by name. Each record is read by ``capella.handlers.clusters`` on its own:
     one that no longer loads is listed with its error and saved back unchanged."""
 
     version: int = 1
@@ -164,7 +164,7 @@ class Document(Generic[T]):
 QUEUES = Document(keys.QUEUES, QueueRegistry, "queue registry", lambda: QueueRegistry(queues={}))
 HANDLERS = Document(keys.HANDLERS, HandlerRegistry, "handler registry", lambda: HandlerRegistry(handlers={}))
 CLUSTERS = Document(
-    keys.CLUSTERS, ClusterRegistry, "cluster link registry", lambda: ClusterRegistry(clusters={})
+    keys.CLUSTERS, ClusterRegistry, "external cluster registry", lambda: ClusterRegistry(clusters={})
 )
 USERS = Document("users.json", UserFile, "users file", lambda: UserFile(users={}), indent=True)
 TOKENS = Document("tokens.json", TokenFile, "tokens file", lambda: TokenFile(tokens={}), indent=True)

@@ -30,7 +30,7 @@ class ErrorDetail(Struct, omit_defaults=True):
     address: Annotated[str, Meta(description="egress_refused: the refused addresses")] | UnsetType = UNSET
     cluster: Annotated[str, Meta(description="same_cluster_name: the far side's name")] | UnsetType = UNSET
     handlers: (
-        Annotated[list[str], Meta(description="conflict: the handlers that use a cluster link")] | UnsetType
+        Annotated[list[str], Meta(description="conflict: the handlers that use a cluster")] | UnsetType
     ) = UNSET
     url: Annotated[str, Meta(description="unreachable: what could not be reached")] | UnsetType = UNSET
 

@@ -69,7 +69,8 @@ class Me(Struct):
     admin: bool
     via: Literal["basic", "token", "tls", "none"]
     rules: list[Rule]
-    # Links compare it with their own cluster's (a same-named pair would mint one identity twice);
+    # The external-cluster registry compares it with this cluster's (a same-named pair would
+    # mint one identity twice);
     # null from a server older than the field.
     cluster: Annotated[str, Meta(description="the name of the cluster that answers")] | None = None
 

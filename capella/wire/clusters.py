@@ -1,4 +1,4 @@
-"""Links to external clusters on the wire: a definition with its credentials, and how it is shown."""
+"""External clusters on the wire: a definition with its credentials, and how it is shown."""
 
 from __future__ import annotations
 
@@ -61,40 +61,40 @@ class ClusterDefinition(Struct, forbid_unknown_fields=True):
     ] = "none"
 
 
-class LinkCredentials(Struct):
-    """Which credentials a link uses and where they come from; never the secret."""
+class ClusterCredentials(Struct):
+    """Which credentials a cluster uses and where they come from; never the secret."""
 
     kind: Literal["password", "token"]
     username: str | None
     source: Annotated[str, Meta(description="secret:<NAME> or stored encrypted")]
 
 
-class LinkTls(Struct):
-    """How a link checks the other cluster's certificate."""
+class ClusterTls(Struct):
+    """How the connection to an external cluster checks its certificate."""
 
     verify: bool
     ca_file: str | None
 
 
-class LinkTimeouts(Struct):
-    """A link's timeouts in seconds."""
+class ClusterTimeouts(Struct):
+    """A cluster's timeouts in seconds."""
 
     connect: float
     request: float
 
 
 class ClusterInfo(Struct):
-    """a link as shown: never its password or token"""
+    """a cluster as shown: never its password or token"""
 
     name: str
     url: str
-    credentials: LinkCredentials | None
-    tls: LinkTls
-    timeouts: LinkTimeouts
+    credentials: ClusterCredentials | None
+    tls: ClusterTls
+    timeouts: ClusterTimeouts
     compression: Compression
     error: (
         Annotated[
-            str, Meta(description="why the link cannot be used (its stored credentials do not decrypt)")
+            str, Meta(description="why the cluster cannot be used (its stored credentials do not decrypt)")
         ]
         | None
     ) = None
@@ -105,7 +105,7 @@ class ClusterInfo(Struct):
 
 
 class NameCheck(Struct):
-    """Adding a link asks the far side its cluster name (a same-named one is refused with 409)."""
+    """Adding a cluster asks it its name (a same-named one is refused with 409)."""
 
     checked: Annotated[
         bool, Meta(description="false: it could not be asked now (see error), or is too old to say")
@@ -115,7 +115,7 @@ class NameCheck(Struct):
 
 
 class ClusterList(Struct):
-    """Every link the caller may read."""
+    """Every cluster the caller may read."""
 
     clusters: list[ClusterInfo]
 

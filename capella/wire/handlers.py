@@ -223,8 +223,8 @@ class CopyParams(Params):
         self.subscription = self.subscription or f"copy-to-{self.to.replace('/', '.')}"
         _check_segments(self.segments)
 
-    def links(self) -> list[str]:
-        """The external clusters it reads from or writes to (``link/queue``)."""
+    def clusters(self) -> list[str]:
+        """The external clusters it reads from or writes to (``cluster/queue``)."""
         return sorted({ref.partition("/")[0] for ref in (self.from_, self.to) if ref and "/" in ref})
 
 

@@ -74,7 +74,7 @@ QUERIES = {("GET", "/v1/queues/{queue}/subscriptions/{name}/messages"): "?commit
 PERMISSIONS = {(r.method, r.path): r.need for r in ROUTES if r.need is not None}
 PUBLIC = {(r.method, r.path) for r in ROUTES if r.need is None}
 GUARDED = sorted(key for key, needs in PERMISSIONS.items() if needs)
-# The relay's link points at no server here: its 502 means the access check let the call through.
+# The relay's cluster points at no server here: its 502 means the access check let the call through.
 RELAYED = {key for key in PERMISSIONS if key[1].endswith("/v1/{path}")}
 
 

@@ -1,8 +1,8 @@
 """External clusters over HTTP: register, describe, list, drop, ping, and every error.
 
-The far side of a link is a second real Capella app on loopback (``aiohttp_server``); it
+An external cluster here is a second real Capella app on loopback (``aiohttp_server``); it
 records each request's ``Authorization`` and ``Content-Encoding`` headers, so the tests see
-what the link's client actually sent. No answer and no log line may hold a secret.
+what the cluster's client actually sent. No answer and no log line may hold a secret.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from capella.auth.secret import Secrets
 from capella.client import AsyncClient
 from capella.config import SecretSettings, ServerSettings, parse_config
 from capella.core.cluster import Cluster
-from capella.handlers.links import Links
+from capella.handlers.clusters import Clusters
 from capella.handlers.supervisor import Supervisor
 from capella.storage.keys import CLUSTERS as REGISTRY_KEY
 
@@ -62,7 +62,7 @@ class Remote:
 
 @pytest.fixture
 async def remote(aiohttp_server: ServerFactory, tmp_path: Path) -> AsyncIterator[Remote]:
-    # Another name: a link to a cluster named like this one ("test") is refused.
+    # Another name: an external cluster named like this one ("test") is refused.
     far = await Cluster.open(api_config(tmp_path / "remote", name="remote"))
     supervisor = Supervisor(far)
     await supervisor.start()
@@ -81,7 +81,7 @@ async def remote(aiohttp_server: ServerFactory, tmp_path: Path) -> AsyncIterator
     await far.close()
 
 
-# Declared as an operator would in [secrets.NAME]; links name them.
+# Declared as an operator would in [secrets.NAME]; clusters name them.
 DECLARED = {
     "dc2-password": SecretSettings(env="CAPELLA_TEST_DC2_PASSWORD"),
     "dc2-token": SecretSettings(env="CAPELLA_TEST_DC2_TOKEN"),
@@ -94,7 +94,7 @@ async def supervisor(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Async
     monkeypatch.setenv("CAPELLA_TEST_DC2_PASSWORD", PASSWORD)
     monkeypatch.setenv("CAPELLA_TEST_DC2_TOKEN", TOKEN)
     secrets = Secrets(DECLARED)
-    started = Supervisor(cluster, links=Links(cluster, secrets=secrets), secrets=secrets)
+    started = Supervisor(cluster, clusters=Clusters(cluster, secrets=secrets), secrets=secrets)
     await started.start()
     yield started
     await started.close()
@@ -104,8 +104,8 @@ async def supervisor(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Async
 async def keyed(
     aiohttp_client: ClientFactory, cluster: Cluster, api_settings: ServerSettings, tmp_path: Path
 ) -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    """The api with a key file, so links may store a literal password or token."""
-    supervisor = Supervisor(cluster, links=Links(cluster, key_file=tmp_path / "keys" / "links.key"))
+    """The api with a key file, so clusters may store a literal password or token."""
+    supervisor = Supervisor(cluster, clusters=Clusters(cluster, key_file=tmp_path / "keys" / "links.key"))
     await supervisor.start()
     yield await aiohttp_client(create_app(cluster, api_settings, supervisor))
     await supervisor.close()
@@ -125,7 +125,7 @@ async def test_put_creates_then_replaces_and_get_shows_it(api: TestClient) -> No
     }
     info = await put(api, "dc2", body, 201)
 
-    # dc2.example.com cannot be reached: the link is kept, its name unchecked.
+    # dc2.example.com cannot be reached: the cluster is kept, its name unchecked.
     assert info.pop("name_check")["checked"] is False
     assert info == {
         "name": "dc2",
@@ -145,7 +145,7 @@ async def test_put_creates_then_replaces_and_get_shows_it(api: TestClient) -> No
     assert replaced["compression"] == "none"
 
 
-async def test_a_link_without_credentials_shows_none(api: TestClient) -> None:
+async def test_a_cluster_without_credentials_shows_none(api: TestClient) -> None:
     info = await put(api, "open", {"url": "http://127.0.0.1:1", "verify_tls": False}, 201)
 
     assert info["credentials"] is None
@@ -170,7 +170,7 @@ async def test_an_empty_registry_lists_nothing(api: TestClient) -> None:
 
 async def test_a_ca_file_that_exists_is_kept(api: TestClient, tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
-    ca.write_text("not checked until the link is used\n")
+    ca.write_text("not checked until the cluster is used\n")
 
     info = await put(api, "tls", {"url": "https://dc2.example.com", "ca_file": str(ca)}, 201)
 
@@ -295,7 +295,7 @@ async def test_a_stored_secret_is_encrypted_on_disk_and_comes_back_with_the_key(
     key_file = tmp_path / "data" / "keys" / "links.key"
     registry = Path(config.mounts[config.default_mount].options["root"]) / REGISTRY_KEY
     cluster = await Cluster.open(config)
-    supervisor = Supervisor(cluster, links=Links(cluster, key_file=key_file))
+    supervisor = Supervisor(cluster, clusters=Clusters(cluster, key_file=key_file))
     await supervisor.start()
     api = await aiohttp_client(create_app(cluster, ServerSettings(), supervisor))
     await put(api, "dc2", {"url": remote.url, "username": "copier", "password": PASSWORD}, 201)
@@ -311,12 +311,12 @@ async def test_a_stored_secret_is_encrypted_on_disk_and_comes_back_with_the_key(
 
     # A new registry over the same data and key file decrypts it, and its client uses it.
     cluster = await Cluster.open(config)
-    links = Links(cluster, key_file=key_file)
-    await links.start()
+    clusters = Clusters(cluster, key_file=key_file)
+    await clusters.start()
     try:
-        result = await links.ping("dc2")
+        result = await clusters.ping("dc2")
     finally:
-        await links.close()
+        await clusters.close()
         await cluster.close()
     assert result.ok is True
     basic = "Basic " + base64.b64encode(f"copier:{PASSWORD}".encode()).decode()
@@ -328,23 +328,23 @@ async def test_a_secret_under_another_key_is_not_loaded_but_kept(
 ) -> None:
     cluster = await Cluster.open(api_config(tmp_path))
     try:
-        links = Links(cluster, key_file=tmp_path / "a.key")
-        await links.start()
-        await links.put("dc2", {"url": "http://a", "token": TOKEN})
+        clusters = Clusters(cluster, key_file=tmp_path / "a.key")
+        await clusters.start()
+        await clusters.put("dc2", {"url": "http://a", "token": TOKEN})
 
-        other = Links(cluster, key_file=tmp_path / "b.key")
+        other = Clusters(cluster, key_file=tmp_path / "b.key")
         with caplog.at_level(logging.ERROR):
             await other.start()
         # Listed with its error, not hidden; it cannot be used.
-        [shown] = other.links()
+        [shown] = other.clusters()
         assert shown.name == "dc2" and shown.error is not None and "cannot be decrypted" in shown.error
         assert "cluster link cannot be loaded link=dc2" in caplog.text
         # A later save keeps the entry it could not read, so the right key still finds it.
         await other.put("dc3", {"url": "http://b"})
-        again = Links(cluster, key_file=tmp_path / "a.key")
+        again = Clusters(cluster, key_file=tmp_path / "a.key")
         await again.start()
-        assert [link.name for link in again.links()] == ["dc2", "dc3"]
-        assert again.link("dc2").secret == TOKEN
+        assert [external.name for external in again.clusters()] == ["dc2", "dc3"]
+        assert again.cluster("dc2").secret == TOKEN
     finally:
         await cluster.close()
 
@@ -387,7 +387,7 @@ async def test_ping_with_a_secret_whose_variable_went_away_says_which(
     api: TestClient, remote: Remote, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await put(api, "dc2", {"url": remote.url, "username": "u", "password_secret": "dc2-password"}, 201)
-    remote.authorization.clear()  # adding the link asked the far side its name
+    remote.authorization.clear()  # adding the cluster asked the far side its name
     monkeypatch.delenv("CAPELLA_TEST_DC2_PASSWORD")
 
     result = await ping(api, "dc2")
@@ -416,7 +416,7 @@ async def test_ping_with_a_ca_file_that_is_no_certificate_is_ok_false(
     assert "ca_file" in result["error"]["message"]
 
 
-async def test_a_replaced_link_pings_its_new_url(api: TestClient, remote: Remote) -> None:
+async def test_a_replaced_cluster_pings_its_new_url(api: TestClient, remote: Remote) -> None:
     await put(api, "dc2", {"url": f"http://127.0.0.1:{free_port()}", "connect_timeout": "1s"}, 201)
     assert (await ping(api, "dc2"))["ok"] is False
 
@@ -431,11 +431,11 @@ async def test_a_replaced_link_pings_its_new_url(api: TestClient, remote: Remote
 @pytest.mark.parametrize("compression", ["gzip", "zstd"])
 async def test_a_compressed_batch_arrives_intact(api: TestClient, remote: Remote, compression: str) -> None:
     await put(api, "dc2", {"url": remote.url, "compression": compression}, 201)
-    link = api.app[SUPERVISOR].links.client("dc2")
+    far = api.app[SUPERVISOR].clusters.client("dc2")
     texts = [f"order {i:05d} " + "x" * (i % 200) for i in range(2000)]
 
-    await link.put_queue("orders")
-    results = await link.produce("orders", texts)
+    await far.put_queue("orders")
+    results = await far.produce("orders", texts)
 
     assert [r.duplicate for r in results] == [False] * len(texts)
     assert compression in remote.encodings
@@ -446,9 +446,9 @@ async def test_a_compressed_batch_arrives_intact(api: TestClient, remote: Remote
 
 async def test_a_small_body_is_sent_uncompressed(api: TestClient, remote: Remote) -> None:
     await put(api, "dc2", {"url": remote.url, "compression": "zstd"}, 201)
-    link = api.app[SUPERVISOR].links.client("dc2")
+    far = api.app[SUPERVISOR].clusters.client("dc2")
 
-    await link.put_queue("orders")
-    await link.produce("orders", ["small"])
+    await far.put_queue("orders")
+    await far.produce("orders", ["small"])
 
     assert "zstd" not in remote.encodings

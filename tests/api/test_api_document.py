@@ -139,7 +139,7 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
         ),
         (Q, "QueueDefinition", {"mounts": {"marks": {"256": "default"}}}, False),
         (Q, "QueueDefinition", {"segments": None}, True),
-        # A link's timeouts are left out for the default, not null.
+        # A cluster's timeouts are left out for the default, not null.
         ("/v1/clusters/c", "ClusterDefinition", {"url": "http://127.0.0.1:9", "timeout": None}, False),
         # A handler names its queues unless its type names them in params.
         ("/v1/handlers/h", "HandlerDefinition", {"type": "copy"}, False),

@@ -30,7 +30,7 @@ from capella.client import Client
 
 @pytest.fixture(scope="module")
 def server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The module's server, with the secrets links name declared as an operator would."""
+    """The module's server, with the secrets clusters name declared as an operator would."""
     directory = tmp_path_factory.mktemp("server")
     config = directory / "capella.toml"
     config.write_text(
@@ -299,7 +299,7 @@ def test_a_cluster_is_added_listed_shown_pinged_and_dropped(
     run: Run, server_process: ServerProcess, tmp_path: Path
 ) -> None:
     secret = "cli-t0ken-never-shown"
-    # A link to the server itself is refused: the far side has its own name.
+    # The server itself as an external cluster is refused: the far side has its own name.
     code, out, err = run("cluster", "add", "cli-loop", "--url", server_process.url)
     assert (code, out) == (1, "")
     assert err.startswith("capella: same_cluster_name: cluster cli-loop (") and "like this cluster" in err
@@ -309,12 +309,12 @@ def test_a_cluster_is_added_listed_shown_pinged_and_dropped(
     far_server = running(ServerProcess(tmp_path / "far" / "data"))
     far = next(far_server)
     try:
-        _linked_to_a_real_cluster(run, server_process, far, secret)
+        _with_a_real_external_cluster(run, server_process, far, secret)
     finally:
         far_server.close()
 
 
-def _linked_to_a_real_cluster(
+def _with_a_real_external_cluster(
     run: Run, server_process: ServerProcess, far: ServerProcess, secret: str
 ) -> None:
     code, out, _ = run("cluster", "add", "cli-self", "--url", far.url, "--token", secret)
@@ -395,7 +395,7 @@ def test_a_failed_cluster_ping_exits_1_with_the_error(run: Run) -> None:
     assert code == 1
     assert json.loads(out)["error"]["code"] == "unreachable"
 
-    # A declared secret without a value is refused when the link is defined, not at its first use.
+    # A declared secret without a value is refused when the cluster is defined, not at its first use.
     code, _, err = run(
         "cluster", "add", "cli-noenv", "--url", url, "--username", "u", "--password-secret", "cli-unset"
     )  # fmt: skip

@@ -687,13 +687,13 @@ def test_the_server_context_refuses_tls_below_1_2(pki: Pki) -> None:
     assert context.verify_mode == ssl.CERT_NONE
 
 
-async def test_a_link_reaches_a_tls_cluster_with_its_ca_file(tls_server: ServerProcess, pki: Pki) -> None:
+async def test_a_cluster_reaches_a_tls_cluster_with_its_ca_file(tls_server: ServerProcess, pki: Pki) -> None:
     async with AsyncClient(tls_server.url, ssl=pki.client_context()) as client:
-        # The server links to itself: with the CA the far side is reached over TLS and answers
-        # its name, which is this cluster's, so the link is refused (a same-named cluster).
+        # The server is its own external cluster: with the CA the far side is reached over TLS and answers
+        # its name, which is this cluster's, so the cluster is refused (a same-named cluster).
         with pytest.raises(SameClusterName):
             await client.put_cluster("self-tls", url=tls_server.url, ca_file=str(pki.ca))
-        # Without the CA the name cannot be asked: the link is kept, and its ping says why.
+        # Without the CA the name cannot be asked: the cluster is kept, and its ping says why.
         await client.put_cluster("self-no-ca", url=tls_server.url, connect_timeout=2, timeout=5)
         without_ca = await client.ping_cluster("self-no-ca")
 

@@ -1,6 +1,6 @@
 """Identities that cannot collide, and the numbers an operator reads about copy handlers.
 
-Real clusters on loopback: generated cluster names kept in the data directory, links refused
+Real clusters on loopback: generated cluster names kept in the data directory, clusters refused
 to a far side with our own name, two clusters on one host copying both ways without losing a
 message produced without a source, and copy lag / handler times while the far side is down.
 """
@@ -26,7 +26,7 @@ from capella.config import ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import SameClusterName
-from capella.handlers.links import Links
+from capella.handlers.clusters import Clusters
 from capella.handlers.supervisor import Supervisor
 
 ServerFactory = Callable[..., Awaitable[TestServer]]
@@ -52,7 +52,7 @@ async def node(
     if name is not None:
         raw["cluster"]["name"] = name
     cluster = await Cluster.open(parse_config(raw, {}, base=tmp_path))
-    supervisor = Supervisor(cluster, links=Links(cluster))
+    supervisor = Supervisor(cluster, clusters=Clusters(cluster))
     await supervisor.start()
     app = create_app(cluster, ServerSettings(), supervisor)
     server = await (aiohttp_server(app) if port is None else aiohttp_server(app, port=port))
@@ -108,10 +108,10 @@ async def test_a_configured_name_wins_and_is_not_written(tmp_path: Path) -> None
     assert (tmp_path / "d" / FILE).read_text().strip() != "dc1"
 
 
-# --- same-named links --------------------------------------------------------------------------
+# --- same-named clusters --------------------------------------------------------------------------
 
 
-async def test_a_link_to_itself_or_a_same_named_cluster_is_refused(
+async def test_itself_or_a_same_named_cluster_as_an_external_cluster_is_refused(
     tmp_path: Path, aiohttp_server: ServerFactory, aiohttp_client: ClientFactory
 ) -> None:
     here = await node(tmp_path, "here", aiohttp_server, name="dc1")
@@ -133,7 +133,7 @@ async def test_a_link_to_itself_or_a_same_named_cluster_is_refused(
         await close(here, twin, other)
 
 
-async def test_an_unreachable_link_is_kept_unchecked_and_its_ping_refuses_a_same_name_later(
+async def test_an_unreachable_cluster_is_kept_unchecked_and_its_ping_refuses_a_same_name_later(
     tmp_path: Path, aiohttp_server: ServerFactory, aiohttp_client: ClientFactory
 ) -> None:
     here = await node(tmp_path, "here", aiohttp_server, name="dc1")
@@ -142,7 +142,7 @@ async def test_an_unreachable_link_is_kept_unchecked_and_its_ping_refuses_a_same
         api = await aiohttp_client(create_app(here.cluster, ServerSettings(), here.supervisor))
         resp = await api.put("/v1/clusters/far", json={"url": f"http://127.0.0.1:{port}"})
         body = await resp.json()
-        # An edge device links while offline: accepted, and the answer says it was not checked.
+        # An edge device adds one while offline: accepted, and the answer says it was not checked.
         assert resp.status == 201, body
         assert body["name_check"]["checked"] is False
         assert body["name_check"]["error"]["code"] == "unreachable"
@@ -171,11 +171,11 @@ async def test_checked_client_refuses_a_same_named_far_side(
 ) -> None:
     here = await node(tmp_path, "here", aiohttp_server, name="dc1")
     port = free_port()
-    await here.supervisor.links.put("far", {"url": f"http://127.0.0.1:{port}"})
+    await here.supervisor.clusters.put("far", {"url": f"http://127.0.0.1:{port}"})
     far = await node(tmp_path, "far", aiohttp_server, port=port, name="dc1")
     try:
         with pytest.raises(SameClusterName):
-            await here.supervisor.links.checked_client("far")
+            await here.supervisor.clusters.checked_client("far")
     finally:
         await close(here, far)
 
@@ -185,11 +185,11 @@ async def test_checked_client_refuses_a_same_named_far_side(
 
 @pytest.fixture
 async def two_datacenters(tmp_path: Path, aiohttp_server: ServerFactory) -> AsyncIterator[tuple[Node, Node]]:
-    """Two clusters on one host without cluster.name, linked both ways (docs/tutorials)."""
+    """Two clusters on one host without cluster.name, each the other's external cluster (docs)."""
     dc1 = await node(tmp_path, "dc1", aiohttp_server)
     dc2 = await node(tmp_path, "dc2", aiohttp_server)
-    await dc1.supervisor.links.put("dc2", {"url": dc2.url})
-    await dc2.supervisor.links.put("dc1", {"url": dc1.url})
+    await dc1.supervisor.clusters.put("dc2", {"url": dc2.url})
+    await dc2.supervisor.clusters.put("dc1", {"url": dc1.url})
     yield dc1, dc2
     await close(dc1, dc2)
 
@@ -231,7 +231,7 @@ async def test_copy_lag_with_the_destination_down_is_the_cursors_lag_everywhere(
 ) -> None:
     here = await node(tmp_path, "here", aiohttp_server, name="dc1")
     try:
-        await here.supervisor.links.put("down", {"url": f"http://127.0.0.1:{free_port()}", "timeout": 2})
+        await here.supervisor.clusters.put("down", {"url": f"http://127.0.0.1:{free_port()}", "timeout": 2})
         await here.cluster.put_queue("orders", {})
         await here.supervisor.put(
             "up",
@@ -268,7 +268,7 @@ async def test_failing_since_stays_at_the_first_failure_and_clears_after_a_succe
     here = await node(tmp_path, "here", aiohttp_server, name="dc1")
     port = free_port()
     try:
-        await here.supervisor.links.put("far", {"url": f"http://127.0.0.1:{port}", "timeout": 2})
+        await here.supervisor.clusters.put("far", {"url": f"http://127.0.0.1:{port}", "timeout": 2})
         await here.cluster.put_queue("orders", {})
         await here.cluster.queue("orders").append([Draft(b"x")], SaveMode.WAIT)
         await here.supervisor.put(

@@ -173,8 +173,10 @@ async def test_two_clusters_copying_both_ways_survive_a_random_fault_schedule(tm
             await b.start()
             async with aiohttp.ClientSession() as http:
                 for node, other, proxy in ((a, b, to_b), (b, a, to_a)):
-                    link = {"url": proxy.url, "connect_timeout": 2, "timeout": 5}
-                    assert (await http.put(f"{node.url}/v1/clusters/{other.name}", json=link)).status in (
+                    definition = {"url": proxy.url, "connect_timeout": 2, "timeout": 5}
+                    assert (
+                        await http.put(f"{node.url}/v1/clusters/{other.name}", json=definition)
+                    ).status in (
                         200,
                         201,
                     )

@@ -3,7 +3,7 @@
 These machines have no container runtime, so the compose file is checked for what it says
 (it parses, names files that exist, takes every credential from the env file), and each
 service's command and configuration are started as plain processes with the same arguments:
-only where the data lives, the port, and the network the egress policy lets links reach (the
+only where the data lives, the port, and the network the egress policy lets clusters reach (the
 compose network becomes loopback) are changed. The set-up service's script then wires them
 exactly as in a container, and a reading produced on the edge arrives in both datacenters.
 """
@@ -100,7 +100,7 @@ def test_each_broker_has_its_own_name_auth_and_the_compose_network_in_egress() -
         names.add(tomllib.loads(path.read_text())["cluster"]["name"])
         assert config.auth.enabled, f"{path.name}: auth must be on beyond loopback"
         assert config.auth.bootstrap_password_env in service["environment"]
-        assert subnet in config.egress.allow, f"{path.name}: links cannot reach the compose network"
+        assert subnet in config.egress.allow, f"{path.name}: clusters cannot reach the compose network"
         for secret in config.secrets.values():
             assert secret.env in service["environment"], f"{path.name}: {secret.env} is not passed in"
     assert len(names) == len(BROKERS), "clusters that copy into each other need different names"
@@ -136,7 +136,7 @@ def brokers(tmp_path: Path) -> Iterator[dict[str, ServerProcess]]:
 
 
 def _loopback(text: str, table: dict[str, Any]) -> str:
-    """The config with the container's network replaced by loopback: links go to 127.0.0.1."""
+    """The config with the container's network replaced by loopback: clusters go to 127.0.0.1."""
     allow = [*table["egress"]["allow"], "127.0.0.0/8"]
     text = re.sub(r"(?m)^allow = .*$", f"allow = {allow!r}".replace("'", '"'), text)
     return re.sub(r'(?m)^data_dir = "/data"$', 'data_dir = "unused"', text)

@@ -2,7 +2,7 @@
 
 schemathesis generates requests for every operation in the document: ones that follow it and
 ones that break it on purpose. They go to a server subprocess on loopback that already holds
-a few queues, subscriptions, handlers and a cluster link; the names in the paths are steered
+a few queues, subscriptions, handlers and a cluster; the names in the paths are steered
 onto those objects part of the time, so real objects are hit as well as missing ones.
 
 Whatever is sent, the server must never answer 5xx, every 4xx must be the JSON error shape,
@@ -167,7 +167,7 @@ SUBSCRIPTIONS = ("billing", "mirror")
 HANDLERS = ("flush-orders", "expire-orders", "copy-orders")
 CLUSTERS = ("remote",)
 
-# A URL the server takes for a link (capella/handlers/links.py): its host is replaced before
+# A URL the server takes for a cluster (capella/handlers/clusters.py): its host is replaced before
 # the request goes out, so no ping or copy ever leaves the machine.
 ACCEPTED_URL = re.compile(r"(https?://)([^\s/]+)((/\S*)?)")
 
@@ -288,7 +288,7 @@ class FuzzServer:
     """The server under test, the objects it holds, and the requests the run made to it."""
 
     process: ServerProcess
-    # Nothing listens here: the only address a cluster link may point at.
+    # Nothing listens here: the only address a cluster may point at.
     closed_port: int
     # Sent with every request unless a call says otherwise (credentials, once there are any).
     headers: dict[str, str] = field(default_factory=dict)
@@ -301,7 +301,7 @@ class FuzzServer:
 
     def call(self, case: schemathesis.Case, headers: dict[str, str] | None = None) -> schemathesis.Response:
         """Send ``case`` with ``headers`` (default: the server's), and count it."""
-        self.keep_links_local(case)
+        self.keep_clusters_local(case)
         response = case.call(base_url=self.url, headers=self.headers if headers is None else headers)
         self.calls[case.operation.label] += 1
         self.statuses[response.status_code] += 1
@@ -309,8 +309,8 @@ class FuzzServer:
             self.put_objects()  # what was dropped may be one of the objects the paths are steered onto
         return response
 
-    def keep_links_local(self, case: schemathesis.Case) -> None:
-        """Links and push handlers reach a closed local port, whatever host was generated."""
+    def keep_clusters_local(self, case: schemathesis.Case) -> None:
+        """Clusters and push handlers reach a closed local port, whatever host was generated."""
         if not isinstance(case.body, dict):
             return
         if case.operation.label == "PUT /v1/clusters/{name}":
@@ -428,7 +428,7 @@ AGREEMENT_ARGS = [
     "--no-color",
 ]
 # The relay's 502 unreachable is its documented answer when the far cluster cannot be reached,
-# and the links a run makes point at hosts that are not there ("http://0").
+# and the clusters a run makes point at hosts that are not there ("http://0").
 AGREEMENT_CONFIG = r"""
 [[operations]]
 include-path-regex = '^/v1/clusters/\{name\}/v1/'

@@ -60,7 +60,7 @@ def start(tmp: Path, name: str, extra: str = "", env: dict[str, str] | None = No
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
-    """alpha -> beta -> gamma (links to_b, to_c), and gamma -> alpha (to_a) for a loop."""
+    """alpha -> beta -> gamma (external clusters to_b, to_c), and gamma -> alpha (to_a) for a loop."""
     tmp = tmp_path_factory.mktemp("chain")
     servers = [start(tmp, name) for name in ("alpha", "beta", "gamma")]
     try:

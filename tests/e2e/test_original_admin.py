@@ -2,7 +2,7 @@
 
 Two Capella processes with authentication, ``west`` and ``east`` (``east`` is ``west``'s
 external cluster), are set up only through the original tools: ``capsec`` makes the users and
-rules, ``cap exc_add`` the link, ``cap h_add`` the handlers of ``config/examples``. A copy
+rules, ``cap exc_add`` the cluster, ``cap h_add`` the handlers of ``config/examples``. A copy
 handler then moves messages from ``west`` to ``east`` as its user; answers are compared with
 the captures (lists as sets, shapes as key sets). A user with narrow rules tries what ``/v1``
 would refuse it. Last, the same ``cap`` commands run against the original ``capserver`` and a
@@ -140,9 +140,9 @@ def test_external_clusters_and_handlers_through_cap(
     assert cap(conn, "-cmd", "q_add", "-pf", str(EXAMPLES / "new_queue.json")) == (0, "OK\n")
     assert cap(far, "-cmd", "q_add", "-pf", str(EXAMPLES / "new_queue2.json")) == (0, "OK\n")
 
-    link = json.loads((EXAMPLES / "new_external_cluster.json").read_text())
-    link["params"]["connection"]["server"] = east.url
-    (tmp_path / "ec.json").write_text(json.dumps(link))
+    definition = json.loads((EXAMPLES / "new_external_cluster.json").read_text())
+    definition["params"]["connection"]["server"] = east.url
+    (tmp_path / "ec.json").write_text(json.dumps(definition))
     assert cap(conn, "-cmd", "exc_add", "-pf", str(tmp_path / "ec.json")) == (0, "OK\n")
     code, out = cap(conn, "-cmd", "exc_list")
     assert set(json.loads(out)) == set(original_body("071"))
@@ -156,7 +156,7 @@ def test_external_clusters_and_handlers_through_cap(
     assert stored == {"kind": "password", "username": TECH, "source": "stored encrypted"}
     bad = {"name": "bad_ec", "type": "http_cluster", "params": {"connection": {"server": east.url}}}
     assert capx(conn, "add_ec", "-body", json.dumps(bad))["error"]["code"] == captured_code("073")
-    # The link works: a nested call signs in on east as the link's user.
+    # The cluster works: a nested call signs in on east as the cluster's user.
     nested = capx(conn, "list_q", "-nest", "example_external_cluster")
     assert "example_queue2" in (nested["body"] or []), nested
 
@@ -208,7 +208,7 @@ def test_external_clusters_and_handlers_through_cap(
     bad_h["params"] = {"interval": 0, "wait": 1}
     assert capx(conn, "add_h", "-body", json.dumps(bad_h))["error"]["code"] == captured_code("040")
 
-    # The link is in use: refused until its handler goes.
+    # The cluster is in use: refused until its handler goes.
     assert cap(conn, "-cmd", "exc_drop", "-name", "example_external_cluster")[0] == 1
     assert cap(conn, "-cmd", "h_drop", "-name", copy) == (0, "OK\n")
     assert cap(conn, "-cmd", "exc_drop", "-name", "example_external_cluster") == (0, "OK\n")
@@ -271,7 +271,7 @@ def test_a_limited_user_can_do_through_cluster_only_what_v1_allows(
             west.url, envelope(action, body, object_name=object_name, user="limited", password=PASSWORD)
         )
 
-    link = {
+    definition = {
         "name": "evil",
         "type": "http_cluster",
         "params": {"connection": {"server": east.url, "query_wait": 5_000_000_000}},
@@ -282,7 +282,7 @@ def test_a_limited_user_can_do_through_cluster_only_what_v1_allows(
         ("drop_h", "limited_h", ""),
         ("h_stop", None, "limited_h"),
         ("h_start", None, "limited_h"),
-        ("add_ec", link, ""),
+        ("add_ec", definition, ""),
         ("drop_ec", "example_external_cluster", ""),
         ("gd_ec", "example_external_cluster", ""),
         ("SecurityATRZ_set_user_admin", {"name": "limited", "is_admin": True}, ""),
@@ -346,15 +346,15 @@ def beside(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Serv
         os.kill(int(pid), signal.SIGTERM)
 
 
-def test_handler_and_link_commands_answer_as_the_original_server_does(
+def test_handler_and_cluster_commands_answer_as_the_original_server_does(
     beside: tuple[str, ServerProcess, ServerProcess], tmp_path: Path
 ) -> None:
     original_url, here, far = beside
     far_conn = connection(tmp_path, far.url)
     assert cap(far_conn, "-cmd", "q_add", "-pf", str(EXAMPLES / "new_queue2.json")) == (0, "OK\n")
-    link = json.loads((EXAMPLES / "new_external_cluster.json").read_text())
-    link["params"]["connection"]["server"] = far.url
-    (tmp_path / "ec.json").write_text(json.dumps(link))
+    definition = json.loads((EXAMPLES / "new_external_cluster.json").read_text())
+    definition["params"]["connection"]["server"] = far.url
+    (tmp_path / "ec.json").write_text(json.dumps(definition))
 
     def run(url: str) -> dict[str, Any]:
         conn = connection(tmp_path, url)

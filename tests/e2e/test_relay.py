@@ -1,8 +1,8 @@
 """``/v1/clusters/{name}/v1/...``: an edge reaching a datacenter through its gateway, on real servers.
 
-Three Capella processes with authentication: ``edge`` links to ``gw`` (as user ``edge``), ``gw``
-links to ``dc`` (as user ``gw``) and ``dc`` back to ``edge`` (for a loop). Each hop needs
-``external_cluster write`` on its link, for the user the request arrives as.
+Three Capella processes with authentication: ``edge`` has ``gw`` as an external cluster (as
+user ``edge``), ``gw`` has ``dc`` (as user ``gw``) and ``dc`` has ``edge`` back (for a loop). Each hop needs
+``external_cluster write`` on its cluster, for the user the request arrives as.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server
         for server in servers.values():
             server.wait_ready()
         edge, gw, dc = servers["edge"].url, servers["gw"].url, servers["dc"].url
-        # The link users: each may relay on through its own next link, and no more.
+        # The cluster users: each may relay on through its own next cluster, and no more.
         rules = {
             "gw": ["allow:external_cluster:write:to_dc"],
             "dc": ["allow:queue:*:orders", "allow:external_cluster:write:to_edge"],
@@ -76,8 +76,8 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server
             (gw, "to_dc", dc, "gw"),
             (dc, "to_edge", edge, "admin"),
         ):
-            link = {"url": there, "username": user, "password": PASSWORD}
-            assert http(f"{here}/v1/clusters/{name}", "PUT", link)[0] == 201
+            definition = {"url": there, "username": user, "password": PASSWORD}
+            assert http(f"{here}/v1/clusters/{name}", "PUT", definition)[0] == 201
         yield servers
     finally:
         for server in servers.values():
@@ -90,7 +90,7 @@ def test_an_edge_reaches_the_datacenter_through_its_gateway(sites: dict[str, Ser
     assert status == 200, answer
     status, answer = http(f"{far}/queues/orders/messages?after=0")
     assert status == 200 and [m["data"] for m in answer["messages"]] == ["from the edge"]
-    # The far side's own answers come back as they are: its 404, its 403 for the link's user.
+    # The far side's own answers come back as they are: its 404, its 403 for the cluster's user.
     assert http(f"{far}/queues/missing/messages?after=0")[0] == 403  # gw's user may touch only orders
     status, answer = http(f"{far}/queues/orders/nope")
     assert status == 404
@@ -104,7 +104,7 @@ def test_every_hop_needs_external_cluster_write(sites: dict[str, ServerProcess])
     assert http(f"{edge}/v1/users/reader", "PUT", rules)[0] == 201
     status, answer = http(f"{edge}/v1/clusters/to_gw/v1/queues", user="reader")
     assert status == 403 and answer["error"]["code"] == "forbidden"
-    # gw's link user may relay only to to_dc: asking gw for another link is gw's 403 (or 404).
+    # gw's cluster user may relay only to to_dc: asking gw for another cluster is gw's 403 (or 404).
     status, answer = http(f"{edge}/v1/clusters/to_gw/v1/clusters/elsewhere/v1/queues")
     assert status == 403
     status, answer = http(f"{edge}/v1/clusters/nowhere/v1/queues")
@@ -115,7 +115,7 @@ def test_loops_and_long_paths_are_refused(sites: dict[str, ServerProcess]) -> No
     edge = sites["edge"].url
     loop = "/v1/clusters/to_gw/v1/clusters/to_dc/v1/clusters/to_edge/v1/clusters/to_gw/v1/queues"
     status, answer = http(f"{edge}{loop}")
-    # Every hop allows it (dc's link user on edge is admin): edge refuses, seeing itself in Capella-Hops.
+    # Every hop allows it (dc's cluster user on edge is admin): edge refuses, seeing itself in Capella-Hops.
     assert status == 400 and answer["error"]["code"] == "call_loop", (status, answer)
     # A path whose last hop is a plain /v1 request back at edge: dc will not send it there.
     back = "/v1/clusters/to_gw/v1/clusters/to_dc/v1/clusters/to_edge/v1/queues"
@@ -131,14 +131,14 @@ def test_loops_and_long_paths_are_refused(sites: dict[str, ServerProcess]) -> No
         assert info.value.code == 400 and json.loads(info.value.read())["error"]["code"] == "too_many_hops"
 
 
-def test_bodies_are_bounded_and_wrong_link_credentials_are_a_502(sites: dict[str, ServerProcess]) -> None:
+def test_bodies_are_bounded_and_wrong_cluster_credentials_are_a_502(sites: dict[str, ServerProcess]) -> None:
     edge, gw = sites["edge"].url, sites["gw"].url
     big = json.dumps({"messages": [{"data": "x" * (80 * 1024)}]}).encode()
     status, answer = http(
         f"{edge}/v1/clusters/to_gw/v1/clusters/to_dc/v1/queues/orders/messages", "POST", big
     )
     assert status == 413
-    link = {"url": gw, "username": "edge", "password": "wrong-password"}
-    assert http(f"{edge}/v1/clusters/bad_gw", "PUT", link)[0] == 201
+    definition = {"url": gw, "username": "edge", "password": "wrong-password"}
+    assert http(f"{edge}/v1/clusters/bad_gw", "PUT", definition)[0] == 201
     status, answer = http(f"{edge}/v1/clusters/bad_gw/v1/queues")
     assert status == 502 and answer["error"]["code"] == "unreachable"

@@ -1,7 +1,7 @@
 """Replication scenarios with real `capella serve` processes on loopback.
 
 Every cluster is its own process with its own data directory and name; copy handlers and
-links are created over HTTP as an operator would. Each wait is bounded.
+clusters are created over HTTP as an operator would. Each wait is bounded.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class Node:
     async def identities(self, queue: str = "events") -> list[tuple[str, int]]:
         return [(m.source, m.external_id) for m in await self.messages(queue)]
 
-    async def link_and_copy(self, other: Node, queue: str = "events") -> None:
+    async def cluster_and_copy(self, other: Node, queue: str = "events") -> None:
         await self.client.put_cluster(other.name, url=other.url, timeout="5s", connect_timeout="1s")
         await self.client.put_handler(
             f"to-{other.name}", "copy", queues=[queue], params={"to": f"{other.name}/{queue}", "wait": "1s"}
@@ -113,7 +113,7 @@ async def test_edge_keeps_writing_while_the_datacenter_is_down(cluster_nodes: di
     edge, dc = cluster_nodes["a"], cluster_nodes["b"]
     await edge.start()
     await edge.client.put_queue("events")
-    await edge.link_and_copy(dc)
+    await edge.cluster_and_copy(dc)
     await produce(edge, "e", 450)
     status = (await edge.client.handler("to-b")).status
 
@@ -144,11 +144,11 @@ async def test_two_datacenters_both_write_through_a_cut_and_converge(cluster_nod
     for node in (a, b):
         await node.start()
         await node.client.put_queue("events")
-    await a.link_and_copy(b)
-    await b.link_and_copy(a)
+    await a.cluster_and_copy(b)
+    await b.cluster_and_copy(a)
     await produce(a, "a", 200)
     await produce(b, "b", 150)
-    b.stop()  # the link is cut: a keeps taking writes
+    b.stop()  # the cluster is cut: a keeps taking writes
     await produce(a, "a-cut", 120)
     await b.start()
     await produce(b, "b-after", 80)
@@ -169,7 +169,7 @@ async def test_three_clusters_converge_in_a_ring_and_in_a_mesh(
     for i, node in enumerate(nodes):
         targets = [nodes[(i + 1) % 3]] if topology == "ring" else [n for n in nodes if n is not node]
         for other in targets:
-            await node.link_and_copy(other)
+            await node.cluster_and_copy(other)
     for node in nodes:
         await produce(node, node.name, 100)
     views = await converged(nodes, 300)
@@ -183,7 +183,7 @@ async def test_kill_minus_9_of_either_side_while_copying(cluster_nodes: dict[str
     for node in (a, b):
         await node.start()
         await node.client.put_queue("events")
-    await a.link_and_copy(b)
+    await a.cluster_and_copy(b)
     total = 0
     for victim in (b, a, b):
         await produce(a, f"round{total}-", 300)

@@ -95,7 +95,7 @@ def seed(api: Api) -> None:
     api("PUT", "/v1/handlers/orders-copy", {"type": "copy", "queue": "orders", "params": {"to": "copied"}})
     api("POST", "/v1/handlers/orders-copy/run")
     api("PUT", "/v1/queues/orders/subscriptions/billing", {"last_id": 4})
-    # A link nobody answers: its ping fails, and a copy handler through it fails its passes.
+    # An external cluster nobody answers: its ping fails, and a copy handler through it fails its passes.
     api("PUT", "/v1/clusters/dc2", {"url": "http://127.0.0.1:9", "connect_timeout": "1s", "timeout": "1s"})
     api("PUT", "/v1/handlers/to-dc2", {"type": "copy", "queue": "copied", "params": {"to": "dc2/orders"}})
     api("POST", "/v1/handlers/to-dc2/run")
@@ -355,7 +355,7 @@ def test_handlers_page_shows_state_and_starts_stops_and_runs(
 # --- replication ---------------------------------------------------------------------------
 
 
-def test_replication_page_pings_links_and_shows_copy_lag_and_replicas(
+def test_replication_page_pings_clusters_and_shows_copy_lag_and_replicas(
     page: Page, server_api: Api, server: ServerProcess, tmp_path: Path
 ) -> None:
     page.goto(f"{server.url}/ui/?sample=0.3#/replication")
@@ -513,7 +513,7 @@ def test_every_delete_asks_first_and_a_queue_wants_its_name_typed(
     expect(page.get_by_test_id("delete-doomed-flush")).to_have_count(0)
     server_api("GET", "/v1/handlers/doomed-flush", expect_status=404)
 
-    # A link.
+    # An external cluster.
     page.goto(f"{server.url}/ui/#/replication")
     page.get_by_test_id("delete-link-spare").click()
     expect(dialog).to_contain_text("Delete the link to spare?")

@@ -12,8 +12,8 @@ from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import InvalidRequest, StorageUnavailable
+from capella.handlers.clusters import Clusters
 from capella.handlers.copy import CopyHandler
-from capella.handlers.links import Links
 from capella.handlers.supervisor import Supervisor
 from capella.wire.handlers import CopyParams, decode_params
 
@@ -32,7 +32,7 @@ def cluster_config(tmp_path: Path) -> Config:
 
 def copier(cluster: Cluster, source: str, to: str, **params: object) -> CopyHandler:
     return CopyHandler(
-        cluster, [source], decode_params(CopyParams, {"to": to, "wait": 0, **params}), Links(cluster)
+        cluster, [source], decode_params(CopyParams, {"to": to, "wait": 0, **params}), Clusters(cluster)
     )
 
 

@@ -2,7 +2,7 @@
 
 Issue 20: a ``PUT`` with another handler's ``dsn_password_encrypted`` beside a new host sent
 that handler's password to the new host. The API now refuses ``*_encrypted`` params, and a
-ciphertext is AES-GCM sealed with the handler's name and DSN (a link's name, URL and user) as
+ciphertext is AES-GCM sealed with the handler's name and DSN (a cluster's name, URL and user) as
 associated data, so even one copied inside the registry file sends nothing.
 """
 
@@ -19,7 +19,7 @@ from cryptography.fernet import Fernet
 
 from capella.core.cluster import Cluster
 from capella.errors import CorruptData, InvalidRequest
-from capella.handlers.links import Links
+from capella.handlers.clusters import Clusters
 from capella.handlers.supervisor import Supervisor
 from capella.storage.keys import HANDLERS as REGISTRY_KEY
 from security.fake_pg import FakePostgres, serving
@@ -40,7 +40,7 @@ async def cluster(cluster: Cluster) -> Cluster:
 
 
 def supervisor(cluster: Cluster, tmp_path: Path) -> Supervisor:
-    return Supervisor(cluster, links=Links(cluster, key_file=tmp_path / "keys" / "links.key"))
+    return Supervisor(cluster, clusters=Clusters(cluster, key_file=tmp_path / "keys" / "links.key"))
 
 
 async def test_a_ciphertext_moved_to_another_handler_or_host_sends_nothing(
@@ -93,10 +93,10 @@ async def test_the_api_refuses_any_ciphertext_param(cluster: Cluster, tmp_path: 
 
 
 async def test_an_older_unbound_ciphertext_is_read_and_sealed_bound(cluster: Cluster, tmp_path: Path) -> None:
-    links = Links(cluster, key_file=tmp_path / "keys" / "links.key")
-    sealed = links.encrypt("x", ("any",))  # creates the key file
+    clusters = Clusters(cluster, key_file=tmp_path / "keys" / "links.key")
+    sealed = clusters.encrypt("x", ("any",))  # creates the key file
     assert sealed.startswith("v2:")
-    legacy = Fernet(links._key()).encrypt(PASSWORD.encode()).decode()
+    legacy = Fernet(clusters._key()).encrypt(PASSWORD.encode()).decode()
     definition = {
         "type": "pg_inbox",
         "queues": ["q"],
@@ -118,18 +118,18 @@ async def test_an_older_unbound_ciphertext_is_read_and_sealed_bound(cluster: Clu
     assert rewritten["dsn_password_encrypted"].startswith("v2:")
 
 
-async def test_a_link_ciphertext_is_bound_to_the_link(cluster: Cluster, tmp_path: Path) -> None:
-    links = Links(cluster, key_file=tmp_path / "keys" / "links.key")
-    await links.start()
-    await links.put("a", {"url": "http://a.example", "username": "u", "password": PASSWORD})
-    await links.put("b", {"url": "http://b.example"})
+async def test_a_cluster_ciphertext_is_bound_to_the_cluster(cluster: Cluster, tmp_path: Path) -> None:
+    clusters = Clusters(cluster, key_file=tmp_path / "keys" / "links.key")
+    await clusters.start()
+    await clusters.put("a", {"url": "http://a.example", "username": "u", "password": PASSWORD})
+    await clusters.put("b", {"url": "http://b.example"})
     doc = orjson.loads(await cluster.home.get(".capella/clusters.json"))
     doc["clusters"]["b"]["credentials"] = doc["clusters"]["a"]["credentials"]
     await cluster.home.put(".capella/clusters.json", orjson.dumps(doc))
-    again = Links(cluster, key_file=tmp_path / "keys" / "links.key")
+    again = Clusters(cluster, key_file=tmp_path / "keys" / "links.key")
     await again.start()
-    assert again.link("a").secret == PASSWORD
-    moved = again.link("b")
+    assert again.cluster("a").secret == PASSWORD
+    moved = again.cluster("b")
     assert moved.secret is None and moved.error is not None and "cannot be decrypted" in moved.error
     assert moved.public_dict()["error"] == moved.error
     with pytest.raises(Exception, match="cannot be decrypted"):
@@ -137,13 +137,13 @@ async def test_a_link_ciphertext_is_bound_to_the_link(cluster: Cluster, tmp_path
 
 
 def test_a_tampered_ciphertext_is_refused(tmp_path: Path) -> None:
-    links = Links.__new__(Links)
-    links._key_file = tmp_path / "links.key"
-    token = links.encrypt(PASSWORD, ("pg handler", "a"))
+    clusters = Clusters.__new__(Clusters)
+    clusters._key_file = tmp_path / "links.key"
+    token = clusters.encrypt(PASSWORD, ("pg handler", "a"))
     raw = bytearray(base64.urlsafe_b64decode(token[3:]))
     raw[-1] ^= 1
     with pytest.raises(CorruptData):
-        links.decrypt("v2:" + base64.urlsafe_b64encode(bytes(raw)).decode(), ("pg handler", "a"))
+        clusters.decrypt("v2:" + base64.urlsafe_b64encode(bytes(raw)).decode(), ("pg handler", "a"))
     with pytest.raises(CorruptData):
-        links.decrypt(token, ("pg handler", "b"))
-    assert links.decrypt(token, ("pg handler", "a")) == PASSWORD
+        clusters.decrypt(token, ("pg handler", "b"))
+    assert clusters.decrypt(token, ("pg handler", "a")) == PASSWORD

@@ -1,6 +1,6 @@
 """A limited user points the broker at its own network position: refused unless the operator allowed it.
 
-With ``[auth]`` on, push receivers and cluster links may only be public addresses; loopback in
+With ``[auth]`` on, push receivers and clusters may only be public addresses; loopback in
 any spelling (another 127/8 address, ``[::1]``, the IPv4-mapped ``[::ffff:127.0.0.1]``, the name
 ``localhost``) is refused at connect time, shown in the handler's status naming the address and
 ``[egress] allow``, and costs the message no attempt. The same definitions deliver once the
@@ -128,7 +128,9 @@ async def test_the_operator_can_allow_loopback(start_secured: StartSecured, loop
     assert all(s["last_error"] is None and s["delivered"] == 1 for s in statuses.values()), statuses
 
 
-async def test_a_link_to_loopback_is_refused(start_secured: StartSecured, loopback: Loopback) -> None:
+async def test_an_external_cluster_on_loopback_is_refused(
+    start_secured: StartSecured, loopback: Loopback
+) -> None:
     secured = start_secured()
     made = await call(
         secured, "PUT", "/v1/clusters/inside", {"url": f"http://127.0.0.2:{loopback.port}"}, user="admin"

@@ -69,10 +69,10 @@ def test_definitions_secrets_and_messages_are_0600_in_0700_under_umask_022(
     ok(secured.call("GET", "/v1/queues/orders/subscriptions/reader/messages", **admin))
     handler = {"type": "expire", "queues": ["orders"], "params": {"max_age": "7d", "interval": "10m"}}
     ok(secured.call("PUT", "/v1/handlers/expire-orders", handler, **admin))
-    # A link is only stored: nothing connects to its URL. The password is kept encrypted
+    # An external cluster is only stored: nothing connects to its URL. The password is kept encrypted
     # under the cluster's key file, which is created for it.
-    link = {"url": "http://127.0.0.1:9/", "username": "copier", "password": "link-password"}
-    ok(secured.call("PUT", "/v1/clusters/dc2", link, **admin))
+    definition = {"url": "http://127.0.0.1:9/", "username": "copier", "password": "cluster-password"}
+    ok(secured.call("PUT", "/v1/clusters/dc2", definition, **admin))
     ok(secured.call("POST", "/v1/tokens", {}, **admin))
 
     written = modes(data)

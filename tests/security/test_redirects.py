@@ -1,7 +1,7 @@
-"""A link's client never follows a redirect: its credentials stay with the cluster it names.
+"""A cluster's client never follows a redirect: its credentials stay with the cluster it names.
 
-A linked cluster (or whatever answers at its URL) that redirects could otherwise send the
-link's token to another host, and past an egress check made on the URL the link names.
+An external cluster (or whatever answers at its URL) that redirects could otherwise send the
+cluster's token to another host, and past an egress check made on the URL the cluster names.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ async def test_a_redirect_is_an_error_and_nothing_reaches_its_target(
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", redirect)
     async for url in serve(app):
-        async with AsyncClient(url, token="cap_link_token") as client:
+        async with AsyncClient(url, token="cap_cluster_token") as client:
             with pytest.raises(CapellaError) as refused:
                 await client.queues()
             assert refused.value.details.get("status") == 307, refused.value.details

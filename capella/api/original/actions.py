@@ -1,4 +1,4 @@
-"""Each action of the original protocol, mapped onto Capella's cluster, supervisor, links and users.
+"""Each action of the original protocol, mapped onto Capella's cluster, supervisor, clusters and users.
 
 An action is checked with the need of the ``/v1`` route that does the same thing, read from the
 route table (``same_as``), so this endpoint can never allow what ``/v1`` forbids. ``ACTIONS``
@@ -23,7 +23,7 @@ from capella.config import ServerSettings
 from capella.core.cluster import Cluster
 from capella.core.message import SaveMode
 from capella.errors import AlreadyExists, Conflict, InvalidMessage, InvalidRequest, SubscriptionNotFound
-from capella.handlers.links import Links
+from capella.handlers.clusters import Clusters
 from capella.handlers.supervisor import Supervisor
 
 
@@ -59,8 +59,8 @@ class Context:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def links(self) -> Links:
-        return self.supervisor.links
+    def clusters(self) -> Clusters:
+        return self.supervisor.clusters
 
     def same_as(self, method: str, path: str, **names: str) -> None:
         """Check what the ``/v1`` route ``method path`` needs, for the names given."""

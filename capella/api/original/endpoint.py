@@ -21,7 +21,7 @@ from aiohttp import web
 
 from capella.api.access import AUTHENTICATOR, NEEDS
 from capella.api.openapi import answer as doc_answer
-from capella.api.original import codes, handlers, links, security
+from capella.api.original import clusters, codes, handlers, security
 from capella.api.original.actions import ACTIONS, QUEUE_ACTIONS, Action, Context, IdClock
 from capella.api.original.envelope import (
     CONTENT_TYPE,
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 COMPAT = web.AppKey("compat", CompatSettings)
 # Every action this endpoint answers, by its name on the wire.
-ALL_ACTIONS: dict[str, Action] = {**ACTIONS, **handlers.ACTIONS, **links.ACTIONS, **security.ACTIONS}
+ALL_ACTIONS: dict[str, Action] = {**ACTIONS, **handlers.ACTIONS, **clusters.ACTIONS, **security.ACTIONS}
 IDS = web.AppKey("ids", IdClock)
 
 
@@ -162,14 +162,14 @@ async def run(ctx: Context, request: Request, envelope: Envelope) -> object:
     return await action(ctx, request)
 
 
-async def forward(ctx: Context, link: str, request: Request, envelope: Envelope) -> object:
-    """Send ``request`` to external cluster ``link`` as the link's user; its answer, or its error."""
-    ctx.same_as("POST", "/v1/clusters/{name}/ping", name=link)
+async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelope) -> object:
+    """Send ``request`` to external cluster ``cluster`` as the cluster's user; its answer, or its error."""
+    ctx.same_as("POST", "/v1/clusters/{name}/ping", name=cluster)
     compat: CompatSettings = ctx.extra["compat"]
     if len(envelope.hops) >= compat.max_hops:
         raise TooManyHops(f"the call has passed through {len(envelope.hops)} clusters ([compat] max_hops)")
-    links = ctx.links
-    kind, username, secret = links.credentials(link)
+    clusters = ctx.clusters
+    kind, username, secret = clusters.credentials(cluster)
     now = time.time_ns()
     sent = {
         "auth_type": "bearer" if kind == "token" else "basic" if kind == "password" else "",
@@ -188,13 +188,13 @@ async def forward(ctx: Context, link: str, request: Request, envelope: Envelope)
         },
         "hops": [*envelope.hops, ctx.cluster.name],
     }
-    raw = await links.client(link).original_call(msgspec.json.encode(sent))
+    raw = await clusters.client(cluster).original_call(msgspec.json.encode(sent))
     try:
         got = orjson.loads(raw)["responce"]
         error = got["error"]
     except (orjson.JSONDecodeError, KeyError, TypeError):
         raise Failure(
-            codes.UNREACHABLE, f"CallFuncInCluster: cluster {link} did not answer an envelope"
+            codes.UNREACHABLE, f"CallFuncInCluster: cluster {cluster} did not answer an envelope"
         ) from None
     if error:
         raise Failure.of(error, got.get("body"))

@@ -3,7 +3,7 @@
 The original's handler types become Capella's: ``regularly_save`` → flush, ``block_unload`` →
 unload, ``block_delete`` → expire, ``block_mark`` → archive, ``copy_unique`` → copy. A handler
 is defined through ``Supervisor.put`` as ``/v1`` defines it, so it runs as its user (the
-envelope's user, or ``user_name`` when that user may hand it out) and its links and queues are
+envelope's user, or ``user_name`` when that user may hand it out) and its clusters and queues are
 checked the same way. ``gd_h`` shows a Capella handler in the original's shape again; fields
 Capella has no use for come back as zero (docs/compat.md).
 """

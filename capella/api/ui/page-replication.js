@@ -1,4 +1,4 @@
-// Replication: links to other clusters with their ping (and delete, after asking), copy handlers with their lag over
+// Replication: external clusters with their ping (and delete, after asking), copy handlers with their lag over
 // time, and which replica subscriptions hold a message (its receipts).
 
 import { api, can } from "./api.js";
@@ -8,15 +8,16 @@ import { handlerState } from "./page-handlers.js";
 import * as sampler from "./sampler.js";
 
 export async function replicationPage(root) {
-  const links = h("div");
+  const clusterList = h("div");
   const copies = h("div");
+  // The labels and test ids still say "link": they are what users and the console tests see.
   root.append(
     h("h1", {}, "Replication"),
-    section("Links", links),
+    section("Links", clusterList),
     section("Copy handlers", copies),
     await replicasSection(),
   );
-  const pings = new Map(); // link name -> the last ping answer, or an error text
+  const pings = new Map(); // cluster name -> the last ping answer, or an error text
 
   async function ping(name) {
     try {
@@ -35,7 +36,7 @@ export async function replicationPage(root) {
 
   let clusters = [];
 
-  async function dropLink(name) {
+  async function dropCluster(name) {
     const sure = await confirmed({
       title: `Delete the link to ${name}?`,
       text: "Its URL and credentials are removed. The broker refuses while a handler still uses it.",
@@ -44,11 +45,11 @@ export async function replicationPage(root) {
     await api("DELETE", `/v1/clusters/${q(name)}`);
     notify(`deleted link ${name}`);
     ({ clusters } = await api("GET", "/v1/clusters"));
-    drawLinks();
+    drawClusters();
   }
 
-  function drawLinks() {
-    links.replaceChildren(
+  function drawClusters() {
+    clusterList.replaceChildren(
       table(
         [
           ["Link", (x) => h("span", { "data-testid": "link-name" }, x.name)],
@@ -66,11 +67,11 @@ export async function replicationPage(root) {
                   "Ping",
                   async () => {
                     await ping(x.name);
-                    drawLinks();
+                    drawClusters();
                   },
                   { allowed: can("external_cluster", "write", x.name), testid: `ping-${x.name}` },
                 ),
-                button("Delete", () => dropLink(x.name), { allowed: can("external_cluster", "admin", x.name), testid: `delete-link-${x.name}`, risky: true }),
+                button("Delete", () => dropCluster(x.name), { allowed: can("external_cluster", "admin", x.name), testid: `delete-link-${x.name}`, risky: true }),
               ),
           ],
         ],
@@ -102,10 +103,10 @@ export async function replicationPage(root) {
 
   ({ clusters } = await api("GET", "/v1/clusters"));
   if (!sampler.latest.at) await sampler.sample();
-  drawLinks();
+  drawClusters();
   drawCopies();
-  // Ping every link once when the page opens (those the user may ping), then on request.
-  Promise.all(clusters.filter((x) => can("external_cluster", "write", x.name)).map((x) => ping(x.name))).then(drawLinks);
+  // Ping every external cluster once when the page opens (those the user may ping), then on request.
+  Promise.all(clusters.filter((x) => can("external_cluster", "write", x.name)).map((x) => ping(x.name))).then(drawClusters);
   return { refresh: drawCopies };
 }
 

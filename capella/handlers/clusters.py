@@ -1,13 +1,13 @@
-"""Links to external Capella clusters: named, persisted, and turned into clients on demand.
+"""External Capella clusters: named, persisted, and turned into clients on demand.
 
-A link holds a URL, credentials, TLS settings, timeouts and request compression. Credentials
-are never returned by the API or logged: a link either names a secret the operator declared
-(``password_secret``, ``token_secret``; whoever defines the link needs ``secret use`` on it),
+A cluster holds a URL, credentials, TLS settings, timeouts and request compression. Credentials
+are never returned by the API or logged: a cluster either names a secret the operator declared
+(``password_secret``, ``token_secret``; whoever defines the cluster needs ``secret use`` on it),
 or stores them encrypted at rest with a key kept in the data directory
-(``<data_dir>/keys/links.key``, mode 0600; needs the ``cryptography`` package, imported only
-then), bound to the link's name, URL and user so the ciphertext is of no use elsewhere. A
-link whose stored credentials cannot be read is still listed, with its ``error``. Copy
-handlers reach a queue on a link as ``link/queue``.
+(``<data_dir>/keys/links.key``, a file name kept from before, mode 0600; needs the
+``cryptography`` package, imported only then), bound to the cluster's name, URL and user so
+the ciphertext is of no use elsewhere. A cluster whose stored credentials cannot be read is
+still listed, with its ``error``. Copy handlers reach a queue on a cluster as ``cluster/queue``.
 """
 
 from __future__ import annotations
@@ -32,26 +32,35 @@ from capella.core.definition import check_name
 from capella.egress import Egress
 from capella.errors import (
     CapellaError,
+    ClusterNotFound,
     Conflict,
     CorruptData,
     InvalidConfig,
     InvalidRequest,
-    LinkNotFound,
     SameClusterName,
     Unreachable,
 )
 from capella.fsync import write_atomic
 from capella.storage.catalog import CLUSTERS, ClusterRegistry
 from capella.wire.answers import ErrorDetail
-from capella.wire.clusters import ClusterInfo, ClusterPing, LinkCredentials, LinkTimeouts, LinkTls, NameCheck
+from capella.wire.clusters import (
+    ClusterCredentials,
+    ClusterInfo,
+    ClusterPing,
+    ClusterTimeouts,
+    ClusterTls,
+    NameCheck,
+)
 from capella.wire.fields import seconds
 
 if TYPE_CHECKING:
     from capella.client import AsyncClient
 
 log = logging.getLogger(__name__)
+# The log lines keep their older words ("cluster link ... link=NAME"): operators' alerts and
+# searches match them.
 
-# How long adding a link waits for the far side to say its name before accepting it unchecked.
+# How long adding a cluster waits for the far side to say its name before accepting it unchecked.
 NAME_CHECK_TIMEOUT = 3.0
 COMPRESSIONS = ("none", "gzip", "zstd")
 # The prefix of a ciphertext bound to its context (AES-GCM); older ones are Fernet tokens.
@@ -60,7 +69,7 @@ _SECRET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 @dataclass(frozen=True, slots=True)
-class Link:
+class ExternalCluster:
     """A named external cluster. ``secret`` is the decrypted password or token, in memory only."""
 
     name: str
@@ -74,7 +83,7 @@ class Link:
     connect_timeout: float = 5.0
     timeout: float = 30.0
     compression: str = "none"
-    # Why the link cannot be used (its stored credentials do not decrypt): shown, not hidden.
+    # Why the cluster cannot be used (its stored credentials do not decrypt): shown, not hidden.
     error: str | None = None
 
     def info(self) -> ClusterInfo:
@@ -82,13 +91,13 @@ class Link:
         credentials = None
         if self.secret_kind is not None:
             source = f"secret:{self.secret_name}" if self.secret_name else "stored encrypted"
-            credentials = LinkCredentials(self.secret_kind, self.username, source)  # type: ignore[arg-type]  # "password" or "token"
+            credentials = ClusterCredentials(self.secret_kind, self.username, source)  # type: ignore[arg-type]  # "password" or "token"
         return ClusterInfo(
             name=self.name,
             url=self.url,
             credentials=credentials,
-            tls=LinkTls(self.verify_tls, self.ca_file),
-            timeouts=LinkTimeouts(self.connect_timeout, self.timeout),
+            tls=ClusterTls(self.verify_tls, self.ca_file),
+            timeouts=ClusterTimeouts(self.connect_timeout, self.timeout),
             compression=self.compression,  # type: ignore[arg-type]  # one of COMPRESSIONS, checked by _parse
             error=self.error,
         )
@@ -99,12 +108,14 @@ class Link:
         return shown
 
     def context(self) -> tuple[str, ...]:
-        """What a stored secret of this link is bound to."""
+        """What a stored secret of this cluster is bound to."""
+        # "cluster link" is the stored ciphertexts' associated data (from when clusters were
+        # called links): another word would leave every stored secret undecryptable.
         return ("cluster link", self.name, self.url, self.secret_kind or "", self.username or "")
 
 
-class Links:
-    """The registry of external clusters, and one client per link."""
+class Clusters:
+    """The registry of external clusters, and one client per cluster."""
 
     def __init__(
         self,
@@ -114,16 +125,16 @@ class Links:
         egress: Egress | None = None,
     ) -> None:
         self._cluster = cluster
-        self._egress = egress  # every connection to a link passes it (None: no check)
+        self._egress = egress  # every connection to a cluster passes it (None: no check)
         self._key_file = key_file
         self._secrets = secrets or Secrets()
-        self._links: dict[str, Link] = {}
+        self._defined: dict[str, ExternalCluster] = {}
         self._stored: dict[str, dict[str, Any]] = {}  # as persisted (secrets encrypted)
         self._clients: dict[str, AsyncClient] = {}
         self._client_secrets: dict[str, str | None] = {}  # the secret each client was built with
         # Clients replaced after a secret rotated: a request may still be using one.
         self._retired: list[AsyncClient] = []
-        # The client whose far side's name was checked, by link (copy checks once per client).
+        # The client whose far side's name was checked, by cluster (copy checks once per client).
         self._checked: dict[str, AsyncClient] = {}
         self._far_names: dict[str, str | None] = {}  # the far side's cluster name, once checked
         self._lock = asyncio.Lock()
@@ -133,12 +144,12 @@ class Links:
         for name, entry in stored.items():
             self._stored[name] = entry
             try:
-                self._links[name] = self._from_stored(name, entry)
+                self._defined[name] = self._from_stored(name, entry)
             except CapellaError as exc:
                 log.error("cluster link cannot be loaded link=%s: %s", name, exc.message)
                 # Listed with its error, not hidden: an operator sees it and gives the secret again.
                 url = entry.get("url")
-                self._links[name] = Link(
+                self._defined[name] = ExternalCluster(
                     name=name, url=url if isinstance(url, str) else "", error=exc.message
                 )
 
@@ -148,43 +159,45 @@ class Links:
         self._clients.clear()
         self._retired.clear()
 
-    def links(self) -> list[Link]:
-        return [self._links[name] for name in sorted(self._links)]
+    def clusters(self) -> list[ExternalCluster]:
+        return [self._defined[name] for name in sorted(self._defined)]
 
-    def link(self, name: str) -> Link:
+    def cluster(self, name: str) -> ExternalCluster:
         try:
-            return self._links[name]
+            return self._defined[name]
         except KeyError:
-            raise LinkNotFound(f"no external cluster {name!r}") from None
+            raise ClusterNotFound(f"no external cluster {name!r}") from None
 
-    async def put(self, name: str, data: object, by: Identity = UNRESTRICTED) -> tuple[Link, bool, NameCheck]:
-        """Add or replace a link; a named secret must be one ``by`` may use.
+    async def put(
+        self, name: str, data: object, by: Identity = UNRESTRICTED
+    ) -> tuple[ExternalCluster, bool, NameCheck]:
+        """Add or replace a cluster; a named secret must be one ``by`` may use.
 
-        Answers the link, whether it was created, and the check of the far side's name
+        Answers the cluster, whether it was created, and the check of the far side's name
         (``name_check``: ``checked``, the far side's ``cluster``, and the ``error`` that kept
         it from being checked).
         """
         check_name(name, "cluster")
-        link, stored = self._parse(name, data)
-        if link.secret_name is not None:
-            self._secrets.use(link.secret_name, by, f"{link.secret_kind}_secret")
+        cluster, stored = self._parse(name, data)
+        if cluster.secret_name is not None:
+            self._secrets.use(cluster.secret_name, by, f"{cluster.secret_kind}_secret")
         # Before it is stored: a same-named far side is refused (409); one that cannot be reached
-        # now is accepted (an edge device links while offline) and the answer says so.
-        check = await self._name_check(link)
+        # now is accepted (an edge device adds one while offline) and the answer says so.
+        check = await self._name_check(cluster)
         async with self._lock:
-            created = name not in self._links
-            self._links[name] = link
+            created = name not in self._defined
+            self._defined[name] = cluster
             self._stored[name] = stored
             await self._save()
             old = self._clients.pop(name, None)
             self._checked.pop(name, None)
             if old is not None:
                 await old.close()
-        log.info("cluster link %s link=%s url=%s", "added" if created else "updated", name, link.url)
-        return link, created, check
+        log.info("cluster link %s link=%s url=%s", "added" if created else "updated", name, cluster.url)
+        return cluster, created, check
 
     async def drop(self, name: str, used_by: list[str] | None = None) -> None:
-        """Forget a link; ``used_by`` names the handlers that use it, which refuse the drop."""
+        """Forget a cluster; ``used_by`` names the handlers that use it, which refuse the drop."""
         if used_by:
             raise Conflict(
                 f"cluster {name!r} is used by handler{'s' if len(used_by) > 1 else ''} "
@@ -192,8 +205,8 @@ class Links:
                 handlers=sorted(used_by),
             )
         async with self._lock:
-            self.link(name)
-            del self._links[name]
+            self.cluster(name)
+            del self._defined[name]
             self._stored.pop(name, None)
             await self._save()
             client = self._clients.pop(name, None)
@@ -201,31 +214,31 @@ class Links:
                 await client.close()
 
     def credentials(self, name: str) -> tuple[str | None, str | None, str | None]:
-        """The link's ``(kind, username, secret)``: kind ``password``, ``token`` or None.
+        """The cluster's ``(kind, username, secret)``: kind ``password``, ``token`` or None.
 
         For envelopes of the original protocol, which carry the credentials in their body.
         """
-        link = self.link(name)
-        return link.secret_kind, link.username, self._secret(link)
+        cluster = self.cluster(name)
+        return cluster.secret_kind, cluster.username, self._secret(cluster)
 
-    def _secret(self, link: Link) -> str | None:
-        if link.error is not None:
-            raise InvalidConfig(f"cluster {link.name}: {link.error}")
-        if link.secret_name is not None:
-            # Checked when the link was defined; read now, so a rotated value is used.
-            return self._secrets.use(link.secret_name, UNRESTRICTED, f"cluster {link.name}")
-        return link.secret
+    def _secret(self, cluster: ExternalCluster) -> str | None:
+        if cluster.error is not None:
+            raise InvalidConfig(f"cluster {cluster.name}: {cluster.error}")
+        if cluster.secret_name is not None:
+            # Checked when the cluster was defined; read now, so a rotated value is used.
+            return self._secrets.use(cluster.secret_name, UNRESTRICTED, f"cluster {cluster.name}")
+        return cluster.secret
 
     def client(self, name: str) -> AsyncClient:
-        """A client for the link (reused; built again when the link changes or its secret rotates)."""
-        link = self.link(name)
-        secret = self._secret(link)
+        """A client for the cluster (reused; built again when it is redefined or its secret rotates)."""
+        cluster = self.cluster(name)
+        secret = self._secret(cluster)
         client = self._clients.get(name)
         if client is not None and self._client_secrets.get(name) == secret:
             return client
         if client is not None:
             self._retired.append(client)
-        client = self._new_client(link, secret)
+        client = self._new_client(cluster, secret)
         self._clients[name] = client
         self._client_secrets[name] = secret
         return client
@@ -233,7 +246,7 @@ class Links:
     async def checked_client(self, name: str) -> AsyncClient:
         """``client(name)`` once the far side's name is known not to be this cluster's.
 
-        Checked once per client (a new one after the link changes or its secret rotates), not
+        Checked once per client (a new one after its definition changes or its secret rotates), not
         per request: ``SameClusterName`` when the names match; the far side's error when it
         cannot be asked.
         """
@@ -248,7 +261,7 @@ class Links:
         return self._far_names.get(name)
 
     async def ping(self, name: str) -> ClusterPing:
-        """Reach the link's /readyz and an authenticated call that names the far side's cluster.
+        """Reach the cluster's /readyz and an authenticated call that names the far side's cluster.
 
         Answers what happened; a far side with this cluster's name is ``same_cluster_name``.
         """
@@ -267,50 +280,52 @@ class Links:
         """The far side's cluster name (None from a server older than the field)."""
         remote = (await client.me()).cluster
         if remote is not None and remote == self._cluster.name:
-            url = self._links[name].url if name in self._links else "its URL"
+            url = self._defined[name].url if name in self._defined else "its URL"
             raise SameClusterName(_same_name(name, url, remote), cluster=remote)
         return remote
 
-    async def _name_check(self, link: Link) -> NameCheck:
-        """Ask the far side of a link being added its name: refuse ours, accept not knowing."""
+    async def _name_check(self, cluster: ExternalCluster) -> NameCheck:
+        """Ask the far side of a cluster being added its name: refuse ours, accept not knowing."""
         try:
-            probe = self._new_client(link, self._secret(link))
+            probe = self._new_client(cluster, self._secret(cluster))
             try:
                 async with asyncio.timeout(NAME_CHECK_TIMEOUT):
                     remote = (await probe.me()).cluster
             except TimeoutError:
-                raise Unreachable(f"cluster {link.name}: no answer within {NAME_CHECK_TIMEOUT:g} s") from None
+                raise Unreachable(
+                    f"cluster {cluster.name}: no answer within {NAME_CHECK_TIMEOUT:g} s"
+                ) from None
             finally:
                 await probe.close()
         except CapellaError as exc:
-            log.warning("cluster link name not checked link=%s: %s", link.name, exc.message)
+            log.warning("cluster link name not checked link=%s: %s", cluster.name, exc.message)
             return NameCheck(checked=False, cluster=None, error=ErrorDetail(exc.code, exc.message))
         if remote is not None and remote == self._cluster.name:
-            raise SameClusterName(_same_name(link.name, link.url, remote), cluster=remote)
+            raise SameClusterName(_same_name(cluster.name, cluster.url, remote), cluster=remote)
         return NameCheck(checked=remote is not None, cluster=remote, error=None)
 
-    def _new_client(self, link: Link, secret: str | None) -> AsyncClient:
-        # Imported on first use, deliberately: a server without links never loads the
+    def _new_client(self, cluster: ExternalCluster, secret: str | None) -> AsyncClient:
+        # Imported on first use, deliberately: a server without clusters never loads the
         # HTTP client (~0.6 MB and ~20 ms of start-up).
         from capella.client import AsyncClient
 
         return AsyncClient(
-            link.url,
-            timeout=link.timeout,
-            connect_timeout=link.connect_timeout,
-            username=link.username if link.secret_kind == "password" else None,
-            password=secret if link.secret_kind == "password" else None,
-            token=secret if link.secret_kind == "token" else None,
-            ssl=_ssl_for(link),
-            compression=None if link.compression == "none" else link.compression,
+            cluster.url,
+            timeout=cluster.timeout,
+            connect_timeout=cluster.connect_timeout,
+            username=cluster.username if cluster.secret_kind == "password" else None,
+            password=secret if cluster.secret_kind == "password" else None,
+            token=secret if cluster.secret_kind == "token" else None,
+            ssl=_ssl_for(cluster),
+            compression=None if cluster.compression == "none" else cluster.compression,
             egress=self._egress,
         )
 
     # --- definitions ---------------------------------------------------------------------
 
-    def _parse(self, name: str, data: object) -> tuple[Link, dict[str, Any]]:
+    def _parse(self, name: str, data: object) -> tuple[ExternalCluster, dict[str, Any]]:
         if not isinstance(data, dict):
-            raise InvalidRequest("a cluster link must be a JSON object")
+            raise InvalidRequest("a cluster must be a JSON object")
         allowed = {
             "url",
             "username",
@@ -328,7 +343,7 @@ class Links:
             if old in data:
                 new = old.replace("_env", "_secret")
                 raise InvalidRequest(
-                    f"{old} is no longer accepted: a link may not name the server's environment "
+                    f"{old} is no longer accepted: a cluster may not name the server's environment "
                     f'variables. Ask the operator to declare the secret ([secrets.NAME] env = "VAR") '
                     f'and give {new} = "NAME"',
                     field=old,
@@ -370,7 +385,7 @@ class Links:
         # os.path.isfile, not Path.is_file: a name too long for the OS is False, not an OSError.
         if ca_file is not None and (not isinstance(ca_file, str) or not os.path.isfile(ca_file)):
             raise InvalidRequest(f"ca_file: no such file {ca_file!r}", field="ca_file")
-        link = Link(
+        cluster = ExternalCluster(
             name=name,
             url=url.rstrip("/"),
             username=username,
@@ -383,30 +398,32 @@ class Links:
             timeout=duration(data.get("timeout", 30.0), "timeout"),
             compression=str(compression),
         )
-        return link, self._stored_entry(link)
+        return cluster, self._stored_entry(cluster)
 
-    def _stored_entry(self, link: Link) -> dict[str, Any]:
-        stored = {k: v for k, v in link.public_dict().items() if k not in ("name", "credentials", "error")}
+    def _stored_entry(self, cluster: ExternalCluster) -> dict[str, Any]:
+        stored = {k: v for k, v in cluster.public_dict().items() if k not in ("name", "credentials", "error")}
         stored["credentials"] = None
-        if link.secret_kind is not None:
+        if cluster.secret_kind is not None:
             stored["credentials"] = {
-                "kind": link.secret_kind,
-                "username": link.username,
-                "secret": link.secret_name,
-                "encrypted": None if link.secret is None else self.encrypt(link.secret, link.context()),
+                "kind": cluster.secret_kind,
+                "username": cluster.username,
+                "secret": cluster.secret_name,
+                "encrypted": None
+                if cluster.secret is None
+                else self.encrypt(cluster.secret, cluster.context()),
             }
         return stored
 
-    def _from_stored(self, name: str, entry: dict[str, Any]) -> Link:
+    def _from_stored(self, name: str, entry: dict[str, Any]) -> ExternalCluster:
         credentials = entry.get("credentials") or {}
         if credentials.get("env"):
             raise InvalidConfig(
-                f"its credentials come from the environment variable {credentials['env']}, which links "
+                f"its credentials come from the environment variable {credentials['env']}, which clusters "
                 "may no longer name: declare it in [secrets] and give password_secret or token_secret"
             )
         try:
-            link = replace(
-                Link(name=name, url=entry["url"]),
+            cluster = replace(
+                ExternalCluster(name=name, url=entry["url"]),
                 username=credentials.get("username"),
                 secret_kind=credentials.get("kind"),
                 secret_name=credentials.get("secret"),
@@ -420,12 +437,12 @@ class Links:
             raise CorruptData(f"its stored definition is not valid: {exc!r}") from None
         encrypted = credentials.get("encrypted")
         if encrypted is None:
-            return link
-        link = replace(link, secret=self.decrypt(encrypted, link.context()))
+            return cluster
+        cluster = replace(cluster, secret=self.decrypt(encrypted, cluster.context()))
         if not bound(encrypted):
-            # An older, unbound token: sealed again bound to this link, saved with the next change.
-            self._stored[name] = self._stored_entry(link)
-        return link
+            # An older, unbound token: sealed again bound to this cluster, saved with the next change.
+            self._stored[name] = self._stored_entry(cluster)
+        return cluster
 
     def _key(self) -> bytes:
         """The key file's 32 bytes (a Fernet key, created on first use)."""
@@ -433,7 +450,7 @@ class Links:
             raise InvalidRequest("this cluster has no key file: give password_secret or token_secret instead")
         try:
             from cryptography.fernet import Fernet
-        except ImportError:  # optional: only links with stored secrets need it
+        except ImportError:  # optional: only clusters with stored secrets need it
             raise InvalidRequest(
                 "storing a secret needs the cryptography package (pip install 'capella[secrets]'); "
                 "or give password_secret / token_secret"
@@ -490,11 +507,11 @@ class Links:
         await CLUSTERS.save(self._cluster.home, ClusterRegistry(clusters=clusters))
 
 
-def _same_name(link: str, url: str, name: str) -> str:
+def _same_name(cluster: str, url: str, name: str) -> str:
     return (
-        f"cluster {link} ({url}) is named {name!r}, like this cluster: messages produced on both "
+        f"cluster {cluster} ({url}) is named {name!r}, like this cluster: messages produced on both "
         "without a source would get the same identities, and copies would drop some as duplicates. "
-        "Give one of them another [cluster] name, or link to the right URL"
+        "Give one of them another [cluster] name, or point this one at the right URL"
     )
 
 
@@ -517,15 +534,17 @@ def _associated(context: tuple[str, ...]) -> bytes:
     return b"".join(len(p.encode()).to_bytes(4, "big") + p.encode() for p in context)
 
 
-def _ssl_for(link: Link) -> ssl.SSLContext | bool | None:
-    if not link.url.startswith("https://"):
+def _ssl_for(cluster: ExternalCluster) -> ssl.SSLContext | bool | None:
+    if not cluster.url.startswith("https://"):
         return None
-    if not link.verify_tls:
+    if not cluster.verify_tls:
         return False
     try:
-        context = ssl.create_default_context(cafile=link.ca_file)
+        context = ssl.create_default_context(cafile=cluster.ca_file)
     except OSError as exc:  # ssl.SSLError too: the file went away or holds no certificate
-        raise InvalidConfig(f"cluster {link.name}: ca_file {link.ca_file!r} cannot be used: {exc}") from None
+        raise InvalidConfig(
+            f"cluster {cluster.name}: ca_file {cluster.ca_file!r} cannot be used: {exc}"
+        ) from None
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
 

@@ -1,8 +1,8 @@
-"""The original's external-cluster actions (``add_ec``, ``drop_ec``, ``gd_ec``, ``list_ec``) on ``Links``.
+"""The original's external-cluster actions (``add_ec``, ``drop_ec``, ``gd_ec``, ``list_ec``) on ``Clusters``.
 
-The original sends a link's password inline (``auth_info``, base64 of a JSON string); it becomes
-a Capella link with an inline password, which ``Links`` stores encrypted and bound to the
-link's name, URL and user. ``gd_ec`` never shows it back (the original showed its ciphertext).
+The original sends a cluster's password inline (``auth_info``, base64 of a JSON string); it becomes
+a Capella cluster with an inline password, which ``Clusters`` stores encrypted and bound to the
+cluster's name, URL and user. ``gd_ec`` never shows it back (the original showed its ciphertext).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from capella.api.original import shapes
 from capella.api.original.actions import Action, Context, body_name
 from capella.api.original.envelope import Request
 from capella.errors import AlreadyExists, InvalidRequest
-from capella.handlers.links import Link
+from capella.handlers.clusters import ExternalCluster
 
 
 class Connection(msgspec.Struct):
@@ -29,7 +29,7 @@ class Connection(msgspec.Struct):
     max_idle_duration: int = 0
 
 
-class LinkParams(msgspec.Struct):
+class ClusterParams(msgspec.Struct):
     connection: Connection = msgspec.field(default_factory=Connection)
     auth_type: str = ""
     auth_info: str | None = None
@@ -39,10 +39,10 @@ class LinkParams(msgspec.Struct):
     replace_name_force: bool = False
 
 
-class ExternalCluster(msgspec.Struct):
+class ClusterBody(msgspec.Struct):
     name: str
     type: str = ""
-    params: LinkParams = msgspec.field(default_factory=LinkParams)
+    params: ClusterParams = msgspec.field(default_factory=ClusterParams)
 
 
 def _password(auth_info: str | None) -> str | None:
@@ -57,7 +57,7 @@ def _password(auth_info: str | None) -> str | None:
     return value
 
 
-def capella_link(body: ExternalCluster) -> dict[str, Any]:
+def capella_cluster(body: ClusterBody) -> dict[str, Any]:
     """The body of ``PUT /v1/clusters/{name}`` for the original's external cluster."""
     if body.type != "http_cluster":
         raise InvalidRequest(f"external cluster type {body.type!r}: Capella takes http_cluster", field="type")
@@ -81,54 +81,56 @@ def capella_link(body: ExternalCluster) -> dict[str, Any]:
     return data
 
 
-def original_link(link: Link) -> dict[str, Any]:
-    """A link in the original's ``gd_ec`` shape, without its secret."""
+def original_cluster(cluster: ExternalCluster) -> dict[str, Any]:
+    """A cluster in the original's ``gd_ec`` shape, without its secret."""
     return {
-        "name": link.name,
+        "name": cluster.name,
         "type": "http_cluster",
         "params": {
             "connection": {
-                "server": link.url,
-                "ignore_ssql_validation": not link.verify_tls,
-                "query_wait": round(link.timeout * shapes.NS),
+                "server": cluster.url,
+                "ignore_ssql_validation": not cluster.verify_tls,
+                "query_wait": round(cluster.timeout * shapes.NS),
                 "max_conn": 0,
                 "max_idle_duration": 0,
             },
-            "auth_type": "basic" if link.secret_kind == "password" else "",
+            "auth_type": "basic" if cluster.secret_kind == "password" else "",
             "auth_info": None,  # never shown, not even encrypted
-            "user_name": link.username or "",
+            "user_name": cluster.username or "",
             "prefer_content_type": "",
-            "send_content_type": "gzip" if link.compression == "gzip" else "",
+            "send_content_type": "gzip" if cluster.compression == "gzip" else "",
             "replace_name_force": True,
         },
     }
 
 
 async def add_ec(ctx: Context, request: Request) -> object:
-    body = shapes.decode(request.body, ExternalCluster, request.action)
+    body = shapes.decode(request.body, ClusterBody, request.action)
     ctx.same_as("PUT", "/v1/clusters/{name}", name=body.name)
-    if any(link.name == body.name for link in ctx.links.links()):
+    if any(cluster.name == body.name for cluster in ctx.clusters.clusters()):
         raise AlreadyExists(f"external cluster `{body.name}` already exists")
-    await ctx.links.put(body.name, capella_link(body), by=ctx.identity)
+    await ctx.clusters.put(body.name, capella_cluster(body), by=ctx.identity)
     return None
 
 
 async def drop_ec(ctx: Context, request: Request) -> object:
     name = body_name(request)
     ctx.same_as("DELETE", "/v1/clusters/{name}", name=name)
-    await ctx.links.drop(name, used_by=ctx.supervisor.using_link(name))
+    await ctx.clusters.drop(name, used_by=ctx.supervisor.using_cluster(name))
     return None
 
 
 async def gd_ec(ctx: Context, request: Request) -> object:
     name = body_name(request)
     ctx.same_as("GET", "/v1/clusters/{name}", name=name)
-    return original_link(ctx.links.link(name))
+    return original_cluster(ctx.clusters.cluster(name))
 
 
 async def list_ec(ctx: Context, request: Request) -> object:
     return [
-        link.name for link in ctx.links.links() if ctx.identity.can("external_cluster", "read", link.name)
+        cluster.name
+        for cluster in ctx.clusters.clusters()
+        if ctx.identity.can("external_cluster", "read", cluster.name)
     ]
 
 
