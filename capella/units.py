@@ -53,6 +53,9 @@ def parse_size(value: object) -> int:
         raise ValueError(f"expected a size, got {value!r}")
     if isinstance(value, int):
         size = value
+    elif isinstance(value, float) and value.is_integer():
+        # A whole number written with a point (7865.0) is an integer to JSON Schema too.
+        size = int(value)
     elif isinstance(value, str) and (m := _SIZE.match(value)):
         unit = (m.group(2) or "").lower()
         base = 1024 if "i" in unit else 1000

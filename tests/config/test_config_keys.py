@@ -196,10 +196,18 @@ def test_durations(text: object, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "size"), [("512k", 512_000), ("16MiB", 16 * 1024**2), ("8MB", 8 * 10**6), (7, 7)]
+    ("text", "size"),
+    # 7865.0: a whole number with a point, which JSON Schema counts as an integer (schemathesis sent it).
+    [("512k", 512_000), ("16MiB", 16 * 1024**2), ("8MB", 8 * 10**6), (7, 7), (7865.0, 7865)],
 )
 def test_sizes(text: object, size: int) -> None:
     assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("bad", [7.5, float("inf"), float("nan"), True, -1])
+def test_a_bad_size_is_a_value_error(bad: object) -> None:
+    with pytest.raises(ValueError):
+        parse_size(bad)
 
 
 @pytest.mark.parametrize("bad", ["soon", True, -1, "1e400s", "9" * 400])
