@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import base64
 import enum
+from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 import msgspec
 
 from capella.errors import InvalidSaveMode, MessageHeadersTooLarge
+from capella.wire import record_batch
 
 EMPTY_HEADERS: dict[str, str] = {}
 # The defaults of ``server.max_message_headers`` and ``max_message_headers_size``.
@@ -132,3 +135,29 @@ class SaveMode(enum.IntEnum):
 
     def resolve(self, default: SaveMode) -> SaveMode:
         return default if self is SaveMode.DEFAULT else self
+
+
+_DRAFT_COLUMNS = tuple(
+    attrgetter(name) for name in ("payload", "source", "external_id", "external_time", "segment", "headers")
+)
+
+
+def drafts_batch(
+    drafts: Sequence[Draft], *, base_id: int = 0, base_time: float = 0.0, source: str = ""
+) -> bytes:
+    """``drafts`` as one record batch (``capella.wire.record_batch``): a field a draft leaves
+    ``None`` stays the batch's default (the id, the batch's time, its source)."""
+    payloads, sources, external_ids, external_times, segments, headers = (
+        list(map(get, drafts)) for get in _DRAFT_COLUMNS
+    )
+    return record_batch.encode(
+        payloads,
+        sources=sources,
+        external_ids=external_ids,
+        external_times=external_times,
+        segments=segments,
+        headers=headers,
+        base_id=base_id,
+        base_time=base_time,
+        source=source,
+    )

@@ -25,7 +25,7 @@ import msgspec
 from capella.client import AsyncClient
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
-from capella.core.message import Draft, SaveMode
+from capella.core.message import Draft, SaveMode, drafts_batch
 from capella.core.queue import Queue
 from capella.errors import (
     CapellaError,
@@ -38,7 +38,6 @@ from capella.errors import (
 from capella.handlers.base import Building, HandlerType, PassResult, queue_patterns
 from capella.handlers.clusters import Clusters
 from capella.handlers.per_queue import QueueHandler, cursor_lag
-from capella.wire import record_batch
 from capella.wire.handlers import CopyParams, CopyStatus, Definition
 
 # A pass with a long backlog ends after this long, so the status shows progress.
@@ -224,14 +223,7 @@ class _RemoteSource:
 
 def _batch(drafts: list[Draft]) -> bytes:
     """The drafts as one record batch, each with its origin's identity and time given explicitly."""
-    return record_batch.encode(
-        [d.payload for d in drafts],
-        sources=[d.source for d in drafts],
-        external_ids=[d.external_id for d in drafts],
-        external_times=[d.external_time for d in drafts],
-        segments=[d.segment for d in drafts],
-        headers=[d.headers for d in drafts],
-    )
+    return drafts_batch(drafts)
 
 
 def build(params: CopyParams, at: Building) -> tuple[CopyParams, CopyHandler]:

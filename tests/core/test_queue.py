@@ -25,7 +25,7 @@ from capella.core.log.codec import (
     encode_block_v1,
     encode_record_v1,
 )
-from capella.core.message import Draft, SaveMode
+from capella.core.message import Draft, SaveMode, drafts_batch
 from capella.errors import (
     InvalidMessage,
     InvalidName,
@@ -717,16 +717,7 @@ async def test_a_batch_is_stored_as_append_would_store_its_drafts(cluster: Clust
         Draft(payload=b"c", headers={"trace": "x"}),
     ]
     answers = await q.append_batch(
-        read(
-            produced(
-                [d.payload for d in drafts],
-                sources=[d.source for d in drafts],
-                external_ids=[d.external_id for d in drafts],
-                external_times=[d.external_time for d in drafts],
-                segments=[d.segment for d in drafts],
-                headers=[d.headers for d in drafts],
-            )
-        ),
+        read(drafts_batch(drafts)),
         SaveMode.WAIT,
     )
     assert [(a.id, a.duplicate) for a in answers] == [(1, False), (2, False), (3, False)]

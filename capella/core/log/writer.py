@@ -32,7 +32,7 @@ from capella.core.log.blocks import BlockMeta, BlockStore
 from capella.core.log.codec import JOURNAL_HEADER, columns_of, encode_block
 from capella.core.log.dedup import BlockSummary
 from capella.core.loops import Loop, TaskFailures, first_of
-from capella.core.message import Draft, Message
+from capella.core.message import Draft, Message, drafts_batch
 from capella.core.stats import Histogram, QueueCounters
 from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
 from capella.storage import Journal, keys
@@ -789,17 +789,7 @@ def _add_batch(block: OpenBlock, drafts: list[Draft], now: float, own: str) -> N
     n = len(drafts)
     start = len(block.ids) - n
     try:
-        data = record_batch.encode(
-            [d.payload for d in drafts],
-            sources=[d.source for d in drafts],
-            external_ids=[d.external_id for d in drafts],
-            external_times=[d.external_time for d in drafts],
-            segments=[d.segment for d in drafts],
-            headers=[d.headers for d in drafts],
-            base_id=block.ids[start],
-            base_time=now,
-            source=own,
-        )
+        data = drafts_batch(drafts, base_id=block.ids[start], base_time=now, source=own)
     except BaseException:
         block.drop_from(start)
         raise
