@@ -183,7 +183,12 @@ async def test_a_kill_mid_push_repeats_nothing_acked_and_loses_nothing(
             messages = dead["messages"]
             assert isinstance(messages, list)
             assert sorted(m["data"] for m in messages) == sorted(f"u{i}" for i in REFUSED)
-            assert all(m["headers"]["capella-last-error"].startswith("HTTP 400") for m in messages)
+            for m in messages:
+                error = m["headers"]["capella-last-error"]
+                # The receiver refused it; or its held request was its last attempt, claimed before
+                # the kill, and that lease ran out after the restart (seen under load).
+                lost = error == "the lease ran out" and int(m["data"][1:]) in held["un"]
+                assert error.startswith("HTTP 400") or lost, m
 
             async with session.get(f"{server.url}/metrics") as resp:
                 metrics = await resp.text()
