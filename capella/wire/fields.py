@@ -146,7 +146,7 @@ def schema_hook(kind: type) -> dict[str, Any]:
         return {
             "anyOf": [
                 {"type": "number", "exclusiveMinimum": 0},
-                {"type": "string", "pattern": DURATION_PATTERN},
+                {"type": "string", "pattern": POSITIVE_DURATION_PATTERN},
             ]
         }
     if kind is Seconds:

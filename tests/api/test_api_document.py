@@ -145,6 +145,19 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
         ("/v1/handlers/h", "HandlerDefinition", {"type": "copy"}, False),
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queues": None}, False),
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "started": False}, True),
+        # A pass interval is more than 0, written as a number or as text (schemathesis sent "0").
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {"type": "flush", "queue": "q", "params": {"interval": "0"}},
+            False,
+        ),
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {"type": "flush", "queue": "q", "params": {"interval": "2s"}},
+            True,
+        ),
     ],
 )
 async def test_a_body_is_accepted_by_both_or_refused_by_both(
