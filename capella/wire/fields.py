@@ -137,6 +137,7 @@ def decode_hook(kind: type, value: object) -> object:
         if size <= 0:
             raise ValueError("must be greater than 0")
         return kind(size)
+    # msgspec's hook protocol: NotImplementedError says "not a type this hook knows".
     raise NotImplementedError(kind)
 
 
@@ -153,4 +154,5 @@ def schema_hook(kind: type) -> dict[str, Any]:
         return {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": DURATION_PATTERN}]}
     if kind is Bytes:
         return {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": SIZE_PATTERN}]}
+    # msgspec's schema_hook protocol, as above.
     raise NotImplementedError(kind)
