@@ -85,6 +85,10 @@ LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 # held, so the lease only matters when the handler is stopped for longer than this.
 LEASE = 12 * 3600.0
 # The params that are the subscription's retry policy (capella.core.work.retry).
+# The error a claim of an earlier run gets when a new run takes it back: it may have been sent,
+# so it counts as an attempt (and a last attempt goes to the dead letters with this text).
+TAKEN_BACK = "claimed by an earlier run of the push handler (restart or stop); sent again"
+
 POLICY_FIELDS = ("max_attempts", "backoff", "delay", "max_delay", "jitter", "dead_letter")
 # The credentials params, each naming a declared secret.
 SECRET_PARAMS = ("secret", "token", "basic")
@@ -251,7 +255,7 @@ class PushHandler(Handler):
             outcomes = await work.nack(
                 [(e.id, e.claims) for e in leased],
                 0.0,
-                "claimed by an earlier run of the push handler (restart or stop); sent again",
+                TAKEN_BACK,
                 SaveMode.DEFAULT,
             )
             self.counters.dead += sum(1 for o in outcomes if o.error is None and o.entry is None)
