@@ -15,13 +15,14 @@ that is not UTF-8 falls back to ``stored_message``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 
 import orjson
 
 from capella.core.log.codec import Columns, columns_of, columns_of_records, messages_of
 from capella.core.message import Message, stored_message
+from capella.kernels import KERNELS
 from capella.wire.frames import encode_frames
 from capella.wire.record_batch import Fields, RecordBatch, encode_fields, read_all
 
@@ -90,12 +91,16 @@ class Batch:
         return self._records
 
     def json(self) -> list[bytes]:
-        """Each message as its StoredMessage JSON object (``stored_message``, rendered)."""
+        """Each message as its StoredMessage JSON object (``stored_message``, rendered).
+
+        Stored record batches go straight to JSON in the C kernel where it is built
+        (``capella.kernels``), with no columns in between; the rest in bulk from the columns.
+        """
         if self._json is None:
-            rendered = json_objects(self.columns)
-            if rendered is None:
-                rendered = [orjson.dumps(stored_message(m)) for m in self.messages]
-            self._json = rendered
+            if KERNELS is not None and self._records is not None and not self._made_records:
+                self._json = [obj for r in self._records for obj in _record_json(r)]
+            else:
+                self._json = _columns_json(self.columns, lambda: self.messages)
         return self._json
 
     @property
@@ -122,6 +127,24 @@ class Batch:
         if self._frames is None:
             self._frames = encode_frames(*self.columns)
         return self._frames
+
+
+def _record_json(r: RecordBatch) -> list[bytes]:
+    """The JSON objects of one stored record batch: the kernel's, or Python's where it leaves them."""
+    assert KERNELS is not None
+    rendered = KERNELS.batch_json(r.data, r.body, r.end, r.flags, r.count, r.base_id, r.base_time, r.source)
+    if rendered is not None:
+        return rendered
+    columns = columns_of_records([r])
+    return _columns_json(columns, lambda: messages_of(columns))
+
+
+def _columns_json(c: Columns, messages: Callable[[], list[Message]]) -> list[bytes]:
+    """The JSON objects of ``c``: in bulk, or one message at a time when a payload is not UTF-8."""
+    rendered = json_objects(c)
+    if rendered is None:
+        rendered = [orjson.dumps(stored_message(m)) for m in messages()]
+    return rendered
 
 
 def json_objects(c: Columns) -> list[bytes] | None:

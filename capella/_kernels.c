@@ -1,0 +1,551 @@
+/* Optional C kernels: per-message loops that a profile still showed after record batches.
+ *
+ * capella/kernels.py loads this module unless CAPELLA_NO_EXTENSIONS=1; every function has a
+ * pure-Python equivalent that gives the same answer (tests/core/test_kernels.py checks the two
+ * against each other on generated input), and returns None for whatever it does not handle,
+ * so that the caller takes the Python path: that path also raises CorruptData for a body
+ * that does not parse. The record batch layout is docs/format.md's ("Record batch").
+ *
+ * batch_json(data, body, end, flags, count, base_id, base_time, source)
+ *     Each message of the record batch whose body is data[body:end] as the StoredMessage
+ *     JSON object the API answers with, byte for byte what orjson.dumps(stored_message(m))
+ *     gives; None when a payload is not UTF-8 (its object holds data_b64), a time is one
+ *     orjson writes in another notation than repr (outside 1e-4 <= |t| < 1e16, or not
+ *     finite), or the body does not parse.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+
+#define FLAG_SOURCES 0x01
+#define FLAG_EXTERNAL_IDS 0x02
+#define FLAG_EXTERNAL_TIMES 0x04
+#define FLAG_SEGMENTS 0x08
+#define FLAG_HEADERS 0x10
+#define KNOWN_FLAGS 0x1f
+
+/* --- little-endian reads ------------------------------------------------------------- */
+
+static uint16_t le16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+static uint32_t le32(const unsigned char *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static uint64_t le64(const unsigned char *p) { return (uint64_t)le32(p) | ((uint64_t)le32(p + 4) << 32); }
+
+static double le_double(const unsigned char *p) {
+    uint64_t bits = le64(p);
+    double value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* --- a growing output buffer ---------------------------------------------------------- */
+
+typedef struct {
+    char *data;
+    size_t len;
+    size_t cap;
+} Out;
+
+static int out_reserve(Out *out, size_t more) {
+    if (out->len + more <= out->cap) {
+        return 0;
+    }
+    size_t cap = out->cap ? out->cap : 4096;
+    while (cap < out->len + more) {
+        cap *= 2;
+    }
+    char *grown = PyMem_Realloc(out->data, cap);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    out->data = grown;
+    out->cap = cap;
+    return 0;
+}
+
+/* Callers reserve first: these only copy. */
+static void out_put(Out *out, const char *text, size_t len) {
+    memcpy(out->data + out->len, text, len);
+    out->len += len;
+}
+
+#define OUT_LITERAL(out, text) out_put((out), (text), sizeof(text) - 1)
+
+static void out_uint(Out *out, uint64_t value) {
+    char digits[20];
+    int at = 20;
+    do {
+        digits[--at] = (char)('0' + value % 10);
+        value /= 10;
+    } while (value);
+    out_put(out, digits + at, (size_t)(20 - at));
+}
+
+static void out_int(Out *out, int64_t value) {
+    if (value < 0) {
+        out_put(out, "-", 1);
+        out_uint(out, (uint64_t)0 - (uint64_t)value);
+    } else {
+        out_uint(out, (uint64_t)value);
+    }
+}
+
+/* A float as orjson writes it, into text (33 bytes), where that is repr's notation: its
+ * length, 0 when orjson's notation differs (see above), -1 on a Python error. */
+static int float_text(double value, char *text) {
+    double magnitude = value < 0 ? -value : value;
+    if (!(value == 0.0 || (magnitude >= 1e-4 && magnitude < 1e16))) {
+        return 0;
+    }
+    char *repr = PyOS_double_to_string(value, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (repr == NULL) {
+        return -1;
+    }
+    size_t len = strlen(repr);
+    if (len > 32) {
+        len = 0;
+    } else {
+        memcpy(text, repr, len);
+    }
+    PyMem_Free(repr);
+    return (int)len;
+}
+
+/* --- UTF-8 and JSON strings ----------------------------------------------------------- */
+
+/* The length of the UTF-8 sequence at p (at most end - p bytes), as Python's strict decoder
+ * takes it; 0 for an invalid one (overlong forms, surrogates, past U+10FFFF, cut short). */
+static size_t utf8_sequence(const unsigned char *p, const unsigned char *end) {
+    unsigned char c = p[0];
+    size_t left = (size_t)(end - p);
+    if (c < 0x80) {
+        return 1;
+    }
+    if (c >= 0xc2 && c <= 0xdf) {
+        return left >= 2 && (p[1] & 0xc0) == 0x80 ? 2 : 0;
+    }
+    if (c >= 0xe0 && c <= 0xef) {
+        if (left < 3 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80) {
+            return 0;
+        }
+        if ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] > 0x9f)) {
+            return 0;
+        }
+        return 3;
+    }
+    if (c >= 0xf0 && c <= 0xf4) {
+        if (left < 4 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80 || (p[3] & 0xc0) != 0x80) {
+            return 0;
+        }
+        if ((c == 0xf0 && p[1] < 0x90) || (c == 0xf4 && p[1] > 0x8f)) {
+            return 0;
+        }
+        return 4;
+    }
+    return 0;
+}
+
+/* Whether text is UTF-8 that Python's strict decoder takes. */
+static int utf8_valid(const unsigned char *text, size_t len) {
+    const unsigned char *end = text + len;
+    while (text < end) {
+        size_t n = utf8_sequence(text, end);
+        if (n == 0) {
+            return 0;
+        }
+        text += n;
+    }
+    return 1;
+}
+
+/* The most bytes a JSON string of len bytes of text takes: quotes and six per escape. */
+#define JSON_STRING_MAX(len) (2 + 6 * (size_t)(len))
+
+/* text as a JSON string, escaped as orjson escapes; 0 when it is not UTF-8. Reserve
+ * JSON_STRING_MAX(len) first. */
+static int out_json_string(Out *out, const unsigned char *text, size_t len) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = text;
+    const unsigned char *end = text + len;
+    char *w = out->data + out->len;
+    *w++ = '"';
+    while (p < end) {
+        /* Eight plain bytes at a time: none below 0x20, none '"' or '\\', none past ASCII. */
+        while (end - p >= 8) {
+            uint64_t x;
+            memcpy(&x, p, 8);
+            const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+            uint64_t quote = x ^ (ones * '"'), backslash = x ^ (ones * '\\');
+            uint64_t special = ((x - ones * 0x20) | (quote - ones) | (backslash - ones)) & ~x & highs;
+            if (special | (x & highs)) {
+                break;
+            }
+            memcpy(w, p, 8);
+            w += 8;
+            p += 8;
+        }
+        if (p == end) {
+            break;
+        }
+        unsigned char c = *p;
+        if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) {
+            *w++ = (char)c;
+            p++;
+            continue;
+        }
+        if (c >= 0x80) {
+            size_t n = utf8_sequence(p, end);
+            if (n == 0) {
+                return 0;
+            }
+            memcpy(w, p, n);
+            w += n;
+            p += n;
+            continue;
+        }
+        *w++ = '\\';
+        switch (c) {
+        case '"': *w++ = '"'; break;
+        case '\\': *w++ = '\\'; break;
+        case '\b': *w++ = 'b'; break;
+        case '\t': *w++ = 't'; break;
+        case '\n': *w++ = 'n'; break;
+        case '\f': *w++ = 'f'; break;
+        case '\r': *w++ = 'r'; break;
+        default:
+            *w++ = 'u';
+            *w++ = '0';
+            *w++ = '0';
+            *w++ = hex[c >> 4];
+            *w++ = hex[c & 0xf];
+        }
+        p++;
+    }
+    *w++ = '"';
+    out->len = (size_t)(w - out->data);
+    return 1;
+}
+
+/* --- the body's columns --------------------------------------------------------------- */
+
+typedef struct {
+    const unsigned char *text;
+    size_t len;
+} Span;
+
+typedef struct {
+    uint32_t count;
+    const unsigned char *lengths;     /* u32 per message */
+    Span *sources;                    /* the table; 0 is the default source */
+    uint16_t source_count;            /* entries in sources */
+    const unsigned char *source_index; /* u16 per message, or NULL */
+    const unsigned char *id_bits;     /* the presence bitmap, or NULL */
+    const unsigned char *external_ids; /* i64 per message */
+    const unsigned char *external_times; /* f64 per message, or NULL */
+    const unsigned char *segments;    /* i64 per message, or NULL */
+    const unsigned char *header_lengths; /* u32 per message, or NULL */
+    const unsigned char *headers;     /* the maps, back to back */
+    const unsigned char *payloads;    /* back to back */
+} Columns;
+
+/* Takes size bytes at *pos, never past end; NULL when they are not there. */
+static const unsigned char *take(const unsigned char **pos, const unsigned char *end, size_t size) {
+    if ((size_t)(end - *pos) < size) {
+        return NULL;
+    }
+    const unsigned char *at = *pos;
+    *pos += size;
+    return at;
+}
+
+/* 1 when the columns parse as record_batch._decode_columns reads them, else 0 (the caller
+ * answers None and Python raises CorruptData). Allocates c->sources (PyMem_Free it). */
+static int read_columns(Columns *c, const unsigned char *body, const unsigned char *end, unsigned flags,
+                        uint32_t count, const char *source, Py_ssize_t source_len) {
+    const unsigned char *pos = body;
+    size_t n = count;
+    memset(c, 0, sizeof *c);
+    c->count = count;
+    if ((flags & ~KNOWN_FLAGS) || n == 0 || !(c->lengths = take(&pos, end, 4 * n))) {
+        return 0;
+    }
+    const unsigned char *at;
+    if (flags & FLAG_SOURCES) {
+        if (!(at = take(&pos, end, 2))) {
+            return 0;
+        }
+        c->source_count = le16(at);
+    }
+    c->sources = PyMem_Malloc(sizeof(Span) * ((size_t)c->source_count + 1));
+    if (c->sources == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    c->sources[0].text = (const unsigned char *)source;
+    c->sources[0].len = (size_t)source_len;
+    for (uint16_t k = 1; k <= c->source_count; k++) {
+        if (!(at = take(&pos, end, 2))) {
+            return 0;
+        }
+        size_t len = le16(at);
+        /* Python decodes every entry, used or not. */
+        if (!(c->sources[k].text = take(&pos, end, len)) || !utf8_valid(c->sources[k].text, len)) {
+            return 0;
+        }
+        c->sources[k].len = len;
+    }
+    if (flags & FLAG_SOURCES) {
+        if (!(c->source_index = take(&pos, end, 2 * n))) {
+            return 0;
+        }
+        for (size_t i = 0; i < n; i++) {
+            if (le16(c->source_index + 2 * i) > c->source_count) {
+                return 0;
+            }
+        }
+    }
+    if (flags & FLAG_EXTERNAL_IDS) {
+        if (!(c->id_bits = take(&pos, end, (n + 7) / 8)) || !(c->external_ids = take(&pos, end, 8 * n))) {
+            return 0;
+        }
+    }
+    if ((flags & FLAG_EXTERNAL_TIMES) && !(c->external_times = take(&pos, end, 8 * n))) {
+        return 0;
+    }
+    if ((flags & FLAG_SEGMENTS) && !(c->segments = take(&pos, end, 8 * n))) {
+        return 0;
+    }
+    if (flags & FLAG_HEADERS) {
+        if (!(c->header_lengths = take(&pos, end, 4 * n))) {
+            return 0;
+        }
+        c->headers = pos;
+        for (size_t i = 0; i < n; i++) {
+            if (!take(&pos, end, le32(c->header_lengths + 4 * i))) {
+                return 0;
+            }
+        }
+    }
+    c->payloads = pos;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        total += le32(c->lengths + 4 * i);
+    }
+    return total == (size_t)(end - pos);
+}
+
+/* One header map as a JSON object; 0 when it does not parse as _decode_headers reads it
+ * (a repeated key included) or a key or value is not UTF-8. */
+static int out_headers(Out *out, const unsigned char *map, size_t len) {
+    if (len == 0) {
+        if (out_reserve(out, 2) < 0) {
+            return -1;
+        }
+        OUT_LITERAL(out, "{}");
+        return 1;
+    }
+    const unsigned char *pos = map;
+    const unsigned char *end = map + len;
+    const unsigned char *at;
+    if (!(at = take(&pos, end, 2))) {
+        return 0;
+    }
+    uint16_t count = le16(at);
+    /* Each entry's key, for the repeated-key check. */
+    Span keys[64];
+    Span *seen = count <= 64 ? keys : PyMem_Malloc(sizeof(Span) * count);
+    if (seen == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int result = 0;
+    if (out_reserve(out, 2 + (size_t)count) < 0) {
+        result = -1;
+        goto done;
+    }
+    OUT_LITERAL(out, "{");
+    for (uint16_t k = 0; k < count; k++) {
+        if (!(at = take(&pos, end, 2))) {
+            goto done;
+        }
+        size_t klen = le16(at);
+        const unsigned char *key = take(&pos, end, klen);
+        if (key == NULL || !(at = take(&pos, end, 4))) {
+            goto done;
+        }
+        size_t vlen = le32(at);
+        const unsigned char *value = take(&pos, end, vlen);
+        if (value == NULL) {
+            goto done;
+        }
+        for (uint16_t j = 0; j < k; j++) {
+            if (seen[j].len == klen && memcmp(seen[j].text, key, klen) == 0) {
+                goto done;
+            }
+        }
+        seen[k].text = key;
+        seen[k].len = klen;
+        if (out_reserve(out, JSON_STRING_MAX(klen) + JSON_STRING_MAX(vlen) + 2) < 0) {
+            result = -1;
+            goto done;
+        }
+        if (k > 0) {
+            OUT_LITERAL(out, ",");
+        }
+        if (!out_json_string(out, key, klen)) {
+            goto done;
+        }
+        OUT_LITERAL(out, ":");
+        if (!out_json_string(out, value, vlen)) {
+            goto done;
+        }
+    }
+    if (pos != end) {
+        goto done;
+    }
+    OUT_LITERAL(out, "}");
+    result = 1;
+done:
+    if (seen != keys) {
+        PyMem_Free(seen);
+    }
+    return result;
+}
+
+/* --- batch_json ----------------------------------------------------------------------- */
+
+/* Message i's JSON object, appended to out: 1, 0 (not handled: the caller answers None) or
+ * -1 (a Python error is set). */
+static int out_message(Out *out, const Columns *c, size_t i, uint64_t id, const char *time, int time_len,
+                       const unsigned char **header_at, const unsigned char **payload_at) {
+    size_t plen = le32(c->lengths + 4 * i);
+    const Span *source = &c->sources[c->source_index ? le16(c->source_index + 2 * i) : 0];
+    if (out_reserve(out, 256 + JSON_STRING_MAX(source->len) + JSON_STRING_MAX(plen)) < 0) {
+        return -1;
+    }
+    int done;
+    OUT_LITERAL(out, "{\"id\":");
+    out_uint(out, id);
+    OUT_LITERAL(out, ",\"time\":");
+    out_put(out, time, (size_t)time_len);
+    OUT_LITERAL(out, ",\"source\":");
+    if (!out_json_string(out, source->text, source->len)) {
+        return 0;
+    }
+    OUT_LITERAL(out, ",\"external_id\":");
+    if (c->id_bits && (c->id_bits[i >> 3] >> (i & 7) & 1)) {
+        out_int(out, (int64_t)le64(c->external_ids + 8 * i));
+    } else {
+        out_uint(out, id);
+    }
+    OUT_LITERAL(out, ",\"external_time\":");
+    double external_time = c->external_times ? le_double(c->external_times + 8 * i) : NAN;
+    if (external_time == external_time) {
+        char text[33];
+        if ((done = float_text(external_time, text)) <= 0) {
+            return done;
+        }
+        out_put(out, text, (size_t)done);
+    } else {
+        out_put(out, time, (size_t)time_len);  /* NaN, or no column: the batch's time */
+    }
+    OUT_LITERAL(out, ",\"segment\":");
+    out_int(out, c->segments ? (int64_t)le64(c->segments + 8 * i) : 0);
+    OUT_LITERAL(out, ",\"headers\":");
+    if (c->header_lengths) {
+        size_t hlen = le32(c->header_lengths + 4 * i);
+        if ((done = out_headers(out, *header_at, hlen)) != 1) {
+            return done;
+        }
+        *header_at += hlen;
+    } else {
+        OUT_LITERAL(out, "{}");
+    }
+    if (out_reserve(out, 16 + JSON_STRING_MAX(plen)) < 0) {
+        return -1;
+    }
+    OUT_LITERAL(out, ",\"data\":");
+    if (!out_json_string(out, *payload_at, plen)) {
+        return 0;
+    }
+    *payload_at += plen;
+    OUT_LITERAL(out, "}");
+    return 1;
+}
+
+static PyObject *batch_json(PyObject *Py_UNUSED(module), PyObject *args) {
+    Py_buffer data;
+    Py_ssize_t body, end;
+    unsigned int flags, count;
+    unsigned long long base_id;
+    double base_time;
+    const char *source;
+    Py_ssize_t source_len;
+    if (!PyArg_ParseTuple(args, "y*nnIIKds#", &data, &body, &end, &flags, &count, &base_id, &base_time,
+                          &source, &source_len)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Out out = {NULL, 0, 0};
+    Columns c = {0};
+    if (body < 0 || end < body || end > data.len || base_id > UINT64_MAX - count) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    const unsigned char *bytes = data.buf;
+    int parsed = read_columns(&c, bytes + body, bytes + end, flags, count, source, source_len);
+    if (parsed <= 0) {
+        result = parsed < 0 ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    result = PyList_New(count);
+    if (result == NULL) {
+        goto done;
+    }
+    char time[33];
+    int time_len = float_text(base_time, time);
+    if (time_len <= 0) {
+        Py_SETREF(result, time_len < 0 ? NULL : Py_NewRef(Py_None));
+        goto done;
+    }
+    const unsigned char *header_at = c.headers;
+    const unsigned char *payload_at = c.payloads;
+    for (size_t i = 0; i < count; i++) {
+        out.len = 0;
+        int done = out_message(&out, &c, i, base_id + i, time, time_len, &header_at, &payload_at);
+        if (done != 1) {
+            Py_SETREF(result, done < 0 ? NULL : Py_NewRef(Py_None));
+            goto done;
+        }
+        PyObject *object = PyBytes_FromStringAndSize(out.data, (Py_ssize_t)out.len);
+        if (object == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, (Py_ssize_t)i, object);
+    }
+done:
+    PyMem_Free(c.sources);
+    PyMem_Free(out.data);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"batch_json", batch_json, METH_VARARGS,
+     "Each message of a record batch as its StoredMessage JSON object; None where Python renders it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "capella._kernels", "Optional C kernels (capella/kernels.py).", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,44 @@
+"""Optional C kernels for per-message loops a profile still showed: ``KERNELS``, or None.
+
+``capella/_kernels.c`` is built by ``pip install`` where a C compiler and Python's headers
+exist (``setup.py``: optional, as in aiohttp, yarl and multidict), and used unless the
+environment sets ``CAPELLA_NO_EXTENSIONS=1``. Every kernel has a pure-Python equivalent
+that its caller falls back to, also when the kernel returns None for an input it leaves to
+Python; ``tests/core/test_kernels.py`` checks the two against each other on generated input.
+
+- ``batch_json(data, body, end, flags, count, base_id, base_time, source)``: each message of
+  a record batch as its StoredMessage JSON object (``capella.core.log.batch.Batch.json``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Protocol, cast
+
+
+class Kernels(Protocol):
+    def batch_json(
+        self,
+        data: bytes,
+        body: int,
+        end: int,
+        flags: int,
+        count: int,
+        base_id: int,
+        base_time: float,
+        source: str,
+        /,
+    ) -> list[bytes] | None: ...
+
+
+def _load() -> Kernels | None:
+    if os.environ.get("CAPELLA_NO_EXTENSIONS", "") not in ("", "0"):
+        return None
+    try:
+        return cast(Kernels, importlib.import_module("capella._kernels"))
+    except ImportError:
+        return None
+
+
+KERNELS = _load()
