@@ -42,7 +42,7 @@ typecheck: $(STAMP)
 
 # The C kernels must be built here (their absence fails tests/core/test_kernels.py); then the
 # kernel tests and the reads they serve run again on the pure-Python path.
-KERNEL_TESTS := tests/core/test_kernels.py tests/api/test_api_read_formats.py tests/api/test_api_batches.py
+KERNEL_TESTS := tests/core/test_kernels.py tests/api/test_api_read_formats.py tests/api/test_api_batches.py tests/client
 pytest: $(STAMP) tools
 	CAPELLA_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q -p no:cacheprovider -m "not chaos and not fuzz"
 	CAPELLA_NO_EXTENSIONS=1 $(BIN)/pytest -q -p no:cacheprovider $(KERNEL_TESTS)

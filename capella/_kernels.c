@@ -12,6 +12,12 @@
  *     gives; None when a payload is not UTF-8 (its object holds data_b64), a time is one
  *     orjson writes in another notation than repr (outside 1e-4 <= |t| < 1e16, or not
  *     finite), or the body does not parse.
+ *
+ * batch_messages(make, data, body, end, flags, count, base_id, base_time, source)
+ *     Each message of the record batch as make(id, time, source, external_id, external_time,
+ *     segment, headers, data), the values record_batch.decode_body gives and data the
+ *     payload as a str (wire.messages.stored_of); None when a payload is not UTF-8 (its
+ *     StoredMessage holds data_b64) or the body does not parse.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -538,9 +544,186 @@ done:
     return result;
 }
 
+/* --- batch_messages ------------------------------------------------------------------ */
+
+/* A str of UTF-8 text; NULL with no error set when it is not UTF-8 (the caller answers None). */
+static PyObject *text_of(const unsigned char *text, size_t len) {
+    PyObject *str = PyUnicode_DecodeUTF8((const char *)text, (Py_ssize_t)len, NULL);
+    if (str == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+    }
+    return str;
+}
+
+/* One header map as a dict; Py_None (a new reference) when it does not parse as
+ * _decode_headers reads it (a repeated key included), NULL on a Python error. */
+static PyObject *headers_of(const unsigned char *map, size_t len) {
+    PyObject *headers = PyDict_New();
+    if (headers == NULL || len == 0) {
+        return headers;
+    }
+    const unsigned char *pos = map;
+    const unsigned char *end = map + len;
+    const unsigned char *at;
+    if (!(at = take(&pos, end, 2))) {
+        goto refused;
+    }
+    uint16_t count = le16(at);
+    for (uint16_t k = 0; k < count; k++) {
+        if (!(at = take(&pos, end, 2))) {
+            goto refused;
+        }
+        size_t klen = le16(at);
+        const unsigned char *key_at = take(&pos, end, klen);
+        if (key_at == NULL || !(at = take(&pos, end, 4))) {
+            goto refused;
+        }
+        size_t vlen = le32(at);
+        const unsigned char *value_at = take(&pos, end, vlen);
+        if (value_at == NULL) {
+            goto refused;
+        }
+        PyObject *key = text_of(key_at, klen);
+        PyObject *value = key ? text_of(value_at, vlen) : NULL;
+        int stored = -1;
+        if (value != NULL) {
+            int present = PyDict_Contains(headers, key);
+            stored = present != 0 ? present : PyDict_SetItem(headers, key, value);
+        }
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        if (stored < 0) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(headers);
+                return NULL;
+            }
+            goto refused;
+        }
+        if (stored > 0) {
+            goto refused; /* a repeated key */
+        }
+    }
+    if (pos == end) {
+        return headers;
+    }
+refused:
+    Py_DECREF(headers);
+    return Py_NewRef(Py_None);
+}
+
+/* The message at i as make(id, time, source, external_id, external_time, segment, headers,
+ * data); Py_None (new) when Python must make it, NULL on a Python error. */
+static PyObject *message_of(PyObject *make, const Columns *c, size_t i, uint64_t id, PyObject *time,
+                            PyObject **sources, const unsigned char **header_at,
+                            const unsigned char **payload_at) {
+    PyObject *args[8] = {NULL};
+    PyObject *result = NULL;
+    size_t plen = le32(c->lengths + 4 * i);
+    args[6] = c->header_lengths ? headers_of(*header_at, le32(c->header_lengths + 4 * i)) : PyDict_New();
+    if (args[6] == NULL || args[6] == Py_None) {
+        result = args[6] ? Py_NewRef(Py_None) : NULL;
+        goto done;
+    }
+    if (c->header_lengths) {
+        *header_at += le32(c->header_lengths + 4 * i);
+    }
+    args[7] = text_of(*payload_at, plen);
+    if (args[7] == NULL) {
+        result = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    *payload_at += plen;
+    args[0] = PyLong_FromUnsignedLongLong(id);
+    if (c->id_bits && (c->id_bits[i >> 3] >> (i & 7) & 1)) {
+        args[3] = PyLong_FromLongLong((long long)le64(c->external_ids + 8 * i));
+    } else {
+        args[3] = Py_XNewRef(args[0]);
+    }
+    double external_time = c->external_times ? le_double(c->external_times + 8 * i) : NAN;
+    args[4] = external_time == external_time ? PyFloat_FromDouble(external_time) : Py_NewRef(time);
+    args[5] = PyLong_FromLongLong(c->segments ? (long long)le64(c->segments + 8 * i) : 0);
+    if (!args[0] || !args[3] || !args[4] || !args[5]) {
+        goto done;
+    }
+    args[1] = Py_NewRef(time);
+    args[2] = Py_NewRef(sources[c->source_index ? le16(c->source_index + 2 * i) : 0]);
+    result = PyObject_Vectorcall(make, args, 8, NULL);
+done:
+    for (int k = 0; k < 8; k++) {
+        Py_XDECREF(args[k]);
+    }
+    return result;
+}
+
+static PyObject *batch_messages(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *make;
+    Py_buffer data;
+    Py_ssize_t body, end;
+    unsigned int flags, count;
+    unsigned long long base_id;
+    double base_time;
+    PyObject *source;
+    if (!PyArg_ParseTuple(args, "Oy*nnIIKdU", &make, &data, &body, &end, &flags, &count, &base_id, &base_time,
+                          &source)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    PyObject *time = NULL;
+    PyObject **sources = NULL;
+    Columns c = {0};
+    if (body < 0 || end < body || end > data.len || base_id > UINT64_MAX - count) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    const unsigned char *bytes = data.buf;
+    int parsed = read_columns(&c, bytes + body, bytes + end, flags, count, "", 0);
+    if (parsed <= 0) {
+        result = parsed < 0 ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    sources = PyMem_Calloc((size_t)c.source_count + 1, sizeof(PyObject *));
+    if (sources == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    sources[0] = Py_NewRef(source);
+    for (uint16_t k = 1; k <= c.source_count; k++) {
+        /* read_columns checked that every entry is UTF-8 */
+        if (!(sources[k] = text_of(c.sources[k].text, c.sources[k].len))) {
+            goto done;
+        }
+    }
+    if (!(time = PyFloat_FromDouble(base_time)) || !(result = PyList_New(count))) {
+        goto done;
+    }
+    const unsigned char *header_at = c.headers;
+    const unsigned char *payload_at = c.payloads;
+    for (size_t i = 0; i < count; i++) {
+        PyObject *message = message_of(make, &c, i, base_id + i, time, sources, &header_at, &payload_at);
+        if (message == NULL || message == Py_None) {
+            Py_SETREF(result, message);
+            goto done;
+        }
+        PyList_SET_ITEM(result, (Py_ssize_t)i, message);
+    }
+done:
+    if (sources != NULL) {
+        for (uint16_t k = 0; k <= c.source_count; k++) {
+            Py_XDECREF(sources[k]);
+        }
+        PyMem_Free(sources);
+    }
+    Py_XDECREF(time);
+    PyMem_Free(c.sources);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"batch_json", batch_json, METH_VARARGS,
      "Each message of a record batch as its StoredMessage JSON object; None where Python renders it."},
+    {"batch_messages", batch_messages, METH_VARARGS,
+     "Each message of a record batch made by a callable of its fields; None where Python makes them."},
     {NULL, NULL, 0, NULL},
 };
 

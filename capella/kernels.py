@@ -8,13 +8,24 @@ Python; ``tests/core/test_kernels.py`` checks the two against each other on gene
 
 - ``batch_json(data, body, end, flags, count, base_id, base_time, source)``: each message of
   a record batch as its StoredMessage JSON object (``capella.core.log.batch.Batch.json``).
+- ``batch_messages(make, data, body, end, flags, count, base_id, base_time, source)``: each
+  message of a record batch as ``make(id, time, source, external_id, external_time, segment,
+  headers, data)`` (``capella.wire.batch_page.decode_page``: the client's binary reads).
+
+The record batch's head comes from ``capella.wire.record_batch.read`` (checked); the kernels
+parse the body and trust nothing of it. Each returns None for what it leaves to Python: a
+payload that is not UTF-8, a time orjson writes in exponent notation, a body that does not
+parse (Python then raises ``CorruptData``).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-from typing import Protocol, cast
+from collections.abc import Callable
+from typing import Protocol, TypeVar, cast
+
+T = TypeVar("T")
 
 
 class Kernels(Protocol):
@@ -30,6 +41,20 @@ class Kernels(Protocol):
         source: str,
         /,
     ) -> list[bytes] | None: ...
+
+    def batch_messages(
+        self,
+        make: Callable[[int, float, str, int, float, int, dict[str, str], str], T],
+        data: bytes,
+        body: int,
+        end: int,
+        flags: int,
+        count: int,
+        base_id: int,
+        base_time: float,
+        source: str,
+        /,
+    ) -> list[T] | None: ...
 
 
 def _load() -> Kernels | None:

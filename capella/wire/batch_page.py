@@ -12,6 +12,7 @@ decodes to, so the client's two forms give equal values.
 from __future__ import annotations
 
 from capella.errors import CorruptData
+from capella.kernels import KERNELS
 from capella.wire import frames, record_batch
 from capella.wire.frames import read_page_head
 from capella.wire.messages import StoredMessage, stored_of
@@ -38,8 +39,13 @@ def decode_page(body: bytes) -> tuple[list[StoredMessage], int]:
     """
     count, last_id = read_page_head(body, MAGIC, VERSION, "batch page")
     messages: list[StoredMessage] = []
-    for batch in record_batch.read_all(body, PAGE_HEAD.size):
-        messages += map(stored_of, *batch.fields())
+    for b in record_batch.read_all(body, PAGE_HEAD.size):
+        made = None
+        if KERNELS is not None:
+            made = KERNELS.batch_messages(
+                StoredMessage, b.data, b.body, b.end, b.flags, b.count, b.base_id, b.base_time, b.source
+            )
+        messages += map(stored_of, *b.fields()) if made is None else made
     if len(messages) != count:
         raise CorruptData(f"batch page: its head counts {count} messages, its batches hold {len(messages)}")
     return messages, last_id

@@ -21,7 +21,8 @@ from capella.core.log.codec import columns_of_records, messages_of
 from capella.core.message import stored_message
 from capella.errors import CorruptData
 from capella.kernels import KERNELS
-from capella.wire import record_batch
+from capella.wire import batch_page, record_batch
+from capella.wire.messages import StoredMessage, stored_of
 from capella.wire.record_batch import RecordBatch, encode, encode_fields, read, read_all, stamp
 
 SWITCHED_OFF = os.environ.get("CAPELLA_NO_EXTENSIONS", "") not in ("", "0")
@@ -170,6 +171,87 @@ def test_a_header_map_with_a_repeated_key_is_left_to_python() -> None:
     with pytest.raises(CorruptData):
         python_json(twice)
     assert kernel_json(twice) is None
+    assert kernel_messages(good) == python_messages(good)
+    assert kernel_messages(twice) is None
+
+
+def python_messages(r: RecordBatch) -> list[StoredMessage]:
+    """What the client makes of each message of ``r`` in a binary page (``decode_page``'s Python path)."""
+    return list(map(stored_of, *r.fields()))
+
+
+def kernel_messages(r: RecordBatch) -> list[StoredMessage] | None:
+    assert KERNELS is not None
+    return KERNELS.batch_messages(
+        StoredMessage, r.data, r.body, r.end, r.flags, r.count, r.base_id, r.base_time, r.source
+    )
+
+
+@kernels
+@settings(max_examples=300, deadline=None)
+@given(stored(max_size=12))
+def test_made_messages_are_what_python_makes_or_left_to_it(fields: record_batch.Fields) -> None:
+    for r in read_all(b"".join(encode_fields(fields))):
+        made = kernel_messages(r)
+        assert (made is not None) == all(map(_utf8, r.fields().payloads))
+        if made is not None:
+            assert made == python_messages(r)
+            assert [m.headers for m in made] == r.fields().headers
+            # Each message its own headers: changing one changes no other.
+            assert len({id(m.headers) for m in made}) == len(made)
+
+
+@kernels
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(EDGES) | st.binary(max_size=9)).map(b"".join), min_size=1))
+def test_made_messages_take_exactly_the_utf8_python_takes(payloads: list[bytes]) -> None:
+    r = read(stamp(read(encode(payloads, headers=[{"k": "v"}] * len(payloads))), 1, 2.5, "edge"))
+    made = kernel_messages(r)
+    assert (made is not None) == all(map(_utf8, payloads))
+    assert made is None or made == python_messages(r)
+
+
+@kernels
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200), st.integers(0, 0x3F), st.integers(1, 40))
+def test_a_body_that_lies_makes_no_messages(body: bytes, flags: int, count: int) -> None:
+    try:
+        r = read(reframed(body, flags, count))
+    except CorruptData:
+        return
+    try:
+        expected: list[StoredMessage] | None = python_messages(r)
+    except CorruptData:
+        expected = None
+    made = kernel_messages(r)
+    assert made is None or made == expected
+
+
+@kernels
+@settings(max_examples=300, deadline=None)
+@given(drafts(max_size=6), st.data())
+def test_made_messages_never_read_past_the_end(columns: dict[str, list[object]], data: st.DataObject) -> None:
+    raw = encode(**columns)  # type: ignore[arg-type]
+    r = read(raw)
+    body = data.draw(st.integers(-5, len(raw) + 5))
+    end = data.draw(st.integers(-5, len(raw) + 5))
+    count = data.draw(st.sampled_from([r.count, r.count + 1, max(1, r.count - 1), 2**24, 2**32 - 1]))
+    assert KERNELS is not None
+    made = KERNELS.batch_messages(StoredMessage, raw, body, end, r.flags, count, 1, 2.5, "s")
+    if made is not None:
+        assert 0 <= body <= end <= len(raw) and len(made) == count
+
+
+@kernels
+def test_an_error_in_make_is_raised() -> None:
+    r = read(stamp(read(encode([b"x", b"y"])), 1, 2.5, "s"))
+
+    def make(*fields: object) -> object:
+        raise ValueError("no")
+
+    assert KERNELS is not None
+    with pytest.raises(ValueError, match="no"):
+        KERNELS.batch_messages(make, r.data, r.body, r.end, r.flags, r.count, 1, 2.5, "s")
 
 
 def test_a_batch_renders_the_same_with_the_kernel_or_without() -> None:
@@ -182,6 +264,19 @@ def test_a_batch_renders_the_same_with_the_kernel_or_without() -> None:
     records = [read(b) for b in raw]
     expected = [obj for r in records for obj in python_json(r)]
     assert Batch.of_records(records).json() == expected
+
+
+def test_a_page_decodes_the_same_with_the_kernel_or_without() -> None:
+    """``decode_page`` (the client's binary read), whichever path the process takes."""
+    raw = [
+        stamp(read(encode([b"a", b"b"], sources=["dc", None], headers=[{"k": "v"}, {}])), 1, 1.25, "edge"),
+        stamp(read(encode([b"ok", b"\xff not utf-8"], external_ids=[None, 9])), 3, 2.5, "edge"),
+    ]
+    page = batch_page.page_head(4, 4) + b"".join(raw)
+    messages, last_id = batch_page.decode_page(page)
+    assert last_id == 4
+    assert messages == [m for b in raw for m in python_messages(read(b))]
+    assert messages[3].data_b64 and messages[3].external_id == 9 and messages[0].source == "dc"
 
 
 def _utf8(payload: bytes) -> bool:
