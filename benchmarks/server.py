@@ -102,6 +102,13 @@ class Server:
         """User plus system CPU time of every thread of the server so far."""
         return cpu_seconds(self.pid)
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash: nothing is flushed, nothing closed."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.exit_code = self.proc.returncode
+
     async def stop(self) -> float:
         """SIGTERM, then wait for the exit (SIGKILL after ``STOP_TIMEOUT``); the seconds it took."""
         started = time.perf_counter()
