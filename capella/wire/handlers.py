@@ -326,6 +326,21 @@ class PushParams(Params):
         _check_segments(self.segments)
 
 
+# What a pg handler's dsn may be (handlers/postgres.py checks it): one named host (IPv4 or a
+# name here; an IPv6 address in brackets is taken too), a user, and only the allowed
+# query parameters; a password needs the server's key file.
+_DSN_WORD = r"[A-Za-z0-9._~-]"
+_DSN_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})"
+_DSN_QUERY = (
+    r"(sslmode=(disable|allow|prefer|require|verify-ca|verify-full)"
+    rf"|(sslrootcert|sslcert|sslkey)=[A-Za-z0-9._~/-]*|password={_DSN_WORD}*)"
+)
+DSN_PATTERN = (
+    rf"^postgres(ql)?://{_DSN_WORD}+(:{_DSN_WORD}*)?@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*(:{_DSN_PORT})?"
+    rf"(/{_DSN_WORD}*)?(\?{_DSN_QUERY}(&{_DSN_QUERY})*)?$"
+)
+
+
 class PgConnection(Params):
     """Where a pg_* handler connects, and with which secrets (docs/postgres.md): exactly one of
     dsn and dsn_secret"""
@@ -341,7 +356,8 @@ class PgConnection(Params):
             Meta(
                 description="postgresql://user:password@host:port/database?sslmode=...; only host, "
                 "port, dbname, user, sslmode, sslrootcert (and, for admins, sslcert and sslkey); the "
-                "password is stored encrypted, bound to the handler and DSN, and never shown"
+                "password is stored encrypted, bound to the handler and DSN, and never shown",
+                extra_json_schema={"pattern": DSN_PATTERN},
             ),
         ]
         | None

@@ -16,12 +16,17 @@ import jsonschema
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.http import error_of
 
 import capella
 from capella.api.app import document
-from capella.errors import error_classes
+from capella.errors import InvalidRequest, error_classes
+from capella.handlers import postgres
+from capella.handlers.postgres import split_password
 from capella.wire.answers import ErrorDetail
+from capella.wire.handlers import DSN_PATTERN
 
 DOCUMENT = document()
 Q = "/v1/queues/q"
@@ -158,6 +163,24 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
             {"type": "flush", "queue": "q", "params": {"interval": "2s"}},
             True,
         ),
+        # A pg handler's dsn is a postgresql:// URL in both (schemathesis sent "").
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {"type": "pg_inbox", "queue": "q", "params": {"dsn": ""}},
+            False,
+        ),
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {
+                "type": "pg_inbox",
+                "queue": "q",
+                "started": False,
+                "params": {"dsn": "postgresql://app@127.0.0.1:5432/db?sslmode=require&sslrootcert=/x.pem"},
+            },
+            True,
+        ),
     ],
 )
 async def test_a_body_is_accepted_by_both_or_refused_by_both(
@@ -167,6 +190,14 @@ async def test_a_body_is_accepted_by_both_or_refused_by_both(
     assert valid(schema, body) is accepted
     resp = await q.put(path, json=body)
     assert (resp.status < 300) is accepted, await resp.text()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.from_regex(DSN_PATTERN, fullmatch=True))
+def test_a_dsn_the_document_allows_the_server_takes(dsn: str) -> None:
+    bare, _ = split_password(dsn, "params.dsn")
+    target = postgres._target(bare, "params.dsn", InvalidRequest)
+    assert target.host and target.user
 
 
 async def test_the_document_names_a_mount_the_server_has() -> None:
