@@ -347,6 +347,21 @@ static int read_columns(Columns *c, const unsigned char *body, const unsigned ch
     return total == (size_t)(end - pos);
 }
 
+/* The next entry of a header map at *pos (u16 key length, key, u32 value length, value):
+ * 1 with both, 0 when it runs past end. */
+static int next_header(const unsigned char **pos, const unsigned char *end, Span *key, Span *value) {
+    const unsigned char *at;
+    if (!(at = take(pos, end, 2))) {
+        return 0;
+    }
+    key->len = le16(at);
+    if (!(key->text = take(pos, end, key->len)) || !(at = take(pos, end, 4))) {
+        return 0;
+    }
+    value->len = le32(at);
+    return (value->text = take(pos, end, value->len)) != NULL;
+}
+
 /* One header map as a JSON object; 0 when it does not parse as _decode_headers reads it
  * (a repeated key included) or a key or value is not UTF-8. */
 static int out_headers(Out *out, const unsigned char *map, size_t len) {
@@ -378,38 +393,28 @@ static int out_headers(Out *out, const unsigned char *map, size_t len) {
     }
     OUT_LITERAL(out, "{");
     for (uint16_t k = 0; k < count; k++) {
-        if (!(at = take(&pos, end, 2))) {
-            goto done;
-        }
-        size_t klen = le16(at);
-        const unsigned char *key = take(&pos, end, klen);
-        if (key == NULL || !(at = take(&pos, end, 4))) {
-            goto done;
-        }
-        size_t vlen = le32(at);
-        const unsigned char *value = take(&pos, end, vlen);
-        if (value == NULL) {
+        Span key, value;
+        if (!next_header(&pos, end, &key, &value)) {
             goto done;
         }
         for (uint16_t j = 0; j < k; j++) {
-            if (seen[j].len == klen && memcmp(seen[j].text, key, klen) == 0) {
+            if (seen[j].len == key.len && memcmp(seen[j].text, key.text, key.len) == 0) {
                 goto done;
             }
         }
-        seen[k].text = key;
-        seen[k].len = klen;
-        if (out_reserve(out, JSON_STRING_MAX(klen) + JSON_STRING_MAX(vlen) + 2) < 0) {
+        seen[k] = key;
+        if (out_reserve(out, JSON_STRING_MAX(key.len) + JSON_STRING_MAX(value.len) + 2) < 0) {
             result = -1;
             goto done;
         }
         if (k > 0) {
             OUT_LITERAL(out, ",");
         }
-        if (!out_json_string(out, key, klen)) {
+        if (!out_json_string(out, key.text, key.len)) {
             goto done;
         }
         OUT_LITERAL(out, ":");
-        if (!out_json_string(out, value, vlen)) {
+        if (!out_json_string(out, value.text, value.len)) {
             goto done;
         }
     }
@@ -570,21 +575,12 @@ static PyObject *headers_of(const unsigned char *map, size_t len) {
     }
     uint16_t count = le16(at);
     for (uint16_t k = 0; k < count; k++) {
-        if (!(at = take(&pos, end, 2))) {
+        Span key_at, value_at;
+        if (!next_header(&pos, end, &key_at, &value_at)) {
             goto refused;
         }
-        size_t klen = le16(at);
-        const unsigned char *key_at = take(&pos, end, klen);
-        if (key_at == NULL || !(at = take(&pos, end, 4))) {
-            goto refused;
-        }
-        size_t vlen = le32(at);
-        const unsigned char *value_at = take(&pos, end, vlen);
-        if (value_at == NULL) {
-            goto refused;
-        }
-        PyObject *key = text_of(key_at, klen);
-        PyObject *value = key ? text_of(value_at, vlen) : NULL;
+        PyObject *key = text_of(key_at.text, key_at.len);
+        PyObject *value = key ? text_of(value_at.text, value_at.len) : NULL;
         int stored = -1;
         if (value != NULL) {
             int present = PyDict_Contains(headers, key);
