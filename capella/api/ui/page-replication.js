@@ -10,10 +10,9 @@ import * as sampler from "./sampler.js";
 export async function replicationPage(root) {
   const clusterList = h("div");
   const copies = h("div");
-  // The labels and test ids still say "link": they are what users and the console tests see.
   root.append(
     h("h1", {}, "Replication"),
-    section("Links", clusterList),
+    section("External clusters", clusterList),
     section("Copy handlers", copies),
     await replicasSection(),
   );
@@ -52,7 +51,7 @@ export async function replicationPage(root) {
     clusterList.replaceChildren(
       table(
         [
-          ["Link", (x) => h("span", { "data-testid": "link-name" }, x.name)],
+          ["Cluster", (x) => h("span", { "data-testid": "cluster-name" }, x.name)],
           ["URL", (x) => x.url],
           ["Credentials", (x) => (x.credentials ? `${x.credentials.kind} (${x.credentials.source})` : "none")],
           ["Compression", (x) => x.compression],
