@@ -138,7 +138,10 @@ def show_handler(args: argparse.Namespace, client: Client) -> int:
             ("failing since", utc(status.failing_since)),
             ("next run", utc(status.next_run)),
             *_lag(status),
-            ("last error", f"{last_error.message} at {utc(last_error.time)}" if last_error else "-"),
+            (
+                "last error",
+                f"{last_error.message} ({last_error.code}) at {utc(last_error.time)}" if last_error else "-",
+            ),
             *_delivery_fields(status),
         ]
     )

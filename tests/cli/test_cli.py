@@ -224,6 +224,28 @@ def test_a_handler_is_created_listed_shown_stopped_run_and_dropped(run: Run, blo
     assert err.startswith("capella: handler_not_found: ")
 
 
+def test_a_failed_pass_shows_its_error_with_its_code(run: Run, blocking_client: Client) -> None:
+    blocking_client.put_queue("cli-f-from")
+    blocking_client.put_queue("cli-f-to")
+    blocking_client.produce("cli-f-from", ["m"], save="wait")
+    code, _, _ = run(
+        "handler", "create", "cli-f-copy", "--type", "copy", "--queue", "cli-f-from",
+        "--param", "to=cli-f-to", "--stopped",
+    )  # fmt: skip
+    assert code == 0
+    blocking_client.drop_queue("cli-f-to")
+
+    code, _, err = run("handler", "run", "cli-f-copy")
+    assert (code, err) == (
+        1,
+        "capella: handler cli-f-copy pass failed: CopyHandler: cli-f-from: no queue 'cli-f-to'\n",
+    )
+    code, out, _ = run("handler", "show", "cli-f-copy")
+    fields = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in out.splitlines()}
+    assert code == 0
+    assert re.fullmatch(r".*cli-f-to.* \(queue_not_found\) at .+", fields["last error"]), fields
+
+
 def test_handler_create_takes_params_as_json_and_patterns(run: Run, blocking_client: Client) -> None:
     params = '{"conditions": [{"mark": 0, "from_age": "1d"}], "limit": 5}'
 
