@@ -296,7 +296,7 @@ static int read_columns(Columns *c, const unsigned char *body, const unsigned ch
     }
     c->sources[0].text = (const unsigned char *)source;
     c->sources[0].len = (size_t)source_len;
-    for (uint16_t k = 1; k <= c->source_count; k++) {
+    for (size_t k = 1; k <= c->source_count; k++) {
         if (!(at = take(&pos, end, 2))) {
             return 0;
         }
@@ -683,7 +683,7 @@ static PyObject *batch_messages(PyObject *Py_UNUSED(module), PyObject *args) {
         goto done;
     }
     sources[0] = Py_NewRef(source);
-    for (uint16_t k = 1; k <= c.source_count; k++) {
+    for (size_t k = 1; k <= c.source_count; k++) {
         /* read_columns checked that every entry is UTF-8 */
         if (!(sources[k] = text_of(c.sources[k].text, c.sources[k].len))) {
             goto done;
@@ -704,7 +704,7 @@ static PyObject *batch_messages(PyObject *Py_UNUSED(module), PyObject *args) {
     }
 done:
     if (sources != NULL) {
-        for (uint16_t k = 0; k <= c.source_count; k++) {
+        for (size_t k = 0; k <= c.source_count; k++) {
             Py_XDECREF(sources[k]);
         }
         PyMem_Free(sources);

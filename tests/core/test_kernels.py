@@ -8,6 +8,7 @@ module checks that the switch leaves them out.
 from __future__ import annotations
 
 import os
+import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import replace
@@ -185,6 +186,27 @@ def test_a_damaged_body_is_never_read_past_its_end(
     made = KINDS[kind][0](replace(good, body=body, end=end, count=count))
     if made is not None:
         assert 0 <= body <= end <= len(raw) and len(made) == count
+
+
+@kernels
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_full_source_table_is_read_to_its_last_entry(kind: str) -> None:
+    """65,535 entries (the u16 count's most): a counter of the table's width would wrap."""
+    last = 0xFFFF
+    body = b"".join(
+        [
+            struct.pack("<I", 1),  # one payload of 1 byte
+            struct.pack("<H", last),
+            struct.pack("<H", 0) * (last - 1),  # empty sources, then the last one
+            struct.pack("<H", 4) + b"last",
+            struct.pack("<H", last),  # the message's source: the table's last entry
+            b"x",
+        ]
+    )
+    r = read(record_batch._framed(record_batch.FLAG_SOURCES, 1, 1, 2.5, "s", body, zlib.crc32(body)))
+    kernel, python = KINDS[kind]
+    assert kernel(r) == python(r)
+    assert python_messages(r)[0].source == "last"
 
 
 @kernels
