@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -42,6 +43,7 @@ from capella.handlers.clusters import Clusters
 from capella.handlers.reach import Reach
 from capella.storage.catalog import HANDLERS, HandlerEntry, HandlerRegistry
 from capella.wire import handlers as wire
+from capella.wire.fields import USER_NAME_PATTERN
 from capella.wire.handlers import Params, decode_definition
 
 log = logging.getLogger(__name__)
@@ -392,7 +394,7 @@ class Supervisor:
     def _run_as(self, user: object, by: Identity) -> str | None:
         if user is None:
             return None
-        if not isinstance(user, str) or not user:
+        if not isinstance(user, str) or not re.fullmatch(USER_NAME_PATTERN, user):
             raise InvalidRequest("user must be a user name", field="user")
         if self._users is not None:
             self._users.user(user)

@@ -11,6 +11,7 @@ from msgspec import UNSET, Meta, UnsetType, field
 from capella.errors import InvalidRequest
 from capella.wire.fields import (
     NAME,
+    USER_NAME_PATTERN,
     Bytes,
     Duration,
     Name,
@@ -454,7 +455,10 @@ class Definition(Struct, forbid_unknown_fields=True, tag_field="type"):
     user: (
         Annotated[
             str,
-            Meta(description="the user it runs as (default: who defines it; another user needs user admin)"),
+            Meta(
+                description="the user it runs as (default: who defines it; another user needs user admin)",
+                extra_json_schema={"pattern": USER_NAME_PATTERN},
+            ),
         ]
         | UnsetType
         | None

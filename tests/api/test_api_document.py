@@ -163,6 +163,15 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
             {"type": "flush", "queue": "q", "params": {"interval": "2s"}},
             True,
         ),
+        # A handler runs as a user name in both (schemathesis sent "").
+        ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": ""}, False),
+        ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": "a b"}, False),
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {"type": "flush", "queue": "q", "started": False, "user": "ops@site"},
+            True,
+        ),
         # A pg handler's dsn is a postgresql:// URL in both (schemathesis sent "").
         (
             "/v1/handlers/h",
