@@ -84,11 +84,10 @@ LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 # The handler holds its claims until it answers them; a new run takes back what an old one
 # held, so the lease only matters when the handler is stopped for longer than this.
 LEASE = 12 * 3600.0
-# The params that are the subscription's retry policy (capella.core.work.retry).
 # The error a claim of an earlier run gets when a new run takes it back: it may have been sent,
 # so it counts as an attempt (and a last attempt goes to the dead letters with this text).
 TAKEN_BACK = "claimed by an earlier run of the push handler (restart or stop); sent again"
-
+# The params that are the subscription's retry policy (capella.core.work.retry).
 POLICY_FIELDS = ("max_attempts", "backoff", "delay", "max_delay", "jitter", "dead_letter")
 # The credentials params, each naming a declared secret.
 SECRET_PARAMS = ("secret", "token", "basic")
