@@ -194,7 +194,13 @@ def schemas() -> dict[str, Any]:
     for kind in types:
         schema = components[kind.__name__]
         schema.pop("title", None)
-        schema.update(getattr(kind, "__schema_extra__", {}))
+        extra = getattr(kind, "__schema_extra__", {})
+        # Added beside what msgspec made, never over it: a rule's "properties" or "required"
+        # would replace the struct's own (pg_outbox's definition once lost all its fields).
+        clash = extra.keys() & schema.keys()
+        if clash:
+            raise TypeError(f"{kind.__name__}.__schema_extra__ replaces {sorted(clash)}: wrap it in allOf")
+        schema.update(extra)
     components.update(zip(unions, shown[len(types) :], strict=True))
     return dict(sorted(components.items()))
 

@@ -556,7 +556,7 @@ class PushDefinition(Definition, tag="push"):
 class PgOutboxDefinition(Definition, tag="pg_outbox"):
     """A pg_outbox handler: its queue is params.to (no queues)."""
 
-    __schema_extra__: ClassVar[dict[str, Any]] = _NEEDS_PARAMS
+    __schema_extra__: ClassVar[dict[str, Any]] = {"allOf": [_NEEDS_PARAMS]}
 
     params: PgOutboxParams | None = None
 

@@ -13,7 +13,6 @@ import re
 import time
 from typing import Any
 
-import jsonschema
 import schemathesis
 
 from capella.units import parse_duration, parse_size
@@ -50,32 +49,7 @@ def filter_case(ctx: schemathesis.HookContext, case: schemathesis.Case) -> bool:
         return False  # a PEM file on the server: the run has none
     if names_a_secret(body):
         return False  # a secret the operator declared ([secrets.NAME]): the run has none
-    if mislabelled(case):
-        return False
     return not breaks_a_rule(body)
-
-
-def mislabelled(case: schemathesis.Case) -> bool:
-    """Whether schemathesis labels a case valid whose body the document's own schema refuses.
-
-    Its coverage phase ("Object with valid 'params' value: Incorrect type", seed 20261123)
-    sent ``{"params": {}, "started": false}`` to ``PUT /v1/handlers/{name}`` as valid, though
-    every handler definition requires ``type``; the server's 400 was then reported as a
-    disagreement (ST202). Such a case is the tool's, not the document's: it is not sent.
-    A case labelled invalid, and every valid one, is sent as generated.
-    """
-    meta = case.meta
-    if meta is None or meta.generation.mode is not schemathesis.GenerationMode.POSITIVE:
-        return False
-    if not isinstance(case.body, dict | list) or case.media_type != "application/json":
-        return False
-    raw = case.operation.schema.raw_schema
-    operation = raw["paths"][case.operation.path][case.method.lower()]
-    schema = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
-    if schema is None:
-        return False
-    validator = jsonschema.Draft202012Validator({**schema, "components": raw.get("components", {})})
-    return not validator.is_valid(case.body)
 
 
 @schemathesis.hook
