@@ -488,6 +488,8 @@ def _given_rule(name: str) -> dict[str, Any]:
 # required field (copy's to, push's url, a pg handler's dsn) needs params.
 _NAMES_QUEUES: dict[str, Any] = {"anyOf": [_given_rule("queues"), _given_rule("queue")]}
 _NEEDS_PARAMS: dict[str, Any] = _given_rule("params")
+# A type that names its one queue in params takes neither queues nor queue (null is not given).
+_NO_QUEUES: dict[str, Any] = {"properties": {"queues": {"type": "null"}, "queue": {"type": "null"}}}
 
 
 class FlushDefinition(Definition, tag="flush"):
@@ -556,7 +558,7 @@ class PushDefinition(Definition, tag="push"):
 class PgOutboxDefinition(Definition, tag="pg_outbox"):
     """A pg_outbox handler: its queue is params.to (no queues)."""
 
-    __schema_extra__: ClassVar[dict[str, Any]] = {"allOf": [_NEEDS_PARAMS]}
+    __schema_extra__: ClassVar[dict[str, Any]] = {"allOf": [_NEEDS_PARAMS, _NO_QUEUES]}
 
     params: PgOutboxParams | None = None
 

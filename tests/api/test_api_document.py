@@ -169,6 +169,25 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
         # fields in the document, which then took {"params": {}} (schemathesis, seed 20261123).
         ("/v1/handlers/h", "HandlerDefinition", {"params": {}}, False),
         ("/v1/handlers/h", "HandlerDefinition", {"params": {}, "started": False}, False),
+        # pg_outbox's queue is params.to: it takes no queue or queues in both (schemathesis
+        # sent a queue).
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {"type": "pg_outbox", "queue": "q", "params": {"dsn": "postgresql://u@h/db", "to": "q"}},
+            False,
+        ),
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {
+                "type": "pg_outbox",
+                "queue": None,
+                "started": False,
+                "params": {"dsn": "postgresql://u@h/db", "to": "q"},
+            },
+            True,
+        ),
         # A handler runs as a user name in both (schemathesis sent "").
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": ""}, False),
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": "a b"}, False),
