@@ -536,7 +536,10 @@ class CopyDefinition(Definition, tag="copy"):
                     _given_rule("queue"),
                     {
                         "properties": {
-                            "params": {"required": ["from"], "properties": {"from": {"minLength": 1}}}
+                            "params": {
+                                "required": ["from"],
+                                "properties": {"from": {"type": "string", "minLength": 1}},
+                            }
                         }
                     },
                 ]

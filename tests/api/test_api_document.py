@@ -188,6 +188,19 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
             },
             True,
         ),
+        # A copy names its source in queues, queue or params.from: a null from names none.
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {"type": "copy", "started": False, "params": {"from": None, "to": "q"}},
+            False,
+        ),
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {"type": "copy", "started": False, "params": {"from": "q", "to": "q"}},
+            True,
+        ),
         # A handler runs as a user name in both (schemathesis sent "").
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": ""}, False),
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": "a b"}, False),
