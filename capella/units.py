@@ -65,7 +65,8 @@ def parse_size(value: object) -> int:
         # Checked before int(): enough digits make the float inf, and int(inf) raises.
         if scaled > MAX_SIZE:
             raise ValueError(f"larger than {MAX_SIZE} bytes")
-        size = int(scaled)
+        # A positive size under one byte ("0.5", "0.0001k") is one byte, not 0.
+        size = 1 if 0 < scaled < 1 else int(scaled)
     else:
         raise ValueError(f"expected a size like '16MiB' or '512k', got {value!r}")
     if size < 0:

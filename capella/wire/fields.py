@@ -35,6 +35,8 @@ DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ns|us|ms|s|m|h|d)?\s*$"
 # The same with a digit other than 0 somewhere in the number: greater than 0.
 POSITIVE_DURATION_PATTERN = r"^\s*(\d*[1-9]\d*(\.\d+)?|\d+\.\d*[1-9]\d*)\s*(ns|us|ms|s|m|h|d)?\s*$"
 SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*([kmgtKMGT][iI]?[bB]?|[bB])?\s*$"
+# The same greater than 0 (a positive size under one byte is one byte).
+POSITIVE_SIZE_PATTERN = r"^\s*(\d*[1-9]\d*(\.\d+)?|\d+\.\d*[1-9]\d*)\s*([kmgtKMGT][iI]?[bB]?|[bB])?\s*$"
 
 Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX, extra_json_schema={"format": "int64"})]
 # A whole number written as a float (5.0), which JSON Schema's integer takes: exact up to 2**53.
@@ -153,6 +155,7 @@ def schema_hook(kind: type) -> dict[str, Any]:
     if kind is Seconds:
         return {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": DURATION_PATTERN}]}
     if kind is Bytes:
-        return {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": SIZE_PATTERN}]}
+        text = {"type": "string", "pattern": POSITIVE_SIZE_PATTERN}
+        return {"anyOf": [{"type": "integer", "minimum": 1}, text]}
     # msgspec's schema_hook protocol, as above.
     raise NotImplementedError(kind)

@@ -27,7 +27,9 @@ from capella.api.openapi import WIRE_MODULES
 from capella.errors import InvalidRequest, error_classes
 from capella.handlers import postgres
 from capella.handlers.postgres import split_password
+from capella.units import parse_size
 from capella.wire.answers import ErrorDetail
+from capella.wire.fields import POSITIVE_SIZE_PATTERN
 from capella.wire.handlers import DSN_PATTERN
 
 DOCUMENT = document()
@@ -201,6 +203,20 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
             {"type": "copy", "started": False, "params": {"from": "q", "to": "q"}},
             True,
         ),
+        # A size in params is more than 0 in both, text too (schemathesis sent "0"); a positive
+        # one under a byte is a byte.
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {"type": "expire", "queue": "q", "params": {"max_bytes": "0"}},
+            False,
+        ),
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {"type": "expire", "queue": "q", "started": False, "params": {"max_bytes": "0.5"}},
+            True,
+        ),
         # A handler runs as a user name in both (schemathesis sent "").
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": ""}, False),
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": "a b"}, False),
@@ -256,6 +272,17 @@ def test_every_struct_schema_keeps_its_own_fields() -> None:
                 continue
             fields = {f.encode_name for f in msgspec.structs.fields(kind)}
             assert fields <= set(schema.get("properties", {})), kind.__name__
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.from_regex(POSITIVE_SIZE_PATTERN, fullmatch=True))
+def test_a_size_the_document_calls_positive_is_at_least_a_byte(text: str) -> None:
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        assert "larger than" in str(exc)  # a number too large: the fuzz rules leave these out
+        return
+    assert size >= 1
 
 
 async def test_the_document_names_a_mount_the_server_has() -> None:

@@ -198,7 +198,18 @@ def test_durations(text: object, seconds: float) -> None:
 @pytest.mark.parametrize(
     ("text", "size"),
     # 7865.0: a whole number with a point, which JSON Schema counts as an integer (schemathesis sent it).
-    [("512k", 512_000), ("16MiB", 16 * 1024**2), ("8MB", 8 * 10**6), (7, 7), (7865.0, 7865)],
+    # "0.5": a positive size under one byte is one byte ("0" stays 0).
+    [
+        ("512k", 512_000),
+        ("16MiB", 16 * 1024**2),
+        ("8MB", 8 * 10**6),
+        (7, 7),
+        (7865.0, 7865),
+        ("0.5", 1),
+        ("0.0001k", 1),
+        ("1.5", 1),
+        ("0", 0),
+    ],
 )
 def test_sizes(text: object, size: int) -> None:
     assert parse_size(text) == size
