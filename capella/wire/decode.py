@@ -37,12 +37,12 @@ _JSON_TYPES |= {"array": "an array", "object": "an object", "null": "null"}
 def decode(value: object, kind: type[S], *, at: str = "") -> S:
     """``value`` (parsed JSON or TOML) as the struct ``kind``; ``InvalidRequest`` names the field."""
     try:
-        return msgspec.convert(_whole_numbers(value), kind)
+        return msgspec.convert(whole_numbers(value), kind)
     except msgspec.ValidationError as exc:
         raise field_error(str(exc), kind, at) from None
 
 
-def _whole_numbers(value: object) -> object:
+def whole_numbers(value: object) -> object:
     """``value`` with every whole float (``5.0``) as an int, at any depth.
 
     JSON has one number type, and JSON Schema's integer takes ``5.0``; msgspec's int does not.
@@ -52,9 +52,9 @@ def _whole_numbers(value: object) -> object:
         # Only where a float is exact: past 2**53 it may be a rounded integer out of range.
         return int(value) if value.is_integer() and abs(value) < 2**53 else value
     if type(value) is dict:
-        return {k: _whole_numbers(v) for k, v in value.items()}
+        return {k: whole_numbers(v) for k, v in value.items()}
     if type(value) is list:
-        return [_whole_numbers(v) for v in value]
+        return [whole_numbers(v) for v in value]
     return value
 
 

@@ -9,7 +9,9 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType, field
 
 from capella.errors import InvalidRequest
+from capella.wire.decode import whole_numbers
 from capella.wire.fields import (
+    INT64_MAX,
     NAME,
     USER_NAME_PATTERN,
     Bytes,
@@ -55,7 +57,7 @@ def decode_params(kind: type[P], raw: object) -> P:
     Every error is ``InvalidRequest`` naming the field as ``params.<path>``.
     """
     try:
-        params = msgspec.convert(_given(kind, raw), kind, dec_hook=decode_hook)
+        params = msgspec.convert(whole_numbers(_given(kind, raw)), kind, dec_hook=decode_hook)
     except msgspec.ValidationError as exc:
         raise _params_error(str(exc)) from None
     _plain(params)
@@ -112,7 +114,7 @@ def _params_error(text: str) -> InvalidRequest:
     return InvalidRequest(f"{where}: {problem[:1].lower()}{problem[1:]}", field=where)
 
 
-Batch = Annotated[int, Meta(ge=1)]
+Batch = Annotated[int, Meta(ge=1, le=INT64_MAX)]
 # Inclusive [lo, hi] pairs; none: every segment.
 Segments = Annotated[list[tuple[int, int]], Meta(min_length=1)]
 # As [secrets.NAME] in the configuration allows.
@@ -165,7 +167,7 @@ class ArchiveParams(Params):
 
     conditions: Annotated[list[ArchiveCondition], Meta(min_length=1)]
     interval: PositiveSeconds = 60.0
-    limit: Annotated[int, Meta(ge=1, description="blocks moved per pass")] = 100
+    limit: Annotated[int, Meta(ge=1, le=INT64_MAX, description="blocks moved per pass")] = 100
 
     def __post_init__(self) -> None:
         for i, c in enumerate(self.conditions):
@@ -188,7 +190,7 @@ class ExpireParams(Params):
     interval: PositiveSeconds = 60.0
     max_age: PositiveSeconds | None = None
     max_bytes: Bytes | None = None
-    max_messages: Annotated[int, Meta(ge=1)] | None = None
+    max_messages: Annotated[int, Meta(ge=1, le=INT64_MAX)] | None = None
 
     def __post_init__(self) -> None:
         if self.max_age is None and self.max_bytes is None and self.max_messages is None:
@@ -401,7 +403,7 @@ class PgOutboxParams(PgConnection, kw_only=True):
         Annotated[str, Meta(min_length=1, description="the identity source (default pg:<database>.<table>)")]
         | None
     ) = None
-    batch: Annotated[int, Meta(ge=1, description="rows per relay step (default 1000)")] = 1000
+    batch: Annotated[int, Meta(ge=1, le=INT64_MAX, description="rows per relay step (default 1000)")] = 1000
     save: SaveModeName = "wait"
     delete: Annotated[
         bool, Meta(description="delete relayed rows (default); false sets relayed_at instead")
@@ -418,7 +420,7 @@ class PgInboxParams(PgConnection):
     subscription: Annotated[Name, Meta(description="the cursor on each queue (default pg_inbox-<table>)")] = (
         ""
     )
-    batch: Annotated[int, Meta(ge=1, description="messages per insert (default 1000)")] = 1000
+    batch: Annotated[int, Meta(ge=1, le=INT64_MAX, description="messages per insert (default 1000)")] = 1000
     segments: Segments | None = None
     interval: Annotated[
         PositiveSeconds, Meta(description="pause between passes (default 1 s; a message wakes it)")
@@ -609,7 +611,7 @@ def decode_definition(data: object) -> Definition:
     if kind is not None and data.get("params") is not None:
         data = {**data, "params": _given(params_type(kind), data["params"])}
     try:
-        definition: Definition = msgspec.convert(data, HandlerDefinition, dec_hook=decode_hook)
+        definition: Definition = msgspec.convert(whole_numbers(data), HandlerDefinition, dec_hook=decode_hook)
     except msgspec.ValidationError as exc:
         raise _definition_error(str(exc)) from None
     _plain(definition)

@@ -217,6 +217,25 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
             {"type": "expire", "queue": "q", "started": False, "params": {"max_bytes": "0.5"}},
             True,
         ),
+        # Handler params take whole floats as integers, as the document's integer does, and
+        # no integer past int64 (schemathesis sent save 0.0 and max_messages 98699230045634527232).
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {
+                "type": "copy",
+                "queue": "q",
+                "started": False,
+                "params": {"to": "q", "save": 0.0, "batch": 5.0},
+            },
+            True,
+        ),
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {"type": "expire", "queue": "q", "params": {"max_messages": 98699230045634527232}},
+            False,
+        ),
         # A handler runs as a user name in both (schemathesis sent "").
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": ""}, False),
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": "a b"}, False),

@@ -103,6 +103,13 @@ def map_case(ctx: schemathesis.HookContext, case: schemathesis.Case) -> schemath
             for name, queue in (("from", QUEUE), ("to", OTHER_QUEUE), ("dead_letter", OTHER_QUEUE)):
                 if isinstance(params.get(name), str) and params[name]:
                     params[name] = queue
+            # An archive condition's mark is one the queue maps to a mount (its description
+            # says so): the run's queues map mark 0 only.
+            conditions = params.get("conditions")
+            for condition in conditions if isinstance(conditions, list) else ():
+                mark = condition.get("mark") if isinstance(condition, dict) else None
+                if _numbers(mark) and float(mark).is_integer() and 0 <= mark <= 255:  # 14.0 too
+                    condition["mark"] = 0
     policy = body.get("policy")
     if isinstance(policy, dict) and isinstance(policy.get("dead_letter"), str) and policy["dead_letter"]:
         policy["dead_letter"] = OTHER_QUEUE
