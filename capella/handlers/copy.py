@@ -104,8 +104,10 @@ class CopyHandler(QueueHandler[CopyParams]):
         while loop.time() < deadline:
             drafts, last_id, source_last = await source.read(cursor, wait=0.0)
             if not drafts and last_id <= cursor and not waited and params.wait > 0:
-                # Caught up: long-poll the source instead of sleeping a fixed time.
-                drafts, last_id, source_last = await source.read(cursor, wait=params.wait)
+                # Caught up: long-poll the source instead of sleeping a fixed time, within the
+                # pass (a "run now" answers when its pass ends).
+                wait = min(params.wait, max(0.0, deadline - loop.time()))
+                drafts, last_id, source_last = await source.read(cursor, wait=wait)
                 waited = True
             if drafts:
                 stored = await self._append(target, drafts)

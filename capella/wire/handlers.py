@@ -238,7 +238,14 @@ MAX_IN_FLIGHT = 10_000
 MAX_TIMEOUT = 60.0
 _HEADER_NAME = re.compile(r"[!#$&'*+.^_`|~0-9A-Za-z-]+")
 # Set by the push handler itself: a params header of these names would be overwritten or unsafe.
-_RESERVED = ("authorization", "idempotency-key", "content-length", "host", "transfer-encoding", "user-agent")
+RESERVED_HEADERS = (
+    "authorization",
+    "idempotency-key",
+    "content-length",
+    "host",
+    "transfer-encoding",
+    "user-agent",
+)
 URL_PATTERN = r"^https?://[^\s/?#@]+([/?#]\S*)?$"
 
 
@@ -277,7 +284,16 @@ class PushParams(Params):
     concurrency: Annotated[int, Meta(ge=1, le=1000, description="requests in flight (default 4)")] = 4
     timeout: Annotated[PositiveSeconds, Meta(description="per request (default 10 s, at most 60 s)")] = 10.0
     wait: Annotated[Seconds, Meta(description="long-poll when caught up (default 2 s)")] = 2.0
-    headers: Annotated[dict[str, str], Meta(description="extra request headers")] = {}
+    headers: Annotated[
+        dict[
+            Annotated[str, schema(pattern=f"^{_HEADER_NAME.pattern}$")],
+            Annotated[str, schema(pattern="^[^\r\n\x00]*$")],
+        ],
+        Meta(
+            description="extra request headers: HTTP token names, values without CR, LF or NUL; not "
+            f"{', '.join(RESERVED_HEADERS)} or capella-*, which the handler sets"
+        ),
+    ] = {}
     segments: Segments | None = None
     max_attempts: (
         Annotated[int, schema(minimum=0, maximum=1_000_000, description="0: no limit (default 5)")] | None
@@ -320,7 +336,7 @@ class PushParams(Params):
                 raise InvalidRequest(
                     f"params.headers: {name!r} is not a valid header", field="params.headers"
                 )
-            if name.lower() in _RESERVED or name.lower().startswith("capella-"):
+            if name.lower() in RESERVED_HEADERS or name.lower().startswith("capella-"):
                 raise InvalidRequest(
                     f"params.headers: {name} is set by the handler "
                     "(credentials: params.token or params.basic)",

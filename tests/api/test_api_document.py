@@ -236,6 +236,30 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
             {"type": "expire", "queue": "q", "params": {"max_messages": 98699230045634527232}},
             False,
         ),
+        # A push header is an HTTP token name in both (schemathesis sent "\u00ae\u0012u%").
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {"type": "push", "queue": "q", "params": {"url": "http://x", "headers": {"a b": "1"}}},
+            False,
+        ),
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {"type": "push", "queue": "q", "params": {"url": "http://x", "headers": {"X-A": "a\nb"}}},
+            False,
+        ),
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {
+                "type": "push",
+                "queue": "q",
+                "started": False,
+                "params": {"url": "http://x", "headers": {"X-A": "1"}},
+            },
+            True,
+        ),
         # A handler runs as a user name in both (schemathesis sent "").
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": ""}, False),
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": "a b"}, False),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from support.wait import until
 from capella.api import create_app
 from capella.config import ServerSettings, parse_config
 from capella.core.cluster import Cluster
+from capella.handlers.copy import PASS_SECONDS
 from capella.handlers.supervisor import Supervisor
 
 H = "/v1/handlers"
@@ -289,6 +291,18 @@ async def test_run_expires_the_oldest_blocks_and_counts_them(q: TestClient) -> N
     assert [m["id"] for m in page["messages"]] == [5, 6, 7]
     resp = await q.post("/v1/queues/orders/messages", json={"data": "next"})
     assert (await resp.json())["results"][0]["id"] == 8
+
+
+async def test_a_run_answers_when_its_pass_ends_however_long_the_long_poll(q: TestClient) -> None:
+    """A caught-up copy long-polls its source within the pass (PASS_SECONDS), not for its
+    whole ``wait``: schemathesis's "run now" with wait 51194004398 s never answered."""
+    assert (await q.put("/v1/queues/copies", json={})).status == 201
+    body = {"type": "copy", "queue": "orders", "params": {"to": "copies", "wait": "1h"}, "started": False}
+    await put(q, "c", body, 201)
+
+    info = await asyncio.wait_for(post(q, f"{H}/c/run"), PASS_SECONDS + 10)
+
+    assert info["status"]["last_error"] is None and info["status"]["runs"] == 1
 
 
 async def test_run_unloads_and_flushes(q: TestClient) -> None:

@@ -18,6 +18,7 @@ import schemathesis
 from capella.units import parse_duration, parse_size
 from capella.wire import parse_time
 from capella.wire.fields import DURATION_PATTERN, SIZE_PATTERN
+from capella.wire.handlers import RESERVED_HEADERS
 
 TEN_YEARS = 10 * 365 * 86_400
 MAX_LEASE = 12 * 3600
@@ -117,8 +118,9 @@ def map_case(ctx: schemathesis.HookContext, case: schemathesis.Case) -> schemath
 
 
 def breaks_a_rule(value: Any) -> bool:
-    """Whether a body, at any depth, holds a reversed range, a time too far ahead, a number
-    too large for the server, or a mount the server does not have."""
+    """Whether a body, at any depth, holds a reversed range (segments, an archive condition's
+    ages), a time too far ahead, a number too large for the server, or a mount the server does
+    not have."""
     if isinstance(value, list):
         return any(breaks_a_rule(item) for item in value)
     if not isinstance(value, dict):
@@ -136,6 +138,14 @@ def breaks_a_rule(value: Any) -> bool:
         return True
     if too_far(value.get("delay"), value.get("deliver_at")) or in_the_future(value.get("external_time")):
         return True
+    headers = value.get("headers")
+    if isinstance(headers, dict) and any(isinstance(k, str) and reserved_header(k) for k in headers):
+        return True  # a push header the handler sets itself (the description names them)
+    if "to_age" in value and value["to_age"] is not None:
+        # An archive condition's ages: from_age (default 0) below to_age.
+        low, high = _seconds(value.get("from_age", 0)), _seconds(value["to_age"])
+        if low is not None and high is not None and high <= low:
+            return True
     lease, cap = _seconds(value.get("lease")), _seconds(value.get("max_delay"))
     if (lease is not None and lease > MAX_LEASE) or (cap is not None and cap > TEN_YEARS):
         return True  # a lease of at most 12 h, a delay of at most ten years, in text too
@@ -157,6 +167,10 @@ def breaks_a_rule(value: Any) -> bool:
         if any(isinstance(name, str) and name not in MOUNTS for name in named):
             return True
     return any(breaks_a_rule(item) for item in value.values())
+
+
+def reserved_header(name: str) -> bool:
+    return name.lower() in RESERVED_HEADERS or name.lower().startswith("capella-")
 
 
 def retries_out_of_order(policy: dict[str, Any]) -> bool:
