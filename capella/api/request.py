@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any, TypeVar
 
 import msgspec
@@ -17,6 +18,7 @@ from capella.errors import InvalidRequest, JsonTooDeep, PayloadTooLarge, Request
 from capella.handlers.supervisor import Supervisor
 from capella.units import parse_duration
 from capella.wire.decode import decode
+from capella.wire.fields import SEGMENTS_PATTERN
 
 CLUSTER = web.AppKey("cluster", Cluster)
 SETTINGS = web.AppKey("settings", ServerSettings)
@@ -174,11 +176,18 @@ def bool_param(request: web.Request, name: str, default: bool) -> bool:
     raise InvalidRequest(f"{name}: expected true or false, got {text!r}", parameter=name)
 
 
+_SEGMENTS = re.compile(SEGMENTS_PATTERN)
+
+
 def segments_param(request: web.Request) -> list[tuple[int, int]] | None:
     """``segments=0-9,20-29,42``: inclusive ranges; a negative bound is written ``-5--1``."""
     text = request.query.get("segments")
-    if text is None or text.strip() == "":
+    if not text:
         return None
+    if not _SEGMENTS.fullmatch(text):
+        # What the document's pattern takes (Python's reading of \s and \d, as its checkers'),
+        # so a value of blanks alone is refused, not taken as no filter.
+        raise InvalidRequest(f"segments: expected ranges like 0-9,20-29, got {text!r}", parameter="segments")
     ranges: list[tuple[int, int]] = []
     for part in text.split(","):
         ranges.append(parse_range(part.strip()))
