@@ -48,7 +48,7 @@ pytest: $(STAMP) tools
 	CAPELLA_NO_EXTENSIONS=1 $(BIN)/pytest -q -p no:cacheprovider $(KERNEL_TESTS)
 
 # schemathesis with every check but auth, three seeds, against a real server: the document and
-# the server agree (tests/e2e/test_fuzz.py). A few minutes.
+# the server agree (tests/e2e/test_fuzz.py). About 25 minutes.
 fuzz: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider -m fuzz tests/e2e/test_fuzz.py
 
