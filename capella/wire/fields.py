@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from msgspec import Meta
 
-from capella.units import parse_duration, parse_size
+from capella.units import MAX_SIZE, parse_duration, parse_size
 
 
 def schema(**keywords: Any) -> Meta:
@@ -156,6 +156,6 @@ def schema_hook(kind: type) -> dict[str, Any]:
         return {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": DURATION_PATTERN}]}
     if kind is Bytes:
         text = {"type": "string", "pattern": POSITIVE_SIZE_PATTERN}
-        return {"anyOf": [{"type": "integer", "minimum": 1}, text]}
+        return {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_SIZE}, text]}
     # msgspec's schema_hook protocol, as above.
     raise NotImplementedError(kind)

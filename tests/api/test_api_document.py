@@ -272,6 +272,12 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
             },
             True,
         ),
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {"type": "expire", "queue": "q", "params": {"max_bytes": 32589158477190044729}},
+            False,
+        ),
         # A handler runs as a user name in both (schemathesis sent "").
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": ""}, False),
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": "a b"}, False),
