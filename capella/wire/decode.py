@@ -42,15 +42,20 @@ def decode(value: object, kind: type[S], *, at: str = "") -> S:
         raise field_error(str(exc), kind, at) from None
 
 
+class WholeFloat(int):
+    """A whole float (``5.0``) taken as an integer: msgspec's int takes it as any int, and a
+    duration still reads it as seconds (only a JSON integer may be the original's nanoseconds)."""
+
+
 def whole_numbers(value: object) -> object:
-    """``value`` with every whole float (``5.0``) as an int, at any depth.
+    """``value`` with every whole float (``5.0``) as an int (``WholeFloat``), at any depth.
 
     JSON has one number type, and JSON Schema's integer takes ``5.0``; msgspec's int does not.
     A float field still takes the int.
     """
     if type(value) is float:
         # Only where a float is exact: past 2**53 it may be a rounded integer out of range.
-        return int(value) if value.is_integer() and abs(value) < 2**53 else value
+        return WholeFloat(value) if value.is_integer() and abs(value) < 2**53 else value
     if type(value) is dict:
         return {k: whole_numbers(v) for k, v in value.items()}
     if type(value) is list:

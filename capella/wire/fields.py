@@ -120,7 +120,8 @@ NANOSECOND_THRESHOLD = 10**12
 
 def seconds(value: object, *, positive: bool) -> float:
     """Seconds from a duration as the handler params take it; ``ValueError`` says why not."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= NANOSECOND_THRESHOLD:
+    # A JSON integer only: not a bool, nor a whole float (decode.WholeFloat) that was seconds.
+    if type(value) is int and value >= NANOSECOND_THRESHOLD:
         result = value / 1e9
     else:
         result = parse_duration(value)

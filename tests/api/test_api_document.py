@@ -278,6 +278,22 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
             {"type": "expire", "queue": "q", "params": {"max_bytes": 32589158477190044729}},
             False,
         ),
+        # A duration written as a whole float is seconds, as any float: only a JSON integer
+        # of 10**12 or more is the original's nanoseconds (to_age 4188193079906183.0 s is above
+        # from_age 56999766.905 s).
+        (
+            "/v1/handlers/h",
+            "HandlerDefinition",
+            {
+                "type": "archive",
+                "queue": "q",
+                "started": False,
+                "params": {
+                    "conditions": [{"mark": 0, "from_age": "56999766905ms", "to_age": 4188193079906183.0}]
+                },
+            },
+            True,
+        ),
         # A handler runs as a user name in both (schemathesis sent "").
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": ""}, False),
         ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": "a b"}, False),

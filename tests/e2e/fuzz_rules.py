@@ -15,10 +15,11 @@ from typing import Any
 
 import schemathesis
 
+from capella.handlers.push import SECRET_PARAMS
 from capella.units import parse_duration, parse_size
 from capella.wire import parse_time
 from capella.wire.fields import DURATION_PATTERN, SIZE_PATTERN
-from capella.wire.handlers import RESERVED_HEADERS
+from capella.wire.handlers import MAX_TIMEOUT, RESERVED_HEADERS
 
 TEN_YEARS = 10 * 365 * 86_400
 MAX_LEASE = 12 * 3600
@@ -138,6 +139,9 @@ def breaks_a_rule(value: Any) -> bool:
         return True
     if too_far(value.get("delay"), value.get("deliver_at")) or in_the_future(value.get("external_time")):
         return True
+    timeout = _seconds(value.get("timeout"))
+    if "url" in value and timeout is not None and timeout > MAX_TIMEOUT:
+        return True  # a push request's timeout: at most 60 s (its description says so)
     headers = value.get("headers")
     if isinstance(headers, dict) and any(isinstance(k, str) and reserved_header(k) for k in headers):
         return True  # a push header the handler sets itself (the description names them)
@@ -230,12 +234,15 @@ def ranges_in_order(text: str) -> bool:
 
 
 def names_a_secret(value: Any) -> bool:
-    """Whether a body names a declared secret (``token_secret``, a push handler's ``secret``)."""
+    """Whether a body names a declared secret (``token_secret``; a push handler's ``secret``,
+    ``token`` or ``basic``)."""
     if isinstance(value, list):
         return any(names_a_secret(item) for item in value)
     if not isinstance(value, dict):
         return False
-    named = any(isinstance(v, str) and (k == "secret" or k.endswith("_secret")) for k, v in value.items())
+    named = any(
+        isinstance(v, str) and (k in SECRET_PARAMS or k.endswith("_secret")) for k, v in value.items()
+    )
     return named or any(names_a_secret(v) for v in value.values())
 
 
