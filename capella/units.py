@@ -15,7 +15,11 @@ import re
 # Sizes end up in stored JSON definitions, and orjson writes no integer past 64 bits.
 MAX_SIZE = 2**63 - 1
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|h|d)?\s*$")
+# Blanks and digits are ASCII's alone: the document's patterns say the same, and JSON Schema's
+# checkers (ECMA-262) and Python's re read \s and \d differently outside ASCII.
+BLANK = r"[ \t\n\r\f\v]"
+DIGIT = "[0-9]"
+_DURATION = re.compile(rf"^{BLANK}*({DIGIT}+(?:\.{DIGIT}+)?){BLANK}*(ns|us|ms|s|m|h|d)?{BLANK}*$")
 _DURATION_UNITS = {
     "ns": 1e-9,
     "us": 1e-6,
@@ -26,7 +30,7 @@ _DURATION_UNITS = {
     "d": 86400.0,
     None: 1.0,
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(rf"^{BLANK}*({DIGIT}+(?:\.{DIGIT}+)?){BLANK}*([kmgt]i?b?|b)?{BLANK}*$", re.IGNORECASE)
 
 
 def parse_duration(value: object) -> float:

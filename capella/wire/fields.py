@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from msgspec import Meta
 
-from capella.units import MAX_SIZE, parse_duration, parse_size
+from capella.units import BLANK, DIGIT, MAX_SIZE, parse_duration, parse_size
 
 
 def schema(**keywords: Any) -> Meta:
@@ -29,14 +29,15 @@ NAME = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
 NAME_PATTERN = f"^{NAME}$"
 USER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@\-]{0,127}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-SEGMENTS_PATTERN = r"^\s*-?\d+(--?\d+)?(\s*,\s*-?\d+(--?\d+)?)*\s*$"
+SEGMENTS_PATTERN = rf"^{BLANK}*-?{DIGIT}+(--?{DIGIT}+)?({BLANK}*,{BLANK}*-?{DIGIT}+(--?{DIGIT}+)?)*{BLANK}*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
-DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ns|us|ms|s|m|h|d)?\s*$"
+DURATION_PATTERN = rf"^{BLANK}*{DIGIT}+(\.{DIGIT}+)?{BLANK}*(ns|us|ms|s|m|h|d)?{BLANK}*$"
 # The same with a digit other than 0 somewhere in the number: greater than 0.
-POSITIVE_DURATION_PATTERN = r"^\s*(\d*[1-9]\d*(\.\d+)?|\d+\.\d*[1-9]\d*)\s*(ns|us|ms|s|m|h|d)?\s*$"
-SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*([kmgtKMGT][iI]?[bB]?|[bB])?\s*$"
+_POSITIVE = rf"({DIGIT}*[1-9]{DIGIT}*(\.{DIGIT}+)?|{DIGIT}+\.{DIGIT}*[1-9]{DIGIT}*)"
+POSITIVE_DURATION_PATTERN = rf"^{BLANK}*{_POSITIVE}{BLANK}*(ns|us|ms|s|m|h|d)?{BLANK}*$"
+SIZE_PATTERN = rf"^{BLANK}*{DIGIT}+(\.{DIGIT}+)?{BLANK}*([kmgtKMGT][iI]?[bB]?|[bB])?{BLANK}*$"
 # The same greater than 0 (a positive size under one byte is one byte).
-POSITIVE_SIZE_PATTERN = r"^\s*(\d*[1-9]\d*(\.\d+)?|\d+\.\d*[1-9]\d*)\s*([kmgtKMGT][iI]?[bB]?|[bB])?\s*$"
+POSITIVE_SIZE_PATTERN = rf"^{BLANK}*{_POSITIVE}{BLANK}*([kmgtKMGT][iI]?[bB]?|[bB])?{BLANK}*$"
 
 Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX, extra_json_schema={"format": "int64"})]
 # A whole number written as a float (5.0), which JSON Schema's integer takes: exact up to 2**53.

@@ -246,7 +246,8 @@ RESERVED_HEADERS = (
     "transfer-encoding",
     "user-agent",
 )
-URL_PATTERN = r"^https?://[^\s/?#@]+([/?#]\S*)?$"
+# No blank or control character anywhere (each checker agrees on these).
+URL_PATTERN = r"^https?://[^\x00-\x20\x7f/?#@]+([/?#][^\x00-\x20\x7f]*)?$"
 
 
 class PushParams(Params):
