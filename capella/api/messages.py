@@ -10,6 +10,7 @@ batch page, as the Accept header asks.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -61,6 +62,7 @@ from capella.core.log.batch import Batch
 from capella.core.message import SaveMode
 from capella.core.queue import Appended, Delayed, Page, Queue
 from capella.errors import InvalidRequest, NotAcceptable, QueueNotFound
+from capella.units import BLANK, DIGIT
 from capella.wire import batch_page, frames, record_batch
 from capella.wire.record_batch import RecordBatch
 
@@ -71,6 +73,9 @@ HEARTBEAT_SECONDS = 15.0
 REPLICA_TIMEOUT = 10.0
 STREAM_BATCH = 1000
 _SSE_EVENT = b"id: %d\nevent: message\ndata: %b\n\n"
+
+# Last-Event-ID: a message id, blanks around it; empty (blanks alone) is not given.
+LAST_EVENT_ID = re.compile(rf"^{BLANK}*({DIGIT}*){BLANK}*$")
 
 
 # --- produce --------------------------------------------------------------------------------
@@ -301,14 +306,12 @@ async def stream(request: web.Request) -> web.StreamResponse:
     """Server-Sent Events: every message after ``after`` (or ``Last-Event-ID``), then the tail."""
     queue = request.app[CLUSTER].queue(request.match_info["queue"])
     after = int_param(request, "after", 0, low=0)
-    last_event = request.headers.get("Last-Event-ID", "").strip()
-    if last_event:
-        try:
-            after = int(last_event)
-        except ValueError:
-            raise InvalidRequest(f"Last-Event-ID: expected a message id, got {last_event!r}") from None
-        if after < 0:
-            raise InvalidRequest("Last-Event-ID: must not be negative")
+    last_event = request.headers.get("Last-Event-ID", "")
+    found = LAST_EVENT_ID.fullmatch(last_event)
+    if found is None:
+        raise InvalidRequest(f"Last-Event-ID: expected a message id, got {last_event!r}")
+    if found.group(1):
+        after = int(found.group(1))
     segments = segments_param(request)
     heartbeat = request.app.get(HEARTBEAT, HEARTBEAT_SECONDS)
     response = web.StreamResponse(
@@ -445,7 +448,7 @@ ROUTES = [
             param(
                 "Last-Event-ID",
                 "header",
-                {"type": "string", "pattern": r"^\s*\d*\s*$"},
+                {"type": "string", "pattern": LAST_EVENT_ID.pattern},
                 "Resume after this message id (wins over after; empty: not given)",
             ),
         ),

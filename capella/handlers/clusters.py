@@ -56,6 +56,8 @@ from capella.wire.fields import seconds
 if TYPE_CHECKING:
     from capella.client import AsyncClient
 
+# As CLUSTER_URL_PATTERN, but taking "@", which is refused in words (credentials in the URL).
+_URL = re.compile(r"https?://[^\x00-\x20\x7f/]+(/[^\x00-\x20\x7f]*)?")
 log = logging.getLogger(__name__)
 # The log lines keep their older words ("cluster link ... link=NAME"): operators' alerts and
 # searches match them.
@@ -351,7 +353,7 @@ class Clusters:
         if unknown := sorted(set(data) - allowed):
             raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
         url = data.get("url")
-        if not isinstance(url, str) or not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", url):
+        if not isinstance(url, str) or not _URL.fullmatch(url):
             raise InvalidRequest("url must be an http:// or https:// URL", field="url")
         if "@" in url.split("/")[2]:
             # The URL is shown and logged: credentials go in username/password, never in it.

@@ -16,6 +16,11 @@ Secret = Annotated[str, schema(minLength=1, writeOnly=True)]
 SecretName = Annotated[str, schema(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
 
 
+# An external cluster's URL: no credentials in it, no blank or control character anywhere
+# (every checker reads these alike; \s does not: Python's takes \x1c, ECMA-262's does not).
+CLUSTER_URL_PATTERN = r"^https?://[^\x00-\x20\x7f/@]+(/[^\x00-\x20\x7f]*)?$"
+
+
 class ClusterDefinition(Struct, forbid_unknown_fields=True):
     """at most one of password, password_secret, token and token_secret; a password (stored or
     from a declared secret) needs a username"""
@@ -34,7 +39,7 @@ class ClusterDefinition(Struct, forbid_unknown_fields=True):
         ],
     }
 
-    url: Annotated[str, schema(pattern=r"^https?://[^\s/@]+(/\S*)?$")]
+    url: Annotated[str, schema(pattern=CLUSTER_URL_PATTERN)]
     username: Annotated[str, schema(minLength=1)] | None = None
     password: (
         Annotated[Secret, Meta(description="stored encrypted with the server's key; never shown again")]

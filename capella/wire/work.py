@@ -110,7 +110,7 @@ class SubscriptionList(Struct):
 class ClaimedMessage(StoredMessage, omit_defaults=True, kw_only=True):
     """A claimed message: a stored message with its receipt, attempt and lease."""
 
-    receipt: Annotated[str, schema(pattern=r"^\d+\.\d+$")]
+    receipt: Annotated[str, schema(pattern=r"^[0-9]+\.[0-9]+$")]
     attempt: Annotated[int, Meta(ge=1)]
     lease_until: Time
     last_error: str | None

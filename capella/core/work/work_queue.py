@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -77,11 +78,15 @@ class Outcome(NamedTuple):
     entry: Entry | None = None
 
 
+_RECEIPT_PART = re.compile("[0-9]{1,19}")
+
+
 def parse_receipt(text: object) -> tuple[int, int]:
     """``"<id>.<claims>"`` → (id, claims)."""
     if isinstance(text, str):
         head, _, tail = text.partition(".")
-        if head.isdigit() and tail.isdigit() and len(head) <= 19 and len(tail) <= 19:
+        # ASCII digits only: str.isdigit takes "²", which int() refuses.
+        if _RECEIPT_PART.fullmatch(head) and _RECEIPT_PART.fullmatch(tail):
             return int(head), int(tail)
     raise InvalidRequest(f"receipts: {text!r} is not a receipt (id.claim)", field="receipts")
 
