@@ -167,9 +167,10 @@ SUBSCRIPTIONS = ("billing", "mirror")
 HANDLERS = ("flush-orders", "expire-orders", "copy-orders")
 CLUSTERS = ("remote",)
 
-# A URL the server takes for a cluster (capella/handlers/clusters.py): its host is replaced before
-# the request goes out, so no ping or copy ever leaves the machine.
-ACCEPTED_URL = re.compile(r"(https?://)([^\s/]+)((/\S*)?)")
+# A URL the server takes for a cluster (capella/handlers/clusters.py _URL: no ASCII blank or
+# control character, any other character): its host is replaced before the request goes out, so
+# no ping or copy ever leaves the machine, whatever the generated host (U+2003 included).
+ACCEPTED_URL = re.compile(r"(https?://)([^\x00-\x20\x7f/]+)((/[^\x00-\x20\x7f]*)?)")
 
 # The document the server serves (the fixture checks that): loaded here, at collection time,
 # because schemathesis' loading from a fixture does not work with pytest 9.2.
