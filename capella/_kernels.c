@@ -362,6 +362,19 @@ static int next_header(const unsigned char **pos, const unsigned char *end, Span
     return (value->text = take(pos, end, value->len)) != NULL;
 }
 
+/* The columns of the body at data[body:end], as read_columns; 0 also for offsets outside the
+ * buffer or ids that would pass 2**64 (Python's read refuses both before a kernel is called,
+ * but a kernel trusts nothing it is given). */
+static int read_batch(Columns *c, const Py_buffer *data, Py_ssize_t body, Py_ssize_t end, unsigned flags,
+                      uint32_t count, unsigned long long base_id, const char *source, Py_ssize_t source_len) {
+    memset(c, 0, sizeof *c);
+    if (body < 0 || end < body || end > data->len || base_id > UINT64_MAX - count) {
+        return 0;
+    }
+    const unsigned char *bytes = data->buf;
+    return read_columns(c, bytes + body, bytes + end, flags, count, source, source_len);
+}
+
 /* One header map as a JSON object; 0 when it does not parse as _decode_headers reads it
  * (a repeated key included) or a key or value is not UTF-8. */
 static int out_headers(Out *out, const unsigned char *map, size_t len) {
@@ -506,12 +519,7 @@ static PyObject *batch_json(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *result = NULL;
     Out out = {NULL, 0, 0};
     Columns c = {0};
-    if (body < 0 || end < body || end > data.len || base_id > UINT64_MAX - count) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    const unsigned char *bytes = data.buf;
-    int parsed = read_columns(&c, bytes + body, bytes + end, flags, count, source, source_len);
+    int parsed = read_batch(&c, &data, body, end, flags, count, base_id, source, source_len);
     if (parsed <= 0) {
         result = parsed < 0 ? NULL : Py_NewRef(Py_None);
         goto done;
@@ -667,12 +675,7 @@ static PyObject *batch_messages(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *time = NULL;
     PyObject **sources = NULL;
     Columns c = {0};
-    if (body < 0 || end < body || end > data.len || base_id > UINT64_MAX - count) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    const unsigned char *bytes = data.buf;
-    int parsed = read_columns(&c, bytes + body, bytes + end, flags, count, "", 0);
+    int parsed = read_batch(&c, &data, body, end, flags, count, base_id, "", 0);
     if (parsed <= 0) {
         result = parsed < 0 ? NULL : Py_NewRef(Py_None);
         goto done;
