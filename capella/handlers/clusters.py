@@ -51,13 +51,13 @@ from capella.wire.clusters import (
     ClusterTls,
     NameCheck,
 )
-from capella.wire.fields import seconds
+from capella.wire.fields import URL_EXCLUDED, seconds
 
 if TYPE_CHECKING:
     from capella.client import AsyncClient
 
 # As CLUSTER_URL_PATTERN, but taking "@", which is refused in words (credentials in the URL).
-_URL = re.compile(r"https?://[^\x00-\x20\x7f/]+(/[^\x00-\x20\x7f]*)?")
+_URL = re.compile(rf"https?://[^{URL_EXCLUDED}/]+(/[^{URL_EXCLUDED}]*)?")
 log = logging.getLogger(__name__)
 # The log lines keep their older words ("cluster link ... link=NAME"): operators' alerts and
 # searches match them.

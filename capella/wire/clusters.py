@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from msgspec import UNSET, Meta, UnsetType
 
 from capella.wire.answers import ErrorDetail
-from capella.wire.fields import PositiveDuration, schema
+from capella.wire.fields import URL_EXCLUDED, PositiveDuration, schema
 from capella.wire.struct import Struct
 
 CREDENTIALS = ("password", "password_secret", "token", "token_secret")
@@ -16,9 +16,8 @@ Secret = Annotated[str, schema(minLength=1, writeOnly=True)]
 SecretName = Annotated[str, schema(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
 
 
-# An external cluster's URL: no credentials in it, no blank or control character anywhere
-# (every checker reads these alike; \s does not: Python's takes \x1c, ECMA-262's does not).
-CLUSTER_URL_PATTERN = r"^https?://[^\x00-\x20\x7f/@]+(/[^\x00-\x20\x7f]*)?$"
+# An external cluster's URL: no credentials in it, no blank or control character anywhere.
+CLUSTER_URL_PATTERN = rf"^https?://[^{URL_EXCLUDED}/@]+(/[^{URL_EXCLUDED}]*)?$"
 
 
 class ClusterDefinition(Struct, forbid_unknown_fields=True):

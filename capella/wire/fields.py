@@ -31,6 +31,9 @@ USER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@\-]{0,127}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 SEGMENTS_PATTERN = rf"^{BLANK}*-?{DIGIT}+(--?{DIGIT}+)?({BLANK}*,{BLANK}*-?{DIGIT}+(--?{DIGIT}+)?)*{BLANK}*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+# What a URL never holds: an ASCII blank or control character (every checker reads these alike;
+# \s does not: Python's takes \x1c, ECMA-262's does not).
+URL_EXCLUDED = r"\x00-\x20\x7f"
 DURATION_PATTERN = rf"^{BLANK}*{DIGIT}+(\.{DIGIT}+)?{BLANK}*(ns|us|ms|s|m|h|d)?{BLANK}*$"
 # The same with a digit other than 0 somewhere in the number: greater than 0.
 _POSITIVE = rf"({DIGIT}*[1-9]{DIGIT}*(\.{DIGIT}+)?|{DIGIT}+\.{DIGIT}*[1-9]{DIGIT}*)"

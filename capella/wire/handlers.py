@@ -13,6 +13,7 @@ from capella.wire.decode import whole_numbers
 from capella.wire.fields import (
     INT64_MAX,
     NAME,
+    URL_EXCLUDED,
     USER_NAME_PATTERN,
     Bytes,
     Duration,
@@ -246,8 +247,14 @@ RESERVED_HEADERS = (
     "transfer-encoding",
     "user-agent",
 )
-# No blank or control character anywhere (each checker agrees on these).
-URL_PATTERN = r"^https?://[^\x00-\x20\x7f/?#@]+([/?#][^\x00-\x20\x7f]*)?$"
+
+
+def reserved_header(name: str) -> bool:
+    """Whether a push header is one the handler sets itself."""
+    return name.lower() in RESERVED_HEADERS or name.lower().startswith("capella-")
+
+
+URL_PATTERN = rf"^https?://[^{URL_EXCLUDED}/?#@]+([/?#][^{URL_EXCLUDED}]*)?$"
 
 
 class PushParams(Params):
@@ -337,7 +344,7 @@ class PushParams(Params):
                 raise InvalidRequest(
                     f"params.headers: {name!r} is not a valid header", field="params.headers"
                 )
-            if name.lower() in RESERVED_HEADERS or name.lower().startswith("capella-"):
+            if reserved_header(name):
                 raise InvalidRequest(
                     f"params.headers: {name} is set by the handler "
                     "(credentials: params.token or params.basic)",

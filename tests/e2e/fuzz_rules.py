@@ -19,7 +19,7 @@ from capella.handlers.push import SECRET_PARAMS
 from capella.units import parse_duration, parse_size
 from capella.wire import parse_time
 from capella.wire.fields import DURATION_PATTERN, SIZE_PATTERN
-from capella.wire.handlers import MAX_TIMEOUT, RESERVED_HEADERS
+from capella.wire.handlers import MAX_TIMEOUT, reserved_header
 
 TEN_YEARS = 10 * 365 * 86_400
 MAX_LEASE = 12 * 3600
@@ -171,10 +171,6 @@ def breaks_a_rule(value: Any) -> bool:
         if any(isinstance(name, str) and name not in MOUNTS for name in named):
             return True
     return any(breaks_a_rule(item) for item in value.values())
-
-
-def reserved_header(name: str) -> bool:
-    return name.lower() in RESERVED_HEADERS or name.lower().startswith("capella-")
 
 
 def retries_out_of_order(policy: dict[str, Any]) -> bool:

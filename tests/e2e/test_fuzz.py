@@ -56,6 +56,7 @@ from support.servers import ServerProcess, free_port
 
 from capella.api.app import ROUTES, document
 from capella.wire import batch_page, record_batch
+from capella.wire.fields import URL_EXCLUDED
 
 from . import fuzz_rules
 
@@ -170,7 +171,7 @@ CLUSTERS = ("remote",)
 # A URL the server takes for a cluster (capella/handlers/clusters.py _URL: no ASCII blank or
 # control character, any other character): its host is replaced before the request goes out, so
 # no ping or copy ever leaves the machine, whatever the generated host (U+2003 included).
-ACCEPTED_URL = re.compile(r"(https?://)([^\x00-\x20\x7f/]+)((/[^\x00-\x20\x7f]*)?)")
+ACCEPTED_URL = re.compile(rf"(https?://)([^{URL_EXCLUDED}/]+)((/[^{URL_EXCLUDED}]*)?)")
 
 # The document the server serves (the fixture checks that): loaded here, at collection time,
 # because schemathesis' loading from a fixture does not work with pytest 9.2.
