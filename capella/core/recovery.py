@@ -22,7 +22,7 @@ from capella.core.stats import Recovery
 from capella.core.subscription_store import SubscriptionStore
 from capella.errors import CorruptData, KeyNotFound
 from capella.storage import keys
-from capella.wire.record_batch import RecordBatch, select
+from capella.wire.record_batch import RecordBatch, framed, select
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +107,9 @@ async def _recover_journals(store: BlockStore, sealed_last: int, recovery: Recov
         # A batch that overlaps the sealed blocks is cut to its messages after them.
         for batch in scan.batches:
             if batch.base_id > sealed_last:
-                block.batches.append(batch.raw())
+                block.add_batch(batch.alone(), journaled=True)
             elif batch.last_id > sealed_last:
-                block.batches.append(_tail(batch, sealed_last + 1))
+                block.add_batch(framed(_tail(batch, sealed_last + 1)), journaled=True)
         block.journal = await meta.journal(key, truncate_to=scan.valid_length)
         block.durable_size = block.journal.size
         block.size = scan.valid_length - len(JOURNAL_HEADER)

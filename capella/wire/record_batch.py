@@ -88,6 +88,23 @@ class RecordBatch:
             return self.data
         return self.data[self.start : self.end]
 
+    def alone(self) -> RecordBatch:
+        """The batch over a copy of its own bytes, to keep without the rest of ``data``."""
+        if self.start == 0 and self.end == len(self.data):
+            return self
+        start = self.start
+        return RecordBatch(
+            self.raw(),
+            0,
+            self.end - start,
+            self.body - start,
+            self.flags,
+            self.count,
+            self.base_id,
+            self.base_time,
+            self.source,
+        )
+
     def fields(self) -> Fields:
         """Every message of the batch, as columns (``CorruptData`` if the body does not parse)."""
         return decode_body(self)
@@ -359,6 +376,17 @@ def read(data: bytes, pos: int = 0, limit: int | None = None) -> RecordBatch:
     except UnicodeDecodeError:
         raise CorruptData(f"record batch at offset {pos}: the source is not UTF-8") from None
     return RecordBatch(data, pos, end, body, flags, count, base_id, base_time, source)
+
+
+def framed(data: bytes) -> RecordBatch:
+    """The batch that ``data`` holds whole, from its head alone, unchecked: for bytes this
+    process has just framed (``stamp``, ``select``, ``encode``). ``read`` checks bytes from
+    anywhere else."""
+    _, _, _, _, flags, count, base_id, base_time, _, source_len = HEAD.unpack_from(data)
+    body = HEAD.size + source_len
+    return RecordBatch(
+        data, 0, len(data), body, flags, count, base_id, base_time, data[HEAD.size : body].decode()
+    )
 
 
 def decode_body(batch: RecordBatch) -> Fields:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from capella.core.log.codec import (
     JOURNAL_HEADER,
     JOURNAL_HEADER_V1,
+    assemble_block,
     block_keys,
     block_records,
     columns_of,
@@ -21,10 +22,12 @@ from capella.core.log.codec import (
     encode_block,
     encode_block_v1,
     encode_record_v1,
+    index_entry,
 )
+from capella.core.log.writer import OpenBlock
 from capella.core.message import Message
 from capella.errors import CorruptData, InvalidMessage
-from capella.wire.record_batch import Fields, encode, encode_fields, read, read_all
+from capella.wire.record_batch import Fields, encode, encode_fields, framed, read, read_all
 
 I64 = st.integers(-(2**63), 2**63 - 1)
 U64 = st.integers(0, 2**64 - 1)
@@ -354,6 +357,48 @@ def test_every_truncation_extension_and_bit_flip_of_a_v2_block_is_corrupt() -> N
             decode_block(flip(block, bit))
         with pytest.raises(CorruptData):
             block_keys(flip(block, bit))
+
+
+@given(messages(max_size=12))
+def test_a_block_assembled_from_the_entries_made_as_its_batches_came_is_the_encoded_block(
+    msgs: list[Message],
+) -> None:
+    # The open block makes each batch's index entry when the batch is added; sealing only
+    # joins them, and must give the block that encoding the batches in one go gives.
+    raw = batches_of(msgs)
+    block = OpenBlock(first_id=1, opened_at=0.0, journal_key="j")
+    for data in raw:
+        block.add_batch(framed(data))
+    assert [b.data for b in block.batches] == raw
+    assert block.pending == raw
+    assembled = assemble_block(block.batches, block.index)
+    assert assembled == encode_block(read_all(b"".join(raw)))[0]
+    assert decode_block(assembled) == msgs
+
+
+def test_a_journaled_batch_is_indexed_but_not_pending_again() -> None:
+    raw = batches_of(small_block())
+    block = OpenBlock(first_id=3, opened_at=0.0, journal_key="j")
+    for batch in read_all(JOURNAL_HEADER + b"".join(raw), len(JOURNAL_HEADER)):
+        alone = batch.alone()
+        assert alone.start == 0 and alone.raw() == batch.raw() and alone.fields() == batch.fields()
+        block.add_batch(alone, journaled=True)
+    assert block.pending == []
+    assert decode_block(assemble_block(block.batches, block.index)) == small_block()
+
+
+@given(messages(max_size=8))
+def test_framed_reads_what_read_reads_from_a_batch_just_made(msgs: list[Message]) -> None:
+    for data in batches_of(msgs):
+        assert framed(data) == read(data)
+
+
+def test_an_index_entry_says_where_its_batch_starts() -> None:
+    batch = read(batches_of(run_of(5, 3, segment=4))[0])
+    here, later = index_entry(batch, 0), index_entry(batch, 1000)
+    assert here != later and len(here) == len(later)
+    with pytest.raises(ValueError, match="increasing"):
+        assemble_block([batch, batch], [here, later])
 
 
 def test_v2_block_ids_must_increase() -> None:

@@ -574,51 +574,64 @@ _BLOCK2_HEAD = struct.Struct("<4sHHIIQQQ")
 _INDEX_ENTRY = struct.Struct("<QQIqqH")
 
 
-def encode_block(batches: Sequence[RecordBatch]) -> tuple[bytes, list[RecordBatch]]:
-    """A sealed block of format 2 holding ``batches`` byte for byte, and the same batches as
-    found in the block's bytes (for the block store's cache). Their ids must strictly increase."""
-    offsets: list[int] = []
-    entries: list[bytes] = []
-    pos = _BLOCK2_HEAD.size
-    last = -1
+def index_entry(batch: RecordBatch, offset: int) -> bytes:
+    """The block index's entry for ``batch``, which starts ``offset`` bytes after the block's head.
+
+    The open block makes each entry as its batch is added, so sealing joins bytes and reads
+    none of them again.
+    """
+    found = record_batch.extent(batch)
     try:
-        for batch in batches:
-            if batch.base_id <= last:
-                raise ValueError("block batches must have strictly increasing ids")
-            last = batch.last_id
-            found = record_batch.extent(batch)
-            entries.append(
-                _INDEX_ENTRY.pack(
-                    batch.base_id, pos, batch.count, found.min_segment, found.max_segment, len(found.sources)
-                )
+        parts = [
+            _INDEX_ENTRY.pack(
+                batch.base_id,
+                _BLOCK2_HEAD.size + offset,
+                batch.count,
+                found.min_segment,
+                found.max_segment,
+                len(found.sources),
             )
-            for source in found.sources:
-                raw = source.encode()
-                entries += (_U16.pack(len(raw)), raw)
-            offsets.append(pos)
-            pos += batch.end - batch.start
+        ]
+        for source in found.sources:
+            raw = source.encode()
+            parts += (_U16.pack(len(raw)), raw)
     except (struct.error, UnicodeEncodeError, OverflowError) as exc:
         raise InvalidMessage(f"block: a batch's index entry cannot be stored: {exc}") from exc
+    return b"".join(parts)
+
+
+def assemble_block(batches: Sequence[RecordBatch], index: Sequence[bytes]) -> bytes:
+    """A sealed block of format 2: ``batches`` byte for byte, with their ``index_entry``s (made
+    for these batches in this order). Their ids must strictly increase."""
+    if any(a.last_id >= b.base_id for a, b in pairwise(batches)):
+        raise ValueError("block batches must have strictly increasing ids")
+    raws = [b.data[b.start : b.end] for b in batches]
+    size = sum(map(len, raws))
     count = sum(b.count for b in batches)
     first_id, last_id = (batches[0].base_id, batches[-1].last_id) if batches else (0, 0)
-    head = _BLOCK2_HEAD.pack(
-        BLOCK_MAGIC, BLOCK_VERSION, 0, count, len(batches), first_id, last_id, pos - _BLOCK2_HEAD.size
-    )
-    index = b"".join(entries)
-    total = pos + len(index) + _BLOCK_FOOT.size
-    crc = zlib.crc32(index, zlib.crc32(head))
-    data = b"".join(
-        (
-            head,
-            *(b.data[b.start : b.end] for b in batches),
-            index,
-            _BLOCK_FOOT.pack(total, BLOCK_END_MAGIC, crc),
+    head = _BLOCK2_HEAD.pack(BLOCK_MAGIC, BLOCK_VERSION, 0, count, len(batches), first_id, last_id, size)
+    entries = b"".join(index)
+    total = _BLOCK2_HEAD.size + size + len(entries) + _BLOCK_FOOT.size
+    crc = zlib.crc32(entries, zlib.crc32(head))
+    return b"".join((head, *raws, entries, _BLOCK_FOOT.pack(total, BLOCK_END_MAGIC, crc)))
+
+
+def encode_block(batches: Sequence[RecordBatch]) -> tuple[bytes, list[RecordBatch]]:
+    """A sealed block of format 2 holding ``batches`` byte for byte, and the same batches as
+    found in the block's bytes. Their ids must strictly increase."""
+    index: list[bytes] = []
+    offset = 0
+    for batch in batches:
+        index.append(index_entry(batch, offset))
+        offset += batch.end - batch.start
+    data = assemble_block(batches, index)
+    placed: list[RecordBatch] = []
+    at = _BLOCK2_HEAD.size
+    for b in batches:
+        placed.append(
+            dataclasses.replace(b, data=data, start=at, end=at + b.end - b.start, body=at + b.body - b.start)
         )
-    )
-    placed = [
-        dataclasses.replace(b, data=data, start=at, end=at + b.end - b.start, body=at + b.body - b.start)
-        for b, at in zip(batches, offsets, strict=True)
-    ]
+        at += b.end - b.start
     return data, placed
 
 

@@ -29,7 +29,7 @@ from capella.core.definition import QueueDefinition
 from capella.core.journal.group_commit import fail
 from capella.core.log.batch import Batch
 from capella.core.log.blocks import BlockMeta, BlockStore
-from capella.core.log.codec import JOURNAL_HEADER, columns_of, encode_block
+from capella.core.log.codec import JOURNAL_HEADER, assemble_block, columns_of, encode_block, index_entry
 from capella.core.log.dedup import BlockSummary
 from capella.core.loops import Loop, TaskFailures, first_of
 from capella.core.message import Draft, Message, drafts_batch
@@ -75,10 +75,14 @@ class OpenBlock:
     pending: list[bytes] = field(default_factory=list)
     journal: Journal | None = None
     durable_size: int = 0
-    # Every record batch of the block, in order: its journal after the header, and the
-    # batches of its sealed form. Empty for a block recovered from a format 1 journal
-    # (``v1``), which takes no more writes and is sealed from its messages.
-    batches: list[bytes] = field(default_factory=list)
+    # Every record batch of the block, in order, each over its own bytes: its journal after
+    # the header, and the batches of its sealed form; with each its entry in the sealed
+    # block's index, made as it is added, so sealing only joins bytes. Empty for a block
+    # recovered from a format 1 journal (``v1``), which takes no more writes and is sealed
+    # from its messages.
+    batches: list[RecordBatch] = field(default_factory=list)
+    index: list[bytes] = field(default_factory=list)
+    batch_bytes: int = 0
     v1: bool = False
 
     def add(self, message: Message) -> None:
@@ -86,9 +90,15 @@ class OpenBlock:
         self.messages.append(message)
         self.keys[(message.source, message.external_id)] = message.id
 
-    def add_batch(self, data: bytes) -> None:
-        self.batches.append(data)
-        self.pending.append(data)
+    def add_batch(self, batch: RecordBatch, *, journaled: bool = False) -> None:
+        """Add a batch that holds its bytes alone (``RecordBatch.alone``) after the others;
+        it is pending for the journal unless it is ``journaled`` already (recovery)."""
+        entry = index_entry(batch, self.batch_bytes)
+        self.batches.append(batch)
+        self.index.append(entry)
+        self.batch_bytes += batch.end
+        if not journaled:
+            self.pending.append(batch.data)
 
     def drop_from(self, index: int) -> None:
         """Forget the messages from ``index`` on (their batch could not be encoded)."""
@@ -430,6 +440,7 @@ class Writer:
                 cut = record_batch.select(batch, piece, first_id)
                 assert cut is not None
                 data = cut
+            block.add_batch(record_batch.framed(data))
             for offset, i in enumerate(take):
                 message_id = first_id + offset
                 given_id = None if external_ids is None else external_ids[i]
@@ -451,7 +462,6 @@ class Writer:
                 ids[i] = message_id
             self.next_id = first_id + len(take)
             block.size += len(data)
-            block.add_batch(data)
             start += len(take)
             if len(block.ids) >= limits.max_messages or block.size >= limits.max_bytes:
                 self.rotate()
@@ -790,25 +800,25 @@ def _add_batch(block: OpenBlock, drafts: list[Draft], now: float, own: str) -> N
     start = len(block.ids) - n
     try:
         data = drafts_batch(drafts, base_id=block.ids[start], base_time=now, source=own)
+        block.add_batch(record_batch.framed(data))
     except BaseException:
         block.drop_from(start)
         raise
     block.size += len(data)
-    block.add_batch(data)
 
 
 def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary, Batch]:
     """The block's bytes, its summary, and its batch for the block store's cache.
 
-    The block holds its journal's batches byte for byte; a block recovered from a format 1
-    journal is encoded as batches here, once. The cached batch serves the sealed object's
-    bytes, as a load of the block would: the block's messages are let go with it, so a
-    sealed block is in memory once (a reader's render decodes it, in the prefetch thread).
+    The block holds its journal's batches byte for byte, with their index entries; a block
+    recovered from a format 1 journal is encoded as batches here, once. The cached batch is
+    the block's own batches, the same bytes as the sealed object's: the block's messages are
+    let go with it, so a sealed block is in memory once (a reader's render decodes it, in the
+    prefetch thread).
     """
-    raw = (
-        block.batches
-        if not block.v1
-        else record_batch.encode_fields(Fields._make(columns_of(block.messages)))
-    )
-    data, records = encode_block(record_batch.read_all(b"".join(raw)))
+    if block.v1:
+        raw = record_batch.encode_fields(Fields._make(columns_of(block.messages)))
+        data, records = encode_block(record_batch.read_all(b"".join(raw)))
+    else:
+        data, records = assemble_block(block.batches, block.index), block.batches
     return data, BlockSummary.build(block.keys, own), Batch.of_records(records)
