@@ -40,6 +40,9 @@ SAME_ORIGIN = frozenset({"same-origin", "none"})
 ANY_HOST = frozenset({"/healthz", "/readyz"})
 # A Host or Origin is echoed in the refusal; this much of it is enough to recognise.
 ECHOED = 200
+# Host headers whose verdict is remembered (a client sends the same one on every request);
+# bounded, since a stranger picks the header.
+KNOWN_HOSTS = 64
 
 
 class BrowserGuard:
@@ -51,13 +54,20 @@ class BrowserGuard:
         self._origins = frozenset(origins)
         self._hosts = frozenset(settings.allowed_hosts)
         self._check_host = check_host
+        self._verdicts: dict[str, bool] = {}
 
     def host_allowed(self, host: str | None) -> bool:
         """Whether ``host`` (a Host header: name or address, perhaps a port) may be served."""
         if host is None:
             return True  # HTTP/1.0 without Host: not a browser, which always sends one
-        name = host_name(host)
-        return is_loopback(name.strip("[]") if name.startswith("[") else name) or name in self._hosts
+        verdict = self._verdicts.get(host)
+        if verdict is None:
+            name = host_name(host)
+            verdict = is_loopback(name.strip("[]") if name.startswith("[") else name) or name in self._hosts
+            if len(self._verdicts) >= KNOWN_HOSTS:
+                self._verdicts.clear()
+            self._verdicts[host] = verdict
+        return verdict
 
     def cross_site(self, request: web.Request) -> bool:
         """Whether a browser marks ``request`` as coming from a page of another, untrusted site."""

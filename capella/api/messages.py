@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import msgspec
 from aiohttp import web
@@ -200,21 +200,36 @@ async def messages_response(request: web.Request, page: Page, form: str) -> web.
     response = web.StreamResponse(headers={"Capella-Last-Id": str(page.last_id)})
     response.content_type = _MEDIA_TYPES[form]
     await response.prepare(request)
+    # One write per part, the last with the end of the answer: a page within one block goes
+    # out with its headers in one send.
+    last = b""
+    for chunk in _chunks(page, form):
+        if last:
+            await response.write(last)
+        last = chunk
+    await response.write_eof(last)
+    return response
+
+
+def _chunks(page: Page, form: str) -> Iterator[bytes]:
+    """The page's parts in a streamed ``form``, a binary form's page head joined to the first."""
     if form == "ndjson":
         for batch, start, stop in page.parts:
-            await response.write(b"\n".join(batch.json()[start:stop]) + b"\n")
-    elif form == "batches":
-        await response.write(batch_page.page_head(page.count, page.last_id))
-        for batch, start, stop in page.parts:
-            # The messages of ids[start:stop]: those after the one before, as many as the slice.
-            cut = record_batch.page_messages(batch.record_batches(), batch.ids[start] - 1, stop - start)
-            await response.write(b"".join(cut))
-    else:
-        await response.write(frames.page_head(page.count, page.last_id))
-        for batch, start, stop in page.parts:
-            await response.write(b"".join(batch.frames()[start:stop]))
-    await response.write_eof()
-    return response
+            yield b"\n".join(batch.json()[start:stop]) + b"\n"
+        return
+    batches = form == "batches"
+    head = (batch_page if batches else frames).page_head(page.count, page.last_id)
+    for batch, start, stop in page.parts:
+        # The messages of ids[start:stop]: those after the one before, as many as the slice.
+        part: Sequence[bytes | memoryview] = (
+            record_batch.page_messages(batch.record_batches(), batch.ids[start] - 1, stop - start)
+            if batches
+            else batch.frames()[start:stop]
+        )
+        yield b"".join([head, *part])
+        head = b""
+    if head:
+        yield head
 
 
 async def read(request: web.Request) -> web.StreamResponse:

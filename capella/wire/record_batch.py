@@ -88,6 +88,10 @@ class RecordBatch:
             return self.data
         return self.data[self.start : self.end]
 
+    def view(self) -> memoryview:
+        """The batch's bytes as stored, without a copy."""
+        return memoryview(self.data)[self.start : self.end]
+
     def alone(self) -> RecordBatch:
         """The batch over a copy of its own bytes, to keep without the rest of ``data``."""
         if self.start == 0 and self.end == len(self.data):
@@ -564,12 +568,13 @@ def extent(batch: RecordBatch) -> Extent:
     return Extent(sources, min(segments), max(segments))
 
 
-def page_messages(batches: Sequence[RecordBatch], after: int, limit: int) -> list[bytes]:
+def page_messages(batches: Sequence[RecordBatch], after: int, limit: int) -> list[bytes | memoryview]:
     """The batches' bytes for messages with ids above ``after``, at most ``limit`` of them.
 
-    Whole batches are their stored bytes; only a batch cut at either edge is re-framed.
+    Whole batches are views of their stored bytes (the page's join is their one copy); only a
+    batch cut at either edge is re-framed.
     """
-    out: list[bytes] = []
+    out: list[bytes | memoryview] = []
     left = limit
     for batch in batches:
         if left <= 0:
@@ -579,7 +584,7 @@ def page_messages(batches: Sequence[RecordBatch], after: int, limit: int) -> lis
         skip = max(0, after + 1 - batch.base_id)
         take = min(batch.count - skip, left)
         if skip == 0 and take == batch.count:
-            out.append(batch.raw())
+            out.append(batch.view())
         else:
             keep = [*repeat(False, skip), *repeat(True, take), *repeat(False, batch.count - skip - take)]
             cut = select(batch, keep, batch.base_id + skip)

@@ -104,7 +104,7 @@ def test_select_cuts_messages_out_and_renumbers_the_rest(
 def test_a_page_is_whole_batches_and_cut_edges(fields: Fields, after: int, limit: int) -> None:
     batches = read_all(b"".join(encode_fields(fields)))
     page = page_messages(batches, after, limit)
-    got = [m for raw in page for m in messages(read(raw).fields())]
+    got = [m for raw in page for m in messages(read(bytes(raw)).fields())]
     assert got == [m for m in messages(fields) if m[0] > after][:limit]  # type: ignore[operator]
     whole = {b.raw() for b in batches}
     # Only the first and the last batch of a page may be re-framed.

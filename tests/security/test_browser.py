@@ -24,6 +24,7 @@ from aiohttp.test_utils import TestClient
 from support.servers import ServerProcess, running
 
 from capella.api import create_app
+from capella.api.browser import KNOWN_HOSTS
 from capella.config import CorsSettings, ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.errors import InvalidConfig
@@ -232,6 +233,23 @@ def test_names_that_merely_look_local_are_refused(server_process: ServerProcess,
         403,
         "host_not_allowed",
     )
+
+
+def test_a_flood_of_host_names_changes_no_verdict(server_process: ServerProcess) -> None:
+    # The server remembers the verdicts of the last few Host headers; a stranger sending
+    # hundreds of names (loopback ones among them) neither grows that memory without bound
+    # nor turns a refusal into a pass.
+    port = server_process.port
+    for n in range(3 * KNOWN_HOSTS):
+        local = send(port, "GET", "/v1/queues", None, {"Host": f"127.0.{n // 256}.{n % 256}:{port}"})
+        assert local[0] == 200
+        foreign = send(port, "GET", "/v1/queues", None, {"Host": f"n{n}.attacker.example"})
+        assert code(foreign) == (403, "host_not_allowed")
+    assert code(send(port, "GET", "/v1/queues", None, {"Host": "n0.attacker.example"})) == (
+        403,
+        "host_not_allowed",
+    )
+    assert send(port, "GET", "/v1/queues", None, {"Host": f"localhost:{port}"})[0] == 200
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/readyz"])
