@@ -34,8 +34,6 @@ from capella.api.browser import BrowserGuard
 from capella.api.connection import ConnectionGuard
 from capella.api.cors import Cors
 from capella.api.errors import answered, status_for
-from capella.api.original import endpoint as original
-from capella.api.original.actions import IdClock
 from capella.api.request import CLUSTER, SETTINGS, STOPPING, SUPERVISOR, json_response
 from capella.api.route import Route
 from capella.auth.authenticator import Authenticator
@@ -129,11 +127,11 @@ def create_app(
             app.router.add_route(route.method, path, route.handler)
     served = list(ROUTES)
     if compat is not None and compat.original:
-        app[original.COMPAT] = compat
-        app[original.IDS] = IdClock()
-        for route in original.ROUTES:
-            app.router.add_route(route.method, route.path, route.handler)
-        served += original.ROUTES
+        # Imported only when it is on, as storage providers are: a second front door that
+        # most servers never open costs them no memory (~0.4 MB of code).
+        from capella.api.original import endpoint as original
+
+        served += original.serve(app, compat)
     app[NEEDS] = {(route.method, route.path): route.need for route in served}
     render: Callable[[], bytes] = document_body
     app[openapi.DOCUMENT_BODY] = render

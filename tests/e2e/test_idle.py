@@ -28,6 +28,8 @@ NOT_NEEDED = (
     "capella.handlers.postgres",
     "capella.handlers.pg_inbox",
     "capella.handlers.pg_outbox",
+    "capella.api.original",  # the original protocol, off by default ([compat] original)
+    "capella.api.original.endpoint",
     "zstandard",
     "boto3",
     "asyncpg",

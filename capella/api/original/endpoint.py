@@ -222,3 +222,12 @@ ROUTES = [
     _route("POST", "/ping", ping, "The original Capella's liveness probe"),
     _route("GET", "/ping", ping, "The original Capella's liveness probe"),
 ]
+
+
+def serve(app: web.Application, compat: CompatSettings) -> list[Route]:
+    """Add the original's routes to ``app``; the routes added."""
+    app[COMPAT] = compat
+    app[IDS] = IdClock()
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, route.handler)
+    return ROUTES
