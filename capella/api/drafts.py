@@ -172,8 +172,27 @@ def batch_drafts(batches: list[RecordBatch], settings: ServerSettings) -> list[D
 
 
 def check_batches(batches: list[RecordBatch], settings: ServerSettings) -> None:
-    """``batch_drafts``'s checks, for batches the queue appends as they came."""
-    _checked(batches, settings, build=False)
+    """``batch_drafts``'s checks, for batches the queue appends as they came.
+
+    Batches of payloads and nothing else (the common form) are checked from their payload
+    lengths alone: the queue decodes them anyway, and a decode here too was a tenth of a
+    binary produce's work.
+    """
+    if any(batch.flags for batch in batches):
+        _checked(batches, settings, build=False)
+        return
+    try:
+        sizes = [record_batch.payload_sizes(batch) for batch in batches]
+    except CorruptData as exc:
+        raise InvalidBatch(f"body: {exc.message}") from None
+    _check_count(sum(map(len, sizes)), settings)
+    max_size = settings.max_message_size
+    index = 0
+    for lengths in sizes:
+        if max(lengths) > max_size:
+            at = next(i for i, size in enumerate(lengths) if size > max_size)
+            raise _too_large(index + at, lengths[at], max_size)
+        index += len(lengths)
 
 
 def _checked(batches: list[RecordBatch], settings: ServerSettings, *, build: bool) -> list[Draft] | None:
@@ -189,11 +208,7 @@ def _checked(batches: list[RecordBatch], settings: ServerSettings, *, build: boo
         ]
     except CorruptData as exc:
         raise InvalidBatch(f"body: {exc.message}") from None
-    count = sum(len(f.ids) for _, f in columns)
-    if count > settings.max_batch:
-        raise PayloadTooLarge(
-            f"the batch holds {count} messages; the limit is {settings.max_batch}", limit=settings.max_batch
-        )
+    _check_count(sum(len(f.ids) for _, f in columns), settings)
     max_size = settings.max_message_size
     drafts: list[Draft] = []
     index = 0
@@ -469,6 +484,13 @@ def _query_time(text: str) -> object:
 
 def _bad(index: int, field: str, reason: str) -> InvalidMessage:
     return InvalidMessage(f"message {index}: {field}: {reason}", index=index, field=field)
+
+
+def _check_count(count: int, settings: ServerSettings) -> None:
+    if count > settings.max_batch:
+        raise PayloadTooLarge(
+            f"the batch holds {count} messages; the limit is {settings.max_batch}", limit=settings.max_batch
+        )
 
 
 def _too_large(index: int, size: int, limit: int) -> PayloadTooLarge:

@@ -418,6 +418,25 @@ def _decode(batch: RecordBatch) -> tuple[Fields, list[int | None] | None, list[f
         raise CorruptData(f"record batch of ids from {batch.base_id}: body does not parse: {exc}") from None
 
 
+def payload_sizes(batch: RecordBatch) -> list[int]:
+    """The payload lengths of a batch of payloads and nothing else (``flags`` 0), checked to
+    fill its body exactly as a decode checks them, without reading the payloads."""
+    if batch.flags:
+        raise ValueError("payload_sizes reads batches without optional columns")
+    reader = _Reader(batch.data, batch.body, batch.end, batch.count)
+    lengths = reader.column("I")
+    _check_fill(batch, reader.pos, reader.pos + sum(lengths))
+    return lengths
+
+
+def _check_fill(batch: RecordBatch, start: int, payloads_end: int) -> None:
+    if payloads_end != batch.end:
+        raise CorruptData(
+            f"record batch of ids from {batch.base_id}: payloads take {payloads_end - start} bytes, "
+            f"the body has {batch.end - start}"
+        )
+
+
 def _decode_columns(batch: RecordBatch) -> tuple[Fields, list[int | None] | None, list[float | None] | None]:
     data, flags, n, end = batch.data, batch.flags, batch.count, batch.end
     reader = _Reader(data, batch.body, end, n)
@@ -454,11 +473,7 @@ def _decode_columns(batch: RecordBatch) -> tuple[Fields, list[int | None] | None
 
     start = reader.pos
     ends = list(accumulate(payload_lengths, initial=start))
-    if ends[-1] != end:
-        raise CorruptData(
-            f"record batch of ids from {base_id}: payloads take {ends[-1] - start} bytes, "
-            f"the body has {end - start}"
-        )
+    _check_fill(batch, start, ends[-1])
     payloads = [data[a:b] for a, b in pairwise(ends)]
     fields = Fields(ids, [time] * n, sources, external_ids, external_times, segments, payloads, headers)
     return fields, given_ids, given_times

@@ -211,3 +211,38 @@ def test_decode_given_tells_the_explicit_values_from_the_defaults(columns: dict[
     given_ids, given_times = columns["external_ids"], columns["external_times"]
     assert external_ids == (None if given_ids.count(None) == len(given_ids) else given_ids)
     assert external_times == (None if given_times.count(None) == len(given_times) else given_times)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.binary(max_size=40), min_size=1, max_size=8),
+    st.integers(0, 63),
+    st.integers(0, 2**32 - 1),
+)
+def test_payload_sizes_agree_with_a_decode_of_a_plain_batch(
+    payloads: list[bytes], at: int, length: int
+) -> None:
+    # The produce check reads only the lengths of a plain batch; it must refuse exactly what
+    # the decode refuses, and give the lengths the decode gives.
+    good = record_batch.read(record_batch.encode(payloads))
+    assert record_batch.payload_sizes(good) == [len(p) for p in payloads]
+    # One payload length (at a random position) set to a random value, checksum made to match.
+    n = len(payloads)
+    index = at % n
+    body = bytearray(good.data[good.body : good.end])
+    struct.pack_into("<I", body, 4 * index, length)
+    lying = record_batch.read(reframed(bytes(body), 0, n))
+    try:
+        decoded = lying.fields().payloads
+    except CorruptData as exc:
+        with pytest.raises(CorruptData) as refused:
+            record_batch.payload_sizes(lying)
+        assert refused.value.message == exc.message
+    else:
+        assert record_batch.payload_sizes(lying) == [len(p) for p in decoded]
+
+
+def test_payload_sizes_reads_only_plain_batches() -> None:
+    batch = record_batch.read(record_batch.encode([b"a"], segments=[3]))
+    with pytest.raises(ValueError, match="without optional columns"):
+        record_batch.payload_sizes(batch)
