@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Iterator, Sequence
+from itertools import chain
 
 import msgspec
 from aiohttp import web
@@ -194,8 +195,15 @@ async def messages_response(request: web.Request, page: Page, form: str) -> web.
     record batches as cached, re-framed only where the slice cuts one): no work per message here.
     """
     if form == "json":
-        objects = b",".join(b",".join(batch.json()[start:stop]) for batch, start, stop in page.parts)
-        body = b'{"messages":[%b],"last_id":%d}' % (objects, page.last_id)
+        # One join copies the objects into the body: the head goes on the first, the tail on the last.
+        objects = list(chain.from_iterable(batch.json()[start:stop] for batch, start, stop in page.parts))
+        tail = b'],"last_id":%d}' % page.last_id
+        if objects:
+            objects[0] = b'{"messages":[' + objects[0]
+            objects[-1] += tail
+            body = b",".join(objects)
+        else:
+            body = b'{"messages":[' + tail
         return web.Response(body=body, content_type=wire.JSON)
     response = web.StreamResponse(headers={"Capella-Last-Id": str(page.last_id)})
     response.content_type = _MEDIA_TYPES[form]
