@@ -34,13 +34,23 @@ BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=
 # What a URL never holds: an ASCII blank or control character (every checker reads these alike;
 # \s does not: Python's takes \x1c, ECMA-262's does not).
 URL_EXCLUDED = r"\x00-\x20\x7f"
-DURATION_PATTERN = rf"^{BLANK}*{DIGIT}+(\.{DIGIT}+)?{BLANK}*(ns|us|ms|s|m|h|d)?{BLANK}*$"
+# A duration or a size: a decimal number, then perhaps a unit, blanks around either.
+_NUMBER = rf"{DIGIT}+(\.{DIGIT}+)?"
 # The same with a digit other than 0 somewhere in the number: greater than 0.
 _POSITIVE = rf"({DIGIT}*[1-9]{DIGIT}*(\.{DIGIT}+)?|{DIGIT}+\.{DIGIT}*[1-9]{DIGIT}*)"
-POSITIVE_DURATION_PATTERN = rf"^{BLANK}*{_POSITIVE}{BLANK}*(ns|us|ms|s|m|h|d)?{BLANK}*$"
-SIZE_PATTERN = rf"^{BLANK}*{DIGIT}+(\.{DIGIT}+)?{BLANK}*([kmgtKMGT][iI]?[bB]?|[bB])?{BLANK}*$"
-# The same greater than 0 (a positive size under one byte is one byte).
-POSITIVE_SIZE_PATTERN = rf"^{BLANK}*{_POSITIVE}{BLANK}*([kmgtKMGT][iI]?[bB]?|[bB])?{BLANK}*$"
+_DURATION_UNIT = "(ns|us|ms|s|m|h|d)"
+_SIZE_UNIT = "([kmgtKMGT][iI]?[bB]?|[bB])"
+
+
+def _quantity(number: str, unit: str) -> str:
+    return rf"^{BLANK}*{number}{BLANK}*{unit}?{BLANK}*$"
+
+
+DURATION_PATTERN = _quantity(_NUMBER, _DURATION_UNIT)
+POSITIVE_DURATION_PATTERN = _quantity(_POSITIVE, _DURATION_UNIT)
+SIZE_PATTERN = _quantity(_NUMBER, _SIZE_UNIT)
+# A positive size under one byte is one byte.
+POSITIVE_SIZE_PATTERN = _quantity(_POSITIVE, _SIZE_UNIT)
 
 Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX, extra_json_schema={"format": "int64"})]
 # A whole number written as a float (5.0), which JSON Schema's integer takes: exact up to 2**53.
