@@ -175,8 +175,8 @@ def check_batches(batches: list[RecordBatch], settings: ServerSettings) -> None:
     """``batch_drafts``'s checks, for batches the queue appends as they came.
 
     Batches of payloads and nothing else (the common form) are checked from their payload
-    lengths alone: the queue decodes them anyway, and a decode here too was a tenth of a
-    binary produce's work.
+    lengths alone: the queue appends them without decoding them, and a decode here was a
+    tenth of a binary produce's work.
     """
     if any(batch.flags for batch in batches):
         _checked(batches, settings, build=False)

@@ -54,7 +54,7 @@ from capella.core.work.retry import RetryPolicy
 from capella.core.work.work_queue import WorkQueue
 from capella.errors import CorruptData, InvalidMessage, ShuttingDown
 from capella.storage import Storage, keys
-from capella.wire.record_batch import Fields, RecordBatch, decode_given
+from capella.wire.record_batch import Fields, RecordBatch, decode_given, payload_sizes
 
 log = logging.getLogger(__name__)
 
@@ -325,18 +325,25 @@ class Queue:
         writer = self._writer
         # The defaults the server fills in are read as filled in: the producer's head counts for nothing.
         batch = dataclasses.replace(batch, base_time=now, source=writer.own)
+        sources: list[str] | None = None
+        external_ids: list[int | None] | None = None
         try:
-            fields, external_ids, external_times = decode_given(batch)
+            if batch.flags:
+                fields, external_ids, external_times = decode_given(batch)
+                self._validate_batch(fields, external_times, now, max_headers, max_headers_size)
+                sources = fields.sources
+            else:  # payloads alone: every other field is the default, and nothing is decoded
+                payload_sizes(batch)
+                self._check_segment(0, 0)
         except CorruptData as exc:
             raise InvalidMessage(f"record batch: {exc.message}") from None
-        self._validate_batch(fields, external_times, now, max_headers, max_headers_size)
         mode = save.resolve(self.definition.save)
         self.counters.produce_requests += 1
         if writer.sealer_behind:
             await writer.wait_for_sealer()
         await writer.lock()
         try:
-            results = await writer.assign_batch(batch, (fields, external_ids), now)
+            results = await writer.assign_batch(batch, sources, external_ids, now)
         finally:
             writer.unlock()
         if mode is SaveMode.IMMEDIATE or mode is SaveMode.WAIT:
@@ -364,13 +371,8 @@ class Queue:
                 raise InvalidMessage(
                     f"message {index}: external_time is in the future", index=index, field="external_time"
                 )
-            if segments is not None and not segments[0] <= d.segment <= segments[1]:
-                raise InvalidMessage(
-                    f"message {index}: segment {d.segment} is outside the queue's range "
-                    f"{segments[0]}-{segments[1]}",
-                    index=index,
-                    field="segment",
-                )
+            if segments is not None:
+                self._check_segment(index, d.segment)
             if d.external_id is not None and not I64_MIN <= d.external_id <= I64_MAX:
                 raise InvalidMessage(
                     f"message {index}: external_id must be a 64-bit integer", index=index, field="external_id"
@@ -392,19 +394,22 @@ class Queue:
                     raise InvalidMessage(
                         f"message {index}: external_time is in the future", index=index, field="external_time"
                     )
-        segments = self.definition.segments
-        if segments is not None:
-            low, high = segments
+        if self.definition.segments is not None:
             for index, segment in enumerate(fields.segments):
-                if not low <= segment <= high:
-                    raise InvalidMessage(
-                        f"message {index}: segment {segment} is outside the queue's range {low}-{high}",
-                        index=index,
-                        field="segment",
-                    )
+                self._check_segment(index, segment)
         for index, headers in enumerate(fields.headers):
             if headers:
                 check_headers(headers, index, max_headers, max_headers_size)
+
+    def _check_segment(self, index: int, segment: int) -> None:
+        segments = self.definition.segments
+        if segments is not None and not segments[0] <= segment <= segments[1]:
+            low, high = segments
+            raise InvalidMessage(
+                f"message {index}: segment {segment} is outside the queue's range {low}-{high}",
+                index=index,
+                field="segment",
+            )
 
     async def flush(self) -> int:
         """Save everything written so far, ``none`` writes too; answers the message bytes it wrote."""
@@ -476,7 +481,6 @@ class Queue:
         last = after
         scanned = 0
         for source in self._blocks_after(after):
-            live = not isinstance(source, BlockMeta)
             if isinstance(source, BlockMeta):
                 if source.state != "sealed":
                     last = max(last, source.last_id)
@@ -487,17 +491,14 @@ class Queue:
                     last = max(last, source.last_id)
                     continue
             else:
-                # A block still in memory keeps growing: look at its lists as they are now.
-                batch = Batch(source.ids, messages=source.messages)
+                # A block still in memory keeps growing: the page takes a batch of its own.
+                batch = source.contents(after, limit - count if passes is None else SCAN_LIMIT - scanned)
             start = bisect.bisect_right(batch.ids, after)
             if passes is None:
                 stop = min(len(batch), start + limit - count)
                 if stop > start:
                     count += stop - start
                     last = batch.ids[stop - 1]
-                    if live:  # the page keeps a copy of its slice, rendered on its own
-                        batch = Batch(batch.ids[start:stop], messages=batch.messages[start:stop])
-                        start, stop = 0, len(batch)
                     parts.append((batch, start, stop))
             else:
                 found: list[Message] = []

@@ -35,7 +35,7 @@ async def recover(store: BlockStore, writer: Writer, consumers: SubscriptionStor
     # sealed block, or were, if that block has expired since: never replay them.
     sealed_last = store.sealed_last
     await store.load_summaries()
-    blocks = await _recover_journals(store, sealed_last, store.recovery)
+    blocks = await _recover_journals(store, sealed_last, store.recovery, writer.own)
     writer.resume(blocks, sealed_last=sealed_last, lease_until=lease_until)
     await writer.extend_lease(0)
     await consumers.open()
@@ -67,7 +67,9 @@ async def _read_lease(store: BlockStore) -> int:
         raise CorruptData(f"queue {store.name}: state is not valid: {exc}") from None
 
 
-async def _recover_journals(store: BlockStore, sealed_last: int, recovery: Recovery) -> list[OpenBlock]:
+async def _recover_journals(
+    store: BlockStore, sealed_last: int, recovery: Recovery, own: str
+) -> list[OpenBlock]:
     """The blocks that were not sealed, oldest first, with their journals open for appends."""
     meta, name = store.meta, store.name
     blocks: list[OpenBlock] = []
@@ -101,15 +103,19 @@ async def _recover_journals(store: BlockStore, sealed_last: int, recovery: Recov
         first = keys.number_of(key)
         if first is None:
             raise CorruptData(f"queue {name}: journal {key} does not name its first id")
-        block = OpenBlock(first_id=first, opened_at=messages[0].time, journal_key=key, v1=scan.version == 1)
-        for m in messages:
-            block.add(m)
-        # A batch that overlaps the sealed blocks is cut to its messages after them.
-        for batch in scan.batches:
-            if batch.base_id > sealed_last:
-                block.add_batch(batch.alone(), journaled=True)
-            elif batch.last_id > sealed_last:
-                block.add_batch(framed(_tail(batch, sealed_last + 1)), journaled=True)
+        block = OpenBlock(first, messages[0].time, key, own, v1=scan.version == 1)
+        if block.v1:
+            for m in messages:
+                block.add(m)
+        else:
+            # A batch that overlaps the sealed blocks is cut to its messages after them.
+            for batch in scan.batches:
+                if batch.base_id > sealed_last:
+                    block.add_batch(batch.alone(), journaled=True)
+                elif batch.last_id > sealed_last:
+                    block.add_batch(framed(_tail(batch, sealed_last + 1)), journaled=True)
+            for m in messages:
+                block.name(m.source, m.external_id, m.id)
         block.journal = await meta.journal(key, truncate_to=scan.valid_length)
         block.durable_size = block.journal.size
         block.size = scan.valid_length - len(JOURNAL_HEADER)

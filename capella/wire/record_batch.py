@@ -20,7 +20,7 @@ import struct
 import sys
 import zlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress, pairwise, repeat
 from typing import Any, NamedTuple
@@ -583,13 +583,19 @@ def extent(batch: RecordBatch) -> Extent:
     return Extent(sources, min(segments), max(segments))
 
 
-def page_messages(batches: Sequence[RecordBatch], after: int, limit: int) -> list[bytes | memoryview]:
+def page_messages(batches: Iterable[RecordBatch], after: int, limit: int) -> list[bytes | memoryview]:
     """The batches' bytes for messages with ids above ``after``, at most ``limit`` of them.
 
     Whole batches are views of their stored bytes (the page's join is their one copy); only a
     batch cut at either edge is re-framed.
     """
-    out: list[bytes | memoryview] = []
+    return [batch.view() for batch in page_batches(batches, after, limit)]
+
+
+def page_batches(batches: Iterable[RecordBatch], after: int, limit: int) -> list[RecordBatch]:
+    """The batches of the messages with ids above ``after``, at most ``limit`` of them: whole
+    batches as they are, a batch cut at either edge re-framed with only its part."""
+    out: list[RecordBatch] = []
     left = limit
     for batch in batches:
         if left <= 0:
@@ -599,11 +605,11 @@ def page_messages(batches: Sequence[RecordBatch], after: int, limit: int) -> lis
         skip = max(0, after + 1 - batch.base_id)
         take = min(batch.count - skip, left)
         if skip == 0 and take == batch.count:
-            out.append(batch.view())
+            out.append(batch)
         else:
             keep = [*repeat(False, skip), *repeat(True, take), *repeat(False, batch.count - skip - take)]
             cut = select(batch, keep, batch.base_id + skip)
             if cut is not None:
-                out.append(cut)
+                out.append(framed(cut))
         left -= take
     return out

@@ -366,7 +366,7 @@ def test_a_block_assembled_from_the_entries_made_as_its_batches_came_is_the_enco
     # The open block makes each batch's index entry when the batch is added; sealing only
     # joins them, and must give the block that encoding the batches in one go gives.
     raw = batches_of(msgs)
-    block = OpenBlock(first_id=1, opened_at=0.0, journal_key="j")
+    block = OpenBlock(first_id=1, opened_at=0.0, journal_key="j", own="here")
     for data in raw:
         block.add_batch(framed(data))
     assert [b.data for b in block.batches] == raw
@@ -378,7 +378,7 @@ def test_a_block_assembled_from_the_entries_made_as_its_batches_came_is_the_enco
 
 def test_a_journaled_batch_is_indexed_but_not_pending_again() -> None:
     raw = batches_of(small_block())
-    block = OpenBlock(first_id=3, opened_at=0.0, journal_key="j")
+    block = OpenBlock(first_id=3, opened_at=0.0, journal_key="j", own="here")
     for batch in read_all(JOURNAL_HEADER + b"".join(raw), len(JOURNAL_HEADER)):
         alone = batch.alone()
         assert alone.start == 0 and alone.raw() == batch.raw() and alone.fields() == batch.fields()

@@ -657,6 +657,82 @@ async def test_own_keys_are_found_by_id_range_after_seal_and_restart(
         await cluster.close()
 
 
+async def test_own_identities_in_the_open_block_are_found_by_id_and_a_gap_is_new(
+    tmp_path: Path, clock: Clock
+) -> None:
+    # The open block keeps no identity for a message produced here without an external id:
+    # (cluster, id) is found from the block's ids, also for a message of the same call, and an
+    # id skipped after a crash (the lease) was never a message.
+    config = file_config(tmp_path, block={"max_messages": 10})
+    cluster = await Cluster.open(config, clock=clock)
+    q, _ = await cluster.put_queue("own", {})
+    plain = await q.append_batch(read(produced([b"a", b"b", b"c"])), SaveMode.WAIT)
+    mixed = await q.append([Draft(payload=b"d"), Draft(payload=b"echo", source="edge", external_id=4)])
+    assert [(a.id, a.duplicate) for a in plain + mixed] == [
+        (1, False),
+        (2, False),
+        (3, False),
+        (4, False),
+        (4, True),
+    ]
+    named = await q.append([Draft(payload=b"n", source="edge", external_id=900)], SaveMode.WAIT)
+    assert named[0].id == 5
+    # Message 5 has the identity (edge, 900): (edge, 5) is nobody's.
+    echoes = await q.append(
+        [Draft(payload=b"echo", source="edge", external_id=i) for i in (1, 3, 4, 5)], SaveMode.WAIT
+    )
+    assert [(a.id, a.duplicate) for a in echoes] == [(1, True), (3, True), (4, True), (6, False)]
+    for task in q._tasks:  # kill -9: the lease was saved ahead of the ids
+        task.cancel()
+    cluster = await Cluster.open(config, clock=clock)
+    try:
+        q = cluster.queue("own")
+        [after_gap] = await q.append([Draft(payload=b"later")], SaveMode.WAIT)
+        assert after_gap.id > 7 and q.stats()["blocks"]["by_state"]["open"] == 1
+        gap, old, new = after_gap.id - 1, 2, after_gap.id
+        answers = await q.append(
+            [Draft(payload=b"echo", source="edge", external_id=i) for i in (gap, old, new)]
+        )
+        assert [(a.duplicate, a.id if a.duplicate else None) for a in answers] == [
+            (False, None),
+            (True, old),
+            (True, new),
+        ]
+        again = await q.append([Draft(payload=b"n", source="edge", external_id=900)])
+        assert again[0].duplicate and again[0].id == 5
+    finally:
+        await cluster.close()
+
+
+@pytest.mark.parametrize("binary", [False, True])
+async def test_reads_of_the_open_block_start_and_end_inside_its_batches(
+    cluster: Cluster, binary: bool
+) -> None:
+    # The open block is read from its record batches: a page may start and end in any of them.
+    q, _ = await cluster.put_queue("open", {})
+    sizes = [3, 1, 4, 1]
+    payloads = [f"m{i}".encode() for i in range(sum(sizes))]
+    start = 0
+    for size in sizes:
+        chunk = payloads[start : start + size]
+        if binary:
+            await q.append_batch(read(produced(chunk)))
+        else:
+            await q.append([Draft(payload=p) for p in chunk])
+        start += size
+    by_state = q.stats()["blocks"]["by_state"]
+    assert (by_state["open"], by_state["sealing"], by_state["sealed"]) == (1, 0, 0)
+    for after in range(len(payloads) + 1):
+        for limit in range(1, len(payloads) + 2):
+            page = await q.read_after(after, limit)
+            assert [m.payload for m in page.messages] == payloads[after : after + limit], (after, limit)
+            assert [m.id for m in page.messages] == list(
+                range(after + 1, min(after + limit, len(payloads)) + 1)
+            )
+    even = await q.read_after(0, 100, segments=[(0, 0)])
+    assert [m.payload for m in even.messages] == payloads
+
+
 async def test_writers_wait_for_a_stuck_sealer_and_resume_when_it_recovers(
     tmp_path: Path, clock: Clock
 ) -> None:

@@ -15,8 +15,9 @@ the key have their exact keys loaded:
 from __future__ import annotations
 
 import struct
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import orjson
 
@@ -85,6 +86,12 @@ class BlockSummary:
 KeyLoader = Callable[[int], Awaitable[dict[tuple[str, int], int]]]
 
 
+class RecentBlock(Protocol):
+    """A block not sealed yet (``capella.core.log.writer.OpenBlock``), which dedup asks exactly."""
+
+    def find(self, source: str, external_id: int) -> int | None: ...
+
+
 class DedupIndex:
     """Answers "which id holds (source, external_id)?" for one queue."""
 
@@ -92,7 +99,7 @@ class DedupIndex:
         self._load_keys = load_keys
         self.highest: dict[str, int] = {}
         self.summaries: list[BlockSummary] = []
-        self.recent: list[dict[tuple[str, int], int]] = []
+        self.recent: Sequence[RecentBlock] = []
         self.exact_lookups = 0
 
     def note(self, source: str, external_id: int) -> None:
@@ -113,11 +120,11 @@ class DedupIndex:
         highest = self.highest.get(source)
         if highest is None or external_id > highest:
             return None
-        pair = (source, external_id)
-        for keys in self.recent:
-            found = keys.get(pair)
+        for block in self.recent:
+            found = block.find(source, external_id)
             if found is not None:
                 return found
+        pair = (source, external_id)
         key = dedup_key(source, external_id)
         for summary in reversed(self.summaries):
             if summary.may_hold(source, external_id, key):

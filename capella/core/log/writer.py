@@ -16,6 +16,8 @@ writes until the step next succeeds.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -63,49 +65,94 @@ class Appended(msgspec.Struct, frozen=True, gc=False):
 
 @dataclass(slots=True)
 class OpenBlock:
-    """A block still taking writes (or waiting to be sealed), held in memory with its journal."""
+    """A block still taking writes (or waiting to be sealed), held in memory with its journal.
+
+    Its messages are its record batches (``batches``), in order, each over its own bytes: its
+    journal after the header, and the batches of its sealed form, each with its entry in the
+    sealed block's index, made as it is added, so sealing only joins bytes. Nothing else is
+    kept per message but its id: a read decodes the batches it serves, and dedup keeps only
+    the identities that are not the default ``(own, id)`` (``keys``; ``find`` knows the rest
+    from ``ids``). A block recovered from a format 1 journal (``v1``) holds its ``messages``
+    instead of batches; it takes no more writes and is sealed from its messages.
+    """
 
     first_id: int
     opened_at: float
     journal_key: str
+    own: str  # the cluster's name: the source of a message that names none
     ids: list[int] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
+    # The identities other than (own, id), and the ids of their messages.
     keys: dict[tuple[str, int], int] = field(default_factory=dict)
+    named: set[int] = field(default_factory=set)
     size: int = 0
     pending: list[bytes] = field(default_factory=list)
     journal: Journal | None = None
     durable_size: int = 0
-    # Every record batch of the block, in order, each over its own bytes: its journal after
-    # the header, and the batches of its sealed form; with each its entry in the sealed
-    # block's index, made as it is added, so sealing only joins bytes. Empty for a block
-    # recovered from a format 1 journal (``v1``), which takes no more writes and is sealed
-    # from its messages.
     batches: list[RecordBatch] = field(default_factory=list)
+    firsts: list[int] = field(default_factory=list)  # each batch's first id, for bisecting
     index: list[bytes] = field(default_factory=list)
     batch_bytes: int = 0
+    messages: list[Message] = field(default_factory=list)  # a format 1 block's only
     v1: bool = False
 
     def add(self, message: Message) -> None:
+        """Add a message of a format 1 journal (such a block holds no batches)."""
         self.ids.append(message.id)
         self.messages.append(message)
-        self.keys[(message.source, message.external_id)] = message.id
+        self.name(message.source, message.external_id, message.id)
 
     def add_batch(self, batch: RecordBatch, *, journaled: bool = False) -> None:
         """Add a batch that holds its bytes alone (``RecordBatch.alone``) after the others;
         it is pending for the journal unless it is ``journaled`` already (recovery)."""
         entry = index_entry(batch, self.batch_bytes)
         self.batches.append(batch)
+        self.firsts.append(batch.base_id)
         self.index.append(entry)
         self.batch_bytes += batch.end
+        self.ids.extend(range(batch.base_id, batch.base_id + batch.count))
         if not journaled:
             self.pending.append(batch.data)
 
-    def drop_from(self, index: int) -> None:
-        """Forget the messages from ``index`` on (their batch could not be encoded)."""
-        for m in self.messages[index:]:
-            self.keys.pop((m.source, m.external_id), None)
-        del self.ids[index:]
-        del self.messages[index:]
+    def name(self, source: str, external_id: int, message_id: int) -> None:
+        """Note a message's identity for dedup, where it is not the default ``(own, id)``."""
+        if source != self.own or external_id != message_id:
+            self.keys[(source, external_id)] = message_id
+            self.named.add(message_id)
+
+    def forget_names_from(self, message_id: int) -> None:
+        """Forget the identities of the messages from ``message_id`` on (their batch could not be encoded)."""
+        for key, named in list(self.keys.items()):
+            if named >= message_id:
+                del self.keys[key]
+                self.named.discard(named)
+
+    def find(self, source: str, external_id: int) -> int | None:
+        """The id of the message with this identity in the block, or None."""
+        found = self.keys.get((source, external_id))
+        if found is None and source == self.own and external_id not in self.named:
+            ids = self.ids
+            at = bisect.bisect_left(ids, external_id)
+            if at < len(ids) and ids[at] == external_id:
+                return external_id
+        return found
+
+    def all_keys(self) -> dict[tuple[str, int], int]:
+        """Every message's identity and its id: the sealed block's exact key set."""
+        named, own = self.named, self.own
+        keys = {(own, i): i for i in self.ids if i not in named}
+        keys.update(self.keys)
+        return keys
+
+    def contents(self, after: int, wanted: int) -> Batch:
+        """The first ``wanted`` messages after id ``after`` (or all there are), as a batch of
+        their own: the record batches that hold them, a batch cut at either edge re-framed."""
+        if self.v1:
+            start = bisect.bisect_right(self.ids, after)
+            return Batch.of_messages(self.messages[start : start + wanted], self.ids[start : start + wanted])
+        first = max(0, bisect.bisect_right(self.firsts, after) - 1)
+        return Batch.of_records(
+            record_batch.page_batches(itertools.islice(self.batches, first, None), after, wanted)
+        )
 
     def is_full(self, definition: QueueDefinition, now: float) -> bool:
         limits = definition.block
@@ -213,6 +260,7 @@ class Writer:
         for block in blocks:
             for source, ext in block.keys:
                 self.dedup.note(source, ext)
+            self.dedup.note(self.own, block.ids[-1])
         if blocks:
             self.open_block = blocks.pop()
             self.sealing = blocks
@@ -319,6 +367,7 @@ class Writer:
             self.rotate()
             block = None
         run: list[Draft] = []  # the drafts of the block's batch being built
+        run_first = 0  # the id of its first message
         size = 0  # the block's bytes with that batch, estimated until it is encoded
         try:
             for d in drafts:
@@ -326,30 +375,31 @@ class Writer:
                 external_id = d.external_id
                 if external_id is not None and check:
                     found = await dedup.find(source, external_id)
+                    if (
+                        found is None
+                        and run
+                        and block is not None
+                        and source == own
+                        and run_first <= external_id < self.next_id
+                        and external_id not in block.named
+                    ):
+                        found = external_id  # a message of this call's batch, not added yet
                     if found is not None:
                         results.append(Appended(found, True))
                         continue
                 message_id = self.next_id
                 self.next_id = message_id + 1
+                if block is None:
+                    block = self.open_block = OpenBlock(message_id, now, self._journal_key(message_id), own)
+                    self.refresh_recent()
+                if not run:
+                    run_first = message_id
+                    size = block.size
                 if external_id is None:
                     external_id = message_id
-                message = Message(
-                    message_id,
-                    now,
-                    source,
-                    external_id,
-                    now if d.external_time is None else d.external_time,
-                    d.segment,
-                    d.payload,
-                    d.headers,
-                )
-                if block is None:
-                    block = self.open_block = OpenBlock(message_id, now, self._journal_key(message_id))
-                    self.refresh_recent()
-                    size = 0
-                elif not run:
-                    size = block.size
-                block.add(message)
+                if source != own or external_id != message_id:
+                    block.name(source, external_id, message_id)
+                    dedup.note(source, external_id)
                 run.append(d)
                 # A message costs its payload and length in the batch; headers about their text.
                 size += (
@@ -357,20 +407,18 @@ class Writer:
                     + 4
                     + (sum(len(k) + len(v) for k, v in d.headers.items()) if d.headers else 0)
                 )
-                if source is not own or external_id != message_id:
-                    dedup.note(source, external_id)
                 added += 1
                 results.append(Appended(message_id, False))
-                if len(block.ids) >= max_messages or size >= max_bytes:
+                if len(block.ids) + len(run) >= max_messages or size >= max_bytes:
                     done, run = run, []
-                    _add_batch(block, done, now, own)
+                    _add_batch(block, done, run_first, now, own)
                     self.rotate()
                     block = None
         finally:
             # Also when a dedup lookup was cancelled: what was added stays, as a batch.
             if run and block is not None:
                 done, run = run, []
-                _add_batch(block, done, now, own)
+                _add_batch(block, done, run_first, now, own)
         if added:
             self.last_id = self.next_id - 1
             dedup.note(own, self.last_id)
@@ -381,22 +429,25 @@ class Writer:
         return results
 
     async def assign_batch(
-        self, batch: RecordBatch, given: tuple[Fields, list[int | None] | None], now: float
+        self,
+        batch: RecordBatch,
+        sources: Sequence[str] | None,
+        external_ids: Sequence[int | None] | None,
+        now: float,
     ) -> list[Appended]:
         """Append a producer's record batch as it came (holding the write lock).
 
-        ``batch`` has the server's time and source already (not its ids); ``given`` is its
-        columns and its explicit external ids (``record_batch.decode_given``). Dedup looks up
+        ``batch`` has the server's time and source already (not its ids); ``sources`` and
+        ``external_ids`` are its messages' as given (``record_batch.decode_given``), each None
+        when every message has the default (the server's name; its own id). Dedup looks up
         only the explicit external ids; the duplicates are cut out (``record_batch.select``),
-        and what is left is stamped with its ids and appended without encoding a message
-        again. A block that fills up takes the messages that fit and the next block the rest.
+        and what is left is stamped with its ids and appended without decoding or encoding a
+        message. A block that fills up takes the messages that fit and the next block the rest.
         """
-        fields, external_ids = given
         n = batch.count
         if self.next_id + n > self.lease_until:
             await self.extend_lease(n)
         own, dedup = self.own, self.dedup
-        sources = fields.sources
         # Per message: None to append it, an Appended for a stored duplicate, or the index of
         # the message earlier in this batch that it repeats.
         found: list[Appended | int | None] = [None] * n
@@ -405,7 +456,7 @@ class Writer:
             for i, external_id in enumerate(external_ids):
                 if external_id is None:
                     continue
-                key = (sources[i], external_id)
+                key = (own if sources is None else sources[i], external_id)
                 earlier = seen.get(key)
                 if earlier is not None:
                     found[i] = earlier
@@ -415,9 +466,9 @@ class Writer:
                     found[i] = Appended(stored, True)
                 else:
                     seen[key] = i
-        keep = [f is None for f in found]
-        kept = [i for i in range(n) if keep[i]]
-        ids: dict[int, int] = {}
+        kept = [i for i, f in enumerate(found) if f is None]
+        # The kept messages take the ids from here on, in order, across blocks.
+        base = self.next_id
         limits = self.definition.block
         start = 0
         while start < len(kept):
@@ -427,7 +478,7 @@ class Writer:
                 block = None
             first_id = self.next_id
             if block is None:
-                block = self.open_block = OpenBlock(first_id, now, self._journal_key(first_id))
+                block = self.open_block = OpenBlock(first_id, now, self._journal_key(first_id), own)
                 self.refresh_recent()
             room = limits.max_messages - len(block.ids)
             take = kept[start : start + room]
@@ -441,38 +492,32 @@ class Writer:
                 assert cut is not None
                 data = cut
             block.add_batch(record_batch.framed(data))
-            for offset, i in enumerate(take):
-                message_id = first_id + offset
-                given_id = None if external_ids is None else external_ids[i]
-                external_id = message_id if given_id is None else given_id
-                block.add(
-                    Message(
-                        message_id,
-                        now,
-                        sources[i],
-                        external_id,
-                        fields.external_times[i],
-                        fields.segments[i],
-                        fields.payloads[i],
-                        fields.headers[i],
-                    )
-                )
-                if given_id is not None or sources[i] != own:
-                    dedup.note(sources[i], external_id)
-                ids[i] = message_id
+            if sources is not None or external_ids is not None:
+                for message_id, i in enumerate(take, first_id):
+                    source = own if sources is None else sources[i]
+                    given = None if external_ids is None else external_ids[i]
+                    external_id = message_id if given is None else given
+                    if source != own or external_id != message_id:
+                        block.name(source, external_id, message_id)
+                        dedup.note(source, external_id)
             self.next_id = first_id + len(take)
             block.size += len(data)
             start += len(take)
             if len(block.ids) >= limits.max_messages or block.size >= limits.max_bytes:
                 self.rotate()
-        results: list[Appended] = []
-        for i, f in enumerate(found):
-            if f is None:
-                results.append(Appended(ids[i], False))
-            elif isinstance(f, int):
-                results.append(Appended(ids[f], True))
-            else:
-                results.append(f)
+        results: list[Appended]
+        if len(kept) == n:
+            results = list(map(Appended, range(base, base + n), itertools.repeat(False)))
+        else:
+            ids = dict(zip(kept, itertools.count(base)))
+            results = []
+            for i, f in enumerate(found):
+                if f is None:
+                    results.append(Appended(ids[i], False))
+                elif isinstance(f, int):
+                    results.append(Appended(ids[f], True))
+                else:
+                    results.append(f)
         if kept:
             self.last_id = self.next_id - 1
             dedup.note(own, self.last_id)
@@ -540,7 +585,7 @@ class Writer:
         self.sealer.start()
 
     def refresh_recent(self) -> None:
-        self.dedup.recent = [b.keys for b in self.in_memory()]
+        self.dedup.recent = self.in_memory()
 
     def in_memory(self) -> list[OpenBlock]:
         """The blocks not sealed yet, oldest first."""
@@ -738,7 +783,7 @@ class Writer:
         # and closing the journal under it would fail writers whose records the block holds.
         await self.commit(urgent=True)
         # Encoding and the Bloom filter take ~30 ms for a full block: keep them off the loop.
-        data, summary, batch = await asyncio.to_thread(_encode_sealed, block, self.own)
+        data, summary, batch, block_keys = await asyncio.to_thread(_encode_sealed, block)
         meta = BlockMeta(
             first_id=block.ids[0],
             last_id=block.ids[-1],
@@ -754,7 +799,7 @@ class Writer:
         async with store.manifest_lock:
             await store.save_manifest([*store.sealed, meta])
             # No await from here to the end of the swap: a reader sees the block exactly once.
-            store.adopt(meta, batch, block.keys, summary)
+            store.adopt(meta, batch, block_keys, summary)
             self.sealing.pop(0)
             self._seal_done.set()
             self._seal_done = asyncio.Event()
@@ -790,35 +835,33 @@ class Writer:
                 block.journal = None
 
 
-def _add_batch(block: OpenBlock, drafts: list[Draft], now: float, own: str) -> None:
-    """Encode the last ``len(drafts)`` messages of ``block`` as one record batch and add it.
+def _add_batch(block: OpenBlock, drafts: list[Draft], first_id: int, now: float, own: str) -> None:
+    """Encode ``drafts``, given the ids from ``first_id`` on, as one record batch of ``block``.
 
     A batch that cannot be encoded (a source or header past its length field) takes its
-    messages out of the block again before the error goes to the writer.
+    messages' identities out of the block again before the error goes to the writer.
     """
-    n = len(drafts)
-    start = len(block.ids) - n
     try:
-        data = drafts_batch(drafts, base_id=block.ids[start], base_time=now, source=own)
+        data = drafts_batch(drafts, base_id=first_id, base_time=now, source=own)
         block.add_batch(record_batch.framed(data))
     except BaseException:
-        block.drop_from(start)
+        block.forget_names_from(first_id)
         raise
     block.size += len(data)
 
 
-def _encode_sealed(block: OpenBlock, own: str) -> tuple[bytes, BlockSummary, Batch]:
-    """The block's bytes, its summary, and its batch for the block store's cache.
+def _encode_sealed(block: OpenBlock) -> tuple[bytes, BlockSummary, Batch, dict[tuple[str, int], int]]:
+    """The block's bytes, its summary, its batch for the block store's cache, and its exact keys.
 
     The block holds its journal's batches byte for byte, with their index entries; a block
     recovered from a format 1 journal is encoded as batches here, once. The cached batch is
-    the block's own batches, the same bytes as the sealed object's: the block's messages are
-    let go with it, so a sealed block is in memory once (a reader's render decodes it, in the
-    prefetch thread).
+    the block's own batches, the same bytes as the sealed object's, so a sealed block is in
+    memory once (a reader's render decodes it, in the prefetch thread).
     """
     if block.v1:
         raw = record_batch.encode_fields(Fields._make(columns_of(block.messages)))
         data, records = encode_block(record_batch.read_all(b"".join(raw)))
     else:
         data, records = assemble_block(block.batches, block.index), block.batches
-    return data, BlockSummary.build(block.keys, own), Batch.of_records(records)
+    keys = block.all_keys()
+    return data, BlockSummary.build(keys, block.own), Batch.of_records(records), keys
