@@ -37,7 +37,7 @@ from capella.core.message import Message, stored_message
 from capella.core.queue import Queue
 from capella.errors import CorruptData
 from capella.handlers.supervisor import Supervisor
-from capella.wire import frames
+from capella.wire import batch_page, frames
 from capella.wire.messages import Messages, StoredMessage
 
 Q = "/v1/queues/r"
@@ -400,6 +400,25 @@ async def test_the_next_block_is_rendered_before_the_reader_is_there(r: TestClie
     assert queue._loaded[11].frames() == queue._loaded[11].frames()
     messages, _ = frames.decode_page(await body_of(r, BINARY, after="10", limit="10"))
     assert [m.id for m in messages] == list(range(11, 21))
+
+
+async def test_a_block_that_holds_the_readers_form_is_not_rendered_ahead_again(
+    r: TestClient, cluster: Cluster
+) -> None:
+    # A block the writer sealed holds its record batches: a reader of batch pages needs
+    # nothing rendered, so reading on in the block before it starts no render in a thread.
+    queue = cluster.queue("r")
+    store = queue._store
+    for after in range(2, 9):
+        body = await body_of(r, {"Accept": batch_page.PAGE_MEDIA_TYPE}, after=str(after), limit="1")
+        assert [m.id for m in batch_page.decode_page(body)[0]] == [after + 1]
+        assert 11 not in store._loading
+    # A JSON reader does want the next block rendered ahead, once.
+    await body_of(r, after="8", limit="1")
+    assert 11 in store._loading
+    await until(lambda: 11 not in store._loading, what="the render ahead done")
+    await body_of(r, after="9", limit="1")
+    assert 11 not in store._loading
 
 
 # Whole blocks of ASCII (every byte below 128, so quotes, backslashes, control characters and

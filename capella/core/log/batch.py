@@ -108,6 +108,17 @@ class Batch:
         """Whether the batch holds a rendered form now."""
         return self._json is not None or self._frames is not None or self._made_records
 
+    def holds(self, form: Callable[[Batch], object]) -> bool:
+        """Whether the batch holds what ``form`` (``Batch.json``, ``frames``, ``record_batches``)
+        answers, so that calling it costs nothing: stored record batches are their own form."""
+        if form is Batch.json:
+            return self._json is not None
+        if form is Batch.frames:
+            return self._frames is not None
+        if form is Batch.record_batches:
+            return self._records is not None
+        return False
+
     def drop_forms(self) -> None:
         """Forget the rendered forms (the next read that wants one renders it again).
 

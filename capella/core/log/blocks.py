@@ -227,7 +227,7 @@ class BlockStore:
         loaded = self.loaded.get(meta.first_id)
         if loaded is None:
             self._start_load(meta, render)
-        elif render is not None and not loaded.rendered:
+        elif render is not None and not loaded.holds(render):
             # A block the writer sealed is loaded already, from its bytes: render it.
             task = asyncio.create_task(self._rendered(meta.first_id, loaded, render))
             task.add_done_callback(retrieve)
