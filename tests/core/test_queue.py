@@ -657,6 +657,21 @@ async def test_own_keys_are_found_by_id_range_after_seal_and_restart(
         await cluster.close()
 
 
+async def test_identities_of_blocks_sealed_in_this_run_are_read_from_their_bytes(cluster: Cluster) -> None:
+    # Sealing keeps no key set: the first lookup in a block sealed now reads it from its bytes.
+    q, _ = await cluster.put_queue("sealed", {})
+    produced = await q.append(drafts(12), SaveMode.WAIT)
+    named = await q.append([Draft(payload=b"n", source="dc-2", external_id=77)], SaveMode.WAIT)
+    produced += await q.append(drafts(12), SaveMode.WAIT)
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 2, what="two sealed blocks")
+    echoes = await q.append([Draft(payload=b"echo", source="edge", external_id=a.id) for a in produced])
+    assert [(a.id, a.duplicate) for a in echoes] == [(a.id, True) for a in produced]
+    [again] = await q.append([Draft(payload=b"n", source="dc-2", external_id=77)])
+    assert (again.id, again.duplicate) == (named[0].id, True)
+    [nobody] = await q.append([Draft(payload=b"echo", source="edge", external_id=named[0].id)])
+    assert not nobody.duplicate  # that id's identity is (dc-2, 77)
+
+
 async def test_own_identities_in_the_open_block_are_found_by_id_and_a_gap_is_new(
     tmp_path: Path, clock: Clock
 ) -> None:

@@ -172,16 +172,15 @@ class BlockStore:
         await self._mounts[self.definition.mount_for_mark(meta.mark)].put(meta.key, data)
         await self.meta.put(self._summary_key(meta.first_id), summary.dump())
 
-    def adopt(
-        self, meta: BlockMeta, contents: Batch, keys: dict[tuple[str, int], int], summary: BlockSummary
-    ) -> None:
-        """Take a block whose manifest entry is saved (under ``manifest_lock``; never awaits)."""
+    def adopt(self, meta: BlockMeta, contents: Batch, summary: BlockSummary) -> None:
+        """Take a block whose manifest entry is saved (under ``manifest_lock``; never awaits).
+
+        Its exact keys are read from its bytes when a lookup first needs them."""
         self.sealed.append(meta)
         self.firsts.append(meta.first_id)
         self.loaded[meta.first_id] = contents
         self._used[meta.first_id] = self._clock()
         self._trim_loaded()
-        self._remember_keys(meta.first_id, keys)
         self.dedup.add_summary(summary)
 
     # --- reading ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ the key have their exact keys loaded:
 from __future__ import annotations
 
 import struct
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -67,8 +67,15 @@ class BlockSummary:
     def build(cls, keys: Mapping[tuple[str, int], int], own: str) -> BlockSummary:
         """The summary of a block whose keys map to their ids (ids ascending)."""
         ids = keys.values()
-        first_id, last_id = min(ids), max(ids)
         foreign = [(s, e) for (s, e), i in keys.items() if s != own or e != i]
+        return cls.of_block(min(ids), max(ids), foreign, own)
+
+    @classmethod
+    def of_block(
+        cls, first_id: int, last_id: int, foreign: Collection[tuple[str, int]], own: str
+    ) -> BlockSummary:
+        """The summary of the block of ids ``first_id``..``last_id`` whose identities other
+        than ``(own, id)`` are ``foreign``."""
         bloom = BloomFilter(len(foreign))
         bloom.update(dedup_key(s, e) for s, e in foreign)
         ranges: dict[str, tuple[int, int]] = {}

@@ -136,13 +136,6 @@ class OpenBlock:
                 return external_id
         return found
 
-    def all_keys(self) -> dict[tuple[str, int], int]:
-        """Every message's identity and its id: the sealed block's exact key set."""
-        named, own = self.named, self.own
-        keys = {(own, i): i for i in self.ids if i not in named}
-        keys.update(self.keys)
-        return keys
-
     def contents(self, after: int, wanted: int) -> Batch:
         """The first ``wanted`` messages after id ``after`` (or all there are), as a batch of
         their own: the record batches that hold them, a batch cut at either edge re-framed."""
@@ -783,7 +776,7 @@ class Writer:
         # and closing the journal under it would fail writers whose records the block holds.
         await self.commit(urgent=True)
         # Encoding and the Bloom filter take ~30 ms for a full block: keep them off the loop.
-        data, summary, batch, block_keys = await asyncio.to_thread(_encode_sealed, block)
+        data, summary, batch = await asyncio.to_thread(_encode_sealed, block)
         meta = BlockMeta(
             first_id=block.ids[0],
             last_id=block.ids[-1],
@@ -799,7 +792,7 @@ class Writer:
         async with store.manifest_lock:
             await store.save_manifest([*store.sealed, meta])
             # No await from here to the end of the swap: a reader sees the block exactly once.
-            store.adopt(meta, batch, block_keys, summary)
+            store.adopt(meta, batch, summary)
             self.sealing.pop(0)
             self._seal_done.set()
             self._seal_done = asyncio.Event()
@@ -850,18 +843,19 @@ def _add_batch(block: OpenBlock, drafts: list[Draft], first_id: int, now: float,
     block.size += len(data)
 
 
-def _encode_sealed(block: OpenBlock) -> tuple[bytes, BlockSummary, Batch, dict[tuple[str, int], int]]:
-    """The block's bytes, its summary, its batch for the block store's cache, and its exact keys.
+def _encode_sealed(block: OpenBlock) -> tuple[bytes, BlockSummary, Batch]:
+    """The block's bytes, its summary, and its batch for the block store's cache.
 
     The block holds its journal's batches byte for byte, with their index entries; a block
     recovered from a format 1 journal is encoded as batches here, once. The cached batch is
     the block's own batches, the same bytes as the sealed object's, so a sealed block is in
-    memory once (a reader's render decodes it, in the prefetch thread).
+    memory once (a reader's render decodes it, in the prefetch thread). The summary needs only
+    the identities the block keeps (``keys``): nothing here is done per message.
     """
     if block.v1:
         raw = record_batch.encode_fields(Fields._make(columns_of(block.messages)))
         data, records = encode_block(record_batch.read_all(b"".join(raw)))
     else:
         data, records = assemble_block(block.batches, block.index), block.batches
-    keys = block.all_keys()
-    return data, BlockSummary.build(keys, block.own), Batch.of_records(records), keys
+    summary = BlockSummary.of_block(block.ids[0], block.ids[-1], block.keys.keys(), block.own)
+    return data, summary, Batch.of_records(records)
