@@ -33,6 +33,8 @@ NOT_NEEDED = (
     "zstandard",
     "boto3",
     "asyncpg",
+    "difflib",  # did-you-mean for a bad key: loaded on the mistake
+    "gzip",  # the console's files are gzip'd by zlib
 )
 
 # `capella serve` in this process; once it is ready a thread writes a message, then records
