@@ -459,7 +459,9 @@ class Writer:
                     found[i] = Appended(stored, True)
                 else:
                     seen[key] = i
-        kept = [i for i, f in enumerate(found) if f is None]
+            kept = [i for i, f in enumerate(found) if f is None]
+        else:
+            kept = list(range(n))  # no identity given: none can be a duplicate
         # The kept messages take the ids from here on, in order, across blocks.
         base = self.next_id
         limits = self.definition.block
