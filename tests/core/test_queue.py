@@ -880,6 +880,16 @@ async def test_a_batch_breaking_a_rule_is_refused_whole(
     assert q.stats()["messages"] == 0
 
 
+async def test_a_batch_of_payloads_alone_is_refused_where_segment_0_is_out_of_range(cluster: Cluster) -> None:
+    # A batch without optional columns is appended without a decode; its messages are all in
+    # segment 0, which a queue's range may leave out.
+    q, _ = await cluster.put_queue("ranged", {"segments": {"min": 1, "max": 10}})
+    with pytest.raises(InvalidMessage, match="segment 0 is outside") as caught:
+        await q.append_batch(read(produced([b"a", b"b"])), SaveMode.WAIT)
+    assert (caught.value.details["index"], caught.value.details["field"]) == (0, "segment")  # type: ignore[attr-defined]
+    assert q.stats()["messages"] == 0
+
+
 async def test_a_body_that_does_not_parse_is_an_invalid_message(cluster: Cluster) -> None:
     q, _ = await cluster.put_queue("bad", {})
     batch = read(produced([b"abc"]))
