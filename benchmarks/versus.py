@@ -262,9 +262,6 @@ def _child(
     args: tuple[Any, ...],
     answers: multiprocessing.Queue[tuple[int, Any, str | None]],
 ) -> None:
-    # No cyclic collector in a load process: a full collection in the pacer took 25-35 ms,
-    # and every message it held back in that time counted as the server's latency.
-    gc.disable()
     try:
         try:
             import uvloop
@@ -401,6 +398,9 @@ async def _nats_read(address: str, expected: int) -> int:
 
 async def _pace(target: Target, count: int) -> None:
     """Message i goes out at start + i / RATE, whether or not earlier answers are in."""
+    # No cyclic collector while pacing: a full collection here took 25-35 ms, and every
+    # message it held back counted as the server's latency (the follower too, below).
+    gc.disable()
     pad = "x" * (PAYLOAD - 20)
     await asyncio.sleep(1.0)  # the follower, started with it, is waiting before the first send
     async with _client(target, single=True, connections=CONNECTIONS) as send:
@@ -419,6 +419,7 @@ async def _pace(target: Target, count: int) -> None:
 
 
 async def _follow(target: Target, count: int) -> list[float]:
+    gc.disable()
     latencies: list[float] = []
     if target.system == "capella":
         after = 0
