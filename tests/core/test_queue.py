@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from capella.errors import (
     InvalidRequest,
     MessageHeadersTooLarge,
     QueueNotFound,
+    StorageTimeout,
     StorageUnavailable,
     SubscriptionNotFound,
 )
@@ -630,6 +632,93 @@ async def test_a_failed_fsync_answers_503_and_the_write_is_retried(
     try:
         page = await cluster.queue("enospc").read_after(0, 10)
         assert [m.payload for m in page.messages] == [b"ok0", b"ok1", b"unsure0", b"later0"]
+    finally:
+        await cluster.close()
+
+
+async def test_a_lone_writers_commit_starts_no_task(cluster: Cluster) -> None:
+    """With nothing in flight, a ``wait`` write makes its own flush: no flusher task, no flush
+    task, just the journal call and a callback (three turns of the loop instead of seven)."""
+    q, _ = await cluster.put_queue("lone", {})
+    await q.append(drafts(1), SaveMode.WAIT)  # the journal is open from here on
+    loop = asyncio.get_running_loop()
+    made: list[asyncio.Task[Any]] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        made.append(asyncio.Task(coro, loop=loop, **kwargs))
+        return made[-1]
+
+    loop.set_task_factory(factory)
+    try:
+        for _ in range(3):
+            await q.append(drafts(1), SaveMode.WAIT)
+    finally:
+        loop.set_task_factory(None)
+    names = [task.get_name() for task in made]  # named after the factory made them
+    assert not [name for name in names if name.startswith("flush:")], names
+    assert q.counters.flushes >= 4
+
+
+async def test_a_writer_that_stops_waiting_leaves_the_flush_and_the_journal_whole(
+    tmp_path: Path, clock: Clock, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q, _ = await cluster.put_queue("gone", {})
+    await q.append(drafts(1, "a"), SaveMode.WAIT)
+    real, released = os.fdatasync, threading.Event()
+
+    def held(fd: int) -> None:
+        released.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held)
+    waiting = asyncio.create_task(q.append(drafts(1, "b"), SaveMode.WAIT))
+    await until(lambda: q.last_id == 2, what="the second write assigned")
+    await asyncio.sleep(0.05)  # its flush is in the journal's thread, held there
+    waiting.cancel()  # the client went away while its flush was in flight
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    released.set()
+    monkeypatch.setattr(os, "fdatasync", real)
+    await q.append(drafts(1, "c"), SaveMode.WAIT)
+    assert not q.stats()["faults"]
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        page = await cluster.queue("gone").read_after(0, 10)
+        assert [m.payload for m in page.messages] == [b"a0", b"b0", b"c0"]
+    finally:
+        await cluster.close()
+
+
+async def test_a_hung_fsync_answers_a_timeout_and_the_write_lands_once_it_returns(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw = {
+        "cluster": {"name": "edge", "data_dir": str(tmp_path / "data")},
+        "storage": {"flush_interval": "1h", "write_timeout": "0.2s"},
+    }
+    cluster = await Cluster.open(parse_config(raw, {}, base=tmp_path), clock=clock)
+    try:
+        q, _ = await cluster.put_queue("hung", {})
+        await q.append(drafts(1, "ok"), SaveMode.WAIT)
+        real, released = os.fdatasync, threading.Event()
+
+        def hung(fd: int) -> None:
+            released.wait(10)
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", hung)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(StorageTimeout, match="may still be saved"):
+            await q.append(drafts(1, "slow"), SaveMode.WAIT)
+        assert asyncio.get_running_loop().time() - started < 2.0
+        released.set()
+        await q.append(drafts(1, "after"), SaveMode.WAIT)
+    finally:
+        await cluster.close()
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        page = await cluster.queue("hung").read_after(0, 10)
+        assert [m.payload for m in page.messages] == [b"ok0", b"slow0", b"after0"]
     finally:
         await cluster.close()
 

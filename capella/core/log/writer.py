@@ -599,19 +599,31 @@ class Writer:
         """Answer once everything added so far is in a journal, fsync'd."""
         if not self.pending() and not self._flushes:
             return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        self._urgent = self._urgent or urgent
-        self.want_flush()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        # A timer on the waiter, not asyncio.timeout: the same answer for a third of the work.
+        expiry = loop.call_later(self._settings.write_timeout, self._expire, waiter)
         try:
-            async with asyncio.timeout(self._settings.write_timeout):
-                await waiter
-        except TimeoutError:
+            if self._idle() and (urgent or self._settings.wait_max_delay <= 0):
+                # Nothing in flight and nobody waiting: this commit starts the flush itself.
+                self._start_flush([waiter])
+            else:
+                self._waiters.append(waiter)
+                self._urgent = self._urgent or urgent
+                self.want_flush()
+            await waiter
+        finally:
+            expiry.cancel()
+
+    def _expire(self, waiter: asyncio.Future[None]) -> None:
+        if not waiter.done():
             # The flush goes on: what it covers may still be saved, so say the outcome is unknown.
-            raise StorageTimeout(
-                f"queue {self.name}: the write was not saved within {self._settings.write_timeout:g}s "
-                f"({self.fault_text()}); it may still be saved"
-            ) from None
+            waiter.set_exception(
+                StorageTimeout(
+                    f"queue {self.name}: the write was not saved within {self._settings.write_timeout:g}s "
+                    f"({self.fault_text()}); it may still be saved"
+                )
+            )
 
     async def run_flusher(self) -> None:
         """Start flushes while writers ask (up to ``MAX_FLUSHES`` at once), then end. A failed
@@ -644,6 +656,18 @@ class Writer:
         if error is not None:
             raise error
 
+    def _idle(self) -> bool:
+        """No flush in flight or wanted, no writer waiting for one, no journal fault to report:
+        a commit may start its flush at once (``_start_flush``) without the flusher."""
+        return (
+            not self._flushes
+            and not self._waiters
+            and not self.flusher.running
+            and "journal" not in self.faults
+            and self._unreported is None
+            and not self.closing
+        )
+
     def _start_flush(self, waiters: list[asyncio.Future[None]]) -> _Flush:
         """Take what is pending (in order, with no await) and flush it after the flushes in flight."""
         self.marked = False
@@ -654,8 +678,50 @@ class Writer:
                 block.pending.clear()
         flush = _Flush(chunks, waiters, self._flushes[-1] if self._flushes else None)
         self._flushes.append(flush)
-        flush.task = asyncio.create_task(self._run_flush(flush), name=f"flush:{self.name}")
+        if (
+            flush.previous is None
+            and self._broken is None
+            and all(b.journal is not None and b.journal.size > 0 for b, _ in chunks)
+        ):
+            self._flush_now(flush)
+        else:
+            flush.task = asyncio.create_task(self._run_flush(flush), name=f"flush:{self.name}")
         return flush
+
+    def _flush_now(self, flush: _Flush) -> None:
+        """Flush to journals open already, with no flush before it: the appends are made now,
+        and a callback answers the writers once they are synced. A lone writer's commit so
+        takes three turns of the loop instead of seven (two tasks and a gather fewer)."""
+        started = time.perf_counter()
+        appends: list[tuple[OpenBlock, Journal, asyncio.Future[None]]] = []
+        try:
+            for block, data in flush.chunks:
+                journal = block.journal
+                assert journal is not None
+                appends.append((block, journal, asyncio.ensure_future(journal.append_and_sync(data))))
+        except BaseException as exc:  # a journal refused the call: the task ends the flush
+            self._broken = self._broken or exc
+            flush.registered.set()
+            flush.task = asyncio.create_task(self._end_flush(flush, appends, _ends(appends), exc, started))
+            return
+        flush.registered.set()
+        ends = _ends(appends)
+        left = len(appends)
+
+        def synced(_: asyncio.Future[None]) -> None:
+            nonlocal left
+            left -= 1
+            if left:
+                return
+            if all(not s.cancelled() and s.exception() is None for _, _, s in appends):
+                self._settle(flush, ends, None, started)
+            else:  # the task path closes the journals that failed and reports it
+                flush.task = asyncio.create_task(self._end_flush(flush, appends, ends, None, started))
+
+        for _, _, sync in appends:
+            sync.add_done_callback(synced)
+        if not appends:
+            self._settle(flush, [], None, started)
 
     async def _run_flush(self, flush: _Flush) -> None:
         started = time.perf_counter()
@@ -682,7 +748,19 @@ class Writer:
             error = self._broken = self._broken or exc
         finally:
             flush.registered.set()
-        ends = [(block, journal.size) for block, journal, _ in appends]
+        await self._end_flush(flush, appends, _ends(appends), error, started)
+
+    async def _end_flush(
+        self,
+        flush: _Flush,
+        appends: Sequence[tuple[OpenBlock, Journal, Awaitable[None]]],
+        ends: list[tuple[OpenBlock, int]],
+        error: BaseException | None,
+        started: float,
+    ) -> None:
+        """Wait for the syncs of ``flush`` and for the flush before it, then answer its writers.
+        ``ends``: each journal's size right after this flush's append, durable once it succeeds."""
+        previous = flush.previous
         outcomes = await asyncio.gather(*(sync for _, _, sync in appends), return_exceptions=True)
         failed = [
             journal for (_, journal, _), outcome in zip(appends, outcomes, strict=True) if outcome is not None
@@ -702,6 +780,13 @@ class Writer:
             earlier = await previous.done  # answers go in order
             if error is None and earlier is not None:
                 error = earlier
+        self._settle(flush, ends, error, started)
+
+    def _settle(
+        self, flush: _Flush, ends: list[tuple[OpenBlock, int]], error: BaseException | None, started: float
+    ) -> None:
+        """``flush`` ended (and every flush before it): answer its writers with ``error`` or
+        success, and requeue what failed once no flush is in flight."""
         if error is None:
             for block, end in ends:
                 block.durable_size = end
@@ -828,6 +913,11 @@ class Writer:
             if block.journal is not None:
                 await block.journal.close()
                 block.journal = None
+
+
+def _ends(appends: Sequence[tuple[OpenBlock, Journal, object]]) -> list[tuple[OpenBlock, int]]:
+    """Each journal's size now, just after a flush's append: before any later flush appends."""
+    return [(block, journal.size) for block, journal, _ in appends]
 
 
 def _add_batch(block: OpenBlock, drafts: list[Draft], first_id: int, now: float, own: str) -> None:
