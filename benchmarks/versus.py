@@ -22,7 +22,9 @@ medians: on a shared, noisy machine only a ratio within one run holds.
 - end-to-end latency at 2,000 single-message writes per second: an open-loop generator in its
   own process sends on a fixed schedule, a follower in another process (long poll / ``XREAD
   BLOCK`` / an ordered JetStream consumer) takes each message's send time from its payload;
-  neither process is the one measured;
+  neither process is the one measured, and neither runs the cyclic garbage collector (a full
+  collection in the generator held messages back by 25-35 ms). The generator opens its
+  connections first with warm-up messages (send time 0) that the follower skips;
 - server CPU per message: user + system CPU of the server process (``/proc/PID/stat``) over
   the produce runs, and over each read, divided by the messages written or read;
 - idle RSS after start-up and peak RSS of the run.
