@@ -23,7 +23,7 @@ medians: on a shared, noisy machine only a ratio within one run holds.
   own process sends on a fixed schedule, a follower in another process (long poll / ``XREAD
   BLOCK`` / an ordered JetStream consumer) takes each message's send time from its payload;
   neither process is the one measured, and neither runs the cyclic garbage collector (a full
-  collection in the generator held messages back by 25-35 ms). The generator opens its
+  collection in one of them held messages back by 25-35 ms). The generator opens its
   connections first with warm-up messages (send time 0) that the follower skips;
 - server CPU per message: user + system CPU of the server process (``/proc/PID/stat``) over
   the produce runs, and over each read, divided by the messages written or read;
@@ -400,8 +400,8 @@ async def _nats_read(address: str, expected: int) -> int:
 
 async def _pace(target: Target, count: int) -> None:
     """Message i goes out at start + i / RATE, whether or not earlier answers are in."""
-    # No cyclic collector while pacing: a full collection here took 25-35 ms, and every
-    # message it held back counted as the server's latency (the follower too, below).
+    # No cyclic collector while pacing: a full collection in a load process took 25-35 ms,
+    # and every message it held back counted as the server's latency (the follower too, below).
     gc.disable()
     pad = "x" * (PAYLOAD - 20)
     await asyncio.sleep(1.0)  # the follower, started with it, is waiting before the first send
