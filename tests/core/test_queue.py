@@ -723,6 +723,89 @@ async def test_a_hung_fsync_answers_a_timeout_and_the_write_lands_once_it_return
         await cluster.close()
 
 
+def failing_for(journal_of: int, released: threading.Event | None = None) -> Any:
+    """An ``os.fdatasync`` that fails with EIO for the journal of the block from id
+    ``journal_of`` (after ``released`` is set, when given) and syncs every other file."""
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(f"{journal_of:020d}.log"):
+            if released is not None:
+                released.wait(10)
+            raise OSError(5, "Input/output error")
+        real(fd)
+
+    return fdatasync
+
+
+async def until_written(q: Any, *, within: float = 10.0) -> None:
+    """Write one more message until the queue takes it (its failed journal is retried)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            await q.append(drafts(1, "d"), SaveMode.WAIT)
+            return
+        except StorageUnavailable:
+            assert asyncio.get_running_loop().time() < deadline, "the queue never took a write again"
+            await asyncio.sleep(0.05)
+
+
+async def test_a_commit_that_fails_on_one_journal_keeps_every_answered_write(
+    tmp_path: Path, clock: Clock, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One group commit across a block boundary: the full block's journal fails, the new
+    one's sync works. Both batches go back and are written again; the new journal is cut back
+    first, or it would hold its batch twice and recovery would end it there, with every
+    answered write after it."""
+    q, _ = await cluster.put_queue("two", {})
+    await q.append(drafts(9, "a"), SaveMode.WAIT)
+    monkeypatch.setattr(os, "fdatasync", failing_for(journal_of=1))
+    await q.append(drafts(1, "b"), SaveMode.MARK)  # id 10 fills block 1
+    with pytest.raises(StorageUnavailable):
+        await q.append(drafts(1, "c"), SaveMode.WAIT)  # id 11, block 2: one flush, two journals
+    monkeypatch.undo()
+    await until_written(q)
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        page = await cluster.queue("two").read_after(0, 100)
+        assert [m.payload for m in page.messages][-3:] == [b"b0", b"c0", b"d0"]
+        assert cluster.queue("two").stats()["recovery"]["truncated_bytes"] == 0
+    finally:
+        await cluster.close()
+
+
+async def test_a_commit_failed_by_the_one_before_it_keeps_every_answered_write(
+    tmp_path: Path, clock: Clock, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two group commits in flight on two journals: the second one's sync works, but the first
+    fails, so the second fails too (answers go in order) and its batch is written again."""
+    q, _ = await cluster.put_queue("two", {})
+    await q.append(drafts(9, "a"), SaveMode.WAIT)
+    released = threading.Event()
+    monkeypatch.setattr(os, "fdatasync", failing_for(journal_of=1, released=released))
+    first = asyncio.create_task(q.append(drafts(1, "b"), SaveMode.WAIT))  # id 10 fills block 1
+    await until(lambda: q.last_id == 10, what="the first write assigned")
+    second = asyncio.create_task(q.append(drafts(1, "c"), SaveMode.WAIT))  # id 11, block 2
+    journal_2 = queue_dir(tmp_path, "two") / "journal" / f"{11:020d}.log"
+    header = len(JOURNAL_HEADER)
+    await until(
+        lambda: journal_2.exists() and journal_2.stat().st_size > header, what="c0 in block 2's journal"
+    )
+    released.set()
+    for task in (first, second):
+        with pytest.raises(StorageUnavailable):
+            await task
+    monkeypatch.undo()
+    await until_written(q)
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        page = await cluster.queue("two").read_after(0, 100)
+        assert [m.payload for m in page.messages][-3:] == [b"b0", b"c0", b"d0"]
+        assert cluster.queue("two").stats()["recovery"]["truncated_bytes"] == 0
+    finally:
+        await cluster.close()
+
+
 async def test_own_keys_are_found_by_id_range_after_seal_and_restart(
     tmp_path: Path, clock: Clock, cluster: Cluster
 ) -> None:

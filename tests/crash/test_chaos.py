@@ -157,6 +157,7 @@ def fill(disk: Path) -> Path:
 
 async def test_two_clusters_copying_both_ways_survive_a_random_fault_schedule(tmp_path: Path) -> None:
     rng = random.Random(SEED)
+    print(f"\nchaos seed={SEED} (CHAOS_SEED={SEED} replays this schedule)")
     config = tmp_path / "capella.toml"
     config.write_text('[queue_defaults]\nsave = "wait"\n[queue_defaults.block]\nmax_messages = 500\n')
     counts = dict.fromkeys(FAULTS, 0)
@@ -287,7 +288,11 @@ async def test_two_clusters_copying_both_ways_survive_a_random_fault_schedule(tm
                             losses += 1
                     for p in producers:
                         exts = [e for s, e in identities if s == p.source]
-                        assert exts == sorted(exts), f"{node.name}: {p.source} out of order"
+                        moved = next((i for i, e in enumerate(exts) if i and e < exts[i - 1]), None)
+                        assert moved is None, (
+                            f"{node.name}: {p.source} out of order at index {moved}: "
+                            f"{exts[moved - 2 : moved + 3]} (seed {SEED})"
+                        )
                     # Each acknowledged message kept the id its own cluster answered.
                     own = producers[0] if node is a else producers[1]
                     for ext, (message_id, _) in own.acked.items():

@@ -762,9 +762,6 @@ class Writer:
         ``ends``: each journal's size right after this flush's append, durable once it succeeds."""
         previous = flush.previous
         outcomes = await asyncio.gather(*(sync for _, _, sync in appends), return_exceptions=True)
-        failed = [
-            journal for (_, journal, _), outcome in zip(appends, outcomes, strict=True) if outcome is not None
-        ]
         error = error or next((o for o in outcomes if isinstance(o, BaseException)), None)
         if error is not None:
             # Set before any await: no flush may reopen a journal and write after this one
@@ -772,14 +769,19 @@ class Writer:
             self._broken = self._broken or error
             if isinstance(error, CapellaError):
                 self.set_fault("journal", error.message)
-            for block, journal, _ in appends:
-                if journal in failed and block.journal is journal:
-                    block.journal = None
-                    await asyncio.shield(journal.close())
         if previous is not None:
             earlier = await previous.done  # answers go in order
             if error is None and earlier is not None:
                 error = earlier
+        if error is not None:
+            # Its bytes go back for the next flush to write again, so every journal it wrote
+            # to is cut back to its last durable length first: also one whose own sync worked
+            # (the flush failed on another journal, or an earlier flush failed), which would
+            # otherwise hold those batches twice, and recovery ends a journal at a repeat.
+            for block, journal, _ in appends:
+                if block.journal is journal:
+                    block.journal = None
+                    await asyncio.shield(journal.close())
         self._settle(flush, ends, error, started)
 
     def _settle(
