@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import dataclasses
 import functools
 import logging
 import time
@@ -30,6 +29,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, NamedTuple
+
+import msgspec
 
 from capella.config import StorageSettings
 from capella.core.definition import I64_MAX, I64_MIN, QueueDefinition
@@ -324,7 +325,7 @@ class Queue:
         now = self._clock()
         writer = self._writer
         # The defaults the server fills in are read as filled in: the producer's head counts for nothing.
-        batch = dataclasses.replace(batch, base_time=now, source=writer.own)
+        batch = msgspec.structs.replace(batch, base_time=now, source=writer.own)
         sources: list[str] | None = None
         external_ids: list[int | None] | None = None
         try:

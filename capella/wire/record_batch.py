@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from itertools import accumulate, compress, pairwise, repeat
 from typing import Any, NamedTuple
 
+import msgspec
+
 from capella.errors import CorruptData, InvalidMessage
 
 VERSION = 2
@@ -61,11 +63,12 @@ class Fields(NamedTuple):
     headers: list[dict[str, str]]
 
 
-@dataclass(frozen=True, slots=True)
-class RecordBatch:
+class RecordBatch(msgspec.Struct, frozen=True, gc=False):
     """One batch found in a buffer: its head's fields and where its bytes are.
 
-    ``data[start:end]`` is the whole batch; its body is ``data[body:end]``.
+    ``data[start:end]`` is the whole batch; its body is ``data[body:end]``. Not tracked by the
+    cyclic garbage collector (it holds no container): an open block keeps one per request, and
+    a collection that walked 100,000 of them stalled the loop for ~15 ms.
     """
 
     data: bytes

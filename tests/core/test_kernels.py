@@ -11,13 +11,13 @@ import os
 import struct
 import zlib
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 from support.batches import PAYLOADS, SOURCES, drafts, stored
 
 from capella.core.log.batch import Batch

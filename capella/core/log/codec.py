@@ -13,7 +13,6 @@ the tests that write such bytes.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import struct
@@ -26,6 +25,8 @@ from itertools import accumulate, chain, pairwise
 from operator import add, attrgetter, sub
 from types import ModuleType
 from typing import NamedTuple
+
+import msgspec
 
 from capella.core.message import EMPTY_HEADERS, Message
 from capella.errors import CorruptData, InvalidMessage
@@ -629,7 +630,9 @@ def encode_block(batches: Sequence[RecordBatch]) -> tuple[bytes, list[RecordBatc
     at = _BLOCK2_HEAD.size
     for b in batches:
         placed.append(
-            dataclasses.replace(b, data=data, start=at, end=at + b.end - b.start, body=at + b.body - b.start)
+            msgspec.structs.replace(
+                b, data=data, start=at, end=at + b.end - b.start, body=at + b.body - b.start
+            )
         )
         at += b.end - b.start
     return data, placed
