@@ -659,18 +659,38 @@ async def test_a_lone_writers_commit_starts_no_task(cluster: Cluster) -> None:
     assert q.counters.flushes >= 4
 
 
+async def after_a_restart(
+    cluster: Cluster, tmp_path: Path, clock: Clock, name: str, *, truncated: int | None = None
+) -> list[bytes]:
+    """The payloads queue ``name`` holds once the cluster is closed and opened again (with
+    ``truncated``: what recovery must have cut off its journals)."""
+    cluster = await reopen(cluster, tmp_path, clock)
+    try:
+        if truncated is not None:
+            assert cluster.queue(name).stats()["recovery"]["truncated_bytes"] == truncated
+        return [m.payload for m in (await cluster.queue(name).read_after(0, 1000)).messages]
+    finally:
+        await cluster.close()
+
+
+def held_until(released: threading.Event) -> Any:
+    """An ``os.fdatasync`` that syncs only once ``released`` is set (at most 10 s later)."""
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        released.wait(10)
+        real(fd)
+
+    return fdatasync
+
+
 async def test_a_writer_that_stops_waiting_leaves_the_flush_and_the_journal_whole(
     tmp_path: Path, clock: Clock, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     q, _ = await cluster.put_queue("gone", {})
     await q.append(drafts(1, "a"), SaveMode.WAIT)
-    real, released = os.fdatasync, threading.Event()
-
-    def held(fd: int) -> None:
-        released.wait(10)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", held)
+    released = threading.Event()
+    monkeypatch.setattr(os, "fdatasync", held_until(released))
     waiting = asyncio.create_task(q.append(drafts(1, "b"), SaveMode.WAIT))
     await until(lambda: q.last_id == 2, what="the second write assigned")
     await asyncio.sleep(0.05)  # its flush is in the journal's thread, held there
@@ -678,15 +698,10 @@ async def test_a_writer_that_stops_waiting_leaves_the_flush_and_the_journal_whol
     with pytest.raises(asyncio.CancelledError):
         await waiting
     released.set()
-    monkeypatch.setattr(os, "fdatasync", real)
+    monkeypatch.undo()
     await q.append(drafts(1, "c"), SaveMode.WAIT)
     assert not q.stats()["faults"]
-    cluster = await reopen(cluster, tmp_path, clock)
-    try:
-        page = await cluster.queue("gone").read_after(0, 10)
-        assert [m.payload for m in page.messages] == [b"a0", b"b0", b"c0"]
-    finally:
-        await cluster.close()
+    assert await after_a_restart(cluster, tmp_path, clock, "gone") == [b"a0", b"b0", b"c0"]
 
 
 async def test_a_hung_fsync_answers_a_timeout_and_the_write_lands_once_it_returns(
@@ -700,13 +715,8 @@ async def test_a_hung_fsync_answers_a_timeout_and_the_write_lands_once_it_return
     try:
         q, _ = await cluster.put_queue("hung", {})
         await q.append(drafts(1, "ok"), SaveMode.WAIT)
-        real, released = os.fdatasync, threading.Event()
-
-        def hung(fd: int) -> None:
-            released.wait(10)
-            real(fd)
-
-        monkeypatch.setattr(os, "fdatasync", hung)
+        released = threading.Event()
+        monkeypatch.setattr(os, "fdatasync", held_until(released))
         started = asyncio.get_running_loop().time()
         with pytest.raises(StorageTimeout, match="may still be saved"):
             await q.append(drafts(1, "slow"), SaveMode.WAIT)
@@ -715,12 +725,7 @@ async def test_a_hung_fsync_answers_a_timeout_and_the_write_lands_once_it_return
         await q.append(drafts(1, "after"), SaveMode.WAIT)
     finally:
         await cluster.close()
-    cluster = await reopen(cluster, tmp_path, clock)
-    try:
-        page = await cluster.queue("hung").read_after(0, 10)
-        assert [m.payload for m in page.messages] == [b"ok0", b"slow0", b"after0"]
-    finally:
-        await cluster.close()
+    assert await after_a_restart(cluster, tmp_path, clock, "hung") == [b"ok0", b"slow0", b"after0"]
 
 
 def failing_for(journal_of: int, released: threading.Event | None = None) -> Any:
@@ -738,16 +743,19 @@ def failing_for(journal_of: int, released: threading.Event | None = None) -> Any
     return fdatasync
 
 
-async def until_written(q: Any, *, within: float = 10.0) -> None:
-    """Write one more message until the queue takes it (its failed journal is retried)."""
-    deadline = asyncio.get_running_loop().time() + within
+async def b0_c0_d0_after_a_restart(cluster: Cluster, tmp_path: Path, clock: Clock) -> None:
+    """Once the disk is well again: queue "two" takes a write (d0) after retrying its failed
+    journal, and a restart finds b0, c0 and d0 at its end, with no journal tail cut off."""
+    q = cluster.queue("two")
+    deadline = asyncio.get_running_loop().time() + 10
     while True:
         try:
             await q.append(drafts(1, "d"), SaveMode.WAIT)
-            return
+            break
         except StorageUnavailable:
             assert asyncio.get_running_loop().time() < deadline, "the queue never took a write again"
             await asyncio.sleep(0.05)
+    assert (await after_a_restart(cluster, tmp_path, clock, "two", truncated=0))[-3:] == [b"b0", b"c0", b"d0"]
 
 
 async def test_a_commit_that_fails_on_one_journal_keeps_every_answered_write(
@@ -764,14 +772,7 @@ async def test_a_commit_that_fails_on_one_journal_keeps_every_answered_write(
     with pytest.raises(StorageUnavailable):
         await q.append(drafts(1, "c"), SaveMode.WAIT)  # id 11, block 2: one flush, two journals
     monkeypatch.undo()
-    await until_written(q)
-    cluster = await reopen(cluster, tmp_path, clock)
-    try:
-        page = await cluster.queue("two").read_after(0, 100)
-        assert [m.payload for m in page.messages][-3:] == [b"b0", b"c0", b"d0"]
-        assert cluster.queue("two").stats()["recovery"]["truncated_bytes"] == 0
-    finally:
-        await cluster.close()
+    await b0_c0_d0_after_a_restart(cluster, tmp_path, clock)
 
 
 async def test_a_commit_failed_by_the_one_before_it_keeps_every_answered_write(
@@ -796,14 +797,7 @@ async def test_a_commit_failed_by_the_one_before_it_keeps_every_answered_write(
         with pytest.raises(StorageUnavailable):
             await task
     monkeypatch.undo()
-    await until_written(q)
-    cluster = await reopen(cluster, tmp_path, clock)
-    try:
-        page = await cluster.queue("two").read_after(0, 100)
-        assert [m.payload for m in page.messages][-3:] == [b"b0", b"c0", b"d0"]
-        assert cluster.queue("two").stats()["recovery"]["truncated_bytes"] == 0
-    finally:
-        await cluster.close()
+    await b0_c0_d0_after_a_restart(cluster, tmp_path, clock)
 
 
 async def test_own_keys_are_found_by_id_range_after_seal_and_restart(
