@@ -35,7 +35,7 @@ from capella.wire import fields, record_batch
 from capella.wire import messages as wire_messages
 from capella.wire.batch_page import BATCH_MEDIA_TYPE
 from capella.wire.decode import unknown_field
-from capella.wire.record_batch import RecordBatch
+from capella.wire.record_batch import Given, RecordBatch
 
 HEADER_PREFIX = "capella-header-"
 MAX_SOURCE_BYTES = 255
@@ -166,36 +166,6 @@ def batch_drafts(batches: list[RecordBatch], settings: ServerSettings) -> list[D
     ``PayloadTooLarge``, and each message is held to the JSON form's limits (payload size,
     header count and bytes, source length, finite external time), ``index`` counting from
     the first message of the body."""
-    drafts = _checked(batches, settings, build=True)
-    assert drafts is not None
-    return drafts
-
-
-def check_batches(batches: list[RecordBatch], settings: ServerSettings) -> None:
-    """``batch_drafts``'s checks, for batches the queue appends as they came.
-
-    Batches of payloads and nothing else (the common form) are checked from their payload
-    lengths alone: the queue appends them without decoding them, and a decode here was a
-    tenth of a binary produce's work.
-    """
-    if any(batch.flags for batch in batches):
-        _checked(batches, settings, build=False)
-        return
-    try:
-        sizes = [record_batch.payload_sizes(batch) for batch in batches]
-    except CorruptData as exc:
-        raise InvalidBatch(f"body: {exc.message}") from None
-    _check_count(sum(map(len, sizes)), settings)
-    max_size = settings.max_message_size
-    index = 0
-    for lengths in sizes:
-        if max(lengths) > max_size:
-            at = next(i for i, size in enumerate(lengths) if size > max_size)
-            raise _too_large(index + at, lengths[at], max_size)
-        index += len(lengths)
-
-
-def _checked(batches: list[RecordBatch], settings: ServerSettings, *, build: bool) -> list[Draft] | None:
     try:
         columns = [
             (
@@ -218,8 +188,7 @@ def _checked(batches: list[RecordBatch], settings: ServerSettings, *, build: boo
             if max(map(len, f.payloads)) > max_size:
                 at = next(i for i, p in enumerate(f.payloads) if len(p) > max_size)
                 raise _too_large(index + at, len(f.payloads[at]), max_size)
-            if build:
-                drafts += [Draft(p, None, None, None, 0, EMPTY_HEADERS) for p in f.payloads]
+            drafts += [Draft(p, None, None, None, 0, EMPTY_HEADERS) for p in f.payloads]
             index += len(f.payloads)
             continue
         for mid, source, external_id, external_time, segment, payload, headers in zip(
@@ -227,18 +196,60 @@ def _checked(batches: list[RecordBatch], settings: ServerSettings, *, build: boo
         ):
             if len(payload) > max_size:
                 raise _too_large(index, len(payload), max_size)
-            draft = Draft(
-                payload,
-                _source(source, index) if source else None,
-                None if external_id == mid else external_id,
-                None if external_time != external_time else _time(external_time, index),
-                segment,
-                _headers(headers, index, settings) if headers else EMPTY_HEADERS,
+            drafts.append(
+                Draft(
+                    payload,
+                    _source(source, index) if source else None,
+                    None if external_id == mid else external_id,
+                    None if external_time != external_time else _time(external_time, index),
+                    segment,
+                    _headers(headers, index, settings) if headers else EMPTY_HEADERS,
+                )
             )
-            if build:
-                drafts.append(draft)
             index += 1
-    return drafts if build else None
+    return drafts
+
+
+def check_batch(batch: RecordBatch, settings: ServerSettings, own: str) -> Given | None:
+    """``batch_drafts``'s checks, for a batch the queue appends as it came; for a batch with
+    optional columns, also its decode as the queue reads it (``own``, the cluster's name, is
+    its default source), which the queue then uses (``Queue.append_batch(given=...)``).
+
+    A batch of payloads and nothing else (the common form) is checked from its payload lengths
+    alone: the queue appends it without decoding it, and a decode here was a tenth of a binary
+    produce's work.
+    """
+    if batch.flags:
+        try:
+            given = record_batch.decode_given(msgspec.structs.replace(batch, source=own))
+        except CorruptData as exc:
+            raise InvalidBatch(f"body: {exc.message}") from None
+        fields, _, external_times = given
+        _check_count(len(fields.payloads), settings)
+        times = external_times or [None] * len(fields.payloads)
+        max_size = settings.max_message_size
+        for index, (source, external_time, payload, headers) in enumerate(
+            zip(fields.sources, times, fields.payloads, fields.headers, strict=True)
+        ):
+            if len(payload) > max_size:
+                raise _too_large(index, len(payload), max_size)
+            if source:
+                _source(source, index)
+            if external_time is not None:
+                _time(external_time, index)
+            if headers:
+                _headers(headers, index, settings)
+        return given
+    try:
+        lengths = record_batch.payload_sizes(batch)
+    except CorruptData as exc:
+        raise InvalidBatch(f"body: {exc.message}") from None
+    _check_count(len(lengths), settings)
+    max_size = settings.max_message_size
+    if max(lengths) > max_size:
+        at = next(i for i, size in enumerate(lengths) if size > max_size)
+        raise _too_large(at, lengths[at], max_size)
+    return None
 
 
 def _drafts(items: list[wire_messages.Message], settings: ServerSettings, now: float) -> list[Draft]:

@@ -21,7 +21,7 @@ from capella import wire
 from capella.api.drafts import (
     batch_drafts,
     body_kind,
-    check_batches,
+    check_batch,
     json_drafts,
     ndjson_drafts,
     raw_draft,
@@ -141,12 +141,12 @@ async def append_batches(
     as one dedup insert of their messages.
     """
     if len(batches) == 1:
-        check_batches(batches, settings)
         return await queue.append_batch(
             batches[0],
             save,
             max_headers=settings.max_message_headers,
             max_headers_size=settings.max_message_headers_size,
+            given=check_batch(batches[0], settings, queue.own),
         )
     return [a for a in await queue.append(batch_drafts(batches, settings), save) if isinstance(a, Appended)]
 

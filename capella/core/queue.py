@@ -55,7 +55,7 @@ from capella.core.work.retry import RetryPolicy
 from capella.core.work.work_queue import WorkQueue
 from capella.errors import CorruptData, InvalidMessage, ShuttingDown
 from capella.storage import Storage, keys
-from capella.wire.record_batch import Fields, RecordBatch, decode_given, payload_sizes
+from capella.wire.record_batch import Fields, Given, RecordBatch, decode_given, payload_sizes
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +310,7 @@ class Queue:
         *,
         max_headers: int = MAX_HEADERS,
         max_headers_size: int = MAX_HEADERS_SIZE,
+        given: Given | None = None,
     ) -> list[Appended]:
         """Store a producer's record batch as it came: ``append``'s rules, dedup and durability,
         without encoding a message again.
@@ -319,6 +320,9 @@ class Queue:
         segment in the queue's range) and their headers against the server's limits
         (``server.max_message_headers``, ``max_message_headers_size``). A duplicate is cut
         out and answered with the id it has. The answers follow the batch's order.
+        ``given``: the batch's ``decode_given`` with this cluster's name as its default source,
+        when the caller made it already (the API, to check the batch), so that it is not
+        decoded twice.
         """
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
@@ -330,7 +334,7 @@ class Queue:
         external_ids: list[int | None] | None = None
         try:
             if batch.flags:
-                fields, external_ids, external_times = decode_given(batch)
+                fields, external_ids, external_times = decode_given(batch) if given is None else given
                 self._validate_batch(fields, external_times, now, max_headers, max_headers_size)
                 sources = fields.sources
             else:  # payloads alone: every other field is the default, and nothing is decoded
@@ -433,6 +437,11 @@ class Queue:
     def now(self) -> float:
         """The queue's clock (tests inject one)."""
         return self._clock()
+
+    @property
+    def own(self) -> str:
+        """The cluster's name: the source of the messages produced here without one."""
+        return self._writer.own
 
     @property
     def last_id(self) -> int:

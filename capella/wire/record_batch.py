@@ -401,7 +401,11 @@ def decode_body(batch: RecordBatch) -> Fields:
     return _decode(batch)[0]
 
 
-def decode_given(batch: RecordBatch) -> tuple[Fields, list[int | None] | None, list[float | None] | None]:
+# ``decode_given``'s answer: the columns, and the external ids and times as the producer gave them.
+Given = tuple[Fields, list[int | None] | None, list[float | None] | None]
+
+
+def decode_given(batch: RecordBatch) -> Given:
     """The messages of ``batch`` as columns, and the external ids and times as the producer gave
     them (``None`` where left to default; the list is ``None`` when every one was).
 
@@ -411,7 +415,7 @@ def decode_given(batch: RecordBatch) -> tuple[Fields, list[int | None] | None, l
     return _decode(batch)
 
 
-def _decode(batch: RecordBatch) -> tuple[Fields, list[int | None] | None, list[float | None] | None]:
+def _decode(batch: RecordBatch) -> Given:
     """The columns, and the external ids and times as given (``None`` where left to default)."""
     try:
         return _decode_columns(batch)
