@@ -68,7 +68,8 @@ class RecordBatch(msgspec.Struct, frozen=True, gc=False):
 
     ``data[start:end]`` is the whole batch; its body is ``data[body:end]``. Not tracked by the
     cyclic garbage collector (it holds no container): an open block keeps one per request, and
-    a collection that walked 100,000 of them stalled the loop for ~15 ms.
+    every young collection walked them (60,000 single-message appends: 23-29 ms of collections
+    as a dataclass, 8-12 ms as this).
     """
 
     data: bytes
