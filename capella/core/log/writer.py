@@ -113,11 +113,14 @@ class OpenBlock:
         if not journaled:
             self.pending.append(batch.data)
 
-    def name(self, source: str, external_id: int, message_id: int) -> None:
-        """Note a message's identity for dedup, where it is not the default ``(own, id)``."""
-        if source != self.own or external_id != message_id:
-            self.keys[(source, external_id)] = message_id
-            self.named.add(message_id)
+    def name(self, source: str, external_id: int, message_id: int) -> bool:
+        """Note a message's identity for dedup, where it is not the default ``(own, id)``;
+        ``True`` when it was noted (the queue's dedup index notes it too)."""
+        if source == self.own and external_id == message_id:
+            return False
+        self.keys[(source, external_id)] = message_id
+        self.named.add(message_id)
+        return True
 
     def forget_names_from(self, message_id: int) -> None:
         """Forget the identities of the messages from ``message_id`` on (their batch could not be encoded)."""
@@ -390,8 +393,7 @@ class Writer:
                     size = block.size
                 if external_id is None:
                     external_id = message_id
-                if source != own or external_id != message_id:
-                    block.name(source, external_id, message_id)
+                if block.name(source, external_id, message_id):
                     dedup.note(source, external_id)
                 run.append(d)
                 # A message costs its payload and length in the batch; headers about their text.
@@ -492,8 +494,7 @@ class Writer:
                     source = own if sources is None else sources[i]
                     given = None if external_ids is None else external_ids[i]
                     external_id = message_id if given is None else given
-                    if source != own or external_id != message_id:
-                        block.name(source, external_id, message_id)
+                    if block.name(source, external_id, message_id):
                         dedup.note(source, external_id)
             self.next_id = first_id + len(take)
             block.size += len(data)
