@@ -445,7 +445,7 @@ def _check_fill(batch: RecordBatch, start: int, payloads_end: int) -> None:
         )
 
 
-def _decode_columns(batch: RecordBatch) -> tuple[Fields, list[int | None] | None, list[float | None] | None]:
+def _decode_columns(batch: RecordBatch) -> Given:
     data, flags, n, end = batch.data, batch.flags, batch.count, batch.end
     reader = _Reader(data, batch.body, end, n)
     payload_lengths = reader.column("I")
