@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import struct
 import sys
-import zlib
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from capella.errors import CorruptData, InvalidMessage
+from capella.kernels import crc32
 
 VERSION = 2
 
@@ -169,7 +169,7 @@ def encode(
         raise InvalidMessage(f"a message cannot be stored: {exc}") from None
     parts += payloads
     body = b"".join(parts)
-    return _framed(flags, n, base_id, base_time, source, body, zlib.crc32(body))
+    return _framed(flags, n, base_id, base_time, source, body, crc32(body))
 
 
 def encode_fields(fields: Fields) -> list[bytes]:
@@ -266,7 +266,7 @@ def _framed(
     length = HEAD.size - 4 + len(raw_source) + len(body)
     if length > 0xFFFFFFFF:
         raise InvalidMessage(f"a record batch of {length} bytes is over the 4 GiB limit")
-    crc = zlib.crc32(raw_source, zlib.crc32(memoryview(head)[_CRC_FROM:]))
+    crc = crc32(raw_source, crc32(memoryview(head)[_CRC_FROM:]))
     return b"".join((_U32.pack(length), _U32.pack(crc), head[_CRC_FROM:], raw_source, body))
 
 
@@ -369,7 +369,7 @@ def read(data: bytes, pos: int = 0, limit: int | None = None) -> RecordBatch:
         )
     view = memoryview(data)
     body = pos + HEAD.size + source_len
-    if zlib.crc32(view[pos + _CRC_FROM : body]) != crc:
+    if crc32(view[pos + _CRC_FROM : body]) != crc:
         raise CorruptData(f"record batch at offset {pos}: head checksum mismatch")
     if version != VERSION:
         raise CorruptData(f"record batch at offset {pos}: unsupported version {version}")
@@ -377,7 +377,7 @@ def read(data: bytes, pos: int = 0, limit: int | None = None) -> RecordBatch:
         raise CorruptData(f"record batch at offset {pos}: bad flags {flags:#x} or count {count}")
     if base_id + count > 1 << 64:
         raise CorruptData(f"record batch at offset {pos}: ids run past 2**64")
-    if zlib.crc32(view[body:end]) != body_crc:
+    if crc32(view[body:end]) != body_crc:
         raise CorruptData(f"record batch at offset {pos}: body checksum mismatch")
     try:
         source = bytes(view[pos + HEAD.size : body]).decode()

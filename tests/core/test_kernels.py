@@ -24,7 +24,7 @@ from capella.core.log.batch import Batch
 from capella.core.log.codec import columns_of_records, messages_of
 from capella.core.message import stored_message
 from capella.errors import CorruptData
-from capella.kernels import KERNELS
+from capella.kernels import KERNELS, crc32
 from capella.wire import batch_page, record_batch
 from capella.wire.messages import StoredMessage, stored_of
 from capella.wire.record_batch import RecordBatch, encode, encode_fields, read, read_all, stamp
@@ -282,6 +282,39 @@ def test_a_page_decodes_the_same_with_the_kernel_or_without() -> None:
     assert last_id == 4
     assert messages == [m for b in raw for m in python_messages(read(b))]
     assert messages[3].data_b64 and messages[3].external_id == 9 and messages[0].source == "dc"
+
+
+@kernels
+@settings(max_examples=300)
+@given(st.binary(max_size=2000), st.integers(0, 2**32 - 1), st.integers(0, 63))
+def test_crc32_is_zlibs_for_every_length_start_and_running_value(data: bytes, value: int, start: int) -> None:
+    """Every length crosses the fold's 64-byte entry and 16-byte steps; a start off the
+    buffer's alignment and a running value (the head-then-source chain) are both taken."""
+    assert KERNELS is not None
+    view = memoryview(data)[min(start, len(data)) :]
+    assert KERNELS.crc32(view, value) == zlib.crc32(view, value)
+    assert KERNELS.crc32(view) == zlib.crc32(view)
+
+
+@kernels
+def test_crc32_of_a_block_sized_buffer_is_zlibs_and_takes_only_buffers() -> None:
+    """Past 5 KiB the kernel lets go of the GIL, as zlib does; a str is refused as by zlib."""
+    assert KERNELS is not None
+    data = bytes(range(256)) * 12_000 + b"tail"
+    assert KERNELS.crc32(data) == zlib.crc32(data)
+    assert KERNELS.crc32(data[7:], 0xFFFFFFFF) == zlib.crc32(data[7:], 0xFFFFFFFF)
+    assert KERNELS.crc32(b"") == 0 and KERNELS.crc32(b"", 1234) == 1234
+    with pytest.raises(TypeError):
+        KERNELS.crc32("text")  # type: ignore[arg-type]
+
+
+def test_the_checksum_in_use_is_zlibs() -> None:
+    """``capella.kernels.crc32`` (every record batch and block check) gives zlib's values,
+    whichever path the process takes, so formats written either way read either way."""
+    data = b"record batch " * 1000
+    assert crc32(data) == zlib.crc32(data) and crc32(data[3:], 99) == zlib.crc32(data[3:], 99)
+    if KERNELS is not None and KERNELS.FAST_CRC32:
+        assert crc32 is KERNELS.crc32
 
 
 def _utf8(payload: bytes) -> bool:

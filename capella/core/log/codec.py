@@ -17,7 +17,6 @@ import functools
 import importlib
 import struct
 import sys
-import zlib
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import msgspec
 
 from capella.core.message import EMPTY_HEADERS, Message
 from capella.errors import CorruptData, InvalidMessage
+from capella.kernels import crc32
 from capella.wire import record_batch
 from capella.wire.record_batch import RecordBatch
 
@@ -50,7 +50,7 @@ _JOURNAL_HEAD = struct.Struct("<4sHHI")
 
 def _journal_header(magic: bytes, version: int) -> bytes:
     body = _JOURNAL_HEAD.pack(magic, version, 0, 0)
-    return body + _U32.pack(zlib.crc32(body))
+    return body + _U32.pack(crc32(body))
 
 
 # Format 2, written by this version: record batches back to back.
@@ -96,7 +96,7 @@ def encode_record_v1(m: Message) -> bytes:
         head = _RECORD.pack(m.id, m.time, m.external_id, m.external_time, m.segment, len(source))
         headers = _encode_headers(m.headers) if m.headers else _NO_HEADERS
         body = b"".join((head, source, headers, m.payload))
-        return _FRAME.pack(len(body), zlib.crc32(body)) + body
+        return _FRAME.pack(len(body), crc32(body)) + body
     except (struct.error, UnicodeEncodeError, OverflowError) as exc:
         raise InvalidMessage(f"message {m.id} cannot be stored: {exc}") from exc
 
@@ -172,7 +172,7 @@ def _decode_journal_v1(data: bytes) -> JournalScan:
         if end > size:
             reason = f"truncated frame at offset {pos}: needs {length} body bytes, has {size - start}"
             break
-        if zlib.crc32(view[start:end]) != crc:
+        if crc32(view[start:end]) != crc:
             reason = f"checksum mismatch in frame at offset {pos}"
             break
         try:
@@ -199,7 +199,7 @@ def _check_journal_header(data: bytes) -> int:
     if expected is None:
         raise CorruptData(f"journal: bad magic {magic!r}, expected {JOURNAL_MAGIC!r} or {JOURNAL_MAGIC_V1!r}")
     (crc,) = _U32.unpack_from(data, _JOURNAL_HEAD.size)
-    if crc != zlib.crc32(data[: _JOURNAL_HEAD.size]):
+    if crc != crc32(data[: _JOURNAL_HEAD.size]):
         raise CorruptData("journal: header checksum mismatch")
     if version != expected:
         raise CorruptData(f"journal: unsupported format version {version}")
@@ -367,7 +367,7 @@ def encode_columns_v1(c: Columns) -> bytes:
     )
     total = _BLOCK_HEAD.size + len(meta) + payload_len + _BLOCK_FOOT.size
     body = b"".join((head, meta, *payloads, _BLOCK_FOOT_HEAD.pack(total, BLOCK_END_MAGIC)))
-    return body + _U32.pack(zlib.crc32(body))
+    return body + _U32.pack(crc32(body))
 
 
 class Columns(NamedTuple):
@@ -469,7 +469,7 @@ def _open_block(data: Buffer) -> _Meta:
     total, end_magic, crc = _BLOCK_FOOT.unpack_from(data, size - _BLOCK_FOOT.size)
     if total != size or end_magic != BLOCK_END_MAGIC:
         raise CorruptData(f"block: bad footer (length {total}, magic {end_magic!r}) in {size} bytes")
-    if crc != zlib.crc32(memoryview(data)[:-4]):
+    if crc != crc32(memoryview(data)[:-4]):
         raise CorruptData("block: checksum mismatch")
     if version != BLOCK_VERSION_V1:
         raise CorruptData(f"block: unsupported format version {version}")
@@ -613,7 +613,7 @@ def assemble_block(batches: Sequence[RecordBatch], index: Sequence[bytes]) -> by
     head = _BLOCK2_HEAD.pack(BLOCK_MAGIC, BLOCK_VERSION, 0, count, len(batches), first_id, last_id, size)
     entries = b"".join(index)
     total = _BLOCK2_HEAD.size + size + len(entries) + _BLOCK_FOOT.size
-    crc = zlib.crc32(entries, zlib.crc32(head))
+    crc = crc32(entries, crc32(head))
     return b"".join((head, *raws, entries, _BLOCK_FOOT.pack(total, BLOCK_END_MAGIC, crc)))
 
 
@@ -662,7 +662,7 @@ def block_records(data: Buffer) -> list[RecordBatch] | None:
     if batches_end > index_end:
         raise CorruptData(f"block: batches of {batches_len} bytes do not fit in {size}")
     view = memoryview(data)
-    if zlib.crc32(view[batches_end:index_end], zlib.crc32(view[: _BLOCK2_HEAD.size])) != crc:
+    if crc32(view[batches_end:index_end], crc32(view[: _BLOCK2_HEAD.size])) != crc:
         raise CorruptData("block: checksum mismatch")
     if version != BLOCK_VERSION or flags:
         raise CorruptData(f"block: unsupported format version {version} or flags {flags:#06x}")
