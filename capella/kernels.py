@@ -13,7 +13,7 @@ Python; ``tests/core/test_kernels.py`` checks the two against each other on gene
   headers, data)`` (``capella.wire.batch_page.decode_page``: the client's binary reads).
 
 - ``crc32(data, value=0)``: ``zlib.crc32``'s answer, folded with PCLMULQDQ where the CPU
-  has it (``FAST_CRC32``); 4-5× zlib's speed on the blocks a read checks. The module's
+  has it (``FAST_CRC32``); four to five times as fast as zlib on the blocks a read checks. The module's
   ``crc32`` is that kernel when it is fast, ``zlib.crc32`` otherwise.
 
 The record batch's head comes from ``capella.wire.record_batch.read`` (checked); the kernels
