@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from capella.core.log.codec import (
     JOURNAL_HEADER,
     JOURNAL_HEADER_V1,
-    assemble_block,
     block_keys,
     block_records,
     columns_of,
@@ -371,7 +370,7 @@ def test_a_block_assembled_from_the_entries_made_as_its_batches_came_is_the_enco
         block.add_batch(framed(data))
     assert [b.data for b in block.batches] == raw
     assert block.pending == raw
-    assembled = assemble_block(block.batches, block.index)
+    assembled = block.sealed()
     assert assembled == encode_block(read_all(b"".join(raw)))[0]
     assert decode_block(assembled) == msgs
 
@@ -384,7 +383,7 @@ def test_a_journaled_batch_is_indexed_but_not_pending_again() -> None:
         assert alone.start == 0 and alone.raw() == batch.raw() and alone.fields() == batch.fields()
         block.add_batch(alone, journaled=True)
     assert block.pending == []
-    assert decode_block(assemble_block(block.batches, block.index)) == small_block()
+    assert decode_block(block.sealed()) == small_block()
 
 
 @given(messages(max_size=8))
@@ -397,8 +396,23 @@ def test_an_index_entry_says_where_its_batch_starts() -> None:
     batch = read(batches_of(run_of(5, 3, segment=4))[0])
     here, later = index_entry(batch, 0), index_entry(batch, 1000)
     assert here != later and len(here) == len(later)
-    with pytest.raises(ValueError, match="increasing"):
-        assemble_block([batch, batch], [here, later])
+
+
+def test_an_open_block_refuses_a_batch_whose_ids_do_not_follow_and_keeps_its_own() -> None:
+    # Sealing joins the batches as they are, unchecked: the order is checked as each comes.
+    first, second = (read(batches_of(run)[0]) for run in (run_of(5, 3), run_of(9, 2)))
+    block = OpenBlock(first_id=5, opened_at=0.0, journal_key="j", own="here")
+    block.add_batch(first.alone())
+    for stale in (first.alone(), read(batches_of(run_of(7, 1))[0]).alone()):
+        with pytest.raises(ValueError, match="increasing"):
+            block.add_batch(stale)
+    assert (
+        block.ids == [5, 6, 7]
+        and len(block.batches) == len(block.index) == 1
+        and block.pending == [first.data]
+    )
+    block.add_batch(second.alone())
+    assert decode_block(block.sealed()) == run_of(5, 3) + run_of(9, 2)
 
 
 def test_v2_block_ids_must_increase() -> None:

@@ -103,7 +103,14 @@ class OpenBlock:
 
     def add_batch(self, batch: RecordBatch, *, journaled: bool = False) -> None:
         """Add a batch that holds its bytes alone (``RecordBatch.alone``) after the others;
-        it is pending for the journal unless it is ``journaled`` already (recovery)."""
+        it is pending for the journal unless it is ``journaled`` already (recovery).
+
+        ``ValueError`` unless its ids follow the block's: ``sealed`` relies on that order.
+        """
+        if self.ids and batch.base_id <= self.ids[-1]:
+            raise ValueError(
+                f"block batches must have strictly increasing ids: {batch.base_id} after {self.ids[-1]}"
+            )
         entry = index_entry(batch, self.batch_bytes)
         self.batches.append(batch)
         self.firsts.append(batch.base_id)
@@ -112,6 +119,11 @@ class OpenBlock:
         self.ids.extend(range(batch.base_id, batch.base_id + batch.count))
         if not journaled:
             self.pending.append(batch.data)
+
+    def sealed(self) -> bytes:
+        """The block's sealed form (format 2): its batches' bytes as they are, with their index."""
+        ids = self.ids or [0]
+        return assemble_block([b.data for b in self.batches], self.index, len(self.ids), ids[0], ids[-1])
 
     def name(self, source: str, external_id: int, message_id: int) -> bool:
         """Note a message's identity for dedup, where it is not the default ``(own, id)``;
@@ -951,6 +963,7 @@ def _encode_sealed(block: OpenBlock) -> tuple[bytes, BlockSummary, Batch]:
         raw = record_batch.encode_fields(Fields._make(columns_of(block.messages)))
         data, records = encode_block(record_batch.read_all(b"".join(raw)))
     else:
-        data, records = assemble_block(block.batches, block.index), block.batches
+        data, records = block.sealed(), block.batches
     summary = BlockSummary.of_block(block.ids[0], block.ids[-1], block.keys.keys(), block.own)
-    return data, summary, Batch.of_records(records)
+    # The block's id list is the batch's: the block takes no more writes once it is sealing.
+    return data, summary, Batch(block.ids, records=records)
