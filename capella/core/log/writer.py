@@ -158,8 +158,10 @@ class OpenBlock:
             start = bisect.bisect_right(self.ids, after)
             return Batch.of_messages(self.messages[start : start + wanted], self.ids[start : start + wanted])
         first = max(0, bisect.bisect_right(self.firsts, after) - 1)
+        # Each batch holds a message at least, and the first may end at ``after``: a slice, not
+        # an islice, which would step over the ``first`` batches before it one by one.
         return Batch.of_records(
-            record_batch.page_batches(itertools.islice(self.batches, first, None), after, wanted)
+            record_batch.page_batches(self.batches[first : first + wanted + 1], after, wanted)
         )
 
     def is_full(self, definition: QueueDefinition, now: float) -> bool:
