@@ -232,6 +232,43 @@ async def test_ids_leased_but_not_saved_are_skipped_after_a_crash(tmp_path: Path
         await cluster2.close()
 
 
+async def test_a_sealed_block_with_a_gap_in_its_ids_reads_every_page_cached_and_loaded(
+    tmp_path: Path, clock: Clock
+) -> None:
+    # A sealed block's batch keeps its ids as a range when they have no gap, as a list when a
+    # crash left one: both must bisect and slice alike, as sealed (cached) and as loaded.
+    config = file_config(tmp_path, block={"max_messages": 10})
+    cluster = await Cluster.open(config, clock=clock)
+    q, _ = await cluster.put_queue("gap", {})
+    await q.append(drafts(3), SaveMode.WAIT)
+    await q.append(drafts(2, "lost"), SaveMode.NONE)
+    for task in q._tasks:
+        task.cancel()
+    cluster = await Cluster.open(config, clock=clock)
+    try:
+        q = cluster.queue("gap")
+        later = await q.append(drafts(7, "later"), SaveMode.WAIT)
+        await q.append(drafts(10, "next"), SaveMode.WAIT)  # a block with no gap after it
+        await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 2)
+        ids = [1, 2, 3, *(a.id for a in later), *range(later[-1].id + 1, later[-1].id + 11)]
+        assert later[0].id > 5 and ids == sorted(ids)
+        loaded = q._store.loaded  # what sealing cached: no int per message for a block with no gap
+        assert isinstance(loaded[1].ids, list) and isinstance(loaded[ids[10]].ids, range)
+        for reopened in (False, True):
+            if reopened:
+                cluster = await reopen(cluster, tmp_path, clock)
+                q = cluster.queue("gap")
+            for after in [0, *ids]:
+                for limit in (1, 2, 7, 30):
+                    page = await q.read_after(after, limit)
+                    assert [m.id for m in page.messages] == [i for i in ids if i > after][:limit], (
+                        after,
+                        limit,
+                    )
+    finally:
+        await cluster.close()
+
+
 async def test_a_torn_journal_tail_is_truncated_and_reported(tmp_path: Path, clock: Clock) -> None:
     config = file_config(tmp_path)
     cluster = await Cluster.open(config, clock=clock)

@@ -31,13 +31,13 @@ _CHECKED_AT_ONCE = 512
 
 
 class Batch:
-    """Messages in id order; ``ids`` is their id list, for bisecting."""
+    """Messages in id order; ``ids`` is their ids (a list, or a ``range`` with no gap), for bisecting."""
 
     __slots__ = ("_columns", "_frames", "_json", "_made_records", "_messages", "_records", "ids")
 
     def __init__(
         self,
-        ids: list[int],
+        ids: Sequence[int],
         *,
         columns: Columns | None = None,
         messages: list[Message] | None = None,
@@ -53,16 +53,22 @@ class Batch:
 
     @classmethod
     def of_records(cls, records: list[RecordBatch]) -> Batch:
-        """The messages of record batches as stored (a block of format 2, a journal's batches)."""
-        ids = [i for r in records for i in range(r.base_id, r.base_id + r.count)]
-        return cls(ids, records=records)
+        """The messages of record batches as stored (a block of format 2, a journal's batches).
+
+        Their ids are a ``range`` when they follow each other with no gap, as in every block
+        written since the last crash: a block of 10,000 messages keeps no list of 10,000 ints.
+        """
+        count = sum(r.count for r in records)
+        if records and records[-1].last_id - records[0].base_id + 1 == count:
+            return cls(range(records[0].base_id, records[-1].last_id + 1), records=records)
+        return cls([i for r in records for i in range(r.base_id, r.base_id + r.count)], records=records)
 
     @classmethod
     def of_columns(cls, columns: Columns) -> Batch:
         return cls(columns.ids, columns=columns)
 
     @classmethod
-    def of_messages(cls, messages: list[Message], ids: list[int] | None = None) -> Batch:
+    def of_messages(cls, messages: list[Message], ids: Sequence[int] | None = None) -> Batch:
         return cls([m.id for m in messages] if ids is None else ids, messages=messages)
 
     def __len__(self) -> int:
