@@ -27,6 +27,7 @@ from capella.core.log.codec import (
     encode_record_v1,
 )
 from capella.core.message import Draft, SaveMode, drafts_batch
+from capella.core.queue import Queue
 from capella.errors import (
     InvalidMessage,
     InvalidName,
@@ -55,6 +56,14 @@ def drafts(n: int, prefix: str = "m", **fields: Any) -> list[Draft]:
 
 def queue_dir(tmp_path: Path, name: str) -> Path:
     return tmp_path / "data" / "queues" / name
+
+
+async def after_a_kill(q: Queue, config: Config, clock: Clock) -> Cluster:
+    """Simulate kill -9 of ``q``'s process (nothing more is flushed, its state is simply
+    gone), then open its data again."""
+    for task in q._tasks:
+        task.cancel()
+    return await Cluster.open(config, clock=clock)
 
 
 async def reopen(cluster: Cluster, tmp_path: Path, clock: Clock) -> Cluster:
@@ -219,10 +228,7 @@ async def test_ids_leased_but_not_saved_are_skipped_after_a_crash(tmp_path: Path
     q, _ = await cluster.put_queue("crash", {})
     await q.append(drafts(3), SaveMode.WAIT)
     lost = await q.append(drafts(2), SaveMode.NONE)
-    # Simulate kill -9: nothing more is flushed, the process state is simply gone.
-    for task in q._tasks:
-        task.cancel()
-    cluster2 = await Cluster.open(config, clock=clock)
+    cluster2 = await after_a_kill(q, config, clock)
     try:
         q2 = cluster2.queue("crash")
         assert q2.last_id == 3
@@ -242,9 +248,7 @@ async def test_a_sealed_block_with_a_gap_in_its_ids_reads_every_page_cached_and_
     q, _ = await cluster.put_queue("gap", {})
     await q.append(drafts(3), SaveMode.WAIT)
     await q.append(drafts(2, "lost"), SaveMode.NONE)
-    for task in q._tasks:
-        task.cancel()
-    cluster = await Cluster.open(config, clock=clock)
+    cluster = await after_a_kill(q, config, clock)
     try:
         q = cluster.queue("gap")
         later = await q.append(drafts(7, "later"), SaveMode.WAIT)
@@ -900,9 +904,7 @@ async def test_own_identities_in_the_open_block_are_found_by_id_and_a_gap_is_new
         [Draft(payload=b"echo", source="edge", external_id=i) for i in (1, 3, 4, 5)], SaveMode.WAIT
     )
     assert [(a.id, a.duplicate) for a in echoes] == [(1, True), (3, True), (4, True), (6, False)]
-    for task in q._tasks:  # kill -9: the lease was saved ahead of the ids
-        task.cancel()
-    cluster = await Cluster.open(config, clock=clock)
+    cluster = await after_a_kill(q, config, clock)  # the lease was saved ahead of the ids
     try:
         q = cluster.queue("own")
         [after_gap] = await q.append([Draft(payload=b"later")], SaveMode.WAIT)
