@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import struct
 import zlib
@@ -16,6 +17,8 @@ from capella.errors import CorruptData, InvalidMessage
 from capella.wire import record_batch
 from capella.wire.record_batch import (
     Fields,
+    cut,
+    decode_given,
     encode,
     encode_fields,
     page_messages,
@@ -99,6 +102,37 @@ def test_select_cuts_messages_out_and_renumbers_the_rest(
     assert got.sources == ["here" if columns["sources"][i] is None else columns["sources"][i] for i in kept]
 
 
+@settings(max_examples=150, deadline=None)
+@given(drafts(max_size=12), st.data())
+def test_a_cut_holds_its_messages_as_they_were_and_reads_as_select_makes_it(
+    columns: dict[str, list[object]], data: st.DataObject
+) -> None:
+    # Columns sliced, not decoded and encoded again: the same messages, ids and given values
+    # as select's re-encoding, every column present or not, every skip and length.
+    n = len(columns["payloads"])
+    skip = data.draw(st.integers(0, n - 1))
+    take = data.draw(st.integers(1, n - skip))
+    batch = read(stamp(read(encode(**columns)), 100, 5.0, "here"))  # type: ignore[arg-type]
+    sliced = read(cut(batch, skip, take))
+    keep = [skip <= i < skip + take for i in range(n)]
+    made = select(batch, keep, base_id=100 + skip)
+    assert made is not None
+    got, expected = decode_given(sliced), decode_given(read(made))
+    assert got[0] == expected[0] and got[0].ids == list(range(100 + skip, 100 + skip + take))
+    assert got[0] == Fields(*(column[skip : skip + take] for column in batch.fields()))
+    # What the producer gave stays given, what it left to default stays default.
+    assert got[1:] == tuple(None if g is None else g[skip : skip + take] for g in decode_given(batch)[1:])
+    assert sliced.flags == batch.flags and len(sliced.data) <= len(batch.raw())
+
+
+def test_a_cut_of_a_whole_batch_is_the_batch_and_a_cut_past_it_is_refused() -> None:
+    batch = read(stamp(read(encode([b"a", b"b", b"c"])), 7, 1.0, "here"))
+    assert cut(batch, 0, 3) == batch.raw()
+    for skip, take in ((0, 0), (2, 2), (3, 1), (-1, 2)):
+        with pytest.raises(ValueError, match="cannot cut"):
+            cut(batch, skip, take)
+
+
 @settings(max_examples=60, deadline=None)
 @given(stored(max_size=14), st.integers(-1, 2**40 + 100), st.integers(1, 20))
 def test_a_page_is_whole_batches_and_cut_edges(fields: Fields, after: int, limit: int) -> None:
@@ -115,11 +149,11 @@ def test_a_scan_stops_at_a_torn_tail() -> None:
     first = encode([b"a", b"b"], base_id=1)
     second = encode([b"c"], base_id=3)
     data = first + second
-    for cut in range(len(first), len(data)):
-        found = scan(data[:cut])
+    for torn in range(len(first), len(data)):
+        found = scan(data[:torn])
         assert [b.base_id for b in found.batches] == [1]
         assert found.end == len(first)
-        assert bool(found.reason) == (cut > len(first))
+        assert bool(found.reason) == (torn > len(first))
     assert [b.base_id for b in scan(data).batches] == [1, 3]
     assert "does not follow" in scan(second + first).reason
 
@@ -145,12 +179,19 @@ def test_a_body_that_lies_raises_corrupt_data(body: bytes, flags: int, count: in
         batch = read(reframed(body, flags, count))
     except CorruptData:
         return
+    # A cut reads only what it slices, and refuses what it cannot read as CorruptData alone.
+    halves = [(0, count)] if count == 1 else [(0, count // 2), (count // 2, count - count // 2)]
+    parts = []
+    for skip, take in halves:
+        with contextlib.suppress(CorruptData):
+            parts.append(read(cut(batch, skip, take)))
     try:
         f = batch.fields()
     except CorruptData:
         return
-    # Whatever parsed is self-consistent.
+    # Whatever parsed is self-consistent, and its halves are its messages.
     assert len(f.payloads) == count and sum(map(len, f.payloads)) <= len(body)
+    assert [m for p in parts for m in messages(p.fields())] == messages(f)
 
 
 @settings(max_examples=300, deadline=None)
