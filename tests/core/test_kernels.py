@@ -85,6 +85,25 @@ def test_a_rendered_batch_is_what_python_renders_or_left_to_it(fields: record_ba
 
 
 @kernels
+@settings(max_examples=200, deadline=None)
+@given(drafts(max_size=10), PLAIN_TIMES, st.data())
+def test_a_cut_batch_renders_and_decodes_as_its_slice_of_the_whole(
+    columns: dict[str, list[object]], base_time: float, data: st.DataObject
+) -> None:
+    # A page's edge (record_batch.cut) keeps the source table whole and columns the slice
+    # leaves at their defaults (a bitmap with no bit set): both kernels read it as Python does.
+    n = len(columns["payloads"])
+    columns["payloads"] = [data.draw(TEXTS) for _ in range(n)]
+    columns["external_times"] = [data.draw(st.none() | PLAIN_TIMES) for _ in range(n)]
+    whole = read(stamp(read(encode(**columns)), 50, base_time, "edge"))  # type: ignore[arg-type]
+    skip = data.draw(st.integers(0, n - 1))
+    take = data.draw(st.integers(1, n - skip))
+    part = read(record_batch.cut(whole, skip, take))
+    assert kernel_json(part) == python_json(part) == python_json(whole)[skip : skip + take]
+    assert kernel_messages(part) == python_messages(part) == python_messages(whole)[skip : skip + take]
+
+
+@kernels
 @settings(max_examples=300, deadline=None)
 @given(drafts(max_size=10), st.integers(0, 2**63), PLAIN_TIMES, SOURCES, st.data())
 def test_utf8_messages_with_plain_times_are_all_rendered_by_the_kernel(
