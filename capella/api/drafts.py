@@ -15,7 +15,7 @@ import base64
 import binascii
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -185,9 +185,7 @@ def batch_drafts(batches: list[RecordBatch], settings: ServerSettings) -> list[D
     for flags, f in columns:
         if not flags:
             # Payloads and nothing else, the common batch: no per-message checks but the size.
-            if max(map(len, f.payloads)) > max_size:
-                at = next(i for i, p in enumerate(f.payloads) if len(p) > max_size)
-                raise _too_large(index + at, len(f.payloads[at]), max_size)
+            _check_sizes(list(map(len, f.payloads)), index, max_size)
             drafts += [Draft(p, None, None, None, 0, EMPTY_HEADERS) for p in f.payloads]
             index += len(f.payloads)
             continue
@@ -245,11 +243,15 @@ def check_batch(batch: RecordBatch, settings: ServerSettings, own: str) -> Given
     except CorruptData as exc:
         raise InvalidBatch(f"body: {exc.message}") from None
     _check_count(len(lengths), settings)
-    max_size = settings.max_message_size
-    if max(lengths) > max_size:
-        at = next(i for i, size in enumerate(lengths) if size > max_size)
-        raise _too_large(at, lengths[at], max_size)
+    _check_sizes(lengths, 0, settings.max_message_size)
     return None
+
+
+def _check_sizes(sizes: Sequence[int], first: int, max_size: int) -> None:
+    """``PayloadTooLarge`` for the first payload over ``max_size``, ``first`` the index of ``sizes[0]``."""
+    if max(sizes) > max_size:
+        at = next(i for i, size in enumerate(sizes) if size > max_size)
+        raise _too_large(first + at, sizes[at], max_size)
 
 
 def _drafts(items: list[wire_messages.Message], settings: ServerSettings, now: float) -> list[Draft]:

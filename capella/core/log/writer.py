@@ -967,7 +967,4 @@ def _encode_sealed(block: OpenBlock) -> tuple[bytes, BlockSummary, Batch]:
     else:
         data, records = block.sealed(), block.batches
     summary = BlockSummary.of_block(block.ids[0], block.ids[-1], block.keys.keys(), block.own)
-    # The block takes no more writes once it is sealing: its id list can be the batch's, and is
-    # a range when it has no gap (a cached block keeps no int per message).
-    ids, span = block.ids, range(block.ids[0], block.ids[-1] + 1)
-    return data, summary, Batch(span if len(span) == len(ids) else ids, records=records)
+    return data, summary, Batch.of_records(records)
