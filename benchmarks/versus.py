@@ -20,8 +20,9 @@ medians: on a shared, noisy machine only a ratio within one run holds.
   application/vnd.capella.batches``, decoded by the client library into ``StoredMessage``
   structs); Redis and NATS have one format each, so both rows divide by the same figure;
 - end-to-end latency at 2,000 single-message writes per second: an open-loop generator in its
-  own process sends on a fixed schedule, a follower in another process (long poll / ``XREAD
-  BLOCK`` / an ordered JetStream consumer) takes each message's send time from its payload;
+  own process sends on a fixed schedule, a follower in another process (the SSE tail /
+  ``XREAD BLOCK`` / an ordered JetStream consumer; Capella a second time with a long poll,
+  the ``e2e_poll`` rows) takes each message's send time from its payload;
   neither process is the one measured, and neither runs the cyclic garbage collector (a full
   collection in one of them held messages back by 25-35 ms). The generator opens its
   connections first with warm-up messages (send time 0) that the follower skips;
@@ -58,6 +59,7 @@ from benchmarks.memory import FLOOR_MARGIN_MB, stack_floor_mb
 from benchmarks.result import BenchmarkFailed, Outcome, Row, summary
 from benchmarks.server import cpu_seconds, exited, free_port, running_server
 from benchmarks.settings import Settings
+from capella.client import AsyncClient
 from capella.wire import batch_page, record_batch
 
 BATCH = 100
@@ -162,6 +164,8 @@ WORKLOADS: dict[str, tuple[str, str, bool, dict[str, float]]] = {
     "consume_binary": ("consume from the start, binary", "msg/s", True, {"redis": 1.5}),
     "e2e_p50_ms": ("end-to-end p50 at 2,000 msg/s", "ms", False, {}),
     "e2e_p99_ms": ("end-to-end p99 at 2,000 msg/s", "ms", False, {"redis": 1.0}),
+    "e2e_poll_p50_ms": ("end-to-end p50, Capella long-polling", "ms", False, {}),
+    "e2e_poll_p99_ms": ("end-to-end p99, Capella long-polling", "ms", False, {}),
     "idle_rss_mb": ("idle RSS", "MB", False, {}),
     "peak_rss_mb": ("peak RSS of the run", "MB", False, {}),
     "produce_4_server_cpu": ("server CPU with 4 producers", "% of a core", False, {}),
@@ -211,6 +215,9 @@ async def _measure(target: Target, messages: int, seconds: int) -> dict[str, flo
         figures["cpu_us_consume_binary"] = figures["cpu_us_consume"]
     latency = _latency(target, RATE * seconds)
     figures["e2e_p50_ms"], figures["e2e_p99_ms"] = latency["p50"], latency["p99"]
+    if target.system == "capella":  # again with a follower that long-polls
+        latency = _latency(target, RATE * seconds, poll=True)
+    figures["e2e_poll_p50_ms"], figures["e2e_poll_p99_ms"] = latency["p50"], latency["p99"]
     figures["peak_rss_mb"] = _status_kb(target.pid, "VmHWM") / 1024
     return figures
 
@@ -277,9 +284,10 @@ def _child(
     answers.put((index, result, None))
 
 
-def _latency(target: Target, count: int) -> dict[str, float]:
-    """The follower and the open-loop sender, each in its own process."""
-    latencies: list[float] = _processes([(_follow, (target, count)), (_pace, (target, count))])[0]
+def _latency(target: Target, count: int, *, poll: bool = False) -> dict[str, float]:
+    """The follower (Capella's long-polling with ``poll``) and the open-loop sender, each in its own process."""
+    jobs = [(_follow, (target, count, poll)), (_pace, (target, count))]
+    latencies: list[float] = _processes(jobs)[0]
     if len(latencies) < count:
         raise BenchmarkFailed(f"{target.system}: the follower saw {len(latencies)} of {count} messages")
     return summary(latencies, scale=1000)
@@ -420,11 +428,22 @@ async def _pace(target: Target, count: int) -> None:
                 sends.create_task(send(stamp + pad))
 
 
-async def _follow(target: Target, count: int) -> list[float]:
+async def _follow(target: Target, count: int, poll: bool = False) -> list[float]:
     gc.disable()
     latencies: list[float] = []
     if target.system == "capella":
-        after = 0
+        async with new_session() as session:
+            url = f"{target.address}/v1/queues/{LATENCY_STREAM}"
+            async with session.get(url) as resp:  # a second pair follows from the first one's end
+                after = orjson.loads(await resp.read())["stats"]["last_id"]
+        if not poll:  # the SSE tail, through the client library
+            async with AsyncClient(target.address) as client:
+                async for message in client.stream(LATENCY_STREAM, after=after):
+                    if (sent := int(message.payload[:20])) > 0:
+                        latencies.append((time.monotonic_ns() - sent) / 1e9)
+                        if len(latencies) == count:
+                            break
+            return latencies
         async with new_session() as session:
             url = f"{target.address}/v1/queues/{LATENCY_STREAM}/messages"
             while len(latencies) < count:
