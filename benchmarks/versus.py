@@ -285,7 +285,7 @@ def _child(
 
 
 def _latency(target: Target, count: int, *, poll: bool = False) -> dict[str, float]:
-    """The follower (Capella's long-polling with ``poll``) and the open-loop sender, each in its own process."""
+    """The follower (Capella's long-polls with ``poll``) and the open-loop sender, each in a process."""
     jobs = [(_follow, (target, count, poll)), (_pace, (target, count))]
     latencies: list[float] = _processes(jobs)[0]
     if len(latencies) < count:
