@@ -17,9 +17,10 @@ the API and metrics ask the entry and the ``Handler`` hooks, never ``type == "..
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -78,6 +79,11 @@ class Handler(ABC):
     # False for a stored definition that no longer builds: it has only this interface, none
     # of its type's own counters (metrics skip it).
     loaded: ClassVar[bool] = True
+    # True while a pass waits for input with nothing half done (``waiting_for_input``): a stop
+    # then cancels it at once instead of granting it a grace to finish its step.
+    waiting: bool = False
+    # True while the supervisor stops the handler: a pass ends after its step, and starts no wait.
+    stopping: bool = False
 
     @abstractmethod
     async def run_once(self) -> PassResult:
@@ -94,6 +100,15 @@ class Handler(ABC):
     def stored_params(self) -> dict[str, Any]:
         """What the registry keeps beside the params the API shows (a password, encrypted)."""
         return {}
+
+    @contextlib.contextmanager
+    def waiting_for_input(self) -> Iterator[None]:
+        """Around a wait for input (a long poll) during which nothing is half done."""
+        self.waiting = True
+        try:
+            yield
+        finally:
+            self.waiting = False
 
     async def pause(self, delay: float) -> None:
         """The wait before the next pass; a handler may end it early when there is work."""

@@ -101,13 +101,16 @@ class CopyHandler(QueueHandler[CopyParams]):
         deadline = loop.time() + PASS_SECONDS
         result = PassResult()
         waited = False
-        while loop.time() < deadline:
+        while loop.time() < deadline and not self.stopping:
             drafts, last_id, source_last = await source.read(cursor, wait=0.0)
             if not drafts and last_id <= cursor and not waited and params.wait > 0:
+                if self.stopping:
+                    break  # caught up, and stopping: no wait to sit out
                 # Caught up: long-poll the source instead of sleeping a fixed time, within the
-                # pass (a "run now" answers when its pass ends).
+                # pass (a "run now" answers when its pass ends). A stop cancels the wait at once.
                 wait = min(params.wait, max(0.0, deadline - loop.time()))
-                drafts, last_id, source_last = await source.read(cursor, wait=wait)
+                with self.waiting_for_input():
+                    drafts, last_id, source_last = await source.read(cursor, wait=wait)
                 waited = True
             if drafts:
                 stored = await self._append(target, drafts)

@@ -206,7 +206,7 @@ class PushHandler(Handler):
             timeout = aiohttp.ClientTimeout(total=params.timeout)
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
                 waited = False
-                while loop.time() < deadline:
+                while loop.time() < deadline and not self.stopping:
                     self._wake.clear()
                     claimed = await self._claim(queue, work)
                     launched = self._launch(session, queue, work)
@@ -218,8 +218,10 @@ class PushHandler(Handler):
                     elif waited or params.wait <= 0:
                         break  # everything is delivered (or dead)
                     else:
-                        # Caught up: long-poll for new messages, then end the pass.
-                        await queue.wait_for(work.state.high, min(params.wait, deadline - loop.time()))
+                        # Caught up: long-poll for new messages, then end the pass. Nothing is in
+                        # flight, so a stop cancels the wait at once.
+                        with self.waiting_for_input():
+                            await queue.wait_for(work.state.high, min(params.wait, deadline - loop.time()))
                         waited = True
                 # The pass ends with nothing in flight: a stop never cuts a request short.
                 while self._tasks:

@@ -458,16 +458,21 @@ class Supervisor:
         task, state.task = state.task, None
         state.next_run = None
         if task is not None:
-            if state.running:
-                # Let the pass in progress finish its step; moves and deletes are crash-safe,
-                # but finishing is cleaner than an interrupted write.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(STOP_GRACE):
-                        async with state.pass_lock:
-                            task.cancel()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            state.handler.stopping = True
+            try:
+                if state.running and not state.handler.waiting:
+                    # Let the pass in progress finish its step; moves and deletes are crash-safe,
+                    # but finishing is cleaner than an interrupted write. A pass waiting for
+                    # input has nothing half done: it is cancelled at once.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(STOP_GRACE):
+                            async with state.pass_lock:
+                                task.cancel()
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            finally:
+                state.handler.stopping = False  # a later start or run-now runs whole passes
         if state.handler.closes:  # a database connection, say (a run-now pass opens one too)
             async with state.pass_lock:
                 await state.handler.close()

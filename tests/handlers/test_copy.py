@@ -7,6 +7,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from support.wait import until
 
 from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
@@ -172,3 +173,54 @@ async def test_copying_a_queue_into_itself_fails_the_pass(cluster: Cluster) -> N
     await cluster.put_queue("loop", {})
     with pytest.raises(StorageUnavailable, match="into itself"):
         await copier(cluster, "loop", "loop").run_once()
+
+
+async def test_a_copy_waiting_for_messages_stops_replaces_and_drops_at_once(cluster: Cluster) -> None:
+    await cluster.put_queue("edge", {})
+    await cluster.put_queue("dc", {})
+    supervisor = Supervisor(cluster)
+    await supervisor.start()
+    definition = {"type": "copy", "queues": ["edge"], "params": {"to": "dc", "wait": "30s"}}
+    loop = asyncio.get_running_loop()
+    try:
+        for step in ("stop", "replace", "drop"):
+            await supervisor.put("up", definition)
+            state = supervisor.handler("up")
+            await until(lambda s=state: s.running and s.handler.waiting, what="the pass's long poll")
+            started = loop.time()
+            if step == "stop":
+                await supervisor.stop_handler("up")
+            elif step == "replace":
+                await supervisor.put("up", {**definition, "started": False})
+            else:
+                await supervisor.drop("up")
+            # Nothing is half done while it waits: no grace (STOP_GRACE, 10 s) to sit out.
+            assert loop.time() - started < 1.0, step
+    finally:
+        await supervisor.close()
+
+
+async def test_a_copy_stopped_in_a_backlog_ends_after_its_step_with_its_cursor_committed(
+    cluster: Cluster,
+) -> None:
+    src, _ = await cluster.put_queue("edge", {})
+    await cluster.put_queue("dc", {})
+    for _ in range(40):
+        await src.append([Draft(b"x" * 100) for _ in range(500)], SaveMode.NONE)
+    supervisor = Supervisor(cluster)
+    await supervisor.start()
+    loop = asyncio.get_running_loop()
+    try:
+        definition = {"type": "copy", "queues": ["edge"], "params": {"to": "dc", "batch": 10}}
+        await supervisor.put("up", definition)
+        dc = cluster.queue("dc")
+        await until(lambda: dc.last_id >= 100, what="a hundred messages copied")
+        started = loop.time()
+        await supervisor.stop_handler("up")
+        # The pass ends after the step in progress instead of copying on for its 5 s.
+        assert loop.time() - started < 1.0
+        copied = dc.last_id
+        assert 100 <= copied < 20_000
+        assert src.subscription("copy-to-dc").last_id == copied  # each message copied once so far
+    finally:
+        await supervisor.close()

@@ -25,7 +25,7 @@ from support.receiver import Received, listening
 from support.wait import until
 
 from capella import metrics
-from capella.api.app import document
+from capella.api.app import SUPERVISOR, document
 from capella.auth.rule import Identity, Rule
 from capella.auth.secret import Secrets
 from capella.config import Config, SecretSettings, parse_config
@@ -79,6 +79,9 @@ class Receiver:
                 return web.Response(status=429, headers={"Retry-After": "1"}, text="slow down")
             if answer == "400":
                 return web.Response(status=400, text='{"error": "no such customer"}\n' + "x" * 1000)
+            if answer == "200-late":  # within the sender's timeout
+                await asyncio.sleep(0.5)
+                return web.Response(text="ok")
             return web.Response(status=int(answer), text="ok")
         finally:
             self.active -= 1
@@ -528,3 +531,29 @@ async def test_a_deleted_subscription_is_defined_again_and_starts_over(
     await push_until_done(handler)
     assert sorted(receiver.ok()) == [1, 1, 2, 2, 3]
     assert cluster.queue("orders").subscription("push-hook").last_id == 3
+
+
+async def test_a_push_handler_waiting_for_messages_stops_at_once_and_one_in_flight_finishes(
+    api: TestClient[web.Request, web.Application], receiver: Receiver
+) -> None:
+    assert (await api.put("/v1/queues/orders", json={})).status == 201
+    supervisor = api.server.app[SUPERVISOR]
+    body = {"type": "push", "queue": "orders", "params": {"url": receiver.url, **FAST, "wait": "30s"}}
+    loop = asyncio.get_running_loop()
+    assert (await api.put("/v1/handlers/hook", json=body)).status == 201
+    state = supervisor.handler("hook")
+    await until(lambda: state.running and state.handler.waiting, what="the pass's long poll")
+    started = loop.time()
+    assert (await api.post("/v1/handlers/hook/stop")).status == 200
+    assert loop.time() - started < 1.0  # nothing in flight: no grace to sit out
+    # With a request in flight the stop waits for its answer, and the pass ends there.
+    receiver.script = {1: ["200-late"]}
+    assert (await api.post("/v1/queues/orders/messages", json={"messages": [{"data": "m"}]})).status == 200
+    assert (await api.post("/v1/handlers/hook/start")).status == 200
+    await until(lambda: receiver.seen, what="the first request")
+    assert not state.handler.waiting
+    started = loop.time()
+    assert (await api.post("/v1/handlers/hook/stop")).status == 200
+    assert loop.time() - started < 2.0  # the answer's 0.5 s, then no long poll after it
+    assert receiver.ok() == [1] and state.handler.status().delivered == 1
+    assert not state.running and not state.handler.stopping
