@@ -215,6 +215,8 @@ class FileJournal:
                     self._thread = None
                 self._answer(loop, [future], error, closing=True)
                 return
+            # Written: the group's bytes are not kept while the thread waits for the next call.
+            del calls, appends
 
     def _write_and_sync(self, data: bytes) -> OSError | None:
         if self._write_failed:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
+from support.wait import until
 
 from capella.errors import CorruptData, InvalidRequest, KeyNotFound, StorageUnavailable, Unsupported
 from capella.storage import Storage
@@ -231,6 +233,20 @@ async def test_file_journal_appends_reach_the_file_by_sync(tmp_path: Path) -> No
     await journal.append(b"buffered")
     await journal.sync()
     assert (tmp_path / "j").read_bytes() == b"buffered"
+    await journal.close()
+
+
+async def test_a_file_journal_keeps_no_written_bytes_while_its_thread_waits(tmp_path: Path) -> None:
+    journal = await FileStorage(tmp_path).journal("j")
+    tracemalloc.start()
+    try:
+        await journal.append_and_sync(os.urandom(4 << 20))
+        # The thread waits up to 2 s for the next call before it ends: well before, its last
+        # group's 4 MB are the file's only, not the process's.
+        await until(lambda: tracemalloc.get_traced_memory()[0] < 1 << 20, within=1.0, what="4 MB freed")
+    finally:
+        tracemalloc.stop()
+    assert journal.size == 4 << 20
     await journal.close()
 
 
