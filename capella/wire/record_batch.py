@@ -15,6 +15,7 @@ Everything here is a pure function of bytes and lists. Bytes that do not parse r
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 import sys
@@ -423,7 +424,7 @@ def read(data: bytes, pos: int = 0, limit: int | None = None) -> RecordBatch:
     if crc32(view[body:end]) != body_crc:
         raise CorruptData(f"record batch at offset {pos}: body checksum mismatch")
     try:
-        source = bytes(view[pos + HEAD.size : body]).decode()
+        source = _source_text(bytes(view[pos + HEAD.size : body]))
     except UnicodeDecodeError:
         raise CorruptData(f"record batch at offset {pos}: the source is not UTF-8") from None
     return RecordBatch(data, pos, end, body, flags, count, base_id, base_time, source)
@@ -436,8 +437,15 @@ def framed(data: bytes) -> RecordBatch:
     _, _, _, _, flags, count, base_id, base_time, _, source_len = HEAD.unpack_from(data)
     body = HEAD.size + source_len
     return RecordBatch(
-        data, 0, len(data), body, flags, count, base_id, base_time, data[HEAD.size : body].decode()
+        data, 0, len(data), body, flags, count, base_id, base_time, _source_text(data[HEAD.size : body])
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _source_text(raw: bytes) -> str:
+    """A batch's source as text, one string per source: a block of 10,000 single-message
+    batches keeps one string, not 10,000 (~50 bytes each)."""
+    return raw.decode()
 
 
 def decode_body(batch: RecordBatch) -> Fields:

@@ -602,10 +602,11 @@ def index_entry(batch: RecordBatch, offset: int) -> bytes:
 
 
 def assemble_block(
-    raws: Sequence[Buffer], index: Sequence[bytes], count: int, first_id: int, last_id: int
+    raws: Sequence[Buffer], index: Sequence[Buffer], count: int, first_id: int, last_id: int
 ) -> bytes:
     """A sealed block of format 2: its batches' bytes (``raws``, in id order) and their
-    ``index_entry``s, holding ``count`` messages from ``first_id`` to ``last_id``.
+    ``index_entry``s (in parts, as they come), holding ``count`` messages from ``first_id``
+    to ``last_id``.
 
     The caller has checked that the batches' ids strictly increase (``encode_block``, and
     ``OpenBlock.add_batch`` as each batch came): nothing here is done per batch, so sealing a

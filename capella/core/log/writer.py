@@ -20,6 +20,7 @@ import bisect
 import itertools
 import logging
 import time
+from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -80,7 +81,8 @@ class OpenBlock:
     opened_at: float
     journal_key: str
     own: str  # the cluster's name: the source of a message that names none
-    ids: list[int] = field(default_factory=list)
+    # Unsigned 64-bit, 8 bytes an id: a list held an int object per message (40 bytes).
+    ids: array[int] = field(default_factory=lambda: array("Q"))
     # The identities other than (own, id), and the ids of their messages.
     keys: dict[tuple[str, int], int] = field(default_factory=dict)
     named: set[int] = field(default_factory=set)
@@ -90,7 +92,7 @@ class OpenBlock:
     durable_size: int = 0
     batches: list[RecordBatch] = field(default_factory=list)
     firsts: list[int] = field(default_factory=list)  # each batch's first id, for bisecting
-    index: list[bytes] = field(default_factory=list)
+    index: bytearray = field(default_factory=bytearray)  # the sealed block's index entries, joined
     batch_bytes: int = 0
     messages: list[Message] = field(default_factory=list)  # a format 1 block's only
     v1: bool = False
@@ -114,7 +116,7 @@ class OpenBlock:
         entry = index_entry(batch, self.batch_bytes)
         self.batches.append(batch)
         self.firsts.append(batch.base_id)
-        self.index.append(entry)
+        self.index += entry
         self.batch_bytes += batch.end
         self.ids.extend(range(batch.base_id, batch.base_id + batch.count))
         if not journaled:
@@ -123,7 +125,7 @@ class OpenBlock:
     def sealed(self) -> bytes:
         """The block's sealed form (format 2): its batches' bytes as they are, with their index."""
         ids = self.ids or [0]
-        return assemble_block([b.data for b in self.batches], self.index, len(self.ids), ids[0], ids[-1])
+        return assemble_block([b.data for b in self.batches], (self.index,), len(self.ids), ids[0], ids[-1])
 
     def name(self, source: str, external_id: int, message_id: int) -> bool:
         """Note a message's identity for dedup, where it is not the default ``(own, id)``;
@@ -156,7 +158,9 @@ class OpenBlock:
         their own: the record batches that hold them, a batch cut at either edge re-framed."""
         if self.v1:
             start = bisect.bisect_right(self.ids, after)
-            return Batch.of_messages(self.messages[start : start + wanted], self.ids[start : start + wanted])
+            return Batch.of_messages(
+                self.messages[start : start + wanted], list(self.ids[start : start + wanted])
+            )
         first = max(0, bisect.bisect_right(self.firsts, after) - 1)
         # Each batch holds a message at least, and the first may end at ``after``: a slice, not
         # an islice, which would step over the ``first`` batches before it one by one.
