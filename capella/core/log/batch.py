@@ -24,7 +24,7 @@ from capella.core.log.codec import Columns, columns_of, columns_of_records, mess
 from capella.core.message import Message, stored_message
 from capella.kernels import KERNELS
 from capella.wire.frames import encode_frames
-from capella.wire.record_batch import Fields, RecordBatch, encode_fields, read_all
+from capella.wire.record_batch import RecordBatch, encode_fields, read_all
 
 # Payloads ``_plain`` checks in one piece.
 _CHECKED_AT_ONCE = 512
@@ -92,7 +92,7 @@ class Batch:
     def record_batches(self) -> list[RecordBatch]:
         """The messages as record batches: as stored when they came as batches, else made once."""
         if self._records is None:
-            self._records = read_all(b"".join(encode_fields(Fields._make(self.columns))))
+            self._records = read_all(b"".join(encode_fields(self.columns)))
             self._made_records = True
         return self._records
 

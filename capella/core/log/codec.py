@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from itertools import accumulate, chain, pairwise
 from operator import add, attrgetter, sub
 from types import ModuleType
-from typing import NamedTuple
 
 import msgspec
 
@@ -370,17 +369,9 @@ def encode_columns_v1(c: Columns) -> bytes:
     return body + _U32.pack(crc32(body))
 
 
-class Columns(NamedTuple):
-    """Messages as one list per field, in ``Message``'s field order (``messages_of`` builds them)."""
-
-    ids: list[int]
-    times: list[float]
-    sources: list[str]
-    external_ids: list[int]
-    external_times: list[float]
-    segments: list[int]
-    payloads: list[bytes]
-    headers: Sequence[dict[str, str]]
+# Messages as one list per field, in ``Message``'s field order (``messages_of`` builds them):
+# the record batch's own shape, declared once.
+Columns = record_batch.Fields
 
 
 def decode_block(data: Buffer) -> list[Message]:

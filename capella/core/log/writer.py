@@ -40,7 +40,7 @@ from capella.core.stats import Histogram, QueueCounters
 from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
 from capella.storage import Journal, keys
 from capella.wire import record_batch
-from capella.wire.record_batch import Fields, RecordBatch
+from capella.wire.record_batch import RecordBatch
 
 log = logging.getLogger(__name__)
 
@@ -966,7 +966,7 @@ def _encode_sealed(block: OpenBlock) -> tuple[bytes, BlockSummary, Batch]:
     the identities the block keeps (``keys``): nothing here is done per message.
     """
     if block.v1:
-        raw = record_batch.encode_fields(Fields._make(columns_of(block.messages)))
+        raw = record_batch.encode_fields(columns_of(block.messages))
         data, records = encode_block(record_batch.read_all(b"".join(raw)))
     else:
         data, records = block.sealed(), block.batches
