@@ -79,9 +79,9 @@ class Handler(ABC):
     # False for a stored definition that no longer builds: it has only this interface, none
     # of its type's own counters (metrics skip it).
     loaded: ClassVar[bool] = True
-    # True while a pass waits for input with nothing half done (``waiting_for_input``): a stop
-    # then cancels it at once instead of granting it a grace to finish its step.
-    waiting: bool = False
+    # True during a step a stop may cut short (``interruptible_step``): the supervisor then
+    # cancels the pass at once instead of granting it a grace to finish the step.
+    interruptible: bool = False
     # True while the supervisor stops the handler: a pass ends after its step, and starts no wait.
     stopping: bool = False
 
@@ -102,13 +102,14 @@ class Handler(ABC):
         return {}
 
     @contextlib.contextmanager
-    def waiting_for_input(self) -> Iterator[None]:
-        """Around a wait for input (a long poll) during which nothing is half done."""
-        self.waiting = True
+    def interruptible_step(self) -> Iterator[None]:
+        """Around a step nothing half done of which outlives a cancel: a long poll, or a call to
+        another cluster that the next pass makes again and whose repeat dedup absorbs."""
+        self.interruptible = True
         try:
             yield
         finally:
-            self.waiting = False
+            self.interruptible = False
 
     async def pause(self, delay: float) -> None:
         """The wait before the next pass; a handler may end it early when there is work."""

@@ -17,6 +17,7 @@ every message with its origin's source, external id and external time given expl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Protocol
 
@@ -75,7 +76,8 @@ class CopyHandler(QueueHandler[CopyParams]):
         if self.params.from_ is not None and "/" in self.params.from_:
             cluster, _, name = self.params.from_.partition("/")
             try:
-                client = await self._clusters.checked_client(cluster)
+                with self.interruptible_step():
+                    client = await self._clusters.checked_client(cluster)
                 return await self._copy(_RemoteSource(client, name, self.params))
             except CapellaError as exc:
                 # From the error: the status shows its code (unreachable, forbidden...).
@@ -96,27 +98,32 @@ class CopyHandler(QueueHandler[CopyParams]):
             self.identity.check("queue", "write", target[1])
         if isinstance(source, _LocalSource):
             self.identity.check("subscription", "write", f"{source.queue.name}/{params.subscription}")
-        cursor = await source.cursor()
+        # A remote source's calls may be cut short by a stop: read again, committed again.
+        remote = self.interruptible_step if isinstance(source, _RemoteSource) else contextlib.nullcontext
+        with remote():
+            cursor = await source.cursor()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PASS_SECONDS
         result = PassResult()
         waited = False
         while loop.time() < deadline and not self.stopping:
-            drafts, last_id, source_last = await source.read(cursor, wait=0.0)
+            with remote():
+                drafts, last_id, source_last = await source.read(cursor, wait=0.0)
             if not drafts and last_id <= cursor and not waited and params.wait > 0:
                 if self.stopping:
                     break  # caught up, and stopping: no wait to sit out
                 # Caught up: long-poll the source instead of sleeping a fixed time, within the
                 # pass (a "run now" answers when its pass ends). A stop cancels the wait at once.
                 wait = min(params.wait, max(0.0, deadline - loop.time()))
-                with self.waiting_for_input():
+                with self.interruptible_step():
                     drafts, last_id, source_last = await source.read(cursor, wait=wait)
                 waited = True
             if drafts:
                 stored = await self._append(target, drafts)
                 result += PassResult(len(stored), sum(len(d.payload) for d in stored))
             if last_id > cursor:
-                await source.commit(last_id)
+                with remote():
+                    await source.commit(last_id)
                 cursor = last_id
             if isinstance(source, _RemoteSource):
                 self._remote_lag[source.name] = max(0, source_last - cursor)
@@ -138,9 +145,11 @@ class CopyHandler(QueueHandler[CopyParams]):
             answers = await self._cluster.queue(name).append(drafts, self.save)
             return [d for d, a in zip(drafts, answers, strict=True) if not a.duplicate]
         try:
-            # A far side with our name is refused (checked once per client, not per batch).
-            client = await self._clusters.checked_client(cluster)
-            results = await client.produce_batch(name, _batch(drafts), save=self.params.save)
+            # A far side with our name is refused (checked once per client, not per batch). A
+            # stop may cut this short: the next pass sends the batch again and dedup absorbs it.
+            with self.interruptible_step():
+                client = await self._clusters.checked_client(cluster)
+                results = await client.produce_batch(name, _batch(drafts), save=self.params.save)
         except CapellaError as exc:
             raise StorageUnavailable(f"{self.params.to}: {exc.code}: {exc.message}") from exc
         return [d for d, r in zip(drafts, results, strict=True) if not r.duplicate]

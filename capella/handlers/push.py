@@ -220,7 +220,7 @@ class PushHandler(Handler):
                     else:
                         # Caught up: long-poll for new messages, then end the pass. Nothing is in
                         # flight, so a stop cancels the wait at once.
-                        with self.waiting_for_input():
+                        with self.interruptible_step():
                             await queue.wait_for(work.state.high, min(params.wait, deadline - loop.time()))
                         waited = True
                 # The pass ends with nothing in flight: a stop never cuts a request short.

@@ -460,10 +460,10 @@ class Supervisor:
         if task is not None:
             state.handler.stopping = True
             try:
-                if state.running and not state.handler.waiting:
+                if state.running and not state.handler.interruptible:
                     # Let the pass in progress finish its step; moves and deletes are crash-safe,
-                    # but finishing is cleaner than an interrupted write. A pass waiting for
-                    # input has nothing half done: it is cancelled at once.
+                    # but finishing is cleaner than an interrupted write. A step that may be cut
+                    # short (a long poll, a call to another cluster) is cancelled at once.
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(STOP_GRACE):
                             async with state.pass_lock:

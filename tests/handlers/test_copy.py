@@ -186,7 +186,7 @@ async def test_a_copy_waiting_for_messages_stops_replaces_and_drops_at_once(clus
         for step in ("stop", "replace", "drop"):
             await supervisor.put("up", definition)
             state = supervisor.handler("up")
-            await until(lambda s=state: s.running and s.handler.waiting, what="the pass's long poll")
+            await until(lambda s=state: s.running and s.handler.interruptible, what="the pass's long poll")
             started = loop.time()
             if step == "stop":
                 await supervisor.stop_handler("up")

@@ -542,7 +542,7 @@ async def test_a_push_handler_waiting_for_messages_stops_at_once_and_one_in_flig
     loop = asyncio.get_running_loop()
     assert (await api.put("/v1/handlers/hook", json=body)).status == 201
     state = supervisor.handler("hook")
-    await until(lambda: state.running and state.handler.waiting, what="the pass's long poll")
+    await until(lambda: state.running and state.handler.interruptible, what="the pass's long poll")
     started = loop.time()
     assert (await api.post("/v1/handlers/hook/stop")).status == 200
     assert loop.time() - started < 1.0  # nothing in flight: no grace to sit out
@@ -551,7 +551,7 @@ async def test_a_push_handler_waiting_for_messages_stops_at_once_and_one_in_flig
     assert (await api.post("/v1/queues/orders/messages", json={"messages": [{"data": "m"}]})).status == 200
     assert (await api.post("/v1/handlers/hook/start")).status == 200
     await until(lambda: receiver.seen, what="the first request")
-    assert not state.handler.waiting
+    assert not state.handler.interruptible
     started = loop.time()
     assert (await api.post("/v1/handlers/hook/stop")).status == 200
     assert loop.time() - started < 2.0  # the answer's 0.5 s, then no long poll after it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from support.wait import until
 
 from capella.api import create_app
 from capella.auth.authenticator import Authenticator
@@ -214,3 +216,41 @@ async def test_wrong_credentials_show_in_the_status_and_copying_resumes_once_fix
     assert state.last_error is None
     assert await stored(secure_dc, "events") == [("edge", i + 1, f"m{i}".encode()) for i in range(6)]
     assert await stored(secure_dc, "other") == []
+
+
+@pytest.mark.parametrize(
+    "copy",
+    [
+        {"type": "copy", "queues": ["events"], "params": {"to": "stuck/events", "wait": 0}},
+        {"type": "copy", "params": {"from": "stuck/events", "to": "events", "wait": 0}},
+    ],
+    ids=["to", "from"],
+)
+async def test_a_copy_stuck_connecting_to_a_cluster_stops_at_once(
+    nodes: dict[str, Node], copy: dict[str, object]
+) -> None:
+    edge = nodes["edge"]
+    await edge.cluster.put_queue("events", {})
+    await edge.cluster.queue("events").append([Draft(b"x")], SaveMode.WAIT)
+    loop = asyncio.get_running_loop()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        # The one connection its backlog holds: a connect after it waits for an accept that
+        # never comes, as to a host that drops packets.
+        with socket.create_connection(listener.getsockname()):
+            url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+            # Its name check gives up after 3 s; the pass's connect would wait 60.
+            await edge.supervisor.clusters.put("stuck", {"url": url, "connect_timeout": 60, "timeout": 60})
+            await edge.supervisor.put("out", copy)
+            state = edge.supervisor.handler("out")
+            await until(lambda: state.running and state.handler.interruptible, what="the pass connecting")
+            await asyncio.sleep(0.2)
+            started = loop.time()
+            await edge.supervisor.stop_handler("out")
+            # A call to another cluster is repeated by the next pass: no grace to sit out.
+            assert loop.time() - started < 1.0
+    assert not state.running
+    if "queues" in copy:  # nothing was sent, so the local cursor did not move
+        assert edge.cluster.queue("events").subscription("copy-to-stuck.events").last_id == 0
+    assert [m.payload for m in (await edge.cluster.queue("events").read_after(0, 10)).messages] == [b"x"]
