@@ -4,8 +4,16 @@ A rule is ``allow`` or ``deny`` + an object type + an action + a name pattern (`
 any run of characters, also ``/``). Deny wins over allow; no matching rule means deny; an
 admin may do everything. ``admin`` in an allow rule grants ``read`` and ``write`` as well
 (who may delete a queue may also read it); a deny rule denies exactly the action it names.
-Subscriptions are named ``queue/subscription``. Secrets have one action, ``use``, and are
-granted only by a rule of type ``secret`` (``allow:secret:use:orders-*``), never by ``*``.
+Subscriptions are named ``queue/subscription``.
+
+Three powers are granted only by name, never by a ``*`` type: ``secret`` (one action, ``use``:
+``allow:secret:use:orders-*``), ``user`` (acting on users, their credentials and tokens), and
+``relay`` on an ``external_cluster`` (sending requests through the link as its far-side user),
+which ``admin`` does not imply either.
+
+``covers(holder, held)`` is the attenuation check (Kubernetes RBAC's escalation check): whether
+everything ``held`` may do, ``holder`` may do too. Acting on a user (a password, a token, a
+handler that runs as them, enabling or dropping them) needs it.
 """
 
 from __future__ import annotations
@@ -18,8 +26,12 @@ from typing import Any
 from capella.errors import Forbidden, InvalidRequest
 
 OBJECT_TYPES = ("cluster", "queue", "subscription", "handler", "external_cluster", "user", "secret")
-# ``use`` applies to secrets only; the others to every other type.
-ACTIONS = ("read", "write", "admin", "use")
+# ``use`` applies to secrets only, ``relay`` to external clusters only; the others to every other type.
+ACTIONS = ("read", "write", "admin", "use", "relay")
+# Types a ``*`` type never grants: each must be named in the rule.
+BY_NAME_ONLY = ("user", "secret")
+# What an ``admin`` allow rule grants beside ``admin`` itself.
+ADMIN_IMPLIES = ("read", "write")
 EFFECTS = ("allow", "deny")
 
 
@@ -59,11 +71,16 @@ class Rule:
             )
         if action not in (*ACTIONS, "*"):
             raise InvalidRequest(
-                f"{where}.action: expected read, write, admin, use or *, got {action!r}", field=where
+                f"{where}.action: expected read, write, admin, use, relay or *, got {action!r}", field=where
             )
         if (kind == "secret") != (action == "use") and "*" not in (kind, action):
             raise InvalidRequest(
                 f"{where}: a secret's action is use (allow:secret:use:NAME), and use is only for secrets",
+                field=where,
+            )
+        if action == "relay" and kind not in ("external_cluster", "*"):
+            raise InvalidRequest(
+                f"{where}: relay is an action on external clusters (allow:external_cluster:relay:NAME)",
                 field=where,
             )
         if not isinstance(pattern, str) or not pattern or len(pattern) > 512:
@@ -77,16 +94,75 @@ class Rule:
         return f"{self.effect}:{self.type}:{self.action}:{self.pattern}"
 
     def matches(self, kind: str, action: str, name: str) -> bool:
+        return self.grants(kind, action) and _compiled(self.pattern).fullmatch(name) is not None
+
+    def grants(self, kind: str, action: str) -> bool:
+        """Whether this rule speaks of ``action`` on objects of type ``kind``, whatever their name."""
         if self.type not in ("*", kind):
             return False
-        if kind == "secret" and self.effect == "allow" and self.type != "secret":
-            # A secret is granted only by name: allow:*:*:dev-* must not hand out credentials.
+        if self.effect == "deny":
+            return self.action in ("*", action)
+        if kind in BY_NAME_ONLY and self.type != kind:
+            # Granted only by name: allow:*:*:dev-* must not hand out credentials or users.
             return False
-        if self.effect == "allow":
-            covers = self.action in ("*", "admin", action)
-        else:
-            covers = self.action in ("*", action)
-        return covers and _compiled(self.pattern).fullmatch(name) is not None
+        if action == "relay":
+            # A link's far-side authority: never implied by admin, never by a * type.
+            return self.type == kind and self.action in ("*", action)
+        return self.action in ("*", action) or (self.action == "admin" and action in ADMIN_IMPLIES)
+
+
+def covers(holder: Identity, held: Identity) -> bool:
+    """Whether ``holder`` may do everything ``held`` may: an admin only by an admin, and each
+    power an allow rule of ``held`` grants (type, action, every name its pattern matches) by one
+    allow rule of ``holder`` whose pattern contains it, with no deny rule of ``holder`` that
+    could meet it. Deny rules of ``held`` are not counted: ``held`` is taken to hold more than
+    it may, never less. Sound, not complete: a power that only several of ``holder``'s rules
+    cover together counts as not covered."""
+    if holder.admin:
+        return True
+    if held.admin:
+        return False
+    denies = [r for r in holder.rules if r.effect == "deny"]
+    allows = [r for r in holder.rules if r.effect == "allow"]
+    for rule in held.rules:
+        if rule.effect != "allow":
+            continue
+        for kind in OBJECT_TYPES:
+            for action in ACTIONS:
+                if not rule.grants(kind, action):
+                    continue
+                if not any(r.grants(kind, action) and contains(r.pattern, rule.pattern) for r in allows):
+                    return False
+                if any(r.grants(kind, action) and meet(r.pattern, rule.pattern) for r in denies):
+                    return False
+    return True
+
+
+def contains(outer: str, inner: str) -> bool:
+    """Whether every name pattern ``inner`` matches, pattern ``outer`` matches too: ``outer``
+    matches ``inner``'s text with each of ``inner``'s ``*`` taken by one of ``outer``'s."""
+    return _compiled(outer).fullmatch(inner) is not None
+
+
+def meet(one: str, other: str) -> bool:
+    """Whether some name matches both patterns (a table over the two patterns' suffixes)."""
+    n, m = len(one), len(other)
+    # common[j]: whether one[i:] and other[j:] match a name in common, for the current i.
+    common = [False] * m + [True]
+    for j in range(m - 1, -1, -1):
+        common[j] = other[j] == "*" and common[j + 1]
+    for i in range(n - 1, -1, -1):
+        below = common  # the row of i + 1
+        common = [False] * (m + 1)
+        common[m] = one[i] == "*" and below[m]
+        for j in range(m - 1, -1, -1):
+            if one[i] == "*":
+                common[j] = below[j] or common[j + 1]
+            elif other[j] == "*":
+                common[j] = common[j + 1] or below[j]
+            else:
+                common[j] = one[i] == other[j] and below[j + 1]
+    return common[0]
 
 
 def allowed(rules: tuple[Rule, ...], kind: str, action: str, name: str) -> bool:
@@ -111,6 +187,18 @@ class Identity:
 
     def can(self, kind: str, action: str, name: str) -> bool:
         return self.admin or allowed(self.rules, kind, action, name)
+
+    def check_acting_on(self, other: Identity) -> None:
+        """Raise ``Forbidden`` unless this identity holds everything ``other`` holds (``covers``):
+        the check before acting on another user's credentials, tokens, handlers or state."""
+        if not covers(self, other):
+            what = "an admin" if other.admin else "rules this user does not hold"
+            raise Forbidden(
+                f"user {self.name!r} may not act on user {other.name!r}, who holds {what}",
+                type="user",
+                action="admin",
+                name=other.name or "",
+            )
 
     def check(self, kind: str, action: str, name: str) -> None:
         """Raise ``Forbidden`` unless this identity may do ``action`` on ``kind`` ``name``."""
