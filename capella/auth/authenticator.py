@@ -17,8 +17,11 @@ Every login path a stranger can fill is bounded (docs/security.md, "Logins under
 - Failed checks spend a budget per client address and one per user name (``throttle.py``);
   a spent budget is ``429 too_many_failed_logins`` with the seconds to wait, and
   no hash runs. The user's budget applies to any name, existing or not, so it tells nothing.
-  An address that signed in as a user within ``KNOWN_FOR`` keeps signing in with its own
-  budget while strangers spend the user's, so a flood of guesses does not lock its owner out.
+- The name's budget refuses only addresses that have been failing themselves (their own
+  budget not yet earned back) and that have not signed in as that user within ``KNOWN_FOR``:
+  guesses from many addresses spend the name's budget, but never refuse the right password
+  from an address that has not been guessing, so a flood cannot lock the owner out (OWASP
+  warns that lockout by name is a denial of service anyone can cause).
 - Bearer tokens and TLS client certificates need no hash and no budget: no flood of Basic
   logins delays or refuses them.
 """
@@ -109,7 +112,7 @@ class Authenticator:
         account = self._digest(name)
         known = self._is_known(name, client, now)
         wait = self._addresses.wait(client, now)
-        if not known:
+        if not known and self._addresses.spent(client, now):
             wait = max(wait, self._names.wait(account, now))
         if wait > 0:
             raise TooManyFailedLogins(

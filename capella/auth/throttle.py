@@ -43,6 +43,11 @@ class Throttle:
         tokens = self._level(bucket, now)
         return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self._rate
 
+    def spent(self, key: Hashable, now: float) -> bool:
+        """Whether ``key`` has spent any of its budget that it has not earned back yet."""
+        bucket = self._buckets.get(key)
+        return bucket is not None and self._level(bucket, now) < self._burst
+
     def take(self, key: Hashable, now: float) -> float:
         """Take a token from ``key`` (check ``wait`` first); the tokens left."""
         bucket = self._buckets.pop(key, None)  # re-inserted last: the most recently used

@@ -187,13 +187,33 @@ async def test_a_flood_on_one_user_from_many_addresses_spares_the_addresses_it_k
     guesses = [await broker.me(f"127.0.1.{i // 5}", basic("alice", f"guess-{i}")) for i in range(25)]
 
     assert guesses[:20] == [(401, "unauthorized", None)] * 20
-    assert {g[:2] for g in guesses[20:]} == {(429, "too_many_failed_logins")}, "her name's budget is spent"
-    # A stranger's address that never signed in as alice: refused, even with the right password
-    # (it could be the next guess). The address Alice signed in from keeps its own budget.
-    assert (await broker.me("127.0.0.11", basic(*ALICE)))[:2] == (429, "too_many_failed_logins")
+    # Her name's budget is spent: it refuses every address that has been guessing. The fifth
+    # address's first guess is checked (it had not failed yet), its next ones are refused.
+    assert guesses[20][:2] == (401, "unauthorized")
+    assert {g[:2] for g in guesses[21:]} == {(429, "too_many_failed_logins")}, "her name's budget is spent"
+    # A guessing address is refused by her name's budget, even with the right password (it
+    # could be the next guess); the address Alice signed in from keeps its own budget.
+    assert (await broker.me("127.0.1.0", basic(*ALICE)))[:2] == (429, "too_many_failed_logins")
     assert (await broker.me("127.0.0.10", basic(*ALICE)))[0] == 200
     # Other users are not touched.
     assert (await broker.me("127.0.0.11", basic(*ROOT)))[0] == 200
+
+
+async def test_guesses_for_a_name_from_many_addresses_do_not_lock_its_owner_out(make_broker: MakeBroker) -> None:
+    # Issue 33: 36 wrong passwords for a name from three addresses made the right one answer
+    # 429 from a fourth address that had never failed: lockout by name, which anyone can cause.
+    broker: Broker = await make_broker(cache_ttl=0)
+    guesses = [await broker.me(f"127.0.2.{1 + i % 3}", basic("alice", f"guess-{i}")) for i in range(36)]
+    assert {g[:2] for g in guesses[30:]} == {(429, "too_many_failed_logins")}, "the guessers are refused"
+
+    # Alice from an address that has not been guessing, and has never signed in before.
+    assert (await broker.me("127.0.2.4", basic(*ALICE)))[0] == 200
+    # Sustained: more guesses keep coming, from fresh addresses too; Alice still gets in.
+    for i in range(20):
+        await broker.me(f"127.0.3.{i}", basic("alice", f"again-{i}"))
+    assert (await broker.me("127.0.2.5", basic(*ALICE)))[0] == 200
+    # A guessing address stays refused, the right password too (it could be its next guess).
+    assert (await broker.me("127.0.2.1", basic(*ALICE)))[:2] == (429, "too_many_failed_logins")
 
 
 async def test_checks_waiting_for_a_hash_slot_are_bounded(make_broker: MakeBroker) -> None:
