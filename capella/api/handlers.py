@@ -31,24 +31,24 @@ async def get_handler(request: web.Request) -> web.Response:
 
 
 async def drop_handler(request: web.Request) -> web.Response:
-    await supervisor(request).drop(request.match_info["name"])
+    await supervisor(request).drop(request.match_info["name"], identity(request))
     return web.Response(status=204)
 
 
 async def start_handler(request: web.Request) -> web.Response:
-    handler = await supervisor(request).start_handler(request.match_info["name"])
+    handler = await supervisor(request).start_handler(request.match_info["name"], identity(request))
     return json_response(handler.info())
 
 
 async def stop_handler(request: web.Request) -> web.Response:
-    handler = await supervisor(request).stop_handler(request.match_info["name"])
+    handler = await supervisor(request).stop_handler(request.match_info["name"], identity(request))
     return json_response(handler.info())
 
 
 async def run_handler(request: web.Request) -> web.Response:
     """One pass now, answered after it ends: ``pass`` is that pass (``ok``, its ``items``,
     ``bytes`` and ``error``), ``status`` the handler's totals after it."""
-    handler, report = await supervisor(request).run_pass_now(request.match_info["name"])
+    handler, report = await supervisor(request).run_pass_now(request.match_info["name"], identity(request))
     return json_response(msgspec.structs.replace(handler.info(), pass_=report.result()))
 
 

@@ -2,7 +2,9 @@
 
 The token's text is in the answer to its creation only; the server keeps a digest. A token
 cannot create tokens, so a stolen one cannot outlive its expiry. Everybody sees and revokes
-their own tokens; ``user admin`` on the owner sees and revokes theirs.
+their own tokens. Another user's tokens are theirs to act on: minting, seeing or revoking one
+needs ``user admin`` on the owner and everything the owner holds (``AuthStore.act_on``), so a
+user manager never mints a token that can do more than it can.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from capella.api.openapi import answer, json_content, ref
 from capella.api.request import json_response, read_struct
 from capella.api.route import Route
 from capella.api.users import store
+from capella.auth.rule import Identity
+from capella.auth.store import AuthStore
 from capella.errors import Forbidden, InvalidRequest, TokenNotFound
 from capella.units import parse_duration
 from capella.wire.auth import TokenCreate
@@ -31,8 +35,8 @@ async def create_token(request: web.Request) -> web.Response:
     owner = who.name if body.user is UNSET else body.user
     if owner is None:  # no one signed in: ``store`` already refused that with auth off
         raise InvalidRequest("name the token's user", field="user")
-    if owner != who.name:
-        who.check("user", "admin", owner)
+    if tokens.act_on(who, owner) is None:
+        tokens.user(owner)  # 404
     description = "" if body.description is UNSET else body.description
     if len(description) > 200:
         raise InvalidRequest("description must be a string of at most 200 characters", field="description")
@@ -47,19 +51,24 @@ async def create_token(request: web.Request) -> web.Response:
 
 async def list_tokens(request: web.Request) -> web.Response:
     who = identity(request)
-    found = [
-        t.public_dict()
-        for t in store(request).tokens()
-        if t.user == who.name or who.can("user", "admin", t.user)
-    ]
+    users = store(request)
+    found = [t.public_dict() for t in users.tokens() if _may_act_on(users, who, t.user)]
     return json_response({"tokens": found})
+
+
+def _may_act_on(users: AuthStore, who: Identity, owner: str) -> bool:
+    try:
+        users.act_on(who, owner)
+    except Forbidden:
+        return False
+    return True
 
 
 async def revoke_token(request: web.Request) -> web.Response:
     tokens = store(request)
     who = identity(request)
     token = tokens.token(request.match_info["id"])
-    if token.user != who.name and not who.can("user", "admin", token.user):
+    if not _may_act_on(tokens, who, token.user):
         # Someone else's token looks like no token at all.
         raise TokenNotFound(f"no token {token.id!r}")
     await asyncio.to_thread(tokens.revoke_token, token.id)

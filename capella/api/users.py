@@ -1,8 +1,10 @@
 """Users: list, create or change (PUT), show, drop, change a password; and ``/v1/me``.
 
 Only an admin may grant ``admin`` or set rules (a user manager could otherwise hand out
-more than it holds); ``user admin`` on a name is enough to create that user, change its
-password, or enable and disable it. A user changes its own password with the old one.
+more than it holds); ``user admin`` on a name is enough to create that user. Changing another
+user's password, enabling, disabling or dropping them also needs everything they hold
+(``AuthStore.act_on``): no acting on an admin unless you are one. A user changes its own
+password with the old one.
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ async def put_user(request: web.Request) -> web.Response:
     # The store checks what the values mean; fields left out are left as they are.
     body = await read_struct(request, UserPut)
     given = present(body)
-    if given & {"admin", "rules"} and not identity(request).admin:
+    who = identity(request)
+    if given & {"admin", "rules"} and not who.admin:
         raise Forbidden(
             "only an admin may set admin or rules", field="admin" if "admin" in given else "rules"
         )
+    users.act_on(who, request.match_info["name"])
     change = functools.partial(
         users.change_user,
         request.match_info["name"],
@@ -79,7 +83,10 @@ async def get_user(request: web.Request) -> web.Response:
 
 
 async def drop_user(request: web.Request) -> web.Response:
-    await asyncio.to_thread(store(request).drop_user, request.match_info["name"])
+    users = store(request)
+    name = request.match_info["name"]
+    users.act_on(identity(request), name)
+    await asyncio.to_thread(users.drop_user, name)
     return web.Response(status=204)
 
 
@@ -88,9 +95,9 @@ async def change_password(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     body = await read_struct(request, PasswordChange)
     who = identity(request)
-    if not who.can("user", "admin", name):
-        if name != who.name:
-            who.check("user", "admin", name)
+    if name != who.name:
+        users.act_on(who, name)
+    elif not who.can("user", "admin", name):
         # Checked as a login is, within its budgets: a stolen token cannot guess passwords here.
         try:
             if body.old_password is UNSET:

@@ -167,6 +167,23 @@ class AuthStore:
     def find_user(self, name: str) -> User | None:
         return self._users.get(name)
 
+    def act_on(self, by: Identity, name: str) -> User | None:
+        """User ``name`` for ``by`` to act on (its password, tokens, handlers, state), or None
+        when there is no such user yet.
+
+        Acting on yourself is yours to do. Acting on another user needs ``user admin`` on the
+        name and, when the user exists, everything that user holds (``Rule.covers``): a grant to
+        act on a user never lets its holder act *as* one who holds more (Kubernetes RBAC's
+        escalation check; PostgreSQL lets only superusers alter superusers).
+        """
+        user = self._users.get(name)
+        if name == by.name:
+            return user
+        by.check("user", "admin", name)
+        if user is not None:
+            by.check_acting_on(user.identity("none"))
+        return user
+
     def put_user(self, name: str, data: object) -> tuple[User, bool]:
         """Create (``password`` required) or update a user from an API-style object."""
         if not isinstance(data, dict):

@@ -260,7 +260,9 @@ class Supervisor:
         """Create or replace a handler from its JSON definition; ``True`` when created.
 
         The handler runs as ``data["user"]``, by default as ``by``; naming another user needs
-        ``user admin`` on it, so nobody hands a handler more rights than they could use.
+        ``user admin`` on it and everything it holds, so nobody hands a handler more rights
+        than they could use. Replacing a handler that runs as another user needs everything
+        that user holds too (``_check_acting``).
         """
         check_name(name, "handler")
         if isinstance(data, dict) and isinstance(data.get("params"), dict):
@@ -286,6 +288,8 @@ class Supervisor:
         params, handler = entry.build(params, Building(self._cluster, queues, reach, name))
         async with self._lock:
             old = self._states.get(name)
+            if old is not None:
+                self._check_acting(by, old.user)
             state = HandlerState(name, kind, queues, params, handler, started, user)
             # Saved before anything runs differently: a failed save leaves the old definition
             # stored and the old loop running, as if the request had never come.
@@ -305,9 +309,10 @@ class Supervisor:
         log.info("handler %s handler=%s type=%s", "created" if old is None else "replaced", name, kind)
         return state, old is None
 
-    async def drop(self, name: str) -> None:
+    async def drop(self, name: str, by: Identity = UNRESTRICTED) -> None:
         async with self._lock:
             state = self.handler(name)
+            self._check_acting(by, state.user)
             # Saved first: a failed save leaves it defined and running.
             del self._states[name]
             try:
@@ -322,9 +327,10 @@ class Supervisor:
         """The handlers that read from or write to external cluster ``cluster``."""
         return [s.name for s in self.handlers() if cluster in s.handler.clusters()]
 
-    async def start_handler(self, name: str) -> HandlerState:
+    async def start_handler(self, name: str, by: Identity = UNRESTRICTED) -> HandlerState:
         async with self._lock:
             state = self.handler(name)
+            self._check_acting(by, state.user)
             if not state.started:
                 state.started = True
                 await self._save()
@@ -332,23 +338,25 @@ class Supervisor:
                 self._launch(state)
         return state
 
-    async def stop_handler(self, name: str) -> HandlerState:
+    async def stop_handler(self, name: str, by: Identity = UNRESTRICTED) -> HandlerState:
         async with self._lock:
             state = self.handler(name)
+            self._check_acting(by, state.user)
             if state.started:
                 state.started = False
                 await self._save()
             await self._halt(state)
         return state
 
-    async def run_now(self, name: str) -> HandlerState:
+    async def run_now(self, name: str, by: Identity = UNRESTRICTED) -> HandlerState:
         """One pass right now, also for a stopped handler; its outcome is in the status."""
-        state, _ = await self.run_pass_now(name)
+        state, _ = await self.run_pass_now(name, by)
         return state
 
-    async def run_pass_now(self, name: str) -> tuple[HandlerState, PassReport]:
+    async def run_pass_now(self, name: str, by: Identity = UNRESTRICTED) -> tuple[HandlerState, PassReport]:
         """One pass right now, also for a stopped handler: the state after it, and that pass."""
         state = self.handler(name)
+        self._check_acting(by, state.user)
         return state, await self._run_pass(state)
 
     # --- loops ---------------------------------------------------------------------------
@@ -398,9 +406,17 @@ class Supervisor:
             raise InvalidRequest("user must be a user name", field="user")
         if self._users is not None:
             self._users.user(user)
-        if user != by.name:
-            by.check("user", "admin", user)
+            self._users.act_on(by, user)
         return user
+
+    def _check_acting(self, by: Identity, user: str | None) -> None:
+        """A handler that runs as another user is that user's: changing, starting, stopping,
+        running or dropping it needs everything the user holds (``Rule.covers``)."""
+        if user is None or user == by.name or self._users is None:
+            return
+        held = self._users.find_user(user)
+        if held is not None:
+            by.check_acting_on(held.identity("handler"))
 
     def _identity(self, state: HandlerState) -> Identity:
         """The rules this pass runs under: its user's, read now (a change applies at once)."""

@@ -101,9 +101,10 @@ async def prepare(client: Client) -> None:
     """The objects the paths name, so allowed calls reach real things."""
     assert (await client.put("/v1/queues/orders", json={}, headers=ROOT)).status in (200, 201)
     await client.put("/v1/queues/orders/subscriptions/target", json={}, headers=ROOT)
-    await client.put(
-        "/v1/handlers/target", json={"type": "flush", "queues": ["orders"], "started": False}, headers=ROOT
-    )
+    # Bob's own handler: one that runs as another user needs everything that user holds too
+    # (tests/security/test_attenuation.py), beside what the route needs.
+    handler = {"type": "flush", "queues": ["orders"], "started": False, "user": "bob"}
+    await client.put("/v1/handlers/target", json=handler, headers=ROOT)
     await client.put("/v1/clusters/target", json={"url": "http://127.0.0.1:9"}, headers=ROOT)
     await client.put("/v1/users/target", json={"password": "target-password"}, headers=ROOT)
 

@@ -15,7 +15,7 @@ from support.clock import Clock
 
 from capella.auth.authenticator import Authenticator
 from capella.auth.password import hash_password, verify_password
-from capella.auth.rule import Identity, Rule, allowed
+from capella.auth.rule import Identity, Rule, allowed, contains, covers, meet
 from capella.auth.store import AuthStore, split_token
 from capella.config import AuthSettings
 from capella.errors import AlreadyExists, Conflict, CorruptData, Forbidden, InvalidRequest, Unauthorized
@@ -120,6 +120,87 @@ def test_a_rule_reads_from_both_forms() -> None:
 
 
 # --- the store ---------------------------------------------------------------------------
+
+
+def test_users_and_relays_are_granted_only_by_name() -> None:
+    wide = rules("allow:*:*:*")
+    assert not allowed(wide, "user", "admin", "admin") and not allowed(wide, "user", "read", "bob")
+    assert not allowed(wide, "external_cluster", "relay", "dc")
+    assert allowed(wide, "external_cluster", "write", "dc")
+    assert allowed(rules("allow:user:*:*"), "user", "admin", "bob")
+    assert allowed(rules("allow:external_cluster:*:dc"), "external_cluster", "relay", "dc")
+    # admin implies read and write, never relay
+    assert not allowed(rules("allow:external_cluster:admin:dc"), "external_cluster", "relay", "dc")
+    assert allowed(rules("allow:external_cluster:relay:dc"), "external_cluster", "relay", "dc")
+    # a * type still denies
+    assert not allowed(rules("allow:user:*:*", "deny:*:*:admin"), "user", "admin", "admin")
+    with pytest.raises(InvalidRequest):
+        Rule.parse("allow:queue:relay:q")
+
+
+@pytest.mark.parametrize(
+    ("outer", "inner", "expected"),
+    [
+        ("*", "anything*", True),
+        ("dev-*", "dev-a*", True),
+        ("dev-a*", "dev-*", False),
+        ("a*c", "ab*bc", True),
+        ("a*c", "a*", False),
+        ("x", "x", True),
+        ("x", "x*", False),
+    ],
+)
+def test_a_pattern_contains_another(outer: str, inner: str, expected: bool) -> None:
+    assert contains(outer, inner) is expected
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "expected"),
+    [
+        ("dev-*", "*-ops", True),
+        ("a*", "b*", False),
+        ("*", "x", True),
+        ("a*b", "*c", False),
+        ("ab", "a*b", True),
+        ("", "*", True),
+        ("", "a", False),
+    ],
+)
+def test_two_patterns_meet(one: str, other: str, expected: bool) -> None:
+    assert meet(one, other) is expected and meet(other, one) is expected
+
+
+def test_an_identity_covers_another_only_when_it_holds_all_it_holds() -> None:
+    admin = Identity("root", admin=True)
+    manager = Identity("mgr", rules=rules("allow:user:admin:*", "allow:queue:*:*", "deny:queue:admin:prod-*"))
+    assert covers(admin, admin) and covers(admin, manager)
+    assert not covers(manager, admin)
+    assert covers(manager, Identity("r", rules=rules("allow:queue:read:orders", "deny:*:*:*")))
+    assert covers(manager, Identity("w", rules=rules("allow:queue:write:x*")))
+    # denied to the manager where the other's pattern could reach
+    assert not covers(manager, Identity("p", rules=rules("allow:queue:*:*")))
+    assert not covers(manager, Identity("p", rules=rules("allow:queue:admin:p*")))
+    assert covers(manager, Identity("p", rules=rules("allow:queue:admin:dev-*")))
+    # another type, a wider pattern, a secret: not held
+    assert not covers(manager, Identity("h", rules=rules("allow:handler:read:x")))
+    assert not covers(manager, Identity("s", rules=rules("allow:secret:use:db")))
+    assert not covers(
+        Identity("n", rules=rules("allow:queue:read:a*")), Identity("m", rules=rules("allow:queue:read:*"))
+    )
+    # a * rule of the other grants what its types grant, users and secrets aside
+    assert covers(
+        Identity(
+            "q",
+            rules=rules(
+                "allow:cluster:*:*",
+                "allow:queue:*:*",
+                "allow:subscription:*:*",
+                "allow:handler:*:*",
+                "allow:external_cluster:*:*",
+            ),
+        ),
+        Identity("o", rules=rules("allow:*:*:*")),
+    )
 
 
 def test_users_and_tokens_survive_a_reopen_without_secrets_on_disk(tmp_path: Path, clock: Clock) -> None:

@@ -199,7 +199,9 @@ async def test_a_flood_on_one_user_from_many_addresses_spares_the_addresses_it_k
     assert (await broker.me("127.0.0.11", basic(*ROOT)))[0] == 200
 
 
-async def test_guesses_for_a_name_from_many_addresses_do_not_lock_its_owner_out(make_broker: MakeBroker) -> None:
+async def test_guesses_at_a_name_from_many_addresses_do_not_lock_its_owner_out(
+    make_broker: MakeBroker,
+) -> None:
     # Issue 33: 36 wrong passwords for a name from three addresses made the right one answer
     # 429 from a fourth address that had never failed: lockout by name, which anyone can cause.
     broker: Broker = await make_broker(cache_ttl=0)

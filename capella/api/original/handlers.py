@@ -239,7 +239,7 @@ async def add_h(ctx: Context, request: Request) -> object:
 async def drop_h(ctx: Context, request: Request) -> object:
     name = body_name(request)
     ctx.same_as("DELETE", "/v1/handlers/{name}", name=name)
-    await ctx.supervisor.drop(name)
+    await ctx.supervisor.drop(name, ctx.identity)
     return None
 
 
@@ -256,14 +256,14 @@ async def list_h(ctx: Context, request: Request) -> object:
 
 async def h_start(ctx: Context, request: Request) -> object:
     ctx.same_as("POST", "/v1/handlers/{name}/start", name=request.object_name)
-    await ctx.supervisor.start_handler(request.object_name)
+    await ctx.supervisor.start_handler(request.object_name, ctx.identity)
     return None
 
 
 async def h_stop(ctx: Context, request: Request) -> object:
     # Unlike the original's, the loop ends here: a running pass finishes, nothing runs after.
     ctx.same_as("POST", "/v1/handlers/{name}/stop", name=request.object_name)
-    await ctx.supervisor.stop_handler(request.object_name)
+    await ctx.supervisor.stop_handler(request.object_name, ctx.identity)
     return None
 
 

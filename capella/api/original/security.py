@@ -5,7 +5,8 @@ flag, rules ``object type / action / object name → allowed``); Capella keeps b
 A rule of the original becomes a Capella rule through ``PERMISSIONS`` (``GET_QUEUE`` on
 ``orders`` is ``allow:queue:read:orders``); the object type (``CLUSTER_SELF``...) is not needed
 for that and is not kept. Each action needs what its ``/v1`` route needs; setting the admin flag
-or rules is for admins only, as on ``/v1``. docs/compat.md lists the mapping and its gaps.
+or rules is for admins only, and acting on another user (a password, enabling, dropping) needs
+everything that user holds, as on ``/v1``. docs/compat.md lists the mapping and its gaps.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ def _store(ctx: Context) -> AuthStore:
 
 async def _put(ctx: Context, name: str, data: dict[str, Any]) -> None:
     await asyncio.to_thread(_store(ctx).put_user, name, data)
+
+
+def _acting_on(ctx: Context, name: str) -> None:
+    """An existing user that the sender may act on, as ``/v1`` checks it (``AuthStore.act_on``)."""
+    if _store(ctx).act_on(ctx.identity, name) is None:
+        _store(ctx).user(name)  # the original's "no user"
 
 
 def _admin_only(ctx: Context, name: str) -> None:
@@ -115,7 +122,7 @@ async def add_user(ctx: Context, request: Request) -> object:
 async def update_user(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, NamePassword, request.action)
     ctx.same_as("PUT", "/v1/users/{name}", name=body.name)
-    _store(ctx).user(body.name)
+    _acting_on(ctx, body.name)
     await _put(ctx, body.name, {"password": body.pwd})
     return None
 
@@ -123,7 +130,7 @@ async def update_user(ctx: Context, request: Request) -> object:
 async def _enable(ctx: Context, request: Request, enabled: bool) -> object:
     name = body_name(request)
     ctx.same_as("PUT", "/v1/users/{name}", name=name)
-    _store(ctx).user(name)
+    _acting_on(ctx, name)
     await _put(ctx, name, {"enabled": enabled})
     return None
 
@@ -139,6 +146,7 @@ async def disable_user(ctx: Context, request: Request) -> object:
 async def drop_user(ctx: Context, request: Request) -> object:
     name = body_name(request)
     ctx.same_as("DELETE", "/v1/users/{name}", name=name)
+    _acting_on(ctx, name)
     await asyncio.to_thread(_store(ctx).drop_user, name)
     return None
 
