@@ -30,7 +30,10 @@ def add_parser(
     create.add_argument("--ttl", metavar="DUR", help="lifetime such as 8h or 30d (default: auth.token_ttl)")
     create.add_argument("--description", metavar="TEXT", help="what the token is for")
     create.add_argument(
-        "--user", dest="owner", metavar="NAME", help="a token for this user (needs user admin on it)"
+        "--user",
+        dest="owner",
+        metavar="NAME",
+        help="a token for this user (needs user admin on it and everything it holds)",
     )
     create.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print the whole answer as JSON"

@@ -99,4 +99,7 @@ class TokenCreate(Struct, forbid_unknown_fields=True):
 
     ttl: Duration | UnsetType = UNSET
     description: Annotated[str, schema(maxLength=200)] | UnsetType = UNSET
-    user: Annotated[str, Meta(description="Another user (needs user admin on it)")] | UnsetType = UNSET
+    user: (
+        Annotated[str, Meta(description="Another user (needs user admin on it and everything it holds)")]
+        | UnsetType
+    ) = UNSET

@@ -482,7 +482,10 @@ class Definition(Struct, forbid_unknown_fields=True, tag_field="type"):
         Annotated[
             str,
             Meta(
-                description="the user it runs as (default: who defines it; another user needs user admin)",
+                description=(
+                    "the user it runs as (default: who defines it; another user needs user admin "
+                    "on it and everything it holds)"
+                ),
                 extra_json_schema={"pattern": USER_NAME_PATTERN},
             ),
         ]
