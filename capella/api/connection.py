@@ -147,6 +147,10 @@ class ConnectionGuard:
                 max_line_size=settings.max_header_size,
                 max_field_size=settings.max_header_size,
                 max_headers=settings.max_headers,
+                # An answer given before its body was read (refused, unauthorized) is followed
+                # by discarding the rest of the body for this long, then the close: aiohttp's
+                # 10 s would let a refused sender keep the connection that much longer.
+                lingering_time=REFUSED_LINGER,
             )
 
         return lambda: _Connection(self, handler, loop)

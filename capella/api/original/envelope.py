@@ -184,9 +184,12 @@ def credentials(text: bytes, max_depth: int, limit: int) -> Credentials:
         if not shallow_enough(head, max_depth):
             break
         try:
-            return msgspec.json.decode(head + b"}", type=Credentials)
+            found_head = msgspec.json.decode(head + b"}", type=Credentials)
         except msgspec.DecodeError:
             continue
+        if found_head.auth_info is not None:
+            return found_head
+        break  # the top-level request comes before any credentials
     raise Failure(
         10120103,
         "ClusterServiceJsonCreate.Unmarshal: unmarshal fail. ct: , au: ",
