@@ -208,12 +208,12 @@ async def test_large_anonymous_cluster_bodies_are_refused_early_and_cost_no_memo
                     break  # the server stopped reading: refused
                 sent += len(piece)
         grown = rss_kib(limited) - before
+        print(f"\nRSS {before} KiB, after 8 stalled anonymous 15 MiB /cluster bodies: +{grown} KiB")
         for reader, _ in streams:
             status, _, body = await read_answer(reader)
             answers.append((status, body))
             assert await closed(reader)  # refused with its body unread: nothing more can follow
 
-    print(f"\nRSS after 8 stalled anonymous 15 MiB /cluster bodies: +{grown} KiB")
     for status, body in answers:
         assert status == 200  # the original's clients read every answer as HTTP 200
         error = json.loads(body)["responce"]["error"]
