@@ -155,10 +155,6 @@ class ConnectionGuard:
 
         return lambda: _Connection(self, handler, loop)
 
-    def idle_connections(self) -> int:
-        """How many open connections wait idle for their next request."""
-        return len(self._idle)
-
     def _tracking_middleware(self) -> Middleware:
         connections = self._open
         max_bodies = self.settings.max_bodies_per_address
@@ -181,6 +177,8 @@ class ConnectionGuard:
                     return await handler(request)
                 finally:
                     address.bodies -= 1
+                    if address.connections == 0 and address.bodies == 0:  # its connection is gone
+                        self._addresses.pop(address.key, None)
             finally:
                 connection.request_finished()
 
