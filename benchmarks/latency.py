@@ -42,7 +42,11 @@ _PAD = b"x" * (PAYLOAD - 20)
 async def run(settings: Settings) -> Outcome:
     outcome = Outcome()
     seconds = settings.pick(10, 2)
-    async with running_server(settings.data_dir("latency"), settings.log_path("latency")) as server:
+    # The pacer's 256 connections come from one address (loopback): more than
+    # server.max_connections_per_address allows one client by default.
+    config = settings.work_dir / "latency.toml"
+    config.write_text("[server]\nmax_connections_per_address = 1024\n")
+    async with running_server(settings.data_dir("latency"), settings.log_path("latency"), config) as server:
         async with new_session() as session:
             await put_queue(session, server.url)
         async with profiled(server, settings.profile_path("latency")):

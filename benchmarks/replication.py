@@ -122,7 +122,9 @@ async def run(settings: Settings) -> Outcome:
 
 def write_config(path: Path, name: str) -> Path:
     """A TOML file for ``capella serve --config`` that names the cluster (the default source)."""
-    path.write_text(f'[cluster]\nname = "{name}"\n')
+    # The load comes from one address (loopback), with up to 256 connections: more than
+    # server.max_connections_per_address allows one client by default.
+    path.write_text(f'[cluster]\nname = "{name}"\n\n[server]\nmax_connections_per_address = 1024\n')
     return path
 
 

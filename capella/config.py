@@ -131,6 +131,15 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # With authentication off, the Host names served besides loopback ones (DNS rebinding).
     allowed_hosts: Hosts = ()
     max_connections: PositiveInt = 1024
+    # One client address (an IPv6 /64) may hold at most this many of them (at most
+    # max_connections), so a few addresses cannot fill the server.
+    max_connections_per_address: PositiveInt = 128
+    # Idle keep-alive connections one address may keep; past that its oldest idle one closes.
+    max_idle_per_address: PositiveInt = 16
+    # Requests whose body is still arriving, per address (a stalled upload holds a slot).
+    max_bodies_per_address: PositiveInt = 8
+    # With authentication on, the Server-Sent Events streams one user may hold at once.
+    max_streams_per_user: PositiveInt = 16
     header_timeout: PositiveDuration = 10.0
     max_header_size: PositiveSize = 8 * 1024
     max_headers: PositiveInt = 100
@@ -248,6 +257,12 @@ class CompatSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     original: bool = False
     # How many external clusters a nested call may pass through (a/b/c/queue is 3).
     max_hops: Annotated[int, msgspec.Meta(ge=1, le=16)] = 4
+    # How much of a POST /cluster body is read, and how much it may decompress to, before its
+    # sender is signed in (the credentials are inside the body). The original's envelopes
+    # are well under 1 KiB; a larger one is read on after sign-in, up to server.max_body_size.
+    max_read_before_sign_in: Annotated[int, _Read(parse_size), msgspec.Meta(ge=1024, le=16 * 1024 * 1024)] = (
+        64 * 1024
+    )
 
 
 class _File(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

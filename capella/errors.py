@@ -174,6 +174,18 @@ class RateLimited(CapellaError):
         return value if isinstance(value, int) and value > 0 else 1
 
 
+class TooManyBodies(RateLimited):
+    """This client address already has as many request bodies arriving as the server takes from one."""
+
+    code = "too_many_bodies"
+
+
+class TooManyStreams(RateLimited):
+    """This user already holds as many event streams as the server allows one user."""
+
+    code = "too_many_streams"
+
+
 class TooManyLogins(RateLimited):
     """Too many logins are already waiting for a password check."""
 
@@ -362,6 +374,12 @@ class TooManyConnections(CapellaError):
     """The server holds as many connections as it accepts; try again later."""
 
     code = "too_many_connections"
+
+
+class TooManyConnectionsFromAddress(TooManyConnections):
+    """This client address (an IPv6 /64) holds as many connections as the server takes from one."""
+
+    code = "too_many_connections_from_address"
 
 
 class ShuttingDown(CapellaError):

@@ -112,6 +112,7 @@ def create_app(
         app.on_response_prepare.append(cors.on_prepare)
     if authenticator is not None:
         app[AUTHENTICATOR] = authenticator
+        app[messages.STREAMS] = {}  # streams are counted per user, so only when there are users
     app[CLUSTER] = cluster
     app[SETTINGS] = settings
     app[SUPERVISOR] = supervisor

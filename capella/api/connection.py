@@ -1,4 +1,5 @@
-"""The connection guard: a cap on open connections and a deadline for every request head.
+"""The connection guard: caps on open connections (in all and per client address), idle
+keep-alive connections that give way when slots run low, and a deadline for every request head.
 
 aiohttp parses request heads itself. While a head is incomplete, only its keep-alive timer
 (``keepalive_timeout``, 75 s here) would ever close the connection, so a few hundred clients
@@ -7,6 +8,14 @@ that send a head one byte at a time (slowloris) could hold a server's connection
 
 - ``max_connections``: a connection over the cap is answered ``503 too_many_connections``
   and closed, without reaching aiohttp; the others are served as usual.
+- ``max_connections_per_address``: one client address (IPv4, or an IPv6 /64 as for failed
+  logins) holds at most this many; one more is answered ``503 too_many_connections_from_address``.
+- Idle keep-alive connections give way: once the server holds 3/4 of ``max_connections``,
+  each new connection first closes the oldest idle one (and an address at its cap closes its
+  own oldest idle one), and an address keeps at most ``max_idle_per_address`` idle ones. So
+  idle connections, however many an attacker opens, never keep anyone else out.
+- ``max_bodies_per_address``: requests whose body is still arriving, per address; one more
+  is answered ``429 too_many_bodies`` (with ``Retry-After``) and its connection closed unread.
 - ``header_timeout``: a request head must be complete within this time of the connection
   opening (after the TLS handshake), or, on a keep-alive connection, of the first byte of the
   next request; otherwise the connection gets ``408 request_timeout`` and is closed. An idle
@@ -23,6 +32,7 @@ finds the connection by ``request.transport``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Callable
 from http import HTTPStatus
@@ -38,13 +48,16 @@ from aiohttp.web_request import BaseRequest
 from capella import wire
 from capella.api.errors import status_for
 from capella.api.request import json_response
+from capella.auth.throttle import client_key
 from capella.config import ServerSettings
 from capella.errors import (
     CapellaError,
     HeadersTooLarge,
     InvalidRequest,
     RequestTimeout,
+    TooManyBodies,
     TooManyConnections,
+    TooManyConnectionsFromAddress,
 )
 from capella.wire.answers import Error
 
@@ -56,6 +69,11 @@ log = logging.getLogger(__name__)
 REFUSED_LINGER = 2.0
 # Floods are logged as one line with a count, at most this often.
 LOG_EVERY = 10.0
+# Past this share of max_connections, a new connection first closes the oldest idle one.
+RECLAIM_SHARE = 0.75
+# How many of the oldest idle connections one reclaim looks at: one still writing its last
+# answer is skipped, and the look stays bounded however many are idle.
+RECLAIM_LOOK = 8
 
 
 class ConnectionGuard:
@@ -64,8 +82,23 @@ class ConnectionGuard:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self._open: dict[asyncio.BaseTransport, _Connection] = {}
+        # Idle keep-alive connections, the longest idle first (a dict keeps insertion order).
+        self._idle: dict[_Connection, None] = {}
+        self._addresses: dict[str, _Address] = {}
         self._lingering = 0
+        self.per_address = min(settings.max_connections_per_address, settings.max_connections)
+        self.reclaim_at = int(settings.max_connections * RECLAIM_SHARE)
         self._refused = _Tally("connections refused: %d over max_connections=%d", settings.max_connections)
+        self._refused_address = _Tally(
+            "connections refused: %d over max_connections_per_address=%d", self.per_address
+        )
+        self._reclaimed = _Tally(
+            "idle keep-alive connections closed early: %d, to keep slots free (max_connections=%d)",
+            settings.max_connections,
+        )
+        self._too_many_bodies = _Tally(
+            "requests refused: %d over max_bodies_per_address=%d", settings.max_bodies_per_address
+        )
         self._timed_out = _Tally(
             "connections closed: %d sent no complete request head within header_timeout=%gs",
             settings.header_timeout,
@@ -76,14 +109,27 @@ class ConnectionGuard:
                 limit=settings.max_connections,
             )
         )
+        self.refused_address_answer = _answer(
+            TooManyConnectionsFromAddress(
+                f"this client address already holds {self.per_address} connections; try again later",
+                limit=self.per_address,
+            )
+        )
         self.timeout_answer = _answer(
             RequestTimeout(f"the request head did not arrive within {settings.header_timeout:g} s")
+        )
+        self._bodies_error = TooManyBodies(
+            f"this client address already has {settings.max_bodies_per_address} request bodies arriving; "
+            "try again later",
+            limit=settings.max_bodies_per_address,
+            retry_after=1,
         )
         self.middleware = self._tracking_middleware()
 
     def close(self) -> None:
         """Log what is still uncounted; call after the sites have stopped."""
-        self._refused.close()
+        for tally in (self._refused, self._refused_address, self._reclaimed, self._too_many_bodies):
+            tally.close()
         self._timed_out.close()
 
     def protocol_factory(
@@ -92,7 +138,7 @@ class ConnectionGuard:
         """What ``loop.create_server`` calls for each accepted connection."""
         settings = self.settings
 
-        def handler() -> web.RequestHandler:
+        def handler() -> JsonErrorRequestHandler:
             return JsonErrorRequestHandler(
                 server,
                 loop=loop,
@@ -101,12 +147,17 @@ class ConnectionGuard:
                 max_line_size=settings.max_header_size,
                 max_field_size=settings.max_header_size,
                 max_headers=settings.max_headers,
+                # An answer given before its body was read (refused, unauthorized) is followed
+                # by discarding the rest of the body for this long, then the close: aiohttp's
+                # 10 s would let a refused sender keep the connection that much longer.
+                lingering_time=REFUSED_LINGER,
             )
 
         return lambda: _Connection(self, handler, loop)
 
     def _tracking_middleware(self) -> Middleware:
         connections = self._open
+        max_bodies = self.settings.max_bodies_per_address
 
         @web.middleware
         async def track_request(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -116,28 +167,96 @@ class ConnectionGuard:
                 return await handler(request)
             connection.request_started()
             try:
-                return await handler(request)
+                if request.content.is_eof():  # no body, or all of it here already: the usual case
+                    return await handler(request)
+                address = connection.address
+                if address.bodies >= max_bodies:
+                    return self._refuse_body(request)
+                address.bodies += 1
+                try:
+                    return await handler(request)
+                finally:
+                    address.bodies -= 1
+                    if address.connections == 0 and address.bodies == 0:  # its connection is gone
+                        self._addresses.pop(address.key, None)
             finally:
                 connection.request_finished()
 
         return track_request
 
+    def _refuse_body(self, request: web.Request) -> web.StreamResponse:
+        self._too_many_bodies.add(asyncio.get_running_loop())
+        error = self._bodies_error
+        response = json_response(_error_body(error), status_for(error), headers={"Retry-After": "1"})
+        response.force_close()  # the body stays unread: nothing more can follow on this connection
+        return response
+
+    def _address(self, transport: asyncio.BaseTransport) -> _Address:
+        peer = transport.get_extra_info("peername")
+        key = client_key(str(peer[0])) if isinstance(peer, tuple) and peer else str(peer)
+        address = self._addresses.get(key)
+        if address is None:
+            address = self._addresses[key] = _Address(key)
+        return address
+
+    def _close_idle(self, idle: dict[_Connection, None]) -> bool:
+        """Close the longest idle connection of ``idle`` that is really waiting; whether one was."""
+        for connection in list(itertools.islice(idle, RECLAIM_LOOK)):
+            if connection.close_idle():
+                self._reclaimed.add(connection._loop)
+                return True
+        return False
+
+    def _forget(self, connection: _Connection) -> None:
+        """Stop counting ``connection``: it is closed or closing."""
+        transport = connection._transport
+        if transport is None or self._open.pop(transport, None) is None:
+            return
+        self._idle.pop(connection, None)
+        address = connection.address
+        address.idle.pop(connection, None)
+        address.connections -= 1
+        if address.connections == 0 and address.bodies == 0:
+            self._addresses.pop(address.key, None)
+
+
+class _Address:
+    """What one client address (an IPv6 /64) holds: its connections, its idle ones, its bodies."""
+
+    __slots__ = ("bodies", "connections", "idle", "key")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.connections = 0
+        self.bodies = 0
+        self.idle: dict[_Connection, None] = {}
+
 
 class _Connection(asyncio.Protocol):
     """One accepted connection: aiohttp's protocol behind a head deadline, or a refusal."""
 
-    __slots__ = ("_due", "_guard", "_handler", "_idle", "_loop", "_make_handler", "_timer", "_transport")
+    __slots__ = (
+        "_due",
+        "_guard",
+        "_handler",
+        "_idle",
+        "_loop",
+        "_make_handler",
+        "_timer",
+        "_transport",
+        "address",
+    )
 
     def __init__(
         self,
         guard: ConnectionGuard,
-        make_handler: Callable[[], web.RequestHandler],
+        make_handler: Callable[[], JsonErrorRequestHandler],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._guard = guard
         self._make_handler = make_handler
         self._loop = loop
-        self._handler: web.RequestHandler | None = None
+        self._handler: JsonErrorRequestHandler | None = None
         self._transport: asyncio.Transport | None = None
         # One timer at a time, moved forward lazily (as aiohttp's keep-alive timer is): a request
         # only sets ``_due``, so a busy connection costs no timer per request.
@@ -152,9 +271,17 @@ class _Connection(asyncio.Protocol):
         guard = self._guard
         # Counted here, not in the factory: a failed TLS handshake never reaches this point,
         # and never calls connection_lost either.
+        if len(guard._open) >= guard.reclaim_at and guard._idle:
+            guard._close_idle(guard._idle)  # slots run low: the longest idle one gives way
         if len(guard._open) >= guard.settings.max_connections:
-            self._refuse(transport)
+            self._refuse(transport, guard.refused_answer, guard._refused)
             return
+        address = guard._address(transport)
+        if address.connections >= guard.per_address and not guard._close_idle(address.idle):
+            self._refuse(transport, guard.refused_address_answer, guard._refused_address)
+            return
+        self.address = address
+        address.connections += 1
         guard._open[transport] = self
         self._head_due()
         self._handler = self._make_handler()
@@ -165,6 +292,8 @@ class _Connection(asyncio.Protocol):
             return  # refused: read and discard until the client closes
         if self._idle:
             self._idle = False
+            self._guard._idle.pop(self, None)
+            self.address.idle.pop(self, None)
             self._head_due()
         self._handler.data_received(data)
 
@@ -181,8 +310,7 @@ class _Connection(asyncio.Protocol):
         if self._handler is None:
             self._guard._lingering -= 1
             return
-        if self._transport is not None:
-            self._guard._open.pop(self._transport, None)
+        self._guard._forget(self)
         self._handler.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -194,17 +322,43 @@ class _Connection(asyncio.Protocol):
             self._handler.resume_writing()
 
     def request_started(self) -> None:
-        self._idle = False
+        if self._idle:  # a pipelined request: no first byte told us
+            self._idle = False
+            self._guard._idle.pop(self, None)
+            self.address.idle.pop(self, None)
         self._due = None
 
     def request_finished(self) -> None:
-        self._idle = True
-
-    def _refuse(self, transport: asyncio.Transport) -> None:
         guard = self._guard
-        guard._refused.add(self._loop)
+        transport = self._transport
+        if transport is None or guard._open.get(transport) is not self:
+            return  # closed while its request ran: no longer counted
+        self._idle = True
+        guard._idle[self] = None
+        idle = self.address.idle
+        idle[self] = None
+        if len(idle) > guard.settings.max_idle_per_address:
+            guard._close_idle(idle)
+
+    def close_idle(self) -> bool:
+        """Close this connection if it waits for its next request; whether it did.
+
+        Marked idle when its handler returns, it may still be writing that answer: then it
+        is left alone (aiohttp's own keep-alive timer makes the same check).
+        """
+        handler = self._handler
+        if handler is None or not handler.waiting():
+            return False
+        self._guard._forget(self)
+        self._idle = False
+        handler.force_close()
+        return True
+
+    def _refuse(self, transport: asyncio.Transport, answer: bytes, tally: _Tally) -> None:
+        guard = self._guard
+        tally.add(self._loop)
         guard._lingering += 1
-        transport.write(guard.refused_answer)
+        transport.write(answer)
         if guard._lingering > guard.settings.max_connections:
             transport.close()  # a flood: do not hold a second max_connections of sockets
             return
@@ -241,6 +395,11 @@ class JsonErrorRequestHandler(web.RequestHandler):
     """aiohttp's HTTP protocol, answering requests it cannot parse with Capella's JSON errors."""
 
     __slots__ = ()
+
+    def waiting(self) -> bool:
+        """Whether it waits, idle, for the next request: aiohttp's own keep-alive test."""
+        waiter = self._waiter
+        return waiter is not None and not waiter.done()
 
     def handle_error(
         self,

@@ -18,6 +18,7 @@ import msgspec
 from aiohttp import web
 
 from capella import wire
+from capella.api.access import identity
 from capella.api.drafts import (
     batch_drafts,
     body_kind,
@@ -62,11 +63,15 @@ from capella.core.filter import MessageFilter
 from capella.core.log.batch import Batch
 from capella.core.message import SaveMode
 from capella.core.queue import Appended, Delayed, Page, Queue
-from capella.errors import InvalidRequest, NotAcceptable, QueueNotFound
+from capella.errors import InvalidRequest, NotAcceptable, QueueNotFound, TooManyStreams
 from capella.units import BLANK, DIGIT
 from capella.wire import batch_page, frames, record_batch
 from capella.wire.record_batch import RecordBatch
 
+# With authentication on, the SSE streams each user holds: the user's name -> how many.
+STREAMS = web.AppKey("streams", dict[str, int])
+# What a stream refused over max_streams_per_user suggests waiting (streams end when closed).
+STREAM_RETRY_AFTER = 5
 # Seconds between SSE comment lines that keep proxies from closing an idle stream.
 HEARTBEAT = web.AppKey("heartbeat", float)
 HEARTBEAT_SECONDS = 15.0
@@ -336,6 +341,31 @@ async def stream(request: web.Request) -> web.StreamResponse:
     if found.group(1):
         after = int(found.group(1))
     segments = segments_param(request)
+    held = request.app.get(STREAMS)
+    if held is None:  # authentication off: one local user, bounded by max_connections alone
+        return await _stream(request, queue, after, segments)
+    user = identity(request).name or ""
+    limit = request.app[SETTINGS].max_streams_per_user
+    if held.get(user, 0) >= limit:
+        raise TooManyStreams(
+            f"user {user!r} already holds {limit} event streams (server.max_streams_per_user); "
+            "close one or try again later",
+            limit=limit,
+            retry_after=STREAM_RETRY_AFTER,
+        )
+    held[user] = held.get(user, 0) + 1
+    try:
+        return await _stream(request, queue, after, segments)
+    finally:
+        if (left := held[user] - 1) > 0:
+            held[user] = left
+        else:
+            del held[user]
+
+
+async def _stream(
+    request: web.Request, queue: Queue, after: int, segments: list[tuple[int, int]] | None
+) -> web.StreamResponse:
     heartbeat = request.app.get(HEARTBEAT, HEARTBEAT_SECONDS)
     response = web.StreamResponse(
         headers={
@@ -464,7 +494,7 @@ ROUTES = [
                 "content": {"text/event-stream": {"schema": SSE_EVENT}},
             }
         },
-        fails=(400, 404),
+        fails=(400, 404, 429),
         params=(
             AFTER,
             SEGMENTS,

@@ -9,8 +9,10 @@ expect; nothing here answers 5xx.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 import time
 from typing import Any
@@ -25,16 +27,19 @@ from capella.api.original import clusters, codes, handlers, security
 from capella.api.original.actions import ACTIONS, QUEUE_ACTIONS, Action, Context, IdClock
 from capella.api.original.envelope import (
     CONTENT_TYPE,
+    Credentials,
     Envelope,
     Failure,
+    Inflater,
     Request,
     answer,
     check_clock,
-    decompress,
+    credentials,
     parse,
 )
-from capella.api.request import CLUSTER, SETTINGS, SUPERVISOR, read_body
+from capella.api.request import CLUSTER, SETTINGS, SUPERVISOR
 from capella.api.route import Route
+from capella.auth.authenticator import Authenticator
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.config import CompatSettings
 from capella.errors import CallLoop, CapellaError, Forbidden, TooManyHops, Unauthorized, UnknownAction
@@ -45,6 +50,9 @@ COMPAT = web.AppKey("compat", CompatSettings)
 # Every action this endpoint answers, by its name on the wire.
 ALL_ACTIONS: dict[str, Action] = {**ACTIONS, **handlers.ACTIONS, **clusters.ACTIONS, **security.ACTIONS}
 IDS = web.AppKey("ids", IdClock)
+UNMARSHAL = "ClusterServiceJsonCreate.Unmarshal"
+# The most of the body read at a time.
+READ_CHUNK = 64 * 1024
 
 
 async def cluster_call(request: web.Request) -> web.Response:
@@ -68,7 +76,10 @@ async def cluster_call(request: web.Request) -> web.Response:
         log.error("original call failed", exc_info=True)
         body, error = None, Failure(codes.INTERNAL, "ClusterService.Call: internal error")
     data, compress_type = answer(start, body, error, prefer)
-    return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE, "Compress-Type": compress_type})
+    response = web.Response(body=data, headers={"Content-Type": CONTENT_TYPE, "Compress-Type": compress_type})
+    if not request.content.is_eof():
+        response.force_close()  # refused before its body was all read: close, do not read it on
+    return response
 
 
 async def ping(request: web.Request) -> web.Response:
@@ -77,17 +88,73 @@ async def ping(request: web.Request) -> web.Response:
 
 
 async def _envelope(request: web.Request, now: int) -> Envelope:
+    """The envelope in the body, read in bounded steps.
+
+    With authentication on, at most ``[compat] max_read_before_sign_in`` bytes of the body
+    are read, and decompressed, before the sender is signed in. A longer envelope is signed
+    in from its head (the credentials come first) and only then read on, up to
+    ``server.max_body_size``; a stranger's large or stalled body costs no more than that.
+    """
     settings = request.app[SETTINGS]
-    try:
-        raw = await read_body(request)
-    except CapellaError as exc:
-        raise Failure(10120102, f"ClusterServiceJsonCreate.Unmarshal: {exc.message}") from None
-    text = decompress(raw, request.headers.get("Compress-Type", "").strip(), settings.max_body_size)
+    inflater = Inflater(request.headers.get("Compress-Type", "").strip())
+    deadline = asyncio.get_running_loop().time() + settings.body_timeout
+    authenticator = request.app.get(AUTHENTICATOR)
+    limit = settings.max_body_size
+    head = None
+    if authenticator is not None:
+        before = request.app[COMPAT].max_read_before_sign_in
+        if not await _read(request, inflater, before, deadline):
+            head = credentials(bytes(inflater.text), settings.max_json_depth, before)
+            await _sign_in(request, authenticator, head)
+    if (authenticator is None or head is not None) and not (
+        inflater.more(limit) and await _read(request, inflater, limit, deadline)
+    ):
+        raise inflater.too_long(limit, "server.max_body_size")
+    text = inflater.finish()
     envelope = parse(text, settings.max_json_depth)
+    if head is not None and head != Credentials(envelope.auth_type, envelope.user_name, envelope.auth_info):
+        # Signed in as one sender, the envelope must not name another (a key given twice).
+        raise Failure(
+            10120103,
+            "ClusterServiceJsonCreate.Unmarshal: unmarshal fail. ct: , au: ",
+            iet="the envelope names its sender twice",
+        )
     check_clock(envelope, now)
     if envelope.request is None:
         raise Failure(codes.REQUEST_NULL, "Security.CheckAuthFunc: Request is NIL")
     return envelope
+
+
+async def _read(request: web.Request, inflater: Inflater, limit: int, deadline: float) -> bool:
+    """Feed the body to ``inflater`` until it ends (True) or ``limit`` bytes of body or text are in."""
+    content = request.content
+    # A body already here (the usual small envelope) needs no deadline, and arms no timer.
+    window = contextlib.nullcontext() if content.is_eof() else asyncio.timeout_at(deadline)
+    try:
+        async with window:
+            while inflater.raw <= limit:
+                chunk = await content.read(min(READ_CHUNK, limit + 1 - inflater.raw))
+                if not chunk:
+                    return True
+                if not inflater.feed(chunk, limit):
+                    return False
+    except TimeoutError:
+        seconds = request.app[SETTINGS].body_timeout
+        late = f"{UNMARSHAL}: the request body did not arrive within {seconds:g} s"
+        raise Failure(10120102, late) from None
+    except web.RequestPayloadError:
+        raise Failure(10120102, f"{UNMARSHAL}: the request body was cut short") from None
+    return False
+
+
+async def _sign_in(request: web.Request, authenticator: Authenticator, head: Credentials) -> None:
+    """Refuse a sender whose credentials fail; ``_context`` signs the whole envelope in again
+    (a password is then remembered, so the second check costs no hash)."""
+    secret = _secret(head.auth_info)
+    if head.auth_type == "bearer":
+        authenticator.token(secret)
+    else:
+        await authenticator.basic(head.user_name, secret, request.remote or "")
 
 
 async def _context(request: web.Request, envelope: Envelope) -> Context:

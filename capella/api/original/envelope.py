@@ -10,6 +10,8 @@ gzipped when the envelope's ``prefer_content_type`` asks, with ``Compress-Type``
 from __future__ import annotations
 
 import gzip
+import itertools
+import re
 import time
 import zlib
 from typing import Any
@@ -87,31 +89,113 @@ class Envelope(msgspec.Struct):
     hops: list[str] = []
 
 
-def decompress(body: bytes, compress_type: str, limit: int) -> bytes:
-    """The envelope's JSON text: ``body`` gunzipped (at most ``limit`` bytes) when the header says gzip."""
-    if compress_type == "":
-        return body
-    if compress_type not in GZIP:
-        inner = Failure(10200001, f"Generator.Restore: algorithm {compress_type} is not exists")
-        raise Failure(10120102, _restore_fail("", compress_type), inner=inner)
-    # A gzip bomb stops at the limit: the output is produced in bounded steps, never all at once.
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        text = inflater.decompress(body, limit + 1)
-        if len(text) > limit:
-            raise Failure(
-                10120102,
-                _restore_fail("gzip", compress_type),
-                inner=Failure(
-                    10201000, f"GZipRestore: the body expands past {limit} bytes (server.max_body_size)"
-                ),
+class Credentials(msgspec.Struct, frozen=True):
+    """Who sends an envelope: its first fields, all that is read before the sender is signed in."""
+
+    auth_type: str = ""
+    user_name: str = ""
+    auth_info: str | None = None
+
+
+class Inflater:
+    """An envelope's JSON text, taken from its body piece by piece as it arrives.
+
+    Gunzipped when ``Compress-Type`` says so, in bounded steps: ``feed`` never holds more
+    than ``limit + 1`` bytes of text, and input left over at the limit waits in the
+    decompressor, to go on when the caller raises the limit (after sign-in) or to be dropped.
+    """
+
+    __slots__ = ("_alg", "_inflater", "raw", "text")
+
+    def __init__(self, compress_type: str) -> None:
+        if compress_type != "" and compress_type not in GZIP:
+            inner = Failure(10200001, f"Generator.Restore: algorithm {compress_type} is not exists")
+            raise Failure(10120102, _restore_fail("", compress_type), inner=inner)
+        self._alg = compress_type
+        self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if compress_type else None
+        self.raw = 0  # body bytes fed
+        self.text = bytearray()
+
+    def feed(self, data: bytes, limit: int) -> bool:
+        """Take ``data``; False once the text is longer than ``limit`` (what is left is kept)."""
+        self.raw += len(data)
+        inflater = self._inflater
+        if inflater is None:
+            self.text += data
+            return len(self.text) <= limit
+        if inflater.eof:
+            return True  # bytes after the gzip stream are ignored, as before
+        # max_length is at least 1 (0 would mean no limit): a stream whose text is exactly
+        # `limit` long still reads its trailer.
+        room = max(limit - len(self.text), 0) + 1
+        try:
+            self.text += inflater.decompress(inflater.unconsumed_tail + data, room)
+        except zlib.error as exc:
+            raise self._broken(exc) from None
+        return len(self.text) <= limit
+
+    def more(self, limit: int) -> bool:
+        """Go on with input kept at the last limit; False once the text is longer than ``limit``."""
+        inflater = self._inflater
+        if inflater is None or not inflater.unconsumed_tail:
+            return len(self.text) <= limit
+        return self.feed(b"", limit)
+
+    def too_long(self, limit: int, setting: str) -> Failure:
+        """The error for a body longer than ``limit``, or one whose text is (named ``setting``)."""
+        if self._inflater is None or len(self.text) <= limit:
+            return Failure(
+                10120102, f"ClusterServiceJsonCreate.Unmarshal: the request body is larger than {limit} bytes"
             )
-        if not inflater.eof:
-            raise zlib.error("the gzip stream is cut short")
-    except zlib.error as exc:
+        inner = Failure(10201000, f"GZipRestore: the body expands past {limit} bytes ({setting})")
+        return Failure(10120102, _restore_fail("gzip", self._alg), inner=inner)
+
+    def finish(self) -> bytes:
+        """The whole text, once the body has ended within its limit."""
+        if self._inflater is not None and not self._inflater.eof:
+            raise self._broken(zlib.error("the gzip stream is cut short"))
+        return bytes(self.text)
+
+    def _broken(self, exc: zlib.error) -> Failure:
         inner = Failure(10201000, "GZipRestore: gzip reader not created with error", iet=str(exc))
-        raise Failure(10120102, _restore_fail("gzip", compress_type), inner=inner) from None
-    return text
+        return Failure(10120102, _restore_fail("gzip", self._alg), inner=inner)
+
+
+# The key after the credentials, at the top level of an envelope (each match is checked by decoding).
+_REQUEST_KEY = re.compile(rb'"request"\s*:')
+# How many "request" keys the head is cut at before giving up: each try decodes the head once.
+HEAD_TRIES = 8
+
+
+def credentials(text: bytes, max_depth: int, limit: int) -> Credentials:
+    """The credentials at the head of ``text``: the fields before its top-level ``"request"``.
+
+    The original's clients (and Capella's nested calls) write them first, as Go writes a
+    struct's fields in order, so a large envelope's sender can be signed in from its first
+    bytes. A ``"request"`` inside a string or a nested value leaves a head that does not
+    decode, and the next one is tried.
+    """
+    for found in itertools.islice(_REQUEST_KEY.finditer(text), HEAD_TRIES):
+        head = text[: found.start()].rstrip()
+        if head.endswith(b","):
+            head = head[:-1]
+        elif not head.lstrip().endswith(b"{"):
+            continue
+        if not shallow_enough(head, max_depth):
+            break
+        try:
+            found_head = msgspec.json.decode(head + b"}", type=Credentials)
+        except msgspec.DecodeError:
+            continue
+        if found_head.auth_info is not None:
+            return found_head
+        break  # the top-level request comes before any credentials
+    raise Failure(
+        10120103,
+        "ClusterServiceJsonCreate.Unmarshal: unmarshal fail. ct: , au: ",
+        iet=f"the envelope is longer than {limit} bytes ([compat] max_read_before_sign_in) "
+        "and its credentials do not come before its request",
+    )
 
 
 def _restore_fail(alg: str, alg_set: str) -> str:
