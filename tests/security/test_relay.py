@@ -327,6 +327,22 @@ async def test_a_request_that_is_not_http_is_answered_with_the_headers_too(sites
     ), answer
 
 
+async def test_a_connection_over_the_cap_is_refused_with_the_headers_too(tmp_path: Path) -> None:
+    # The 503 (and the 408 of a slow head) is written straight to the socket, not by the app.
+    lifetime = start(tmp_path, "capped", "[server]\nmax_connections = 1\n", auth=False)
+    server = await asyncio.to_thread(next, lifetime)
+    try:
+        held = await asyncio.open_connection("127.0.0.1", server.port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        answer = await asyncio.wait_for(reader.read(), 30)
+        writer.close()
+        held[1].close()
+        assert b" 503 " in answer.split(b"\r\n")[0] and b"too_many_connections" in answer, answer
+        assert b"X-Content-Type-Options: nosniff\r\n" in answer and b"default-src 'none'" in answer, answer
+    finally:
+        await asyncio.to_thread(lambda: [None for _ in lifetime])
+
+
 # --- cross-site writes whatever the method ------------------------------------------------------
 
 

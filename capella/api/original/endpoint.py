@@ -5,6 +5,11 @@ Served only with ``[compat] original = true``. The route is public in the route 
 itself, through the same ``Authenticator`` as ``/v1`` (rules, rate limits, one answer for
 every failed login). Every answer is HTTP 200 with the original's error object, as its clients
 expect; nothing here answers 5xx.
+
+A call passed on through an external cluster (``nested_call``, a ``cluster/queue`` name) needs
+what the ``/v1`` relay needs (``external_cluster relay``) and, like it, never reaches the far
+side's users and rights: the nested bodies are peeled to the final action before anything is
+sent, and a call another cluster sent on (``hops``) may not run a security action here.
 """
 
 from __future__ import annotations
