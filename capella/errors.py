@@ -93,6 +93,14 @@ class CallLoop(InvalidRequest):
     code = "call_loop"
 
 
+class InvalidRelayPath(InvalidRequest):
+    """A relayed path (``/v1/clusters/{name}/v1/{path}``) has a segment that could mean
+    another path on the far side: empty, ``.`` or ``..``, percent-encoded, a backslash, or a
+    character no name of Capella's holds."""
+
+    code = "invalid_relay_path"
+
+
 class InvalidConfig(CapellaError):
     """The configuration file or a queue definition is not valid."""
 
@@ -154,6 +162,13 @@ class CrossSiteRequest(Forbidden):
     """A browser sent a state-changing request from another site, not one in ``server.cors.origins``."""
 
     code = "cross_site_request"
+
+
+class RelayRefused(Forbidden):
+    """A relay or nested call would reach the far side's users or tokens (``/v1/users``,
+    ``/v1/tokens``, the original's ``Security*`` actions): never relayed, whatever the rules."""
+
+    code = "relay_refused"
 
 
 class HostNotAllowed(Forbidden):

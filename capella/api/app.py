@@ -6,7 +6,7 @@ import asyncio
 import functools
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -30,12 +30,12 @@ from capella.api import (
     work,
 )
 from capella.api.access import AUTHENTICATOR, NEEDS, access_middleware, challenge
-from capella.api.browser import BrowserGuard
+from capella.api.browser import WRITES, BrowserGuard, on_prepare
 from capella.api.connection import ConnectionGuard
 from capella.api.cors import Cors
 from capella.api.errors import answered, status_for
 from capella.api.request import CLUSTER, SETTINGS, STOPPING, SUPERVISOR, json_response
-from capella.api.route import Route
+from capella.api.route import Route, Writes
 from capella.auth.authenticator import Authenticator
 from capella.config import CompatSettings, ServerSettings
 from capella.core.cluster import Cluster
@@ -110,6 +110,7 @@ def create_app(
     app = web.Application(client_max_size=settings.max_body_size, middlewares=middlewares)
     if cors is not None:
         app.on_response_prepare.append(cors.on_prepare)
+    app.on_response_prepare.append(on_prepare)  # nosniff and a CSP on every answer
     if authenticator is not None:
         app[AUTHENTICATOR] = authenticator
         app[messages.STREAMS] = {}  # streams are counted per user, so only when there are users
@@ -134,9 +135,17 @@ def create_app(
 
         served += original.serve(app, compat)
     app[NEEDS] = {(route.method, route.path): route.need for route in served}
+    app[WRITES] = {key: writes for key, writes in _writes(served)}
     render: Callable[[], bytes] = document_body
     app[openapi.DOCUMENT_BODY] = render
     return app
+
+
+def _writes(routes: list[Route]) -> Iterator[tuple[tuple[str, str], Writes]]:
+    """The routes that write whatever their method, with their ``writes``."""
+    for route in routes:
+        if route.writes is not False:
+            yield (route.method, route.path), route.writes
 
 
 def served_path(path: str, routes: list[Route]) -> str:

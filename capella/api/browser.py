@@ -5,8 +5,11 @@ request has changed nothing and cost nothing.
 
 - **Cross-site requests** (as Go 1.25's ``http.CrossOriginProtection``). A page on any site
   can make a browser send a ``POST`` with a ``text/plain`` or form body without a preflight,
-  and the API would read it as JSON. So a ``POST``, ``PUT``, ``PATCH`` or ``DELETE`` that the
-  browser marks as coming from another site is refused with ``403 cross_site_request``:
+  and the API would read it as JSON; an ``<img>`` sends a ``GET``. So a write that the
+  browser marks as coming from another site is refused with ``403 cross_site_request``. A
+  write is a ``POST``, ``PUT``, ``PATCH`` or ``DELETE``, or a request to a route whose row says
+  it ``writes`` (``api/route.py``): a subscription read that commits its cursor, every relayed
+  request, the original protocol's ``GET /cluster``. Marked cross-site means
   ``Sec-Fetch-Site: cross-site`` or ``same-site`` (``same-origin`` and ``none``, a typed
   address, pass), or, from browsers that send no ``Sec-Fetch-Site``, an ``Origin`` that is
   not the server's own. An origin listed in ``[server.cors] origins`` passes: its pages are
@@ -19,6 +22,11 @@ request has changed nothing and cost nothing.
   refused with ``403 host_not_allowed`` — but for ``/healthz`` and ``/readyz``, which hold no
   data and which probes may call by any name. With authentication on, credentials protect
   the API and the Host header is not checked.
+
+Every answer also carries ``ANSWER_HEADERS`` (``on_prepare``): ``nosniff``, so a browser
+renders nothing as other than its declared type, and a Content-Security-Policy that lets
+nothing load or run and no page frame it, so an answer opened as a page is inert. The
+console (``/ui``) sets its own policy, which is kept.
 """
 
 from __future__ import annotations
@@ -28,12 +36,23 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from capella.api.route import Writes
 from capella.config import ServerSettings, is_loopback
 from capella.errors import CrossSiteRequest, HostNotAllowed
 
 log = logging.getLogger(__name__)
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# The routes that write whatever their method, by (method, path template): the ``writes`` of
+# their rows (``True``, or whether this request does).
+WRITES = web.AppKey("writes", dict[tuple[str, str], Writes])
+# On every answer; a handler's own value (the console's policy) wins.
+ANSWER_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": (
+        "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+    ),
+}
 # What Sec-Fetch-Site says of a request the page's own origin (or the user) started.
 SAME_ORIGIN = frozenset({"same-origin", "none"})
 # Served whatever the Host: liveness and readiness probes, which carry no data.
@@ -97,7 +116,7 @@ class BrowserGuard:
                         "rebinding); add the name to server.allowed_hosts to serve it",
                         host=host[:ECHOED],
                     )
-            if request.method in STATE_CHANGING and self.cross_site(request):
+            if writes(request) and self.cross_site(request):
                 origin = request.headers.get("Origin")
                 site = request.headers.get("Sec-Fetch-Site")
                 log.debug("refused a cross-site request origin=%r site=%r", origin, site)
@@ -111,6 +130,24 @@ class BrowserGuard:
             return await handler(request)
 
         return browser
+
+
+def writes(request: web.Request) -> bool:
+    """Whether ``request`` may change state: by its method, or by its route's ``writes``."""
+    if request.method in STATE_CHANGING:
+        return True
+    resource = request.match_info.route.resource
+    if resource is None:
+        return False
+    method = "GET" if request.method == "HEAD" else request.method
+    rule = request.app.get(WRITES, {}).get((method, resource.canonical), False)
+    return rule if isinstance(rule, bool) else rule(request)
+
+
+async def on_prepare(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """Add ``ANSWER_HEADERS`` to an answer that does not set them itself."""
+    for name, value in ANSWER_HEADERS.items():
+        response.headers.setdefault(name, value)
 
 
 def host_name(host: str) -> str:

@@ -46,6 +46,7 @@ from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_request import BaseRequest
 
 from capella import wire
+from capella.api.browser import ANSWER_HEADERS
 from capella.api.errors import status_for
 from capella.api.request import json_response
 from capella.auth.throttle import client_key
@@ -413,7 +414,8 @@ class JsonErrorRequestHandler(web.RequestHandler):
         # A client error, expected on any public port: not worth aiohttp's logged traceback.
         error = self._protocol_error(exc)
         log.debug("unparsable request peer=%s code=%s: %s", request.remote, error.code, error.message)
-        response = json_response(_error_body(error), status_for(error))
+        # No app here to add them when the answer is prepared.
+        response = json_response(_error_body(error), status_for(error), dict(ANSWER_HEADERS))
         response.force_close()
         return response
 
@@ -527,7 +529,8 @@ def _answer(error: CapellaError) -> bytes:
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
         f"Content-Type: {wire.JSON}\r\n"
         f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in ANSWER_HEADERS.items())
+        + "Connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
 

@@ -13,6 +13,8 @@ from typing import Any
 from aiohttp import web
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Whether a route's requests change state whatever their method: always, or per request.
+Writes = bool | Callable[[web.Request], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,9 @@ class Route:
     ``answers`` maps a status to its OpenAPI response; ``fails`` lists the error statuses
     beyond 401, 403, 429 and 503, which every non-public route can answer (``None``: none at all).
     ``params`` are the query and header parameters; path parameters follow from ``path``.
+    ``writes`` says whether a request may change state whatever its method (``True``, or a
+    function of the request): a browser may not send such a request from another site
+    (``api/browser.py``); ``POST``, ``PUT``, ``PATCH`` and ``DELETE`` always count as writes.
     """
 
     method: str
@@ -59,3 +64,4 @@ class Route:
     fails: tuple[int, ...] | None = ()
     params: tuple[dict[str, Any], ...] = ()
     body: dict[str, Any] | None = None
+    writes: Writes = False

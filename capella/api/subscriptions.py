@@ -146,7 +146,7 @@ async def read(request: web.Request) -> web.StreamResponse:
     queue = _queue(request)
     name = request.match_info["name"]
     form = answer_form(request)
-    mode = request.query.get("commit", "auto").strip().lower() or "auto"
+    mode = commit_mode(request)
     if mode not in ("auto", "none"):
         raise InvalidRequest(f"commit: expected auto or none, got {mode!r}", parameter="commit")
     if mode == "auto":
@@ -168,6 +168,17 @@ async def read(request: web.Request) -> web.StreamResponse:
     if mode == "auto" and (sub is None or page.last_id > after):
         await queue.commit(name, page.last_id, save=save)
     return await messages_response(request, page, form)
+
+
+def commit_mode(request: web.Request) -> str:
+    """The read's ``commit`` parameter, ``auto`` when not given (not checked)."""
+    return request.query.get("commit", "auto").strip().lower() or "auto"
+
+
+def commits(request: web.Request) -> bool:
+    """Whether a read moves its cursor (a write, refused from another site's page); a
+    ``commit`` that is not ``none`` counts, even one the read refuses."""
+    return commit_mode(request) != "none"
 
 
 async def replicas(request: web.Request) -> web.Response:
@@ -236,6 +247,7 @@ ROUTES = [
         tag="subscriptions",
         answers={200: MESSAGES_ANSWER},
         fails=(400, 404, 406, 409),
+        writes=commits,  # a GET that moves a cursor: refused from another site's page
         params=(
             LIMIT,
             SEGMENTS,

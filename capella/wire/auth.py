@@ -22,7 +22,8 @@ class Rule(Struct, forbid_unknown_fields=True):
     effect: Literal["allow", "deny"]
     type: Literal["cluster", "queue", "subscription", "handler", "external_cluster", "user", "secret", "*"]
     action: Annotated[
-        Literal["read", "write", "admin", "use", "*"], Meta(description="use is for secrets, and only use")
+        Literal["read", "write", "admin", "use", "relay", "*"],
+        Meta(description="use is for secrets, and only use; relay is only for external clusters"),
     ]
     name: Annotated[str, schema(minLength=1, description="Name pattern; * matches anything")] | UnsetType = (
         UNSET

@@ -2,7 +2,7 @@
 
 Three Capella processes with authentication: ``edge`` has ``gw`` as an external cluster (as
 user ``edge``), ``gw`` has ``dc`` (as user ``gw``) and ``dc`` has ``edge`` back (for a loop). Each hop needs
-``external_cluster write`` on its cluster, for the user the request arrives as.
+``external_cluster relay`` on its cluster, for the user the request arrives as.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server
         edge, gw, dc = servers["edge"].url, servers["gw"].url, servers["dc"].url
         # The cluster users: each may relay on through its own next cluster, and no more.
         rules = {
-            "gw": ["allow:external_cluster:write:to_dc"],
-            "dc": ["allow:queue:*:orders", "allow:external_cluster:write:to_edge"],
+            "gw": ["allow:external_cluster:relay:to_dc"],
+            "dc": ["allow:queue:*:orders", "allow:external_cluster:relay:to_edge"],
         }
         assert http(f"{gw}/v1/users/edge", "PUT", {"password": PASSWORD, "rules": rules["gw"]})[0] == 201
         assert http(f"{dc}/v1/users/gw", "PUT", {"password": PASSWORD, "rules": rules["dc"]})[0] == 201
@@ -98,12 +98,14 @@ def test_an_edge_reaches_the_datacenter_through_its_gateway(sites: dict[str, Ser
     assert status == 200 and answer["name"] == "orders"
 
 
-def test_every_hop_needs_external_cluster_write(sites: dict[str, ServerProcess]) -> None:
+def test_every_hop_needs_external_cluster_relay(sites: dict[str, ServerProcess]) -> None:
     edge = sites["edge"].url
-    rules = {"password": PASSWORD, "rules": ["allow:external_cluster:read:*", "allow:queue:*:*"]}
+    # write (what a copy handler needs) and admin on the cluster do not relay.
+    rules = {"password": PASSWORD, "rules": ["allow:external_cluster:admin:*", "allow:queue:*:*"]}
     assert http(f"{edge}/v1/users/reader", "PUT", rules)[0] == 201
     status, answer = http(f"{edge}/v1/clusters/to_gw/v1/queues", user="reader")
     assert status == 403 and answer["error"]["code"] == "forbidden"
+    assert answer["error"]["action"] == "relay"
     # gw's cluster user may relay only to to_dc: asking gw for another cluster is gw's 403 (or 404).
     status, answer = http(f"{edge}/v1/clusters/to_gw/v1/clusters/elsewhere/v1/queues")
     assert status == 403

@@ -5,6 +5,11 @@ Served only with ``[compat] original = true``. The route is public in the route 
 itself, through the same ``Authenticator`` as ``/v1`` (rules, rate limits, one answer for
 every failed login). Every answer is HTTP 200 with the original's error object, as its clients
 expect; nothing here answers 5xx.
+
+A call passed on through an external cluster (``nested_call``, a ``cluster/queue`` name) needs
+what the ``/v1`` relay needs (``external_cluster relay``) and, like it, never reaches the far
+side's users and rights: the nested bodies are peeled to the final action before anything is
+sent, and a call another cluster sent on (``hops``) may not run a security action here.
 """
 
 from __future__ import annotations
@@ -42,7 +47,16 @@ from capella.api.route import Route
 from capella.auth.authenticator import Authenticator
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.config import CompatSettings
-from capella.errors import CallLoop, CapellaError, Forbidden, TooManyHops, Unauthorized, UnknownAction
+from capella.errors import (
+    CallLoop,
+    CapellaError,
+    Forbidden,
+    InvalidRequest,
+    RelayRefused,
+    TooManyHops,
+    Unauthorized,
+    UnknownAction,
+)
 
 log = logging.getLogger(__name__)
 
@@ -213,10 +227,15 @@ async def run(ctx: Context, request: Request, envelope: Envelope) -> object:
     """The action's answer body: run here, or passed on through an external cluster."""
     if ctx.cluster.name in envelope.hops:
         raise CallLoop(f"the call has already passed through cluster {ctx.cluster.name!r}: {envelope.hops}")
+    if envelope.hops and request.action in security.ACTIONS:
+        # Sent on by another cluster as its link's user: never users or rights (checked before
+        # sending too; this is for a sender that did not).
+        raise _never_relayed(request.action)
     if request.action == "nested_call":
         first, _, rest = request.object_name.partition("/")
-        inner = msgspec.json.decode(request.body, type=Request) if rest == "" else None
-        if inner is None:
+        if rest == "":
+            inner = nested(request)
+        else:
             inner = Request(action="nested_call", body=request.body, object_name=rest)
         return await forward(ctx, first, inner, envelope)
     if request.action in QUEUE_ACTIONS and "/" in request.object_name:
@@ -229,9 +248,37 @@ async def run(ctx: Context, request: Request, envelope: Envelope) -> object:
     return await action(ctx, request)
 
 
+def nested(request: Request) -> Request:
+    """The request a ``nested_call`` carries as its body, or ``InvalidRequest``."""
+    try:
+        return msgspec.json.decode(request.body, type=Request)
+    except msgspec.DecodeError as exc:  # ValidationError too: the body is JSON, of another shape
+        raise InvalidRequest(f"the body of {request.action} is not a request: {exc}") from None
+
+
+def final_action(request: Request) -> str:
+    """The action a request sent on will run at the end of its hops: ``nested_call`` bodies
+    peeled until one is not (each level is a level of the envelope's JSON, so
+    ``server.max_json_depth`` bounds them)."""
+    while request.action == "nested_call":
+        request = nested(request)
+    return request.action
+
+
+def _never_relayed(action: str) -> RelayRefused:
+    return RelayRefused(
+        f"{action} is never run through an external cluster: a link must not create or change "
+        "users and rights as its far-side user"
+    )
+
+
 async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelope) -> object:
     """Send ``request`` to external cluster ``cluster`` as the cluster's user; its answer, or its error."""
-    ctx.same_as("POST", "/v1/clusters/{name}/ping", name=cluster)
+    # What the /v1 relay through the cluster needs (external_cluster relay): one check, two doors.
+    ctx.same_as("GET", "/v1/clusters/{name}/v1/{path}", name=cluster)
+    action = final_action(request)
+    if action in security.ACTIONS:
+        raise _never_relayed(action)
     compat: CompatSettings = ctx.extra["compat"]
     if len(envelope.hops) >= compat.max_hops:
         raise TooManyHops(f"the call has passed through {len(envelope.hops)} clusters ([compat] max_hops)")
@@ -279,6 +326,8 @@ def _route(method: str, path: str, handler: Any, summary: str) -> Route:
         tag="compat",
         answers={200: doc_answer("The original's answer envelope")},
         fails=None,
+        # /cluster runs any action whatever the method: a GET from another site's page is refused too.
+        writes=path == "/cluster",
     )
 
 
