@@ -198,6 +198,38 @@ class AuthSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     bootstrap_password_env: Text | None = None
 
 
+def _is_network(entry: str) -> bool:
+    try:
+        ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+_HOST_NAME = re.compile(r"(\*\.)?[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
+
+
+def _secret_hosts(value: object) -> tuple[str, ...]:
+    """Host names, ``*.domain`` patterns, IP addresses or networks a secret may be sent to."""
+    if not isinstance(value, list | tuple) or not value:
+        raise ValueError(
+            f"expected a non-empty list of hosts such as db1.internal or *.example.com, got {value!r}"
+        )
+    found = []
+    for entry in value:
+        text = entry.strip("[]").lower().rstrip(".") if isinstance(entry, str) else None
+        if text is None or not (_is_network(text) or _HOST_NAME.fullmatch(text)):
+            raise ValueError(
+                "expected hosts such as db1.internal, *.example.com, 10.0.0.5 or 10.0.0.0/24 "
+                f"(no scheme, no port), got {entry!r}"
+            )
+        found.append(text)
+    return tuple(found)
+
+
+SecretHosts = Annotated[tuple[str, ...], _Read(_secret_hosts)]
+
+
 class SecretSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """``[secrets.NAME]``: where one secret's value is, read each time it is used.
 
@@ -207,6 +239,35 @@ class SecretSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     env: Text | None = None
     file: FilePath | None = None
+    # The only hosts a definition may send it to (``SecretSettings.sends_to``); empty: any host
+    # the egress policy allows.
+    hosts: SecretHosts = ()
+
+    def sends_to(self, host: str) -> bool:
+        """Whether a definition may send this secret to ``host`` (a URL's or a DSN's host).
+
+        An entry is a host name (``db1.internal``: that name, any case), ``*.`` and a domain
+        (``*.example.com``: any name below it, not the domain itself), an IP address
+        (``10.0.0.5``, ``fd00::1``: that address written as such) or a network (``10.0.0.0/24``).
+        The host is compared as the definition names it, not as it resolves.
+        """
+        if not self.hosts:
+            return True
+        host = host.strip("[]").lower().rstrip(".")
+        try:
+            address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+        except ValueError:
+            address = None
+        for entry in self.hosts:
+            if address is not None:
+                if _is_network(entry) and address in ipaddress.ip_network(entry, strict=False):
+                    return True
+            elif entry.startswith("*."):
+                if host.endswith(entry[1:]) and len(host) > len(entry) - 1:
+                    return True
+            elif host == entry:
+                return True
+        return False
 
     def value(self) -> str | None:
         """The secret's value now; ``None`` when the variable is unset or the file unreadable."""
@@ -246,6 +307,23 @@ class EgressSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     allow: Networks = ()
 
 
+def _directories(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(d, str) and d for d in value):
+        raise ValueError(f"expected a list of directory paths, got {value!r}")
+    return tuple(value)
+
+
+class FilesSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """``[files]``: the directories whose files a definition may name (``capella/file_access.py``).
+
+    A PostgreSQL handler's ``sslrootcert`` and an external cluster's ``ca_file`` must be a
+    regular file under one of them unless an admin defines it; with none listed, only admins
+    may name files.
+    """
+
+    allow: Annotated[tuple[str, ...], _Read(_directories)] = ()
+
+
 class CompatSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """``[compat]``: the original Capella's RPC endpoint (``POST /cluster``), off unless asked for.
 
@@ -278,6 +356,7 @@ class _File(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
     secrets: dict[str, Any] = msgspec.field(default_factory=dict)
     egress: EgressSettings = msgspec.field(default_factory=EgressSettings)
+    files: FilesSettings = msgspec.field(default_factory=FilesSettings)
     compat: CompatSettings = msgspec.field(default_factory=CompatSettings)
 
 
@@ -326,6 +405,7 @@ class Config(msgspec.Struct, frozen=True):
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
     secrets: dict[str, SecretSettings] = msgspec.field(default_factory=dict)
     egress: EgressSettings = msgspec.field(default_factory=EgressSettings)
+    files: FilesSettings = msgspec.field(default_factory=FilesSettings)
     compat: CompatSettings = msgspec.field(default_factory=CompatSettings)
     # Where this configuration came from, to start its error messages: the file as given.
     source: str = "config"
@@ -440,6 +520,7 @@ def _config(raw: dict[str, Any], overrides: dict[str, Any], base: Path, source: 
         auth=auth,
         secrets=_secrets(tables.secrets, base),
         egress=tables.egress,
+        files=_files(tables.files, base),
         compat=tables.compat,
         source=source,
     )
@@ -565,6 +646,11 @@ def _secrets(tables: dict[str, Any], base: Path) -> dict[str, SecretSettings]:
             secret = msgspec.structs.replace(secret, file=(base / secret.file).resolve())
         secrets[name] = secret
     return secrets
+
+
+def _files(files: FilesSettings, base: Path) -> FilesSettings:
+    """``files`` with its directories made absolute (relative to the config file)."""
+    return FilesSettings(allow=tuple(str((base / d).resolve()) for d in files.allow))
 
 
 def _found(tls: TlsSettings, base: Path) -> TlsSettings:

@@ -222,6 +222,19 @@ class SecretUnavailable(InvalidRequest):
     code = "secret_unavailable"
 
 
+class SecretNotForHost(InvalidRequest):
+    """A definition would send a secret to a host its ``[secrets.NAME] hosts`` does not list."""
+
+    code = "secret_not_for_host"
+
+
+class FileUnavailable(InvalidRequest):
+    """A file a definition names cannot be used: for a user who is not an admin one answer,
+    whether it is missing, outside ``[files] allow``, no regular file, unreadable or too large."""
+
+    code = "file_unavailable"
+
+
 class EgressRefused(Forbidden):
     """The egress policy does not allow a connection to this address."""
 

@@ -30,6 +30,7 @@ from capella.config import Config, ServerSettings, TlsSettings
 from capella.core.cluster import Cluster
 from capella.egress import Egress
 from capella.errors import InvalidConfig, InvalidRequest
+from capella.file_access import FileAccess
 from capella.fsync import create_directories, private_tree
 from capella.handlers.clusters import Clusters
 from capella.handlers.supervisor import Supervisor
@@ -48,10 +49,17 @@ async def serve(config: Config) -> None:
     secrets = Secrets(config.secrets)
     egress = Egress.of(config.egress.allow, auth_enabled=config.auth.enabled)
     # keys/links.key: the key file's name from when clusters were called links; it stays.
+    files = FileAccess.of(config.files.allow)
     clusters = Clusters(
-        cluster, key_file=config.data_dir / "keys" / "links.key", secrets=secrets, egress=egress
+        cluster,
+        key_file=config.data_dir / "keys" / "links.key",
+        secrets=secrets,
+        egress=egress,
+        files=files,
     )
-    supervisor = Supervisor(cluster, clusters=clusters, users=users, secrets=secrets, egress=egress)
+    supervisor = Supervisor(
+        cluster, clusters=clusters, users=users, secrets=secrets, egress=egress, files=files
+    )
     guard = ConnectionGuard(config.server)
     app = create_app(
         cluster, config.server, supervisor, authenticator=authenticator, guard=guard, compat=config.compat

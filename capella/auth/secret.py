@@ -6,6 +6,11 @@ file each time it is used, so rotating it needs no restart. A secret that is not
 the user may not use, and one whose variable is unset get the same answer, so a definition
 cannot find out which secrets or variables exist (Kafka's config providers with an allow-list,
 KIP-887; RabbitMQ and NATS never take credentials from the broker's environment for a user).
+
+A granted secret is a readable secret: its grantee may point a definition at a receiver of
+their own, anywhere the egress policy allows. ``[secrets.NAME] hosts`` binds a secret to the
+hosts it is for; a definition that would send it elsewhere is refused, when it is defined and
+each time the secret is read for use.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Mapping
 
 from capella.auth.rule import Identity
 from capella.config import SecretSettings
-from capella.errors import SecretUnavailable
+from capella.errors import SecretNotForHost, SecretUnavailable
 
 
 class Secrets:
@@ -26,17 +31,36 @@ class Secrets:
     def names(self) -> list[str]:
         return sorted(self._declared)
 
-    def use(self, name: str, identity: Identity, field: str) -> str:
-        """The value of secret ``name`` for ``identity``; ``field`` names where it was asked for."""
+    def use(self, name: str, identity: Identity, field: str, to: str | None) -> str:
+        """The value of secret ``name`` for ``identity`` to send to host ``to``; ``field`` names
+        where it was asked for.
+
+        ``to`` is the host the definition sends it to, as the definition names it (a URL's or
+        a DSN's host); None where that is not known yet (the DSN inside a ``dsn_secret``, whose
+        host its caller checks with ``check_host``).
+        """
         declared = self._declared.get(name)
-        value = declared.value() if declared is not None and identity.can("secret", "use", name) else None
+        granted = declared is not None and identity.can("secret", "use", name)
+        value = declared.value() if declared is not None and granted else None
         if value is None:
             raise SecretUnavailable(
                 f"{field}: secret {name!r} cannot be used: it is not declared in [secrets], "
                 f"not granted to {_who(identity)} (a rule allow:secret:use:{name}), or has no value",
                 field=field,
             )
+        if to is not None:
+            self.check_host(name, to, field)
         return value
+
+    def check_host(self, name: str, to: str, field: str) -> None:
+        """``SecretNotForHost`` unless declared secret ``name`` may be sent to host ``to``."""
+        declared = self._declared.get(name)
+        if declared is not None and not declared.sends_to(to):
+            raise SecretNotForHost(
+                f"{field}: secret {name!r} may be sent only to {', '.join(declared.hosts)} "
+                f"([secrets.{name}] hosts), not to {to}",
+                field=field,
+            )
 
 
 def _who(identity: Identity) -> str:

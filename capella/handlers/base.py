@@ -118,6 +118,12 @@ class Handler(ABC):
     async def close(self) -> None:  # noqa: B027 (a hook whose default is to do nothing)
         """Release what the handler holds once it is stopped."""
 
+    async def check(self, identity: Identity) -> None:  # noqa: B027 (a hook whose default is to do nothing)
+        """Refuse a definition for what only I/O can tell (a file it names), as ``identity``.
+
+        Called when the handler is defined, before it is stored; ``build`` checks the rest.
+        """
+
 
 @dataclass(frozen=True, slots=True)
 class Building:

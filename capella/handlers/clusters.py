@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -40,6 +41,7 @@ from capella.errors import (
     SameClusterName,
     Unreachable,
 )
+from capella.file_access import FileAccess, ca_data
 from capella.fsync import write_atomic
 from capella.storage.catalog import CLUSTERS, ClusterRegistry
 from capella.wire.answers import ErrorDetail
@@ -82,6 +84,8 @@ class ExternalCluster:
     secret_name: str | None = None  # the declared secret it comes from, when it is not stored
     verify_tls: bool = True
     ca_file: str | None = None
+    # Defined by an admin, whose definitions may name any file (capella/file_access.py).
+    by_admin: bool = False
     connect_timeout: float = 5.0
     timeout: float = 30.0
     compression: str = "none"
@@ -125,15 +129,18 @@ class Clusters:
         key_file: Path | None = None,
         secrets: Secrets | None = None,
         egress: Egress | None = None,
+        files: FileAccess | None = None,
     ) -> None:
         self._cluster = cluster
+        self._files = files or FileAccess()
         self._egress = egress  # every connection to a cluster passes it (None: no check)
         self._key_file = key_file
         self._secrets = secrets or Secrets()
         self._defined: dict[str, ExternalCluster] = {}
         self._stored: dict[str, dict[str, Any]] = {}  # as persisted (secrets encrypted)
         self._clients: dict[str, AsyncClient] = {}
-        self._client_secrets: dict[str, str | None] = {}  # the secret each client was built with
+        # The secret and CA bundle each client was built with.
+        self._client_secrets: dict[str, tuple[str | None, bytes | None]] = {}
         # Clients replaced after a secret rotated: a request may still be using one.
         self._retired: list[AsyncClient] = []
         # The client whose far side's name was checked, by cluster (copy checks once per client).
@@ -180,9 +187,12 @@ class Clusters:
         it from being checked).
         """
         check_name(name, "cluster")
-        cluster, stored = self._parse(name, data)
+        cluster, stored = self._parse(name, data, by.admin)
         if cluster.secret_name is not None:
-            self._secrets.use(cluster.secret_name, by, f"{cluster.secret_kind}_secret")
+            self._secrets.use(cluster.secret_name, by, f"{cluster.secret_kind}_secret", to=_host(cluster.url))
+        if cluster.ca_file is not None:
+            # As the definer may name files; read again for every client it is used for.
+            await self._files.read(cluster.ca_file, admin=by.admin, field="ca_file")
         # Before it is stored: a same-named far side is refused (409); one that cannot be reached
         # now is accepted (an edge device adds one while offline) and the answer says so.
         check = await self._name_check(cluster)
@@ -227,22 +237,35 @@ class Clusters:
         if cluster.error is not None:
             raise InvalidConfig(f"cluster {cluster.name}: {cluster.error}")
         if cluster.secret_name is not None:
-            # Checked when the cluster was defined; read now, so a rotated value is used.
-            return self._secrets.use(cluster.secret_name, UNRESTRICTED, f"cluster {cluster.name}")
+            # Granted when the cluster was defined; read now, so a rotated value is used, and
+            # only for the hosts it is bound to.
+            return self._secrets.use(
+                cluster.secret_name, UNRESTRICTED, f"cluster {cluster.name}", to=_host(cluster.url)
+            )
         return cluster.secret
 
-    def client(self, name: str) -> AsyncClient:
-        """A client for the cluster (reused; built again when it is redefined or its secret rotates)."""
+    async def _ca(self, cluster: ExternalCluster) -> bytes | None:
+        """The cluster's CA bundle now, when its TLS uses one (read as its definer may)."""
+        if cluster.ca_file is None or not cluster.url.startswith("https://") or not cluster.verify_tls:
+            return None
+        return await self._files.read(
+            cluster.ca_file, admin=cluster.by_admin, field=f"cluster {cluster.name}: ca_file"
+        )
+
+    async def client(self, name: str) -> AsyncClient:
+        """A client for the cluster (reused; built again when it is redefined, its secret
+        rotates or its CA bundle changes)."""
         cluster = self.cluster(name)
         secret = self._secret(cluster)
+        ca = await self._ca(cluster)
         client = self._clients.get(name)
-        if client is not None and self._client_secrets.get(name) == secret:
+        if client is not None and self._client_secrets.get(name) == (secret, ca):
             return client
         if client is not None:
             self._retired.append(client)
-        client = self._new_client(cluster, secret)
+        client = self._new_client(cluster, secret, ca)
         self._clients[name] = client
-        self._client_secrets[name] = secret
+        self._client_secrets[name] = (secret, ca)
         return client
 
     async def checked_client(self, name: str) -> AsyncClient:
@@ -252,7 +275,7 @@ class Clusters:
         per request: ``SameClusterName`` when the names match; the far side's error when it
         cannot be asked.
         """
-        client = self.client(name)
+        client = await self.client(name)
         if self._checked.get(name) is not client:
             self._far_names[name] = await self._remote_name(name, client)
             self._checked[name] = client
@@ -269,7 +292,7 @@ class Clusters:
         """
         started = time.perf_counter()
         try:
-            client = self.client(name)
+            client = await self.client(name)
             ready = await client.ready()
             # Proves the credentials, not only the network, and names the far side.
             await self._remote_name(name, client)
@@ -289,7 +312,7 @@ class Clusters:
     async def _name_check(self, cluster: ExternalCluster) -> NameCheck:
         """Ask the far side of a cluster being added its name: refuse ours, accept not knowing."""
         try:
-            probe = self._new_client(cluster, self._secret(cluster))
+            probe = self._new_client(cluster, self._secret(cluster), await self._ca(cluster))
             try:
                 async with asyncio.timeout(NAME_CHECK_TIMEOUT):
                     remote = (await probe.me()).cluster
@@ -306,7 +329,7 @@ class Clusters:
             raise SameClusterName(_same_name(cluster.name, cluster.url, remote), cluster=remote)
         return NameCheck(checked=remote is not None, cluster=remote, error=None)
 
-    def _new_client(self, cluster: ExternalCluster, secret: str | None) -> AsyncClient:
+    def _new_client(self, cluster: ExternalCluster, secret: str | None, ca: bytes | None) -> AsyncClient:
         # Imported on first use, deliberately: a server without clusters never loads the
         # HTTP client (~0.6 MB and ~20 ms of start-up).
         from capella.client import AsyncClient
@@ -318,14 +341,14 @@ class Clusters:
             username=cluster.username if cluster.secret_kind == "password" else None,
             password=secret if cluster.secret_kind == "password" else None,
             token=secret if cluster.secret_kind == "token" else None,
-            ssl=_ssl_for(cluster),
+            ssl=_ssl_for(cluster, ca),
             compression=None if cluster.compression == "none" else cluster.compression,
             egress=self._egress,
         )
 
     # --- definitions ---------------------------------------------------------------------
 
-    def _parse(self, name: str, data: object) -> tuple[ExternalCluster, dict[str, Any]]:
+    def _parse(self, name: str, data: object, by_admin: bool) -> tuple[ExternalCluster, dict[str, Any]]:
         if not isinstance(data, dict):
             raise InvalidRequest("a cluster must be a JSON object")
         allowed = {
@@ -384,9 +407,8 @@ class Clusters:
         if not isinstance(verify, bool):
             raise InvalidRequest("verify_tls must be true or false", field="verify_tls")
         ca_file = data.get("ca_file")
-        # os.path.isfile, not Path.is_file: a name too long for the OS is False, not an OSError.
-        if ca_file is not None and (not isinstance(ca_file, str) or not os.path.isfile(ca_file)):
-            raise InvalidRequest(f"ca_file: no such file {ca_file!r}", field="ca_file")
+        if ca_file is not None and not isinstance(ca_file, str):
+            raise InvalidRequest("ca_file must be a file path", field="ca_file")
         cluster = ExternalCluster(
             name=name,
             url=url.rstrip("/"),
@@ -396,6 +418,7 @@ class Clusters:
             secret_name=secret_name,
             verify_tls=verify,
             ca_file=ca_file,
+            by_admin=by_admin,
             connect_timeout=duration(data.get("connect_timeout", 5.0), "connect_timeout"),
             timeout=duration(data.get("timeout", 30.0), "timeout"),
             compression=str(compression),
@@ -405,6 +428,7 @@ class Clusters:
     def _stored_entry(self, cluster: ExternalCluster) -> dict[str, Any]:
         stored = {k: v for k, v in cluster.public_dict().items() if k not in ("name", "credentials", "error")}
         stored["credentials"] = None
+        stored["by_admin"] = cluster.by_admin
         if cluster.secret_kind is not None:
             stored["credentials"] = {
                 "kind": cluster.secret_kind,
@@ -431,6 +455,8 @@ class Clusters:
                 secret_name=credentials.get("secret"),
                 verify_tls=entry["tls"]["verify"],
                 ca_file=entry["tls"]["ca_file"],
+                # Missing from a definition stored before it was kept: as anyone's.
+                by_admin=entry.get("by_admin") is True,
                 connect_timeout=entry["timeouts"]["connect"],
                 timeout=entry["timeouts"]["request"],
                 compression=entry["compression"],
@@ -536,14 +562,21 @@ def _associated(context: tuple[str, ...]) -> bytes:
     return b"".join(len(p.encode()).to_bytes(4, "big") + p.encode() for p in context)
 
 
-def _ssl_for(cluster: ExternalCluster) -> ssl.SSLContext | bool | None:
+def _host(url: str) -> str:
+    """The host a cluster's URL names, as a bound secret's ``hosts`` are compared with."""
+    return urlsplit(url).hostname or ""
+
+
+def _ssl_for(cluster: ExternalCluster, ca: bytes | None) -> ssl.SSLContext | bool | None:
+    """The TLS context for the cluster's URL; ``ca``: its CA bundle's bytes, read by ``Clusters._ca``."""
     if not cluster.url.startswith("https://"):
         return None
     if not cluster.verify_tls:
         return False
     try:
-        context = ssl.create_default_context(cafile=cluster.ca_file)
-    except OSError as exc:  # ssl.SSLError too: the file went away or holds no certificate
+        # The bytes read and checked, never the path: a FIFO there cannot stall the loop.
+        context = ssl.create_default_context(cadata=None if ca is None else ca_data(ca))
+    except (OSError, ValueError) as exc:  # ssl.SSLError too: it holds no certificate
         raise InvalidConfig(
             f"cluster {cluster.name}: ca_file {cluster.ca_file!r} cannot be used: {exc}"
         ) from None

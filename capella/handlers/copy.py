@@ -39,6 +39,7 @@ from capella.errors import (
 from capella.handlers.base import Building, HandlerType, PassResult, queue_patterns
 from capella.handlers.clusters import Clusters
 from capella.handlers.per_queue import QueueHandler, cursor_lag
+from capella.wire.fields import MIN_PERIOD
 from capella.wire.handlers import CopyParams, CopyStatus, Definition
 
 # A pass with a long backlog ends after this long, so the status shows progress.
@@ -52,6 +53,9 @@ class CopyHandler(QueueHandler[CopyParams]):
 
     def __init__(self, cluster: Cluster, queues: list[str], params: CopyParams, clusters: Clusters) -> None:
         super().__init__(cluster, queues, params)
+        if params.interval == 0 and params.wait == 0:
+            # Neither a pause nor a long poll: the floor between passes, not a busy loop.
+            self.interval = MIN_PERIOD
         self._clusters = clusters
         # A remote source's lag as last seen (its last id minus the cursor), and when.
         self._remote_lag: dict[str, int] = {}

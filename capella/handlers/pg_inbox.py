@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from capella.auth.rule import Identity
 from capella.auth.secret import Secrets
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
@@ -25,6 +26,7 @@ from capella.core.message import SaveMode
 from capella.core.queue import Queue
 from capella.egress import Egress
 from capella.errors import SubscriptionNotFound
+from capella.file_access import FileAccess
 from capella.handlers.base import Building, HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler, cursor_lag, selected
 from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
@@ -61,10 +63,11 @@ class InboxHandler(QueueHandler[PgInboxParams]):
         dsn: Dsn,
         secrets: Secrets | None = None,
         egress: Egress | None = None,
+        files: FileAccess | None = None,
     ) -> None:
         super().__init__(cluster, queues, params)
         self._dsn = dsn
-        self._db = Database(dsn, secrets, egress)
+        self._db = Database(dsn, secrets, egress, files)
         self._insert = (
             f"INSERT INTO {quoted(params.table)} (source, external_id, id, data, segment, headers, time) "
             "SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bytea[], $5::bigint[], "
@@ -98,6 +101,9 @@ class InboxHandler(QueueHandler[PgInboxParams]):
 
     async def close(self) -> None:
         await self._db.close()
+
+    async def check(self, identity: Identity) -> None:
+        await self._db.check(identity)
 
     async def run_queue(self, queue: Queue) -> PassResult:
         params = self.params
@@ -178,7 +184,9 @@ def inbox_params(
 def build(params: PgInboxParams, at: Building) -> tuple[PgInboxParams, InboxHandler]:
     """The ``pg_inbox`` handler type."""
     params, dsn = inbox_params(params, at.reach, at.name, at.kept)
-    return params, InboxHandler(at.cluster, at.queues, params, dsn, at.reach.secrets, at.reach.egress)
+    return params, InboxHandler(
+        at.cluster, at.queues, params, dsn, at.reach.secrets, at.reach.egress, at.reach.files
+    )
 
 
 HANDLER = HandlerType("pg_inbox", PgInboxParams, build, status=PgInboxStatus)

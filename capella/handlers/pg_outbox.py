@@ -25,11 +25,13 @@ from typing import Any
 import msgspec
 import orjson
 
+from capella.auth.rule import Identity
 from capella.auth.secret import Secrets
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.egress import Egress
 from capella.errors import InvalidMessage, InvalidRequest, QueueNotFound
+from capella.file_access import FileAccess
 from capella.handlers.base import Building, Handler, HandlerType, PassResult
 from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.reach import Reach
@@ -61,13 +63,14 @@ class OutboxHandler(Handler):
         dsn: Dsn,
         secrets: Secrets | None = None,
         egress: Egress | None = None,
+        files: FileAccess | None = None,
     ) -> None:
         self._cluster = cluster
         self.params = params
         self.interval = params.interval
         self._dsn = dsn
         self._save = SaveMode.parse(params.save)
-        self._db = Database(dsn, secrets, egress)
+        self._db = Database(dsn, secrets, egress, files)
         self._wake = asyncio.Event()
         self._select = ""
         self._done = ""
@@ -95,6 +98,9 @@ class OutboxHandler(Handler):
 
     async def close(self) -> None:
         await self._db.close()
+
+    async def check(self, identity: Identity) -> None:
+        await self._db.check(identity)
 
     async def run_once(self) -> PassResult:
         params = self.params
@@ -238,7 +244,7 @@ def build(params: PgOutboxParams, at: Building) -> tuple[PgOutboxParams, OutboxH
         at.cluster.queue(params.to)
     except QueueNotFound as exc:
         raise InvalidRequest(f"params.to: {exc.message}", field="params.to") from None
-    return params, OutboxHandler(at.cluster, params, dsn, at.reach.secrets, at.reach.egress)
+    return params, OutboxHandler(at.cluster, params, dsn, at.reach.secrets, at.reach.egress, at.reach.files)
 
 
 def selects(definition: Definition, cluster: Cluster) -> list[str]:

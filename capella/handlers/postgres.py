@@ -45,6 +45,7 @@ from capella.errors import (
     InvalidRequest,
     TableMismatch,
 )
+from capella.file_access import FileAccess, ca_data
 from capella.handlers.clusters import Clusters, bound
 from capella.wire.handlers import TABLE_PATTERN, PgConnection
 
@@ -58,9 +59,10 @@ _TABLE = re.compile(TABLE_PATTERN)
 ENCRYPTED = "dsn_password_encrypted"
 SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 # The query parameters a DSN may carry; host, port, user and database are the URL's own
-# parts. sslrootcert names trust anchors on the server (public, and they grant nothing);
-# sslcert and sslkey name a client certificate on the server, which is the broker's own
-# credential, so only an admin's handler may name them.
+# parts. sslrootcert names trust anchors on the server: a file under [files] allow unless an
+# admin's handler names it (capella/file_access.py, which reads every one of them); sslcert
+# and sslkey name a client certificate on the server, which is the broker's own credential,
+# so only an admin's handler may name them.
 _QUERY = ("sslmode", "sslrootcert", "sslcert", "sslkey")
 _CLIENT_CERT = ("sslcert", "sslkey")
 
@@ -164,7 +166,7 @@ class Dsn:
     ) -> Target:
         """Where and as whom to connect now, with the secrets ``identity`` may use."""
         if self.secret is not None:
-            url = secrets.use(self.secret, identity, "params.dsn_secret")
+            url = secrets.use(self.secret, identity, "params.dsn_secret", to=None)
             # The whole DSN is the secret: its password is allowed, and errors never show it.
             bare, password = split_password(
                 url, f"the DSN in secret {self.secret!r}", error, "params.dsn_secret"
@@ -173,12 +175,17 @@ class Dsn:
         else:
             assert self.url is not None
             bare, password, where = self.url, self.password, "params.dsn"
+        found = _target(bare, where, error)
+        # A bound secret ([secrets.NAME] hosts) goes only to its hosts: the DSN's host, as named.
+        if self.secret is not None:
+            secrets.check_host(self.secret, found.host, "params.dsn_secret")
         if self.password_secret is not None:
-            password = secrets.use(self.password_secret, identity, "params.password_secret")
+            password = secrets.use(self.password_secret, identity, "params.password_secret", to=found.host)
         sslpassword = None
         if self.sslpassword_secret is not None:
-            sslpassword = secrets.use(self.sslpassword_secret, identity, "params.sslpassword_secret")
-        found = _target(bare, where, error)
+            sslpassword = secrets.use(
+                self.sslpassword_secret, identity, "params.sslpassword_secret", to=found.host
+            )
         if (found.sslcert or found.sslkey) and not identity.admin:
             raise error(
                 f"{where}: sslcert and sslkey name a client certificate on the server, which is the "
@@ -294,10 +301,17 @@ def check_columns(
 class Database:
     """One connection to PostgreSQL, opened on first use and again after it was lost."""
 
-    def __init__(self, dsn: Dsn, secrets: Secrets | None = None, egress: Egress | None = None) -> None:
+    def __init__(
+        self,
+        dsn: Dsn,
+        secrets: Secrets | None = None,
+        egress: Egress | None = None,
+        files: FileAccess | None = None,
+    ) -> None:
         self._dsn = dsn
         self._secrets = secrets or Secrets()
         self._egress = egress or Egress.open()
+        self._files = files or FileAccess()
         self._conn: Any = None
         self._where = "postgres"
         self._secret: str | None = None
@@ -306,6 +320,11 @@ class Database:
     @property
     def connected(self) -> bool:
         return self._conn is not None and not self._conn.is_closed()
+
+    async def check(self, identity: Identity) -> None:
+        """What ``connect`` would refuse before connecting, as a definition's error: a secret
+        or a TLS file ``identity`` may not use."""
+        await _tls(self._dsn.target(self._secrets, identity, InvalidRequest), identity, self._files)
 
     async def connect(self, identity: Identity = UNRESTRICTED) -> bool:
         """Connect unless connected, as ``identity`` (whose secrets); ``True`` when newly connected."""
@@ -328,8 +347,9 @@ class Database:
             raise InvalidConfig(
                 "the pg_outbox and pg_inbox handlers need asyncpg: pip install 'capella[postgres]'"
             ) from None
+        # Read for each new connection, as its user may read them: a file can change.
+        tls = await _tls(target, identity, self._files)
         addresses = await self._addresses(target)
-        tls = _tls(target)
         async with self.guard("connect"):
             last: BaseException | None = None
             for address in addresses:
@@ -513,20 +533,35 @@ class _Pinned(ssl.SSLContext):
         return super().wrap_bio(incoming, outgoing, server_side, self.server_name or server_hostname, session)
 
 
-def _tls(target: Target) -> ssl.SSLContext | None:
-    """The TLS context for ``target.sslmode``; ``None`` for disable. Only files the DSN names."""
+async def _tls(target: Target, identity: Identity, files: FileAccess) -> ssl.SSLContext | None:
+    """The TLS context for ``target.sslmode``; ``None`` for disable. Only files the DSN names.
+
+    Each file is read by ``files`` (off the event loop, a regular file only, as ``identity``
+    may name it); the trust anchors are given to ``ssl`` as bytes, never as a path.
+    """
     if target.sslmode == "disable":
         return None
-    context = _Pinned(ssl.PROTOCOL_TLS_CLIENT)
-    context.server_name = target.host
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
     verify = target.sslmode in ("verify-ca", "verify-full") or (
         target.sslmode == "require" and target.sslrootcert is not None
     )
+    cadata = None
+    if verify and target.sslrootcert is not None:
+        cadata = ca_data(await files.read(target.sslrootcert, admin=identity.admin, field="params.dsn"))
+    for path in (target.sslcert, target.sslkey):
+        if path is not None:  # an admin's only (Dsn.target): checked to be a regular file
+            await files.read(path, admin=True, field="params.dsn")
+    # The system's trust store and the client certificate are files too: read in a thread.
+    return await asyncio.to_thread(_context, target, verify, cadata)
+
+
+def _context(target: Target, verify: bool, cadata: str | bytes | None) -> ssl.SSLContext:
+    context = _Pinned(ssl.PROTOCOL_TLS_CLIENT)
+    context.server_name = target.host
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         if verify:
-            if target.sslrootcert is not None:
-                context.load_verify_locations(cafile=target.sslrootcert)
+            if cadata is not None:
+                context.load_verify_locations(cadata=cadata)
             else:
                 context.load_default_certs()
             context.check_hostname = target.sslmode == "verify-full"

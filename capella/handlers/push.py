@@ -39,6 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
@@ -65,6 +66,7 @@ from capella.handlers.delivery import (
     retry_after,
     retryable,
 )
+from capella.wire.fields import MIN_PERIOD
 from capella.wire.handlers import DeliveryError, PushParams, PushStatus
 
 log = logging.getLogger(__name__)
@@ -130,7 +132,8 @@ class PushHandler(Handler):
         self.queue = queue
         self.params = params
         self.policy = policy_of(params)
-        self.interval = 0.0
+        # Continuous: each pass long-polls for ``wait``; without one, the floor between passes.
+        self.interval = 0.0 if params.wait > 0 else MIN_PERIOD
         self._credentials = credentials
         self._rand = rand
         self.counters = PushCounters()
@@ -462,7 +465,8 @@ class PushHandler(Handler):
         policy = self.policy
         # One delay for the whole batch, so its messages come back together and in order.
         attempts = max(e.attempts for _, e in batch)
-        delay = wait if wait is not None else retry_delay(policy, attempts, self._rand())
+        # A receiver's Retry-After: 0 is taken as the floor of a handler's periods, not a busy loop.
+        delay = max(wait, MIN_PERIOD) if wait is not None else retry_delay(policy, attempts, self._rand())
         outcomes = await work.nack([(e.id, e.claims) for _, e in batch], delay, error, SaveMode.DEFAULT)
         for o in outcomes:
             if o.error is not None:
@@ -539,10 +543,12 @@ def credentials(params: PushParams, secrets: Secrets, identity: Identity) -> Cre
     They are read when the handler is defined and again at the start of every pass, as its
     user, so a revoked grant stops it and a rotated value is picked up.
     """
+    # Bound secrets ([secrets.NAME] hosts) go only to their hosts: checked on the URL's host.
+    host = urlsplit(params.url).hostname or ""
     values = {
         name: None
         if getattr(params, name) is None
-        else secrets.use(getattr(params, name), identity, f"params.{name}")
+        else secrets.use(getattr(params, name), identity, f"params.{name}", to=host)
         for name in SECRET_PARAMS
     }
     authorization = None

@@ -3,7 +3,7 @@
 The supervisor holds one ``Reach`` and hands each handler type's ``build`` a copy naming who
 the handler acts for (``by``): whoever defines it, or on a restart the user it runs as. A
 definition can only name secrets that user may use, and every connection a handler opens
-passes the egress policy.
+passes the egress policy; a file it names is read through ``files``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.auth.secret import Secrets
 from capella.egress import Egress
+from capella.file_access import FileAccess
 from capella.handlers.clusters import Clusters
 
 
@@ -21,4 +22,6 @@ class Reach:
     clusters: Clusters
     secrets: Secrets = field(default_factory=Secrets)
     egress: Egress = field(default_factory=Egress.open)
+    # The files a definition may name (an admin's: any).
+    files: FileAccess = field(default_factory=FileAccess)
     by: Identity = UNRESTRICTED

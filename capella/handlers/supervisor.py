@@ -38,6 +38,7 @@ from capella.errors import (
     InvalidRequest,
     Unauthorized,
 )
+from capella.file_access import FileAccess
 from capella.handlers.base import Building, Handler, PassResult, handler_type
 from capella.handlers.clusters import Clusters
 from capella.handlers.reach import Reach
@@ -206,13 +207,16 @@ class Supervisor:
         users: AuthStore | None = None,
         secrets: Secrets | None = None,
         egress: Egress | None = None,
+        files: FileAccess | None = None,
     ) -> None:
         self._cluster = cluster
         self._users = users
         self._clock = clock
         # External clusters that copy handlers reach as ``cluster/queue``.
         self.clusters = clusters if clusters is not None else Clusters(cluster)
-        self.reach = Reach(self.clusters, secrets or Secrets(), egress or Egress.open())
+        self.reach = Reach(
+            self.clusters, secrets or Secrets(), egress or Egress.open(), files or FileAccess()
+        )
         self._states: dict[str, HandlerState] = {}
         self._lock = asyncio.Lock()
 
@@ -286,6 +290,7 @@ class Supervisor:
         reach = replace(self.reach, by=acting)
         params = definition.params if definition.params is not None else entry.decode(None)
         params, handler = entry.build(params, Building(self._cluster, queues, reach, name))
+        await handler.check(acting)
         async with self._lock:
             old = self._states.get(name)
             if old is not None:

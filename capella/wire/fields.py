@@ -112,9 +112,15 @@ DefinitionSaveMode = Literal["none", "immediate", "mark", "wait", "0", "1", "2",
 # duration or a size is turned into seconds or bytes while it is decoded. msgspec hands a
 # value to ``decode_hook`` only for a type it does not know: at run time these are classes of
 # their own, while to the type checker, and in every decoded struct, they are plain numbers.
+# The shortest period a handler param may name (an interval, a long poll, a retry delay):
+# a handler woken more often does little but wake (docs/handlers.md measures one at the floor).
+MIN_PERIOD = 0.01
+
 if TYPE_CHECKING:
     Seconds = float
     PositiveSeconds = float
+    Interval = float
+    IntervalOrZero = float
     Bytes = int
 else:
 
@@ -123,6 +129,12 @@ else:
 
     class PositiveSeconds(Seconds):
         """A duration greater than 0."""
+
+    class Interval(Seconds):
+        """A handler's period: at least ``MIN_PERIOD``."""
+
+    class IntervalOrZero(Seconds):
+        """A handler's period, or 0 where 0 means none (continuous, woken by work)."""
 
     class Bytes(int):
         """A size greater than 0: ``"8MiB"``, ``"512k"`` or a number of bytes."""
@@ -145,10 +157,19 @@ def seconds(value: object, *, positive: bool) -> float:
 
 
 def decode_hook(kind: type, value: object) -> object:
-    """``msgspec.convert``'s ``dec_hook`` for ``Seconds``, ``PositiveSeconds`` and ``Bytes``."""
+    """``msgspec.convert``'s ``dec_hook`` for ``Seconds``, ``PositiveSeconds``, ``Interval``,
+    ``IntervalOrZero`` and ``Bytes``."""
     # msgspec checks that the hook gave an instance of ``kind``; decode_params makes it plain.
     if kind is PositiveSeconds or kind is Seconds:
         return kind(seconds(value, positive=kind is PositiveSeconds))
+    if kind is Interval or kind is IntervalOrZero:
+        found = seconds(value, positive=False)
+        if found < MIN_PERIOD and not (kind is IntervalOrZero and found == 0):
+            zero = " (or 0)" if kind is IntervalOrZero else ""
+            raise ValueError(
+                f"must be at least {MIN_PERIOD:g} seconds{zero}, the floor of a handler's periods"
+            )
+        return kind(found)
     if kind is Bytes:
         size = parse_size(value)
         if size <= 0:
@@ -169,6 +190,24 @@ def schema_hook(kind: type) -> dict[str, Any]:
         }
     if kind is Seconds:
         return {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": DURATION_PATTERN}]}
+    if kind is Interval:
+        # The text form's pattern takes any positive duration; the server refuses one below the floor.
+        return {
+            "anyOf": [
+                {"type": "number", "minimum": MIN_PERIOD},
+                {"type": "string", "pattern": POSITIVE_DURATION_PATTERN},
+            ],
+            "description": f"at least {MIN_PERIOD:g} s",
+        }
+    if kind is IntervalOrZero:
+        return {
+            "anyOf": [
+                {"const": 0},
+                {"type": "number", "minimum": MIN_PERIOD},
+                {"type": "string", "pattern": DURATION_PATTERN},
+            ],
+            "description": f"0, or at least {MIN_PERIOD:g} s",
+        }
     if kind is Bytes:
         text = {"type": "string", "pattern": POSITIVE_SIZE_PATTERN}
         return {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_SIZE}, text]}

@@ -16,7 +16,8 @@ from capella.wire.fields import (
     URL_EXCLUDED,
     USER_NAME_PATTERN,
     Bytes,
-    Duration,
+    Interval,
+    IntervalOrZero,
     Name,
     PositiveSeconds,
     SaveModeText,
@@ -137,13 +138,13 @@ def _check_segments(segments: list[tuple[int, int]] | None) -> None:
 class FlushParams(Params):
     """Flush the queues' open blocks every interval."""
 
-    interval: PositiveSeconds = 1.0
+    interval: Interval = 1.0
 
 
 class UnloadParams(Params):
     """with neither idle nor age, idle is 60 s"""
 
-    interval: PositiveSeconds = 10.0
+    interval: Interval = 10.0
     idle: Annotated[PositiveSeconds, Meta(description="unload blocks not read for this long")] | None = None
     age: Annotated[PositiveSeconds, Meta(description="unload blocks older than this")] | None = None
 
@@ -167,7 +168,7 @@ class ArchiveParams(Params):
     """Move blocks between tiers by age."""
 
     conditions: Annotated[list[ArchiveCondition], Meta(min_length=1)]
-    interval: PositiveSeconds = 60.0
+    interval: Interval = 60.0
     limit: Annotated[int, Meta(ge=1, le=INT64_MAX, description="blocks moved per pass")] = 100
 
     def __post_init__(self) -> None:
@@ -188,7 +189,7 @@ class ExpireParams(Params):
         ]
     }
 
-    interval: PositiveSeconds = 60.0
+    interval: Interval = 60.0
     max_age: PositiveSeconds | None = None
     max_bytes: Bytes | None = None
     max_messages: Annotated[int, Meta(ge=1, le=INT64_MAX)] | None = None
@@ -215,9 +216,12 @@ class CopyParams(Params):
         Annotated[QueueRef, Meta(description="the source queue when the definition names no queues")] | None
     ) = field(default=None, name="from")
     subscription: Annotated[Name, Meta(description="the cursor on each source (default copy-to-<to>)")] = ""
-    interval: Annotated[Seconds, Meta(description="pause between passes (default 0: continuous)")] = 0.0
+    interval: Annotated[
+        IntervalOrZero,
+        Meta(description="pause between passes (default 0: continuous, long-polling for wait)"),
+    ] = 0.0
     batch: Batch = 1000
-    wait: Annotated[Seconds, Meta(description="long-poll when caught up (default 2 s)")] = 2.0
+    wait: Annotated[IntervalOrZero, Meta(description="long-poll when caught up (default 2 s; 0: none)")] = 2.0
     segments: Segments | None = None
     save: SaveModeName = "wait"
     # A lost cursor commit only sends a batch again, which dedup absorbs: no need to wait.
@@ -291,7 +295,7 @@ class PushParams(Params):
     ] = "unordered"
     concurrency: Annotated[int, Meta(ge=1, le=1000, description="requests in flight (default 4)")] = 4
     timeout: Annotated[PositiveSeconds, Meta(description="per request (default 10 s, at most 60 s)")] = 10.0
-    wait: Annotated[Seconds, Meta(description="long-poll when caught up (default 2 s)")] = 2.0
+    wait: Annotated[IntervalOrZero, Meta(description="long-poll when caught up (default 2 s; 0: none)")] = 2.0
     headers: Annotated[
         dict[
             Annotated[str, schema(pattern=f"^{_HEADER_NAME.pattern}$")],
@@ -307,8 +311,8 @@ class PushParams(Params):
         Annotated[int, schema(minimum=0, maximum=1_000_000, description="0: no limit (default 5)")] | None
     ) = None
     backoff: Literal["fixed", "exponential"] | None = None
-    delay: Annotated[Duration, Meta(description="the first retry's delay (default 1 s)")] | None = None
-    max_delay: Annotated[Duration, Meta(description="the longest delay (default 5 min)")] | None = None
+    delay: Annotated[Interval, Meta(description="the first retry's delay (default 1 s)")] | None = None
+    max_delay: Annotated[Interval, Meta(description="the longest delay (default 5 min)")] | None = None
     jitter: Annotated[float, schema(minimum=0, maximum=1)] | None = None
     dead_letter: Annotated[str, Meta(description="the queue that gets what used up its attempts")] | None = (
         None
@@ -433,7 +437,7 @@ class PgOutboxParams(PgConnection, kw_only=True):
         bool, Meta(description="delete relayed rows (default); false sets relayed_at instead")
     ] = True
     interval: Annotated[
-        PositiveSeconds, Meta(description="pause between passes (default 1 s; a NOTIFY wakes it)")
+        Interval, Meta(description="pause between passes (default 1 s; a NOTIFY wakes it)")
     ] = 1.0
 
 
@@ -447,7 +451,7 @@ class PgInboxParams(PgConnection):
     batch: Annotated[int, Meta(ge=1, le=INT64_MAX, description="messages per insert (default 1000)")] = 1000
     segments: Segments | None = None
     interval: Annotated[
-        PositiveSeconds, Meta(description="pause between passes (default 1 s; a message wakes it)")
+        Interval, Meta(description="pause between passes (default 1 s; a message wakes it)")
     ] = 1.0
 
     def __post_init__(self) -> None:

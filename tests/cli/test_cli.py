@@ -429,7 +429,7 @@ def test_a_failed_cluster_ping_exits_1_with_the_error(run: Run) -> None:
 def test_cluster_errors_are_clean(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     code, out, err = run("cluster", "add", "cli-bad", "--url", "http://a", "--ca-file", "/no/such.pem")
     assert (code, out) == (1, "")
-    assert err.startswith("capella: invalid_request: ca_file: no such file")
+    assert err.startswith("capella: file_unavailable: ca_file: the file '/no/such.pem' cannot be used")
 
     code, _, err = run("cluster", "add", "cli-bad", "--url", "http://a", "--password", "p")
     assert code == 1 and "a password needs a username" in err

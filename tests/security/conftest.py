@@ -49,6 +49,7 @@ class Secured:
         user: str | None = "dev",
         headers: dict[str, str] | None = None,
         data: bytes | None = None,
+        timeout: float = 30.0,
     ) -> Answer:
         sent = dict(headers or {})
         if user is not None:
@@ -59,7 +60,7 @@ class Secured:
             sent.setdefault("Content-Type", "application/json")
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=sent)
         try:
-            with urllib.request.urlopen(request, timeout=30) as resp:
+            with urllib.request.urlopen(request, timeout=timeout) as resp:
                 raw, status, got = resp.read(), resp.status, dict(resp.headers)
         except urllib.error.HTTPError as exc:
             raw, status, got = exc.read(), exc.code, dict(exc.headers)

@@ -133,7 +133,7 @@ async def test_a_cluster_ciphertext_is_bound_to_the_cluster(cluster: Cluster, tm
     assert moved.secret is None and moved.error is not None and "cannot be decrypted" in moved.error
     assert moved.public_dict()["error"] == moved.error
     with pytest.raises(Exception, match="cannot be decrypted"):
-        again.client("b")
+        await again.client("b")
 
 
 def test_a_tampered_ciphertext_is_refused(tmp_path: Path) -> None:

@@ -28,8 +28,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from support.wait import until
 
+from capella.auth.rule import UNRESTRICTED, Identity
 from capella.egress import Egress
-from capella.errors import CapellaError, DatabaseRefused, DatabaseUnavailable
+from capella.errors import CapellaError, DatabaseRefused, DatabaseUnavailable, FileUnavailable
+from capella.file_access import FileAccess
 from capella.handlers.postgres import Database, Dsn
 from security.fake_pg import FakePostgres, serving
 
@@ -104,13 +106,15 @@ def fake_pg(request: pytest.FixtureRequest, certs: Certs) -> Iterator[FakePostgr
     yield from serving(certs.servers[request.param])
 
 
-async def login(port: int, query: str) -> CapellaError:
+async def login(
+    port: int, query: str, files: FileAccess | None = None, identity: Identity = UNRESTRICTED
+) -> CapellaError:
     """What connecting to ``localhost:port`` as ``app`` with ``PASSWORD`` fails with."""
     before = open_sockets()
     dsn = Dsn(f"postgresql://app@localhost:{port}/db?{query}", password=PASSWORD)
-    database = Database(dsn, egress=LOOPBACK)
+    database = Database(dsn, egress=LOOPBACK, files=files)
     try:
-        await database.connect()
+        await database.connect(identity)
     except CapellaError as exc:
         return exc
     finally:
@@ -167,3 +171,21 @@ def test_verify_full_refuses_a_certificate_for_another_name_before_the_password(
     assert "certificate verify failed" in error.message and "'localhost'" in error.message, error
     assert fake_pg.connections == 1
     assert fake_pg.passwords == []
+
+
+@RUNS
+@pytest.mark.parametrize("fake_pg", ["localhost"], indirect=True)
+def test_a_user_who_is_not_an_admin_verifies_with_a_ca_only_under_a_listed_directory(
+    run: Run, certs: Certs, fake_pg: FakePostgres
+) -> None:
+    dev = Identity("dev")
+    query = f"sslmode=verify-full&sslrootcert={certs.ca}"
+    listed = run(login(fake_pg.port, query, FileAccess.of([certs.ca.parent]), dev))
+    assert isinstance(listed, DatabaseRefused) and "authentication failed" in listed.message, listed
+    assert fake_pg.passwords == [PASSWORD] and fake_pg.over_tls == [True]
+    # The same file, its directory not listed: refused before connecting, in words that do not
+    # say whether it exists.
+    unlisted = run(login(fake_pg.port, query, FileAccess(), dev))
+    assert isinstance(unlisted, FileUnavailable), unlisted
+    assert "[files] allow" in unlisted.message and "No such" not in unlisted.message
+    assert fake_pg.connections == 1

@@ -48,6 +48,7 @@ class ServerProcess:
         port: int | None = None,
         config: Path | None = None,
         env: dict[str, str] | None = None,
+        stdin: int = subprocess.DEVNULL,
     ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
@@ -59,7 +60,8 @@ class ServerProcess:
             command += ["--config", str(config)]
         self.process = subprocess.Popen(
             [*command, "--listen", f"127.0.0.1:{self.port}"],
-            stdin=subprocess.DEVNULL,
+            # A pipe nobody writes to (subprocess.PIPE) is what Docker gives a service.
+            stdin=stdin,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=None if env is None else {**os.environ, **env},
@@ -74,6 +76,8 @@ class ServerProcess:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(SERVER_STOP_TIMEOUT)
         self._log.close()
+        if self.process.stdin is not None:
+            self.process.stdin.close()
 
     def stop(self) -> int:
         if self.process.poll() is None:
@@ -84,6 +88,8 @@ class ServerProcess:
                 self.process.kill()
                 self.process.wait(SERVER_STOP_TIMEOUT)
         self._log.close()
+        if self.process.stdin is not None:
+            self.process.stdin.close()
         return self.process.returncode
 
     def log(self) -> str:

@@ -302,7 +302,7 @@ async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelo
         },
         "hops": [*envelope.hops, ctx.cluster.name],
     }
-    raw = await clusters.client(cluster).original_call(msgspec.json.encode(sent))
+    raw = await (await clusters.client(cluster)).original_call(msgspec.json.encode(sent))
     try:
         got = orjson.loads(raw)["responce"]
         error = got["error"]
