@@ -135,9 +135,9 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # max_connections), so a few addresses cannot fill the server.
     max_connections_per_address: PositiveInt = 128
     # Idle keep-alive connections one address may keep; past that its oldest idle one closes.
-    max_idle_per_address: PositiveInt = 16
+    max_idle_per_address: PositiveInt = 64
     # Requests whose body is still arriving, per address (a stalled upload holds a slot).
-    max_bodies_per_address: PositiveInt = 8
+    max_bodies_per_address: PositiveInt = 64
     # With authentication on, the Server-Sent Events streams one user may hold at once.
     max_streams_per_user: PositiveInt = 16
     header_timeout: PositiveDuration = 10.0
