@@ -34,6 +34,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from support.http import RawAnswer as Answer
+from support.http import read_answer as read_raw_answer
 from support.servers import SERVER_START_TIMEOUT, ServerProcess, running
 from support.wait import eventually, until
 
@@ -253,29 +255,9 @@ def request_bytes(path: str = "/healthz", *, close: bool = False, extra: str = "
     return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: {connection}\r\n{extra}\r\n".encode()
 
 
-@dataclass
-class Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def error(self) -> dict[str, Any]:
-        assert self.headers["content-type"].startswith("application/json"), self.headers
-        error: dict[str, Any] = orjson.loads(self.body)["error"]
-        return error
-
-
 async def read_answer(reader: asyncio.StreamReader) -> Answer:
     """One HTTP/1.1 response with a Content-Length, read within ``READ_TIMEOUT``."""
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
-    status_line, *lines = head.decode("latin-1").split("\r\n")
-    headers = {}
-    for line in lines:
-        if line:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-    body = await asyncio.wait_for(reader.readexactly(int(headers.get("content-length", "0"))), READ_TIMEOUT)
-    return Answer(int(status_line.split()[1]), headers, body)
+    return await read_raw_answer(reader, READ_TIMEOUT)
 
 
 async def exchange(port: int, data: bytes, *, then_closed: bool = False) -> Answer:

@@ -10,13 +10,10 @@ original protocol's ``capsec`` actions, needs everything that user holds.
 
 from __future__ import annotations
 
-import base64
-import json
-import time
-import urllib.request
 from typing import Any
 
 import pytest
+from support.original import call, envelope
 
 from capella.api.original.codes import PERMISSION_DENIED
 from security.conftest import DEV_PASSWORD, Answer, Secured, StartSecured
@@ -147,23 +144,8 @@ def test_a_user_manager_acts_on_users_who_hold_no_more_than_it(managed: Secured)
 
 
 def original_call(secured: Secured, action: str, body: object, user: str = "mgr") -> dict[str, Any]:
-    """One ``POST /cluster`` envelope signed in as ``user`` (password ``DEV_PASSWORD``)."""
-    envelope = {
-        "auth_type": "basic",
-        "user_name": user,
-        "auth_info": base64.b64encode(json.dumps(DEV_PASSWORD).encode()).decode(),
-        "wait": 5_000_000_000,
-        "current_time": time.time_ns(),
-        "prefer_content_type": "",
-        "replace_name_force": False,
-        "request": {"name": "", "user": "", "action": action, "body": body},
-    }
-    request = urllib.request.Request(
-        f"{secured.url}/cluster", data=json.dumps(envelope).encode(), method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=30) as resp:
-        answer: dict[str, Any] = json.loads(resp.read())["responce"]
-    return answer
+    """One ``POST /cluster`` call signed in as ``user`` (password ``DEV_PASSWORD``)."""
+    return call(secured.url, envelope(action, body, user=user, password=DEV_PASSWORD))
 
 
 def test_the_original_protocol_checks_the_same(managed: Secured) -> None:

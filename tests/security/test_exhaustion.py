@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.http import read_answer as read_raw_answer
+from support.http import read_head
+from support.original import envelope
 from support.wait import until
 
 from .conftest import ADMIN_PASSWORD, DEV_PASSWORD, Secured, StartSecured
@@ -95,16 +98,9 @@ def head(method: str, path: str, *, user: str | None = None, extra: str = "", cl
 
 
 async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
-    """One response with a Content-Length, within ``READ_TIMEOUT``."""
-    raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
-    status, *lines = raw.decode("latin-1").split("\r\n")
-    headers = {}
-    for line in lines:
-        if line:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-    body = await asyncio.wait_for(reader.readexactly(int(headers.get("content-length", "0"))), READ_TIMEOUT)
-    return int(status.split()[1]), headers, body
+    """One response with a Content-Length, within ``READ_TIMEOUT``: status, headers, body."""
+    answer = await read_raw_answer(reader, READ_TIMEOUT)
+    return answer.status, answer.headers, answer.body
 
 
 async def closed(reader: asyncio.StreamReader) -> bool:
@@ -152,24 +148,6 @@ def admin_is_served(secured: Secured, source: str) -> Any:
     return check()
 
 
-def envelope(
-    user: str, password: str, action: str = "ping", body: object = None, **request: Any
-) -> dict[str, Any]:
-    req: dict[str, Any] = {"name": "", "user": "", "action": action, **request}
-    if body is not None:
-        req["body"] = body
-    return {
-        "auth_type": "basic",
-        "user_name": user,
-        "auth_info": base64.b64encode(json.dumps(password).encode()).decode(),
-        "wait": 5_000_000_000,
-        "current_time": time.time_ns(),
-        "prefer_content_type": "",
-        "replace_name_force": False,
-        "request": req,
-    }
-
-
 def cluster_call(secured: Secured, data: bytes, compress: str = "") -> dict[str, Any]:
     answer = secured.call("POST", "/cluster", user=None, data=data, headers={"Compress-Type": compress})
     assert answer.status == 200, answer.body
@@ -185,7 +163,7 @@ async def test_large_anonymous_cluster_bodies_are_refused_early_and_cost_no_memo
     # byte: a valid-looking head with a wrong password, then padding. Before, the server read
     # (and kept) all of it: eight such bodies took its RSS from 75 to 230 MB.
     size = 15 * MiB
-    prefix = json.dumps(envelope("admin", "wrong", "q_add"))[:-2].encode() + b',"body":"'
+    prefix = json.dumps(envelope("q_add", user="admin", password="wrong"))[:-2].encode() + b',"body":"'
     filler = b"a" * (256 * 1024)
     before = rss_kib(limited)
     answers: list[tuple[int, bytes]] = []
@@ -223,7 +201,10 @@ async def test_large_anonymous_cluster_bodies_are_refused_early_and_cost_no_memo
 
 def test_a_gzip_bomb_is_refused_before_sign_in(limited: Secured) -> None:
     bomb = gzip.compress(
-        json.dumps(envelope("admin", "wrong"))[:-2].encode() + b',"body":"' + b"a" * (64 * MiB) + b'"}}'
+        json.dumps(envelope("ping", user="admin", password="wrong"))[:-2].encode()
+        + b',"body":"'
+        + b"a" * (64 * MiB)
+        + b'"}}'
     )
     before = rss_kib(limited)
     started = time.monotonic()
@@ -239,7 +220,9 @@ def test_a_gzip_bomb_is_refused_before_sign_in(limited: Secured) -> None:
 def test_a_signed_in_users_large_envelope_is_read_after_sign_in(limited: Secured) -> None:
     limited.call("PUT", "/v1/queues/big", {}, user="admin")
     payload = base64.b64encode(b"x" * (200 * 1024)).decode()  # 270 KB of envelope: past the 16 KiB
-    sent = envelope("admin", ADMIN_PASSWORD, "q_add", {"msg": {"msg": payload}, "sm": 1}, object_name="big")
+    sent = envelope(
+        "q_add", {"msg": {"msg": payload}, "sm": 1}, user="admin", password=ADMIN_PASSWORD, object_name="big"
+    )
     plain = cluster_call(limited, json.dumps(sent).encode())
     zipped = cluster_call(limited, gzip.compress(json.dumps(sent).encode()), "gzip")
 
@@ -250,7 +233,7 @@ def test_a_signed_in_users_large_envelope_is_read_after_sign_in(limited: Secured
 
 def test_a_large_envelope_must_name_its_sender_first_and_once(limited: Secured) -> None:
     padding = "p" * (BEFORE_SIGN_IN * 2)
-    sent = envelope("admin", ADMIN_PASSWORD, "ping", {"pad": padding})
+    sent = envelope("ping", {"pad": padding}, user="admin", password=ADMIN_PASSWORD)
     late = {"request": sent.pop("request"), **sent}  # credentials after the request
     twice = json.dumps(sent)[:-1] + f', "request": {json.dumps(late["request"])}, "user_name": "dev"}}'
 
@@ -258,7 +241,7 @@ def test_a_large_envelope_must_name_its_sender_first_and_once(limited: Secured) 
     assert "max_read_before_sign_in" in cluster_call(limited, json.dumps(late).encode())["error"]["iet"]
     assert cluster_call(limited, twice.encode())["error"]["code"] == 10120103
     # A small one is read whole before sign-in, in any order (as the original reads it).
-    small = envelope("admin", ADMIN_PASSWORD)
+    small = envelope("ping", user="admin", password=ADMIN_PASSWORD)
     assert (
         cluster_call(limited, json.dumps({"request": small.pop("request"), **small}).encode())["error"]
         is None
@@ -348,17 +331,11 @@ async def test_bodies_in_flight_from_one_address_are_capped(limited: Secured) ->
 async def open_stream(secured: Secured, source: str, user: str) -> tuple[Stream, int, dict[str, str], bytes]:
     reader, writer = await connect(secured, source)
     writer.write(head("GET", "/v1/queues/dev-q/stream", user=user))
-    raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
-    status_line, *lines = raw.decode("latin-1").split("\r\n")
-    headers = {}
-    for line in lines:
-        if line:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
+    status, headers = await read_head(reader, READ_TIMEOUT)
     body = b""
     if "content-length" in headers:
         body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), READ_TIMEOUT)
-    return (reader, writer), int(status_line.split()[1]), headers, body
+    return (reader, writer), status, headers, body
 
 
 async def test_sse_streams_over_the_per_user_cap_are_refused_and_the_admin_is_served(

@@ -13,9 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +20,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from support.original import call, envelope
 from support.receiver import Received, listening
 from support.servers import ServerProcess, running
 
@@ -280,7 +278,7 @@ async def test_a_far_redirect_is_a_502_without_its_location(sites: Sites, attack
 def test_every_answer_says_nosniff_and_forbids_rendering(sites: Sites) -> None:
     near = sites.near
     sites.grant()
-    envelope = json.dumps(original("ping", "admin", ADMIN_PASSWORD)).encode()
+    ping = json.dumps(envelope("ping", user="admin", password=ADMIN_PASSWORD)).encode()
     answers: dict[str, Answer] = {
         "ok": near.call("GET", "/v1/queues", user="admin"),
         "public": near.call("GET", "/readyz", user=None),
@@ -289,7 +287,7 @@ def test_every_answer_says_nosniff_and_forbids_rendering(sites: Sites) -> None:
         "404": near.call("GET", "/v1/no-such-thing", user="admin"),
         "400": near.call("GET", "/v1/clusters/toB/v1/a%2Fb", user="admin"),
         "relayed": near.call("GET", "/v1/clusters/toB/v1/queues", user="admin"),
-        "original": near.call("POST", "/cluster", data=envelope, user=None),
+        "original": near.call("POST", "/cluster", data=ping, user=None),
         "cross-site": near.call("DELETE", "/v1/queues/dev-x", headers=CROSS_SITE),
     }
     for what, answer in answers.items():
@@ -410,32 +408,14 @@ def test_a_cross_site_relayed_request_is_refused_whatever_its_method(sites: Site
 # --- the original protocol's nested calls --------------------------------------------------------
 
 
-def original(
-    action: str, user: str, password: str, body: object = None, object_name: str = ""
-) -> dict[str, Any]:
-    request: dict[str, Any] = {"name": "", "user": "", "action": action, "object_name": object_name}
-    if body is not None:
-        request["body"] = body
-    return {
-        "auth_type": "basic",
-        "user_name": user,
-        "auth_info": base64.b64encode(json.dumps(password).encode()).decode(),
-        "wait": 5_000_000_000,
-        "current_time": time.time_ns(),
-        "request": request,
-    }
-
-
-def cluster_call(site: Secured, envelope: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(f"{site.url}/cluster", data=json.dumps(envelope).encode(), method="POST")
-    with urllib.request.urlopen(request, timeout=30) as resp:
-        assert resp.status == 200
-        answer: dict[str, Any] = json.loads(resp.read())["responce"]
-    return answer
+def cluster_call(site: Secured, sent: dict[str, Any]) -> dict[str, Any]:
+    return call(site.url, sent)
 
 
 def dev_call(site: Secured, action: str, body: object = None, object_name: str = "") -> dict[str, Any]:
-    return cluster_call(site, original(action, "dev", DEV_PASSWORD, body, object_name))
+    return cluster_call(
+        site, envelope(action, body, user="dev", password=DEV_PASSWORD, object_name=object_name)
+    )
 
 
 ADD_USER = {"action": "SecurityATCB_add_use_cluster", "body": {"name": "evil", "pwd": "evil-password"}}
@@ -465,11 +445,16 @@ def test_nested_calls_never_reach_far_users(sites: Sites) -> None:
     ]
     for body in nested:
         for who, password in (("dev", DEV_PASSWORD), ("admin", ADMIN_PASSWORD)):
-            got = cluster_call(sites.near, original("nested_call", who, password, body, "toB"))
+            got = cluster_call(
+                sites.near, envelope("nested_call", body, user=who, password=password, object_name="toB")
+            )
             assert got["error"]["code"] == PERMISSION_DENIED, (body, who, got)
             assert "never run through an external cluster" in got["error"]["msg"], got
     # A far side refuses them too when another cluster sent them on (for a sender that did not check).
-    sent_on = {**original(ADD_USER["action"], "admin", ADMIN_PASSWORD, ADD_USER["body"]), "hops": ["near"]}
+    sent_on = {
+        **envelope(ADD_USER["action"], ADD_USER["body"], user="admin", password=ADMIN_PASSWORD),
+        "hops": ["near"],
+    }
     assert cluster_call(sites.far, sent_on)["error"]["code"] == PERMISSION_DENIED
     assert sites.far.call("GET", "/v1/users/evil", user="admin").status == 404
 

@@ -1,10 +1,14 @@
-"""HTTP helpers over aiohttp: the error body of an answer, and a whole queue read page by page."""
+"""HTTP helpers: the error body of an answer, a whole queue read page by page (over aiohttp),
+and one answer read off a raw connection (for tests that hold sockets themselves)."""
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 
 async def error_of(resp: Any, status: int) -> dict[str, Any]:
@@ -42,3 +46,37 @@ async def read_all(
             return messages
         messages.extend(page["messages"])
         after = page["last_id"]
+
+
+@dataclass
+class RawAnswer:
+    """One HTTP/1.1 answer read off a raw connection; header names in lower case."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def error(self) -> dict[str, Any]:
+        assert self.headers["content-type"].startswith("application/json"), self.headers
+        error: dict[str, Any] = orjson.loads(self.body)["error"]
+        return error
+
+
+async def read_head(reader: asyncio.StreamReader, within: float) -> tuple[int, dict[str, str]]:
+    """The status and headers of the next answer on ``reader``, within ``within`` seconds."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), within)
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    return int(status_line.split()[1]), headers
+
+
+async def read_answer(reader: asyncio.StreamReader, within: float) -> RawAnswer:
+    """The next answer on ``reader``, which has a Content-Length, within ``within`` seconds each
+    for its head and its body."""
+    status, headers = await read_head(reader, within)
+    body = await asyncio.wait_for(reader.readexactly(int(headers.get("content-length", "0"))), within)
+    return RawAnswer(status, headers, body)
