@@ -171,6 +171,20 @@ class RelayRefused(Forbidden):
     code = "relay_refused"
 
 
+class HandlerUserUnavailable(Forbidden):
+    """The user a handler runs as does not exist (yet) or is disabled: each pass fails until it
+    exists, is enabled and has rights (a handler may be defined before its user)."""
+
+    code = "handler_user_unavailable"
+
+
+class HandlerUserNotCovered(Forbidden):
+    """Whoever defined a handler no longer holds everything the handler's user holds (the user
+    was given more, or the definer was dropped or given less): its passes fail until it does."""
+
+    code = "handler_user_not_covered"
+
+
 class HostNotAllowed(Forbidden):
     """With authentication off, the Host header names neither a loopback host nor one of
     ``server.allowed_hosts`` (how DNS rebinding would reach the API)."""

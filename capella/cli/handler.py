@@ -130,6 +130,7 @@ def show_handler(args: argparse.Namespace, client: Client) -> int:
             ("queues", ", ".join(info.queues)),
             ("params", ", ".join(f"{k}={v}" for k, v in info.params.items()) or "-"),
             ("runs as", info.user or "-"),
+            *([("cannot run", status.cannot_run)] if status.cannot_run else []),
             ("started", "yes" if info.started else "no"),
             ("running", "yes" if status.running else "no"),
             ("runs", f"{status.runs} ({status.items} items, {status.bytes} bytes)"),

@@ -3,7 +3,11 @@
 Definitions live in ``.capella/handlers.json`` on the default mount and come back on restart
 in the state they had. A handler runs as a user (``user`` in its definition, by default
 whoever defined it) and each pass is limited by that user's rules as they are at that moment;
-a handler defined while authentication was off has no user and is not limited. A pass that
+a handler defined while authentication was off has no user and is not limited. The user may
+not exist yet (the original's examples define a handler before its user): its passes then fail
+until it does. Whoever defined the handler is kept with it, and a pass runs only while that
+definer still holds everything the user holds (``AuthStore.act_on``, the attenuation check), so
+naming a user that is created or widened later never grants more than the definer holds. A pass that
 fails records its error and is retried with backoff; an exception in a pass never leaves the
 loop. Stopping waits for a running pass to finish (a
 bounded time) and then cancels the loop, so a stopped handler does nothing more.
@@ -33,10 +37,12 @@ from capella.core.loops import keep_running
 from capella.egress import Egress
 from capella.errors import (
     CapellaError,
+    Forbidden,
     HandlerNotFound,
+    HandlerUserNotCovered,
+    HandlerUserUnavailable,
     InvalidConfig,
     InvalidRequest,
-    Unauthorized,
 )
 from capella.file_access import FileAccess
 from capella.handlers.base import Building, Handler, PassResult, handler_type
@@ -108,6 +114,10 @@ class HandlerState:
     handler: Handler
     started: bool
     user: str | None = None
+    # Who defined it; None with authentication off (or stored before definers were kept).
+    definer: str | None = None
+    # The definer's ``created``, which tells it from a later user of the same name.
+    definer_since: float | None = None
     runs: int = 0
     items: int = 0
     bytes: int = 0
@@ -120,6 +130,8 @@ class HandlerState:
     next_run: float | None = None
     task: asyncio.Task[None] | None = None
     pass_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The identity a pass would run under now, or the error why none can (the supervisor's).
+    authority: Callable[[HandlerState], Identity] = field(default=lambda state: UNRESTRICTED, repr=False)
 
     def shown_params(self) -> dict[str, Any]:
         """The params as the API shows them: the struct as msgspec renders it."""
@@ -137,7 +149,13 @@ class HandlerState:
             shown = {k: v for k, v in self.shown_params().items() if k not in self.params.shown_only}
             params = shown | self.handler.stored_params()
         return HandlerEntry(
-            type=self.type, queues=self.queues, params=params, started=self.started, user=self.user
+            type=self.type,
+            queues=self.queues,
+            params=params,
+            started=self.started,
+            user=self.user,
+            definer=self.definer,
+            definer_since=self.definer_since,
         )
 
     def info(self) -> wire.HandlerInfo:
@@ -166,12 +184,21 @@ class HandlerState:
             failing_since=self.failing_since,
             last_error=self.last_error,
             next_run=self.next_run if self.task is not None else None,
+            cannot_run=self.cannot_run(),
         )
         typed = self.handler.status()
         if typed is None:
             return status
         # A type's status struct names its fields as HandlerStatus does; UNSET stays absent.
         return msgspec.structs.replace(status, **msgspec.structs.asdict(typed))
+
+    def cannot_run(self) -> str | None:
+        """Why no pass can run now (its user, or its definer's hold on it), or None."""
+        try:
+            self.authority(self)
+        except CapellaError as exc:
+            return exc.message
+        return None
 
     def note_error(self, exc: Exception, message: str, at: float) -> None:
         """``exc`` (told as ``message``) is the last error; a streak of failures begins at its first."""
@@ -228,14 +255,17 @@ class Supervisor:
             params: Params | dict[str, Any]
             try:
                 # As the user it runs as: a secret or cluster it lost the right to does not load.
-                reach = replace(self.reach, by=self._identity_of(d.user))
+                reach = replace(self.reach, by=self._building_identity(d.user, d.definer))
                 params, handler = build(self._cluster, d.type, list(d.queues), d.params, reach, name)
             except CapellaError as exc:
                 # Keep the definition (a later save must not drop it); every pass reports why.
                 log.error("handler cannot be loaded handler=%s: %s", name, exc.message)
                 params = dict(d.params)
                 handler = _Unloadable(exc.message)
-            state = HandlerState(name, d.type, list(d.queues), params, handler, d.started, d.user)
+            state = HandlerState(
+                name, d.type, list(d.queues), params, handler, d.started, d.user, d.definer, d.definer_since
+            )
+            state.authority = self._identity
             self._states[name] = state
             if state.started:
                 self._launch(state)
@@ -265,8 +295,11 @@ class Supervisor:
 
         The handler runs as ``data["user"]``, by default as ``by``; naming another user needs
         ``user admin`` on it and everything it holds, so nobody hands a handler more rights
-        than they could use. Replacing a handler that runs as another user needs everything
-        that user holds too (``_check_acting``).
+        than they could use. The user may not exist yet: the handler is stored, built as ``by``
+        (the user will never be let hold more), and its passes fail until the user exists. ``by``
+        is kept as its definer: every pass checks that the definer still holds everything the
+        user holds. Replacing a handler that runs as another user needs everything that user
+        holds too (``_check_acting``).
         """
         check_name(name, "handler")
         if isinstance(data, dict) and isinstance(data.get("params"), dict):
@@ -285,8 +318,10 @@ class Supervisor:
         queues = entry.queues(definition, self._cluster)
         started = definition.started
         user = self._run_as(by.name if definition.user is UNSET else definition.user, by)
-        # Built as the user it will run as: its secrets and clusters must be theirs to use.
-        acting = by if user == by.name else self._identity_of(user)
+        # Built as the user it will run as: its secrets and clusters must be theirs to use. A
+        # user who does not exist yet (or is disabled) is built as the definer, whose hold on the
+        # user every pass checks: the user can never use more than the definer.
+        acting = by if user == by.name else self._building_identity(user, by.name, by)
         reach = replace(self.reach, by=acting)
         params = definition.params if definition.params is not None else entry.decode(None)
         params, handler = entry.build(params, Building(self._cluster, queues, reach, name))
@@ -295,7 +330,10 @@ class Supervisor:
             old = self._states.get(name)
             if old is not None:
                 self._check_acting(by, old.user)
-            state = HandlerState(name, kind, queues, params, handler, started, user)
+            state = HandlerState(
+                name, kind, queues, params, handler, started, user, by.name, self._since(by.name)
+            )
+            state.authority = self._identity
             # Saved before anything runs differently: a failed save leaves the old definition
             # stored and the old loop running, as if the request had never come.
             self._states[name] = state
@@ -410,7 +448,8 @@ class Supervisor:
         if not isinstance(user, str) or not re.fullmatch(USER_NAME_PATTERN, user):
             raise InvalidRequest("user must be a user name", field="user")
         if self._users is not None:
-            self._users.user(user)
+            # user admin on the name, and everything the user holds if it exists; a user who
+            # does not exist yet holds nothing, and each pass checks the definer again.
             self._users.act_on(by, user)
         return user
 
@@ -424,17 +463,68 @@ class Supervisor:
             by.check_acting_on(held.identity("handler"))
 
     def _identity(self, state: HandlerState) -> Identity:
-        """The rules this pass runs under: its user's, read now (a change applies at once)."""
-        return self._identity_of(state.user)
+        """The rules this pass runs under: its user's, read now (a change applies at once),
+        while its definer still holds everything the user holds; else the error why not."""
+        name = state.user
+        if name is None or self._users is None:
+            return UNRESTRICTED  # defined with authentication off, or it is off now
+        user = self._users.find_user(name)
+        if user is None or not user.enabled:
+            raise HandlerUserUnavailable(f"handler user {name!r} does not exist or is disabled")
+        held = user.identity("handler")
+        definer = state.definer
+        if definer is None:
+            return held  # defined with authentication off, or stored before definers were kept
+        found = user if definer == name else self._users.find_user(definer)
+        if found is None or not found.enabled:
+            raise HandlerUserNotCovered(
+                f"handler {state.name!r} runs as {name!r} for {definer!r}, who defined it and no "
+                "longer exists or is disabled: define it again (PUT) as a user who holds what "
+                f"{name!r} holds"
+            )
+        if state.definer_since is not None and found.created != state.definer_since:
+            # Dropped and made again: a new principal with the old name never inherits the
+            # handlers the old one defined (it may be an admin now).
+            raise HandlerUserNotCovered(
+                f"handler {state.name!r} was defined by an earlier user named {definer!r} (dropped "
+                "since and made again): define it again (PUT) to let it run"
+            )
+        if definer == name:
+            return held
+        try:
+            # The same check as acting on the user's credentials: user admin on the name and
+            # everything the user holds (only an admin covers an admin).
+            self._users.act_on(found.identity("handler"), name)
+        except Forbidden:
+            what = "an admin" if user.admin else "rules"
+            raise HandlerUserNotCovered(
+                f"handler {state.name!r} runs as {name!r}, who now holds {what} that {definer!r}, "
+                f"who defined it, does not hold: it runs again once {definer!r} holds everything "
+                f"{name!r} holds, or when defined again (PUT) by a user who does"
+            ) from None
+        return held
 
-    def _identity_of(self, name: str | None) -> Identity:
-        """User ``name``'s rules now; unrestricted for no user (defined with auth off)."""
+    def _since(self, name: str | None) -> float | None:
+        """When user ``name`` was made (None: no such user, or authentication is off)."""
+        found = None if name is None or self._users is None else self._users.find_user(name)
+        return None if found is None else found.created
+
+    def _building_identity(
+        self, name: str | None, definer: str | None, by: Identity | None = None
+    ) -> Identity:
+        """Who a definition is built as: its user now, or, while the user does not exist yet or
+        is disabled, its definer (``by`` when defining), never more than the user will be let use."""
         if name is None or self._users is None:
             return UNRESTRICTED
         user = self._users.find_user(name)
-        if user is None or not user.enabled:
-            raise Unauthorized(f"handler user {name!r} does not exist or is disabled")
-        return user.identity("handler")
+        if user is not None and user.enabled:
+            return user.identity("handler")
+        if by is not None:
+            return by
+        found = None if definer is None or definer == name else self._users.find_user(definer)
+        if found is None or not found.enabled:
+            raise HandlerUserUnavailable(f"handler user {name!r} does not exist or is disabled")
+        return found.identity("handler")
 
     async def _run_pass(self, state: HandlerState) -> PassReport:
         async with state.pass_lock:

@@ -62,6 +62,11 @@ class HandlerEntry(msgspec.Struct, frozen=True, kw_only=True):
     params: dict[str, Any]
     started: bool
     user: str | None = None
+    # Who defined it (None: defined with authentication off, or before definers were kept):
+    # each pass runs only while the definer holds everything ``user`` holds.
+    definer: str | None = None
+    # The definer's ``created``: a user of the same name made later is not the definer.
+    definer_since: float | None = None
 
 
 class HandlerRegistry(msgspec.Struct, kw_only=True):

@@ -752,6 +752,13 @@ class HandlerStatus(Struct):
         Time | None,
         Meta(description="the first failure of the current streak of failed passes; null after a success"),
     ] = None
+    cannot_run: Annotated[
+        str | None,
+        Meta(
+            description="why no pass can run now: its user does not exist (yet) or is disabled, or "
+            "whoever defined it no longer holds everything the user holds; null when it can"
+        ),
+    ] = None
     lag: (
         Annotated[
             int | None,

@@ -434,10 +434,15 @@ async def test_a_handler_for_another_user_needs_user_admin(secured_api: Client, 
     definition = {"type": "flush", "queues": ["q"], "started": False, "user": "root"}
 
     assert (await secured_api.put("/v1/handlers/escalate", json=definition, headers=BOB)).status == 403
-    async with secured_api.put("/v1/handlers/h", json={**definition, "user": "nobody"}, headers=ROOT) as resp:
-        assert resp.status == 404
+    # A user who does not exist yet is a name too: naming it needs user admin on it.
+    later = {**definition, "user": "nobody"}
+    assert (await secured_api.put("/v1/handlers/early", json=later, headers=BOB)).status == 403
+    async with secured_api.put("/v1/handlers/h", json=later, headers=ROOT) as resp:
+        assert resp.status == 201
+        waiting = (await resp.json())["status"]["cannot_run"]
+        assert waiting == "handler user 'nobody' does not exist or is disabled"
     async with secured_api.put("/v1/handlers/h", json={**definition, "user": "bob"}, headers=ROOT) as resp:
-        assert resp.status == 201 and (await resp.json())["user"] == "bob"
+        assert resp.status == 200 and (await resp.json())["user"] == "bob"
 
 
 # --- work queues ---------------------------------------------------------------------------

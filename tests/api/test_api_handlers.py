@@ -83,12 +83,14 @@ async def test_put_creates_then_replaces(q: TestClient) -> None:
         "last_success",
         "last_run",
         "failing_since",
+        "cannot_run",
         "last_error",
         "next_run",
     }
     assert (status["runs"], status["items"], status["bytes"]) == (0, 0, 0)
     assert status["last_complete"] is None and status["last_error"] is None
     assert status["last_success"] is None and status["last_run"] is None and status["failing_since"] is None
+    assert status["cannot_run"] is None
     assert isinstance(status["running"], bool)
 
     info = await put(q, "trim", {**body, "params": {"max_messages": 10}}, 200)

@@ -117,7 +117,9 @@ def test_capsec_users_and_rules_map_onto_capella_users(
     body = json.dumps({"name": "u1", "pwd": "p2-long-enough"})
     assert capx(conn, "SecurityATCB_update_use_cluster", "-body", body)["error"] is None
     assert capsec(conn, "-cmd", "enable_user", "-un", "u1")[0] == 0
-    assert call(east.url, envelope("ping", user="u1", password="p2-long-enough"))["error"] is None
+    # Signed in with the new password; u1 holds no rules, so no PING right (as the original answers).
+    pinged = call(east.url, envelope("ping", user="u1", password="p2-long-enough"))["error"]
+    assert pinged["code"] == 10101010, pinged
     assert capsec(conn, "-cmd", "disable_user", "-un", "u1")[0] == 0
     assert call(east.url, envelope("ping", user="u1", password="p2-long-enough"))["error"]["code"] == 10300903
     assert capsec(conn, "-cmd", "drop_user", "-un", "u1")[0] == 0

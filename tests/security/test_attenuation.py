@@ -143,9 +143,12 @@ def test_a_user_manager_acts_on_users_who_hold_no_more_than_it(managed: Secured)
     assert me(managed, admins["token"]).status == 200
 
 
-def original_call(secured: Secured, action: str, body: object, user: str = "mgr") -> dict[str, Any]:
+def original_call(
+    secured: Secured, action: str, body: object, user: str = "mgr", object_name: str = ""
+) -> dict[str, Any]:
     """One ``POST /cluster`` call signed in as ``user`` (password ``DEV_PASSWORD``)."""
-    return call(secured.url, envelope(action, body, user=user, password=DEV_PASSWORD))
+    sent = envelope(action, body, user=user, password=DEV_PASSWORD, object_name=object_name)
+    return call(secured.url, sent)
 
 
 def test_the_original_protocol_checks_the_same(managed: Secured) -> None:
@@ -167,3 +170,89 @@ def test_the_original_protocol_checks_the_same(managed: Secured) -> None:
         is None
     )
     assert original_call(managed, "SecurityATCB_disable_use_cluster", "reader")["error"] is None
+
+
+# --- a handler for a user who does not exist yet, or who is given more later ---------------------
+
+
+@pytest.fixture
+def namer(start_secured: StartSecured) -> Secured:
+    """``dev`` manages the ``dev-*`` users and holds ``dev-*`` queues and handlers; the admin
+    holds ``payroll``, which dev may not read."""
+    secured = start_secured(ORIGINAL)
+    make_user(secured, "dev", rules=["allow:*:*:dev-*", "allow:user:admin:dev-*"])
+    for queue in ("payroll", "dev-stolen"):
+        assert secured.call("PUT", f"/v1/queues/{queue}", {}, user="admin").status == 201
+    sent = {"messages": [{"data": "salary 1"}, {"data": "salary 2"}]}
+    assert secured.call("POST", "/v1/queues/payroll/messages", sent, user="admin").status in (200, 201)
+    return secured
+
+
+def copy_as(user: str) -> dict[str, Any]:
+    return {"type": "copy", "params": {"from": "payroll", "to": "dev-stolen"}, "user": user, "started": False}
+
+
+def stolen(secured: Secured) -> list[str]:
+    answer = secured.call("GET", "/v1/queues/dev-stolen/messages?after=0")
+    assert answer.status == 200, answer.body
+    return [m["data"] for m in answer.body["messages"]]
+
+
+def run_as_admin(secured: Secured, handler: str) -> dict[str, Any]:
+    answer = secured.call("POST", f"/v1/handlers/{handler}/run", user="admin")
+    assert answer.status == 200, answer.body
+    status: dict[str, Any] = answer.body["status"]
+    return status
+
+
+def test_a_handler_named_for_a_future_user_never_runs_with_more_than_its_definer(namer: Secured) -> None:
+    defined = namer.call("PUT", "/v1/handlers/dev-leak", copy_as("dev-svc"))
+    assert defined.status == 201, defined.body
+    assert defined.body["status"]["cannot_run"] == "handler user 'dev-svc' does not exist or is disabled"
+
+    # The admin makes dev-svc, unaware, as an admin; then with every queue right.
+    make_user(namer, "dev-svc", admin=True)
+    status = run_as_admin(namer, "dev-leak")
+    assert status["last_error"]["code"] == "handler_user_not_covered", status
+    assert "'dev', who defined it, does not hold" in status["cannot_run"]
+    make_user(namer, "dev-svc", rules=["allow:queue:*:*", "allow:subscription:*:*"])
+    status = run_as_admin(namer, "dev-leak")
+    assert status["last_error"]["code"] == "handler_user_not_covered", status
+    assert stolen(namer) == []
+    # Started, its loop fails the same way, and dev may no longer touch it.
+    assert namer.call("POST", "/v1/handlers/dev-leak/start", user="admin").status == 200
+    assert namer.call("POST", "/v1/handlers/dev-leak/run").status == 403
+    assert stolen(namer) == []
+
+
+def test_a_user_given_more_after_the_definition_does_not_carry_it_into_the_handler(namer: Secured) -> None:
+    make_user(namer, "dev-reader", rules=["allow:queue:read:dev-*"])
+    assert namer.call("PUT", "/v1/handlers/dev-copy", copy_as("dev-reader")).status == 201
+    assert run_as_admin(namer, "dev-copy")["last_error"]["code"] == "forbidden"  # payroll is not dev-reader's
+
+    # Later dev-reader is given the right it lacked (for some other job): dev does not hold it.
+    make_user(namer, "dev-reader", rules=["allow:queue:*:*", "allow:subscription:*:*"])
+    status = run_as_admin(namer, "dev-copy")
+    assert status["last_error"]["code"] == "handler_user_not_covered", status
+    assert stolen(namer) == []
+
+
+def test_the_original_protocol_names_a_future_user_under_the_same_check(namer: Secured) -> None:
+    handler = {
+        "name": "dev-rs",
+        "user_name": "dev-later",
+        "type": "regularly_save",
+        "queue_names": ["payroll"],
+        "params": {"interval": 1_000_000_000},
+    }
+    assert original_call(namer, "add_h", handler, user="dev")["error"] is None
+    # A name dev may not manage is refused, whether or not the user exists.
+    other = {**handler, "name": "dev-rs2", "user_name": "ops"}
+    assert original_call(namer, "add_h", other, user="dev")["error"]["code"] == PERMISSION_DENIED
+    make_user(namer, "dev-later", admin=True)
+    status = run_as_admin(namer, "dev-rs")
+    assert status["last_error"]["code"] == "handler_user_not_covered", status
+    # h_last_error shows it as the original shows a pass its user may not make.
+    failed = original_call(namer, "h_last_error", None, user="dev", object_name="dev-rs")["error"]
+    assert (failed["code"], failed["ie"]["code"]) == (10117400, 10111000), failed
+    assert failed["ie"]["iet"] == "handler_user_not_covered"

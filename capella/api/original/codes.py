@@ -17,6 +17,8 @@ from capella.errors import (
     Conflict,
     Forbidden,
     HandlerNotFound,
+    HandlerUserNotCovered,
+    HandlerUserUnavailable,
     InvalidMessage,
     InvalidRequest,
     InvalidSaveMode,
@@ -42,6 +44,13 @@ REQUEST_NULL = 10300906
 SAVE_MODE = 10010010
 SEGMENT = 10010009
 NO_EXTERNAL_ID = 10029000
+PING_DENIED = 10101010
+HANDLER_NOT_DROPPED = 10117102  # drop_h of a handler that does not exist
+CLUSTER_NOT_DROPPED = 10113001  # drop_ec of an external cluster that does not exist
+# A queue path (``ec/queue``) whose external cluster does not exist (the original's GetQueue).
+PATH_CLUSTER_NOT_FOUND = 10111002
+# A queue the handler's user may not touch (the inner error of h_last_error, wire/046).
+PASS_PERMISSION_DENIED = 10111000
 
 # Capella's own, for what the original had no code for.
 INTERNAL = 10990000
@@ -59,6 +68,11 @@ BY_ACTION: dict[tuple[str, type[CapellaError]], int] = {
     ("add_q", Forbidden): 10104000,
     ("add_q", InvalidRequest): 10104001,
     ("drop_q", QueueNotFound): 10108001,
+    ("ping", Forbidden): PING_DENIED,
+    ("drop_h", HandlerNotFound): HANDLER_NOT_DROPPED,
+    ("drop_ec", ClusterNotFound): CLUSTER_NOT_DROPPED,
+    # ``place`` of a queue path: the first name is no external cluster here.
+    ("queue_path", ClusterNotFound): PATH_CLUSTER_NOT_FOUND,
     ("add_h", InvalidRequest): 10117502,
     ("add_ec", InvalidRequest): 10190302,
     ("SecurityATCB_add_use_cluster", AlreadyExists): 10300100,
@@ -86,10 +100,19 @@ BY_CLASS: list[tuple[type[CapellaError], int]] = [
 ]
 
 
-def failure(action: str, exc: CapellaError, user: str | None) -> Failure:
-    """``exc`` as the original's error object, for ``action`` run as ``user``."""
+# The inner code of ``h_last_error`` by the code of the pass's error: the original answers a
+# pass its user may not make (no rights, no such user yet) with its GetQueue permission error.
+PASS_CODES: dict[str, int] = {
+    code: PASS_PERMISSION_DENIED
+    for code in (Forbidden.code, HandlerUserUnavailable.code, HandlerUserNotCovered.code)
+}
+
+
+def failure(action: str, exc: CapellaError, user: str | None, place: str = "") -> Failure:
+    """``exc`` as the original's error object, for ``action`` run as ``user``; ``place``, when
+    given, picks the code in ``BY_ACTION`` instead of the action (where in the call it failed)."""
     for cls in type(exc).__mro__:
-        code = BY_ACTION.get((action, cls))
+        code = BY_ACTION.get((place or action, cls))
         if code is not None:
             break
     else:
@@ -98,7 +121,7 @@ def failure(action: str, exc: CapellaError, user: str | None) -> Failure:
         code = UNAVAILABLE if exc.code != "internal" else INTERNAL
     if isinstance(exc, InvalidMessage):
         code = {"segment": SEGMENT, "eid": NO_EXTERNAL_ID}.get(str(exc.details.get("field")), code)
-    who = f"[user:{_quoted(user or '')}] " if isinstance(exc, Forbidden) else ""
+    who = f"[user:{_quoted(user or '')}] " if isinstance(exc, Forbidden) or place else ""
     return Failure(code, f"{who}{action}: {exc.message}", body=exc.details.get("answer"))
 
 

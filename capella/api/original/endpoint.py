@@ -50,6 +50,7 @@ from capella.config import CompatSettings
 from capella.errors import (
     CallLoop,
     CapellaError,
+    ClusterNotFound,
     Forbidden,
     InvalidRequest,
     RelayRefused,
@@ -241,7 +242,11 @@ async def run(ctx: Context, request: Request, envelope: Envelope) -> object:
     if request.action in QUEUE_ACTIONS and "/" in request.object_name:
         first, _, rest = request.object_name.partition("/")
         inner = Request(action=request.action, body=request.body, object_name=rest)
-        return await forward(ctx, first, inner, envelope)
+        try:
+            return await forward(ctx, first, inner, envelope)
+        except ClusterNotFound as exc:
+            # The original answers a queue path through no cluster as its GetQueue does.
+            raise codes.failure(request.action, exc, ctx.identity.name, place="queue_path") from None
     action = ALL_ACTIONS.get(request.action)
     if action is None:
         raise UnknownAction(f"Unknown operation {request.action}")

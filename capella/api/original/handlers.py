@@ -3,7 +3,8 @@
 The original's handler types become Capella's: ``regularly_save`` → flush, ``block_unload`` →
 unload, ``block_delete`` → expire, ``block_mark`` → archive, ``copy_unique`` → copy. A handler
 is defined through ``Supervisor.put`` as ``/v1`` defines it, so it runs as its user (the
-envelope's user, or ``user_name`` when that user may hand it out) and its clusters and queues are
+envelope's user, or ``user_name`` when that user may hand it out, also one who does not exist
+yet: its passes then fail until the user exists and has rights) and its clusters and queues are
 checked the same way. ``gd_h`` shows a Capella handler in the original's shape again; fields
 Capella has no use for come back as zero (docs/compat.md).
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from capella.api.original import shapes
+from capella.api.original import codes, shapes
 from capella.api.original.actions import Action, Context, body_name
 from capella.api.original.envelope import Failure, Request
 from capella.core.message import SaveMode
@@ -24,7 +25,8 @@ from capella.errors import AlreadyExists, InvalidRequest
 
 NS = shapes.NS
 # The error codes of the original's h_last_error: a handler that failed, and why (Capella
-# keeps the text of a pass's error, not its class, so the inner error has a code of its own).
+# keeps the text and code of a pass's error, not its class: a permission error gets the
+# original's inner code, codes.PASS_CODES; any other a code of Capella's own).
 LAST_ERROR = 10117400
 PASS_FAILED = 10990009
 
@@ -285,7 +287,7 @@ async def h_last_error(ctx: Context, request: Request) -> object:
         f"{who}{state.type} handler {state.name}: the pass at {shapes.rfc3339(error.time)} failed",
         # The numeric code stays the original's; Capella's own code goes in the inner error's
         # ``iet`` (its type, which the original's shape already has room for).
-        inner=Failure(PASS_FAILED, f"{who}{error.message}", iet=error.code),
+        inner=Failure(codes.PASS_CODES.get(error.code, PASS_FAILED), f"{who}{error.message}", iet=error.code),
     )
 
 
