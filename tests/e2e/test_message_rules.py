@@ -239,7 +239,7 @@ def test_a_cursor_past_int64_is_refused_on_every_way_in(servers: tuple[ServerPro
 
 
 def copy_once(small: ServerProcess, big: ServerProcess, name: str, messages: list[dict[str, Any]]) -> Any:
-    """``messages`` stored on ``big`` (default limits), then one pass of a copy on ``small`` from them into q."""
+    """``messages`` stored on ``big`` (default limits), then one pass on ``small`` copying them to q."""
     v1(big, "PUT", f"/v1/queues/{name}", {})
     status, answer = v1(big, "POST", f"/v1/queues/{name}/messages", {"messages": messages})
     assert status == 200, answer
