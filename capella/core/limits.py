@@ -67,7 +67,8 @@ def check_drafts(
             or d.deliver_at is not None
         ):
             _check_fields(d, index, limits, now)
-        if segments is not None:
+    if segments is not None:
+        for index, d in enumerate(drafts):
             check_segment(index, d.segment, segments)
 
 
