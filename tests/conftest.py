@@ -6,6 +6,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -116,9 +117,20 @@ def cluster_mounts() -> dict[str, Storage] | None:
 
 @pytest.fixture
 async def cluster(
-    cluster_config: Config, cluster_clock: Callable[[], float], cluster_mounts: dict[str, Storage] | None
+    cluster_config: Config,
+    cluster_clock: Callable[[], float],
+    cluster_mounts: dict[str, Storage] | None,
+    request: pytest.FixtureRequest,
 ) -> AsyncIterator[Cluster]:
-    """The cluster under test, started; every module's comes from here, shaped by the three above."""
+    """The cluster under test, started; every module's comes from here, shaped by the three above.
+
+    In a test with an app (one that uses ``api_settings``), its ``[server]`` settings are the
+    app's unless the module's config sets its own, as one configuration gives both in a real
+    server: the queue checks messages against the limits the app was built with.
+    """
+    if "api_settings" in request.fixturenames and cluster_config.server == ServerSettings():
+        api_settings: ServerSettings = request.getfixturevalue("api_settings")
+        cluster_config = msgspec.structs.replace(cluster_config, server=api_settings)
     if cluster_mounts is None:
         opened = Cluster.create(cluster_config, cluster_clock)
     else:

@@ -1,12 +1,15 @@
 """A produce request's body → ``Draft``s: JSON, NDJSON or raw bytes with query metadata.
 
 This is the hot half of produce: a JSON body decodes straight into ``wire`` structs (one
-msgspec pass, unknown fields refused) and each becomes a ``Draft`` in a short loop; the
-common message, a payload and nothing else, skips the metadata checks. A record-batch body
-(``application/vnd.capella.batch``) is checked batch by batch (``record_batches``: lengths,
-checksums, flags; ``batch_drafts``: columns) and then message by message against the same
-limits as JSON. Every error names the message's index and field, in the words the API
-has always used.
+msgspec pass, unknown fields refused) and each becomes a ``Draft`` in a short loop. A
+record-batch body (``application/vnd.capella.batch``) is parsed batch by batch
+(``record_batches``: lengths, checksums, flags; ``batch_drafts``: columns). This module only
+decodes: the rules a message must meet (sizes, the batch's count, source, headers, times,
+segments) are the queue's, checked by ``Queue.append`` for every way in
+(``capella.core.limits``). The one bound applied here is the model's count, before a body
+that could hold more messages than ``server.max_batch`` is decoded into them
+(``count_before_decoding``). Every error names the message's index and field, in the words
+the API has always used.
 """
 
 from __future__ import annotations
@@ -15,35 +18,25 @@ import base64
 import binascii
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import msgspec
 
 from capella import wire
-from capella.config import ServerSettings
+from capella.core.limits import MessageLimits, check_count
 from capella.core.message import EMPTY_HEADERS, Draft
-from capella.errors import (
-    CorruptData,
-    InvalidBatch,
-    InvalidMessage,
-    InvalidRequest,
-    MessageHeadersTooLarge,
-    PayloadTooLarge,
-)
+from capella.errors import CorruptData, InvalidBatch, InvalidMessage, InvalidRequest
 from capella.units import parse_duration
 from capella.wire import fields, record_batch
 from capella.wire import messages as wire_messages
 from capella.wire.batch_page import BATCH_MEDIA_TYPE
 from capella.wire.decode import unknown_field
-from capella.wire.record_batch import Given, RecordBatch
+from capella.wire.record_batch import RecordBatch
 
 HEADER_PREFIX = "capella-header-"
-MAX_SOURCE_BYTES = 255
 # How far ahead a delayed message may be scheduled (ten years).
 MAX_DELAY = float(fields.MAX_DELAY)
-
-_INT64_MIN = wire.INT64_MIN
-_INT64_MAX = wire.INT64_MAX
 
 
 # curl -d sends this type; a JSON document sent with it is taken as JSON, as users expect.
@@ -73,16 +66,44 @@ def body_kind(content_type: str | None) -> str:
 
 _BODY = msgspec.json.Decoder(wire_messages.ProduceBody)
 _ONE = msgspec.json.Decoder(wire_messages.Message)
+# A message in a JSON list takes at least 3 bytes (``{}`` and a comma).
+_MIN_ITEM_BYTES = 3
 
 
-def json_drafts(
-    body: bytes, settings: ServerSettings, now: float = 0.0, *, form: bool = False
-) -> list[Draft]:
+class _Items(msgspec.Struct):
+    messages: list[msgspec.Raw] | None = None
+
+
+_ITEMS = msgspec.json.Decoder(_Items)
+
+
+def count_before_decoding(
+    body: bytes, decoder: msgspec.json.Decoder[Any], counted: Callable[[Any], int], limits: MessageLimits
+) -> None:
+    """The model's batch bound (``check_count``) on a JSON body, before its messages are built.
+
+    msgspec builds a whole list before a length bound applies, so a small gzip body that
+    inflates to 300,000 tiny messages would be built first and refused after. A body short
+    enough that it cannot hold more than ``max_batch`` messages (each takes at least 3
+    bytes) costs nothing here; a longer one is skimmed once as raw items (no message is
+    built) and counted with ``counted``. A body that does not parse is left to the decode.
+    """
+    if len(body) <= _MIN_ITEM_BYTES * limits.max_batch:
+        return
+    try:
+        skimmed = decoder.decode(body)
+    except msgspec.DecodeError:  # the real decode says what is wrong, in its words
+        return
+    check_count(counted(skimmed), limits)
+
+
+def json_drafts(body: bytes, limits: MessageLimits, now: float = 0.0, *, form: bool = False) -> list[Draft]:
     """The drafts of a JSON body: ``{"messages": [...]}`` or one message object.
 
     With ``form``, the body came as ``application/x-www-form-urlencoded`` (curl -d): it is
     still read as JSON, and an error says so rather than "not valid JSON" alone.
     """
+    count_before_decoding(body, _ITEMS, lambda items: len(items.messages or ()), limits)
     try:
         decoded = _BODY.decode(body)
     except msgspec.ValidationError as exc:
@@ -101,21 +122,12 @@ def json_drafts(
         items = decoded.messages
     else:
         items = [decoded]
-    if len(items) > settings.max_batch:
-        raise PayloadTooLarge(
-            f"the batch holds {len(items)} messages; the limit is {settings.max_batch}",
-            limit=settings.max_batch,
-        )
-    return _drafts(items, settings, now)
+    return _drafts(items, now)
 
 
-def ndjson_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> list[Draft]:
+def ndjson_drafts(body: bytes, limits: MessageLimits, now: float = 0.0) -> list[Draft]:
     lines = [line for line in body.split(b"\n") if line.strip()]
-    if len(lines) > settings.max_batch:
-        raise PayloadTooLarge(
-            f"the batch holds {len(lines)} messages; the limit is {settings.max_batch}",
-            limit=settings.max_batch,
-        )
+    check_count(len(lines), limits)  # the model's bound, before a line is decoded
     items = []
     for i, line in enumerate(lines):
         try:
@@ -124,7 +136,7 @@ def ndjson_drafts(body: bytes, settings: ServerSettings, now: float = 0.0) -> li
             raise _decode_error(str(exc), i, batch=False) from None
         except msgspec.DecodeError as exc:
             raise InvalidMessage(f"message {i}: not valid JSON: {exc}", index=i) from None
-    return _drafts(items, settings, now)
+    return _drafts(items, now)
 
 
 def record_batches(body: bytes) -> list[RecordBatch]:
@@ -160,12 +172,11 @@ _PROBE_TIME = math.nan
 _GIVEN = record_batch.FLAG_EXTERNAL_IDS | record_batch.FLAG_EXTERNAL_TIMES
 
 
-def batch_drafts(batches: list[RecordBatch], settings: ServerSettings) -> list[Draft]:
-    """The messages of a body's batches as drafts, checked before anything is stored: a body
-    whose columns do not parse is ``InvalidBatch``, more messages than ``server.max_batch``
-    ``PayloadTooLarge``, and each message is held to the JSON form's limits (payload size,
-    header count and bytes, source length, finite external time), ``index`` counting from
-    the first message of the body."""
+def batch_drafts(batches: list[RecordBatch], limits: MessageLimits) -> list[Draft]:
+    """The messages of a body's batches as drafts (the queue checks them as it appends them): a
+    body whose columns do not parse is ``InvalidBatch``; the batches' heads hold more messages
+    than ``server.max_batch`` is ``PayloadTooLarge`` before a draft is built (a batch's columns
+    cannot claim more messages than its bytes hold: they do not parse)."""
     try:
         columns = [
             (
@@ -178,86 +189,32 @@ def batch_drafts(batches: list[RecordBatch], settings: ServerSettings) -> list[D
         ]
     except CorruptData as exc:
         raise InvalidBatch(f"body: {exc.message}") from None
-    _check_count(sum(len(f.ids) for _, f in columns), settings)
-    max_size = settings.max_message_size
+    check_count(sum(batch.count for batch in batches), limits)
     drafts: list[Draft] = []
-    index = 0
     for flags, f in columns:
         if not flags:
-            # Payloads and nothing else, the common batch: no per-message checks but the size.
-            _check_sizes(list(map(len, f.payloads)), index, max_size)
+            # Payloads and nothing else, the common batch.
             drafts += [Draft(p, None, None, None, 0, EMPTY_HEADERS) for p in f.payloads]
-            index += len(f.payloads)
             continue
         for mid, source, external_id, external_time, segment, payload, headers in zip(
             f.ids, f.sources, f.external_ids, f.external_times, f.segments, f.payloads, f.headers, strict=True
         ):
-            if len(payload) > max_size:
-                raise _too_large(index, len(payload), max_size)
             drafts.append(
                 Draft(
                     payload,
-                    _source(source, index) if source else None,
+                    source or None,
                     None if external_id == mid else external_id,
-                    None if external_time != external_time else _time(external_time, index),
+                    None if external_time != external_time else external_time,
                     segment,
-                    _headers(headers, index, settings) if headers else EMPTY_HEADERS,
+                    headers or EMPTY_HEADERS,
                 )
             )
-            index += 1
     return drafts
 
 
-def check_batch(batch: RecordBatch, settings: ServerSettings, own: str) -> Given | None:
-    """``batch_drafts``'s checks, for a batch the queue appends as it came; for a batch with
-    optional columns, also its decode as the queue reads it (``own``, the cluster's name, is
-    its default source), which the queue then uses (``Queue.append_batch(given=...)``).
-
-    A batch of payloads and nothing else (the common form) is checked from its payload lengths
-    alone: the queue appends it without decoding it, and a decode here was a tenth of a binary
-    produce's work.
-    """
-    if batch.flags:
-        try:
-            given = record_batch.decode_given(msgspec.structs.replace(batch, source=own))
-        except CorruptData as exc:
-            raise InvalidBatch(f"body: {exc.message}") from None
-        fields, _, external_times = given
-        _check_count(len(fields.payloads), settings)
-        times = external_times or [None] * len(fields.payloads)
-        max_size = settings.max_message_size
-        for index, (source, external_time, payload, headers) in enumerate(
-            zip(fields.sources, times, fields.payloads, fields.headers, strict=True)
-        ):
-            if len(payload) > max_size:
-                raise _too_large(index, len(payload), max_size)
-            if source:
-                _source(source, index)
-            if external_time is not None:
-                _time(external_time, index)
-            if headers:
-                _headers(headers, index, settings)
-        return given
-    try:
-        lengths = record_batch.payload_sizes(batch)
-    except CorruptData as exc:
-        raise InvalidBatch(f"body: {exc.message}") from None
-    _check_count(len(lengths), settings)
-    _check_sizes(lengths, 0, settings.max_message_size)
-    return None
-
-
-def _check_sizes(sizes: Sequence[int], first: int, max_size: int) -> None:
-    """``PayloadTooLarge`` for the first payload over ``max_size``, ``first`` the index of ``sizes[0]``."""
-    if max(sizes) > max_size:
-        at = next(i for i, size in enumerate(sizes) if size > max_size)
-        raise _too_large(first + at, sizes[at], max_size)
-
-
-def _drafts(items: list[wire_messages.Message], settings: ServerSettings, now: float) -> list[Draft]:
+def _drafts(items: list[wire_messages.Message], now: float) -> list[Draft]:
     """Drafts of decoded messages. This loop runs once per produced message: the common one,
     a text payload and nothing else, is handled inline (a call per message costs ~10 %)."""
-    max_size = settings.max_message_size
     drafts = []
     for index, item in enumerate(items):
         data = item.data
@@ -272,31 +229,26 @@ def _drafts(items: list[wire_messages.Message], settings: ServerSettings, now: f
             and item.deliver_at is None
             and item.delay is None
         ):
-            payload = data.encode()
-            if len(payload) > max_size:
-                raise _too_large(index, len(payload), max_size)
-            drafts.append(Draft(payload, None, None, None, 0, EMPTY_HEADERS))
+            drafts.append(Draft(data.encode(), None, None, None, 0, EMPTY_HEADERS))
         else:
-            drafts.append(draft_of(item, index, settings, now))
+            drafts.append(draft_of(item, index, now))
     return drafts
 
 
-def draft_of(item: wire_messages.Message, index: int, settings: ServerSettings, now: float = 0.0) -> Draft:
+def draft_of(item: wire_messages.Message, index: int, now: float = 0.0) -> Draft:
     """One decoded message → Draft, or ``InvalidMessage`` naming the index and the field.
 
     ``now`` (the queue's clock) turns a relative ``delay`` into ``deliver_at``.
     """
     payload = _payload(item.data, item.data_b64, index)
-    if len(payload) > settings.max_message_size:
-        raise _too_large(index, len(payload), settings.max_message_size)
     source, external_time, segment, headers = item.source, item.external_time, item.segment, item.headers
     return Draft(
         payload,
-        None if source is None else _source(source, index),
+        source,
         None if item.external_id is None else int(item.external_id),
         None if external_time is None else _time(external_time, index),
         0 if segment is None else int(segment),
-        EMPTY_HEADERS if headers is None else _headers(headers, index, settings),
+        EMPTY_HEADERS if headers is None else headers,
         None
         if item.deliver_at is None and item.delay is None
         else _due(item.deliver_at, item.delay, index, now),
@@ -353,7 +305,8 @@ def _decode_error(text: str, index: int, *, batch: bool) -> InvalidRequest:
 
 
 def _due(deliver_at: object, delay: object, index: int, now: float) -> float:
-    """The delivery time from ``deliver_at`` (a time) or ``delay`` (a duration), not both."""
+    """The delivery time from ``deliver_at`` (a time) or ``delay`` (a duration), not both (the
+    queue holds it to at most ten years ahead)."""
     if deliver_at is not None and delay is not None:
         raise _bad(index, "delay", "give either deliver_at or delay, not both")
     if delay is not None:
@@ -361,28 +314,18 @@ def _due(deliver_at: object, delay: object, index: int, now: float) -> float:
             due = now + parse_duration(delay)
         except ValueError as exc:
             raise _bad(index, "delay", str(exc)) from None
-        field = "delay"
     else:
         try:
             due = wire.parse_time(deliver_at)
         except ValueError as exc:
             raise _bad(index, "deliver_at", str(exc)) from None
-        field = "deliver_at"
-    if not math.isfinite(due) or due > now + MAX_DELAY:
-        raise _bad(index, field, "more than ten years ahead")
     return due
 
 
 def raw_draft(
-    body: bytes,
-    query: Mapping[str, str],
-    http_headers: Mapping[str, str],
-    settings: ServerSettings,
-    now: float = 0.0,
+    body: bytes, query: Mapping[str, str], http_headers: Mapping[str, str], now: float = 0.0
 ) -> Draft:
     """An ``application/octet-stream`` body: metadata from the query and Capella-Header-* headers."""
-    if len(body) > settings.max_message_size:
-        raise _too_large(0, len(body), settings.max_message_size)
     source = query.get("source")
     external_id = query.get("external_id")
     external_time = query.get("external_time")
@@ -395,47 +338,15 @@ def raw_draft(
     }
     return Draft(
         body,
-        None if source is None else _source(source, 0),
-        None if external_id is None else _int64(_query_int(external_id, "external_id"), 0, "external_id"),
+        source,
+        None if external_id is None else _query_int(external_id, "external_id"),
         None if external_time is None else _time(_query_time(external_time), 0),
-        0 if segment is None else _int64(_query_int(segment, "segment"), 0, "segment"),
-        _headers(headers, 0, settings) if headers else EMPTY_HEADERS,
+        0 if segment is None else _query_int(segment, "segment"),
+        headers or EMPTY_HEADERS,
         None
         if deliver_at is None and delay is None
         else _due(None if deliver_at is None else _query_time(deliver_at), delay, 0, now),
     )
-
-
-def _headers(headers: dict[str, str], index: int, settings: ServerSettings) -> dict[str, str]:
-    """``headers`` when within ``server.max_message_headers`` and ``max_message_headers_size``
-    (the UTF-8 bytes of every name and value), else ``MessageHeadersTooLarge``.
-
-    A message's headers are stored with it and sent with it to every push receiver, so a
-    producer must not be able to make them arbitrarily many or large.
-    """
-    count, limit = len(headers), settings.max_message_headers
-    if count > limit:
-        raise MessageHeadersTooLarge(
-            f"message {index}: headers: {count} headers; the limit is {limit} (server.max_message_headers)",
-            index=index,
-            field="headers",
-            limit=limit,
-        )
-    limit = settings.max_message_headers_size
-    size = sum(map(len, headers)) + sum(map(len, headers.values()))
-    # That counted characters; a character is 1 to 4 bytes of UTF-8, so only headers of more
-    # than a quarter of the limit are encoded to count their bytes.
-    if size * 4 > limit:
-        size = sum(len(name.encode()) + len(value.encode()) for name, value in headers.items())
-    if size > limit:
-        raise MessageHeadersTooLarge(
-            f"message {index}: headers: {size} bytes of names and values; the limit is {limit} "
-            "(server.max_message_headers_size)",
-            index=index,
-            field="headers",
-            limit=limit,
-        )
-    return headers
 
 
 def _payload(data: object, data_b64: object, index: int) -> bytes:
@@ -455,22 +366,6 @@ def _payload(data: object, data_b64: object, index: int) -> bytes:
     raise _bad(index, "data", "give either data or data_b64, not both")
 
 
-def _source(value: object, index: int) -> str:
-    if type(value) is not str or not value:
-        raise _bad(index, "source", "expected a non-empty string")
-    if len(value) > MAX_SOURCE_BYTES // 4 and len(value.encode()) > MAX_SOURCE_BYTES:
-        raise _bad(index, "source", f"longer than {MAX_SOURCE_BYTES} bytes")
-    return value
-
-
-def _int64(value: object, index: int, field: str) -> int:
-    if type(value) is not int:
-        raise _bad(index, field, "expected a 64-bit integer")
-    if not _INT64_MIN <= value <= _INT64_MAX:
-        raise _bad(index, field, "outside the signed 64-bit range")
-    return value
-
-
 def _time(value: object, index: int) -> float:
     try:
         return wire.parse_time(value)
@@ -478,7 +373,7 @@ def _time(value: object, index: int) -> float:
         raise _bad(index, "external_time", str(exc)) from None
 
 
-def _query_int(text: str, name: str) -> object:
+def _query_int(text: str, name: str) -> int:
     try:
         return int(text)
     except ValueError:
@@ -497,16 +392,3 @@ def _query_time(text: str) -> object:
 
 def _bad(index: int, field: str, reason: str) -> InvalidMessage:
     return InvalidMessage(f"message {index}: {field}: {reason}", index=index, field=field)
-
-
-def _check_count(count: int, settings: ServerSettings) -> None:
-    if count > settings.max_batch:
-        raise PayloadTooLarge(
-            f"the batch holds {count} messages; the limit is {settings.max_batch}", limit=settings.max_batch
-        )
-
-
-def _too_large(index: int, size: int, limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"message {index}: payload of {size} bytes is over the limit of {limit}", index=index, limit=limit
-    )

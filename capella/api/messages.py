@@ -19,15 +19,7 @@ from aiohttp import web
 
 from capella import wire
 from capella.api.access import identity
-from capella.api.drafts import (
-    batch_drafts,
-    body_kind,
-    check_batch,
-    json_drafts,
-    ndjson_drafts,
-    raw_draft,
-    record_batches,
-)
+from capella.api.drafts import batch_drafts, body_kind, json_drafts, ndjson_drafts, raw_draft, record_batches
 from capella.api.openapi import (
     ACCEPT,
     AFTER,
@@ -58,7 +50,6 @@ from capella.api.request import (
     wait_param,
 )
 from capella.api.route import Route, on_queue
-from capella.config import ServerSettings
 from capella.core.filter import MessageFilter
 from capella.core.log.batch import Batch
 from capella.core.message import SaveMode
@@ -66,6 +57,7 @@ from capella.core.queue import Appended, Delayed, Page, Queue
 from capella.errors import InvalidRequest, NotAcceptable, QueueNotFound, TooManyStreams
 from capella.units import BLANK, DIGIT
 from capella.wire import batch_page, frames, record_batch
+from capella.wire.fields import MAX_SOURCE_BYTES
 from capella.wire.record_batch import RecordBatch
 
 # With authentication on, the SSE streams each user holds: the user's name -> how many.
@@ -94,7 +86,9 @@ RAW_PARAMETERS = frozenset(("source", "external_id", "external_time", "segment",
 async def produce(request: web.Request) -> web.Response:
     queue = request.app[CLUSTER].queue(request.match_info["queue"])
     save = save_param(request)
-    settings = request.app[SETTINGS]
+    # The queue checks every message against these as it appends them (capella.core.limits);
+    # decoding uses only the batch bound, before it builds a body's messages.
+    limits = queue.limits
     kind = body_kind(request.headers.get("Content-Type"))
     body = await read_body(request)
     now = queue.now()
@@ -108,21 +102,21 @@ async def produce(request: web.Request) -> web.Response:
             )
         batches = record_batches(body)
     elif kind == "octet":
-        drafts = [raw_draft(body, request.query, request.headers, settings, now)]
+        drafts = [raw_draft(body, request.query, request.headers, now)]
     else:
         # The metadata parameters are for a raw body; with another they are still checked, so
         # a bad one is refused, as the document says, rather than ignored.
         if not RAW_PARAMETERS.isdisjoint(request.query):
-            raw_draft(b"", request.query, {}, settings, now)
+            queue.check([raw_draft(b"", request.query, {}, now)])
         if kind == "ndjson":
-            drafts = ndjson_drafts(body, settings, now)
+            drafts = ndjson_drafts(body, limits, now)
         else:
-            drafts = json_drafts(body, settings, now, form=kind == "form")
+            drafts = json_drafts(body, limits, now, form=kind == "form")
     replicas = int_param(request, "replicas", 0, low=0, high=1000)
     # Checked without replicas too: a bad value is refused, as the document says.
     replica_wait = wait_param(request, "replica_timeout", REPLICA_TIMEOUT)
     if batches:
-        appended: Sequence[Appended | Delayed] = await append_batches(queue, batches, settings, save)
+        appended: Sequence[Appended | Delayed] = await append_batches(queue, batches, save)
     else:
         appended = await queue.append(drafts, save) if drafts else []
     # The results are Structs msgspec renders as {"id", "duplicate"} (or, for a delayed
@@ -136,24 +130,17 @@ async def produce(request: web.Request) -> web.Response:
     return web.Response(body=msgspec.json.encode(answer), content_type=wire.JSON)
 
 
-async def append_batches(
-    queue: Queue, batches: list[RecordBatch], settings: ServerSettings, save: SaveMode
-) -> list[Appended]:
-    """Append a body's record batches, checked as JSON messages are.
+async def append_batches(queue: Queue, batches: list[RecordBatch], save: SaveMode) -> list[Appended]:
+    """Append a body's record batches; the queue checks them as it checks JSON messages.
 
     One batch (what the client sends) is appended as it came: the queue stamps its head and
     never takes its messages apart. A body of several batches is stored whole or not at all,
     as one dedup insert of their messages.
     """
     if len(batches) == 1:
-        return await queue.append_batch(
-            batches[0],
-            save,
-            max_headers=settings.max_message_headers,
-            max_headers_size=settings.max_message_headers_size,
-            given=check_batch(batches[0], settings, queue.own),
-        )
-    return [a for a in await queue.append(batch_drafts(batches, settings), save) if isinstance(a, Appended)]
+        return await queue.append_batch(batches[0], save)
+    drafts = batch_drafts(batches, queue.limits)
+    return [a for a in await queue.append(drafts, save) if isinstance(a, Appended)]
 
 
 # --- read -----------------------------------------------------------------------------------
@@ -425,8 +412,8 @@ ROUTES = [
             param(
                 "source",
                 "query",
-                {"type": "string", "minLength": 1, "maxLength": 255},
-                "octet-stream only: source (at most 255 bytes)",
+                {"type": "string", "minLength": 1, "maxLength": MAX_SOURCE_BYTES},
+                f"octet-stream only: source (at most {MAX_SOURCE_BYTES} bytes)",
                 empty=False,
             ),
             param("external_id", "query", INT64, "octet-stream only: external id", empty=False),

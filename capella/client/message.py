@@ -18,6 +18,7 @@ from typing import Any, TypeAlias
 from capella import wire
 from capella.errors import InvalidMessage
 from capella.wire import record_batch
+from capella.wire.fields import MAX_SOURCE_BYTES
 
 MessageLike: TypeAlias = Mapping[str, Any] | str | bytes
 """What ``produce`` accepts for one message."""
@@ -42,7 +43,6 @@ def to_wire(message: MessageLike) -> dict[str, Any]:
 _BATCH_FIELDS = frozenset(
     {"data", "data_b64", "source", "external_id", "external_time", "segment", "headers"}
 )
-_MAX_SOURCE_BYTES = 255
 
 
 class _NotBatchable(Exception):
@@ -116,7 +116,7 @@ def _batch_fields(
         raise _NotBatchable
     source = given.get("source")
     if source is not None and (
-        not isinstance(source, str) or not source or len(source.encode()) > _MAX_SOURCE_BYTES
+        not isinstance(source, str) or not source or len(source.encode()) > MAX_SOURCE_BYTES
     ):
         raise _NotBatchable
     external_id = _int64(given.get("external_id"))

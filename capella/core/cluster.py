@@ -21,6 +21,7 @@ import msgspec
 from capella.cluster_name import cluster_name
 from capella.config import Config
 from capella.core.definition import QueueDefinition, check_name, default_definition, parse_definition
+from capella.core.limits import MessageLimits
 from capella.core.loops import TaskFailures, keep_running
 from capella.core.queue import Queue
 from capella.core.stats import Histogram
@@ -42,6 +43,8 @@ class Cluster:
         self._mounts = mounts
         self._clock = clock
         self._queues: dict[str, Queue] = {}
+        # The rules every message meets, whichever way it comes in (capella.core.limits).
+        self.limits = MessageLimits.of(config.server)
         self._registry: dict[str, QueueEntry] = {}
         self._registry_lock = asyncio.Lock()
         self._base = default_definition(
@@ -115,6 +118,7 @@ class Cluster:
             task_failures=self.task_failures,
             clock=self._clock,
             lookup=self._lookup,
+            limits=self.limits,
         )
 
     async def close(self) -> None:

@@ -10,13 +10,10 @@ from typing import Any
 
 import msgspec
 
-from capella.errors import InvalidSaveMode, MessageHeadersTooLarge
+from capella.errors import InvalidSaveMode
 from capella.wire import record_batch
 
 EMPTY_HEADERS: dict[str, str] = {}
-# The defaults of ``server.max_message_headers`` and ``max_message_headers_size``.
-MAX_HEADERS = 64
-MAX_HEADERS_SIZE = 16 * 1024
 
 
 class Message(msgspec.Struct, gc=False):
@@ -60,32 +57,6 @@ class Draft(msgspec.Struct, gc=False):
     segment: int = 0
     headers: dict[str, str] = {}
     deliver_at: float | None = None
-
-
-def check_headers(headers: dict[str, str], index: int, max_count: int, max_size: int) -> None:
-    """``MessageHeadersTooLarge`` when message ``index`` has more than ``max_count`` headers or
-    more than ``max_size`` UTF-8 bytes of names and values.
-
-    A message's headers are stored with it and sent with it to every push receiver, so a
-    producer must not be able to make them arbitrarily many or large.
-    """
-    if len(headers) > max_count:
-        raise MessageHeadersTooLarge(
-            f"message {index}: headers: {len(headers)} headers; the limit is {max_count} "
-            "(server.max_message_headers)",
-            index=index,
-            field="headers",
-            limit=max_count,
-        )
-    size = sum(len(name.encode()) + len(value.encode()) for name, value in headers.items())
-    if size > max_size:
-        raise MessageHeadersTooLarge(
-            f"message {index}: headers: {size} bytes of names and values; the limit is {max_size} "
-            "(server.max_message_headers_size)",
-            index=index,
-            field="headers",
-            limit=max_size,
-        )
 
 
 def stored_message(m: Message) -> dict[str, Any]:

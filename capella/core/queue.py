@@ -33,19 +33,29 @@ from typing import Any, NamedTuple
 import msgspec
 
 from capella.config import StorageSettings
-from capella.core.definition import I64_MAX, I64_MIN, QueueDefinition
+from capella.core.definition import QueueDefinition
 from capella.core.delayed.intake import Delayed as Delayed  # answered by ``Queue.append``
 from capella.core.delayed.intake import assign_mixed
 from capella.core.delayed.item import Scheduled
 from capella.core.delayed.schedule import Schedule
 from capella.core.filter import MessageFilter, matches
+from capella.core.limits import (
+    MessageLimits,
+    check_count,
+    check_drafts,
+    check_external_time,
+    check_headers,
+    check_segment,
+    check_sizes,
+    check_source,
+)
 from capella.core.log.batch import Batch
 from capella.core.log.blocks import BlockMeta, BlockStore, Render
 from capella.core.log.dedup import DedupIndex
 from capella.core.log.writer import Appended as Appended  # answered by ``Queue.append``
 from capella.core.log.writer import OpenBlock, Writer
 from capella.core.loops import Loop, TaskFailures
-from capella.core.message import MAX_HEADERS, MAX_HEADERS_SIZE, Draft, Message, SaveMode, check_headers
+from capella.core.message import Draft, Message, SaveMode
 from capella.core.recovery import recover
 from capella.core.report import block_list, queue_stats
 from capella.core.stats import Histogram, QueueCounters, Recovery
@@ -59,9 +69,6 @@ from capella.wire.record_batch import Fields, Given, RecordBatch, decode_given, 
 
 log = logging.getLogger(__name__)
 
-# An external_time this far ahead of our clock is "in the future" (clocks of two clusters
-# are never exactly equal, and a copy must not be refused for a few milliseconds of skew).
-FUTURE_SKEW = 5.0
 # A filtered read stops scanning after this many messages and answers with what it has.
 SCAN_LIMIT = 100_000
 
@@ -101,8 +108,11 @@ class Queue:
         task_failures: TaskFailures | None = None,
         clock: Callable[[], float] = time.time,
         lookup: Callable[[str], Queue] | None = None,
+        limits: MessageLimits | None = None,
     ) -> None:
         self.name = name
+        # What a message must meet to be stored, whichever way it came in (capella.core.limits).
+        self.limits = limits or MessageLimits()
         self.counters = QueueCounters()
         self.recovery = Recovery()
         self._definition = definition
@@ -181,6 +191,7 @@ class Queue:
         task_failures: TaskFailures | None = None,
         clock: Callable[[], float] = time.time,
         lookup: Callable[[str], Queue] | None = None,
+        limits: MessageLimits | None = None,
     ) -> Queue:
         queue = cls(
             name,
@@ -192,6 +203,7 @@ class Queue:
             task_failures=task_failures,
             clock=clock,
             lookup=lookup,
+            limits=limits,
         )
         writer = queue._writer
         await recover(queue._store, writer, queue._consumers)
@@ -269,11 +281,15 @@ class Queue:
     async def append(
         self, drafts: Sequence[Draft], save: SaveMode = SaveMode.DEFAULT
     ) -> list[Appended | Delayed]:
-        """Store new messages (dedup by identity) and answer once ``save`` is satisfied."""
+        """Store new messages (dedup by identity) and answer once ``save`` is satisfied.
+
+        Every message is held to the rules first (``capella.core.limits.check_drafts``, with the
+        server's limits): one that breaks one refuses the whole append, before any id is taken.
+        """
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
         now = self._clock()
-        self._validate(drafts, now)
+        check_drafts(drafts, self.limits, now, self.definition.segments)
         mode = save.resolve(self.definition.save)
         self.counters.produce_requests += 1
         writer = self._writer
@@ -303,26 +319,24 @@ class Queue:
             await self.schedule.spill_if_needed()
         return results
 
+    def check(self, drafts: Sequence[Draft]) -> None:
+        """``append``'s rules on ``drafts``, storing nothing (a door that checks what it was given
+        before it has the messages, such as a raw body's query metadata with another body)."""
+        check_drafts(drafts, self.limits, self._clock(), self.definition.segments)
+
     async def append_batch(
-        self,
-        batch: RecordBatch,
-        save: SaveMode = SaveMode.DEFAULT,
-        *,
-        max_headers: int = MAX_HEADERS,
-        max_headers_size: int = MAX_HEADERS_SIZE,
-        given: Given | None = None,
+        self, batch: RecordBatch, save: SaveMode = SaveMode.DEFAULT, *, given: Given | None = None
     ) -> list[Appended]:
         """Store a producer's record batch as it came: ``append``'s rules, dedup and durability,
         without encoding a message again.
 
         The batch is given the server's ids, time and cluster name (its default source); its
-        messages are checked as ``append`` checks drafts (external_time not in the future,
-        segment in the queue's range) and their headers against the server's limits
-        (``server.max_message_headers``, ``max_message_headers_size``). A duplicate is cut
-        out and answered with the id it has. The answers follow the batch's order.
+        messages are held to ``append``'s rules (``capella.core.limits``: the count, each
+        payload's size, sources, external times, segments, headers) before any id is taken. A
+        batch of payloads alone is checked from its payload lengths, never decoded. A duplicate
+        is cut out and answered with the id it has. The answers follow the batch's order.
         ``given``: the batch's ``decode_given`` with this cluster's name as its default source,
-        when the caller made it already (the API, to check the batch), so that it is not
-        decoded twice.
+        when the caller made it already, so that it is not decoded twice.
         """
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
@@ -335,11 +349,14 @@ class Queue:
         try:
             if batch.flags:
                 fields, external_ids, external_times = decode_given(batch) if given is None else given
-                self._validate_batch(fields, external_times, now, max_headers, max_headers_size)
+                self._validate_batch(fields, external_times, now)
                 sources = fields.sources
             else:  # payloads alone: every other field is the default, and nothing is decoded
-                payload_sizes(batch)
-                self._check_segment(0, 0)
+                sizes = payload_sizes(batch)
+                check_count(len(sizes), self.limits)
+                check_sizes(sizes, self.limits)
+                if self.definition.segments is not None:
+                    check_segment(0, 0, self.definition.segments)
         except CorruptData as exc:
             raise InvalidMessage(f"record batch: {exc.message}") from None
         mode = save.resolve(self.definition.save)
@@ -369,52 +386,27 @@ class Queue:
             raise ShuttingDown(f"queue {self.name} is closing")
         return await self.schedule.cancel(sids, save.resolve(self.definition.save))
 
-    def _validate(self, drafts: Sequence[Draft], now: float) -> None:
-        segments = self.definition.segments
-        for index, d in enumerate(drafts):
-            if d.external_time is not None and d.external_time > now + FUTURE_SKEW:
-                raise InvalidMessage(
-                    f"message {index}: external_time is in the future", index=index, field="external_time"
-                )
-            if segments is not None:
-                self._check_segment(index, d.segment)
-            if d.external_id is not None and not I64_MIN <= d.external_id <= I64_MAX:
-                raise InvalidMessage(
-                    f"message {index}: external_id must be a 64-bit integer", index=index, field="external_id"
-                )
-
-    def _validate_batch(
-        self,
-        fields: Fields,
-        external_times: list[float | None] | None,
-        now: float,
-        max_headers: int,
-        max_headers_size: int,
-    ) -> None:
-        """``_validate`` for a record batch's messages, and the header limits the API checks for drafts."""
+    def _validate_batch(self, fields: Fields, external_times: list[float | None] | None, now: float) -> None:
+        """``check_drafts`` for a record batch's decoded columns (the source given is the
+        cluster's name where the batch left it to the default)."""
+        limits = self.limits
+        check_count(len(fields.payloads), limits)
+        check_sizes(list(map(len, fields.payloads)), limits)
+        own = self._writer.own
+        for index, source in enumerate(fields.sources):
+            if source != own:
+                check_source(source, index)
         if external_times is not None:
-            latest = now + FUTURE_SKEW
             for index, t in enumerate(external_times):
-                if t is not None and t > latest:
-                    raise InvalidMessage(
-                        f"message {index}: external_time is in the future", index=index, field="external_time"
-                    )
-        if self.definition.segments is not None:
+                if t is not None:
+                    check_external_time(t, index, now)
+        segments = self.definition.segments
+        if segments is not None:
             for index, segment in enumerate(fields.segments):
-                self._check_segment(index, segment)
+                check_segment(index, segment, segments)
         for index, headers in enumerate(fields.headers):
             if headers:
-                check_headers(headers, index, max_headers, max_headers_size)
-
-    def _check_segment(self, index: int, segment: int) -> None:
-        segments = self.definition.segments
-        if segments is not None and not segments[0] <= segment <= segments[1]:
-            low, high = segments
-            raise InvalidMessage(
-                f"message {index}: segment {segment} is outside the queue's range {low}-{high}",
-                index=index,
-                field="segment",
-            )
+                check_headers(headers, index, limits.max_headers, limits.max_headers_size)
 
     async def flush(self) -> int:
         """Save everything written so far, ``none`` writes too; answers the message bytes it wrote."""

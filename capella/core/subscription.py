@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from capella.core.definition import check_name
+from capella.core.limits import check_cursor
 from capella.core.work.retry import RetryPolicy, parse_policy
 from capella.errors import CorruptData, InvalidRequest, SubscriptionNotFound, WrongSubscriptionMode
 
@@ -47,8 +48,8 @@ class Subscriptions:
     def commit(
         self, name: str, last_id: int | None, *, replica: bool | None, reset: bool, now: float
     ) -> tuple[Subscription, bool]:
-        if last_id is not None and (isinstance(last_id, bool) or not isinstance(last_id, int) or last_id < 0):
-            raise InvalidRequest("last_id must be a non-negative integer", field="last_id")
+        if last_id is not None:
+            check_cursor(last_id)  # int64, whichever way it came in (the original's is a uint64)
         current = self._subs.get(name)
         if current is not None and current.mode != CURSOR:
             raise WrongSubscriptionMode(

@@ -146,8 +146,16 @@ class CopyHandler(QueueHandler[CopyParams]):
         """Append as a dedup insert; answers the drafts the destination stored (not repeats)."""
         cluster, name = target
         if not cluster:
-            answers = await self._cluster.queue(name).append(drafts, self.save)
-            return [d for d, a in zip(drafts, answers, strict=True) if not a.duplicate]
+            queue = self._cluster.queue(name)
+            # The queue holds every message to its rules; a read of more than one append may
+            # hold (``server.max_batch``) goes in as several, in order.
+            step = queue.limits.max_batch
+            stored: list[Draft] = []
+            for start in range(0, len(drafts), step):
+                chunk = drafts[start : start + step]
+                answers = await queue.append(chunk, self.save)
+                stored += [d for d, a in zip(chunk, answers, strict=True) if not a.duplicate]
+            return stored
         try:
             # A far side with our name is refused (checked once per client, not per batch). A
             # stop may cut this short: the next pass sends the batch again and dedup absorbs it.

@@ -84,6 +84,9 @@ PositiveDurationText = Annotated[str, schema(pattern=POSITIVE_DURATION_PATTERN)]
 # A lease: more than 0 and at most 12 h (a text one over 12 h is refused too).
 MAX_LEASE = 12 * 3600
 Lease = Annotated[float, schema(exclusiveMinimum=0, maximum=MAX_LEASE)] | PositiveDurationText
+# A message's source: at most this many bytes of UTF-8. The one declaration: the model checks
+# it (capella.core.limits), the client and the document read it.
+MAX_SOURCE_BYTES = 255
 # How long to hold something back: at most ten years (a text one over that is refused too).
 MAX_DELAY = 10 * 365 * 86_400
 Delay = Annotated[float, schema(minimum=0, maximum=MAX_DELAY)] | DurationText

@@ -10,6 +10,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from capella.errors import InvalidMessage
 from capella.wire.fields import (
+    MAX_SOURCE_BYTES,
     Base64,
     Base64Out,
     DateTime,
@@ -28,7 +29,11 @@ from capella.wire.struct import Struct
 
 Source = Annotated[
     str,
-    schema(minLength=1, maxLength=255, description="at most 255 bytes of UTF-8; default the cluster name"),
+    schema(
+        minLength=1,
+        maxLength=MAX_SOURCE_BYTES,
+        description=f"at most {MAX_SOURCE_BYTES} bytes of UTF-8; default the cluster name",
+    ),
 ]
 
 

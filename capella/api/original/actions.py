@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from capella.api.drafts import count_before_decoding
 from capella.api.original import shapes
 from capella.api.original.envelope import Request
 from capella.api.route import Need
@@ -166,6 +167,8 @@ async def q_add_list(ctx: Context, request: Request, unique: bool = False) -> ob
     ctx.same_as("POST", "/v1/queues/{queue}/messages", queue=request.object_name)
     queue = ctx.cluster.queue(request.object_name)
     try:
+        # The queue's batch bound, before a body that could blow it is decoded into messages.
+        count_before_decoding(request.body, shapes.LISTED, shapes.listed, queue.limits)
         body = shapes.decode(request.body, shapes.AddList, request.action)
         save = shapes.save_mode(body.sm)
         if unique and any(m.eid == 0 for m in body.msgs):

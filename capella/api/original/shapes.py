@@ -63,6 +63,18 @@ class AddList(msgspec.Struct):
     sm: int = 0
 
 
+class _Listed(msgspec.Struct):
+    msgs: list[msgspec.Raw] | None = None
+
+
+LISTED = msgspec.json.Decoder(_Listed)
+
+
+def listed(skimmed: _Listed) -> int:
+    """How many messages an ``AddList`` body holds (skimmed as raw items by ``LISTED``)."""
+    return len(skimmed.msgs or ())
+
+
 class GetAfter(msgspec.Struct):
     id_start: int = 0
     cnt_limit: int = 0
