@@ -191,7 +191,8 @@ def _route(method: str) -> Route:
                 "application/octet-stream attachment"
             )
         },
-        fails=(400, 404, 413, 502),
+        # 502: not reached, or refused; 504: no answer in time (a far 5xx is passed on as it is).
+        fails=(400, 404, 413, 502, 504),
     )
 
 

@@ -43,8 +43,8 @@ QueueSaveMode = (
 )
 Mark = Annotated[str, schema(pattern=MARK_PATTERN)]
 # One of the server's configured mounts ([mounts.NAME]); the built-in configuration has one,
-# default, and the document cannot list another server's.
-MountName = Annotated[str, schema(examples=["default"])]
+# default, and the document cannot list another server's; none is named "" (config.py).
+MountName = Annotated[str, schema(minLength=1, examples=["default"])]
 
 
 class BlockLimits(Struct, forbid_unknown_fields=True):

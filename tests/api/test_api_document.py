@@ -344,6 +344,8 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
             {"type": "pg_inbox", "queue": "q", "params": {"dsn": ""}},
             False,
         ),
+        # (A file the dsn names must be one the server may read, [files] allow: no document can
+        # say which, so this one names none; the fuzz hooks skip dsn files for the same reason.)
         (
             "/v1/handlers/h",
             "HandlerDefinition",
@@ -351,7 +353,7 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
                 "type": "pg_inbox",
                 "queue": "q",
                 "started": False,
-                "params": {"dsn": "postgresql://app@127.0.0.1:5432/db?sslmode=require&sslrootcert=/x.pem"},
+                "params": {"dsn": "postgresql://app@127.0.0.1:5432/db?sslmode=require"},
             },
             True,
         ),
