@@ -32,6 +32,9 @@ USER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@\-]{0,127}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 SEGMENTS_PATTERN = rf"^{BLANK}*-?{DIGIT}+(--?{DIGIT}+)?({BLANK}*,{BLANK}*-?{DIGIT}+(--?{DIGIT}+)?)*{BLANK}*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+# A segment of a path Capella serves (a name, a number, a fixed word): what a relayed path is
+# made of (api/relay.py), each segment unencoded.
+RELAY_SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9_.-]*"
 # What a URL never holds: an ASCII blank or control character (every checker reads these alike;
 # \s does not: Python's takes \x1c, ECMA-262's does not).
 URL_EXCLUDED = r"\x00-\x20\x7f"
@@ -57,8 +60,9 @@ def _below(whole: str) -> str:
     return f"0*({'|'.join(shorter + same)})"
 
 
-def at_most(bound: Decimal) -> str:
-    """A pattern for the decimal numbers (``5``, ``0.25``, leading zeros too) not above ``bound``.
+def at_most(bound: Decimal, *, strict: bool = False) -> str:
+    """A pattern for the decimal numbers (``5``, ``0.25``, leading zeros too) not above
+    ``bound`` (with ``strict``, below it).
 
     A bound whose digits do not end (a minute's share of an hour) is cut after 12 places,
     so the pattern takes a little less than the server does, never more.
@@ -68,12 +72,16 @@ def at_most(bound: Decimal) -> str:
     whole, _, fraction = f"{cut:f}".partition(".")
     fraction = fraction.rstrip("0")
     # The fractions not above .fraction: a shorter prefix, a smaller digit at some place, or
-    # the fraction itself followed by zeros.
+    # the fraction itself followed by zeros (not that one, when strict).
     smaller = [f"{fraction[:k]}[0-{int(d) - 1}]{DIGIT}*" for k, d in enumerate(fraction) if d != "0"]
     prefixes = [fraction[:k] for k in range(1, len(fraction))]
-    tail = "|".join([*smaller, *prefixes, f"{fraction}0*"]) if fraction else "0+"
-    below = f"{_below(whole)}(\\.{DIGIT}+)?|" if whole != "0" else ""
-    return f"({below}0*{whole}(\\.({tail}))?)"
+    below = f"{_below(whole)}(\\.{DIGIT}+)?" if whole != "0" else ""
+    if fraction:
+        tails = [*smaller, *prefixes, *([] if strict else [f"{fraction}0*"])]
+        equal = f"0*{whole}(\\.({'|'.join(tails)}))?"
+    else:
+        equal = "" if strict else f"0*{whole}(\\.0+)?"
+    return f"({'|'.join(filter(None, [below, equal]))})"
 
 
 _UNIT_SECONDS = {"ns": Decimal("1e-9"), "us": Decimal("1e-6"), "ms": Decimal("1e-3"), "s": Decimal(1)}
@@ -91,6 +99,27 @@ def duration_at_most(seconds: float, *, positive: bool = False) -> str:
     ]
     nonzero = "(?=[^1-9]*[1-9])" if positive else ""
     return rf"^{BLANK}*{nonzero}({'|'.join(per_unit)}){BLANK}*$"
+
+
+# Bytes per size unit, in any case, "b" after it or not: k is 1000, ki 1024, and so on.
+_SIZE_UNITS = {"([bB])?": Decimal(1)} | {
+    f"[{c.lower()}{c}]{'[iI]' if binary else ''}[bB]?": Decimal(1024 if binary else 1000) ** (power + 1)
+    for power, c in enumerate("KMGT")
+    for binary in (False, True)
+}
+
+
+def size_between(low: int, high: int) -> dict[str, Any]:
+    """The schema of a size in text (``SIZE_PATTERN``) from ``low`` to ``high`` bytes."""
+
+    def within(bound: int, *, strict: bool) -> str:
+        per_unit = [
+            f"{at_most(bound / factor, strict=strict)}{BLANK}*{unit}" for unit, factor in _SIZE_UNITS.items()
+        ]
+        return rf"^{BLANK}*({'|'.join(per_unit)}){BLANK}*$"
+
+    with localcontext(prec=60):
+        return {"pattern": within(high, strict=False), "not": {"pattern": within(low, strict=True)}}
 
 
 DURATION_PATTERN = _quantity(_NUMBER, _DURATION_UNIT)

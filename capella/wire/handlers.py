@@ -263,6 +263,16 @@ def reserved_header(name: str) -> bool:
     return name.lower() in RESERVED_HEADERS or name.lower().startswith("capella-")
 
 
+def _any_case(word: str) -> str:
+    return "".join(f"[{c.upper()}{c}]" if c.isalpha() else c for c in word)  # "-" only, literal
+
+
+# The same as a pattern (ECMA-262 has no flag for case): a reserved name, or capella-*.
+RESERVED_HEADER_PATTERN = f"^(({'|'.join(map(_any_case, RESERVED_HEADERS))})$|{_any_case('capella-')})"
+
+
+NOT_RESERVED = {"not": {"pattern": RESERVED_HEADER_PATTERN}}
+
 URL_PATTERN = rf"^https?://[^{URL_EXCLUDED}/?#@]+([/?#][^{URL_EXCLUDED}]*)?$"
 
 
@@ -303,7 +313,10 @@ class PushParams(Params):
     wait: Annotated[IntervalOrZero, Meta(description="long-poll when caught up (default 2 s; 0: none)")] = 2.0
     headers: Annotated[
         dict[
-            Annotated[str, schema(pattern=f"^{_HEADER_NAME.pattern}$")],
+            Annotated[
+                str,
+                schema(pattern=f"^{_HEADER_NAME.pattern}$", **{"not": {"pattern": RESERVED_HEADER_PATTERN}}),
+            ],
             Annotated[str, schema(pattern="^[^\r\n\x00]*$")],
         ],
         Meta(

@@ -14,9 +14,9 @@ from capella.wire.fields import (
     DefinitionSaveMode,
     Int64,
     PositiveDuration,
-    SizeText,
     Time,
     schema,
+    size_between,
 )
 from capella.wire.struct import Struct
 
@@ -31,7 +31,8 @@ _MARK = re.compile(MARK_PATTERN)
 
 BlockMessages = Annotated[int, schema(minimum=MIN_BLOCK_MESSAGES, maximum=MAX_BLOCK_MESSAGES)]
 BlockBytes = Annotated[
-    Annotated[int, schema(minimum=MIN_BLOCK_BYTES, maximum=MAX_BLOCK_BYTES)] | SizeText,
+    Annotated[int, schema(minimum=MIN_BLOCK_BYTES, maximum=MAX_BLOCK_BYTES)]
+    | Annotated[str, schema(**size_between(MIN_BLOCK_BYTES, MAX_BLOCK_BYTES))],
     Meta(description="from 1 KiB to 1 GiB"),
 ]
 BlockAge = Annotated[PositiveDuration, Meta(description="greater than 0")]
