@@ -17,6 +17,7 @@ from capella.wire.fields import (
     URL_EXCLUDED,
     USER_NAME_PATTERN,
     Bytes,
+    Int64,
     Interval,
     IntervalOrZero,
     NameOrDefault,
@@ -121,7 +122,8 @@ def _params_error(text: str) -> InvalidRequest:
 
 Batch = Annotated[int, Meta(ge=1, le=INT64_MAX)]
 # Inclusive [lo, hi] pairs; none: every segment.
-Segments = Annotated[list[tuple[int, int]], Meta(min_length=1)]
+# Segments are 64-bit, as a message's segment is (a larger pair was schema-valid and refused).
+Segments = Annotated[list[tuple[Int64, Int64]], Meta(min_length=1)]
 # As [secrets.NAME] in the configuration allows.
 SecretName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
 # Lower-case identifiers only, optionally schema-qualified: what PostgreSQL folds an unquoted
