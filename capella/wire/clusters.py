@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from msgspec import UNSET, Meta, UnsetType
 
 from capella.wire.answers import ErrorDetail
-from capella.wire.fields import NANOSECONDS, URL_EXCLUDED, duration_at_most, schema
+from capella.wire.fields import URL_EXCLUDED, duration_at_most, schema
 from capella.wire.struct import Struct
 
 CREDENTIALS = ("password", "password_secret", "token", "token_secret")
@@ -18,11 +18,12 @@ SecretName = Annotated[str, schema(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
 # A cluster's connect and request timeouts: more than 0 and at most a day, in text too.
 MAX_TIMEOUT = 86_400.0
-# (An integer from 10**12 is nanoseconds, as the original API gave durations: handlers/clusters.py.)
+# (The server also reads an integer from 10**12 as the original's nanoseconds, but not the same
+# number written 1e12 or 1000000000000.0: JSON Schema cannot tell the two apart, so the document
+# states seconds only.)
 Timeout = (
     Annotated[float, schema(exclusiveMinimum=0, maximum=MAX_TIMEOUT)]
     | Annotated[str, schema(pattern=duration_at_most(MAX_TIMEOUT, positive=True))]
-    | Annotated[int, schema(**NANOSECONDS(MAX_TIMEOUT))]
 )
 
 

@@ -242,17 +242,6 @@ else:
 NANOSECOND_THRESHOLD = 10**12
 
 
-def NANOSECONDS(most: float) -> dict[str, Any]:  # noqa: N802 (reads as the schema it is)
-    """The schema of a duration in the original's nanoseconds (an integer of at least
-    ``NANOSECOND_THRESHOLD``), up to ``most`` seconds."""
-    return {
-        "type": "integer",
-        "minimum": NANOSECOND_THRESHOLD,
-        "maximum": int(most * 10**9),
-        "description": "nanoseconds, as the original API gave durations",
-    }
-
-
 def seconds(value: object, *, positive: bool) -> float:
     """Seconds from a duration as the handler params take it; ``ValueError`` says why not."""
     # A JSON integer only: not a bool, nor a whole float (decode.WholeFloat) that was seconds.
@@ -318,7 +307,6 @@ def schema_hook(kind: type) -> dict[str, Any]:
         return {
             "anyOf": [
                 {"type": "number", "minimum": MIN_PERIOD, "maximum": MAX_DELAY},
-                NANOSECONDS(MAX_DELAY),
                 {"type": "string", "pattern": duration_at_most(MAX_DELAY, positive=True)},
             ],
             "description": f"at least {MIN_PERIOD:g} s, at most ten years",
