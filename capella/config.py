@@ -591,6 +591,9 @@ def _mounts(tables: dict[str, Any], data_dir: Path) -> dict[str, MountConfig]:
     mounts: dict[str, MountConfig] = {}
     for name, value in tables.items():
         path = f"mounts.{name}"
+        if not name:
+            # A queue names its mounts, and the document says a mount's name is not empty.
+            raise _Refused('mounts."": a mount needs a name')
         options = dict(_table(value, path))
         provider = options.pop("provider", None)
         if provider is None:

@@ -439,6 +439,12 @@ class Unreachable(CapellaError):
     code = "unreachable"
 
 
+class GatewayTimeout(Unreachable):
+    """The far server took a connection or a request but did not answer in time."""
+
+    code = "gateway_timeout"
+
+
 class NotEnoughReplicas(CapellaError):
     """Fewer clusters than required acknowledged an M-of-K write."""
 

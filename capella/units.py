@@ -20,10 +20,10 @@ MAX_SIZE = 2**63 - 1
 BLANK = r"[ \t\n\r\f\v]"
 DIGIT = "[0-9]"
 _DURATION = re.compile(rf"^{BLANK}*({DIGIT}+(?:\.{DIGIT}+)?){BLANK}*(ns|us|ms|s|m|h|d)?{BLANK}*$")
+# Seconds per unit; below a second, units per second (a division is rounded once, so
+# "60000000000ns" is 60 s exactly, as the document's bounds read it).
+_SUBSECOND_UNITS = {"ns": 1e9, "us": 1e6, "ms": 1e3}
 _DURATION_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "ms": 1e-3,
     "s": 1.0,
     "m": 60.0,
     "h": 3600.0,
@@ -40,7 +40,11 @@ def parse_duration(value: object) -> float:
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str) and (m := _DURATION.match(value)):
-        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        unit = m.group(2)
+        if unit in _SUBSECOND_UNITS:
+            seconds = float(m.group(1)) / _SUBSECOND_UNITS[unit]
+        else:
+            seconds = float(m.group(1)) * _DURATION_UNITS[unit]
     else:
         raise ValueError(f"expected a duration like '30s', '10m' or '2d', got {value!r}")
     # Enough digits overflow to inf, which JSON cannot hold: a stored definition would read back null.

@@ -8,6 +8,7 @@ from capella.errors import (
     Conflict,
     CorruptData,
     Forbidden,
+    GatewayTimeout,
     HeadersTooLarge,
     InvalidConfig,
     InvalidRequest,
@@ -47,6 +48,7 @@ STATUS: dict[type[CapellaError], int] = {
     TooManyConnections: 503,
     CorruptData: 503,
     Unreachable: 502,
+    GatewayTimeout: 504,
 }
 
 

@@ -256,7 +256,15 @@ _PATH_PARAMS = {
     ("handlers", "name"): HANDLER,
     ("clusters", "name"): CLUSTER,
     ("users", "name"): USER,
-    ("v1", "path"): param("path", "path", {"type": "string"}, "The path on the far cluster, after /v1/"),
+    # OpenAPI's path parameters hold no "/" (a client sends it as %2F, which the relay refuses):
+    # the document states one segment; the server takes several, joined by "/".
+    ("v1", "path"): param(
+        "path",
+        "path",
+        {"type": "string", "pattern": f"^{fields.RELAY_SEGMENT}$"},
+        "The path on the far cluster, after /v1/: segments of letters, digits, '_', '-' and '.' "
+        "(not first), unencoded, joined by '/' (which a path parameter cannot hold)",
+    ),
     ("ui", "file"): param("file", "path", {"type": "string", "pattern": r"^[\w.-]+$"}, "File name"),
     ("tokens", "id"): param("id", "path", {"type": "string", "pattern": r"^[0-9a-f]{16}$"}, "Token id"),
 }

@@ -49,6 +49,7 @@ from capella.errors import (
     Unreachable,
 )
 from capella.wire import batch_page, frames
+from capella.wire.fields import RELAY_SEGMENT
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ MEDIA_TYPES = frozenset(
 )
 OTHER_MEDIA = {"Content-Type": "application/octet-stream", "Content-Disposition": "attachment"}
 # A segment of a path Capella serves: a name (wire.fields.NAME), a number, a fixed word.
-SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+SEGMENT = re.compile(RELAY_SEGMENT)
 # What a path under this many clusters/{name}/v1 hops may not end in, on any far side.
 NEVER_RELAYED = frozenset({"users", "tokens"})
 
@@ -191,7 +192,8 @@ def _route(method: str) -> Route:
                 "application/octet-stream attachment"
             )
         },
-        fails=(400, 404, 413, 502),
+        # 502: not reached, or refused; 504: no answer in time (a far 5xx is passed on as it is).
+        fails=(400, 404, 413, 502, 504),
     )
 
 

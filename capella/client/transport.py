@@ -29,7 +29,7 @@ from capella.client.answers import error_from_answer
 from capella.client.connector import EgressConnector
 from capella.client.events import EventParser, message_event
 from capella.egress import Egress
-from capella.errors import Unreachable
+from capella.errors import GatewayTimeout, Unreachable
 from capella.wire.messages import StoredMessage
 
 # The server sends an SSE comment every 15 s; four missed ones mean the connection is dead.
@@ -223,4 +223,6 @@ def _authorization(username: str | None, password: str | None, token: str | None
 
 def _unreachable(url: str, exc: BaseException, timeout: float) -> Unreachable:
     reason = str(exc) or f"no answer within {timeout:g}s"
-    return Unreachable(f"cannot reach {url}: {reason}", url=url)
+    # aiohttp's connect and read timeouts are TimeoutErrors: the far side was there, too slow.
+    kind = GatewayTimeout if isinstance(exc, TimeoutError) else Unreachable
+    return kind(f"cannot reach {url}: {reason}", url=url)

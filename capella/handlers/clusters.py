@@ -46,6 +46,7 @@ from capella.fsync import write_atomic
 from capella.storage.catalog import CLUSTERS, ClusterRegistry
 from capella.wire.answers import ErrorDetail
 from capella.wire.clusters import (
+    MAX_TIMEOUT,
     ClusterCredentials,
     ClusterInfo,
     ClusterPing,
@@ -585,11 +586,15 @@ def _ssl_for(cluster: ExternalCluster, ca: bytes | None) -> ssl.SSLContext | boo
 
 
 def duration(value: object, field: str) -> float:
-    """Seconds greater than 0 from ``"30s"`` or a number, with an error that names the field."""
+    """Seconds greater than 0 and at most a day from ``"30s"`` or a number, with an error that
+    names the field."""
     try:
-        return seconds(value, positive=True)
+        found = seconds(value, positive=True)
     except ValueError as exc:
         text = str(exc)
         raise InvalidRequest(
             f"{field} {text}" if text.startswith("must") else f"{field}: {text}", field=field
         ) from None
+    if found > MAX_TIMEOUT:
+        raise InvalidRequest(f"{field} must be at most {MAX_TIMEOUT:g} seconds (a day)", field=field)
+    return found

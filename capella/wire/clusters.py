@@ -7,13 +7,24 @@ from typing import Annotated, Any, ClassVar, Literal
 from msgspec import UNSET, Meta, UnsetType
 
 from capella.wire.answers import ErrorDetail
-from capella.wire.fields import URL_EXCLUDED, PositiveDuration, schema
+from capella.wire.fields import URL_EXCLUDED, duration_at_most, schema
 from capella.wire.struct import Struct
 
 CREDENTIALS = ("password", "password_secret", "token", "token_secret")
 Compression = Literal["none", "gzip", "zstd"]
 Secret = Annotated[str, schema(minLength=1, writeOnly=True)]
 SecretName = Annotated[str, schema(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+
+
+# A cluster's connect and request timeouts: more than 0 and at most a day, in text too.
+MAX_TIMEOUT = 86_400.0
+# (The server also reads an integer from 10**12 as the original's nanoseconds, but not the same
+# number written 1e12 or 1000000000000.0: JSON Schema cannot tell the two apart, so the document
+# states seconds only.)
+Timeout = (
+    Annotated[float, schema(exclusiveMinimum=0, maximum=MAX_TIMEOUT)]
+    | Annotated[str, schema(pattern=duration_at_most(MAX_TIMEOUT, positive=True))]
+)
 
 
 # An external cluster's URL: no credentials in it, no blank or control character anywhere.
@@ -58,8 +69,10 @@ class ClusterDefinition(Struct, forbid_unknown_fields=True):
     verify_tls: bool = True
     ca_file: Annotated[str, Meta(description="a PEM file on the server that exists")] | None = None
     # Left out for the default; null is refused, as the server has always read it.
-    connect_timeout: Annotated[PositiveDuration, Meta(description="default 5 s")] | UnsetType = UNSET
-    timeout: Annotated[PositiveDuration, Meta(description="per request; default 30 s")] | UnsetType = UNSET
+    connect_timeout: Annotated[Timeout, Meta(description="default 5 s; at most a day")] | UnsetType = UNSET
+    timeout: Annotated[Timeout, Meta(description="per request; default 30 s; at most a day")] | UnsetType = (
+        UNSET
+    )
     compression: Annotated[
         Compression, Meta(description="Content-Encoding of request bodies of 1 KiB or more")
     ] = "none"

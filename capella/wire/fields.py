@@ -9,6 +9,7 @@ adds JSON Schema keywords that decoding does not enforce.
 
 from __future__ import annotations
 
+from decimal import ROUND_DOWN, Decimal, localcontext
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from msgspec import Meta
@@ -31,6 +32,9 @@ USER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@\-]{0,127}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 SEGMENTS_PATTERN = rf"^{BLANK}*-?{DIGIT}+(--?{DIGIT}+)?({BLANK}*,{BLANK}*-?{DIGIT}+(--?{DIGIT}+)?)*{BLANK}*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+# A segment of a path Capella serves (a name, a number, a fixed word): what a relayed path is
+# made of (api/relay.py), each segment unencoded.
+RELAY_SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9_.-]*"
 # What a URL never holds: an ASCII blank or control character (every checker reads these alike;
 # \s does not: Python's takes \x1c, ECMA-262's does not).
 URL_EXCLUDED = r"\x00-\x20\x7f"
@@ -44,6 +48,78 @@ _SIZE_UNIT = "([kmgtKMGT][iI]?[bB]?|[bB])"
 
 def _quantity(number: str, unit: str) -> str:
     return rf"^{BLANK}*{number}{BLANK}*{unit}?{BLANK}*$"
+
+
+def _below(whole: str) -> str:
+    """A pattern for the whole numbers below ``whole`` (decimal digits, no leading zero),
+    leading zeros allowed."""
+    shorter = [f"{DIGIT}{{1,{len(whole) - 1}}}"] if len(whole) > 1 else []
+    same = [
+        f"{whole[:k]}[0-{int(d) - 1}]{DIGIT}{{{len(whole) - k - 1}}}" for k, d in enumerate(whole) if d != "0"
+    ]
+    return f"0*({'|'.join(shorter + same)})"
+
+
+def at_most(bound: Decimal, *, strict: bool = False) -> str:
+    """A pattern for the decimal numbers (``5``, ``0.25``, leading zeros too) not above
+    ``bound`` (with ``strict``, below it).
+
+    A bound whose digits do not end (a minute's share of an hour) is cut after 12 places,
+    so the pattern takes a little less than the server does, never more.
+    """
+    with localcontext(prec=60):
+        cut = bound.quantize(Decimal("1e-12"), rounding=ROUND_DOWN)
+    whole, _, fraction = f"{cut:f}".partition(".")
+    fraction = fraction.rstrip("0")
+    # The fractions not above .fraction: a shorter prefix, a smaller digit at some place, or
+    # the fraction itself followed by zeros (not that one, when strict).
+    smaller = [f"{fraction[:k]}[0-{int(d) - 1}]{DIGIT}*" for k, d in enumerate(fraction) if d != "0"]
+    prefixes = [fraction[:k] for k in range(1, len(fraction))]
+    below = f"{_below(whole)}(\\.{DIGIT}+)?" if whole != "0" else ""
+    if fraction:
+        tails = [*smaller, *prefixes, *([] if strict else [f"{fraction}0*"])]
+        equal = f"0*{whole}(\\.({'|'.join(tails)}))?"
+    else:
+        equal = "" if strict else f"0*{whole}(\\.0+)?"
+    return f"({'|'.join(filter(None, [below, equal]))})"
+
+
+_UNIT_SECONDS = {"ns": Decimal("1e-9"), "us": Decimal("1e-6"), "ms": Decimal("1e-3"), "s": Decimal(1)}
+_UNIT_SECONDS |= {"m": Decimal(60), "h": Decimal(3600), "d": Decimal(86400)}
+
+
+def duration_at_most(seconds: float, *, positive: bool = False) -> str:
+    """The pattern of a duration in text (``DURATION_PATTERN``) of at most ``seconds``; with
+    ``positive``, greater than 0 too."""
+    limit = Decimal(seconds)
+    with localcontext(prec=60):
+        bounds = {unit: limit / factor for unit, factor in _UNIT_SECONDS.items()}
+    per_unit = [
+        f"{at_most(bounds[unit])}{BLANK}*{unit}{'?' if unit == 's' else ''}" for unit in _UNIT_SECONDS
+    ]
+    nonzero = "(?=[^1-9]*[1-9])" if positive else ""
+    return rf"^{BLANK}*{nonzero}({'|'.join(per_unit)}){BLANK}*$"
+
+
+# Bytes per size unit, in any case, "b" after it or not: k is 1000, ki 1024, and so on.
+_SIZE_UNITS = {"([bB])?": Decimal(1)} | {
+    f"[{c.lower()}{c}]{'[iI]' if binary else ''}[bB]?": Decimal(1024 if binary else 1000) ** (power + 1)
+    for power, c in enumerate("KMGT")
+    for binary in (False, True)
+}
+
+
+def size_between(low: int, high: int) -> dict[str, Any]:
+    """The schema of a size in text (``SIZE_PATTERN``) from ``low`` to ``high`` bytes."""
+
+    def within(bound: int, *, strict: bool) -> str:
+        per_unit = [
+            f"{at_most(bound / factor, strict=strict)}{BLANK}*{unit}" for unit, factor in _SIZE_UNITS.items()
+        ]
+        return rf"^{BLANK}*({'|'.join(per_unit)}){BLANK}*$"
+
+    with localcontext(prec=60):
+        return {"pattern": within(high, strict=False), "not": {"pattern": within(low, strict=True)}}
 
 
 DURATION_PATTERN = _quantity(_NUMBER, _DURATION_UNIT)
@@ -68,8 +144,11 @@ _DATE = (
 )
 RFC3339 = _DATE + r"[Tt ]([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
 DateTime = Annotated[str, schema(format="date-time", pattern=f"^{RFC3339}$")]
+# The last second RFC 3339 text can name (9999-12-31T23:59:59Z): a time given as a number is
+# no later either.
+MAX_TIME = 253_402_300_799
 # A time a client gives: UNIX seconds or RFC 3339 text (wire.parse_time reads both).
-TimeInput = float | DateTime
+TimeInput = Annotated[float, schema(maximum=MAX_TIME)] | DateTime
 Base64 = Annotated[str, schema(contentEncoding="base64", pattern=BASE64_PATTERN)]
 Base64Out = Annotated[str, schema(contentEncoding="base64")]
 Headers = dict[str, str]
@@ -83,18 +162,26 @@ PositiveDuration = (
 PositiveDurationText = Annotated[str, schema(pattern=POSITIVE_DURATION_PATTERN)]
 # A lease: more than 0 and at most 12 h (a text one over 12 h is refused too).
 MAX_LEASE = 12 * 3600
-Lease = Annotated[float, schema(exclusiveMinimum=0, maximum=MAX_LEASE)] | PositiveDurationText
+Lease = (
+    Annotated[float, schema(exclusiveMinimum=0, maximum=MAX_LEASE)]
+    | Annotated[str, schema(pattern=duration_at_most(MAX_LEASE, positive=True))]
+)
 # A message's source: at most this many bytes of UTF-8. The one declaration: the model checks
 # it (capella.core.limits), the client and the document read it.
 MAX_SOURCE_BYTES = 255
 # How long to hold something back: at most ten years (a text one over that is refused too).
 MAX_DELAY = 10 * 365 * 86_400
-Delay = Annotated[float, schema(minimum=0, maximum=MAX_DELAY)] | DurationText
+Delay = (
+    Annotated[float, schema(minimum=0, maximum=MAX_DELAY)]
+    | Annotated[str, schema(pattern=duration_at_most(MAX_DELAY))]
+)
 # Bytes, or text such as "512k", "8MB", "16MiB".
 SizeText = Annotated[str, schema(pattern=SIZE_PATTERN)]
 Size = Annotated[int, schema(minimum=0)] | SizeText
 
 Name = Annotated[str, schema(pattern=NAME_PATTERN)]
+# A name, or "" for the default one (the field's description says which).
+NameOrDefault = Annotated[str, schema(pattern=f"^({NAME})?$")]
 UserName = Annotated[str, schema(pattern=USER_NAME_PATTERN)]
 EnvName = Annotated[str, schema(pattern=ENV_NAME_PATTERN)]
 SegmentsText = Annotated[str, schema(pattern=SEGMENTS_PATTERN)]
@@ -119,10 +206,15 @@ DefinitionSaveMode = Literal["none", "immediate", "mark", "wait", "0", "1", "2",
 # a handler woken more often does little but wake (docs/handlers.md measures one at the floor).
 MIN_PERIOD = 0.01
 
+# A push request's timeout (docs/push.md: a receiver that needs longer answers 202).
+MAX_REQUEST_SECONDS = 60.0
+
 if TYPE_CHECKING:
     Seconds = float
     PositiveSeconds = float
+    RequestSeconds = float
     Interval = float
+    RetryInterval = float
     IntervalOrZero = float
     Bytes = int
 else:
@@ -133,8 +225,14 @@ else:
     class PositiveSeconds(Seconds):
         """A duration greater than 0."""
 
+    class RequestSeconds(Seconds):
+        """A duration greater than 0 and at most ``MAX_REQUEST_SECONDS``."""
+
     class Interval(Seconds):
         """A handler's period: at least ``MIN_PERIOD``."""
+
+    class RetryInterval(Seconds):
+        """A retry delay: at least ``MIN_PERIOD``, at most ``MAX_DELAY``."""
 
     class IntervalOrZero(Seconds):
         """A handler's period, or 0 where 0 means none (continuous, woken by work)."""
@@ -160,11 +258,21 @@ def seconds(value: object, *, positive: bool) -> float:
 
 
 def decode_hook(kind: type, value: object) -> object:
-    """``msgspec.convert``'s ``dec_hook`` for ``Seconds``, ``PositiveSeconds``, ``Interval``,
-    ``IntervalOrZero`` and ``Bytes``."""
+    """``msgspec.convert``'s ``dec_hook`` for ``Seconds``, ``PositiveSeconds``,
+    ``RequestSeconds``, ``Interval``, ``RetryInterval``, ``IntervalOrZero`` and ``Bytes``."""
     # msgspec checks that the hook gave an instance of ``kind``; decode_params makes it plain.
     if kind is PositiveSeconds or kind is Seconds:
         return kind(seconds(value, positive=kind is PositiveSeconds))
+    if kind is RequestSeconds:
+        found = seconds(value, positive=True)
+        if found > MAX_REQUEST_SECONDS:
+            raise ValueError(f"must be at most {MAX_REQUEST_SECONDS:g} seconds")
+        return kind(found)
+    if kind is RetryInterval:
+        found = seconds(value, positive=False)
+        if not MIN_PERIOD <= found <= MAX_DELAY:
+            raise ValueError(f"must be from {MIN_PERIOD:g} seconds to ten years")
+        return kind(found)
     if kind is Interval or kind is IntervalOrZero:
         found = seconds(value, positive=False)
         if found < MIN_PERIOD and not (kind is IntervalOrZero and found == 0):
@@ -190,6 +298,21 @@ def schema_hook(kind: type) -> dict[str, Any]:
                 {"type": "number", "exclusiveMinimum": 0},
                 {"type": "string", "pattern": POSITIVE_DURATION_PATTERN},
             ]
+        }
+    if kind is RequestSeconds:
+        return {
+            "anyOf": [
+                {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_REQUEST_SECONDS},
+                {"type": "string", "pattern": duration_at_most(MAX_REQUEST_SECONDS, positive=True)},
+            ]
+        }
+    if kind is RetryInterval:
+        return {
+            "anyOf": [
+                {"type": "number", "minimum": MIN_PERIOD, "maximum": MAX_DELAY},
+                {"type": "string", "pattern": duration_at_most(MAX_DELAY, positive=True)},
+            ],
+            "description": f"at least {MIN_PERIOD:g} s, at most ten years",
         }
     if kind is Seconds:
         return {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": DURATION_PATTERN}]}

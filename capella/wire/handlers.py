@@ -12,14 +12,18 @@ from capella.errors import InvalidRequest
 from capella.wire.decode import whole_numbers
 from capella.wire.fields import (
     INT64_MAX,
+    MAX_REQUEST_SECONDS,
     NAME,
     URL_EXCLUDED,
     USER_NAME_PATTERN,
     Bytes,
+    Int64,
     Interval,
     IntervalOrZero,
-    Name,
+    NameOrDefault,
     PositiveSeconds,
+    RequestSeconds,
+    RetryInterval,
     SaveModeText,
     Seconds,
     Time,
@@ -118,7 +122,8 @@ def _params_error(text: str) -> InvalidRequest:
 
 Batch = Annotated[int, Meta(ge=1, le=INT64_MAX)]
 # Inclusive [lo, hi] pairs; none: every segment.
-Segments = Annotated[list[tuple[int, int]], Meta(min_length=1)]
+# Segments are 64-bit, as a message's segment is (a larger pair was schema-valid and refused).
+Segments = Annotated[list[tuple[Int64, Int64]], Meta(min_length=1)]
 # As [secrets.NAME] in the configuration allows.
 SecretName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
 # Lower-case identifiers only, optionally schema-qualified: what PostgreSQL folds an unquoted
@@ -215,7 +220,9 @@ class CopyParams(Params):
     from_: (
         Annotated[QueueRef, Meta(description="the source queue when the definition names no queues")] | None
     ) = field(default=None, name="from")
-    subscription: Annotated[Name, Meta(description="the cursor on each source (default copy-to-<to>)")] = ""
+    subscription: Annotated[
+        NameOrDefault, Meta(description='the cursor on each source ("" or not given: copy-to-<to>)')
+    ] = ""
     interval: Annotated[
         IntervalOrZero,
         Meta(description="pause between passes (default 0: continuous, long-polling for wait)"),
@@ -240,7 +247,7 @@ class CopyParams(Params):
 # (docs/push.md): messages in flight (concurrency x batch), and the seconds one request may
 # keep a connection and its batch (a receiver that needs longer should answer 202 and work on).
 MAX_IN_FLIGHT = 10_000
-MAX_TIMEOUT = 60.0
+MAX_TIMEOUT = MAX_REQUEST_SECONDS
 _HEADER_NAME = re.compile(r"[!#$&'*+.^_`|~0-9A-Za-z-]+")
 # Set by the push handler itself: a params header of these names would be overwritten or unsafe.
 RESERVED_HEADERS = (
@@ -257,6 +264,16 @@ def reserved_header(name: str) -> bool:
     """Whether a push header is one the handler sets itself."""
     return name.lower() in RESERVED_HEADERS or name.lower().startswith("capella-")
 
+
+def _any_case(word: str) -> str:
+    return "".join(f"[{c.upper()}{c}]" if c.isalpha() else c for c in word)  # "-" only, literal
+
+
+# The same as a pattern (ECMA-262 has no flag for case): a reserved name, or capella-*.
+RESERVED_HEADER_PATTERN = f"^(({'|'.join(map(_any_case, RESERVED_HEADERS))})$|{_any_case('capella-')})"
+
+
+NOT_RESERVED = {"not": {"pattern": RESERVED_HEADER_PATTERN}}
 
 URL_PATTERN = rf"^https?://[^{URL_EXCLUDED}/?#@]+([/?#][^{URL_EXCLUDED}]*)?$"
 
@@ -294,11 +311,14 @@ class PushParams(Params):
         Meta(description="ordered: one request at a time, in id order; by_segment: in order per segment"),
     ] = "unordered"
     concurrency: Annotated[int, Meta(ge=1, le=1000, description="requests in flight (default 4)")] = 4
-    timeout: Annotated[PositiveSeconds, Meta(description="per request (default 10 s, at most 60 s)")] = 10.0
+    timeout: Annotated[RequestSeconds, Meta(description="per request (default 10 s, at most 60 s)")] = 10.0
     wait: Annotated[IntervalOrZero, Meta(description="long-poll when caught up (default 2 s; 0: none)")] = 2.0
     headers: Annotated[
         dict[
-            Annotated[str, schema(pattern=f"^{_HEADER_NAME.pattern}$")],
+            Annotated[
+                str,
+                schema(pattern=f"^{_HEADER_NAME.pattern}$", **{"not": {"pattern": RESERVED_HEADER_PATTERN}}),
+            ],
             Annotated[str, schema(pattern="^[^\r\n\x00]*$")],
         ],
         Meta(
@@ -311,8 +331,8 @@ class PushParams(Params):
         Annotated[int, schema(minimum=0, maximum=1_000_000, description="0: no limit (default 5)")] | None
     ) = None
     backoff: Literal["fixed", "exponential"] | None = None
-    delay: Annotated[Interval, Meta(description="the first retry's delay (default 1 s)")] | None = None
-    max_delay: Annotated[Interval, Meta(description="the longest delay (default 5 min)")] | None = None
+    delay: Annotated[RetryInterval, Meta(description="the first retry's delay (default 1 s)")] | None = None
+    max_delay: Annotated[RetryInterval, Meta(description="the longest delay (default 5 min)")] | None = None
     jitter: Annotated[float, schema(minimum=0, maximum=1)] | None = None
     dead_letter: Annotated[str, Meta(description="the queue that gets what used up its attempts")] | None = (
         None
@@ -445,9 +465,9 @@ class PgInboxParams(PgConnection):
     """Copy a queue into a PostgreSQL inbox table, once each (docs/postgres.md)."""
 
     table: Annotated[Table, Meta(description="the inbox table (default capella_inbox)")] = "capella_inbox"
-    subscription: Annotated[Name, Meta(description="the cursor on each queue (default pg_inbox-<table>)")] = (
-        ""
-    )
+    subscription: Annotated[
+        NameOrDefault, Meta(description='the cursor on each queue ("" or not given: pg_inbox-<table>)')
+    ] = ""
     batch: Annotated[int, Meta(ge=1, le=INT64_MAX, description="messages per insert (default 1000)")] = 1000
     segments: Segments | None = None
     interval: Annotated[

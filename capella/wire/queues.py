@@ -14,9 +14,9 @@ from capella.wire.fields import (
     DefinitionSaveMode,
     Int64,
     PositiveDuration,
-    SizeText,
     Time,
     schema,
+    size_between,
 )
 from capella.wire.struct import Struct
 
@@ -31,7 +31,8 @@ _MARK = re.compile(MARK_PATTERN)
 
 BlockMessages = Annotated[int, schema(minimum=MIN_BLOCK_MESSAGES, maximum=MAX_BLOCK_MESSAGES)]
 BlockBytes = Annotated[
-    Annotated[int, schema(minimum=MIN_BLOCK_BYTES, maximum=MAX_BLOCK_BYTES)] | SizeText,
+    Annotated[int, schema(minimum=MIN_BLOCK_BYTES, maximum=MAX_BLOCK_BYTES)]
+    | Annotated[str, schema(**size_between(MIN_BLOCK_BYTES, MAX_BLOCK_BYTES))],
     Meta(description="from 1 KiB to 1 GiB"),
 ]
 BlockAge = Annotated[PositiveDuration, Meta(description="greater than 0")]
@@ -43,8 +44,8 @@ QueueSaveMode = (
 )
 Mark = Annotated[str, schema(pattern=MARK_PATTERN)]
 # One of the server's configured mounts ([mounts.NAME]); the built-in configuration has one,
-# default, and the document cannot list another server's.
-MountName = Annotated[str, schema(examples=["default"])]
+# default, and the document cannot list another server's; none is named "" (config.py).
+MountName = Annotated[str, schema(minLength=1, examples=["default"])]
 
 
 class BlockLimits(Struct, forbid_unknown_fields=True):

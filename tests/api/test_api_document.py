@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,9 @@ from capella.api.openapi import WIRE_MODULES
 from capella.errors import InvalidRequest, error_classes
 from capella.handlers import postgres
 from capella.handlers.postgres import split_password
-from capella.units import parse_size
+from capella.units import parse_duration, parse_size
 from capella.wire.answers import ErrorDetail
-from capella.wire.fields import POSITIVE_SIZE_PATTERN
+from capella.wire.fields import POSITIVE_SIZE_PATTERN, duration_at_most
 from capella.wire.handlers import DSN_PATTERN
 
 DOCUMENT = document()
@@ -347,6 +349,8 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
             {"type": "pg_inbox", "queue": "q", "params": {"dsn": ""}},
             False,
         ),
+        # (A file the dsn names must be one the server may read, [files] allow: no document can
+        # say which, so this one names none; the fuzz hooks skip dsn files for the same reason.)
         (
             "/v1/handlers/h",
             "HandlerDefinition",
@@ -623,3 +627,230 @@ def test_a_copy_names_a_destination() -> None:
     # ST202: an empty params.to was schema-valid; the server refuses it.
     assert not valid("CopyParams", {"to": ""})
     assert not valid("PgOutboxParams", {"to": "", "dsn_secret": "S"})
+
+
+# --- issue 34: a document that validates and tells the truth -----------------------------
+
+# Maps whose keys are names (a property, a schema, a status), not keywords: a property named
+# "default" is not a default.
+NAMED_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "schemas", "responses", "paths", "headers", "content"}
+)
+NAMED_MAPS |= {"securitySchemes", "dependentSchemas", "encoding"}
+
+
+def stated_values(node: object, where: str = "") -> list[tuple[str, object, dict[str, Any]]]:
+    """Every default and example in the document, with where it is and the schema it must meet."""
+    found: list[tuple[str, object, dict[str, Any]]] = []
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            found += stated_values(item, f"{where}/{i}")
+    if not isinstance(node, dict):
+        return found
+    own = {k: v for k, v in node.items() if k not in ("default", "example", "examples")}
+    # A parameter or a media type carries its example beside its schema; a schema carries its own.
+    schema_of = node["schema"] if isinstance(node.get("schema"), dict) else own
+    if "default" in node:
+        found.append((f"{where}/default", node["default"], schema_of))
+    if "example" in node:
+        found.append((f"{where}/example", node["example"], schema_of))
+    if isinstance(node.get("examples"), list):
+        found += [(f"{where}/examples/{i}", v, schema_of) for i, v in enumerate(node["examples"])]
+    elif isinstance(node.get("examples"), dict):  # OpenAPI's Example objects
+        found += [(f"{where}/examples/{k}", v.get("value"), schema_of) for k, v in node["examples"].items()]
+    for key, value in node.items():
+        if key in NAMED_MAPS and isinstance(value, dict):
+            for name, item in value.items():
+                found += stated_values(item, f"{where}/{key}/{name}")
+        elif key not in ("default", "example", "examples"):
+            found += stated_values(value, f"{where}/{key}")
+    return found
+
+
+def test_the_document_passes_openapi_spec_validator() -> None:
+    # Issue 34: CopyParams' and PgInboxParams' subscription declared default '', which their
+    # own pattern refused, and openapi-spec-validator rejected the whole document.
+    from openapi_spec_validator import validate
+
+    validate(orjson.loads(orjson.dumps(DOCUMENT)))
+
+
+def test_every_default_and_example_meets_its_own_schema() -> None:
+    stated = stated_values(DOCUMENT)
+    assert len(stated) > 50, "the walk found the document's defaults"
+    components = DOCUMENT["components"]
+    broken = [
+        (where, value)
+        for where, value, schema in stated
+        if not jsonschema.Draft202012Validator({**schema, "components": components}).is_valid(value)
+    ]
+    assert broken == []
+
+
+async def test_a_default_subscription_of_nothing_is_taken_by_both(q: TestClient) -> None:
+    # The default the document states ("") is one the server takes, and one the schema takes.
+    body = {"type": "copy", "queue": "q", "started": False, "params": {"to": "q2", "subscription": ""}}
+    assert (await q.put("/v1/queues/q2", json={})).status == 201
+    assert valid("HandlerDefinition", body)
+    resp = await q.put("/v1/handlers/c", json=body)
+    assert resp.status == 201, await resp.text()
+    assert (await resp.json())["params"]["subscription"] == "copy-to-q2"
+    assert not valid("HandlerDefinition", {**body, "params": {"to": "q2", "subscription": "-x"}})
+
+
+@pytest.mark.parametrize(
+    ("body", "accepted"),
+    [
+        # Issue 34, seed 20261123: schema-valid, and refused.
+        ({"connect_timeout": 4.8e297}, False),
+        ({"timeout": 5.3e16}, False),
+        ({"timeout": 86_400}, True),
+        ({"timeout": 86_401}, False),
+        ({"connect_timeout": " 24 h "}, True),
+        ({"connect_timeout": "24.0001h"}, False),
+        ({"timeout": "86400000000000ns"}, True),
+        ({"timeout": "1d"}, True),
+        ({"timeout": "1.5d"}, False),
+        ({"timeout": "0s"}, False),
+        # Seed 424242: a whole float is seconds, never the original's nanoseconds.
+        ({"timeout": 20790139118458.0}, False),
+    ],
+)
+async def test_a_cluster_timeout_is_at_most_a_day_in_both(
+    api: TestClient, body: dict[str, Any], accepted: bool
+) -> None:
+    body = {"url": "http://127.0.0.1:9", **body}
+    assert valid("ClusterDefinition", body) is accepted
+    resp = await api.put("/v1/clusters/far", json=body)
+    assert (resp.status < 300) is accepted, await resp.text()
+    if not accepted:
+        assert (await error_of(resp, 400))["field"] in body
+
+
+@pytest.mark.parametrize(
+    ("value", "accepted"),
+    [(6.3e302, False), (253_402_300_800, False), ("9999-12-31T23:59:59Z", False), (1_800_000_000, True)],
+)
+async def test_a_delivery_time_no_number_holds_is_refused_by_both(
+    q: TestClient, value: object, accepted: bool
+) -> None:
+    # Issue 34: deliver_at 6.3e302 was schema-valid. The document now stops where RFC 3339 text
+    # stops (the year 9999); "at most ten years ahead" is a rule of now, in words and the hooks.
+    message = {"data": "x", "deliver_at": value}
+    assert valid("Message", message) is (value != 6.3e302 and value != 253_402_300_800)
+    resp = await q.post(f"{Q}/messages", json={"messages": [message]})
+    assert (resp.status < 300) is accepted, await resp.text()
+
+
+async def test_a_mount_named_nothing_is_refused_by_both(q: TestClient) -> None:
+    # Issue 34: a mount mark "0" mapped to "" was schema-valid.
+    body = {"mounts": {"marks": {"0": ""}}}
+    assert not valid("QueueDefinition", body)
+    assert (await error_of(await q.put(Q, json=body), 400))["field"] == "mounts.marks"
+    assert valid("QueueDefinition", {"mounts": {"marks": {"0": "default"}}})
+
+
+@pytest.mark.parametrize(
+    ("delay", "accepted"),
+    [
+        # Issue 34: blanks around 37 digits, schema-valid and refused (more than ten years).
+        (" " + "9" * 37 + " ", False),
+        (" 5 ", True),
+        ("3650d", True),
+        ("3650.5d", False),
+        ("87600h", True),
+        (str(10 * 365 * 86_400 + 1), False),
+    ],
+)
+async def test_a_retry_delay_is_at_most_ten_years_in_both(q: TestClient, delay: str, accepted: bool) -> None:
+    body = {"mode": "ack", "policy": {"delay": delay, "max_delay": "3650d"}}
+    assert valid("SubscriptionCommit", body) is accepted
+    resp = await q.put(W, json=body)
+    assert (resp.status < 300) is accepted, await resp.text()
+
+
+@pytest.mark.parametrize(
+    ("params", "accepted"),
+    [
+        ({"timeout": "60s"}, True),
+        ({"timeout": "1m"}, True),
+        ({"timeout": "60001ms"}, False),
+        ({"timeout": 61}, False),
+        ({"timeout": "0.0167h"}, False),
+        ({"delay": "3650d", "max_delay": "3650d"}, True),
+        ({"max_delay": "3651d"}, False),
+    ],
+)
+async def test_a_push_timeout_and_retry_delays_are_bounded_in_both(
+    q: TestClient, params: dict[str, Any], accepted: bool
+) -> None:
+    params = {"url": "http://127.0.0.1:9/", **params}
+    body = {"type": "push", "queue": "q", "started": False, "params": params}
+    assert valid("HandlerDefinition", body) is accepted
+    resp = await q.put("/v1/handlers/p", json=body)
+    assert (resp.status < 300) is accepted, await resp.text()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from([60.0, 43_200.0, 86_400.0, 315_360_000.0]),
+    st.decimals(min_value=0, max_value=10**16, places=4),
+    st.sampled_from(["ns", "us", "ms", "s", "", "m", "h", "d"]),
+)
+def test_a_bounded_duration_pattern_takes_what_the_server_takes(
+    limit: float, number: Decimal, unit: str
+) -> None:
+    per_second = {"ns": 10**9, "us": 10**6, "ms": 1000}.get(unit)
+    seconds = {"m": 60, "h": 3600, "d": 86_400}.get(unit, 1)
+    at_limit = Decimal(limit) * per_second if per_second else Decimal(limit) / seconds
+    # Numbers near the limit in this unit (just above it, just below), as well as anywhere.
+    for value in (number, at_limit, at_limit + Decimal("0.0001"), at_limit - Decimal("0.0001")):
+        value = value.quantize(Decimal("0.0001"))
+        text = f"{value:f}{unit}"
+        exact = value / per_second if per_second else value * seconds
+        matches = bool(re.fullmatch(duration_at_most(limit), text))
+        assert matches == (exact <= Decimal(limit)), text
+        # The server reads a float: what the pattern takes it takes; a value over the limit by
+        # less than a float tells apart ("43200000000000.0001ns") it may take as well.
+        assert not matches or parse_duration(text) <= limit, text
+
+
+@pytest.mark.parametrize(
+    ("pair", "accepted"), [([-8825, 46438718615328588300288], False), ([-(2**63), 2**63 - 1], True)]
+)
+async def test_a_copy_segment_range_is_64_bit_in_both(q: TestClient, pair: list[int], accepted: bool) -> None:
+    # make fuzz, seed 4242: a pair past 64 bits was schema-valid, and the server refused it.
+    assert (await q.put("/v1/queues/q2", json={})).status == 201
+    body = {"type": "copy", "queue": "q", "started": False, "params": {"to": "q2", "segments": [pair]}}
+    assert valid("HandlerDefinition", body) is accepted
+    resp = await q.put("/v1/handlers/c", json=body)
+    assert (resp.status < 300) is accepted, await resp.text()
+
+
+def test_the_relay_declares_its_502_and_504() -> None:
+    for method in ("get", "post", "put", "patch", "delete"):
+        responses = DOCUMENT["paths"]["/v1/clusters/{name}/v1/{path}"][method]["responses"]
+        assert {"502", "504"} <= set(responses), method
+    assert "gateway_timeout" in DOCUMENT["components"]["responses"]["E504"]["description"]
+
+
+async def test_a_relay_to_a_far_side_that_never_answers_is_504(api: TestClient) -> None:
+    # Accepts connections and reads them, answers nothing.
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        body = {"url": f"http://127.0.0.1:{port}", "timeout": 0.3, "connect_timeout": 0.3}
+        assert (await api.put("/v1/clusters/silent", json=body)).status == 201
+        resp = await api.get("/v1/clusters/silent/v1/queues")
+        error = await error_of(resp, 504)
+        assert error["code"] == "gateway_timeout"
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()

@@ -72,6 +72,13 @@ def test_two_mounts_on_the_same_directory_are_refused(tmp_path: Path) -> None:
         parse_config(raw, {}, base=tmp_path)
 
 
+def test_a_mount_named_nothing_is_refused(tmp_path: Path) -> None:
+    # Queues name their mounts, and the document says a mount's name is not empty (issue 34).
+    raw = {"cluster": {"data_dir": str(tmp_path)}, "mounts": {"": {"provider": "memory"}}}
+    with pytest.raises(InvalidConfig, match="needs a name"):
+        parse_config(raw, {}, base=tmp_path)
+
+
 def test_the_tiers_config_maps_four_marks_and_keeps_meta_appendable() -> None:
     config = load_config(ROOT / "configs" / "tiers.toml")
 

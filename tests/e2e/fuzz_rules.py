@@ -1,10 +1,28 @@
-"""The rules the OpenAPI document states only in words, as schemathesis hooks.
+"""What the OpenAPI document cannot state at all, as schemathesis hooks.
 
-JSON Schema cannot say that a range's low end is not above its high end, that a time is at
-most ten years ahead, or which mounts a server has; the document says so in descriptions, and
-the server refuses what breaks them (400). ``test_schemathesis_finds_no_disagreement``
-(test_fuzz.py) loads this module (``SCHEMATHESIS_HOOKS``) so that schemathesis does not send
-such a request as one the document allows: everything else it generates is checked.
+``test_schemathesis_finds_no_disagreement`` (test_fuzz.py) loads this module
+(``SCHEMATHESIS_HOOKS``) so that schemathesis does not send a request as one the document
+allows when no document could say whether it is. Every bound that JSON Schema can say is in
+the document itself (numbers, patterns, lengths, durations and sizes in text: issue 34), and
+these hooks skip only the rest, each for its reason:
+
+1. **A range's order** (``segments`` in a query or a body, ``[lo, hi]`` pairs, an archive
+   condition's ``from_age`` below ``to_age``): JSON Schema compares a value with constants,
+   never with another value.
+2. **A retry policy's delay not above its max_delay**, which may be the one the subscription
+   already has: a rule across fields and across requests.
+3. **Times relative to now** (``external_time`` not in the future, ``deliver_at`` at most ten
+   years ahead): the document is the same at every moment; it states the fixed bound (no later
+   than 9999) and the rest in words.
+4. **What the server holds**: its mounts ([mounts.NAME]), the secrets its operator declared
+   ([secrets.NAME]), the files it may read (``ca_file``, a dsn's ssl files): another server's
+   differ, so no document lists them. ``map_case`` points a handler's queues and dead-letter
+   queues, and an archive mark, at objects the run created, for the same reason.
+5. **Keeping the run's own objects**: a DELETE of the run's queues, or a queue narrowed to a
+   segment range, would make later valid requests fail for reasons of state, not of the document.
+6. **What the server does not see**: a case that schemathesis calls invalid only in its
+   ``Authorization`` header (authentication is off in this run) or in a query parameter
+   generated as an empty list, which is sent as nothing.
 """
 
 from __future__ import annotations
@@ -16,20 +34,17 @@ from typing import Any
 import schemathesis
 
 from capella.handlers.push import SECRET_PARAMS
-from capella.units import parse_duration, parse_size
+from capella.units import parse_duration
 from capella.wire import parse_time
-from capella.wire.fields import DURATION_PATTERN, SIZE_PATTERN
-from capella.wire.handlers import MAX_TIMEOUT, reserved_header
+from capella.wire.fields import DURATION_PATTERN
 
 TEN_YEARS = 10 * 365 * 86_400
-MAX_LEASE = 12 * 3600
 # The queues the test creates before the run: a handler or a dead-letter queue names an
 # existing queue, which a generated name seldom is.
 QUEUE, OTHER_QUEUE = "orders", "copies"
 # The mounts of the server under test (its capella.toml): [mounts.default] only.
 MOUNTS = {"default"}
 DURATION = re.compile(DURATION_PATTERN)
-SIZE = re.compile(SIZE_PATTERN)
 
 
 @schemathesis.hook
@@ -49,6 +64,8 @@ def filter_case(ctx: schemathesis.HookContext, case: schemathesis.Case) -> bool:
         return False
     if isinstance(body, dict) and isinstance(body.get("ca_file"), str):
         return False  # a PEM file on the server: the run has none
+    if names_a_file(body):
+        return False  # a dsn's sslrootcert, sslcert or sslkey: a file on the server (4)
     if names_a_secret(body):
         return False  # a secret the operator declared ([secrets.NAME]): the run has none
     if invalid_only_where_unseen(case):
@@ -119,13 +136,13 @@ def map_case(ctx: schemathesis.HookContext, case: schemathesis.Case) -> schemath
 
 
 def breaks_a_rule(value: Any) -> bool:
-    """Whether a body, at any depth, holds a reversed range (segments, an archive condition's
-    ages), a time too far ahead, a number too large for the server, or a mount the server does
-    not have."""
+    """Whether a body, at any depth, holds a reversed range (1: segments, an archive
+    condition's ages), a retry delay above its cap (2), a time past a bound of now (3), or a
+    mount the server does not have (4)."""
     if isinstance(value, list):
         return any(breaks_a_rule(item) for item in value)
     if not isinstance(value, dict):
-        return isinstance(value, str) and too_large(value)
+        return False
     segments = value.get("segments")
     if (
         isinstance(segments, dict)
@@ -137,27 +154,13 @@ def breaks_a_rule(value: Any) -> bool:
         return True
     if isinstance(segments, list) and not pairs_in_order(segments):
         return True
-    if too_far(value.get("delay"), value.get("deliver_at")) or in_the_future(value.get("external_time")):
+    if too_far(value.get("deliver_at")) or in_the_future(value.get("external_time")):
         return True
-    timeout = _seconds(value.get("timeout"))
-    if "url" in value and timeout is not None and timeout > MAX_TIMEOUT:
-        return True  # a push request's timeout: at most 60 s (its description says so)
-    headers = value.get("headers")
-    if isinstance(headers, dict) and any(isinstance(k, str) and reserved_header(k) for k in headers):
-        return True  # a push header the handler sets itself (the description names them)
     if "to_age" in value and value["to_age"] is not None:
         # An archive condition's ages: from_age (default 0) below to_age.
         low, high = _seconds(value.get("from_age", 0)), _seconds(value["to_age"])
         if low is not None and high is not None and high <= low:
             return True
-    lease, cap = _seconds(value.get("lease")), _seconds(value.get("max_delay"))
-    if (lease is not None and lease > MAX_LEASE) or (cap is not None and cap > TEN_YEARS):
-        return True  # a lease of at most 12 h, a delay of at most ten years, in text too
-    for name in ("block", "limits"):
-        limits = value.get(name)
-        size = limits.get("max_bytes") if isinstance(limits, dict) else None
-        if isinstance(size, str) and SIZE.fullmatch(size) and not 1024 <= _size(size) <= 1024**3:
-            return True  # a block's size in text: from 1 KiB to 1 GiB, as a number says in the document
     policy = value.get("policy")
     if isinstance(policy, dict) and retries_out_of_order(policy):
         return True
@@ -183,8 +186,11 @@ def retries_out_of_order(policy: dict[str, Any]) -> bool:
 
 
 def _seconds(value: object) -> float | None:
-    if isinstance(value, str) and DURATION.fullmatch(value) and not too_large(value):
-        return parse_duration(value)
+    if isinstance(value, str) and DURATION.fullmatch(value):
+        try:
+            return parse_duration(value)
+        except ValueError:
+            return None  # past what a float holds: the document's bounds refuse it
     if not _numbers(value):
         return None
     try:
@@ -200,13 +206,6 @@ def _time(value: object) -> float | None:
         except ValueError:
             return None  # not a time: the document refuses it too
     return _seconds(value)
-
-
-def _size(text: str) -> float:
-    try:
-        return parse_size(text)
-    except ValueError:
-        return float("inf")
 
 
 def pairs_in_order(pairs: list[Any]) -> bool:
@@ -229,6 +228,21 @@ def ranges_in_order(text: str) -> bool:
     return True
 
 
+DSN_FILE = re.compile(r"[?&](sslrootcert|sslcert|sslkey)=[^&]")
+
+
+def names_a_file(value: Any) -> bool:
+    """Whether a body holds a dsn naming a file."""
+    if isinstance(value, list):
+        return any(names_a_file(item) for item in value)
+    if not isinstance(value, dict):
+        return False
+    dsn = value.get("dsn")
+    return (isinstance(dsn, str) and DSN_FILE.search(dsn) is not None) or any(
+        names_a_file(v) for v in value.values()
+    )
+
+
 def names_a_secret(value: Any) -> bool:
     """Whether a body names a declared secret (``token_secret``; a push handler's ``secret``,
     ``token`` or ``basic``)."""
@@ -248,24 +262,10 @@ def in_the_future(when: object) -> bool:
     return at is not None and at > time.time()
 
 
-def too_far(delay: object, deliver_at: object) -> bool:
+def too_far(deliver_at: object) -> bool:
     """A delivery more than ten years ahead."""
-    if isinstance(delay, str) and too_large(delay):
-        return True
-    seconds, at = _seconds(delay), _time(deliver_at)
-    return (seconds is not None and seconds > TEN_YEARS) or (at is not None and at > time.time() + TEN_YEARS)
-
-
-def too_large(text: str) -> bool:
-    """A duration or a size in text that the document's pattern takes but whose value no
-    number holds ("9" * 400)."""
-    for pattern, parse in ((DURATION, parse_duration), (SIZE, parse_size)):
-        if pattern.fullmatch(text):
-            try:
-                parse(text)
-            except ValueError:
-                return True
-    return False
+    at = _time(deliver_at)
+    return at is not None and at > time.time() + TEN_YEARS
 
 
 def _numbers(*values: object) -> bool:
