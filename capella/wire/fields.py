@@ -271,7 +271,10 @@ def decode_hook(kind: type, value: object) -> object:
     if kind is RetryInterval:
         found = seconds(value, positive=False)
         if not MIN_PERIOD <= found <= MAX_DELAY:
-            raise ValueError(f"must be from {MIN_PERIOD:g} seconds to ten years")
+            raise ValueError(
+                f"must be at least {MIN_PERIOD:g} seconds, the floor of a handler's periods, "
+                "and at most ten years"
+            )
         return kind(found)
     if kind is Interval or kind is IntervalOrZero:
         found = seconds(value, positive=False)
