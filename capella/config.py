@@ -135,7 +135,7 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # max_connections), so a few addresses cannot fill the server.
     max_connections_per_address: PositiveInt = 128
     # Idle keep-alive connections one address may keep; past that its oldest idle one closes.
-    max_idle_per_address: PositiveInt = 64
+    max_idle_per_address: PositiveInt = 128
     # Requests whose body is still arriving, per address (a stalled upload holds a slot).
     max_bodies_per_address: PositiveInt = 64
     # With authentication on, the Server-Sent Events streams one user may hold at once.
