@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.original import envelope
 from support.servers import ServerProcess
 
 from capella.wire import record_batch
@@ -101,17 +102,8 @@ def original(
     server: ServerProcess, action: str, body: object, queue: str = "q", gzipped: bool = False
 ) -> Any:
     """``POST /cluster`` with the original's envelope; its ``responce``."""
-    envelope = {
-        "auth_type": "",
-        "user_name": "",
-        "auth_info": None,
-        "wait": 5_000_000_000,
-        "current_time": time.time_ns(),
-        "prefer_content_type": "",
-        "replace_name_force": False,
-        "request": {"name": "", "user": "", "action": action, "body": body, "object_name": queue},
-    }
-    data = json.dumps(envelope).encode()
+    sent = envelope(action, body, password=None, object_name=queue)
+    data = json.dumps(sent).encode()
     request = urllib.request.Request(f"{server.url}/cluster", data=gzip.compress(data) if gzipped else data)
     request.add_header("Compress-Type", "gzip" if gzipped else "")
     with urllib.request.urlopen(request, timeout=60) as resp:

@@ -1,7 +1,8 @@
 """The original protocol's envelopes (``POST /cluster``), as its Go clients write them, for tests.
 
 ``envelope`` builds one signed in with Basic credentials (the password as base64 of a JSON
-string); ``call`` sends it to a server and answers the ``responce`` object (the original's
+string), or with none (``password=None``, for a server with authentication off); ``call``
+sends it to a server and answers the ``responce`` object (the original's
 spelling).
 """
 
@@ -15,16 +16,16 @@ from typing import Any
 
 
 def envelope(
-    action: str, body: object = None, *, user: str, password: str, object_name: str = ""
+    action: str, body: object = None, *, user: str = "", password: str | None, object_name: str = ""
 ) -> dict[str, Any]:
     """An envelope that runs ``action`` (on ``object_name``, with ``body``) as ``user``."""
     request: dict[str, Any] = {"name": "", "user": "", "action": action, "object_name": object_name}
     if body is not None:
         request["body"] = body
     return {
-        "auth_type": "basic",
+        "auth_type": "" if password is None else "basic",
         "user_name": user,
-        "auth_info": base64.b64encode(json.dumps(password).encode()).decode(),
+        "auth_info": None if password is None else base64.b64encode(json.dumps(password).encode()).decode(),
         "wait": 5_000_000_000,
         "current_time": time.time_ns(),
         "prefer_content_type": "",
