@@ -11,7 +11,7 @@ from capella.api.request import CLUSTER, SUPERVISOR, json_response, read_object
 from capella.api.route import Route, on_named
 from capella.errors import NotReady
 from capella.handlers.supervisor import Supervisor
-from capella.wire.handlers import HandlerList
+from capella.wire.handler_status import HandlerList
 
 
 async def list_handlers(request: web.Request) -> web.Response:

@@ -24,11 +24,17 @@ from capella.wire import (
     auth,
     batch_page,
     clusters,
+    copy,
     fields,
     frames,
+    handler_status,
     handlers,
     messages,
+    params,
+    postgres,
+    push,
     queues,
+    upkeep,
     work,
 )
 
@@ -161,7 +167,21 @@ SSE_EVENT = {
 }
 
 # Every struct of these modules is a schema of the document, under its class name.
-WIRE_MODULES = (answers, messages, queues, work, handlers, clusters, auth)
+WIRE_MODULES = (
+    answers,
+    messages,
+    queues,
+    work,
+    params,
+    upkeep,
+    copy,
+    push,
+    postgres,
+    handlers,
+    handler_status,
+    clusters,
+    auth,
+)
 
 
 def schemas() -> dict[str, Any]:

@@ -11,8 +11,9 @@ from msgspec import UNSET, UnsetType
 
 from capella.cli.output import created, error, print_fields, print_json, print_table, utc
 from capella.client import Client
+from capella.wire.handler_status import HandlerStatus
 from capella.wire.handlers import HANDLER_TYPES as TYPES
-from capella.wire.handlers import DeliveryError, HandlerStatus
+from capella.wire.push import DeliveryError
 
 
 def add_parser(

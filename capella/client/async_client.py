@@ -39,7 +39,7 @@ from capella.wire import batch_page
 from capella.wire.answers import Status
 from capella.wire.auth import Me, Token, TokenList, User, UserList
 from capella.wire.clusters import ClusterInfo, ClusterList, ClusterPing
-from capella.wire.handlers import HandlerInfo, HandlerList
+from capella.wire.handler_status import HandlerInfo, HandlerList
 from capella.wire.messages import (
     CancelledScheduled,
     Messages,

@@ -15,7 +15,7 @@ from capella.core.queue import Queue
 from capella.errors import InvalidRequest
 from capella.handlers.base import Building, HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler, selected
-from capella.wire.handlers import ArchiveParams
+from capella.wire.upkeep import ArchiveParams
 
 
 def check_marks(params: ArchiveParams, queue: Queue) -> None:

@@ -4,7 +4,7 @@ A handler type is one module, ``capella.handlers.<type>``, that ends with its re
 
     HANDLER = HandlerType("expire", ExpireParams, build)
 
-Its params are the wire struct (``capella.wire.handlers.ExpireParams``), decoded straight from
+Its params are the wire struct (``capella.wire.upkeep.ExpireParams``), decoded straight from
 the definition (``decode_params``) and shown as msgspec renders it; what the handler adds to
 the status is a struct of its own there too (``CopyStatus``...).
 
@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.errors import InvalidRequest, QueueNotFound
-from capella.wire.handlers import HANDLER_TYPES, Definition, Params, decode_params
+from capella.wire.handlers import HANDLER_TYPES, Definition
+from capella.wire.params import Params, decode_params
 from capella.wire.struct import Struct
 
 if TYPE_CHECKING:
@@ -150,12 +151,12 @@ class HandlerType(Generic[P]):
     """One handler type's registry entry, declared at the bottom of its module."""
 
     name: str
-    # Its params: the struct in ``wire.handlers``.
+    # Its params: the struct in its family's ``wire`` module (``wire.copy``, ``wire.push``...).
     params: type[P]
     # ``build(params, building)``: resolve what depends on the rest of the server (a default
     # named for the handler, a password to encrypt) and make the handler.
     build: Build[P]
-    # What its handler adds to the status (``Handler.status``): a struct in ``wire.handlers``.
+    # What its handler adds to the status (``Handler.status``): a struct beside its params.
     status: type[Struct] | None = None
     # The queues a definition selects: ``queues`` (or ``queue``) by default; a type whose
     # queue is in its params says so here.

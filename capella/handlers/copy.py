@@ -39,8 +39,9 @@ from capella.errors import (
 from capella.handlers.base import Building, HandlerType, PassResult, queue_patterns
 from capella.handlers.clusters import Clusters
 from capella.handlers.per_queue import QueueHandler, cursor_lag
+from capella.wire.copy import CopyParams, CopyStatus
 from capella.wire.fields import MIN_PERIOD
-from capella.wire.handlers import CopyParams, CopyStatus, Definition
+from capella.wire.handlers import Definition
 
 # A pass with a long backlog ends after this long, so the status shows progress.
 PASS_SECONDS = 5.0

@@ -9,7 +9,7 @@ from capella.core.log.blocks import BlockMeta
 from capella.core.queue import Queue
 from capella.handlers.base import Building, HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler
-from capella.wire.handlers import ExpireParams
+from capella.wire.upkeep import ExpireParams
 
 
 def expired(

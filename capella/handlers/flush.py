@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from capella.core.queue import Queue
 from capella.handlers.base import Building, HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler
-from capella.wire.handlers import FlushParams
+from capella.wire.upkeep import FlushParams
 
 
 class FlushHandler(QueueHandler[FlushParams]):

@@ -31,7 +31,7 @@ from capella.handlers.base import Building, HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler, cursor_lag, selected
 from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.reach import Reach
-from capella.wire.handlers import PgInboxParams, PgInboxStatus
+from capella.wire.postgres import PgInboxParams, PgInboxStatus
 
 # A pass with a long backlog ends after this long, so the status shows progress.
 PASS_SECONDS = 5.0

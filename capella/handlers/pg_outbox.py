@@ -35,7 +35,8 @@ from capella.file_access import FileAccess
 from capella.handlers.base import Building, Handler, HandlerType, PassResult
 from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.reach import Reach
-from capella.wire.handlers import Definition, PgOutboxParams, PgOutboxStatus
+from capella.wire.handlers import Definition
+from capella.wire.postgres import PgOutboxParams, PgOutboxStatus
 
 # A pass with a long backlog ends after this long, so the status shows progress.
 PASS_SECONDS = 5.0

@@ -47,7 +47,7 @@ from capella.errors import (
 )
 from capella.file_access import FileAccess, ca_data
 from capella.handlers.clusters import Clusters, bound
-from capella.wire.handlers import TABLE_PATTERN, PgConnection
+from capella.wire.postgres import TABLE_PATTERN, PgConnection
 
 log = logging.getLogger(__name__)
 P = TypeVar("P", bound=PgConnection)

@@ -67,7 +67,7 @@ from capella.handlers.delivery import (
     retryable,
 )
 from capella.wire.fields import MIN_PERIOD
-from capella.wire.handlers import DeliveryError, PushParams, PushStatus
+from capella.wire.push import DeliveryError, PushParams, PushStatus
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ PASS_SECONDS = 5.0
 # only retries are claimed, so a receiver that is down does not drain the queue into retries.
 MIN_WINDOW = 1000
 # Claimed messages held in memory, waiting for a request slot, at most: with up to
-# ``MAX_IN_FLIGHT`` (wire.handlers) in requests, a handler holds at most twice that many messages.
+# ``MAX_IN_FLIGHT`` (wire.push) in requests, a handler holds at most twice that many messages.
 MAX_HELD = 10_000
 LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 

@@ -49,9 +49,10 @@ from capella.handlers.base import Building, Handler, PassResult, handler_type
 from capella.handlers.clusters import Clusters
 from capella.handlers.reach import Reach
 from capella.storage.catalog import HANDLERS, HandlerEntry, HandlerRegistry
-from capella.wire import handlers as wire
+from capella.wire import handler_status as wire
 from capella.wire.fields import USER_NAME_PATTERN
-from capella.wire.handlers import Params, decode_definition
+from capella.wire.handlers import HandlerType, decode_definition
+from capella.wire.params import Params
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ class HandlerState:
         return wire.HandlerInfo(
             name=self.name,
             # Only a registered type ever reaches a state (a definition decodes by its type).
-            type=cast("wire.HandlerType", self.type),
+            type=cast("HandlerType", self.type),
             queues=self.queues,
             params=self.shown_params(),
             started=self.started,

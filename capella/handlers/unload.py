@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from capella.core.queue import Queue
 from capella.handlers.base import Building, HandlerType, PassResult
 from capella.handlers.per_queue import QueueHandler
-from capella.wire.handlers import UnloadParams
+from capella.wire.upkeep import UnloadParams
 
 
 class UnloadHandler(QueueHandler[UnloadParams]):

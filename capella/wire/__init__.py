@@ -10,7 +10,8 @@
 Every request and answer body is a msgspec struct in the modules of this package (decoded
 straight from the JSON bytes, unknown fields refused; the OpenAPI schemas are generated from
 them): ``fields`` (the shared field types: ids, times, durations, sizes, names), ``messages``,
-``queues``, ``work``, ``handlers``, ``clusters``, ``auth`` and ``health``, each a
+``queues``, ``work``, the handlers' (``params``, ``upkeep``, ``copy``, ``push``,
+``postgres``, ``handlers``, ``handler_status``), ``clusters``, ``auth`` and ``health``, each a
 ``struct.Struct`` (its repr leaves out what is not set, as the JSON does). The binary forms
 (docs/format.md): ``frames``, the binary read format of messages; ``record_batch``, the
 record batch; ``batch_page``, record batches as a produce body and as a read page.

@@ -198,7 +198,7 @@ SaveModeText = Literal["none", "immediate", "mark", "wait", "default", "0", "1",
 DefinitionSaveMode = Literal["none", "immediate", "mark", "wait", "0", "1", "2", "3"]
 
 
-# Handler params decode straight into their structs (``wire.handlers.decode_params``), so a
+# Handler params decode straight into their structs (``wire.params.decode_params``), so a
 # duration or a size is turned into seconds or bytes while it is decoded. msgspec hands a
 # value to ``decode_hook`` only for a type it does not know: at run time these are classes of
 # their own, while to the type checker, and in every decoded struct, they are plain numbers.

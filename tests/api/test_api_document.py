@@ -33,7 +33,7 @@ from capella.handlers.postgres import split_password
 from capella.units import parse_duration, parse_size
 from capella.wire.answers import ErrorDetail
 from capella.wire.fields import POSITIVE_SIZE_PATTERN, duration_at_most
-from capella.wire.handlers import DSN_PATTERN
+from capella.wire.postgres import DSN_PATTERN
 
 DOCUMENT = document()
 Q = "/v1/queues/q"

@@ -25,7 +25,7 @@ from capella.auth.store import AuthStore
 from capella.config import AuthSettings, ServerSettings
 from capella.core.cluster import Cluster
 from capella.handlers.supervisor import Supervisor
-from capella.wire import answers, handlers, messages, queues, work
+from capella.wire import answers, handler_status, messages, queues, work
 from capella.wire.decode import field_error
 
 Q = "/v1/queues/orders"
@@ -83,7 +83,7 @@ async def test_answers_decode_into_their_wire_types(api: TestClient) -> None:
     assert {s.name for s in listed.subscriptions} == {"w"}
 
     await answer(await api.put("/v1/handlers/f", json={"type": "flush", "queue": "orders"}), 201)
-    found = msgspec.json.decode(await answer(await api.get("/v1/handlers")), type=handlers.HandlerList)
+    found = msgspec.json.decode(await answer(await api.get("/v1/handlers")), type=handler_status.HandlerList)
     assert [h.name for h in found.handlers] == ["f"]
 
     error = msgspec.json.decode(await answer(await api.get("/v1/queues/none"), 404), type=answers.Error)
@@ -100,7 +100,7 @@ async def test_no_answer_field_is_missing_from_its_type(api: TestClient) -> None
         (Q, queues.QueueInfo),
         (f"{Q}/subscriptions/w", work.Subscription),
         (f"{Q}/messages?after=0", messages.Messages),
-        ("/v1/handlers/f", handlers.HandlerInfo),
+        ("/v1/handlers/f", handler_status.HandlerInfo),
     ):
         value = msgspec.json.decode(await answer(await api.get(path)))
         msgspec.convert(value, strict(kind))

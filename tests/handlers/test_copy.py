@@ -16,7 +16,8 @@ from capella.errors import InvalidRequest, StorageUnavailable
 from capella.handlers.clusters import Clusters
 from capella.handlers.copy import CopyHandler
 from capella.handlers.supervisor import Supervisor
-from capella.wire.handlers import CopyParams, decode_params
+from capella.wire.copy import CopyParams
+from capella.wire.params import decode_params
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ from capella.handlers.expire import ExpireHandler
 from capella.handlers.flush import FlushHandler
 from capella.handlers.supervisor import Supervisor
 from capella.handlers.unload import UnloadHandler
-from capella.wire.handlers import ArchiveParams, ExpireParams, FlushParams, UnloadParams, decode_params
+from capella.wire.params import decode_params
+from capella.wire.upkeep import ArchiveParams, ExpireParams, FlushParams, UnloadParams
 
 
 def make_config(tmp_path: Path) -> Config:

@@ -29,7 +29,8 @@ from capella.handlers.pg_inbox import InboxHandler, inbox_ddl, inbox_params
 from capella.handlers.pg_outbox import outbox_ddl
 from capella.handlers.reach import Reach
 from capella.handlers.supervisor import Supervisor
-from capella.wire.handlers import PgInboxParams, decode_params
+from capella.wire.params import decode_params
+from capella.wire.postgres import PgInboxParams
 
 
 @pytest.fixture

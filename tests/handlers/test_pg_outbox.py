@@ -31,7 +31,8 @@ from capella.handlers.clusters import Clusters
 from capella.handlers.pg_outbox import OutboxHandler, outbox_ddl, outbox_params
 from capella.handlers.reach import Reach
 from capella.handlers.supervisor import Supervisor
-from capella.wire.handlers import PgOutboxParams, decode_params
+from capella.wire.params import decode_params
+from capella.wire.postgres import PgOutboxParams
 
 Row = tuple[int, bytes]
 

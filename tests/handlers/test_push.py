@@ -38,7 +38,8 @@ from capella.handlers.push import PushHandler, policy_of, push_params
 from capella.handlers.reach import Reach
 from capella.handlers.signature import sign, verify
 from capella.handlers.supervisor import Supervisor, build_push
-from capella.wire.handlers import PushParams, decode_params
+from capella.wire.params import decode_params
+from capella.wire.push import PushParams
 
 # Short everything: a retry waits 50 ms, a request 1 s at most (a slow answer takes 2 s).
 FAST = {"delay": "50ms", "max_delay": "200ms", "jitter": 0, "timeout": "1s", "wait": 0}

@@ -9,7 +9,8 @@ import pytest
 
 from capella.errors import InvalidRequest
 from capella.handlers.base import MODULES, Handler, PassResult, find, handler_type
-from capella.wire.handlers import DEFINITIONS, HANDLER_TYPES, Params, params_type
+from capella.wire.handlers import DEFINITIONS, HANDLER_TYPES, params_type
+from capella.wire.params import Params
 
 
 @pytest.mark.parametrize("name", HANDLER_TYPES)
