@@ -31,7 +31,7 @@ from capella.units import parse_duration
 from capella.wire import fields, record_batch
 from capella.wire import messages as wire_messages
 from capella.wire.batch_page import BATCH_MEDIA_TYPE
-from capella.wire.decode import unknown_field
+from capella.wire.decode import Finding, unknown_field
 from capella.wire.record_batch import RecordBatch
 
 HEADER_PREFIX = "capella-header-"
@@ -279,16 +279,17 @@ def _decode_error(text: str, index: int, *, batch: bool) -> InvalidRequest:
     if match is None:
         return InvalidRequest(f"body: {problem}")
     position, field, inside = match.groups()
+    unknown = Finding.of(text).unknown
     if position is not None:
         index = int(position)
     elif batch and field in (None, "messages"):
-        if field == "messages" and "unknown field" not in problem:
+        if field == "messages" and unknown is None:
             return InvalidRequest("messages: expected a list of message objects")
-        if unknown := re.search(r"unknown field `(.*)`", problem):
-            return unknown_field(unknown.group(1), ("messages",))
+        if unknown is not None:
+            return unknown_field(unknown, ("messages",))
     if field is None or field == "messages":
-        if unknown := re.search(r"unknown field `(.*)`", problem):
-            return _bad(index, unknown.group(1), "unknown field")
+        if unknown is not None:
+            return _bad(index, unknown, "unknown field")
         if position is None and not batch:
             return InvalidRequest('the body must be {"messages": [...]} or a single message object')
         return InvalidMessage(f"message {index}: expected a JSON object", index=index)

@@ -14,8 +14,8 @@ unknown field this way; the configuration words it as its own "unknown key".
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
@@ -26,12 +26,75 @@ from capella.errors import InvalidRequest, UnknownField
 
 S = TypeVar("S")
 
-# What msgspec says, and where: "Expected `int`, got `str` - at `$.policy.lease`".
-_PROBLEM = re.compile(r"^(.*?)(?: - at `\$((?:\.\w+)*)(.*)`)?$", re.DOTALL)
-_UNKNOWN = re.compile(r"unknown field `(.*)`")
-_MISSING = re.compile(r"missing required field `(.*)`")
 _JSON_TYPES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a boolean"}
 _JSON_TYPES |= {"array": "an array", "object": "an object", "null": "null"}
+# How msgspec words the two findings that name a field: "Object contains unknown field `x`",
+# "Object missing required field `x`".
+_UNKNOWN = "unknown field `"
+_MISSING = "missing required field `"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What msgspec found and where, read once from its words (it gives nothing else):
+    "Expected `int`, got `str` - at `$.policy.lease[0]`" is the problem, the dotted path
+    ``policy.lease`` and the rest ``[0]``; an unknown or missing field is named."""
+
+    problem: str
+    path: str  # the object fields down to the bad value, dotted ("policy.lease"); "" at the top
+    rest: str  # what follows them ("[0]", "[0].x"), or ""
+    located: bool  # whether msgspec said where (" - at `$...`")
+    unknown: str | None = None
+    missing: str | None = None
+
+    @classmethod
+    def of(cls, error: msgspec.ValidationError | str) -> Finding:
+        problem, at, where = str(error).partition(" - at `$")
+        where = where.removesuffix("`")
+        end = 0
+        while end < len(where) and where[end] == ".":
+            name = end + 1
+            while name < len(where) and (where[name].isalnum() or where[name] == "_"):
+                name += 1
+            if name == end + 1:
+                break
+            end = name
+        return cls(
+            problem,
+            where[:end].lstrip("."),
+            where[end:],
+            bool(at),
+            unknown=_quoted_after(problem, _UNKNOWN),
+            missing=_quoted_after(problem, _MISSING),
+        )
+
+    @property
+    def where(self) -> str:
+        """The whole location below the top: ``policy.lease[0]``."""
+        return f"{self.path}{self.rest}".lstrip(".")
+
+    def in_words(self) -> str:
+        """The problem with msgspec's type names as JSON's: "expected an integer, got a string"."""
+        parts = self.problem.split("`")
+        # An unpaired backtick stays as it was.
+        tail = "" if len(parts) % 2 else "`" + parts.pop()
+        text = "".join(_in_words(part) if i % 2 else part for i, part in enumerate(parts)) + tail
+        return f"{text[:1].lower()}{text[1:]}"
+
+
+def _in_words(types: str) -> str:
+    """``int | null`` → "an integer or null"."""
+    return " or ".join(_JSON_TYPES.get(t, t) for t in types.split(" | "))
+
+
+def _quoted_after(problem: str, marker: str) -> str | None:
+    """The name in backticks after ``marker``, up to the last backtick; None without it."""
+    start = problem.find(marker)
+    if start < 0:
+        return None
+    start += len(marker)
+    end = problem.rfind("`")
+    return problem[start:end] if end >= start else None
 
 
 def decode(value: object, kind: type[S], *, at: str = "") -> S:
@@ -78,28 +141,21 @@ def unknown_field(field: str, known: Iterable[str] = ()) -> UnknownField:
 def field_error(text: str, kind: object = None, at: str = "") -> InvalidRequest:
     """``InvalidRequest`` for a msgspec validation message, in the API's words; with ``kind``,
     an unknown field gets the closest known one as a hint."""
-    problem, path, rest = _PROBLEM.match(text).groups()  # type: ignore[union-attr]  # the pattern always matches
-    inner = (path or "").lstrip(".")
-    parent = ".".join(p for p in (at, inner) if p)
-    if unknown := _UNKNOWN.search(problem):
-        field = f"{parent}.{unknown.group(1)}" if parent else unknown.group(1)
-        known = _fields_at(kind, inner.split(".") if inner else []) if kind is not None and not rest else ()
+    found = Finding.of(text)
+    parent = ".".join(p for p in (at, found.path) if p)
+    if found.unknown is not None:
+        field = f"{parent}.{found.unknown}" if parent else found.unknown
+        path = found.path.split(".") if found.path else []
+        known = _fields_at(kind, path) if kind is not None and not found.rest else ()
         return unknown_field(field, known)
-    if missing := _MISSING.search(problem):
-        field = f"{parent}.{missing.group(1)}" if parent else missing.group(1)
+    if found.missing is not None:
+        field = f"{parent}.{found.missing}" if parent else found.missing
         return InvalidRequest(f"{field} is required", field=field)
     if not parent:
         return InvalidRequest("the body must be a JSON object")
-    if not inner:
+    if not found.path:
         return InvalidRequest(f"{parent} must be an object", field=parent)
-    problem = re.sub(r"`([^`]*)`", _in_words, problem)
-    return InvalidRequest(f"{parent}{rest or ''}: {problem[:1].lower()}{problem[1:]}", field=parent)
-
-
-def _in_words(types: re.Match[str]) -> str:
-    """``int | null`` → "an integer or null"."""
-    words = [_JSON_TYPES.get(t, t) for t in types.group(1).split(" | ")]
-    return " or ".join(words)
+    return InvalidRequest(f"{parent}{found.rest}: {found.in_words()}", field=parent)
 
 
 def _fields_at(kind: object, path: list[str]) -> tuple[str, ...]:

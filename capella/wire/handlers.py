@@ -7,7 +7,6 @@ answer (its status and last pass) is in ``handler_status``.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import msgspec
@@ -15,9 +14,9 @@ from msgspec import UNSET, Meta, UnsetType
 
 from capella.errors import InvalidRequest
 from capella.wire.copy import CopyParams
-from capella.wire.decode import whole_numbers
+from capella.wire.decode import Finding, whole_numbers
 from capella.wire.fields import USER_NAME_PATTERN, decode_hook
-from capella.wire.params import NAMED, PROBLEM, Params, given, params_error, plain
+from capella.wire.params import Params, given, params_error, plain
 from capella.wire.postgres import PgInboxParams, PgOutboxParams
 from capella.wire.push import PushParams
 from capella.wire.struct import Struct
@@ -214,28 +213,29 @@ def decode_definition(data: object) -> Definition:
     try:
         definition: Definition = msgspec.convert(whole_numbers(data), HandlerDefinition, dec_hook=decode_hook)
     except msgspec.ValidationError as exc:
-        raise _definition_error(str(exc)) from None
+        raise _definition_error(exc) from None
     plain(definition)
     return definition
 
 
-def _definition_error(text: str) -> InvalidRequest:
-    problem, path = PROBLEM.match(text).groups()  # type: ignore[union-attr]  # the pattern always matches
-    path = path or ""
-    if path.startswith(".params"):
-        return params_error(f"{problem} - at `${path.removeprefix('.params')}`")
-    if path == ".type" or "field `type`" in problem:
+def _definition_error(error: msgspec.ValidationError) -> InvalidRequest:
+    found = Finding.of(error)
+    if found.path == "params" or found.path.startswith("params."):
+        inner = found.path.removeprefix("params")
+        return params_error(f"{found.problem} - at `${inner}{found.rest}`")
+    if found.where == "type" or "type" in (found.unknown, found.missing):
         return InvalidRequest(
             f"type is required, one of: {', '.join(sorted(HANDLER_TYPES))}"
-            if "missing" in problem
-            else f"type: unknown handler type {problem.removeprefix('Invalid value ')} "
+            if found.missing is not None
+            else f"type: unknown handler type {found.problem.removeprefix('Invalid value ')} "
             f"(known: {', '.join(sorted(HANDLER_TYPES))})",
             field="type",
         )
-    if (named := NAMED.search(problem)) and named.group(1) == "unknown":
-        return InvalidRequest(f"unknown field {named.group(2)!r}", field=named.group(2))
-    if not path:
+    if found.unknown is not None:
+        return InvalidRequest(f"unknown field {found.unknown!r}", field=found.unknown)
+    if not found.located:
         return InvalidRequest("a handler definition must be a JSON object")
     # The top-level field: queues[1] is a bad entry of queues.
-    where = re.split(r"[.\[]", path.lstrip("."), maxsplit=1)[0]
-    return InvalidRequest(f"{path.lstrip('.')}: {problem[:1].lower()}{problem[1:]}", field=where)
+    where = found.path.split(".")[0]
+    problem = found.problem
+    return InvalidRequest(f"{found.where}: {problem[:1].lower()}{problem[1:]}", field=where)

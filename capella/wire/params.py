@@ -4,14 +4,13 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, ClassVar, TypeVar, get_args
 
 import msgspec
 from msgspec import Meta
 
 from capella.errors import InvalidRequest
-from capella.wire.decode import whole_numbers
+from capella.wire.decode import Finding, whole_numbers
 from capella.wire.fields import INT64_MAX, NAME, Int64, SaveModeText, decode_hook, schema
 from capella.wire.struct import Struct
 
@@ -41,7 +40,7 @@ def decode_params(kind: type[P], raw: object) -> P:
     try:
         params = msgspec.convert(whole_numbers(given(kind, raw)), kind, dec_hook=decode_hook)
     except msgspec.ValidationError as exc:
-        raise params_error(str(exc)) from None
+        raise params_error(exc) from None
     plain(params)
     return params
 
@@ -82,17 +81,14 @@ def plain(struct: msgspec.Struct) -> None:
                     plain(item)
 
 
-PROBLEM = re.compile(r"^(.*?)(?: - at `\$(.*)`)?$", re.DOTALL)
-NAMED = re.compile(r"(unknown|missing required) field `(.*)`")
-
-
-def params_error(text: str) -> InvalidRequest:
+def params_error(error: msgspec.ValidationError | str) -> InvalidRequest:
     """A msgspec finding at ``$.x[0].y`` as ``InvalidRequest`` naming ``params.x[0].y``."""
-    problem, path = PROBLEM.match(text).groups()  # type: ignore[union-attr]  # the pattern always matches
-    where = f"params{path or ''}"
-    if named := NAMED.search(problem):
-        where = f"{where}.{named.group(2)}"
-        problem = "unknown parameter" if named.group(1) == "unknown" else "required"
+    found = Finding.of(error)
+    where = f"params{'.' if found.path else ''}{found.path}{found.rest}"
+    problem = found.problem
+    if found.unknown is not None or found.missing is not None:
+        where = f"{where}.{found.unknown if found.unknown is not None else found.missing}"
+        problem = "unknown parameter" if found.unknown is not None else "required"
     return InvalidRequest(f"{where}: {problem[:1].lower()}{problem[1:]}", field=where)
 
 
