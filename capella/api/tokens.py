@@ -23,7 +23,7 @@ from capella.auth.rule import Identity
 from capella.auth.store import AuthStore
 from capella.errors import Forbidden, InvalidRequest, TokenNotFound
 from capella.units import parse_duration
-from capella.wire.auth import TokenCreate
+from capella.wire.auth import TokenCreate, TokenList
 
 
 async def create_token(request: web.Request) -> web.Response:
@@ -46,14 +46,14 @@ async def create_token(request: web.Request) -> web.Response:
         raise InvalidRequest(f"ttl: {exc}", field="ttl") from None
     ttl = request.app[AUTHENTICATOR].token_ttl(requested)
     token, text = await asyncio.to_thread(tokens.create_token, owner, ttl, description)
-    return json_response({**token.public_dict(), "token": text}, 201)
+    return json_response(token.shown(text), 201)
 
 
 async def list_tokens(request: web.Request) -> web.Response:
     who = identity(request)
     users = store(request)
-    found = [t.public_dict() for t in users.tokens() if _may_act_on(users, who, t.user)]
-    return json_response({"tokens": found})
+    found = [t.shown() for t in users.tokens() if _may_act_on(users, who, t.user)]
+    return json_response(TokenList(tokens=found))
 
 
 def _may_act_on(users: AuthStore, who: Identity, owner: str) -> bool:

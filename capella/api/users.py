@@ -19,11 +19,9 @@ from capella.api.access import AUTHENTICATOR, identity
 from capella.api.openapi import answer, json_content, ref
 from capella.api.request import CLUSTER, json_response, present, read_struct
 from capella.api.route import Route, on_named
-from capella.auth.rule import Rule
-from capella.auth.store import MAX_RULES, AuthStore
-from capella.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
-from capella.wire.auth import PasswordChange, UserPut
-from capella.wire.auth import Rule as WireRule
+from capella.auth.store import AuthStore
+from capella.errors import Forbidden, NotFound, Unauthorized
+from capella.wire.auth import Me, PasswordChange, UserList, UserPut
 
 
 def store(request: web.Request) -> AuthStore:
@@ -35,8 +33,8 @@ def store(request: web.Request) -> AuthStore:
 
 async def list_users(request: web.Request) -> web.Response:
     who = identity(request)
-    users = [u.public_dict() for u in store(request).users() if who.can("user", "read", u.name)]
-    return json_response({"users": users})
+    users = [u.shown() for u in store(request).users() if who.can("user", "read", u.name)]
+    return json_response(UserList(users=users))
 
 
 async def put_user(request: web.Request) -> web.Response:
@@ -50,28 +48,8 @@ async def put_user(request: web.Request) -> web.Response:
             "only an admin may set admin or rules", field="admin" if "admin" in given else "rules"
         )
     users.act_on(who, request.match_info["name"])
-    change = functools.partial(
-        users.change_user,
-        request.match_info["name"],
-        password=None if body.password is UNSET else body.password,
-        admin=None if body.admin is UNSET else body.admin,
-        enabled=None if body.enabled is UNSET else body.enabled,
-        rules=None if body.rules is UNSET else rules(body.rules),
-    )
-    user, created = await asyncio.to_thread(change)
-    return json_response(user.public_dict(), 201 if created else 200)
-
-
-def rules(given: list[WireRule | str]) -> tuple[Rule, ...]:
-    """The rules of a body, each an object or a line (``allow:queue:read:orders``)."""
-    if len(given) > MAX_RULES:
-        raise InvalidRequest(f"rules: at most {MAX_RULES} rules per user", field="rules")
-    return tuple(
-        Rule.parse(r, f"rules[{i}]")
-        if isinstance(r, str)
-        else Rule.of(r.effect, r.type, r.action, "*" if r.name is UNSET else r.name, f"rules[{i}]")
-        for i, r in enumerate(given)
-    )
+    user, created = await asyncio.to_thread(users.apply, request.match_info["name"], body)
+    return json_response(user.shown(), 201 if created else 200)
 
 
 async def get_user(request: web.Request) -> web.Response:
@@ -79,7 +57,7 @@ async def get_user(request: web.Request) -> web.Response:
     who = identity(request)
     if name != who.name:
         who.check("user", "read", name)
-    return json_response(store(request).user(name).public_dict())
+    return json_response(store(request).user(name).shown())
 
 
 async def drop_user(request: web.Request) -> web.Response:
@@ -108,20 +86,13 @@ async def change_password(request: web.Request) -> web.Response:
                 "old_password is required and must be the current password", field="old_password"
             ) from None
     user, _ = await asyncio.to_thread(functools.partial(users.change_user, name, password=body.password))
-    return json_response(user.public_dict())
+    return json_response(user.shown())
 
 
 async def me(request: web.Request) -> web.Response:
     who = identity(request)
-    return json_response(
-        {
-            "user": who.name,
-            "admin": who.admin,
-            "via": who.via,
-            "rules": [r.to_dict() for r in who.rules],
-            "cluster": request.app[CLUSTER].name,
-        }
-    )
+    rules = [r.to_wire() for r in who.rules]
+    return json_response(Me(who.name, who.admin, who.via, rules, request.app[CLUSTER].name))  # type: ignore[arg-type]  # via is one of Me's
 
 
 ROUTES = [

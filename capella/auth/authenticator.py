@@ -39,7 +39,7 @@ from typing import TypeVar
 
 from capella.auth.password import MAX_LENGTH, dummy_hash, verify_password
 from capella.auth.rule import Identity
-from capella.auth.store import AuthStore, User
+from capella.auth.store import Account, AuthStore
 from capella.auth.throttle import Throttle, client_key
 from capella.config import AuthSettings
 from capella.errors import InvalidRequest, TooManyFailedLogins, TooManyLogins, Unauthorized
@@ -105,7 +105,7 @@ class Authenticator:
         return user.identity("basic")
 
     def _start_check(
-        self, key: bytes, name: str, password: str, user: User | None, address: str
+        self, key: bytes, name: str, password: str, user: Account | None, address: str
     ) -> asyncio.Task[str | None]:
         now = self._clock()
         client = client_key(address)

@@ -21,9 +21,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+
+from msgspec import UNSET
 
 from capella.errors import Forbidden, InvalidRequest
+from capella.wire import auth as wire
+from capella.wire.decode import decode
 
 OBJECT_TYPES = ("cluster", "queue", "subscription", "handler", "external_cluster", "user", "secret")
 # ``use`` applies to secrets only, ``relay`` to external clusters only; the others to every other type.
@@ -36,15 +39,18 @@ EFFECTS = ("allow", "deny")
 
 
 @dataclass(frozen=True, slots=True)
-class Rule:
+class AccessRule:
+    """A rule as the checks read it; its shape on the wire and on disk is ``wire.auth.Rule``."""
+
     effect: str  # "allow" or "deny"
     type: str  # one of OBJECT_TYPES, or "*"
     action: str  # one of ACTIONS, or "*"
     pattern: str = "*"
 
     @classmethod
-    def parse(cls, raw: object, where: str = "rules") -> Rule:
-        """A rule from ``{"effect", "type", "action", "name"}`` or ``"allow:queue:read:orders-*"``."""
+    def parse(cls, raw: object, where: str = "rules") -> AccessRule:
+        """A rule from its line (``"allow:queue:read:orders-*"``) or its object, which decodes
+        into ``wire.auth.Rule`` as every body does (``wire.decode``)."""
         if isinstance(raw, str):
             parts = raw.split(":", 3)
             if len(parts) != 4:
@@ -52,16 +58,15 @@ class Rule:
                     f"{where}: expected EFFECT:TYPE:ACTION:PATTERN (allow:queue:read:orders-*), got {raw!r}",
                     field=where,
                 )
-            raw = dict(zip(("effect", "type", "action", "name"), parts, strict=True))
-        if not isinstance(raw, dict):
-            raise InvalidRequest(f"{where}: a rule must be an object or a string", field=where)
-        if unknown := sorted(set(raw) - {"effect", "type", "action", "name"}):
-            raise InvalidRequest(f"{where}: unknown field {unknown[0]!r}", field=where)
-        effect, kind, action, pattern = (raw.get(k) for k in ("effect", "type", "action", "name"))
-        return cls.of(effect, kind, action, "*" if pattern is None else pattern, where)
+            effect, kind, action, pattern = parts
+            return cls.of(effect, kind, action, pattern, where)
+        rule = raw if isinstance(raw, wire.Rule) else decode(raw, wire.Rule, at=where)
+        return cls.of(rule.effect, rule.type, rule.action, "*" if rule.name is UNSET else rule.name, where)
 
     @classmethod
-    def of(cls, effect: object, kind: object, action: object, pattern: object, where: str = "rules") -> Rule:
+    def of(
+        cls, effect: object, kind: object, action: object, pattern: object, where: str = "rules"
+    ) -> AccessRule:
         """A rule from its four parts, each checked; ``where`` names it in an error."""
         if effect not in EFFECTS:
             raise InvalidRequest(f"{where}.effect: expected allow or deny, got {effect!r}", field=where)
@@ -87,8 +92,9 @@ class Rule:
             raise InvalidRequest(f"{where}.name: expected a name pattern such as orders-*", field=where)
         return cls(str(effect), str(kind), str(action), pattern)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"effect": self.effect, "type": self.type, "action": self.action, "name": self.pattern}
+    def to_wire(self) -> wire.Rule:
+        """The rule as answers show it and the users file keeps it."""
+        return wire.Rule(self.effect, self.type, self.action, self.pattern)  # type: ignore[arg-type]  # checked by ``of``
 
     def __str__(self) -> str:
         return f"{self.effect}:{self.type}:{self.action}:{self.pattern}"
@@ -165,7 +171,7 @@ def meet(one: str, other: str) -> bool:
     return common[0]
 
 
-def allowed(rules: tuple[Rule, ...], kind: str, action: str, name: str) -> bool:
+def allowed(rules: tuple[AccessRule, ...], kind: str, action: str, name: str) -> bool:
     """Deny wins over allow; nothing matching means no."""
     verdict = False
     for rule in rules:
@@ -182,7 +188,7 @@ class Identity:
 
     name: str | None
     admin: bool = False
-    rules: tuple[Rule, ...] = field(default=())
+    rules: tuple[AccessRule, ...] = field(default=())
     via: str = "none"  # "basic", "token", "tls", or "none" when auth is off
 
     def can(self, kind: str, action: str, name: str) -> bool:

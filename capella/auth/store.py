@@ -25,10 +25,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from msgspec.structs import asdict
+from msgspec import UNSET
+from msgspec.structs import replace as replace_field
 
 from capella.auth.password import check_password, hash_password
-from capella.auth.rule import Identity, Rule
+from capella.auth.rule import AccessRule, Identity
 from capella.errors import (
     AlreadyExists,
     Conflict,
@@ -38,7 +39,10 @@ from capella.errors import (
     UserNotFound,
 )
 from capella.fsync import create_directories, open_private
-from capella.storage.catalog import TOKENS, USERS, StoredToken, StoredUser, TokenFile, UserFile
+from capella.storage.catalog import TOKENS, USERS
+from capella.wire.auth import User, UserPut
+from capella.wire.decode import decode
+from capella.wire.records import StoredToken, StoredUser, TokenFile, UserFile
 
 LOCK_FILE = "lock"
 TOKEN_PREFIX = "cap_"
@@ -50,53 +54,44 @@ MAX_RULES = 1000
 
 
 @dataclass(frozen=True, slots=True)
-class User:
+class Account:
+    """A user as the store holds it: its record (``wire.records.StoredUser``) with its rules as
+    the checks read them. The API shows it as ``wire.auth.User`` (``shown``)."""
+
     name: str
     password_hash: str = field(repr=False)
     admin: bool = False
     enabled: bool = True
-    rules: tuple[Rule, ...] = ()
+    rules: tuple[AccessRule, ...] = ()
     created: float = 0.0
     updated: float = 0.0
+
+    @classmethod
+    def of_record(cls, name: str, record: StoredUser) -> Account:
+        """The account of a stored user; the record's key is its name, whatever its copy says."""
+        rules = tuple(AccessRule.parse(r, f"rules[{i}]") for i, r in enumerate(record.rules))
+        return cls(
+            name, record.password_hash, record.admin, record.enabled, rules, record.created, record.updated
+        )
 
     def identity(self, via: str) -> Identity:
         return Identity(self.name, self.admin, self.rules, via)
 
-    def public_dict(self) -> dict[str, Any]:
+    def shown(self) -> User:
         """What the API shows: never the hash."""
-        return {
-            "name": self.name,
-            "admin": self.admin,
-            "enabled": self.enabled,
-            "rules": [r.to_dict() for r in self.rules],
-            "created": self.created,
-            "updated": self.updated,
-        }
+        rules = [r.to_wire() for r in self.rules]
+        return User(self.name, self.admin, self.enabled, rules, self.created, self.updated)
 
-    def stored_dict(self) -> dict[str, Any]:
-        return {**self.public_dict(), "password_hash": self.password_hash}
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    id: str
-    user: str
-    digest: str = field(repr=False)
-    created: float = 0.0
-    expires: float | None = None
-    description: str = ""
-
-    def expired(self, now: float) -> bool:
-        return self.expires is not None and now >= self.expires
-
-    def public_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "user": self.user,
-            "created": self.created,
-            "expires": self.expires,
-            "description": self.description,
-        }
+    def record(self) -> StoredUser:
+        return StoredUser(
+            name=self.name,
+            admin=self.admin,
+            enabled=self.enabled,
+            rules=[r.to_wire() for r in self.rules],
+            created=self.created,
+            updated=self.updated,
+            password_hash=self.password_hash,
+        )
 
 
 def split_token(text: str) -> tuple[str, str] | None:
@@ -124,8 +119,8 @@ class AuthStore:
     def __init__(self, directory: Path, clock: Callable[[], float] = time.time) -> None:
         self.directory = directory
         self._clock = clock
-        self._users: dict[str, User] = {}
-        self._tokens: dict[str, Token] = {}
+        self._users: dict[str, Account] = {}
+        self._tokens: dict[str, StoredToken] = {}
         self._lock_fd: int | None = None
         # The server changes users in worker threads (hashing is slow): one change at a time.
         self._mutex = threading.RLock()
@@ -155,24 +150,24 @@ class AuthStore:
 
     # --- users ---------------------------------------------------------------------------
 
-    def users(self) -> list[User]:
+    def users(self) -> list[Account]:
         return [self._users[name] for name in sorted(self._users)]
 
-    def user(self, name: str) -> User:
+    def user(self, name: str) -> Account:
         try:
             return self._users[name]
         except KeyError:
             raise UserNotFound(f"no user {name!r}") from None
 
-    def find_user(self, name: str) -> User | None:
+    def find_user(self, name: str) -> Account | None:
         return self._users.get(name)
 
-    def act_on(self, by: Identity, name: str) -> User | None:
+    def act_on(self, by: Identity, name: str) -> Account | None:
         """User ``name`` for ``by`` to act on (its password, tokens, handlers, state), or None
         when there is no such user yet.
 
         Acting on yourself is yours to do. Acting on another user needs ``user admin`` on the
-        name and, when the user exists, everything that user holds (``Rule.covers``): a grant to
+        name and, when the user exists, everything that user holds (``covers``): a grant to
         act on a user never lets its holder act *as* one who holds more (Kubernetes RBAC's
         escalation check; PostgreSQL lets only superusers alter superusers).
         """
@@ -184,21 +179,18 @@ class AuthStore:
             by.check_acting_on(user.identity("none"))
         return user
 
-    def put_user(self, name: str, data: object) -> tuple[User, bool]:
+    def put_user(self, name: str, data: object) -> tuple[Account, bool]:
         """Create (``password`` required) or update a user from an API-style object."""
-        if not isinstance(data, dict):
-            raise InvalidRequest("a user must be a JSON object")
-        if unknown := sorted(set(data) - {"password", "admin", "enabled", "rules"}):
-            raise InvalidRequest(f"unknown field {unknown[0]!r}", field=unknown[0])
-        for flag in ("admin", "enabled"):
-            if flag in data and not isinstance(data[flag], bool):
-                raise InvalidRequest(f"{flag} must be true or false", field=flag)
+        return self.apply(name, decode(data, UserPut))
+
+    def apply(self, name: str, body: UserPut) -> tuple[Account, bool]:
+        """Create (``password`` required) or update a user from a body; what it leaves out stays."""
         return self.change_user(
             name,
-            password=check_password(data["password"]) if "password" in data else None,
-            admin=data.get("admin"),
-            enabled=data.get("enabled"),
-            rules=parse_rules(data["rules"]) if "rules" in data else None,
+            password=None if body.password is UNSET else body.password,
+            admin=None if body.admin is UNSET else body.admin,
+            enabled=None if body.enabled is UNSET else body.enabled,
+            rules=None if body.rules is UNSET else parse_rules(body.rules),
         )
 
     def change_user(
@@ -208,8 +200,8 @@ class AuthStore:
         password: str | None = None,
         admin: bool | None = None,
         enabled: bool | None = None,
-        rules: tuple[Rule, ...] | None = None,
-    ) -> tuple[User, bool]:
+        rules: tuple[AccessRule, ...] | None = None,
+    ) -> tuple[Account, bool]:
         """Create (``password`` required) or update a user; None leaves a field as it is."""
         with self._mutex:
             check_user_name(name)
@@ -218,7 +210,7 @@ class AuthStore:
             if old is None:
                 if password is None:
                     raise InvalidRequest("password is required for a new user", field="password")
-                old = User(name, "", created=now)
+                old = Account(name, "", created=now)
             changes: dict[str, Any] = {"updated": now}
             if password is not None:
                 changes["password_hash"] = hash_password(check_password(password))
@@ -237,8 +229,8 @@ class AuthStore:
             return user, created
 
     def add_user(
-        self, name: str, password: str, *, admin: bool = False, rules: tuple[Rule, ...] = ()
-    ) -> User:
+        self, name: str, password: str, *, admin: bool = False, rules: tuple[AccessRule, ...] = ()
+    ) -> Account:
         with self._mutex:
             if name in self._users:
                 raise AlreadyExists(f"user {name!r} already exists")
@@ -263,28 +255,28 @@ class AuthStore:
 
     # --- tokens --------------------------------------------------------------------------
 
-    def tokens(self, user: str | None = None) -> list[Token]:
+    def tokens(self, user: str | None = None) -> list[StoredToken]:
         now = self._clock()
         found = [t for t in self._tokens.values() if not t.expired(now) and user in (None, t.user)]
         return sorted(found, key=lambda t: (t.created, t.id))
 
-    def token(self, token_id: str) -> Token:
+    def token(self, token_id: str) -> StoredToken:
         token = self._tokens.get(token_id)
         if token is None or token.expired(self._clock()):
             raise TokenNotFound(f"no token {token_id!r}")
         return token
 
-    def create_token(self, user: str, ttl: float | None, description: str = "") -> tuple[Token, str]:
+    def create_token(self, user: str, ttl: float | None, description: str = "") -> tuple[StoredToken, str]:
         """A new token for ``user``; the text (``cap_<id>_<secret>``) is shown only now."""
         with self._mutex:
             return self._create_token(user, ttl, description)
 
-    def _create_token(self, user: str, ttl: float | None, description: str) -> tuple[Token, str]:
+    def _create_token(self, user: str, ttl: float | None, description: str) -> tuple[StoredToken, str]:
         self.user(user)
         now = self._clock()
         self._tokens = {k: t for k, t in self._tokens.items() if not t.expired(now)}
         secret = secrets.token_urlsafe(32)
-        token = Token(
+        token = StoredToken(
             id=secrets.token_hex(8),
             user=user,
             digest=token_digest(secret),
@@ -296,14 +288,14 @@ class AuthStore:
         self._save_tokens()
         return token, f"{TOKEN_PREFIX}{token.id}_{secret}"
 
-    def revoke_token(self, token_id: str) -> Token:
+    def revoke_token(self, token_id: str) -> StoredToken:
         with self._mutex:
             token = self.token(token_id)
             self._tokens = {k: t for k, t in self._tokens.items() if k != token_id}
             self._save_tokens()
             return token
 
-    def check_token(self, text: str) -> User | None:
+    def check_token(self, text: str) -> Account | None:
         """The enabled user a valid, unexpired token belongs to; None otherwise."""
         parts = split_token(text)
         token = self._tokens.get(parts[0]) if parts else None
@@ -321,30 +313,26 @@ class AuthStore:
         users = USERS.read(self.directory).users
         tokens = TOKENS.read(self.directory).tokens
         try:
-            self._users = {
-                # The record's key is the name, whatever its copy inside says.
-                name: User(**(asdict(u) | {"name": name, "rules": tuple(Rule.parse(r) for r in u.rules)}))
-                for name, u in users.items()
-            }
+            self._users = {name: Account.of_record(name, u) for name, u in users.items()}
         except InvalidRequest as exc:
             raise CorruptData(f"auth files in {self.directory} are not valid: {exc}") from None
-        self._tokens = {tid: Token(**(asdict(t) | {"id": tid})) for tid, t in tokens.items()}
+        # The record's key is the id, whatever its copy inside says.
+        self._tokens = {tid: replace_field(t, id=tid) for tid, t in tokens.items()}
 
     def _save_users(self) -> None:
-        users = {u.name: StoredUser(**u.stored_dict()) for u in self.users()}
-        USERS.write(self.directory, UserFile(users=users))
+        USERS.write(self.directory, UserFile(users={u.name: u.record() for u in self.users()}))
 
     def _save_tokens(self) -> None:
-        tokens = {t.id: StoredToken(**t.public_dict(), digest=t.digest) for t in self._tokens.values()}
-        TOKENS.write(self.directory, TokenFile(tokens=tokens))
+        TOKENS.write(self.directory, TokenFile(tokens=dict(self._tokens)))
 
     def _mkdir(self) -> None:
         create_directories(self.directory, mode=0o700)
 
 
-def parse_rules(raw: object) -> tuple[Rule, ...]:
+def parse_rules(raw: object) -> tuple[AccessRule, ...]:
+    """A user's rules, each a line or an object (``wire.auth.Rule``); at most ``MAX_RULES``."""
     if not isinstance(raw, list):
         raise InvalidRequest("rules must be a list", field="rules")
     if len(raw) > MAX_RULES:
         raise InvalidRequest(f"rules: at most {MAX_RULES} rules per user", field="rules")
-    return tuple(Rule.parse(r, f"rules[{i}]") for i, r in enumerate(raw))
+    return tuple(AccessRule.parse(r, f"rules[{i}]") for i, r in enumerate(raw))

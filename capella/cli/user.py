@@ -19,9 +19,8 @@ from typing import Any, Protocol
 import msgspec
 
 from capella.auth.password import check_password
-from capella.auth.rule import Rule
-from capella.auth.store import AuthStore
-from capella.auth.store import User as StoredUser
+from capella.auth.rule import AccessRule
+from capella.auth.store import Account, AuthStore
 from capella.cli.login import Login, connect, login
 from capella.cli.output import error, print_fields, print_json, print_table, utc
 from capella.config import load_config
@@ -67,9 +66,9 @@ class StoreUsers:
         return _shown(self._store.put_user(name, {"password": password})[0])
 
 
-def _shown(user: StoredUser) -> User:
+def _shown(user: Account) -> User:
     """A stored user as the API shows it: the same wire struct the client returns."""
-    return msgspec.convert(user.public_dict(), User)
+    return user.shown()
 
 
 Command = Callable[[argparse.Namespace, Users, Login], int]
@@ -203,7 +202,7 @@ def list_users(args: argparse.Namespace, users: Users, who: Login) -> int:
             info.name,
             "yes" if info.admin else "no",
             "yes" if info.enabled else "no",
-            " ".join(str(Rule.parse(msgspec.to_builtins(r))) for r in info.rules) or "-",
+            " ".join(str(AccessRule.parse(msgspec.to_builtins(r))) for r in info.rules) or "-",
         ]
         for info in found
     ]
@@ -216,7 +215,7 @@ def show_user(args: argparse.Namespace, users: Users, who: Login) -> int:
     if args.json:
         print_json(info)
         return 0
-    rules = [str(Rule.parse(msgspec.to_builtins(r))) for r in info.rules]
+    rules = [str(AccessRule.parse(msgspec.to_builtins(r))) for r in info.rules]
     print_fields(
         [
             ("name", info.name),
@@ -299,17 +298,17 @@ def _new_password(args: argparse.Namespace) -> str:
 
 
 def _rules(args: argparse.Namespace) -> list[dict[str, Any]]:
-    return [rule.to_dict() for rule in [*args.allow, *args.deny]]
+    return [msgspec.to_builtins(rule.to_wire()) for rule in [*args.allow, *args.deny]]
 
 
-def _rule(effect: str) -> Callable[[str], Rule]:
-    def parse(text: str) -> Rule:
+def _rule(effect: str) -> Callable[[str], AccessRule]:
+    def parse(text: str) -> AccessRule:
         if text.count(":") < 2:
             raise argparse.ArgumentTypeError(
                 f"expected TYPE:ACTION:PATTERN such as queue:read:orders-*, got {text!r}"
             )
         try:
-            return Rule.parse(f"{effect}:{text}", f"--{effect}")
+            return AccessRule.parse(f"{effect}:{text}", f"--{effect}")
         except InvalidRequest as exc:
             raise argparse.ArgumentTypeError(exc.message) from None
 

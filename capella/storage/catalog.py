@@ -19,9 +19,11 @@ document loads as it always has. What a registry checks beyond the shape stays w
 queue definition's rules, a handler's params, a cluster's credentials), because a record that
 no longer builds is kept and reported rather than refusing the whole document.
 
-This module is in ``storage/`` because every registry can import it there: core, handlers
-and auth sit above storage (``pyproject.toml``'s layers), and it needs nothing above
-``Storage``, ``errors`` and ``fsync``.
+The shapes are wire structs, declared once in ``capella.wire.records`` (a stored user's rules
+are ``capella.wire.auth.Rule``): the catalog stores and returns them. This module is in ``storage/``
+because every registry can import it there: core, handlers and auth sit above storage
+(``pyproject.toml``'s layers), and it needs nothing above ``Storage``, ``wire``, ``errors``
+and ``fsync``.
 """
 
 from __future__ import annotations
@@ -29,87 +31,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Generic, TypeVar
 
 import msgspec
 
 from capella.errors import CorruptData, KeyNotFound, StorageUnavailable
 from capella.fsync import write_atomic
 from capella.storage import Storage, keys
-
-# --- the shapes ----------------------------------------------------------------------------
-# kw_only: ``version`` may be absent from a document (early ones lack it) yet comes first.
-
-
-class QueueEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """A queue: its definition (checked by ``capella.core.definition``) and whether it is
-    being dropped (a drop that a crash interrupted finishes at the next start)."""
-
-    definition: dict[str, Any]
-    state: Literal["active", "dropping"] = "active"
-
-
-class QueueRegistry(msgspec.Struct, kw_only=True):
-    version: int = 1
-    queues: dict[str, QueueEntry]
-
-
-class HandlerEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """A handler's definition; ``params`` as its type stores them (secrets only encrypted)."""
-
-    type: str
-    queues: list[str]
-    params: dict[str, Any]
-    started: bool
-    user: str | None = None
-    # Who defined it (None: defined with authentication off, or before definers were kept):
-    # each pass runs only while the definer holds everything ``user`` holds.
-    definer: str | None = None
-    # The definer's ``created``: a user of the same name made later is not the definer.
-    definer_since: float | None = None
-
-
-class HandlerRegistry(msgspec.Struct, kw_only=True):
-    version: int = 1
-    handlers: dict[str, HandlerEntry]
-
-
-class ClusterRegistry(msgspec.Struct, kw_only=True):
-    """External clusters by name. Each record is read by ``capella.handlers.clusters`` on its own:
-    one that no longer loads is listed with its error and saved back unchanged."""
-
-    version: int = 1
-    clusters: dict[str, dict[str, Any]]
-
-
-class StoredUser(msgspec.Struct, frozen=True, kw_only=True):
-    name: str = ""  # the record's key is the name; this copy is for a reader of the file
-    admin: bool = False
-    enabled: bool = True
-    rules: list[dict[str, Any] | str] = []  # as ``capella.auth.rule.Rule.parse`` reads them
-    created: float = 0.0
-    updated: float = 0.0
-    password_hash: str
-
-
-class UserFile(msgspec.Struct, kw_only=True):
-    version: int = 1
-    users: dict[str, StoredUser]
-
-
-class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
-    id: str = ""  # the record's key is the id
-    user: str
-    created: float = 0.0
-    expires: float | None = None
-    description: str = ""
-    digest: str  # SHA-256 of the secret; the secret itself is never stored
-
-
-class TokenFile(msgspec.Struct, kw_only=True):
-    version: int = 1
-    tokens: dict[str, StoredToken]
-
+from capella.wire.records import (
+    ClusterRegistry,
+    HandlerRegistry,
+    QueueRegistry,
+    TokenFile,
+    UserFile,
+)
 
 # --- the one load and save -----------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from capella.api import create_app
 from capella.api.app import ROUTES
 from capella.api.openapi import WIRE_MODULES
 from capella.auth.authenticator import Authenticator
-from capella.auth.rule import Rule
+from capella.auth.rule import AccessRule
 from capella.auth.store import AuthStore
 from capella.config import AuthSettings, ServerSettings
 from capella.core.cluster import Cluster
@@ -165,7 +165,7 @@ async def secured_api(
 ) -> AsyncIterator[TestClient]:
     users = AuthStore(tmp_path / "auth")
     users.add_user("root", "root-password", admin=True)
-    users.add_user("bob", "bob-password", rules=[Rule.parse("allow:queue:read:orders")])
+    users.add_user("bob", "bob-password", rules=[AccessRule.parse("allow:queue:read:orders")])
     supervisor = Supervisor(cluster, users=users)
     await supervisor.start()
     authenticator = Authenticator(users, AuthSettings(enabled=True, token_ttl=3600))

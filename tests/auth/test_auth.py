@@ -15,7 +15,7 @@ from support.clock import Clock
 
 from capella.auth.authenticator import Authenticator
 from capella.auth.password import hash_password, verify_password
-from capella.auth.rule import Identity, Rule, allowed, contains, covers, meet
+from capella.auth.rule import AccessRule, Identity, allowed, contains, covers, meet
 from capella.auth.store import AuthStore, split_token
 from capella.config import AuthSettings
 from capella.errors import AlreadyExists, Conflict, CorruptData, Forbidden, InvalidRequest, Unauthorized
@@ -44,8 +44,8 @@ def test_a_new_password_must_be_a_string_of_reasonable_length(bad: object) -> No
 # --- rules -------------------------------------------------------------------------------
 
 
-def rules(*texts: str) -> tuple[Rule, ...]:
-    return tuple(Rule.parse(t) for t in texts)
+def rules(*texts: str) -> tuple[AccessRule, ...]:
+    return tuple(AccessRule.parse(t) for t in texts)
 
 
 def test_no_rule_means_no() -> None:
@@ -109,13 +109,13 @@ def test_an_admin_may_do_everything_and_check_names_what_was_refused() -> None:
 )
 def test_a_bad_rule_is_refused_with_a_message(raw: object) -> None:
     with pytest.raises(InvalidRequest):
-        Rule.parse(raw)
+        AccessRule.parse(raw)
 
 
 def test_a_rule_reads_from_both_forms() -> None:
-    text = Rule.parse("deny:queue:write:orders-*")
+    text = AccessRule.parse("deny:queue:write:orders-*")
 
-    assert Rule.parse(text.to_dict()) == text
+    assert AccessRule.parse(text.to_wire()) == text
     assert str(text) == "deny:queue:write:orders-*"
 
 
@@ -135,7 +135,7 @@ def test_users_and_relays_are_granted_only_by_name() -> None:
     # a * type still denies
     assert not allowed(rules("allow:user:*:*", "deny:*:*:admin"), "user", "admin", "admin")
     with pytest.raises(InvalidRequest):
-        Rule.parse("allow:queue:relay:q")
+        AccessRule.parse("allow:queue:relay:q")
 
 
 @pytest.mark.parametrize(
@@ -211,7 +211,7 @@ def test_users_and_tokens_survive_a_reopen_without_secrets_on_disk(tmp_path: Pat
 
     again = AuthStore(tmp_path / "auth", clock)
     assert [u.name for u in again.users()] == ["alice", "bob"]
-    assert again.user("bob").rules == (Rule("allow", "queue", "read", "orders"),)
+    assert again.user("bob").rules == (AccessRule("allow", "queue", "read", "orders"),)
     assert again.check_token(text) == again.user("bob")
     on_disk = b"".join(p.read_bytes() for p in (tmp_path / "auth").iterdir() if p.is_file())
     for secret in (b"alice-password", b"bob-password", text.encode(), split_token(text)[1].encode()):  # type: ignore[index]
@@ -312,7 +312,7 @@ def test_a_damaged_user_file_is_reported_not_ignored(tmp_path: Path) -> None:
 def users(tmp_path: Path) -> AuthStore:
     store = AuthStore(tmp_path / "auth")
     store.add_user("root", "root-password", admin=True)
-    store.add_user("bob", "bob-password", rules=(Rule.parse("allow:queue:read:*"),))
+    store.add_user("bob", "bob-password", rules=(AccessRule.parse("allow:queue:read:*"),))
     return store
 
 

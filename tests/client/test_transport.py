@@ -43,7 +43,7 @@ from capella.api import create_app
 from capella.api.connection import ConnectionGuard
 from capella.api.request import nesting, shallow_enough
 from capella.auth.authenticator import Authenticator
-from capella.auth.rule import Rule
+from capella.auth.rule import AccessRule
 from capella.auth.store import AuthStore
 from capella.client import AsyncClient
 from capella.config import AuthSettings, ServerSettings, TlsSettings
@@ -774,7 +774,7 @@ async def test_a_client_certificate_signs_in_as_the_user_it_names(
 ) -> None:
     users = AuthStore(tmp_path / "auth")
     users.add_user("root", "root-password", admin=True)
-    users.add_user("alice", "alice-password", rules=(Rule.parse("allow:queue:read:*"),))
+    users.add_user("alice", "alice-password", rules=(AccessRule.parse("allow:queue:read:*"),))
     authenticator = Authenticator(users, AuthSettings(enabled=True, tls_client_users=True))
     settings = ServerSettings(listen="127.0.0.1:0", tls=TlsSettings(pki.server_cert, pki.server_key, pki.ca))
     async with serving(cluster, supervisor, settings, authenticator=authenticator) as url:

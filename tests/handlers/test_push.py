@@ -26,7 +26,7 @@ from support.wait import until
 
 from capella import metrics
 from capella.api.app import SUPERVISOR, document
-from capella.auth.rule import Identity, Rule
+from capella.auth.rule import AccessRule, Identity
 from capella.auth.secret import Secrets
 from capella.config import Config, SecretSettings, parse_config
 from capella.core.cluster import Cluster
@@ -472,7 +472,7 @@ async def test_a_pass_cut_short_is_taken_back_and_sent_again(cluster: Cluster, r
 async def test_a_pass_fails_without_the_rights_or_the_queue(cluster: Cluster, receiver: Receiver) -> None:
     await produce(cluster, "orders", 1)
     handler = await pusher(cluster, receiver)
-    handler.identity = Identity("reader", rules=(Rule("allow", "queue", "read", "orders"),))
+    handler.identity = Identity("reader", rules=(AccessRule("allow", "queue", "read", "orders"),))
     with pytest.raises(Forbidden, match="subscription"):
         await handler.run_once()
     assert not receiver.seen

@@ -16,7 +16,7 @@ from support.wait import until
 
 from capella.api import create_app
 from capella.auth.authenticator import Authenticator
-from capella.auth.rule import Rule
+from capella.auth.rule import AccessRule
 from capella.auth.secret import Secrets
 from capella.auth.store import AuthStore
 from capella.config import AuthSettings, SecretSettings, ServerSettings, parse_config
@@ -163,7 +163,7 @@ async def secure_dc(
     )
     users = AuthStore(tmp_path / "secure" / "auth")
     users.add_user("root", "root-password", admin=True)
-    users.add_user("replicator", "replicator-password", rules=(Rule.parse("allow:queue:write:events"),))
+    users.add_user("replicator", "replicator-password", rules=(AccessRule.parse("allow:queue:write:events"),))
     cluster = await Cluster.open(config)
     supervisor = Supervisor(cluster, users=users)
     await supervisor.start()

@@ -9,8 +9,9 @@ import pytest
 
 from capella.errors import CorruptData
 from capella.fsync import write_atomic
-from capella.storage.catalog import HANDLERS, QUEUES, USERS, QueueEntry, QueueRegistry
+from capella.storage.catalog import HANDLERS, QUEUES, USERS
 from capella.storage.memory import MemoryStorage
+from capella.wire.records import QueueEntry, QueueRegistry
 
 
 async def test_a_missing_document_is_the_empty_one_and_a_saved_one_reads_back() -> None:

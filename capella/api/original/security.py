@@ -19,7 +19,7 @@ import msgspec
 from capella.api.original import shapes
 from capella.api.original.actions import PERMISSIONS, Action, Context, body_name
 from capella.api.original.envelope import Request
-from capella.auth.rule import Rule
+from capella.auth.rule import AccessRule
 from capella.auth.store import AuthStore
 from capella.errors import AlreadyExists, Forbidden, InvalidRequest, NotFound
 
@@ -68,7 +68,7 @@ def _admin_only(ctx: Context, name: str) -> None:
         raise Forbidden("only an admin may set admin or rules")
 
 
-def capella_rule(body: RuleBody) -> Rule:
+def capella_rule(body: RuleBody) -> AccessRule:
     """The original's rule as a Capella rule: the action names the type and the action."""
     mapped = PERMISSIONS.get(body.action)
     if mapped is None:
@@ -77,10 +77,10 @@ def capella_rule(body: RuleBody) -> Rule:
             "(SET_USER_ADMIN, USER_RULE_SET...) are the admin flag",
             field="action",
         )
-    return Rule("allow" if body.allowed else "deny", mapped[0], mapped[1], body.object_name or "*")
+    return AccessRule("allow" if body.allowed else "deny", mapped[0], mapped[1], body.object_name or "*")
 
 
-def original_rules(rules: tuple[Rule, ...]) -> dict[str, dict[str, dict[str, bool]]]:
+def original_rules(rules: tuple[AccessRule, ...]) -> dict[str, dict[str, dict[str, bool]]]:
     """Capella rules as the original's ``{object type: {action: {object name: allowed}}}``.
 
     A rule shows under every original action it covers (``allow:queue:read:*`` is
