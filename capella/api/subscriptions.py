@@ -36,13 +36,13 @@ from capella.api.route import Route, on_queue, on_subscription
 from capella.core.filter import MessageFilter
 from capella.core.message import SaveMode
 from capella.core.queue import Queue
-from capella.core.subscription import ACK, CURSOR, Subscription
-from capella.core.work.retry import RetryPolicy, apply_policy
+from capella.core.subscription import ACK, CURSOR, SubscriptionState
+from capella.core.work.retry import RetrySettings, apply_policy
 from capella.errors import InvalidRequest, SubscriptionNotFound, WrongSubscriptionMode
 from capella.wire import work as wire_work
 
 
-def subscription_info(queue: Queue, sub: Subscription) -> wire_work.Subscription:
+def subscription_info(queue: Queue, sub: SubscriptionState) -> wire_work.Subscription:
     info = wire_work.Subscription(
         name=sub.name,
         mode="ack" if sub.mode == ACK else "cursor",
@@ -117,11 +117,11 @@ async def _define_work(
     try:
         current = queue.subscription(name)
     except SubscriptionNotFound:
-        base = RetryPolicy()
+        base = RetrySettings()
     else:
         if current.mode != ACK:
             raise WrongSubscriptionMode(f"subscription {name!r} is a cursor; its mode cannot change")
-        base = current.policy or RetryPolicy()
+        base = current.policy or RetrySettings()
     policy = base if body.policy is UNSET else apply_policy(body.policy, base)
     sub, created = await queue.define_work(name, policy, save)
     return json_response(subscription_info(queue, sub), 201 if created else 200)
@@ -157,7 +157,7 @@ async def read(request: web.Request) -> web.StreamResponse:
     wait = wait_param(request)
     save = save_param(request)
     try:
-        sub: Subscription | None = queue.subscription(name)
+        sub: SubscriptionState | None = queue.subscription(name)
     except SubscriptionNotFound:
         sub = None
     if sub is not None and sub.mode == ACK:

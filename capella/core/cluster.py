@@ -20,14 +20,15 @@ import msgspec
 
 from capella.cluster_name import cluster_name
 from capella.config import Config
-from capella.core.definition import QueueDefinition, check_name, default_definition, parse_definition
+from capella.core.definition import QueueSettings, check_name, default_definition, parse_definition
 from capella.core.limits import MessageLimits
 from capella.core.loops import TaskFailures, keep_running
 from capella.core.queue import Queue
 from capella.core.stats import Histogram
 from capella.errors import CapellaError, InvalidConfig, InvalidRequest, NotReady, QueueNotFound
 from capella.storage import Storage, keys, open_storage
-from capella.storage.catalog import QUEUES, QueueEntry, QueueRegistry
+from capella.storage.catalog import QUEUES
+from capella.wire.records import QueueEntry, QueueRegistry
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class Cluster:
             self._queues[name] = await self._open_queue(name, definition)
         await self._save_registry()
 
-    async def _open_queue(self, name: str, definition: QueueDefinition) -> Queue:
+    async def _open_queue(self, name: str, definition: QueueSettings) -> Queue:
         return await Queue.open(
             name,
             definition,
@@ -210,7 +211,7 @@ class Cluster:
             await self._save_registry()
             log.info("queue dropped queue=%s", name)
 
-    async def _finish_drop(self, name: str, definition: QueueDefinition) -> None:
+    async def _finish_drop(self, name: str, definition: QueueSettings) -> None:
         for mount in {definition.meta_mount, *definition.marks.values()}:
             storage = self._mounts[mount]
             for key in await storage.list(keys.within(name)):
@@ -218,7 +219,7 @@ class Cluster:
         del self._registry[name]
         log.info("unfinished drop completed queue=%s", name)
 
-    def _check_meta_mount(self, definition: QueueDefinition) -> None:
+    def _check_meta_mount(self, definition: QueueSettings) -> None:
         # Journals are appended to; object stores cannot append.
         provider = self._config.mounts[definition.meta_mount].provider
         if provider not in ("file", "memory"):

@@ -5,10 +5,10 @@ of ``PUT /v1/queues/{queue}``, a stored definition and ``[queue_defaults]`` deco
 it (``wire.decode``), which checks every field and names the bad one. Here is what only the
 broker knows: ``apply`` lays a decoded definition over the queue's current one (fields left out
 keep their values) and checks its mounts against the configured ones, giving the
-``QueueDefinition`` the queue reads, with values in their plain types (bytes, seconds, a
-``SaveMode``, marks as numbers); ``to_wire`` renders it back into the struct, for answers and
-for the registry. core may import wire (the layers in pyproject.toml), so the model stays here
-and the shape there, each written once.
+``QueueSettings`` the queue reads (the definition resolved: every value set, in its plain
+type: bytes, seconds, a ``SaveMode``, marks as numbers); ``to_wire`` renders it back into
+the struct, for answers and for the registry. core may import wire (the layers in
+pyproject.toml), so the model stays here and the shape there, each written once.
 
 ``block`` was called ``limits`` (with ``max_count`` for ``max_messages``) until the name was
 found to read like retention; the old spelling is still read, in bodies, in
@@ -46,7 +46,7 @@ def check_name(name: str, what: str = "queue") -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class BlockLimits:
+class SealLimits:
     """A block is sealed when it reaches any of these. Not retention: sealed blocks stay until an
     expire handler deletes them."""
 
@@ -56,8 +56,8 @@ class BlockLimits:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueDefinition:
-    block: BlockLimits = BlockLimits()
+class QueueSettings:
+    block: SealLimits = SealLimits()
     save: SaveMode = SaveMode.WAIT
     subscription_save: SaveMode = SaveMode.IMMEDIATE
     segments: tuple[int, int] | None = None
@@ -87,9 +87,9 @@ class QueueDefinition:
 
 def default_definition(
     defaults: dict[str, Any], default_mount: str, mounts: set[str], source: str = "config"
-) -> QueueDefinition:
+) -> QueueSettings:
     """The definition a new queue starts from: built-ins, then ``[queue_defaults]`` of ``source``."""
-    base = QueueDefinition(meta_mount=default_mount, marks={0: default_mount})
+    base = QueueSettings(meta_mount=default_mount, marks={0: default_mount})
     try:
         return apply(decode(defaults, wire.QueueDefinition), base, mounts)
     except UnknownField as exc:
@@ -100,15 +100,15 @@ def default_definition(
         raise InvalidConfig(f"{source}: queue_defaults: {exc.message}") from None
 
 
-def parse_definition(data: object, base: QueueDefinition, mounts: set[str]) -> QueueDefinition:
+def parse_definition(data: object, base: QueueSettings, mounts: set[str]) -> QueueSettings:
     """The fields present in ``data`` (a body or a stored definition) laid over ``base``."""
     return apply(decode(data, wire.QueueDefinition), base, mounts)
 
 
-def apply(body: wire.QueueDefinition, base: QueueDefinition, mounts: set[str]) -> QueueDefinition:
+def apply(body: wire.QueueDefinition, base: QueueSettings, mounts: set[str]) -> QueueSettings:
     """``body``'s fields over ``base``, its mounts checked against the configured ``mounts``."""
     messages, size, age = body.block_limits()
-    block = BlockLimits(
+    block = SealLimits(
         base.block.max_messages if messages is None else messages,
         base.block.max_bytes if size is None else size,
         base.block.max_age if age is None else age,
@@ -128,7 +128,7 @@ def apply(body: wire.QueueDefinition, base: QueueDefinition, mounts: set[str]) -
                 if mount not in mounts:
                     raise InvalidRequest(f"mounts.marks.{key}: unknown mount {mount!r}", field="mounts.marks")
             marks = {int(key): mount for key, mount in body.mounts.marks.items()}
-    return QueueDefinition(
+    return QueueSettings(
         block=block,
         save=base.save if body.save is None else _save(body.save, "save"),
         subscription_save=(

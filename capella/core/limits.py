@@ -48,10 +48,10 @@ def check_drafts(
     drafts: Sequence[Draft], limits: MessageLimits, now: float, segments: tuple[int, int] | None
 ) -> None:
     """Refuse ``drafts`` (one append) unless every one meets the rules: at most ``max_batch`` of
-    them, each payload at most ``max_size`` bytes, a source of 1 to 255 bytes, an external id
-    and a segment in int64 (the segment in the queue's range ``segments`` too), a finite
-    external time not in the future, headers within their limits, a due time at most ten years
-    ahead. The common draft (a payload and nothing else) costs one length check.
+    them, each payload at most ``max_size`` bytes, a source of 1 to ``MAX_SOURCE_BYTES`` bytes,
+    an external id and a segment in int64 (the segment in the queue's range ``segments`` too), a
+    finite external time not in the future, headers within their limits, a due time at most ten
+    years ahead. The common draft (a payload and nothing else) costs one length check.
     """
     check_count(len(drafts), limits)
     max_size = limits.max_size

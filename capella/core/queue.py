@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from capella.config import StorageSettings
-from capella.core.definition import QueueDefinition
+from capella.core.definition import QueueSettings
 from capella.core.delayed.intake import Delayed as Delayed  # answered by ``Queue.append``
 from capella.core.delayed.intake import assign_mixed
 from capella.core.delayed.item import Scheduled
@@ -59,9 +59,9 @@ from capella.core.message import Draft, Message, SaveMode
 from capella.core.recovery import recover
 from capella.core.report import block_list, queue_stats
 from capella.core.stats import Histogram, QueueCounters, Recovery
-from capella.core.subscription import Subscription
+from capella.core.subscription import SubscriptionState
 from capella.core.subscription_store import SubscriptionStore
-from capella.core.work.retry import RetryPolicy
+from capella.core.work.retry import RetrySettings
 from capella.core.work.work_queue import WorkQueue
 from capella.errors import CorruptData, InvalidMessage, ShuttingDown
 from capella.storage import Storage, keys
@@ -99,7 +99,7 @@ class Queue:
     def __init__(
         self,
         name: str,
-        definition: QueueDefinition,
+        definition: QueueSettings,
         mounts: dict[str, Storage],
         *,
         cluster_name: str,
@@ -165,11 +165,11 @@ class Queue:
         )
 
     @property
-    def definition(self) -> QueueDefinition:
+    def definition(self) -> QueueSettings:
         return self._definition
 
     @definition.setter
-    def definition(self, definition: QueueDefinition) -> None:
+    def definition(self, definition: QueueSettings) -> None:
         # The cluster replaces the definition when a queue is updated; every part reads it.
         self._definition = definition
         self._store.definition = definition
@@ -182,7 +182,7 @@ class Queue:
     async def open(
         cls,
         name: str,
-        definition: QueueDefinition,
+        definition: QueueSettings,
         mounts: dict[str, Storage],
         *,
         cluster_name: str,
@@ -555,10 +555,10 @@ class Queue:
 
     # --- subscriptions (capella.core.subscription_store) --------------------------------------------
 
-    def subscription(self, name: str) -> Subscription:
+    def subscription(self, name: str) -> SubscriptionState:
         return self._consumers.subscription(name)
 
-    def subscriptions(self) -> list[Subscription]:
+    def subscriptions(self) -> list[SubscriptionState]:
         return self._consumers.subscriptions()
 
     def work(self, name: str) -> WorkQueue:
@@ -569,8 +569,8 @@ class Queue:
         return self._consumers.work_queues()
 
     async def define_work(
-        self, name: str, policy: RetryPolicy, save: SaveMode = SaveMode.DEFAULT
-    ) -> tuple[Subscription, bool]:
+        self, name: str, policy: RetrySettings, save: SaveMode = SaveMode.DEFAULT
+    ) -> tuple[SubscriptionState, bool]:
         """Create an ack-mode subscription (a work queue) or change its retry policy."""
         return await self._consumers.define_work(name, policy, save)
 
@@ -582,7 +582,7 @@ class Queue:
         replica: bool | None = None,
         reset: bool = False,
         save: SaveMode = SaveMode.DEFAULT,
-    ) -> tuple[Subscription, bool]:
+    ) -> tuple[SubscriptionState, bool]:
         """Move a cursor forward (or anywhere with ``reset``), creating it on first use."""
         return await self._consumers.commit(name, last_id, replica=replica, reset=reset, save=save)
 

@@ -10,7 +10,7 @@ import orjson
 
 from capella.core.definition import check_name
 from capella.core.limits import check_cursor
-from capella.core.work.retry import RetryPolicy, parse_policy
+from capella.core.work.retry import RetrySettings, parse_policy
 from capella.errors import CorruptData, InvalidRequest, SubscriptionNotFound, WrongSubscriptionMode
 
 CURSOR = "cursor"
@@ -18,14 +18,14 @@ ACK = "ack"
 
 
 @dataclass(frozen=True, slots=True)
-class Subscription:
+class SubscriptionState:
     name: str
     last_id: int
     replica: bool
     created: float
     updated: float
     mode: str = CURSOR
-    policy: RetryPolicy | None = None  # ack mode only
+    policy: RetrySettings | None = None  # ack mode only
 
 
 class Subscriptions:
@@ -33,21 +33,21 @@ class Subscriptions:
     (``dump``/``load``) and a record per change (``take_records``/``apply``), for a change log."""
 
     def __init__(self) -> None:
-        self._subs: dict[str, Subscription] = {}
+        self._subs: dict[str, SubscriptionState] = {}
         self._changed: list[str] = []  # names changed since ``take_records``
 
-    def get(self, name: str) -> Subscription:
+    def get(self, name: str) -> SubscriptionState:
         try:
             return self._subs[name]
         except KeyError:
             raise SubscriptionNotFound(f"no subscription {name!r}") from None
 
-    def all(self) -> list[Subscription]:
+    def all(self) -> list[SubscriptionState]:
         return [self._subs[name] for name in sorted(self._subs)]
 
     def commit(
         self, name: str, last_id: int | None, *, replica: bool | None, reset: bool, now: float
-    ) -> tuple[Subscription, bool]:
+    ) -> tuple[SubscriptionState, bool]:
         if last_id is not None:
             check_cursor(last_id)  # int64, whichever way it came in (the original's is a uint64)
         current = self._subs.get(name)
@@ -57,7 +57,7 @@ class Subscriptions:
             )
         if current is None:
             check_name(name, "subscription")
-            sub = Subscription(name, last_id or 0, bool(replica), now, now)
+            sub = SubscriptionState(name, last_id or 0, bool(replica), now, now)
         else:
             new_last = current.last_id
             if last_id is not None and (reset or last_id > current.last_id):
@@ -70,12 +70,12 @@ class Subscriptions:
         self._changed.append(name)
         return sub, current is None
 
-    def define_ack(self, name: str, policy: RetryPolicy, *, now: float) -> tuple[Subscription, bool]:
+    def define_ack(self, name: str, policy: RetrySettings, *, now: float) -> tuple[SubscriptionState, bool]:
         """Create an ack-mode subscription, or change its policy; ``True`` when created."""
         current = self._subs.get(name)
         if current is None:
             check_name(name, "subscription")
-            sub = Subscription(name, 0, False, now, now, ACK, policy)
+            sub = SubscriptionState(name, 0, False, now, now, ACK, policy)
         elif current.mode != ACK:
             raise WrongSubscriptionMode(f"subscription {name!r} is a cursor; its mode cannot change")
         elif current.policy == policy:
@@ -130,7 +130,7 @@ class Subscriptions:
             raise CorruptData(f"subscription change record is not valid: {exc}") from None
 
 
-def _fields(s: Subscription) -> dict[str, Any]:
+def _fields(s: SubscriptionState) -> dict[str, Any]:
     return {
         "last_id": s.last_id,
         "replica": s.replica,
@@ -140,13 +140,13 @@ def _fields(s: Subscription) -> dict[str, Any]:
     }
 
 
-def _parsed(name: str, v: dict[str, Any]) -> Subscription:
-    return Subscription(
+def _parsed(name: str, v: dict[str, Any]) -> SubscriptionState:
+    return SubscriptionState(
         name,
         int(v["last_id"]),
         bool(v["replica"]),
         float(v["created"]),
         float(v["updated"]),
         str(v.get("mode", CURSOR)),
-        parse_policy(v["policy"], RetryPolicy()) if v.get("mode") == ACK else None,
+        parse_policy(v["policy"], RetrySettings()) if v.get("mode") == ACK else None,
     )

@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from capella.config import StorageSettings
-from capella.core.definition import QueueDefinition
+from capella.core.definition import QueueSettings
 from capella.core.journal.changelog import ChangeLog
 from capella.core.message import Draft, SaveMode
-from capella.core.subscription import ACK, Subscription, Subscriptions
-from capella.core.work.retry import RetryPolicy
+from capella.core.subscription import ACK, Subscriptions, SubscriptionState
+from capella.core.work.retry import RetrySettings
 from capella.core.work.work_queue import MessageLog, WorkQueue
 from capella.errors import (
     InvalidRequest,
@@ -52,7 +52,7 @@ class SubscriptionStore:
     def __init__(
         self,
         messages: MessageLog,
-        definition: QueueDefinition,
+        definition: QueueSettings,
         meta: Storage,
         *,
         settings: StorageSettings,
@@ -111,13 +111,13 @@ class SubscriptionStore:
     def count(self) -> int:
         return len(self._subs.all())
 
-    def subscription(self, name: str) -> Subscription:
+    def subscription(self, name: str) -> SubscriptionState:
         return self._with_floor(self._subs.get(name))
 
-    def subscriptions(self) -> list[Subscription]:
+    def subscriptions(self) -> list[SubscriptionState]:
         return [self._with_floor(s) for s in self._subs.all()]
 
-    def _with_floor(self, sub: Subscription) -> Subscription:
+    def _with_floor(self, sub: SubscriptionState) -> SubscriptionState:
         # An ack-mode subscription's cursor is the id below which everything is finished.
         if sub.mode == ACK:
             return dataclasses.replace(sub, last_id=self._work[sub.name].state.floor)
@@ -153,8 +153,8 @@ class SubscriptionStore:
     # --- changes ---------------------------------------------------------------------------
 
     async def define_work(
-        self, name: str, policy: RetryPolicy, save: SaveMode = SaveMode.DEFAULT
-    ) -> tuple[Subscription, bool]:
+        self, name: str, policy: RetrySettings, save: SaveMode = SaveMode.DEFAULT
+    ) -> tuple[SubscriptionState, bool]:
         """Create an ack-mode subscription (a work queue) or change its retry policy."""
         self._check_open()
         if policy.dead_letter is not None:
@@ -180,7 +180,7 @@ class SubscriptionStore:
         await self._after_change(save)
         return self._with_floor(sub), created
 
-    def _new_work(self, name: str, policy: RetryPolicy) -> WorkQueue:
+    def _new_work(self, name: str, policy: RetrySettings) -> WorkQueue:
         return WorkQueue(
             self._messages,
             name,
@@ -206,7 +206,7 @@ class SubscriptionStore:
         replica: bool | None = None,
         reset: bool = False,
         save: SaveMode = SaveMode.DEFAULT,
-    ) -> tuple[Subscription, bool]:
+    ) -> tuple[SubscriptionState, bool]:
         """Move a cursor forward (or anywhere with ``reset``), creating it on first use."""
         self._check_open()
         sub, created = self._subs.commit(name, last_id, replica=replica, reset=reset, now=self._clock())

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from capella.core.log.blocks import BlockMeta
 from capella.core.queue import Queue
 from capella.errors import InvalidRequest
-from capella.handlers.base import Building, HandlerType, PassResult
+from capella.handlers.base import Building, HandlerType, PassTally
 from capella.handlers.per_queue import QueueHandler, selected
 from capella.wire.upkeep import ArchiveParams
 
@@ -49,11 +49,11 @@ class ArchiveHandler(QueueHandler[ArchiveParams]):
 
     needs = "admin"
 
-    async def run_queue(self, queue: Queue) -> PassResult:
+    async def run_queue(self, queue: Queue) -> PassTally:
         check_marks(self.params, queue)
-        result = PassResult()
+        result = PassTally()
         for block, mark in moves(self.params, queue.sealed_blocks(), queue.now()):
-            result += PassResult(1, await queue.move_block(block.first_id, mark))
+            result += PassTally(1, await queue.move_block(block.first_id, mark))
         await queue.clean_leftovers()
         return result
 

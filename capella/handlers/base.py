@@ -36,14 +36,14 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class PassResult:
+class PassTally:
     """What one pass did: items handled (blocks, queues) and bytes moved or freed."""
 
     items: int = 0
     bytes: int = 0
 
-    def __add__(self, other: PassResult) -> PassResult:
-        return PassResult(self.items + other.items, self.bytes + other.bytes)
+    def __add__(self, other: PassTally) -> PassTally:
+        return PassTally(self.items + other.items, self.bytes + other.bytes)
 
 
 def queue_patterns(definition: Definition, cluster: Cluster) -> list[str]:
@@ -87,7 +87,7 @@ class Handler(ABC):
     stopping: bool = False
 
     @abstractmethod
-    async def run_once(self) -> PassResult:
+    async def run_once(self) -> PassTally:
         """One pass; the supervisor owns the loop, the timing and the error reporting."""
 
     def status(self) -> Struct | None:

@@ -36,7 +36,7 @@ from capella.errors import (
     StorageUnavailable,
     SubscriptionNotFound,
 )
-from capella.handlers.base import Building, HandlerType, PassResult, queue_patterns
+from capella.handlers.base import Building, HandlerType, PassTally, queue_patterns
 from capella.handlers.clusters import Clusters
 from capella.handlers.per_queue import QueueHandler, cursor_lag
 from capella.wire.copy import CopyParams, CopyStatus
@@ -74,7 +74,7 @@ class CopyHandler(QueueHandler[CopyParams]):
     def clusters(self) -> list[str]:
         return self.params.clusters()
 
-    async def run_once(self) -> PassResult:
+    async def run_once(self) -> PassTally:
         # A cluster's credentials are the cluster owner's: only a user granted the cluster may use them.
         for cluster in self.params.clusters():
             self.identity.check("external_cluster", "write", cluster)
@@ -91,10 +91,10 @@ class CopyHandler(QueueHandler[CopyParams]):
                 ) from exc
         return await super().run_once()
 
-    async def run_queue(self, queue: Queue) -> PassResult:
+    async def run_queue(self, queue: Queue) -> PassTally:
         return await self._copy(_LocalSource(queue, self.params))
 
-    async def _copy(self, source: _Source) -> PassResult:
+    async def _copy(self, source: _Source) -> PassTally:
         params = self.params
         target = self._destination()
         if isinstance(source, _LocalSource) and target == ("", source.queue.name):
@@ -109,7 +109,7 @@ class CopyHandler(QueueHandler[CopyParams]):
             cursor = await source.cursor()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PASS_SECONDS
-        result = PassResult()
+        result = PassTally()
         waited = False
         while loop.time() < deadline and not self.stopping:
             with remote():
@@ -125,7 +125,7 @@ class CopyHandler(QueueHandler[CopyParams]):
                 waited = True
             if drafts:
                 stored = await self._append(target, drafts)
-                result += PassResult(len(stored), sum(len(d.payload) for d in stored))
+                result += PassTally(len(stored), sum(len(d.payload) for d in stored))
             if last_id > cursor:
                 with remote():
                     await source.commit(last_id)

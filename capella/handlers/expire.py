@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from capella.core.log.blocks import BlockMeta
 from capella.core.queue import Queue
-from capella.handlers.base import Building, HandlerType, PassResult
+from capella.handlers.base import Building, HandlerType, PassTally
 from capella.handlers.per_queue import QueueHandler
 from capella.wire.upkeep import ExpireParams
 
@@ -34,13 +34,13 @@ class ExpireHandler(QueueHandler[ExpireParams]):
 
     needs = "admin"
 
-    async def run_queue(self, queue: Queue) -> PassResult:
+    async def run_queue(self, queue: Queue) -> PassTally:
         stats = queue.stats()
-        result = PassResult()
+        result = PassTally()
         for block in expired(
             self.params, queue.sealed_blocks(), stats["messages"], stats["bytes"], queue.now()
         ):
-            result += PassResult(1, await queue.delete_block(block.first_id))
+            result += PassTally(1, await queue.delete_block(block.first_id))
         # Objects of a delete interrupted by a crash (the manifest had already let go).
         await queue.clean_leftovers()
         return result

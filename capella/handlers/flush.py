@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from capella.core.queue import Queue
-from capella.handlers.base import Building, HandlerType, PassResult
+from capella.handlers.base import Building, HandlerType, PassTally
 from capella.handlers.per_queue import QueueHandler
 from capella.wire.upkeep import FlushParams
 
@@ -18,9 +18,9 @@ from capella.wire.upkeep import FlushParams
 class FlushHandler(QueueHandler[FlushParams]):
     """Save what ``none`` and ``mark`` writes left in memory."""
 
-    async def run_queue(self, queue: Queue) -> PassResult:
+    async def run_queue(self, queue: Queue) -> PassTally:
         await queue.tick()
-        return PassResult(items=1, bytes=await queue.flush())
+        return PassTally(items=1, bytes=await queue.flush())
 
 
 if TYPE_CHECKING:

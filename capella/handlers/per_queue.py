@@ -14,7 +14,7 @@ from typing import Generic, Protocol, TypeVar
 from capella.core.cluster import Cluster
 from capella.core.queue import Queue
 from capella.errors import CapellaError, Forbidden, StorageUnavailable, SubscriptionNotFound
-from capella.handlers.base import Handler, PassResult
+from capella.handlers.base import Handler, PassTally
 
 
 class HasInterval(Protocol):
@@ -37,8 +37,8 @@ class QueueHandler(Handler, abc.ABC, Generic[P]):
         self.params = params
         self.interval = params.interval
 
-    async def run_once(self) -> PassResult:
-        result = PassResult()
+    async def run_once(self) -> PassTally:
+        result = PassTally()
         errors: list[tuple[str, CapellaError]] = []
         for queue in selected(self._cluster, self._queues):
             if not self.identity.can("queue", self.needs, queue.name):
@@ -59,7 +59,7 @@ class QueueHandler(Handler, abc.ABC, Generic[P]):
         return result
 
     @abc.abstractmethod
-    async def run_queue(self, queue: Queue) -> PassResult:
+    async def run_queue(self, queue: Queue) -> PassTally:
         """This handler's work on one queue."""
 
 

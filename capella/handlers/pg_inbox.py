@@ -27,7 +27,7 @@ from capella.core.queue import Queue
 from capella.egress import Egress
 from capella.errors import SubscriptionNotFound
 from capella.file_access import FileAccess
-from capella.handlers.base import Building, HandlerType, PassResult
+from capella.handlers.base import Building, HandlerType, PassTally
 from capella.handlers.per_queue import QueueHandler, cursor_lag, selected
 from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.reach import Reach
@@ -105,7 +105,7 @@ class InboxHandler(QueueHandler[PgInboxParams]):
     async def check(self, identity: Identity) -> None:
         await self._db.check(identity)
 
-    async def run_queue(self, queue: Queue) -> PassResult:
+    async def run_queue(self, queue: Queue) -> PassTally:
         params = self.params
         self.identity.check("subscription", "write", f"{queue.name}/{params.subscription}")
         try:
@@ -118,7 +118,7 @@ class InboxHandler(QueueHandler[PgInboxParams]):
         check_columns(params.table, await self._db.columns(params.table), COLUMNS, {})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PASS_SECONDS
-        result = PassResult()
+        result = PassTally()
         while True:
             page = await queue.read_after(cursor, params.batch, params.segments)
             messages = page.messages
@@ -135,7 +135,7 @@ class InboxHandler(QueueHandler[PgInboxParams]):
                 )
                 inserted = int(tag.rsplit(" ", 1)[-1])
                 self._duplicates += len(messages) - inserted
-                result += PassResult(inserted, sum(len(m.payload) for m in messages))
+                result += PassTally(inserted, sum(len(m.payload) for m in messages))
             # Only now, with the rows committed, may the cursor move past them.
             moved = page.last_id > cursor
             if moved:

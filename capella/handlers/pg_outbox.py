@@ -32,7 +32,7 @@ from capella.core.message import Draft, SaveMode
 from capella.egress import Egress
 from capella.errors import InvalidMessage, InvalidRequest, QueueNotFound
 from capella.file_access import FileAccess
-from capella.handlers.base import Building, Handler, HandlerType, PassResult
+from capella.handlers.base import Building, Handler, HandlerType, PassTally
 from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
 from capella.handlers.reach import Reach
 from capella.wire.handlers import Definition
@@ -103,7 +103,7 @@ class OutboxHandler(Handler):
     async def check(self, identity: Identity) -> None:
         await self._db.check(identity)
 
-    async def run_once(self) -> PassResult:
+    async def run_once(self) -> PassTally:
         params = self.params
         self.identity.check("queue", "write", params.to)
         queue = self._cluster.queue(params.to)
@@ -115,7 +115,7 @@ class OutboxHandler(Handler):
         await self._prepare()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PASS_SECONDS
-        result = PassResult()
+        result = PassTally()
         while True:
             rows = await self._db.fetch(self._select, params.batch)
             if rows:
@@ -129,7 +129,7 @@ class OutboxHandler(Handler):
                 # Only now, with the append answered, may the rows go.
                 await self._db.execute(self._done, [row["id"] for row in rows])
                 self._duplicates += sum(1 for a in answers if a.duplicate)
-                result += PassResult(len(rows), sum(len(d.payload) for d in drafts))
+                result += PassTally(len(rows), sum(len(d.payload) for d in drafts))
             if len(rows) < params.batch or loop.time() >= deadline:
                 break
         await self._measure_lag()

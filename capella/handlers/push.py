@@ -51,12 +51,12 @@ from capella.core.cluster import Cluster
 from capella.core.message import Message, SaveMode
 from capella.core.queue import Queue
 from capella.core.stats import Histogram
-from capella.core.work.retry import RetryPolicy, parse_policy, retry_delay
+from capella.core.work.retry import RetrySettings, parse_policy, retry_delay
 from capella.core.work.state import LEASED, WAITING, Entry
 from capella.core.work.work_queue import WorkQueue
 from capella.egress import Egress
 from capella.errors import CapellaError, InvalidRequest, QueueNotFound, SubscriptionNotFound
-from capella.handlers.base import Building, Handler, HandlerType, PassResult
+from capella.handlers.base import Building, Handler, HandlerType, PassTally
 from capella.handlers.delivery import (
     ANSWER_BYTES,
     Credentials,
@@ -185,7 +185,7 @@ class PushHandler(Handler):
 
     # --- a pass ----------------------------------------------------------------------------
 
-    async def run_once(self) -> PassResult:
+    async def run_once(self) -> PassTally:
         queue = self._cluster.queue(self.queue)
         params = self.params
         self.identity.check("queue", "read", queue.name)
@@ -235,7 +235,7 @@ class PushHandler(Handler):
             # Whatever was claimed and not answered is taken back by the next pass.
             await self._abandon()
             raise
-        return PassResult(self.counters.delivered - before[0], self.counters.delivered_bytes - before[1])
+        return PassTally(self.counters.delivered - before[0], self.counters.delivered_bytes - before[1])
 
     async def _work(self, queue: Queue) -> WorkQueue:
         """The subscription, defined with the policy on the first pass (and again if it was deleted)."""
@@ -527,11 +527,11 @@ def push_params(params: PushParams, name: str) -> PushParams:
     )
 
 
-def policy_of(params: PushParams) -> RetryPolicy:
+def policy_of(params: PushParams) -> RetrySettings:
     """The retry policy its subscription gets; a bad field is named as the param it is."""
     given = {name: getattr(params, name) for name in POLICY_FIELDS if getattr(params, name) is not None}
     try:
-        return parse_policy(given, RetryPolicy(lease=LEASE))
+        return parse_policy(given, RetrySettings(lease=LEASE))
     except InvalidRequest as exc:
         where = str(exc.details.get("field", "params")).replace("policy.", "params.")
         raise InvalidRequest(exc.message.replace("policy.", "params."), field=where) from None

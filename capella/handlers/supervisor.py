@@ -45,14 +45,15 @@ from capella.errors import (
     InvalidRequest,
 )
 from capella.file_access import FileAccess
-from capella.handlers.base import Building, Handler, PassResult, handler_type
+from capella.handlers.base import Building, Handler, PassTally, handler_type
 from capella.handlers.clusters import Clusters
 from capella.handlers.reach import Reach
-from capella.storage.catalog import HANDLERS, HandlerEntry, HandlerRegistry
+from capella.storage.catalog import HANDLERS
 from capella.wire import handler_status as wire
 from capella.wire.fields import USER_NAME_PATTERN
 from capella.wire.handlers import HandlerType, decode_definition
 from capella.wire.params import Params
+from capella.wire.records import HandlerEntry, HandlerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -605,5 +606,5 @@ class _Unloadable(Handler):
     def __init__(self, error: str) -> None:
         self._error = error
 
-    async def run_once(self) -> PassResult:
+    async def run_once(self) -> PassTally:
         raise InvalidConfig(f"this definition cannot be loaded: {self._error}; replace it with PUT")

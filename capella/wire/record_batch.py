@@ -163,7 +163,7 @@ def encode(
             parts.append(_packed("q", segments, "segment"))
         if headers is not None and any(headers):
             flags |= FLAG_HEADERS
-            blobs = [_encode_headers(h) if h else b"" for h in headers]
+            blobs = [encode_headers(h) if h else b"" for h in headers]
             parts.append(_packed("I", map(len, blobs), "header length"))
             parts += blobs
     except (UnicodeEncodeError, struct.error) as exc:
@@ -344,7 +344,10 @@ def _packed(typecode: str, values: object, what: str) -> bytes:
     return packed.tobytes()
 
 
-def _encode_headers(headers: dict[str, str]) -> bytes:
+def encode_headers(headers: dict[str, str]) -> bytes:
+    """A message's header map as every format holds it (docs/format.md): a u16 count, then each
+    key (u16 length, UTF-8) and value (u32 length, UTF-8). The journal and sealed blocks
+    (``core/log/codec.py``) hold it in the same layout."""
     parts = [_U16.pack(len(headers))]
     for key, value in headers.items():
         k = key.encode()

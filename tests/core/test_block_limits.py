@@ -14,7 +14,7 @@ from support.configs import file_config
 
 from capella.config import parse_config
 from capella.core.cluster import Cluster
-from capella.core.definition import BlockLimits, default_definition
+from capella.core.definition import SealLimits, default_definition
 from capella.core.message import Draft
 from capella.errors import InvalidConfig
 
@@ -48,7 +48,7 @@ async def test_a_definition_stored_as_limits_still_loads(tmp_path: Path, clock: 
     cluster = await Cluster.open(file_config(tmp_path), clock=clock)
     try:
         queue = cluster.queue("old")
-        assert queue.definition.block == BlockLimits(max_messages=3, max_bytes=4096, max_age=60.0)
+        assert queue.definition.block == SealLimits(max_messages=3, max_bytes=4096, max_age=60.0)
         assert queue.definition_dict()["block"] == {"max_messages": 3, "max_bytes": 4096, "max_age": 60.0}
         await queue.append([Draft(payload=b"x") for _ in range(4)])
         states = queue.stats()["blocks"]["by_state"]

@@ -25,7 +25,7 @@ from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
 from capella.core.loops import TaskFailures, keep_running
 from capella.core.message import Draft, SaveMode
-from capella.core.work.retry import RetryPolicy, retry_delay
+from capella.core.work.retry import RetrySettings, retry_delay
 from capella.errors import CapellaError, StorageUnavailable
 from capella.handlers.supervisor import Supervisor
 from capella.storage import Storage
@@ -49,7 +49,7 @@ def test_backoff_doubles_from_base_to_cap_and_stays_there_at_any_count() -> None
 
 
 def test_work_queue_retry_delays_use_the_same_rule_at_any_count() -> None:
-    policy = RetryPolicy(delay=1.0, max_delay=300.0, jitter=0.0)
+    policy = RetrySettings(delay=1.0, max_delay=300.0, jitter=0.0)
     assert [retry_delay(policy, n, 0.5) for n in (1, 2, 3)] == [1.0, 2.0, 4.0]
     for failures in (0, 59, 60, 61, 1024, 10**9):
         assert 0.0 < retry_delay(policy, failures, 0.99) <= 300.0

@@ -14,7 +14,7 @@ from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.core.queue import Queue
 from capella.core.work import work_queue as work_module
-from capella.core.work.retry import RetryPolicy, exhausted, parse_policy, retry_delay
+from capella.core.work.retry import RetrySettings, exhausted, parse_policy, retry_delay
 from capella.core.work.work_queue import WorkQueue, parse_receipt
 from capella.errors import (
     InvalidRequest,
@@ -24,7 +24,7 @@ from capella.errors import (
     WrongSubscriptionMode,
 )
 
-FIXED = RetryPolicy(lease=30.0, max_attempts=3, backoff="fixed", delay=10.0, max_delay=60.0, jitter=0.0)
+FIXED = RetrySettings(lease=30.0, max_attempts=3, backoff="fixed", delay=10.0, max_delay=60.0, jitter=0.0)
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def cluster_config(tmp_path: Path) -> Config:
 pytestmark = pytest.mark.hand_clock
 
 
-async def jobs(cluster: Cluster, n: int, policy: RetryPolicy = FIXED) -> tuple[Queue, WorkQueue]:
+async def jobs(cluster: Cluster, n: int, policy: RetrySettings = FIXED) -> tuple[Queue, WorkQueue]:
     q, _ = await cluster.put_queue("jobs", {})
     if n:
         await q.append([Draft(f"job{i}".encode()) for i in range(n)])
@@ -56,12 +56,12 @@ def test_fixed_backoff_waits_the_same_every_time() -> None:
 
 
 def test_exponential_backoff_doubles_up_to_its_cap() -> None:
-    policy = RetryPolicy(backoff="exponential", delay=1.0, max_delay=20.0, jitter=0.0)
+    policy = RetrySettings(backoff="exponential", delay=1.0, max_delay=20.0, jitter=0.0)
     assert [retry_delay(policy, n, 0.0) for n in (1, 2, 3, 4, 5, 6, 1000)] == [1, 2, 4, 8, 16, 20, 20]
 
 
 def test_jitter_spreads_the_delay_and_never_passes_the_cap() -> None:
-    policy = RetryPolicy(backoff="fixed", delay=10.0, max_delay=10.5, jitter=0.2)
+    policy = RetrySettings(backoff="fixed", delay=10.0, max_delay=10.5, jitter=0.2)
     assert retry_delay(policy, 1, 0.0) == pytest.approx(8.0)
     assert retry_delay(policy, 1, 0.5) == pytest.approx(10.0)
     assert retry_delay(policy, 1, 0.999) == pytest.approx(10.5)
@@ -69,7 +69,7 @@ def test_jitter_spreads_the_delay_and_never_passes_the_cap() -> None:
 
 def test_attempts_are_exhausted_at_max_attempts_unless_unlimited() -> None:
     assert not exhausted(FIXED, 2) and exhausted(FIXED, 3)
-    assert not exhausted(RetryPolicy(max_attempts=0), 10**6)
+    assert not exhausted(RetrySettings(max_attempts=0), 10**6)
 
 
 @pytest.mark.parametrize(
@@ -89,7 +89,7 @@ def test_attempts_are_exhausted_at_max_attempts_unless_unlimited() -> None:
 )
 def test_bad_policies_name_their_field(data: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        parse_policy(data, RetryPolicy())
+        parse_policy(data, RetrySettings())
     assert caught.value.details["field"] == field
 
 
@@ -173,7 +173,7 @@ async def test_nack_retries_after_its_delay_or_the_backoff_then_dead_letters(
     cluster: Cluster, clock: Clock
 ) -> None:
     dead_q, _ = await cluster.put_queue("jobs.dead", {})
-    q, work = await jobs(cluster, 1, RetryPolicy(**{**FIXED.to_dict(), "dead_letter": "jobs.dead"}))
+    q, work = await jobs(cluster, 1, RetrySettings(**{**FIXED.to_dict(), "dead_letter": "jobs.dead"}))
     (claimed,) = await work.claim(1, None, SaveMode.WAIT)
     (outcome,) = await work.nack([parse_receipt(claimed[1].receipt)], 2.0, "boom 1", SaveMode.WAIT)
     assert outcome.entry is not None and (outcome.entry.until, outcome.entry.error) == (
@@ -266,10 +266,10 @@ async def test_modes_do_not_mix(cluster: Cluster) -> None:
     with pytest.raises(SubscriptionNotFound):
         q.work("nobody")
     with pytest.raises(InvalidRequest):
-        await q.define_work("w2", RetryPolicy(dead_letter="jobs"))
+        await q.define_work("w2", RetrySettings(dead_letter="jobs"))
     with pytest.raises(InvalidRequest):
-        await q.define_work("w2", RetryPolicy(dead_letter="missing"))
-    _, created = await q.define_work("workers", RetryPolicy(max_attempts=9))
+        await q.define_work("w2", RetrySettings(dead_letter="missing"))
+    _, created = await q.define_work("workers", RetrySettings(max_attempts=9))
     assert not created and q.work("workers") is work and work.policy.max_attempts == 9
     await q.delete_subscription("workers")
     await q.define_work("workers", FIXED)
@@ -280,7 +280,7 @@ async def test_a_lost_dead_record_copies_to_the_dead_letters_once(
     cluster: Cluster, tmp_path: Path, clock: Clock
 ) -> None:
     dead_q, _ = await cluster.put_queue("jobs.dead", {})
-    _, work = await jobs(cluster, 1, RetryPolicy(max_attempts=1, dead_letter="jobs.dead"))
+    _, work = await jobs(cluster, 1, RetrySettings(max_attempts=1, dead_letter="jobs.dead"))
     (claimed,) = await work.claim(1, None, SaveMode.WAIT)
     await work.nack([parse_receipt(claimed[1].receipt)], None, "boom", SaveMode.WAIT)
     assert len((await dead_q.read_after(0, 10)).messages) == 1

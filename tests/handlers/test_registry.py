@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from capella.errors import InvalidRequest
-from capella.handlers.base import MODULES, Handler, PassResult, find, handler_type
+from capella.handlers.base import MODULES, Handler, PassTally, find, handler_type
 from capella.wire.handlers import DEFINITIONS, HANDLER_TYPES, params_type
 from capella.wire.params import Params
 
@@ -37,8 +37,8 @@ def test_the_hooks_default_to_nothing() -> None:
     class Bare(Handler):
         interval = 1.0
 
-        async def run_once(self) -> PassResult:  # the one method a handler must write
-            return PassResult()
+        async def run_once(self) -> PassTally:  # the one method a handler must write
+            return PassTally()
 
     bare = Bare()
     assert bare.status() is None

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from capella.core.definition import QueueDefinition
+from capella.core.definition import QueueSettings
 from capella.core.message import Draft, Message, SaveMode
 from capella.errors import InvalidRequest, InvalidSaveMode
 
@@ -204,7 +204,7 @@ def queue_definition(params: QueueParams, mounts: set[str], default_mount: str) 
     return data
 
 
-def queue_description(name: str, d: QueueDefinition) -> dict[str, Any]:
+def queue_description(name: str, d: QueueSettings) -> dict[str, Any]:
     """A Capella queue in the original's ``gd_q`` shape."""
     return {
         "name": name,

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from capella.core.definition import QueueDefinition
+from capella.core.definition import QueueSettings
 from capella.core.log.batch import Batch
 from capella.core.log.codec import block_columns, block_keys, block_records
 from capella.core.log.dedup import BlockSummary, DedupIndex
@@ -87,7 +87,7 @@ class BlockStore:
     def __init__(
         self,
         name: str,
-        definition: QueueDefinition,
+        definition: QueueSettings,
         mounts: dict[str, Storage],
         *,
         cluster_name: str,

@@ -93,7 +93,7 @@ def encode_record_v1(m: Message) -> bytes:
     try:
         source = m.source.encode()
         head = _RECORD.pack(m.id, m.time, m.external_id, m.external_time, m.segment, len(source))
-        headers = _encode_headers(m.headers) if m.headers else _NO_HEADERS
+        headers = record_batch.encode_headers(m.headers) if m.headers else _NO_HEADERS
         body = b"".join((head, source, headers, m.payload))
         return _FRAME.pack(len(body), crc32(body)) + body
     except (struct.error, UnicodeEncodeError, OverflowError) as exc:
@@ -105,7 +105,7 @@ def message_body(m: Message) -> bytes:
     try:
         source = m.source.encode()
         head = _RECORD.pack(m.id, m.time, m.external_id, m.external_time, m.segment, len(source))
-        headers = _encode_headers(m.headers) if m.headers else _NO_HEADERS
+        headers = record_batch.encode_headers(m.headers) if m.headers else _NO_HEADERS
         return b"".join((head, source, headers, m.payload))
     except (struct.error, UnicodeEncodeError, OverflowError) as exc:
         raise InvalidMessage(f"message {m.id} cannot be stored: {exc}") from exc
@@ -223,15 +223,6 @@ class _Malformed(ValueError):
     """Bytes that passed their checksum but do not parse; the caller turns this into a report."""
 
 
-def _encode_headers(headers: dict[str, str]) -> bytes:
-    parts = [_U16.pack(len(headers))]
-    for key, value in headers.items():
-        k = key.encode()
-        v = value.encode()
-        parts += (_HEADER_KEY.pack(len(k)), k, _HEADER_VALUE.pack(len(v)), v)
-    return b"".join(parts)
-
-
 def _decode_headers(data: bytes, pos: int, end: int) -> tuple[dict[str, str], int]:
     """The header map at ``pos`` and the offset just after it; it must end by ``end``."""
     if pos + _U16.size > end:
@@ -331,7 +322,9 @@ def encode_columns_v1(c: Columns) -> bytes:
             raw = source.encode()
             source_table += (_U16.pack(len(raw)), raw)
         has_headers = any(c.headers)
-        header_blobs = [_encode_headers(h) if h else b"" for h in c.headers] if has_headers else []
+        header_blobs = (
+            [record_batch.encode_headers(h) if h else b"" for h in c.headers] if has_headers else []
+        )
         payloads = c.payloads
         columns = [
             _column("Q", id_deltas),

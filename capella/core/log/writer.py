@@ -28,7 +28,7 @@ import msgspec
 import orjson
 
 from capella.config import StorageSettings
-from capella.core.definition import QueueDefinition
+from capella.core.definition import QueueSettings
 from capella.core.journal.group_commit import fail
 from capella.core.log.batch import Batch
 from capella.core.log.blocks import BlockMeta, BlockStore
@@ -168,7 +168,7 @@ class OpenBlock:
             record_batch.page_batches(self.batches[first : first + wanted + 1], after, wanted)
         )
 
-    def is_full(self, definition: QueueDefinition, now: float) -> bool:
+    def is_full(self, definition: QueueSettings, now: float) -> bool:
         limits = definition.block
         return bool(self.ids) and (
             len(self.ids) >= limits.max_messages
@@ -203,7 +203,7 @@ class Writer:
     def __init__(
         self,
         name: str,
-        definition: QueueDefinition,
+        definition: QueueSettings,
         store: BlockStore,
         *,
         cluster_name: str,

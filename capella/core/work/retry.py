@@ -2,9 +2,9 @@
 
 ``retry_delay`` says how long a failed message waits before it may be claimed again.
 ``apply_policy`` lays a ``policy`` decoded into its wire struct (``wire/work.py``
-``RetryPolicy``, the body of ``PUT .../subscriptions/{name}``) over the current policy, naming
-the bad field in every error; ``parse_policy`` decodes one first (a stored subscription, a push
-handler's params).
+``RetryPolicy``, the body of ``PUT .../subscriptions/{name}``) over the current policy
+(``RetrySettings``: every value set), naming the bad field in every error; ``parse_policy``
+decodes one first (a stored subscription, a push handler's params).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ MAX_ATTEMPTS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
-class RetryPolicy:
+class RetrySettings:
     """How claims are leased and failures retried.
 
     ``max_attempts`` counts claims (0: no limit); the claim after the last failed one goes to
@@ -63,7 +63,7 @@ class RetryPolicy:
         return stored
 
 
-def retry_delay(policy: RetryPolicy, failures: int, rand: float) -> float:
+def retry_delay(policy: RetrySettings, failures: int, rand: float) -> float:
     """Seconds before a message that failed ``failures`` times may be claimed again.
 
     ``rand`` is a number in [0, 1) from the caller, so the rule stays a pure function.
@@ -76,17 +76,17 @@ def retry_delay(policy: RetryPolicy, failures: int, rand: float) -> float:
     return max(0.0, min(base + spread, policy.max_delay))
 
 
-def exhausted(policy: RetryPolicy, attempts: int) -> bool:
+def exhausted(policy: RetrySettings, attempts: int) -> bool:
     """Whether a message that failed after ``attempts`` claims goes to the dead letters."""
     return policy.max_attempts > 0 and attempts >= policy.max_attempts
 
 
-def parse_policy(data: object, base: RetryPolicy) -> RetryPolicy:
+def parse_policy(data: object, base: RetrySettings) -> RetrySettings:
     """The ``policy`` object ``data`` (decoded here) over ``base``."""
     return apply_policy(decode(data, wire.RetryPolicy, at="policy"), base)
 
 
-def apply_policy(body: wire.RetryPolicy, base: RetryPolicy) -> RetryPolicy:
+def apply_policy(body: wire.RetryPolicy, base: RetrySettings) -> RetrySettings:
     """The fields ``body`` gives over ``base``, each checked."""
     policy = base
     if body.lease is not UNSET:

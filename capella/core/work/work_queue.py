@@ -27,7 +27,7 @@ from typing import NamedTuple, Protocol
 
 from capella.core.journal.changelog import ChangeLog
 from capella.core.message import Draft, Message, SaveMode
-from capella.core.work.retry import RetryPolicy, exhausted, retry_delay
+from capella.core.work.retry import RetrySettings, exhausted, retry_delay
 from capella.core.work.state import LEASED, WAITING, DeadEntry, Entry, WorkState
 from capella.errors import CapellaError, InvalidRequest, LeaseLost, UnknownReceipt
 from capella.storage import Storage, keys
@@ -98,7 +98,7 @@ class WorkQueue:
         self,
         messages: MessageLog,
         name: str,
-        policy: RetryPolicy,
+        policy: RetrySettings,
         storage: Storage,
         prefix: str,
         *,
