@@ -14,6 +14,7 @@ from capella.core.queue import Queue
 from capella.core.stats import Histogram
 from capella.handlers.base import find
 from capella.handlers.supervisor import HandlerState
+from capella.wire.postgres import PgOutboxStatus
 
 if TYPE_CHECKING:
     # Only a type here: the push module is imported when a push handler exists.
@@ -191,7 +192,7 @@ def _work_metrics(out: list[str], queues: list[Queue]) -> None:
 
 
 def _handler_metrics(out: list[str], handlers: Sequence[HandlerState]) -> None:
-    rows = [(h, f'handler="{escape(h.name)}",type="{escape(h.type)}"', h.status()) for h in handlers]
+    rows = [(h, f'handler="{escape(h.name)}",type="{escape(h.type)}"', h.status().added()) for h in handlers]
     _header(
         out,
         "capella_handler_items_total",
@@ -211,15 +212,15 @@ def _handler_metrics(out: list[str], handlers: Sequence[HandlerState]) -> None:
         "gauge",
     )
     out.extend(
-        f"capella_handler_lag{{{labels}}} {_num(status.lag)}"
-        for _, labels, status in rows
-        if isinstance(status.lag, int | float)
+        f"capella_handler_lag{{{labels}}} {_num(added.lag)}"
+        for _, labels, added in rows
+        if added is not None and isinstance(added.lag, int | float)
     )
     _header(out, "capella_handler_oldest_age_seconds", "pg_outbox: age of the oldest waiting row.", "gauge")
     out.extend(
-        f"capella_handler_oldest_age_seconds{{{labels}}} {_num(status.oldest_age)}"
-        for _, labels, status in rows
-        if isinstance(status.oldest_age, int | float)
+        f"capella_handler_oldest_age_seconds{{{labels}}} {_num(added.oldest_age)}"
+        for _, labels, added in rows
+        if isinstance(added, PgOutboxStatus) and isinstance(added.oldest_age, int | float)
     )
 
 

@@ -11,9 +11,11 @@ from msgspec import UNSET, UnsetType
 
 from capella.cli.output import created, error, print_fields, print_json, print_table, utc
 from capella.client import Client
+from capella.wire.copy import CopyStatus
 from capella.wire.handler_status import HandlerStatus
 from capella.wire.handlers import HANDLER_TYPES as TYPES
-from capella.wire.push import DeliveryError
+from capella.wire.postgres import PgOutboxStatus
+from capella.wire.push import DeliveryError, PushStatus
 
 
 def add_parser(
@@ -100,7 +102,8 @@ def list_handlers(args: argparse.Namespace, client: Client) -> int:
     rows = []
     for info in handlers:
         last_error = info.status.last_error
-        lag = info.status.lag
+        added = info.status.added()
+        lag = None if added is None else added.lag
         rows.append(
             [
                 info.name,
@@ -152,16 +155,17 @@ def show_handler(args: argparse.Namespace, client: Client) -> int:
 
 def _delivery_fields(status: HandlerStatus) -> list[tuple[str, str]]:
     """A push handler's deliveries; nothing for the other types."""
-    if isinstance(status.delivered, UnsetType):
+    push = status.part(PushStatus)
+    if push is None:
         return []
-    failure = status.last_delivery_error
+    failure = push.last_delivery_error
     return [
-        ("delivered", str(status.delivered)),
-        ("failed", f"{status.failed} attempts"),
-        ("dead", str(status.dead)),
-        ("in flight", str(status.in_flight)),
-        ("retrying", str(status.retrying)),
-        ("lag", str(status.lag)),
+        ("delivered", str(push.delivered)),
+        ("failed", f"{push.failed} attempts"),
+        ("dead", str(push.dead)),
+        ("in flight", str(push.in_flight)),
+        ("retrying", str(push.retrying)),
+        ("lag", str(push.lag)),
         (
             "last delivery error",
             "-"
@@ -216,16 +220,17 @@ def drop_handler(args: argparse.Namespace, client: Client) -> int:
 
 def _lag(status: HandlerStatus) -> list[tuple[str, str]]:
     """The lines of what is not done yet, for the handlers that report it."""
-    if status.lag is UNSET:
+    added = status.added()
+    if added is None:
         return []
-    if status.oldest_age is not UNSET:
-        # Rows waiting in a table (pg_outbox), with the age of the oldest.
-        age = status.oldest_age
-        waiting = "-" if status.lag is None else f"{status.lag} rows"
+    if isinstance(added, PgOutboxStatus):
+        # Rows waiting in a table, with the age of the oldest.
+        age = added.oldest_age
+        waiting = "-" if added.lag is None else f"{added.lag} rows"
         return [("waiting", waiting + ("" if age is None else f", oldest {age:.1f}s"))]
-    observed = status.lag_observed
+    observed = added.lag_observed if isinstance(added, CopyStatus) else None
     seen = "" if observed is UNSET or observed is None else f" (as seen at {utc(observed)})"
-    return [("lag", f"{status.lag} messages{seen}")]
+    return [("lag", f"{added.lag} messages{seen}")]
 
 
 def _param(text: str) -> tuple[str, Any]:

@@ -86,7 +86,13 @@ class OutboxHandler(Handler):
         self._duplicates = 0
 
     def status(self) -> PgOutboxStatus:
-        return PgOutboxStatus(self._source, self._waiting, self._observed, self._oldest_age, self._duplicates)
+        return PgOutboxStatus(
+            lag=self._waiting,
+            lag_observed=self._observed,
+            oldest_age=self._oldest_age,
+            source=self._source,
+            duplicates=self._duplicates,
+        )
 
     def stored_params(self) -> dict[str, Any]:
         return self._dsn.stored()

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from msgspec import UNSET, Meta, UnsetType, field
 
-from capella.wire.fields import IntervalOrZero, NameOrDefault, Time
+from capella.wire.fields import IntervalOrZero, NameOrDefault, Time, schema
 from capella.wire.params import Batch, Params, QueueRef, SaveModeName, Segments, check_segments
 from capella.wire.struct import Struct
 
@@ -48,6 +48,22 @@ class CopyStatus(Struct):
     is the last one seen, with the time it was seen (``lag_observed``).
     """
 
-    lag: int
-    lag_by_queue: dict[str, int]
-    lag_observed: Time | UnsetType | None = UNSET
+    lag: Annotated[
+        int,
+        schema(
+            minimum=0,
+            description="messages the sources hold past the cursors, read when asked (from another "
+            "cluster: as last seen, see lag_observed)",
+        ),
+    ]
+    lag_by_queue: Annotated[dict[str, int], Meta(description="lag by queue")]
+    lag_observed: (
+        Annotated[
+            Time | None,
+            Meta(
+                description="from another cluster: when its lag was last seen (the last pass that reached "
+                "it); absent where lag is read from the queue and the cursor at the moment of asking"
+            ),
+        ]
+        | UnsetType
+    ) = UNSET

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from types import UnionType
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeVar, Union, get_args, get_origin
 
+import msgspec
 from msgspec import UNSET, Meta, UnsetType, field
 
+from capella.wire.copy import CopyStatus
 from capella.wire.fields import Time, schema
 from capella.wire.handlers import HandlerType
-from capella.wire.push import DeliveryError
+from capella.wire.postgres import PgInboxStatus, PgOutboxStatus
+from capella.wire.push import PushStatus
 from capella.wire.struct import Struct
+
+T = TypeVar("T", bound=msgspec.Struct)
+if TYPE_CHECKING:  # not at run time: a union of structs in a wire module is a schema of the document
+    Added = CopyStatus | PgOutboxStatus | PgInboxStatus | PushStatus
 
 
 class HandlerError(Struct):
@@ -27,8 +35,14 @@ class HandlerError(Struct):
     ] = "internal"
 
 
-class HandlerStatus(Struct):
-    """A handler's passes: counters, the last good pass, the last error, the next run."""
+class PassStatus(Struct):
+    """What every handler's status holds: counters, the last good pass, the last error, the next run.
+
+    ``HandlerStatus`` adds the fields of the handler's type (``part`` reads them back as its
+    status struct).
+    """
+
+    __schema_base__: ClassVar[bool] = True
 
     running: Annotated[bool, Meta(description="a pass is in progress")]
     runs: Annotated[int, schema(minimum=0, description="passes completed")]
@@ -50,60 +64,86 @@ class HandlerStatus(Struct):
             "whoever defined it no longer holds everything the user holds; null when it can"
         ),
     ] = None
-    lag: (
-        Annotated[
-            int | None,
-            schema(
-                minimum=0,
-                description="copy, pg_inbox: messages the queues hold past the cursors, read when asked "
-                "(copy from another cluster: as last seen, see lag_observed); pg_outbox: rows waiting "
-                "in the table as last counted (null before the first count); push: not delivered yet",
-            ),
-        ]
-        | UnsetType
-    ) = UNSET
-    lag_by_queue: Annotated[dict[str, int], Meta(description="copy, pg_inbox: lag by queue")] | UnsetType = (
-        UNSET
+
+    def part(self, kind: type[T]) -> T | None:
+        """The fields a type adds, as its status struct (``PushStatus``...); None when this
+        status does not hold them all."""
+        values = {name: getattr(self, name, UNSET) for name in kind.__struct_fields__}
+        required = kind.__struct_fields__[: len(kind.__struct_fields__) - len(kind.__struct_defaults__)]
+        if any(values[name] is UNSET for name in required):
+            return None
+        return kind(**values)
+
+    def added(self) -> Added | None:
+        """What the handler's type added, as its status struct; None for a type that adds nothing."""
+        # The struct whose required fields are all set; pg_inbox's before copy's, which has fewer.
+        return (
+            self.part(PushStatus)
+            or self.part(PgOutboxStatus)
+            or self.part(PgInboxStatus)
+            or self.part(CopyStatus)
+        )
+
+
+# The handler types whose handlers add to the status, each with its status struct: each
+# field is declared there once, and the flat status takes it from there.
+ADDED: dict[str, type[Struct]] = {
+    "copy": CopyStatus,
+    "pg_outbox": PgOutboxStatus,
+    "pg_inbox": PgInboxStatus,
+    "push": PushStatus,
+}
+
+
+def _added_fields() -> list[tuple[str, Any, Any]]:
+    """The fields of every type's status struct, each once, left out (UNSET) where a handler's
+    type has none: its types joined, its description saying which type means what."""
+    found: dict[str, list[tuple[str, Any]]] = {}
+    for kind, status in ADDED.items():
+        for f in msgspec.structs.fields(status):
+            found.setdefault(f.name, []).append((kind, f.type))
+    return [(name, _joined(uses), UNSET) for name, uses in found.items()]
+
+
+def _joined(uses: list[tuple[str, Any]]) -> Any:
+    """One field's type in every status struct that has it, as one optional type."""
+    types: list[Any] = []
+    extra: dict[str, Any] = {}
+    said: dict[str, list[str]] = {}
+    for kind, annotation in uses:
+        for option in get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,):
+            if option is UnsetType:
+                continue
+            if get_origin(option) is Annotated:
+                bare, *metas = get_args(option)
+                for meta in metas:
+                    words = meta.description or (meta.extra_json_schema or {}).get("description")
+                    if words:
+                        said.setdefault(words, []).append(kind)
+                    extra |= {k: v for k, v in (meta.extra_json_schema or {}).items() if k != "description"}
+                option = bare
+            options = get_args(option) if get_origin(option) in (Union, UnionType) else (option,)
+            types += [o for o in options if o not in types]
+    joined: Any = Union[tuple(types)]  # noqa: UP007  # built from a list
+    if said:
+        description = "; ".join(f"{', '.join(kinds)}: {words}" for words, kinds in said.items())
+        joined = Annotated[joined, Meta(description=description, extra_json_schema=extra or None)]
+    return Union[joined, UnsetType]  # noqa: UP007
+
+
+if TYPE_CHECKING:
+
+    class HandlerStatus(PassStatus):
+        """The fields its type adds are read through ``part``."""
+
+else:
+    HandlerStatus = msgspec.defstruct(
+        "HandlerStatus", _added_fields(), bases=(PassStatus,), module=__name__, repr_omit_defaults=True
     )
-    lag_observed: (
-        Annotated[
-            Time | None,
-            Meta(
-                description="copy from another cluster: when its lag was last seen (the last pass that "
-                "reached it); pg_outbox: when the table was last counted (at the end of each pass). "
-                "Absent where lag is read from the queue and the cursor at the moment of asking"
-            ),
-        ]
-        | UnsetType
-    ) = UNSET
-    oldest_age: (
-        Annotated[
-            float | None, Meta(description="pg_outbox: seconds since the oldest waiting row's created_at")
-        ]
-        | UnsetType
-    ) = UNSET
-    source: (
-        Annotated[str | None, Meta(description="pg_outbox: the identity source of the rows")] | UnsetType
-    ) = UNSET
-    duplicates: (
-        Annotated[int, schema(minimum=0, description="pg_outbox, pg_inbox: repeats that dedup absorbed")]
-        | UnsetType
-    ) = UNSET
-    delivered: (
-        Annotated[int, schema(minimum=0, description="push: messages acked by the receiver")] | UnsetType
-    ) = UNSET
-    failed: Annotated[int, schema(minimum=0, description="push: failed attempts")] | UnsetType = UNSET
-    dead: (
-        Annotated[int, schema(minimum=0, description="push: messages that used up their attempts")]
-        | UnsetType
-    ) = UNSET
-    in_flight: Annotated[int, schema(minimum=0, description="push: messages in requests now")] | UnsetType = (
-        UNSET
+    HandlerStatus.__doc__ = (
+        "A handler's passes: counters, the last good pass, the last error, the next run; and what "
+        "its type adds (copy, pg_outbox, pg_inbox, push: each field absent for the other types)."
     )
-    retrying: (
-        Annotated[int, schema(minimum=0, description="push: failed messages waiting for a retry")] | UnsetType
-    ) = UNSET
-    last_delivery_error: DeliveryError | UnsetType | None = UNSET
 
 
 class PassResult(Struct):

@@ -120,19 +120,31 @@ class PgInboxParams(PgConnection):
         check_segments(self.segments)
 
 
+DUPLICATES = "repeats that dedup absorbed"
+
+
 class PgOutboxStatus(Struct):
     """What a pg_outbox handler adds to the status: the table as last counted."""
 
-    source: str | None
-    lag: int | None
-    lag_observed: Time | None
-    oldest_age: float | None
-    duplicates: int
+    lag: Annotated[
+        int | None,
+        schema(
+            minimum=0, description="rows waiting in the table as last counted (null before the first count)"
+        ),
+    ]
+    lag_observed: Annotated[
+        Time | None, Meta(description="when the table was last counted (at the end of each pass)")
+    ]
+    oldest_age: Annotated[float | None, Meta(description="seconds since the oldest waiting row's created_at")]
+    source: Annotated[str | None, Meta(description="the identity source of the rows")]
+    duplicates: Annotated[int, schema(minimum=0, description=DUPLICATES)]
 
 
 class PgInboxStatus(Struct):
     """What a pg_inbox handler adds to the status: messages past the cursors, read when asked."""
 
-    lag: int
-    lag_by_queue: dict[str, int]
-    duplicates: int
+    lag: Annotated[
+        int, schema(minimum=0, description="messages the queues hold past the cursors, read when asked")
+    ]
+    lag_by_queue: Annotated[dict[str, int], Meta(description="lag by queue")]
+    duplicates: Annotated[int, schema(minimum=0, description=DUPLICATES)]

@@ -165,10 +165,10 @@ class DeliveryError(Struct):
 class PushStatus(Struct):
     """What a push handler adds to the status: its deliveries."""
 
-    delivered: int
-    failed: int
-    dead: int
-    in_flight: int
-    retrying: int
-    lag: int
+    delivered: Annotated[int, schema(minimum=0, description="messages acked by the receiver")]
+    failed: Annotated[int, schema(minimum=0, description="failed attempts")]
+    dead: Annotated[int, schema(minimum=0, description="messages that used up their attempts")]
+    in_flight: Annotated[int, schema(minimum=0, description="messages in requests now")]
+    retrying: Annotated[int, schema(minimum=0, description="failed messages waiting for a retry")]
+    lag: Annotated[int, schema(minimum=0, description="messages not delivered yet")]
     last_delivery_error: DeliveryError | None
