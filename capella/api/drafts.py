@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -255,8 +254,6 @@ def draft_of(item: wire_messages.Message, index: int, now: float = 0.0) -> Draft
     )
 
 
-# msgspec says where a value went wrong as a path: $.messages[3].external_id, $.headers[...] ...
-_AT = re.compile(r"^\$(?:\.messages\[(\d+)\])?(?:\.(\w+))?(.*)$")
 _GOT = {"bool": "a boolean", "int": "an integer", "float": "a number", "str": "a string"}
 _GOT |= {"array": "an array", "object": "an object", "null": "null"}
 _EXPECTED = {
@@ -274,12 +271,9 @@ _EXPECTED = {
 
 def _decode_error(text: str, index: int, *, batch: bool) -> InvalidRequest:
     """Today's error for what msgspec found: the message's index and field, in our words."""
-    problem, _, where = text.partition(" - at `")
-    match = _AT.match(where.rstrip("`") or "$")
-    if match is None:
-        return InvalidRequest(f"body: {problem}")
-    position, field, inside = match.groups()
-    unknown = Finding.of(text).unknown
+    found = Finding.of(text)
+    problem, unknown = found.problem, found.unknown
+    position, field, inside = _located(found.location)
     if position is not None:
         index = int(position)
     elif batch and field in (None, "messages"):
@@ -298,11 +292,26 @@ def _decode_error(text: str, index: int, *, batch: bool) -> InvalidRequest:
         reason = "a header value is not a string"
     elif field in ("external_id", "segment") and ("<=" in problem or ">=" in problem):
         reason = "outside the signed 64-bit range"
-    elif got := re.search(r"got `(\w+)`", problem):
-        reason = f"{reason}, got {_GOT.get(got.group(1), got.group(1))}"
+    elif (got := found.got) is not None:
+        reason = f"{reason}, got {_GOT.get(got, got)}"
     elif field == "source" and "length" in problem:
         reason = "expected a non-empty string"
     return _bad(index, field, reason)
+
+
+def _located(location: str) -> tuple[str | None, str | None, str]:
+    """Where msgspec says a value went wrong (``.messages[3].external_id``, ``.headers[...]``):
+    the message's index (in a batch), the message's field, and what is below the field."""
+    position = None
+    end = location.find("]")
+    if location.startswith(".messages[") and location[10:end].isdigit():
+        position, location = location[10:end], location[end + 1 :]
+    name = 1
+    while name < len(location) and (location[name].isalnum() or location[name] == "_"):
+        name += 1
+    if not location.startswith(".") or name == 1:
+        return position, None, location
+    return position, location[1:name], location[name:]
 
 
 def _due(deliver_at: object, delay: object, index: int, now: float) -> float:

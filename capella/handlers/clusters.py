@@ -43,7 +43,7 @@ from capella.errors import (
 )
 from capella.file_access import FileAccess, ca_data
 from capella.fsync import write_atomic
-from capella.storage.catalog import CLUSTERS
+from capella.storage.catalog import CLUSTERS, ClusterRegistry
 from capella.wire.answers import ErrorDetail
 from capella.wire.clusters import (
     MAX_TIMEOUT,
@@ -55,7 +55,6 @@ from capella.wire.clusters import (
     NameCheck,
 )
 from capella.wire.fields import URL_EXCLUDED, seconds
-from capella.wire.records import ClusterRegistry
 
 if TYPE_CHECKING:
     from capella.client import AsyncClient

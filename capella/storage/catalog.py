@@ -11,7 +11,7 @@ Users and tokens are files outside every mount because the offline ``capella use
 --data-dir`` commands change them without a server and its mounts.
 
 A registry has one path for its document: ``load`` (no document yet is the empty one; bytes
-that do not decode into the shape declared here are ``CorruptData`` naming the document and the
+that do not decode into its shape are ``CorruptData`` naming the document and the
 field), changes its records in memory, then ``save`` of the whole document, atomically (the
 mount's ``put``, or ``capella.fsync.write_atomic`` for a file; both fsync, rename, fsync the
 directory, 0600 in 0700). The shapes are the on-disk formats of docs/format.md: an older
@@ -20,8 +20,9 @@ queue definition's rules, a handler's params, a cluster's credentials), because 
 no longer builds is kept and reported rather than refusing the whole document.
 
 The shapes are wire structs, declared once in ``capella.wire.records`` (a stored user's rules
-are ``capella.wire.auth.Rule``): the catalog stores and returns them. This module is in ``storage/``
-because every registry can import it there: core, handlers and auth sit above storage
+are ``capella.wire.auth.Rule``): the catalog stores and returns them. The external clusters'
+document stays here, its records plain objects that their registry reads one by one. This module is in
+``storage/`` because every registry can import it there: core, handlers and auth sit above storage
 (``pyproject.toml``'s layers), and it needs nothing above ``Storage``, ``wire``, ``errors``
 and ``fsync``.
 """
@@ -31,20 +32,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
 from capella.errors import CorruptData, KeyNotFound, StorageUnavailable
 from capella.fsync import write_atomic
 from capella.storage import Storage, keys
-from capella.wire.records import (
-    ClusterRegistry,
-    HandlerRegistry,
-    QueueRegistry,
-    TokenFile,
-    UserFile,
-)
+from capella.wire.records import HandlerRegistry, QueueRegistry, TokenFile, UserFile
+
+# External clusters' document, which their registry (``capella.handlers.clusters``) reads
+# record by record.
+
+
+class ClusterRegistry(msgspec.Struct, kw_only=True):
+    """External clusters by name. Each record is read by ``capella.handlers.clusters`` on its own:
+    one that no longer loads is listed with its error and saved back unchanged."""
+
+    version: int = 1
+    clusters: dict[str, dict[str, Any]]
+
 
 # --- the one load and save -----------------------------------------------------------------
 

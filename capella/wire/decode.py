@@ -73,6 +73,19 @@ class Finding:
         """The whole location below the top: ``policy.lease[0]``."""
         return f"{self.path}{self.rest}".lstrip(".")
 
+    @property
+    def location(self) -> str:
+        """The location as msgspec wrote it after ``$``: ``.policy.lease[0]``."""
+        return f".{self.path}{self.rest}" if self.path else self.rest
+
+    @property
+    def got(self) -> str | None:
+        """The JSON type msgspec says it got ("got `str`": ``str``), if it says one."""
+        start = self.problem.find("got `")
+        end = self.problem.find("`", start + 5)
+        word = self.problem[start + 5 : end] if start >= 0 and end >= 0 else ""
+        return word if word and all(c.isalnum() or c == "_" for c in word) else None
+
     def in_words(self) -> str:
         """The problem with msgspec's type names as JSON's: "expected an integer, got a string"."""
         parts = self.problem.split("`")

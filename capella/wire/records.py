@@ -17,9 +17,9 @@ from capella.wire.struct import Struct
 
 class QueueEntry(Struct, kw_only=True):
     """A queue: its definition and whether it is being dropped (a drop that a crash interrupted
-    finishes at the next start). The definition is kept as given, an object that decodes into
-    ``wire.queues.QueueDefinition`` when the queue opens (``capella.core.definition``): only
-    its fields that were set are written."""
+    finishes at the next start). The definition is the object ``QueueSettings.to_dict`` wrote,
+    decoded into ``wire.queues.QueueDefinition`` when the queue opens (``capella.core.definition``),
+    so a definition that no longer applies fails there, naming its field."""
 
     definition: dict[str, Any]
     state: Literal["active", "dropping"] = "active"
@@ -48,14 +48,6 @@ class HandlerEntry(Struct, kw_only=True):
 class HandlerRegistry(Struct, kw_only=True):
     version: int = 1
     handlers: dict[str, HandlerEntry]
-
-
-class ClusterRegistry(Struct, kw_only=True):
-    """External clusters by name. Each record is read by ``capella.handlers.clusters`` on its own:
-    one that no longer loads is listed with its error and saved back unchanged."""
-
-    version: int = 1
-    clusters: dict[str, dict[str, Any]]
 
 
 class StoredUser(Struct, kw_only=True):
