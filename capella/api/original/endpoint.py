@@ -18,6 +18,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import gzip
 import logging
 import time
 from typing import Any
@@ -46,6 +47,7 @@ from capella.api.request import CLUSTER, SETTINGS, SUPERVISOR
 from capella.api.route import Route
 from capella.auth.authenticator import Authenticator
 from capella.auth.rule import UNRESTRICTED, Identity
+from capella.client.async_client import AsyncClient
 from capella.config import CompatSettings
 from capella.errors import (
     CallLoop,
@@ -61,6 +63,8 @@ from capella.errors import (
 
 log = logging.getLogger(__name__)
 
+# Where the original serves its RPC endpoint, here and on the clusters a call is passed on to.
+PATH = "/cluster"
 COMPAT = web.AppKey("compat", CompatSettings)
 # Every action this endpoint answers, by its name on the wire.
 ALL_ACTIONS: dict[str, Action] = {**ACTIONS, **handlers.ACTIONS, **clusters.ACTIONS, **security.ACTIONS}
@@ -307,7 +311,7 @@ async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelo
         },
         "hops": [*envelope.hops, ctx.cluster.name],
     }
-    raw = await (await clusters.client(cluster)).original_call(msgspec.json.encode(sent))
+    raw = await post(await clusters.client(cluster), msgspec.json.encode(sent))
     try:
         got = orjson.loads(raw)["responce"]
         error = got["error"]
@@ -318,6 +322,15 @@ async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelo
     if error:
         raise Failure.of(error, got.get("body"))
     return got.get("body")
+
+
+async def post(client: AsyncClient, envelope: bytes) -> bytes:
+    """POST an envelope (gzipped) to the far side's ``/cluster`` through ``client``: the answer's bytes.
+
+    The envelope carries its own credentials, as the original's clients send them.
+    """
+    body = gzip.compress(envelope, compresslevel=5)
+    return await client.transport.call("POST", PATH, data=body, headers={"Compress-Type": "gzip"})
 
 
 def _route(method: str, path: str, handler: Any, summary: str) -> Route:
@@ -332,14 +345,14 @@ def _route(method: str, path: str, handler: Any, summary: str) -> Route:
         answers={200: doc_answer("The original's answer envelope")},
         fails=None,
         # /cluster runs any action whatever the method: a GET from another site's page is refused too.
-        writes=path == "/cluster",
+        writes=path == PATH,
     )
 
 
 # Served with [compat] original = true; the original does not check the method.
 ROUTES = [
-    _route("POST", "/cluster", cluster_call, "The original Capella's RPC endpoint (docs/compat.md)"),
-    _route("GET", "/cluster", cluster_call, "The original Capella's RPC endpoint (docs/compat.md)"),
+    _route("POST", PATH, cluster_call, "The original Capella's RPC endpoint (docs/compat.md)"),
+    _route("GET", PATH, cluster_call, "The original Capella's RPC endpoint (docs/compat.md)"),
     _route("POST", "/ping", ping, "The original Capella's liveness probe"),
     _route("GET", "/ping", ping, "The original Capella's liveness probe"),
 ]
