@@ -18,7 +18,7 @@ from msgspec import UNSET
 from capella.api.access import AUTHENTICATOR, identity
 from capella.api.openapi import answer, json_content, ref
 from capella.api.request import CLUSTER, json_response, present, read_struct
-from capella.api.route import Route, on_named
+from capella.api.route import USER_PATH, Route, on_named
 from capella.auth.rule import Rule
 from capella.auth.store import MAX_RULES, AuthStore
 from capella.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
@@ -138,7 +138,7 @@ ROUTES = [
     ),
     Route(
         "PUT",
-        "/v1/users/{name}",
+        USER_PATH,
         put_user,
         need=(on_named("user", "admin"),),
         op="putUser",
@@ -150,7 +150,7 @@ ROUTES = [
     ),
     Route(
         "GET",
-        "/v1/users/{name}",
+        USER_PATH,
         get_user,
         need=(),  # yourself, or user read (checked by the handler)
         op="getUser",
@@ -161,7 +161,7 @@ ROUTES = [
     ),
     Route(
         "DELETE",
-        "/v1/users/{name}",
+        USER_PATH,
         drop_user,
         need=(on_named("user", "admin"),),
         op="dropUser",

@@ -17,7 +17,7 @@ import msgspec
 from capella.api.drafts import count_before_decoding
 from capella.api.original import shapes
 from capella.api.original.envelope import Request
-from capella.api.route import Need
+from capella.api.route import MESSAGES_PATH, QUEUE_PATH, REPLICAS_PATH, SUBSCRIPTION_PATH, Need
 from capella.auth.rule import Identity
 from capella.auth.store import AuthStore
 from capella.config import ServerSettings
@@ -119,7 +119,7 @@ async def get_next_ids(ctx: Context, request: Request) -> object:
 
 async def add_q(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, shapes.QueueDescription, request.action)
-    ctx.same_as("PUT", "/v1/queues/{queue}", queue=body.name)
+    ctx.same_as("PUT", QUEUE_PATH, queue=body.name)
     if body.type != "simple_queue":
         raise InvalidRequest(f"not exists queue type: {body.type}")
     if any(q.name == body.name for q in ctx.cluster.queues()):
@@ -132,14 +132,14 @@ async def add_q(ctx: Context, request: Request) -> object:
 
 async def drop_q(ctx: Context, request: Request) -> object:
     name = body_name(request)
-    ctx.same_as("DELETE", "/v1/queues/{queue}", queue=name)
+    ctx.same_as("DELETE", QUEUE_PATH, queue=name)
     await ctx.cluster.drop_queue(name)
     return None
 
 
 async def gd_q(ctx: Context, request: Request) -> object:
     name = body_name(request)
-    ctx.same_as("GET", "/v1/queues/{queue}", queue=name)
+    ctx.same_as("GET", QUEUE_PATH, queue=name)
     return shapes.queue_description(name, ctx.cluster.queue(name).definition)
 
 
@@ -151,7 +151,7 @@ async def list_q(ctx: Context, request: Request) -> object:
 
 
 async def q_add(ctx: Context, request: Request) -> object:
-    ctx.same_as("POST", "/v1/queues/{queue}/messages", queue=request.object_name)
+    ctx.same_as("POST", MESSAGES_PATH, queue=request.object_name)
     queue = ctx.cluster.queue(request.object_name)
     try:
         body = shapes.decode(request.body, shapes.AddOne, request.action)
@@ -164,7 +164,7 @@ async def q_add(ctx: Context, request: Request) -> object:
 
 
 async def q_add_list(ctx: Context, request: Request, unique: bool = False) -> object:
-    ctx.same_as("POST", "/v1/queues/{queue}/messages", queue=request.object_name)
+    ctx.same_as("POST", MESSAGES_PATH, queue=request.object_name)
     queue = ctx.cluster.queue(request.object_name)
     try:
         # The queue's batch bound, before a body that could blow it is decoded into messages.
@@ -196,7 +196,7 @@ def _limit(ctx: Context, count: int) -> int:
 
 
 async def q_get(ctx: Context, request: Request) -> object:
-    ctx.same_as("GET", "/v1/queues/{queue}/messages", queue=request.object_name)
+    ctx.same_as("GET", MESSAGES_PATH, queue=request.object_name)
     queue = ctx.cluster.queue(request.object_name)
     body = shapes.decode(request.body, shapes.GetAfter, request.action)
     found = await queue.read_after(max(0, body.id_start), _limit(ctx, body.cnt_limit))
@@ -204,7 +204,7 @@ async def q_get(ctx: Context, request: Request) -> object:
 
 
 async def q_get_segment(ctx: Context, request: Request) -> object:
-    ctx.same_as("GET", "/v1/queues/{queue}/messages", queue=request.object_name)
+    ctx.same_as("GET", MESSAGES_PATH, queue=request.object_name)
     queue = ctx.cluster.queue(request.object_name)
     body = shapes.decode(request.body, shapes.GetSegment, request.action)
     ranges = None if body.segments is None or body.segments.s is None else body.segments.s
@@ -217,7 +217,7 @@ async def q_get_segment(ctx: Context, request: Request) -> object:
 
 
 async def q_save_all(ctx: Context, request: Request) -> object:
-    ctx.same_as("POST", "/v1/queues/{queue}/messages", queue=request.object_name)
+    ctx.same_as("POST", MESSAGES_PATH, queue=request.object_name)
     await ctx.cluster.queue(request.object_name).flush()
     return None
 
@@ -226,7 +226,7 @@ async def q_save_all(ctx: Context, request: Request) -> object:
 
 
 def _sub_path(ctx: Context, method: str, queue: str, name: str) -> None:
-    ctx.same_as(method, "/v1/queues/{queue}/subscriptions/{name}", queue=queue, name=name)
+    ctx.same_as(method, SUBSCRIPTION_PATH, queue=queue, name=name)
 
 
 async def q_subs_get_last(ctx: Context, request: Request) -> object:
@@ -262,7 +262,7 @@ async def q_subs_rm_r_m(ctx: Context, request: Request) -> object:
 
 
 async def q_subs_get_r_m_cnt(ctx: Context, request: Request) -> object:
-    ctx.same_as("GET", "/v1/queues/{queue}/replicas", queue=request.object_name)
+    ctx.same_as("GET", REPLICAS_PATH, queue=request.object_name)
     message_id = shapes.decode(request.body, int, request.action)
     return len(ctx.cluster.queue(request.object_name).replicas(message_id))
 

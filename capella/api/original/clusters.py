@@ -17,6 +17,7 @@ import orjson
 from capella.api.original import shapes
 from capella.api.original.actions import Action, Context, body_name
 from capella.api.original.envelope import Request
+from capella.api.route import CLUSTER_PATH
 from capella.errors import AlreadyExists, InvalidRequest
 from capella.handlers.clusters import ExternalCluster
 
@@ -106,7 +107,7 @@ def original_cluster(cluster: ExternalCluster) -> dict[str, Any]:
 
 async def add_ec(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, ClusterBody, request.action)
-    ctx.same_as("PUT", "/v1/clusters/{name}", name=body.name)
+    ctx.same_as("PUT", CLUSTER_PATH, name=body.name)
     if any(cluster.name == body.name for cluster in ctx.clusters.clusters()):
         raise AlreadyExists(f"external cluster `{body.name}` already exists")
     await ctx.clusters.put(body.name, capella_cluster(body), by=ctx.identity)
@@ -115,14 +116,14 @@ async def add_ec(ctx: Context, request: Request) -> object:
 
 async def drop_ec(ctx: Context, request: Request) -> object:
     name = body_name(request)
-    ctx.same_as("DELETE", "/v1/clusters/{name}", name=name)
+    ctx.same_as("DELETE", CLUSTER_PATH, name=name)
     await ctx.clusters.drop(name, used_by=ctx.supervisor.using_cluster(name))
     return None
 
 
 async def gd_ec(ctx: Context, request: Request) -> object:
     name = body_name(request)
-    ctx.same_as("GET", "/v1/clusters/{name}", name=name)
+    ctx.same_as("GET", CLUSTER_PATH, name=name)
     return original_cluster(ctx.clusters.cluster(name))
 
 

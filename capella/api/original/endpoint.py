@@ -44,7 +44,7 @@ from capella.api.original.envelope import (
     parse,
 )
 from capella.api.request import CLUSTER, SETTINGS, SUPERVISOR
-from capella.api.route import Route
+from capella.api.route import RELAY_PATH, Route
 from capella.auth.authenticator import Authenticator
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.client.async_client import AsyncClient
@@ -284,7 +284,7 @@ def _never_relayed(action: str) -> RelayRefused:
 async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelope) -> object:
     """Send ``request`` to external cluster ``cluster`` as the cluster's user; its answer, or its error."""
     # What the /v1 relay through the cluster needs (external_cluster relay): one check, two doors.
-    ctx.same_as("GET", "/v1/clusters/{name}/v1/{path}", name=cluster)
+    ctx.same_as("GET", RELAY_PATH, name=cluster)
     action = final_action(request)
     if action in security.ACTIONS:
         raise _never_relayed(action)

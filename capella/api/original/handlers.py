@@ -20,6 +20,7 @@ import msgspec
 from capella.api.original import codes, shapes
 from capella.api.original.actions import Action, Context, body_name
 from capella.api.original.envelope import Failure, Request
+from capella.api.route import HANDLER_PATH, HANDLER_START_PATH, HANDLER_STOP_PATH
 from capella.core.message import SaveMode
 from capella.errors import AlreadyExists, InvalidRequest
 
@@ -226,7 +227,7 @@ def original_definition(
 
 async def add_h(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, Definition, request.action)
-    ctx.same_as("PUT", "/v1/handlers/{name}", name=body.name)
+    ctx.same_as("PUT", HANDLER_PATH, name=body.name)
     if any(s.name == body.name for s in ctx.supervisor.handlers()):
         raise AlreadyExists(f"handler `{body.name}` already exists")
     data = capella_definition(body)
@@ -240,14 +241,14 @@ async def add_h(ctx: Context, request: Request) -> object:
 
 async def drop_h(ctx: Context, request: Request) -> object:
     name = body_name(request)
-    ctx.same_as("DELETE", "/v1/handlers/{name}", name=name)
+    ctx.same_as("DELETE", HANDLER_PATH, name=name)
     await ctx.supervisor.drop(name, ctx.identity)
     return None
 
 
 async def gd_h(ctx: Context, request: Request) -> object:
     name = body_name(request)
-    ctx.same_as("GET", "/v1/handlers/{name}", name=name)
+    ctx.same_as("GET", HANDLER_PATH, name=name)
     state = ctx.supervisor.handler(name)
     return original_definition(name, state.type, state.queues, state.shown_params(), state.user)
 
@@ -257,26 +258,26 @@ async def list_h(ctx: Context, request: Request) -> object:
 
 
 async def h_start(ctx: Context, request: Request) -> object:
-    ctx.same_as("POST", "/v1/handlers/{name}/start", name=request.object_name)
+    ctx.same_as("POST", HANDLER_START_PATH, name=request.object_name)
     await ctx.supervisor.start_handler(request.object_name, ctx.identity)
     return None
 
 
 async def h_stop(ctx: Context, request: Request) -> object:
     # Unlike the original's, the loop ends here: a running pass finishes, nothing runs after.
-    ctx.same_as("POST", "/v1/handlers/{name}/stop", name=request.object_name)
+    ctx.same_as("POST", HANDLER_STOP_PATH, name=request.object_name)
     await ctx.supervisor.stop_handler(request.object_name, ctx.identity)
     return None
 
 
 async def h_is_started(ctx: Context, request: Request) -> object:
-    ctx.same_as("GET", "/v1/handlers/{name}", name=request.object_name)
+    ctx.same_as("GET", HANDLER_PATH, name=request.object_name)
     return ctx.supervisor.handler(request.object_name).started
 
 
 async def h_last_error(ctx: Context, request: Request) -> object:
     """The last pass's error as the call's own error, which is what ``cap h_last_error`` prints."""
-    ctx.same_as("GET", "/v1/handlers/{name}", name=request.object_name)
+    ctx.same_as("GET", HANDLER_PATH, name=request.object_name)
     state = ctx.supervisor.handler(request.object_name)
     error = state.last_error
     if error is None:
@@ -292,7 +293,7 @@ async def h_last_error(ctx: Context, request: Request) -> object:
 
 
 async def h_last_complete(ctx: Context, request: Request) -> object:
-    ctx.same_as("GET", "/v1/handlers/{name}", name=request.object_name)
+    ctx.same_as("GET", HANDLER_PATH, name=request.object_name)
     return shapes.rfc3339(ctx.supervisor.handler(request.object_name).last_complete)
 
 

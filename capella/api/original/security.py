@@ -19,6 +19,7 @@ import msgspec
 from capella.api.original import shapes
 from capella.api.original.actions import PERMISSIONS, Action, Context, body_name
 from capella.api.original.envelope import Request
+from capella.api.route import USER_PATH
 from capella.auth.rule import Rule
 from capella.auth.store import AuthStore
 from capella.errors import AlreadyExists, Forbidden, InvalidRequest, NotFound
@@ -62,7 +63,7 @@ def _acting_on(ctx: Context, name: str) -> None:
 
 
 def _admin_only(ctx: Context, name: str) -> None:
-    ctx.same_as("PUT", "/v1/users/{name}", name=name)
+    ctx.same_as("PUT", USER_PATH, name=name)
     if not ctx.identity.admin:
         # /v1 lets only an admin set admin or rules: a user manager could otherwise grant itself more.
         raise Forbidden("only an admin may set admin or rules")
@@ -111,7 +112,7 @@ def original_rules(rules: tuple[Rule, ...]) -> dict[str, dict[str, dict[str, boo
 
 async def add_user(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, NamePassword, request.action)
-    ctx.same_as("PUT", "/v1/users/{name}", name=body.name)
+    ctx.same_as("PUT", USER_PATH, name=body.name)
     if _store(ctx).find_user(body.name) is not None:
         raise AlreadyExists(f"User `{body.name}` is already exists")
     # As the original: a new user is disabled until enabled, and has no rights until given some.
@@ -121,7 +122,7 @@ async def add_user(ctx: Context, request: Request) -> object:
 
 async def update_user(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, NamePassword, request.action)
-    ctx.same_as("PUT", "/v1/users/{name}", name=body.name)
+    ctx.same_as("PUT", USER_PATH, name=body.name)
     _acting_on(ctx, body.name)
     await _put(ctx, body.name, {"password": body.pwd})
     return None
@@ -129,7 +130,7 @@ async def update_user(ctx: Context, request: Request) -> object:
 
 async def _enable(ctx: Context, request: Request, enabled: bool) -> object:
     name = body_name(request)
-    ctx.same_as("PUT", "/v1/users/{name}", name=name)
+    ctx.same_as("PUT", USER_PATH, name=name)
     _acting_on(ctx, name)
     await _put(ctx, name, {"enabled": enabled})
     return None
@@ -145,7 +146,7 @@ async def disable_user(ctx: Context, request: Request) -> object:
 
 async def drop_user(ctx: Context, request: Request) -> object:
     name = body_name(request)
-    ctx.same_as("DELETE", "/v1/users/{name}", name=name)
+    ctx.same_as("DELETE", USER_PATH, name=name)
     _acting_on(ctx, name)
     await asyncio.to_thread(_store(ctx).drop_user, name)
     return None
