@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -23,6 +23,10 @@ from capella.api.original.envelope import Failure, Request
 from capella.api.route import HANDLER_PATH, HANDLER_START_PATH, HANDLER_STOP_PATH
 from capella.core.message import SaveMode
 from capella.errors import AlreadyExists, InvalidRequest
+from capella.handlers.supervisor import HandlerState
+from capella.wire import handlers as wire
+from capella.wire.decode import decode
+from capella.wire.handlers import Params
 
 NS = shapes.NS
 # The error codes of the original's h_last_error: a handler that failed, and why (Capella
@@ -31,198 +35,255 @@ NS = shapes.NS
 LAST_ERROR = 10117400
 PASS_FAILED = 10990009
 
+# --- the original's params, one struct per type ----------------------------------------------
+# Durations are integer nanoseconds (None: not given). The fields Capella has no use for are
+# shown as zero and never read: whatever a client sends in them is ignored, as Go ignores them.
+
+
+class RegularlySave(msgspec.Struct):
+    interval: int | None = None
+    wait: object = 0
+
+
+class BlockUnload(msgspec.Struct):
+    interval: int | None = None
+    wait: object = 0
+    storage_memory_time: int | None = None
+    storage_last_load_time: int | None = None
+
+
+class BlockDelete(msgspec.Struct):
+    interval: int | None = None
+    wait_mark: object = 0
+    wait_delete: object = 0
+    storage_time: int | None = None
+    limit_delete: object = 0
+
+
+class MarkCondition(msgspec.Struct):
+    mark: str = ""
+    from_time: int | None = None
+    to_time: int | None = None
+
+
+class BlockMark(msgspec.Struct):
+    interval: int | None = None
+    wait_mark: object = 0
+    wait_update_mark: object = 0
+    conditions: list[MarkCondition] | None = None
+    limit_update_block: int | None = None
+
+
+class CopyUnique(msgspec.Struct):
+    interval: int | None = None
+    wait: object = 0
+    src_save_mode: int = SaveMode.DEFAULT
+    dst_save_mode: int = SaveMode.DEFAULT
+    subscribe_name: str | None = None
+    cnt_limit: int | None = None
+    do_save_dst: object = True
+    segments: shapes.Segments | None = None
+
+
+Original = TypeVar("Original", RegularlySave, BlockUnload, BlockDelete, BlockMark, CopyUnique)
+Capella = TypeVar("Capella", bound=Params)
+
 
 class Definition(msgspec.Struct):
-    """A handler as the original sends it (``new_*_handler.json``)."""
+    """A handler as the original sends it (``new_*_handler.json``); its params decode by type."""
 
     name: str
     type: str = ""
     user_name: str = ""
     queue_names: list[str] = []
-    params: dict[str, Any] = {}
+    params: dict[str, object] = {}
 
 
-def _seconds(params: dict[str, Any], key: str, positive: bool = True) -> float | None:
-    value = params.get(key)
+class Description(msgspec.Struct):
+    """A handler as ``gd_h`` shows it (only shown, never decoded): a translated type's params
+    in the original's struct, any other type's as Capella shows them."""
+
+    name: str
+    user_name: str
+    type: str
+    queue_names: list[str]
+    params: object
+
+
+def _seconds(value: int | None, key: str, positive: bool = True) -> float | None:
     if value is None or (value == 0 and not positive):
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (positive and value == 0):
+    if value < 0 or (positive and value == 0):
         raise InvalidRequest(f"{key}: {value!r} should be a duration in nanoseconds > 0", field=key)
     return value / NS
 
 
-def _save_name(number: object, key: str) -> str:
-    if isinstance(number, bool) or not isinstance(number, int):
-        raise InvalidRequest(f"{key} must be a save mode 0-4", field=key)
+def _save_name(number: int) -> str:
     return shapes.save_mode(number).name.lower()
+
+
+def _or_default(kind: type[Params], name: str, value: Any) -> Any:
+    """``value``, or the default of ``kind``'s field ``name`` when it is None (not given)."""
+    if value is not None:
+        return value
+    field = next(f for f in msgspec.structs.fields(kind) if f.name == name)
+    return field.default_factory() if field.default is msgspec.NODEFAULT else field.default
 
 
 # --- one pair of translations per type: the original's params to Capella's, and back -------
 
 
-def _flush_in(p: dict[str, Any], queues: list[str]) -> dict[str, Any]:
-    return {"queues": queues, "params": {"interval": _seconds(p, "interval")}}
+def _flush_in(p: RegularlySave, queues: list[str]) -> wire.FlushDefinition:
+    interval = _or_default(wire.FlushParams, "interval", _seconds(p.interval, "interval"))
+    return wire.FlushDefinition(queues=queues, params=wire.FlushParams(interval=interval))
 
 
-def _flush_out(params: dict[str, Any], queues: list[str]) -> tuple[list[str], dict[str, Any]]:
-    return queues, {"interval": _ns(params["interval"]), "wait": 0}
+def _flush_out(params: wire.FlushParams, queues: list[str]) -> tuple[list[str], RegularlySave]:
+    return queues, RegularlySave(interval=_ns(params.interval))
 
 
-def _unload_in(p: dict[str, Any], queues: list[str]) -> dict[str, Any]:
-    params = {
-        "interval": _seconds(p, "interval"),
-        "age": _seconds(p, "storage_memory_time", positive=False),
-        "idle": _seconds(p, "storage_last_load_time", positive=False),
-    }
-    return {"queues": queues, "params": params}
+def _unload_in(p: BlockUnload, queues: list[str]) -> wire.UnloadDefinition:
+    params = wire.UnloadParams(
+        interval=_or_default(wire.UnloadParams, "interval", _seconds(p.interval, "interval")),
+        age=_seconds(p.storage_memory_time, "storage_memory_time", positive=False),
+        idle=_seconds(p.storage_last_load_time, "storage_last_load_time", positive=False),
+    )
+    return wire.UnloadDefinition(queues=queues, params=params)
 
 
-def _unload_out(params: dict[str, Any], queues: list[str]) -> tuple[list[str], dict[str, Any]]:
-    return queues, {
-        "interval": _ns(params["interval"]),
-        "wait": 0,
-        "storage_memory_time": _ns(params["age"]),
-        "storage_last_load_time": _ns(params["idle"]),
-    }
+def _unload_out(params: wire.UnloadParams, queues: list[str]) -> tuple[list[str], BlockUnload]:
+    return queues, BlockUnload(
+        interval=_ns(params.interval),
+        storage_memory_time=_ns(params.age),
+        storage_last_load_time=_ns(params.idle),
+    )
 
 
-def _expire_in(p: dict[str, Any], queues: list[str]) -> dict[str, Any]:
-    params = {"interval": _seconds(p, "interval"), "max_age": _seconds(p, "storage_time")}
-    return {"queues": queues, "params": params}
+def _expire_in(p: BlockDelete, queues: list[str]) -> wire.ExpireDefinition:
+    params = wire.ExpireParams(
+        interval=_or_default(wire.ExpireParams, "interval", _seconds(p.interval, "interval")),
+        max_age=_seconds(p.storage_time, "storage_time"),
+    )
+    return wire.ExpireDefinition(queues=queues, params=params)
 
 
-def _expire_out(params: dict[str, Any], queues: list[str]) -> tuple[list[str], dict[str, Any]]:
-    return queues, {
-        "interval": _ns(params["interval"]),
-        "wait_mark": 0,
-        "wait_delete": 0,
-        "storage_time": _ns(params["max_age"]),
-        "limit_delete": 0,
-    }
+def _expire_out(params: wire.ExpireParams, queues: list[str]) -> tuple[list[str], BlockDelete]:
+    return queues, BlockDelete(interval=_ns(params.interval), storage_time=_ns(params.max_age))
 
 
-def _archive_in(p: dict[str, Any], queues: list[str]) -> dict[str, Any]:
-    conditions = []
-    for i, c in enumerate(p.get("conditions") or []):
-        if not isinstance(c, dict):
-            raise InvalidRequest(f"conditions[{i}] must be an object", field="conditions")
-        conditions.append(
-            {
-                "mark": shapes.mark_number(str(c.get("mark", ""))),
-                "from_age": _seconds(c, "from_time", positive=False) or 0,
-                "to_age": _seconds(c, "to_time", positive=False),
-            }
-        )
-    params = {
-        "interval": _seconds(p, "interval"),
-        "conditions": conditions,
-        "limit": p.get("limit_update_block") or None,
-    }
-    return {"queues": queues, "params": params}
-
-
-def _archive_out(params: dict[str, Any], queues: list[str]) -> tuple[list[str], dict[str, Any]]:
+def _archive_in(p: BlockMark, queues: list[str]) -> wire.ArchiveDefinition:
     conditions = [
-        {"mark": shapes.mark_name(c["mark"]), "from_time": _ns(c["from_age"]), "to_time": _ns(c["to_age"])}
-        for c in params["conditions"]
+        wire.ArchiveCondition(
+            mark=shapes.mark_number(c.mark),
+            from_age=_seconds(c.from_time, "from_time", positive=False) or 0,
+            to_age=_seconds(c.to_time, "to_time", positive=False),
+        )
+        for c in p.conditions or []
     ]
-    return queues, {
-        "interval": _ns(params["interval"]),
-        "wait_mark": 0,
-        "wait_update_mark": 0,
-        "conditions": conditions,
-        "limit_update_block": params["limit"],
-    }
+    params = wire.ArchiveParams(
+        conditions=conditions,
+        interval=_or_default(wire.ArchiveParams, "interval", _seconds(p.interval, "interval")),
+        limit=_or_default(wire.ArchiveParams, "limit", p.limit_update_block or None),
+    )
+    return wire.ArchiveDefinition(queues=queues, params=params)
 
 
-def _copy_in(p: dict[str, Any], queues: list[str]) -> dict[str, Any]:
+def _archive_out(params: wire.ArchiveParams, queues: list[str]) -> tuple[list[str], BlockMark]:
+    conditions = [
+        MarkCondition(mark=shapes.mark_name(c.mark), from_time=_ns(c.from_age), to_time=_ns(c.to_age))
+        for c in params.conditions
+    ]
+    return queues, BlockMark(
+        interval=_ns(params.interval), conditions=conditions, limit_update_block=params.limit
+    )
+
+
+def _copy_in(p: CopyUnique, queues: list[str]) -> wire.CopyDefinition:
     if len(queues) != 2:
         raise InvalidRequest("copy_unique: queue_names must be [source, destination]", field="queue_names")
-    ranges = (p.get("segments") or {}).get("s")
-    params = {
-        "from": queues[0],
-        "to": queues[1],
-        "subscription": p.get("subscribe_name") or None,
-        "interval": _seconds(p, "interval", positive=False),
+    ranges = None if p.segments is None else p.segments.s
+    params = wire.CopyParams(
+        from_=queues[0],
+        to=queues[1],
+        subscription=p.subscribe_name or "",
+        interval=_or_default(wire.CopyParams, "interval", _seconds(p.interval, "interval", positive=False)),
         # Not wait: that is the original's request timeout, and as Capella's long poll it
         # would hold h_stop (which lets a pass end) past the tool's own deadline.
-        "batch": p.get("cnt_limit") or None,
-        "segments": None if ranges is None else [[r.get("from", 0), r.get("to", 0)] for r in ranges],
-        "save": _save_name(p.get("dst_save_mode", SaveMode.DEFAULT), "dst_save_mode"),
-        "commit_save": _save_name(p.get("src_save_mode", SaveMode.DEFAULT), "src_save_mode"),
-    }
-    return {"params": params}
+        batch=_or_default(wire.CopyParams, "batch", p.cnt_limit or None),
+        segments=None if ranges is None else [(r.from_, r.to) for r in ranges],
+        save=_save_name(p.dst_save_mode),
+        commit_save=_save_name(p.src_save_mode),
+    )
+    return wire.CopyDefinition(params=params)
 
 
-def _copy_out(params: dict[str, Any], queues: list[str]) -> tuple[list[str], dict[str, Any]]:
-    segments = params["segments"]
-    return [params["from"] or (queues[0] if queues else ""), params["to"]], {
-        "interval": _ns(params["interval"]),
-        "wait": 0,
-        "src_save_mode": int(SaveMode[params["commit_save"].upper()]),
-        "dst_save_mode": int(SaveMode[params["save"].upper()]),
-        "subscribe_name": params["subscription"],
-        "cnt_limit": params["batch"],
-        "do_save_dst": True,
-        "segments": None if segments is None else {"s": [{"from": a, "to": b} for a, b in segments]},
-    }
+def _copy_out(params: wire.CopyParams, queues: list[str]) -> tuple[list[str], CopyUnique]:
+    segments = params.segments
+    return [params.from_ or (queues[0] if queues else ""), params.to], CopyUnique(
+        interval=_ns(params.interval),
+        src_save_mode=int(SaveMode.parse(params.commit_save)),
+        dst_save_mode=int(SaveMode.parse(params.save)),
+        subscribe_name=params.subscription,
+        cnt_limit=params.batch,
+        segments=None if segments is None else shapes.Segments([shapes.Range(a, b) for a, b in segments]),
+    )
 
 
 @dataclass(frozen=True, slots=True)
-class _Translation:
+class _Translation(Generic[Original, Capella]):
     """One of the original's handler types as a Capella type."""
 
     original: str
     capella: str
-    # The original's params and queue names → the PUT body's ``queues``/``params``.
-    to_capella: Callable[[dict[str, Any], list[str]], dict[str, Any]]
+    # The original's params struct, and Capella's.
+    shape: type[Original]
+    params: type[Capella]
+    # The original's params and queue names → Capella's definition.
+    to_capella: Callable[[Original, list[str]], wire.Definition]
     # Capella's params and queues → the original's queue names and params.
-    to_original: Callable[[dict[str, Any], list[str]], tuple[list[str], dict[str, Any]]]
+    to_original: Callable[[Capella, list[str]], tuple[list[str], Original]]
 
 
-TRANSLATIONS = (
-    _Translation("regularly_save", "flush", _flush_in, _flush_out),
-    _Translation("block_unload", "unload", _unload_in, _unload_out),
-    _Translation("block_delete", "expire", _expire_in, _expire_out),
-    _Translation("block_mark", "archive", _archive_in, _archive_out),
-    _Translation("copy_unique", "copy", _copy_in, _copy_out),
+TRANSLATIONS: tuple[_Translation[Any, Any], ...] = (
+    _Translation("regularly_save", "flush", RegularlySave, wire.FlushParams, _flush_in, _flush_out),
+    _Translation("block_unload", "unload", BlockUnload, wire.UnloadParams, _unload_in, _unload_out),
+    _Translation("block_delete", "expire", BlockDelete, wire.ExpireParams, _expire_in, _expire_out),
+    _Translation("block_mark", "archive", BlockMark, wire.ArchiveParams, _archive_in, _archive_out),
+    _Translation("copy_unique", "copy", CopyUnique, wire.CopyParams, _copy_in, _copy_out),
 )
 _BY_ORIGINAL = {t.original: t for t in TRANSLATIONS}
 _BY_CAPELLA = {t.capella: t for t in TRANSLATIONS}
 
 
-def capella_definition(body: Definition) -> dict[str, Any]:
-    """The body of ``PUT /v1/handlers/{name}`` for the original's handler."""
+def capella_definition(body: Definition) -> wire.Definition:
+    """The definition ``PUT /v1/handlers/{name}`` takes, for the original's handler."""
     translation = _BY_ORIGINAL.get(body.type)
     if translation is None:
         raise InvalidRequest(
             f"handler type {body.type!r}: Capella takes {', '.join(_BY_ORIGINAL)}",
             field="type",
         )
-    return {"type": translation.capella, **translation.to_capella(body.params, body.queue_names)}
+    return translation.to_capella(decode(body.params, translation.shape, at="params"), body.queue_names)
 
 
 def _ns(seconds: float | None) -> int:
     return 0 if seconds is None else round(seconds * NS)
 
 
-def original_definition(
-    name: str, kind: str, queues: list[str], params: dict[str, Any], user: str | None
-) -> dict[str, Any]:
+def original_definition(state: HandlerState) -> Description:
     """A Capella handler in the original's ``gd_h`` shape; other types keep Capella's params."""
-    translation = _BY_CAPELLA.get(kind)
+    translation = _BY_CAPELLA.get(state.type)
+    queues, params = state.queues, state.params
+    if translation is not None and isinstance(params, dict):
+        # A stored definition that no longer builds keeps its params as they were stored.
+        try:
+            params = wire.decode_params(translation.params, state.shown_params())
+        except InvalidRequest:
+            translation = None
     if translation is None:
-        shown_type, shown_params = kind, params
-    else:
-        shown_type = translation.original
-        queues, shown_params = translation.to_original(params, queues)
-    return {
-        "name": name,
-        "user_name": user or "",
-        "type": shown_type,
-        "queue_names": queues,
-        "params": shown_params,
-    }
+        return Description(state.name, state.user or "", state.type, queues, state.shown_params())
+    queues, shown = translation.to_original(params, queues)
+    return Description(state.name, state.user or "", translation.original, queues, shown)
 
 
 async def add_h(ctx: Context, request: Request) -> object:
@@ -230,12 +291,13 @@ async def add_h(ctx: Context, request: Request) -> object:
     ctx.same_as("PUT", HANDLER_PATH, name=body.name)
     if any(s.name == body.name for s in ctx.supervisor.handlers()):
         raise AlreadyExists(f"handler `{body.name}` already exists")
-    data = capella_definition(body)
+    definition = capella_definition(body)
     # The original adds a handler stopped (h_start starts it, wire/041-042).
-    data["started"] = False
+    definition.started = False
     if body.user_name:
-        data["user"] = body.user_name
-    await ctx.supervisor.put(body.name, data, ctx.identity)
+        definition.user = body.user_name
+    # Put as /v1 puts a body, which the supervisor decodes and checks as it checks any other.
+    await ctx.supervisor.put(body.name, msgspec.to_builtins(definition), ctx.identity)
     return None
 
 
@@ -249,8 +311,7 @@ async def drop_h(ctx: Context, request: Request) -> object:
 async def gd_h(ctx: Context, request: Request) -> object:
     name = body_name(request)
     ctx.same_as("GET", HANDLER_PATH, name=name)
-    state = ctx.supervisor.handler(name)
-    return original_definition(name, state.type, state.queues, state.shown_params(), state.user)
+    return original_definition(ctx.supervisor.handler(name))
 
 
 async def list_h(ctx: Context, request: Request) -> object:
