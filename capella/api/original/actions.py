@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import msgspec
 
@@ -20,7 +19,7 @@ from capella.api.original.envelope import Request
 from capella.api.route import MESSAGES_PATH, QUEUE_PATH, REPLICAS_PATH, SUBSCRIPTION_PATH, Need
 from capella.auth.rule import Identity
 from capella.auth.store import AuthStore
-from capella.config import ServerSettings
+from capella.config import CompatSettings, ServerSettings
 from capella.core.cluster import Cluster
 from capella.core.message import SaveMode
 from capella.errors import AlreadyExists, Conflict, InvalidMessage, InvalidRequest, SubscriptionNotFound
@@ -57,7 +56,7 @@ class Context:
     identity: Identity
     users: AuthStore | None
     authenticated: bool
-    extra: dict[str, Any] = field(default_factory=dict)
+    compat: CompatSettings
 
     @property
     def clusters(self) -> Clusters:
@@ -126,7 +125,9 @@ async def add_q(ctx: Context, request: Request) -> object:
         raise AlreadyExists(f"queue with name `{body.name}` already exists")
     mounts = ctx.cluster.mounts
     default = next(iter(mounts)) if "default" not in mounts else "default"
-    await ctx.cluster.put_queue(body.name, shapes.queue_definition(body.params, set(mounts), default))
+    definition = shapes.queue_definition(body.params, set(mounts), default)
+    # Put as /v1 puts a body, which the cluster decodes and checks as it checks any other.
+    await ctx.cluster.put_queue(body.name, msgspec.to_builtins(definition))
     return None
 
 
@@ -210,10 +211,10 @@ async def q_get_segment(ctx: Context, request: Request) -> object:
     ranges = None if body.segments is None or body.segments.s is None else body.segments.s
     if ranges is not None and not ranges:
         # No segment can match: the original answers where the queue ends.
-        return {"msgs": None, "last_id": queue.last_id}
+        return shapes.SegmentPage(None, queue.last_id)
     segments = None if ranges is None else [(r.from_, r.to) for r in ranges]
     found = await queue.read_after(max(0, body.id_start), _limit(ctx, body.cnt_limit), segments)
-    return {"msgs": [shapes.message(m) for m in found.messages] or None, "last_id": found.last_id}
+    return shapes.SegmentPage([shapes.message(m) for m in found.messages] or None, found.last_id)
 
 
 async def q_save_all(ctx: Context, request: Request) -> object:

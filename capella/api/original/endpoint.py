@@ -197,7 +197,7 @@ async def _context(request: web.Request, envelope: Envelope) -> Context:
         identity=identity,
         users=users,
         authenticated=authenticator is not None,
-        extra={"compat": app[COMPAT]},
+        compat=app[COMPAT],
     )
 
 
@@ -288,8 +288,7 @@ async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelo
     action = final_action(request)
     if action in security.ACTIONS:
         raise _never_relayed(action)
-    compat: CompatSettings = ctx.extra["compat"]
-    if len(envelope.hops) >= compat.max_hops:
+    if len(envelope.hops) >= ctx.compat.max_hops:
         raise TooManyHops(f"the call has passed through {len(envelope.hops)} clusters ([compat] max_hops)")
     clusters = ctx.clusters
     kind, username, secret = clusters.credentials(cluster)
