@@ -21,7 +21,6 @@ import contextlib
 import gzip
 import logging
 import time
-from typing import Any
 
 import msgspec
 import orjson
@@ -44,9 +43,10 @@ from capella.api.original.envelope import (
     parse,
 )
 from capella.api.request import CLUSTER, SETTINGS, SUPERVISOR
-from capella.api.route import RELAY_PATH, Route
+from capella.api.route import RELAY_PATH, Handler, Route
 from capella.auth.authenticator import Authenticator
 from capella.auth.rule import UNRESTRICTED, Identity
+from capella.auth.store import AuthStore
 from capella.client.async_client import AsyncClient
 from capella.config import CompatSettings
 from capella.errors import (
@@ -214,7 +214,7 @@ def _secret(auth_info: str | None) -> str:
     return value
 
 
-def _acting(identity: Identity, envelope: Envelope, users: Any) -> Identity:
+def _acting(identity: Identity, envelope: Envelope, users: AuthStore | None) -> Identity:
     """The identity the request runs as: the sender, or (for an admin) the user it names."""
     assert envelope.request is not None
     name = "" if envelope.replace_name_force else envelope.request.user
@@ -225,7 +225,7 @@ def _acting(identity: Identity, envelope: Envelope, users: Any) -> Identity:
     user = users.find_user(name) if users is not None else None
     if user is None or not user.enabled:
         raise Unauthorized("invalid user name or password")
-    return user.identity("impersonated")  # type: ignore[no-any-return]
+    return user.identity("impersonated")
 
 
 async def run(ctx: Context, request: Request, envelope: Envelope) -> object:
@@ -293,23 +293,15 @@ async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelo
     clusters = ctx.clusters
     kind, username, secret = clusters.credentials(cluster)
     now = time.time_ns()
-    sent = {
-        "auth_type": "bearer" if kind == "token" else "basic" if kind == "password" else "",
-        "user_name": username or "",
-        "auth_info": None if secret is None else base64.b64encode(orjson.dumps(secret)).decode("ascii"),
-        "wait": max(envelope.current_time + envelope.wait - now, 1_000_000_000),
-        "current_time": now,
-        "prefer_content_type": "",
-        "replace_name_force": False,
-        "request": {
-            "name": "",
-            "user": "",
-            "action": request.action,
-            "body": request.body,
-            "object_name": request.object_name,
-        },
-        "hops": [*envelope.hops, ctx.cluster.name],
-    }
+    sent = Envelope(
+        auth_type="bearer" if kind == "token" else "basic" if kind == "password" else "",
+        user_name=username or "",
+        auth_info=None if secret is None else base64.b64encode(orjson.dumps(secret)).decode("ascii"),
+        wait=max(envelope.current_time + envelope.wait - now, 1_000_000_000),
+        current_time=now,
+        request=Request(action=request.action, body=request.body, object_name=request.object_name),
+        hops=[*envelope.hops, ctx.cluster.name],
+    )
     raw = await post(await clusters.client(cluster), msgspec.json.encode(sent))
     try:
         got = orjson.loads(raw)["responce"]
@@ -332,7 +324,7 @@ async def post(client: AsyncClient, envelope: bytes) -> bytes:
     return await client.transport.call("POST", PATH, data=body, headers={"Compress-Type": "gzip"})
 
 
-def _route(method: str, path: str, handler: Any, summary: str) -> Route:
+def _route(method: str, path: str, handler: Handler, summary: str) -> Route:
     return Route(
         method,
         path,

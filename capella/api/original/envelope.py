@@ -68,9 +68,9 @@ class ErrorBody(msgspec.Struct, omit_defaults=True):
 class Request(msgspec.Struct):
     """What to do: ``action`` on ``object_name`` with ``body``, as ``user`` (empty: the sender)."""
 
-    action: str = ""
     name: str = ""
     user: str = ""
+    action: str = ""
     body: msgspec.Raw = msgspec.Raw(b"null")
     object_name: str = ""
 
