@@ -25,7 +25,6 @@ from capella.core.message import SaveMode
 from capella.errors import AlreadyExists, InvalidRequest
 from capella.handlers.supervisor import HandlerState
 from capella.wire import handlers as wire
-from capella.wire.decode import decode
 from capella.wire.handlers import Params
 
 NS = shapes.NS
@@ -87,16 +86,24 @@ class CopyUnique(msgspec.Struct):
 
 Original = TypeVar("Original", RegularlySave, BlockUnload, BlockDelete, BlockMark, CopyUnique)
 Capella = TypeVar("Capella", bound=Params)
+T = TypeVar("T")
 
 
 class Definition(msgspec.Struct):
-    """A handler as the original sends it (``new_*_handler.json``); its params decode by type."""
+    """A handler as the original sends it (``new_*_handler.json``); its params decode by type
+    (``Typed``), once the type is known."""
 
     name: str
     type: str = ""
     user_name: str = ""
     queue_names: list[str] = []
     params: dict[str, object] = {}
+
+
+class Typed(msgspec.Struct, Generic[Original]):
+    """The params of a ``Definition`` as its type's struct (null or none: every default)."""
+
+    params: Original | None = None
 
 
 class Description(msgspec.Struct):
@@ -122,12 +129,12 @@ def _save_name(number: int) -> str:
     return shapes.save_mode(number).name.lower()
 
 
-def _or_default(kind: type[Params], name: str, value: Any) -> Any:
+def _or_default(kind: type[Params], name: str, value: T | None) -> T:
     """``value``, or the default of ``kind``'s field ``name`` when it is None (not given)."""
     if value is not None:
         return value
-    field = next(f for f in msgspec.structs.fields(kind) if f.name == name)
-    return field.default_factory() if field.default is msgspec.NODEFAULT else field.default
+    default: T = next(f.default for f in msgspec.structs.fields(kind) if f.name == name)
+    return default
 
 
 # --- one pair of translations per type: the original's params to Capella's, and back -------
@@ -255,15 +262,20 @@ _BY_ORIGINAL = {t.original: t for t in TRANSLATIONS}
 _BY_CAPELLA = {t.capella: t for t in TRANSLATIONS}
 
 
-def capella_definition(body: Definition) -> wire.Definition:
-    """The definition ``PUT /v1/handlers/{name}`` takes, for the original's handler."""
+def capella_definition(body: Definition, request: Request) -> wire.Definition:
+    """The definition ``PUT /v1/handlers/{name}`` takes for the original's handler ``body``
+    (decoded from ``request``, whose params are decoded again by their type)."""
     translation = _BY_ORIGINAL.get(body.type)
     if translation is None:
         raise InvalidRequest(
             f"handler type {body.type!r}: Capella takes {', '.join(_BY_ORIGINAL)}",
             field="type",
         )
-    return translation.to_capella(decode(body.params, translation.shape, at="params"), body.queue_names)
+    # Decoded again as the type's params, so a bad one is named by its path in the body.
+    kind = Typed[translation.shape]  # type: ignore[name-defined]  # a type argument known only at run time
+    typed = shapes.decode(request.body, kind, request.action)
+    params = translation.shape() if typed.params is None else typed.params
+    return translation.to_capella(params, body.queue_names)
 
 
 def _ns(seconds: float | None) -> int:
@@ -291,7 +303,7 @@ async def add_h(ctx: Context, request: Request) -> object:
     ctx.same_as("PUT", HANDLER_PATH, name=body.name)
     if any(s.name == body.name for s in ctx.supervisor.handlers()):
         raise AlreadyExists(f"handler `{body.name}` already exists")
-    definition = capella_definition(body)
+    definition = capella_definition(body, request)
     # The original adds a handler stopped (h_start starts it, wire/041-042).
     definition.started = False
     if body.user_name:
