@@ -39,43 +39,63 @@ PASS_FAILED = 10990009
 # shown as zero and never read: whatever a client sends in them is ignored, as Go ignores them.
 
 
-class RegularlySave(msgspec.Struct):
+class Periodic(msgspec.Struct):
+    """What every type's params begin with: the period of its passes."""
+
     interval: int | None = None
+
+
+class Waiting(Periodic):
+    """Params with the original's ``wait`` (its request timeout; Capella has no use for it)."""
+
     wait: object = 0
 
 
-class BlockUnload(msgspec.Struct):
-    interval: int | None = None
-    wait: object = 0
+class Marking(Periodic):
+    """Params with the original's ``wait_mark`` (Capella has no use for it)."""
+
+    wait_mark: object = 0
+
+
+class RegularlySave(Waiting):
+    """``regularly_save`` (flush): the flush interval."""
+
+
+class BlockUnload(Waiting):
+    """``block_unload`` (unload): blocks in memory for ``storage_memory_time`` or not read for
+    ``storage_last_load_time`` are unloaded (0: no such bound)."""
+
     storage_memory_time: int | None = None
     storage_last_load_time: int | None = None
 
 
-class BlockDelete(msgspec.Struct):
-    interval: int | None = None
-    wait_mark: object = 0
+class BlockDelete(Marking):
+    """``block_delete`` (expire): blocks older than ``storage_time`` are deleted."""
+
     wait_delete: object = 0
     storage_time: int | None = None
     limit_delete: object = 0
 
 
 class MarkCondition(msgspec.Struct):
+    """Blocks aged from ``from_time`` to ``to_time`` (0: no bound) get ``mark`` (``""``, ``"a"``...)."""
+
     mark: str = ""
     from_time: int | None = None
     to_time: int | None = None
 
 
-class BlockMark(msgspec.Struct):
-    interval: int | None = None
-    wait_mark: object = 0
+class BlockMark(Marking):
+    """``block_mark`` (archive): blocks move to marks by age, ``limit_update_block`` per pass."""
+
     wait_update_mark: object = 0
     conditions: list[MarkCondition] | None = None
     limit_update_block: int | None = None
 
 
-class CopyUnique(msgspec.Struct):
-    interval: int | None = None
-    wait: object = 0
+class CopyUnique(Waiting):
+    """``copy_unique`` (copy): ``queue_names`` are [source, destination]; the save modes are 0-4."""
+
     src_save_mode: int = SaveMode.DEFAULT
     dst_save_mode: int = SaveMode.DEFAULT
     subscribe_name: str | None = None
