@@ -109,7 +109,7 @@ Capella = TypeVar("Capella", bound=Params)
 T = TypeVar("T")
 
 
-class Definition(msgspec.Struct):
+class HandlerBody(msgspec.Struct):
     """A handler as the original sends it (``new_*_handler.json``); its params decode by type
     (``Typed``), once the type is known."""
 
@@ -121,7 +121,7 @@ class Definition(msgspec.Struct):
 
 
 class Typed(msgspec.Struct, Generic[Original]):
-    """The params of a ``Definition`` as its type's struct (null or none: every default)."""
+    """The params of a ``HandlerBody`` as its type's struct (null or none: every default)."""
 
     params: Original | None = None
 
@@ -282,7 +282,7 @@ _BY_ORIGINAL = {t.original: t for t in TRANSLATIONS}
 _BY_CAPELLA = {t.capella: t for t in TRANSLATIONS}
 
 
-def capella_definition(body: Definition, request: Request) -> wire.Definition:
+def capella_definition(body: HandlerBody, request: Request) -> wire.Definition:
     """The definition ``PUT /v1/handlers/{name}`` takes for the original's handler ``body``
     (decoded from ``request``, whose params are decoded again by their type)."""
     translation = _BY_ORIGINAL.get(body.type)
@@ -319,7 +319,7 @@ def original_definition(state: HandlerState) -> Description:
 
 
 async def add_h(ctx: Context, request: Request) -> object:
-    body = shapes.decode(request.body, Definition, request.action)
+    body = shapes.decode(request.body, HandlerBody, request.action)
     ctx.same_as("PUT", HANDLER_PATH, name=body.name)
     if any(s.name == body.name for s in ctx.supervisor.handlers()):
         raise AlreadyExists(f"handler `{body.name}` already exists")
