@@ -74,7 +74,7 @@ def _store(ctx: Context) -> AuthStore:
 
 
 async def _put(ctx: Context, name: str, change: UserPut) -> None:
-    """Change the user as ``PUT /v1/users/{name}`` does with ``change`` as its body."""
+    """Change the user with ``change``, the body ``PUT /v1/users/{name}`` takes, as the store reads one."""
     await asyncio.to_thread(_store(ctx).put_user, name, msgspec.to_builtins(change))
 
 
