@@ -36,7 +36,7 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from capella.api.route import Writes
+from capella.api.route import HEALTHZ_PATH, READYZ_PATH, Writes
 from capella.config import ServerSettings, is_loopback
 from capella.errors import CrossSiteRequest, HostNotAllowed
 
@@ -56,7 +56,7 @@ ANSWER_HEADERS = {
 # What Sec-Fetch-Site says of a request the page's own origin (or the user) started.
 SAME_ORIGIN = frozenset({"same-origin", "none"})
 # Served whatever the Host: liveness and readiness probes, which carry no data.
-ANY_HOST = frozenset({"/healthz", "/readyz"})
+ANY_HOST = frozenset({HEALTHZ_PATH, READYZ_PATH})
 # A Host or Origin is echoed in the refusal; this much of it is enough to recognise.
 ECHOED = 200
 # Host headers whose verdict is remembered (a client sends the same one on every request);

@@ -13,7 +13,7 @@ from capella.api.access import identity
 from capella.api.handlers import supervisor
 from capella.api.openapi import answer, json_content, ref
 from capella.api.request import json_response, read_object
-from capella.api.route import Route, on_named
+from capella.api.route import CLUSTER_PATH, Route, on_named
 from capella.handlers.clusters import Clusters
 from capella.wire.clusters import ClusterList
 
@@ -75,7 +75,7 @@ ROUTES = [
     ),
     Route(
         "PUT",
-        "/v1/clusters/{name}",
+        CLUSTER_PATH,
         put_cluster,
         need=(on_named("external_cluster", "admin"),),
         op="putCluster",
@@ -88,7 +88,7 @@ ROUTES = [
     ),
     Route(
         "GET",
-        "/v1/clusters/{name}",
+        CLUSTER_PATH,
         get_cluster,
         need=(on_named("external_cluster", "read"),),
         op="getCluster",
@@ -99,7 +99,7 @@ ROUTES = [
     ),
     Route(
         "DELETE",
-        "/v1/clusters/{name}",
+        CLUSTER_PATH,
         drop_cluster,
         need=(on_named("external_cluster", "admin"),),
         op="dropCluster",

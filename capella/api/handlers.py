@@ -8,7 +8,7 @@ from aiohttp import web
 from capella.api.access import identity
 from capella.api.openapi import answer, json_content, ref
 from capella.api.request import CLUSTER, SUPERVISOR, json_response, read_object
-from capella.api.route import Route, on_named
+from capella.api.route import HANDLER_PATH, HANDLER_START_PATH, HANDLER_STOP_PATH, Route, on_named
 from capella.errors import NotReady
 from capella.handlers.supervisor import Supervisor
 from capella.wire.handler_status import HandlerList
@@ -72,7 +72,7 @@ ROUTES = [
     ),
     Route(
         "PUT",
-        "/v1/handlers/{name}",
+        HANDLER_PATH,
         put_handler,
         need=(on_named("handler", "admin"),),
         op="putHandler",
@@ -84,7 +84,7 @@ ROUTES = [
     ),
     Route(
         "GET",
-        "/v1/handlers/{name}",
+        HANDLER_PATH,
         get_handler,
         need=(on_named("handler", "read"),),
         op="getHandler",
@@ -95,7 +95,7 @@ ROUTES = [
     ),
     Route(
         "DELETE",
-        "/v1/handlers/{name}",
+        HANDLER_PATH,
         drop_handler,
         need=(on_named("handler", "admin"),),
         op="dropHandler",
@@ -106,7 +106,7 @@ ROUTES = [
     ),
     Route(
         "POST",
-        "/v1/handlers/{name}/start",
+        HANDLER_START_PATH,
         start_handler,
         need=(on_named("handler", "write"),),
         op="startHandler",
@@ -117,7 +117,7 @@ ROUTES = [
     ),
     Route(
         "POST",
-        "/v1/handlers/{name}/stop",
+        HANDLER_STOP_PATH,
         stop_handler,
         need=(on_named("handler", "write"),),
         op="stopHandler",

@@ -13,7 +13,7 @@ from aiohttp import web
 from capella import metrics
 from capella.api.openapi import answer, ref
 from capella.api.request import CLUSTER, SUPERVISOR, json_response
-from capella.api.route import Need, Route
+from capella.api.route import HEALTHZ_PATH, READYZ_PATH, Need, Route
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -44,7 +44,7 @@ async def prometheus(request: web.Request) -> web.Response:
 ROUTES = [
     Route(
         "GET",
-        "/healthz",
+        HEALTHZ_PATH,
         healthz,
         need=None,
         op="healthz",
@@ -55,7 +55,7 @@ ROUTES = [
     ),
     Route(
         "GET",
-        "/readyz",
+        READYZ_PATH,
         readyz,
         need=None,
         op="readyz",

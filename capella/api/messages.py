@@ -49,7 +49,7 @@ from capella.api.request import (
     segments_param,
     wait_param,
 )
-from capella.api.route import Route, on_queue
+from capella.api.route import MESSAGES_PATH, Route, on_queue
 from capella.core.filter import MessageFilter
 from capella.core.log.batch import Batch
 from capella.core.message import SaveMode
@@ -387,7 +387,7 @@ async def _stream(
 ROUTES = [
     Route(
         "POST",
-        "/v1/queues/{queue}/messages",
+        MESSAGES_PATH,
         produce,
         need=(on_queue("write"),),
         op="produce",
@@ -451,7 +451,7 @@ ROUTES = [
     ),
     Route(
         "GET",
-        "/v1/queues/{queue}/messages",
+        MESSAGES_PATH,
         read,
         need=(on_queue("read"),),
         op="readMessages",

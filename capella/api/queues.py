@@ -8,7 +8,7 @@ from aiohttp import web
 from capella.api.access import identity
 from capella.api.openapi import AFTER, LIMIT, answer, json_content, param, ref
 from capella.api.request import CLUSTER, int_param, json_response, limit_param, read_object
-from capella.api.route import Route, on_queue
+from capella.api.route import QUEUE_PATH, Route, on_queue
 from capella.core.queue import Queue
 from capella.wire.queues import Block, BlockList, QueueInfo, QueueList, QueueStats
 
@@ -65,7 +65,7 @@ ROUTES = [
     ),
     Route(
         "PUT",
-        "/v1/queues/{queue}",
+        QUEUE_PATH,
         put_queue,
         need=(on_queue("admin"),),
         op="putQueue",
@@ -77,7 +77,7 @@ ROUTES = [
     ),
     Route(
         "GET",
-        "/v1/queues/{queue}",
+        QUEUE_PATH,
         get_queue,
         need=(on_queue("read"),),
         op="getQueue",
@@ -88,7 +88,7 @@ ROUTES = [
     ),
     Route(
         "DELETE",
-        "/v1/queues/{queue}",
+        QUEUE_PATH,
         drop_queue,
         need=(on_queue("admin"),),
         op="dropQueue",

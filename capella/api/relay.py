@@ -38,7 +38,7 @@ from capella import wire
 from capella.api.handlers import supervisor
 from capella.api.openapi import answer
 from capella.api.request import CLUSTER, read_body
-from capella.api.route import Route, on_named
+from capella.api.route import RELAY_PATH, Route, on_named
 from capella.errors import (
     CallLoop,
     CapellaError,
@@ -179,7 +179,7 @@ async def relay(request: web.Request) -> web.StreamResponse:
 def _route(method: str) -> Route:
     return Route(
         method,
-        "/v1/clusters/{name}/v1/{path}",
+        RELAY_PATH,
         relay,
         need=(on_named("external_cluster", "relay"),),
         writes=True,  # whatever the method: a relayed GET may commit a cursor on the far side

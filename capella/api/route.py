@@ -17,6 +17,24 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Writes = bool | Callable[[web.Request], bool]
 
 
+# The paths named outside their own rows, written once here: the rows serve them, the original
+# protocol checks each action with the need of the /v1 route that does the same thing
+# (``api/original/actions.py`` ``same_as``), and the browser guard serves the probes under any
+# Host. A path that only its own rows name is written in its row.
+HEALTHZ_PATH = "/healthz"
+READYZ_PATH = "/readyz"
+QUEUE_PATH = "/v1/queues/{queue}"
+MESSAGES_PATH = "/v1/queues/{queue}/messages"
+SUBSCRIPTION_PATH = "/v1/queues/{queue}/subscriptions/{name}"
+REPLICAS_PATH = "/v1/queues/{queue}/replicas"
+HANDLER_PATH = "/v1/handlers/{name}"
+HANDLER_START_PATH = "/v1/handlers/{name}/start"
+HANDLER_STOP_PATH = "/v1/handlers/{name}/stop"
+CLUSTER_PATH = "/v1/clusters/{name}"
+RELAY_PATH = "/v1/clusters/{name}/v1/{path}"
+USER_PATH = "/v1/users/{name}"
+
+
 @dataclass(frozen=True, slots=True)
 class Need:
     """``action`` on the ``type`` object named by ``name`` (a template over the path)."""

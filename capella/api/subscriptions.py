@@ -32,7 +32,7 @@ from capella.api.request import (
     segments_param,
     wait_param,
 )
-from capella.api.route import Route, on_queue, on_subscription
+from capella.api.route import REPLICAS_PATH, SUBSCRIPTION_PATH, Route, on_queue, on_subscription
 from capella.core.filter import MessageFilter
 from capella.core.message import SaveMode
 from capella.core.queue import Queue
@@ -204,7 +204,7 @@ ROUTES = [
     ),
     Route(
         "PUT",
-        "/v1/queues/{queue}/subscriptions/{name}",
+        SUBSCRIPTION_PATH,
         commit,
         need=(on_subscription("write"),),
         op="commitSubscription",
@@ -217,7 +217,7 @@ ROUTES = [
     ),
     Route(
         "GET",
-        "/v1/queues/{queue}/subscriptions/{name}",
+        SUBSCRIPTION_PATH,
         get_subscription,
         need=(on_subscription("read"),),
         op="getSubscription",
@@ -228,7 +228,7 @@ ROUTES = [
     ),
     Route(
         "DELETE",
-        "/v1/queues/{queue}/subscriptions/{name}",
+        SUBSCRIPTION_PATH,
         delete_subscription,
         need=(on_subscription("admin"),),
         op="deleteSubscription",
@@ -264,7 +264,7 @@ ROUTES = [
     ),
     Route(
         "GET",
-        "/v1/queues/{queue}/replicas",
+        REPLICAS_PATH,
         replicas,
         need=(on_queue("read"),),
         op="replicas",

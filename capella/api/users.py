@@ -18,7 +18,7 @@ from msgspec import UNSET
 from capella.api.access import AUTHENTICATOR, identity
 from capella.api.openapi import answer, json_content, ref
 from capella.api.request import CLUSTER, json_response, present, read_struct
-from capella.api.route import Route, on_named
+from capella.api.route import USER_PATH, Route, on_named
 from capella.auth.store import AuthStore
 from capella.errors import Forbidden, NotFound, Unauthorized
 from capella.wire.auth import Me, PasswordChange, UserList, UserPut
@@ -109,7 +109,7 @@ ROUTES = [
     ),
     Route(
         "PUT",
-        "/v1/users/{name}",
+        USER_PATH,
         put_user,
         need=(on_named("user", "admin"),),
         op="putUser",
@@ -121,7 +121,7 @@ ROUTES = [
     ),
     Route(
         "GET",
-        "/v1/users/{name}",
+        USER_PATH,
         get_user,
         need=(),  # yourself, or user read (checked by the handler)
         op="getUser",
@@ -132,7 +132,7 @@ ROUTES = [
     ),
     Route(
         "DELETE",
-        "/v1/users/{name}",
+        USER_PATH,
         drop_user,
         need=(on_named("user", "admin"),),
         op="dropUser",

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
 import logging
 import ssl as ssl_module
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping
@@ -137,15 +136,6 @@ class AsyncClient:
         """The HTTP layer itself, for a server that forwards requests as they came
         (``/v1/clusters/{name}/v1/...``: ``transport.relay``); not needed to use the API."""
         return self._transport
-
-    async def original_call(self, envelope: bytes) -> bytes:
-        """POST an original-protocol envelope (gzipped) to ``/cluster``: the answer's bytes.
-
-        The server's nested calls use it (``capella.api.original``); the envelope carries its
-        own credentials, as the original's clients send them.
-        """
-        body = gzip.compress(envelope, compresslevel=5)
-        return await self._call("POST", "/cluster", data=body, headers={"Compress-Type": "gzip"})
 
     # --- queues ----------------------------------------------------------------------
 

@@ -140,8 +140,6 @@ class Client:
             if not self._thread.is_alive():
                 self._loop.close()
 
-    original_call = blocking(AsyncClient.original_call)
-
     # --- queues ----------------------------------------------------------------------
 
     put_queue = blocking(AsyncClient.put_queue)

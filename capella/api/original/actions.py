@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import msgspec
 
 from capella.api.drafts import count_before_decoding
 from capella.api.original import shapes
 from capella.api.original.envelope import Request
-from capella.api.route import Need
+from capella.api.route import MESSAGES_PATH, QUEUE_PATH, REPLICAS_PATH, SUBSCRIPTION_PATH, Need
 from capella.auth.rule import Identity
 from capella.auth.store import AuthStore
-from capella.config import ServerSettings
+from capella.config import CompatSettings, ServerSettings
 from capella.core.cluster import Cluster
 from capella.core.message import SaveMode
 from capella.errors import AlreadyExists, Conflict, InvalidMessage, InvalidRequest, SubscriptionNotFound
@@ -57,7 +56,7 @@ class Context:
     identity: Identity
     users: AuthStore | None
     authenticated: bool
-    extra: dict[str, Any] = field(default_factory=dict)
+    compat: CompatSettings
 
     @property
     def clusters(self) -> Clusters:
@@ -119,27 +118,29 @@ async def get_next_ids(ctx: Context, request: Request) -> object:
 
 async def add_q(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, shapes.QueueDescription, request.action)
-    ctx.same_as("PUT", "/v1/queues/{queue}", queue=body.name)
+    ctx.same_as("PUT", QUEUE_PATH, queue=body.name)
     if body.type != "simple_queue":
         raise InvalidRequest(f"not exists queue type: {body.type}")
     if any(q.name == body.name for q in ctx.cluster.queues()):
         raise AlreadyExists(f"queue with name `{body.name}` already exists")
     mounts = ctx.cluster.mounts
     default = next(iter(mounts)) if "default" not in mounts else "default"
-    await ctx.cluster.put_queue(body.name, shapes.queue_definition(body.params, set(mounts), default))
+    definition = shapes.queue_definition(body.params, set(mounts), default)
+    # Put as /v1 puts a body, which the cluster decodes and checks as it checks any other.
+    await ctx.cluster.put_queue(body.name, msgspec.to_builtins(definition))
     return None
 
 
 async def drop_q(ctx: Context, request: Request) -> object:
     name = body_name(request)
-    ctx.same_as("DELETE", "/v1/queues/{queue}", queue=name)
+    ctx.same_as("DELETE", QUEUE_PATH, queue=name)
     await ctx.cluster.drop_queue(name)
     return None
 
 
 async def gd_q(ctx: Context, request: Request) -> object:
     name = body_name(request)
-    ctx.same_as("GET", "/v1/queues/{queue}", queue=name)
+    ctx.same_as("GET", QUEUE_PATH, queue=name)
     return shapes.queue_description(name, ctx.cluster.queue(name).definition)
 
 
@@ -151,7 +152,7 @@ async def list_q(ctx: Context, request: Request) -> object:
 
 
 async def q_add(ctx: Context, request: Request) -> object:
-    ctx.same_as("POST", "/v1/queues/{queue}/messages", queue=request.object_name)
+    ctx.same_as("POST", MESSAGES_PATH, queue=request.object_name)
     queue = ctx.cluster.queue(request.object_name)
     try:
         body = shapes.decode(request.body, shapes.AddOne, request.action)
@@ -164,7 +165,7 @@ async def q_add(ctx: Context, request: Request) -> object:
 
 
 async def q_add_list(ctx: Context, request: Request, unique: bool = False) -> object:
-    ctx.same_as("POST", "/v1/queues/{queue}/messages", queue=request.object_name)
+    ctx.same_as("POST", MESSAGES_PATH, queue=request.object_name)
     queue = ctx.cluster.queue(request.object_name)
     try:
         # The queue's batch bound, before a body that could blow it is decoded into messages.
@@ -196,7 +197,7 @@ def _limit(ctx: Context, count: int) -> int:
 
 
 async def q_get(ctx: Context, request: Request) -> object:
-    ctx.same_as("GET", "/v1/queues/{queue}/messages", queue=request.object_name)
+    ctx.same_as("GET", MESSAGES_PATH, queue=request.object_name)
     queue = ctx.cluster.queue(request.object_name)
     body = shapes.decode(request.body, shapes.GetAfter, request.action)
     found = await queue.read_after(max(0, body.id_start), _limit(ctx, body.cnt_limit))
@@ -204,20 +205,20 @@ async def q_get(ctx: Context, request: Request) -> object:
 
 
 async def q_get_segment(ctx: Context, request: Request) -> object:
-    ctx.same_as("GET", "/v1/queues/{queue}/messages", queue=request.object_name)
+    ctx.same_as("GET", MESSAGES_PATH, queue=request.object_name)
     queue = ctx.cluster.queue(request.object_name)
     body = shapes.decode(request.body, shapes.GetSegment, request.action)
     ranges = None if body.segments is None or body.segments.s is None else body.segments.s
     if ranges is not None and not ranges:
         # No segment can match: the original answers where the queue ends.
-        return {"msgs": None, "last_id": queue.last_id}
+        return shapes.SegmentPage(None, queue.last_id)
     segments = None if ranges is None else [(r.from_, r.to) for r in ranges]
     found = await queue.read_after(max(0, body.id_start), _limit(ctx, body.cnt_limit), segments)
-    return {"msgs": [shapes.message(m) for m in found.messages] or None, "last_id": found.last_id}
+    return shapes.SegmentPage([shapes.message(m) for m in found.messages] or None, found.last_id)
 
 
 async def q_save_all(ctx: Context, request: Request) -> object:
-    ctx.same_as("POST", "/v1/queues/{queue}/messages", queue=request.object_name)
+    ctx.same_as("POST", MESSAGES_PATH, queue=request.object_name)
     await ctx.cluster.queue(request.object_name).flush()
     return None
 
@@ -226,7 +227,7 @@ async def q_save_all(ctx: Context, request: Request) -> object:
 
 
 def _sub_path(ctx: Context, method: str, queue: str, name: str) -> None:
-    ctx.same_as(method, "/v1/queues/{queue}/subscriptions/{name}", queue=queue, name=name)
+    ctx.same_as(method, SUBSCRIPTION_PATH, queue=queue, name=name)
 
 
 async def q_subs_get_last(ctx: Context, request: Request) -> object:
@@ -262,7 +263,7 @@ async def q_subs_rm_r_m(ctx: Context, request: Request) -> object:
 
 
 async def q_subs_get_r_m_cnt(ctx: Context, request: Request) -> object:
-    ctx.same_as("GET", "/v1/queues/{queue}/replicas", queue=request.object_name)
+    ctx.same_as("GET", REPLICAS_PATH, queue=request.object_name)
     message_id = shapes.decode(request.body, int, request.action)
     return len(ctx.cluster.queue(request.object_name).replicas(message_id))
 

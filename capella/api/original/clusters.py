@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
 
 import msgspec
 import orjson
@@ -17,8 +16,10 @@ import orjson
 from capella.api.original import shapes
 from capella.api.original.actions import Action, Context, body_name
 from capella.api.original.envelope import Request
+from capella.api.route import CLUSTER_PATH
 from capella.errors import AlreadyExists, InvalidRequest
 from capella.handlers.clusters import ExternalCluster
+from capella.wire.clusters import ClusterDefinition
 
 
 class Connection(msgspec.Struct):
@@ -57,8 +58,8 @@ def _password(auth_info: str | None) -> str | None:
     return value
 
 
-def capella_cluster(body: ClusterBody) -> dict[str, Any]:
-    """The body of ``PUT /v1/clusters/{name}`` for the original's external cluster."""
+def capella_cluster(body: ClusterBody) -> ClusterDefinition:
+    """The definition ``PUT /v1/clusters/{name}`` takes, for the original's external cluster."""
     if body.type != "http_cluster":
         raise InvalidRequest(f"external cluster type {body.type!r}: Capella takes http_cluster", field="type")
     p = body.params
@@ -67,62 +68,56 @@ def capella_cluster(body: ClusterBody) -> dict[str, Any]:
             f"Connection.QueryWait should be > 0 ec.name: {body.name} value: {p.connection.query_wait}ns",
             field="query_wait",
         )
-    data: dict[str, Any] = {
-        "url": p.connection.server,
-        "verify_tls": not p.connection.ignore_ssql_validation,
-        "timeout": p.connection.query_wait / shapes.NS,
-        "compression": "gzip" if p.send_content_type in ("gzip", "gzip1", "gzip9") else "none",
-    }
-    password = _password(p.auth_info)
-    if p.user_name:
-        data["username"] = p.user_name
-    if password is not None:
-        data["password"] = password
-    return data
+    return ClusterDefinition(
+        url=p.connection.server,
+        username=p.user_name or None,
+        password=_password(p.auth_info),
+        verify_tls=not p.connection.ignore_ssql_validation,
+        timeout=p.connection.query_wait / shapes.NS,
+        compression="gzip" if p.send_content_type in ("gzip", "gzip1", "gzip9") else "none",
+    )
 
 
-def original_cluster(cluster: ExternalCluster) -> dict[str, Any]:
+def original_cluster(cluster: ExternalCluster) -> ClusterBody:
     """A cluster in the original's ``gd_ec`` shape, without its secret."""
-    return {
-        "name": cluster.name,
-        "type": "http_cluster",
-        "params": {
-            "connection": {
-                "server": cluster.url,
-                "ignore_ssql_validation": not cluster.verify_tls,
-                "query_wait": round(cluster.timeout * shapes.NS),
-                "max_conn": 0,
-                "max_idle_duration": 0,
-            },
-            "auth_type": "basic" if cluster.secret_kind == "password" else "",
-            "auth_info": None,  # never shown, not even encrypted
-            "user_name": cluster.username or "",
-            "prefer_content_type": "",
-            "send_content_type": "gzip" if cluster.compression == "gzip" else "",
-            "replace_name_force": True,
-        },
-    }
+    return ClusterBody(
+        name=cluster.name,
+        type="http_cluster",
+        params=ClusterParams(
+            connection=Connection(
+                server=cluster.url,
+                ignore_ssql_validation=not cluster.verify_tls,
+                query_wait=round(cluster.timeout * shapes.NS),
+            ),
+            auth_type="basic" if cluster.secret_kind == "password" else "",
+            auth_info=None,  # never shown, not even encrypted
+            user_name=cluster.username or "",
+            send_content_type="gzip" if cluster.compression == "gzip" else "",
+            replace_name_force=True,
+        ),
+    )
 
 
 async def add_ec(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, ClusterBody, request.action)
-    ctx.same_as("PUT", "/v1/clusters/{name}", name=body.name)
+    ctx.same_as("PUT", CLUSTER_PATH, name=body.name)
     if any(cluster.name == body.name for cluster in ctx.clusters.clusters()):
         raise AlreadyExists(f"external cluster `{body.name}` already exists")
-    await ctx.clusters.put(body.name, capella_cluster(body), by=ctx.identity)
+    # Put as /v1 puts a body, which the registry decodes and checks as it checks any other.
+    await ctx.clusters.put(body.name, msgspec.to_builtins(capella_cluster(body)), by=ctx.identity)
     return None
 
 
 async def drop_ec(ctx: Context, request: Request) -> object:
     name = body_name(request)
-    ctx.same_as("DELETE", "/v1/clusters/{name}", name=name)
+    ctx.same_as("DELETE", CLUSTER_PATH, name=name)
     await ctx.clusters.drop(name, used_by=ctx.supervisor.using_cluster(name))
     return None
 
 
 async def gd_ec(ctx: Context, request: Request) -> object:
     name = body_name(request)
-    ctx.same_as("GET", "/v1/clusters/{name}", name=name)
+    ctx.same_as("GET", CLUSTER_PATH, name=name)
     return original_cluster(ctx.clusters.cluster(name))
 
 

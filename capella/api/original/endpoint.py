@@ -18,9 +18,9 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import gzip
 import logging
 import time
-from typing import Any
 
 import msgspec
 import orjson
@@ -43,9 +43,11 @@ from capella.api.original.envelope import (
     parse,
 )
 from capella.api.request import CLUSTER, SETTINGS, SUPERVISOR
-from capella.api.route import Route
+from capella.api.route import RELAY_PATH, Handler, Route
 from capella.auth.authenticator import Authenticator
 from capella.auth.rule import UNRESTRICTED, Identity
+from capella.auth.store import AuthStore
+from capella.client.async_client import AsyncClient
 from capella.config import CompatSettings
 from capella.errors import (
     CallLoop,
@@ -61,6 +63,8 @@ from capella.errors import (
 
 log = logging.getLogger(__name__)
 
+# Where the original serves its RPC endpoint, here and on the clusters a call is passed on to.
+PATH = "/cluster"
 COMPAT = web.AppKey("compat", CompatSettings)
 # Every action this endpoint answers, by its name on the wire.
 ALL_ACTIONS: dict[str, Action] = {**ACTIONS, **handlers.ACTIONS, **clusters.ACTIONS, **security.ACTIONS}
@@ -193,7 +197,7 @@ async def _context(request: web.Request, envelope: Envelope) -> Context:
         identity=identity,
         users=users,
         authenticated=authenticator is not None,
-        extra={"compat": app[COMPAT]},
+        compat=app[COMPAT],
     )
 
 
@@ -210,7 +214,7 @@ def _secret(auth_info: str | None) -> str:
     return value
 
 
-def _acting(identity: Identity, envelope: Envelope, users: Any) -> Identity:
+def _acting(identity: Identity, envelope: Envelope, users: AuthStore | None) -> Identity:
     """The identity the request runs as: the sender, or (for an admin) the user it names."""
     assert envelope.request is not None
     name = "" if envelope.replace_name_force else envelope.request.user
@@ -221,7 +225,7 @@ def _acting(identity: Identity, envelope: Envelope, users: Any) -> Identity:
     user = users.find_user(name) if users is not None else None
     if user is None or not user.enabled:
         raise Unauthorized("invalid user name or password")
-    return user.identity("impersonated")  # type: ignore[no-any-return]
+    return user.identity("impersonated")
 
 
 async def run(ctx: Context, request: Request, envelope: Envelope) -> object:
@@ -280,34 +284,25 @@ def _never_relayed(action: str) -> RelayRefused:
 async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelope) -> object:
     """Send ``request`` to external cluster ``cluster`` as the cluster's user; its answer, or its error."""
     # What the /v1 relay through the cluster needs (external_cluster relay): one check, two doors.
-    ctx.same_as("GET", "/v1/clusters/{name}/v1/{path}", name=cluster)
+    ctx.same_as("GET", RELAY_PATH, name=cluster)
     action = final_action(request)
     if action in security.ACTIONS:
         raise _never_relayed(action)
-    compat: CompatSettings = ctx.extra["compat"]
-    if len(envelope.hops) >= compat.max_hops:
+    if len(envelope.hops) >= ctx.compat.max_hops:
         raise TooManyHops(f"the call has passed through {len(envelope.hops)} clusters ([compat] max_hops)")
     clusters = ctx.clusters
     kind, username, secret = clusters.credentials(cluster)
     now = time.time_ns()
-    sent = {
-        "auth_type": "bearer" if kind == "token" else "basic" if kind == "password" else "",
-        "user_name": username or "",
-        "auth_info": None if secret is None else base64.b64encode(orjson.dumps(secret)).decode("ascii"),
-        "wait": max(envelope.current_time + envelope.wait - now, 1_000_000_000),
-        "current_time": now,
-        "prefer_content_type": "",
-        "replace_name_force": False,
-        "request": {
-            "name": "",
-            "user": "",
-            "action": request.action,
-            "body": request.body,
-            "object_name": request.object_name,
-        },
-        "hops": [*envelope.hops, ctx.cluster.name],
-    }
-    raw = await (await clusters.client(cluster)).original_call(msgspec.json.encode(sent))
+    sent = Envelope(
+        auth_type="bearer" if kind == "token" else "basic" if kind == "password" else "",
+        user_name=username or "",
+        auth_info=None if secret is None else base64.b64encode(orjson.dumps(secret)).decode("ascii"),
+        wait=max(envelope.current_time + envelope.wait - now, 1_000_000_000),
+        current_time=now,
+        request=Request(action=request.action, body=request.body, object_name=request.object_name),
+        hops=[*envelope.hops, ctx.cluster.name],
+    )
+    raw = await post(await clusters.client(cluster), msgspec.json.encode(sent))
     try:
         got = orjson.loads(raw)["responce"]
         error = got["error"]
@@ -320,7 +315,16 @@ async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelo
     return got.get("body")
 
 
-def _route(method: str, path: str, handler: Any, summary: str) -> Route:
+async def post(client: AsyncClient, envelope: bytes) -> bytes:
+    """POST an envelope (gzipped) to the far side's ``/cluster`` through ``client``: the answer's bytes.
+
+    The envelope carries its own credentials, as the original's clients send them.
+    """
+    body = gzip.compress(envelope, compresslevel=5)
+    return await client.transport.call("POST", PATH, data=body, headers={"Compress-Type": "gzip"})
+
+
+def _route(method: str, path: str, handler: Handler, summary: str) -> Route:
     return Route(
         method,
         path,
@@ -332,14 +336,14 @@ def _route(method: str, path: str, handler: Any, summary: str) -> Route:
         answers={200: doc_answer("The original's answer envelope")},
         fails=None,
         # /cluster runs any action whatever the method: a GET from another site's page is refused too.
-        writes=path == "/cluster",
+        writes=path == PATH,
     )
 
 
 # Served with [compat] original = true; the original does not check the method.
 ROUTES = [
-    _route("POST", "/cluster", cluster_call, "The original Capella's RPC endpoint (docs/compat.md)"),
-    _route("GET", "/cluster", cluster_call, "The original Capella's RPC endpoint (docs/compat.md)"),
+    _route("POST", PATH, cluster_call, "The original Capella's RPC endpoint (docs/compat.md)"),
+    _route("GET", PATH, cluster_call, "The original Capella's RPC endpoint (docs/compat.md)"),
     _route("POST", "/ping", ping, "The original Capella's liveness probe"),
     _route("GET", "/ping", ping, "The original Capella's liveness probe"),
 ]

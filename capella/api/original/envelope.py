@@ -52,21 +52,25 @@ class Failure(Exception):
             body=body,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        shown: dict[str, Any] = {"code": self.code, "msg": self.msg}
-        if self.iet:
-            shown["iet"] = self.iet
-        if self.inner is not None:
-            shown["ie"] = self.inner.to_dict()
-        return shown
+    def shown(self) -> ErrorBody:
+        return ErrorBody(self.code, self.msg, self.iet, None if self.inner is None else self.inner.shown())
+
+
+class ErrorBody(msgspec.Struct, omit_defaults=True):
+    """The original's error object as answered: ``iet`` and ``ie`` only when there are any."""
+
+    code: int
+    msg: str
+    iet: str = ""
+    ie: ErrorBody | None = None
 
 
 class Request(msgspec.Struct):
     """What to do: ``action`` on ``object_name`` with ``body``, as ``user`` (empty: the sender)."""
 
-    action: str = ""
     name: str = ""
     user: str = ""
+    action: str = ""
     body: msgspec.Raw = msgspec.Raw(b"null")
     object_name: str = ""
 
@@ -236,8 +240,10 @@ def answer(start: int, body: object, error: Failure | None, prefer: str) -> tupl
         {
             "start": start,
             "finish": time.time_ns(),
-            "responce": {"body": body, "error": None if error is None else error.to_dict()},
-        }
+            "responce": {"body": body, "error": None if error is None else error.shown()},
+        },
+        # An action's answer may be a struct (the original's shapes, shapes.py).
+        default=msgspec.to_builtins,
     )
     if prefer in GZIP:
         return gzip.compress(text, compresslevel=5), "gzip"

@@ -12,16 +12,17 @@ everything that user holds, as on ``/v1``. docs/compat.md lists the mapping and 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import msgspec
 
 from capella.api.original import shapes
 from capella.api.original.actions import PERMISSIONS, Action, Context, body_name
 from capella.api.original.envelope import Request
+from capella.api.route import USER_PATH
 from capella.auth.rule import AccessRule
 from capella.auth.store import AuthStore
 from capella.errors import AlreadyExists, Forbidden, InvalidRequest, NotFound
+from capella.wire.auth import UserPut
 
 # Where rights Capella has but the original cannot name are shown in SecurityATRZ_get.
 CAPELLA_TYPE = "CAPELLA"
@@ -45,14 +46,36 @@ class RuleBody(msgspec.Struct):
     allowed: bool = False
 
 
+class ShownUser(msgspec.Struct):
+    """A user as ``SecurityATCB_get_use_cluster`` lists it."""
+
+    name: str
+    is_enable: bool
+
+
+class UserRights(msgspec.Struct, omit_defaults=True):
+    """A user's rights as ``SecurityATRZ_get`` shows them: ``is_admin`` only when true."""
+
+    name: str
+    rule: dict[str, dict[str, dict[str, bool]]]
+    is_admin: bool = False
+
+
+class Rights(msgspec.Struct):
+    """``SecurityATRZ_get``'s answer: the rights of every user the caller may read, by name."""
+
+    users: dict[str, UserRights]
+
+
 def _store(ctx: Context) -> AuthStore:
     if ctx.users is None:
         raise NotFound("authentication is off: there are no users (set [auth] enabled = true)")
     return ctx.users
 
 
-async def _put(ctx: Context, name: str, data: dict[str, Any]) -> None:
-    await asyncio.to_thread(_store(ctx).put_user, name, data)
+async def _put(ctx: Context, name: str, change: UserPut) -> None:
+    """Change the user with ``change``, the body ``PUT /v1/users/{name}`` takes, as the store reads one."""
+    await asyncio.to_thread(_store(ctx).put_user, name, msgspec.to_builtins(change))
 
 
 def _acting_on(ctx: Context, name: str) -> None:
@@ -62,7 +85,7 @@ def _acting_on(ctx: Context, name: str) -> None:
 
 
 def _admin_only(ctx: Context, name: str) -> None:
-    ctx.same_as("PUT", "/v1/users/{name}", name=name)
+    ctx.same_as("PUT", USER_PATH, name=name)
     if not ctx.identity.admin:
         # /v1 lets only an admin set admin or rules: a user manager could otherwise grant itself more.
         raise Forbidden("only an admin may set admin or rules")
@@ -111,27 +134,27 @@ def original_rules(rules: tuple[AccessRule, ...]) -> dict[str, dict[str, dict[st
 
 async def add_user(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, NamePassword, request.action)
-    ctx.same_as("PUT", "/v1/users/{name}", name=body.name)
+    ctx.same_as("PUT", USER_PATH, name=body.name)
     if _store(ctx).find_user(body.name) is not None:
         raise AlreadyExists(f"User `{body.name}` is already exists")
     # As the original: a new user is disabled until enabled, and has no rights until given some.
-    await _put(ctx, body.name, {"password": body.pwd, "enabled": False, "rules": []})
+    await _put(ctx, body.name, UserPut(password=body.pwd, enabled=False, rules=[]))
     return None
 
 
 async def update_user(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, NamePassword, request.action)
-    ctx.same_as("PUT", "/v1/users/{name}", name=body.name)
+    ctx.same_as("PUT", USER_PATH, name=body.name)
     _acting_on(ctx, body.name)
-    await _put(ctx, body.name, {"password": body.pwd})
+    await _put(ctx, body.name, UserPut(password=body.pwd))
     return None
 
 
 async def _enable(ctx: Context, request: Request, enabled: bool) -> object:
     name = body_name(request)
-    ctx.same_as("PUT", "/v1/users/{name}", name=name)
+    ctx.same_as("PUT", USER_PATH, name=name)
     _acting_on(ctx, name)
-    await _put(ctx, name, {"enabled": enabled})
+    await _put(ctx, name, UserPut(enabled=enabled))
     return None
 
 
@@ -145,7 +168,7 @@ async def disable_user(ctx: Context, request: Request) -> object:
 
 async def drop_user(ctx: Context, request: Request) -> object:
     name = body_name(request)
-    ctx.same_as("DELETE", "/v1/users/{name}", name=name)
+    ctx.same_as("DELETE", USER_PATH, name=name)
     _acting_on(ctx, name)
     await asyncio.to_thread(_store(ctx).drop_user, name)
     return None
@@ -153,9 +176,7 @@ async def drop_user(ctx: Context, request: Request) -> object:
 
 async def get_users(ctx: Context, request: Request) -> object:
     users = _store(ctx).users()
-    return [
-        {"name": u.name, "is_enable": u.enabled} for u in users if ctx.identity.can("user", "read", u.name)
-    ]
+    return [ShownUser(u.name, u.enabled) for u in users if ctx.identity.can("user", "read", u.name)]
 
 
 # --- rights (ATRZ) ---------------------------------------------------------------------------
@@ -165,7 +186,7 @@ async def add_sec_user(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, NameAdmin, request.action)
     _admin_only(ctx, body.name)
     _store(ctx).user(body.name)
-    await _put(ctx, body.name, {"admin": body.is_admin, "rules": []})
+    await _put(ctx, body.name, UserPut(admin=body.is_admin, rules=[]))
     return None
 
 
@@ -173,7 +194,7 @@ async def set_admin(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, NameAdmin, request.action)
     _admin_only(ctx, body.name)
     _store(ctx).user(body.name)
-    await _put(ctx, body.name, {"admin": body.is_admin})
+    await _put(ctx, body.name, UserPut(admin=body.is_admin))
     return None
 
 
@@ -182,7 +203,7 @@ async def drop_sec_user(ctx: Context, request: Request) -> object:
     name = body_name(request)
     _admin_only(ctx, name)
     _store(ctx).user(name)
-    await _put(ctx, name, {"admin": False, "rules": []})
+    await _put(ctx, name, UserPut(admin=False, rules=[]))
     return None
 
 
@@ -195,7 +216,7 @@ async def _set_rules(ctx: Context, request: Request, add: bool) -> object:
     kept = [r for r in user.rules if (r.type, r.action, r.pattern) != (rule.type, rule.action, rule.pattern)]
     if add:
         kept.append(rule)
-    await _put(ctx, body.name, {"rules": [str(r) for r in kept]})
+    await _put(ctx, body.name, UserPut(rules=[str(r) for r in kept]))
     return None
 
 
@@ -208,14 +229,13 @@ async def drop_rule(ctx: Context, request: Request) -> object:
 
 
 async def get_rights(ctx: Context, request: Request) -> object:
-    users: dict[str, Any] = {}
-    for u in _store(ctx).users():
-        if ctx.identity.can("user", "read", u.name):
-            shown: dict[str, Any] = {"name": u.name, "rule": original_rules(u.rules)}
-            if u.admin:
-                shown["is_admin"] = True
-            users[u.name] = shown
-    return {"users": users}
+    return Rights(
+        {
+            u.name: UserRights(u.name, original_rules(u.rules), u.admin)
+            for u in _store(ctx).users()
+            if ctx.identity.can("user", "read", u.name)
+        }
+    )
 
 
 ACTIONS: dict[str, Action] = {

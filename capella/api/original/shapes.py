@@ -7,15 +7,16 @@ times RFC 3339 with nanoseconds.
 
 from __future__ import annotations
 
-import base64
 import datetime
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from capella.core.definition import QueueSettings
 from capella.core.message import Draft, Message, SaveMode
 from capella.errors import InvalidRequest, InvalidSaveMode
+from capella.wire import queues as wire
 
 NS = 1_000_000_000
 ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -108,18 +109,38 @@ def save_mode(number: int) -> SaveMode:
     return SaveMode(number)
 
 
-def message(m: Message) -> dict[str, Any]:
+class ShownMessage(msgspec.Struct):
+    """A stored message in the original's shape (``msg`` is base64 on the wire)."""
+
+    id: int
+    eid: int
+    s_dt: int
+    dt: str
+    msg: bytes
+    src: str
+    is_saved: bool
+    sg: int
+
+
+class SegmentPage(msgspec.Struct):
+    """``q_get_segment``'s answer: the messages (null for none) and where the read ended."""
+
+    msgs: list[ShownMessage] | None
+    last_id: int
+
+
+def message(m: Message) -> ShownMessage:
     """A stored message in the original's shape."""
-    return {
-        "id": m.id,
-        "eid": m.external_id,
-        "s_dt": int(m.external_time),
-        "dt": rfc3339(m.time),
-        "msg": base64.b64encode(m.payload).decode("ascii"),
-        "src": m.source,
-        "is_saved": True,
-        "sg": m.segment,
-    }
+    return ShownMessage(
+        id=m.id,
+        eid=m.external_id,
+        s_dt=int(m.external_time),
+        dt=rfc3339(m.time),
+        msg=m.payload,
+        src=m.source,
+        is_saved=True,
+        sg=m.segment,
+    )
 
 
 def rfc3339(seconds: float | None) -> str:
@@ -169,8 +190,8 @@ def mark_name(number: int) -> str:
     return "" if number == 0 else chr(ord("a") + number - 1)
 
 
-def queue_definition(params: QueueParams, mounts: set[str], default_mount: str) -> dict[str, Any]:
-    """The body of ``PUT /v1/queues/{queue}`` for the original's queue params.
+def queue_definition(params: QueueParams, mounts: set[str], default_mount: str) -> wire.QueueDefinition:
+    """The definition ``PUT /v1/queues/{queue}`` takes, for the original's queue params.
 
     A mount the cluster does not have is taken as its default mount (the original's examples
     name ``meta``, ``fast``, ``compress``...).
@@ -179,47 +200,39 @@ def queue_definition(params: QueueParams, mounts: set[str], default_mount: str) 
     def mount(name: str) -> str:
         return name if name in mounts else default_mount
 
-    data: dict[str, Any] = {}
-    block = {
-        key: value
-        for key, value in (
-            ("max_messages", params.cnt_limit),
-            ("max_bytes", params.len_limit),
-            ("max_age", params.time_limit / NS),
-        )
-        if value
-    }
-    if block:
-        data["block"] = block
-    data["save"] = int(save_mode(params.default_save_mod)) if params.default_save_mod else "none"
+    block = wire.BlockLimits(
+        max_messages=params.cnt_limit or None,
+        max_bytes=params.len_limit or None,
+        max_age=params.time_limit / NS or None,
+    )
+    segments: wire.SegmentRange | UnsetType = UNSET
     if params.segments is not None and params.segments.s:
         if len(params.segments.s) > 1:
             raise InvalidRequest("a Capella queue takes one segment range; give segments.s one {from, to}")
         only = params.segments.s[0]
-        data["segments"] = {"min": only.from_, "max": only.to}
+        segments = wire.SegmentRange(min=only.from_, max=only.to)
     marks = {str(mark_number(k)): mount(v) for k, v in (params.marker_block_mount_name or {}).items()}
-    data["mounts"] = {"meta": mount(params.meta_mount_name or default_mount)}
-    if marks:
-        data["mounts"]["marks"] = marks
-    return data
+    return wire.QueueDefinition(
+        block=block if block != wire.BlockLimits() else UNSET,
+        save=int(save_mode(params.default_save_mod)) if params.default_save_mod else "none",
+        segments=segments,
+        mounts=wire.Mounts(meta=mount(params.meta_mount_name or default_mount), marks=marks or None),
+    )
 
 
-def queue_description(name: str, d: QueueSettings) -> dict[str, Any]:
+def queue_description(name: str, d: QueueSettings) -> QueueDescription:
     """A Capella queue in the original's ``gd_q`` shape."""
-    return {
-        "name": name,
-        "type": "simple_queue",
-        "create_on_load": False,
-        "owner": "",
-        "params": {
-            "cnt_limit": d.block.max_messages,
-            "time_limit": round(d.block.max_age * NS),
-            "len_limit": d.block.max_bytes,
-            "meta_mount_name": d.meta_mount,
-            "subscriber_mount_name": d.meta_mount,
-            "marker_block_mount_name": {mark_name(k): v for k, v in sorted(d.marks.items())},
-            "segments": None if d.segments is None else {"s": [{"from": d.segments[0], "to": d.segments[1]}]},
-            "default_save_mod": int(d.save),
-            "use_default_save_mod_force": False,
-        },
-    }
+    return QueueDescription(
+        name=name,
+        type="simple_queue",
+        params=QueueParams(
+            cnt_limit=d.block.max_messages,
+            time_limit=round(d.block.max_age * NS),
+            len_limit=d.block.max_bytes,
+            meta_mount_name=d.meta_mount,
+            subscriber_mount_name=d.meta_mount,
+            marker_block_mount_name={mark_name(k): v for k, v in sorted(d.marks.items())},
+            segments=None if d.segments is None else Segments([Range(d.segments[0], d.segments[1])]),
+            default_save_mod=int(d.save),
+        ),
+    )
