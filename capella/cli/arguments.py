@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import argparse
 
+from capella.cli.command import Arg, arg
 
-def add_message_filters(parser: argparse.ArgumentParser) -> None:
+
+def message_filters() -> tuple[Arg, ...]:
     """``--source`` and ``--header NAME=VALUE`` (into ``headers``): which messages a command means."""
-    parser.add_argument("--source", metavar="S", help="only messages from this source")
-    parser.add_argument(
-        "--header",
-        dest="headers",
-        action="append",
-        type=pair,
-        default=[],
-        metavar="NAME=VALUE",
-        help="only messages with this header value (repeat)",
+    return (
+        arg("--source", metavar="S", help="only messages from this source"),
+        arg(
+            "--header",
+            dest="headers",
+            action="append",
+            type=pair,
+            default=[],
+            metavar="NAME=VALUE",
+            help="only messages with this header value (repeat)",
+        ),
     )
 
 
