@@ -4,7 +4,8 @@ Every command but ``serve`` uses ``capella.client.Client`` against ``--url`` (de
 ``$CAPELLA_URL``, else a saved context (``cli/contexts.py``), else http://127.0.0.1:8676),
 signed in as ``cli/login.py`` describes (``--user``, ``$CAPELLA_USER`` + ``$CAPELLA_PASSWORD``,
 ``$CAPELLA_TOKEN``, or the context's); ``user`` commands can also work on a stopped server's
-data directory. Errors print as ``capella: <code>: <message>``
+data directory. Each command is one row of the table in ``cli/command.py``, declared in
+its module (``queue.QUEUE``...). Errors print as ``capella: <code>: <message>``
 and exit 1; bad usage exits 2; Ctrl-C exits 130.
 """
 
