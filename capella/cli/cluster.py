@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from capella.cli.command import Command, Confirm, Family, arg, one_of
+from capella.cli.command import Command, Family, arg, drop, one_of
 from capella.cli.output import created, error, print_fields, print_table
 from capella.client import Client, Saved
 from capella.wire.clusters import ClusterInfo, ClusterPing, NameCheck
@@ -176,16 +176,6 @@ CLUSTER = Family(
             args=(arg("name"),),
             exit=ping_exit,
         ),
-        Command(
-            "drop",
-            "forget an external cluster",
-            lambda args, client: client.drop_cluster(args.name),
-            text=lambda args, _: print(f"cluster {args.name} dropped"),
-            json=lambda args, _: {"dropped": args.name},
-            args=(arg("name"),),
-            confirm=Confirm(
-                "drop cluster {name}?", "not dropping cluster {name} without --yes", "not dropped"
-            ),
-        ),
+        drop("cluster", "forget an external cluster", lambda args, client: client.drop_cluster(args.name)),
     ),
 )

@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from capella.cli.output import error, print_json
@@ -125,7 +125,8 @@ def no_problem(args: argparse.Namespace) -> str | None:
 class Command(Generic[A]):
     """One command: its ``name`` (under its family's), ``help``, ``args`` and what it does.
 
-    ``call`` gets the arguments and what ``on`` opened (a signed-in ``Client`` by default) and
+    ``call`` gets the arguments and what ``on`` opened (``None``: what its family's opens, a
+    signed-in ``Client`` by default) and
     gives the answer; ``text`` prints it for people, ``json`` is what ``--json`` prints (the
     answer itself by default). ``text=None``: the call prints as it goes (a stream, or output
     that is never JSON). ``check`` names a wrong use before anything is done (exit 2);
@@ -140,21 +141,47 @@ class Command(Generic[A]):
     json: Callable[[argparse.Namespace, A], object] = the_answer
     args: tuple[Arg | Group, ...] = ()
     description: str | None = None
-    on: Opener = server
+    on: Opener | None = None
     check: Callable[[argparse.Namespace], str | None] = no_problem
     confirm: Confirm | None = None
     exit: Callable[[argparse.Namespace, A], int] = success
     common: bool = True
 
 
+def drop(
+    kind: str,
+    help: str,
+    call: Callable[[argparse.Namespace, Any], None],
+    *,
+    question: str | None = None,
+    args: tuple[Arg | Group, ...] = (),
+) -> Command[None]:
+    """``KIND drop NAME``: asks ``question`` first (``drop KIND NAME?``); prints ``KIND NAME dropped``."""
+    return Command(
+        "drop",
+        help,
+        call,
+        text=lambda args, _: print(f"{kind} {args.name} dropped"),
+        json=lambda args, _: {"dropped": args.name},
+        args=(*args, arg("name")),
+        confirm=Confirm(
+            question or f"drop {kind} {{name}}?", f"not dropping {kind} {{name}} without --yes", "not dropped"
+        ),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Family:
-    """A word that gathers commands: ``queue`` for ``queue create``, ``queue drop``..."""
+    """A word that gathers commands: ``queue`` for ``queue create``, ``queue drop``...
+
+    ``on`` is what its commands work on, unless one says otherwise.
+    """
 
     name: str
     help: str
     commands: tuple[Command[Any], ...]
     common: bool = True
+    on: Opener = server
 
 
 Row = Command[Any] | Family
@@ -171,7 +198,7 @@ def add(
         family = parsers.add_parser(row.name, help=row.help, parents=parents)
         actions = family.add_subparsers(dest="action", metavar="ACTION", required=True)
         for command in row.commands:
-            add(actions, command, common if row.common else None)
+            add(actions, replace(command, on=command.on or row.on), common if row.common else None)
         return
     parser = parsers.add_parser(row.name, help=row.help, description=row.description, parents=parents)
     _add_args(parser, row.args)
@@ -192,7 +219,7 @@ def _add_args(container: argparse._ActionsContainer, args: tuple[Arg | Group, ..
 
 def run(row: Command[Any], args: argparse.Namespace) -> int:
     """Carry out the command ``row`` with its parsed ``args``: its exit code."""
-    with row.on(args) as target:
+    with (row.on or server)(args) as target:
         if problem := row.check(args):
             error(problem)
             return 2

@@ -138,7 +138,6 @@ CONTEXT = Family(
                 arg("--use", action="store_true", help="make it the current context (the first one is)"),
                 arg("--json", action="store_true", default=False, help="print JSON for programs"),
             ),
-            on=standalone,
             common=False,
         ),
         Command(
@@ -146,7 +145,6 @@ CONTEXT = Family(
             "list the saved contexts; * marks the current",
             lambda args, _: load(),
             text=print_contexts,
-            on=standalone,
         ),
         Command(
             "use",
@@ -155,7 +153,6 @@ CONTEXT = Family(
             text=lambda args, _: print(f"context {args.name} is current"),
             json=lambda args, _: {"current": args.name},
             args=(arg("name"),),
-            on=standalone,
         ),
         Command(
             "show",
@@ -164,7 +161,6 @@ CONTEXT = Family(
             text=print_target,
             json=target_json,
             args=(arg("name", nargs="?"),),
-            on=standalone,
         ),
         Command(
             "remove",
@@ -173,7 +169,7 @@ CONTEXT = Family(
             text=lambda args, _: print(f"context {args.name} removed"),
             json=lambda args, _: {"removed": args.name},
             args=(arg("name"),),
-            on=standalone,
         ),
     ),
+    on=standalone,
 )

@@ -13,7 +13,7 @@ from typing import Any, BinaryIO
 import orjson
 from msgspec import UnsetType
 
-from capella.cli.arguments import message_filters, moment, pair, positive
+from capella.cli.arguments import MESSAGE_FILTERS, moment, pairs, positive
 from capella.cli.command import Command, arg, one_of, show
 from capella.cli.output import print_payload, utc
 from capella.cli.progress import Progress
@@ -201,15 +201,7 @@ COMMANDS = (
                 "identity, stored once (default: each message's own id)",
             ),
             arg("--segment", type=int, metavar="N", help="the messages' segment"),
-            arg(
-                "--header",
-                dest="headers",
-                action="append",
-                type=pair,
-                default=[],
-                metavar="NAME=VALUE",
-                help="a header of every message (repeat)",
-            ),
+            pairs("--header", "headers", "NAME=VALUE", "a header of every message (repeat)"),
             one_of(
                 arg("--delay", metavar="DURATION", help="deliver after this long (10s, 5m, 2h)"),
                 arg(
@@ -240,15 +232,12 @@ COMMANDS = (
             ),
             arg("--limit", type=positive, metavar="N", help="stop after N messages"),
             arg("--segments", metavar="RANGES", help="only these segments, e.g. 0-9,20"),
-            *message_filters(),
-            arg(
+            *MESSAGE_FILTERS,
+            pairs(
                 "--field",
-                dest="fields",
-                action="append",
-                type=pair,
-                default=[],
-                metavar="PATH=VALUE",
-                help="only JSON payloads whose field at the dotted PATH equals the JSON VALUE (repeat)",
+                "fields",
+                "PATH=VALUE",
+                "only JSON payloads whose field at the dotted PATH equals the JSON VALUE (repeat)",
             ),
             arg("--follow", "-f", action="store_true", help="wait for new messages until Ctrl-C"),
         ),

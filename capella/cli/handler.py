@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from msgspec import UNSET, UnsetType
 
-from capella.cli.command import Command, Confirm, Family, Refused, arg
+from capella.cli.command import Command, Family, Refused, arg, drop
 from capella.cli.output import created, error, print_fields, print_table, utc
 from capella.client import Client, Saved
 from capella.wire.handlers import HANDLER_TYPES as TYPES
@@ -96,6 +96,11 @@ def _delivery_fields(status: HandlerStatus) -> list[tuple[str, str]]:
             else f"{failure.message}{'' if failure.status else ' (no answer)'} at {utc(failure.time)}",
         ),
     ]
+
+
+def control_handler(args: argparse.Namespace, client: Client) -> HandlerInfo:
+    control = client.start_handler if args.action == "start" else client.stop_handler
+    return control(args.name)
 
 
 def run_pass(args: argparse.Namespace, client: Client) -> PassResult:
@@ -204,19 +209,20 @@ HANDLER = Family(
             text=print_handler,
             args=(arg("name"),),
         ),
-        Command(
-            "start",
-            "start a handler's periodic runs",
-            lambda args, client: client.start_handler(args.name),
-            text=lambda args, _: print(f"handler {args.name} started"),
-            args=(arg("name"),),
-        ),
-        Command(
-            "stop",
-            "stop a handler's periodic runs (waits for a running pass)",
-            lambda args, client: client.stop_handler(args.name),
-            text=lambda args, _: print(f"handler {args.name} stopped"),
-            args=(arg("name"),),
+        *(
+            Command(
+                action,
+                help_text,
+                control_handler,
+                text=lambda args, _: print(
+                    f"handler {args.name} {'started' if args.action == 'start' else 'stopped'}"
+                ),
+                args=(arg("name"),),
+            )
+            for action, help_text in (
+                ("start", "start a handler's periodic runs"),
+                ("stop", "stop a handler's periodic runs (waits for a running pass)"),
+            )
         ),
         Command(
             "run",
@@ -226,16 +232,10 @@ HANDLER = Family(
             args=(arg("name"),),
             exit=lambda args, done: 0 if done.ok else 1,
         ),
-        Command(
-            "drop",
+        drop(
+            "handler",
             "stop a handler and delete its definition",
             lambda args, client: client.drop_handler(args.name),
-            text=lambda args, _: print(f"handler {args.name} dropped"),
-            json=lambda args, _: {"dropped": args.name},
-            args=(arg("name"),),
-            confirm=Confirm(
-                "drop handler {name}?", "not dropping handler {name} without --yes", "not dropped"
-            ),
         ),
     ),
 )

@@ -40,7 +40,6 @@ PG = Family(
                 ),
                 arg("--keep", action="store_true", help="add relayed_at, for a relay with delete: false"),
             ),
-            on=no_server,
         ),
         Command(
             "inbox-ddl",
@@ -48,8 +47,8 @@ PG = Family(
             print_inbox_ddl,
             text=None,
             args=(arg("--table", default="capella_inbox", help="the table (default capella_inbox)"),),
-            on=no_server,
         ),
     ),
     common=False,
+    on=no_server,
 )

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from capella.cli.command import Command, Confirm, Family, arg, section
+from capella.cli.command import Command, Family, arg, drop, section
 from capella.cli.output import created, print_fields, print_table, size, utc
 from capella.client import Client, Saved
 from capella.wire.queues import QueueInfo
@@ -151,18 +151,11 @@ QUEUE = Family(
             json=lambda args, shown: shown[0],
             args=(arg("name"),),
         ),
-        Command(
-            "drop",
+        drop(
+            "queue",
             "delete a queue and all its messages",
             lambda args, client: client.drop_queue(args.name),
-            text=lambda args, _: print(f"queue {args.name} dropped"),
-            json=lambda args, _: {"dropped": args.name},
-            args=(arg("name"),),
-            confirm=Confirm(
-                "drop queue {name} and all its messages?",
-                "not dropping queue {name} without --yes",
-                "not dropped",
-            ),
+            question="drop queue {name} and all its messages?",
         ),
     ),
 )

@@ -24,7 +24,7 @@ from capella.auth.password import check_password
 from capella.auth.rule import Rule
 from capella.auth.store import AuthStore
 from capella.auth.store import User as StoredUser
-from capella.cli.command import Command, Confirm, Family, arg, choose_target
+from capella.cli.command import Command, Family, arg, choose_target, drop
 from capella.cli.login import Login, connect, login
 from capella.cli.output import print_fields, print_table, utc
 from capella.config import load_config
@@ -251,7 +251,6 @@ USER = Family(
                 arg("name"),
                 arg("--admin", action="store_true", help="may do everything, including managing users"),
             ),
-            on=users_of,
         ),
         Command(
             "passwd",
@@ -259,23 +258,19 @@ USER = Family(
             change_password,
             text=lambda args, _: print(f"password of user {args.name} changed"),
             args=(*OFFLINE, PASSWORD, arg("name")),
-            on=users_of,
         ),
-        Command(
-            "enable",
-            "let a user sign in again",
-            enable_user,
-            text=lambda args, _: print(f"user {args.name} enabled"),
-            args=(*OFFLINE, arg("name")),
-            on=users_of,
-        ),
-        Command(
-            "disable",
-            "stop a user signing in",
-            enable_user,
-            text=lambda args, _: print(f"user {args.name} disabled"),
-            args=(*OFFLINE, arg("name")),
-            on=users_of,
+        *(
+            Command(
+                action,
+                help_text,
+                enable_user,
+                text=lambda args, _: print(f"user {args.name} {args.action}d"),
+                args=(*OFFLINE, arg("name")),
+            )
+            for action, help_text in (
+                ("enable", "let a user sign in again"),
+                ("disable", "stop a user signing in"),
+            )
         ),
         Command(
             "list",
@@ -283,7 +278,6 @@ USER = Family(
             lambda args, account: account.users.users(),
             text=print_users,
             args=OFFLINE,
-            on=users_of,
         ),
         Command(
             "show",
@@ -291,7 +285,6 @@ USER = Family(
             lambda args, account: account.users.user(args.name),
             text=print_user,
             args=(*OFFLINE, arg("name")),
-            on=users_of,
         ),
         Command(
             "rules",
@@ -301,21 +294,14 @@ USER = Family(
             description="Replace the user's rules with the --allow and --deny given (none: no rules). "
             "Deny wins over allow; no matching rule means no.",
             args=(*OFFLINE, *RULES, arg("name")),
-            on=users_of,
         ),
-        Command(
-            "drop",
+        drop(
+            "user",
             "delete a user and revoke its tokens",
             lambda args, account: account.users.drop_user(args.name),
-            text=lambda args, _: print(f"user {args.name} dropped"),
-            json=lambda args, _: {"dropped": args.name},
-            args=(*OFFLINE, arg("name")),
-            on=users_of,
-            confirm=Confirm(
-                "drop user {name} and revoke its tokens?",
-                "not dropping user {name} without --yes",
-                "not dropped",
-            ),
+            question="drop user {name} and revoke its tokens?",
+            args=OFFLINE,
         ),
     ),
+    on=users_of,
 )

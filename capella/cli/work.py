@@ -12,7 +12,7 @@ from typing import Any
 
 from msgspec import UnsetType
 
-from capella.cli.arguments import message_filters
+from capella.cli.arguments import MESSAGE_FILTERS
 from capella.cli.command import Arg, Command, Confirm, Family, Group, arg, one_of
 from capella.cli.output import print_table, text_of, utc
 from capella.cli.progress import Progress
@@ -130,8 +130,22 @@ def _when(args: argparse.Namespace) -> dict[str, Any]:
 ON = (arg("queue"), arg("subscription", help="the ack-mode subscription"))
 SELECTION: tuple[Arg | Group, ...] = (
     arg("--status", action="append", choices=STATUSES, help="only messages with this status (repeat)"),
-    *message_filters(),
+    *MESSAGE_FILTERS,
 )
+
+
+def _answer(action: str, help_text: str, *options: Arg) -> Command[list[ReceiptResult]]:
+    """``ack`` or ``nack`` the receipts; exit 1 when one was not answered."""
+    return Command(
+        action,
+        help_text,
+        answer_receipts,
+        text=print_outcomes,
+        args=(*ON, arg("receipts", nargs="+", metavar="RECEIPT"), *options),
+        exit=lambda args, results: 0 if all(r.ok for r in results) else 1,
+    )
+
+
 IDS = arg("--id", dest="ids", type=int, action="append", metavar="ID", help="this message (repeat)")
 
 WORK = Family(
@@ -152,26 +166,12 @@ WORK = Family(
                 arg("--wait", type=float, metavar="SECONDS", help="long-poll when nothing is ready"),
             ),
         ),
-        Command(
-            "ack",
-            "finish claimed messages",
-            answer_receipts,
-            text=print_outcomes,
-            args=(*ON, arg("receipts", nargs="+", metavar="RECEIPT")),
-            exit=lambda args, results: 0 if all(r.ok for r in results) else 1,
-        ),
-        Command(
+        _answer("ack", "finish claimed messages"),
+        _answer(
             "nack",
             "give claimed messages back: retried by the policy, or dead",
-            answer_receipts,
-            text=print_outcomes,
-            args=(
-                *ON,
-                arg("receipts", nargs="+", metavar="RECEIPT"),
-                arg("--delay", metavar="DURATION", help="retry after this (default: the backoff)"),
-                arg("--error", metavar="TEXT", help="why it failed, kept with the message"),
-            ),
-            exit=lambda args, results: 0 if all(r.ok for r in results) else 1,
+            arg("--delay", metavar="DURATION", help="retry after this (default: the backoff)"),
+            arg("--error", metavar="TEXT", help="why it failed, kept with the message"),
         ),
         Command(
             "list",
