@@ -74,30 +74,32 @@ def blocking_iter(
     return call
 
 
-class Delegated(Generic[T]):
-    """An ``AsyncClient`` property as one of ``Client``: the async client's value, the same docstring.
+class Delegated(property, Generic[T]):
+    """An ``AsyncClient`` property as one of ``Client``: the async client's value.
 
-    mypy reads ``AsyncClient.transport`` as the property's getter; at run time it is the property.
+    A property whose getter wraps the async one, so ``help``, pdoc and mypy show the same
+    docstring and type. (mypy reads ``AsyncClient.transport`` as the getter; at run time it is
+    the property.)
     """
 
     def __init__(self, attribute: Callable[[AsyncClient], T]) -> None:
-        self._property = cast(property, attribute)
-        self.__doc__ = attribute.__doc__
+        original = cast(property, attribute)
+
+        @functools.wraps(cast(Callable[[AsyncClient], T], original.fget))
+        def read(client: Client) -> T:
+            return cast(T, original.__get__(client._client))
+
+        super().__init__(read)
         self.__wrapped__ = attribute
 
     @overload
-    def __get__(self, client: None, owner: type[Client]) -> Delegated[T]: ...
+    def __get__(self, client: None, owner: type[Client], /) -> Delegated[T]: ...
 
     @overload
-    def __get__(self, client: Client, owner: type[Client]) -> T: ...
+    def __get__(self, client: Client, owner: type[Client] | None = None, /) -> T: ...
 
-    def __get__(self, client: Client | None, owner: type[Client]) -> Delegated[T] | T:
-        if client is None:
-            return self
-        return cast(T, self._property.__get__(client._client))
-
-    def __set__(self, client: Client, value: T) -> None:
-        raise AttributeError("read-only, as on AsyncClient")
+    def __get__(self, client: Client | None, owner: type[Client] | None = None, /) -> Delegated[T] | T:
+        return cast("Delegated[T] | T", super().__get__(client, owner))
 
 
 class Client:
