@@ -125,12 +125,12 @@ def no_problem(args: argparse.Namespace) -> str | None:
 class Command(Generic[A]):
     """One command: its ``name`` (under its family's), ``help``, ``args`` and what it does.
 
-    ``call`` gets the arguments and what ``on`` opened (``None``: what its family's opens, a
-    signed-in ``Client`` by default) and
-    gives the answer; ``text`` prints it for people, ``json`` is what ``--json`` prints (the
-    answer itself by default). ``text=None``: the call prints as it goes (a stream, or output
-    that is never JSON). ``check`` names a wrong use before anything is done (exit 2);
-    ``exit`` is the exit code for the answer (0 by default) and says on stderr why it is not 0.
+    ``call`` gets the arguments and what ``on`` opened (``None``: what its family opens, a
+    signed-in ``Client`` by default) and gives the answer; ``text`` prints it for people,
+    ``json`` is what ``--json`` prints (the answer itself by default). ``text=None``: the call
+    prints as it goes (a stream, or output that is never JSON). ``check`` names a wrong use
+    before anything is done (exit 2); ``exit`` is the exit code for the answer (0 by default)
+    and says on stderr why it is not 0.
     ``common``: the command takes the global options (``--url``, ``--json``...) after its name.
     """
 

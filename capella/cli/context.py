@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from capella.cli.command import Command, Family, arg, standalone
 from capella.cli.contexts import Context, Contexts, Target, check_name, choose, load, save
@@ -17,8 +17,14 @@ from capella.cli.output import created, print_fields, print_table
 from capella.client import DEFAULT_URL
 from capella.errors import ContextNotFound
 
-# What `context add` saved: the file's contexts, the new one's name, whether it existed, the file.
-Added = tuple[Contexts, str, bool, Path]
+
+class Added(NamedTuple):
+    """What ``context add`` saved: the file's contexts, and the new one in the file."""
+
+    contexts: Contexts
+    name: str
+    existed: bool
+    file: Path
 
 
 def add_context(args: argparse.Namespace, _: None) -> Added:
@@ -34,7 +40,7 @@ def add_context(args: argparse.Namespace, _: None) -> Added:
     )
     if args.use or contexts.current is None:
         contexts.current = name
-    return contexts, name, existed, save(contexts)
+    return Added(contexts, name, existed, save(contexts))
 
 
 def print_added(args: argparse.Namespace, added: Added) -> None:
@@ -122,7 +128,7 @@ CONTEXT = Family(
             "save a server as a context, or replace one",
             add_context,
             text=print_added,
-            json=lambda args, added: added[0].contexts[added[1]],
+            json=lambda args, added: added.contexts.contexts[added.name],
             description="Save a server under NAME. No password is ever saved: with --user, it comes "
             "from $CAPELLA_PASSWORD or a prompt; a bearer token is read from --token-file at each use.",
             args=(
