@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import io
 import sys
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,7 @@ def calls(answer: object) -> tuple[list[str], Command[object]]:
     )
 
 
-def parsed(row: Command[object], *argv: str) -> argparse.Namespace:
+def parsed(row: Command[Any], *argv: str) -> argparse.Namespace:
     root = argparse.ArgumentParser(prog="capella")
     root.add_argument("--json", action="store_true")
     add(root.add_subparsers(dest="command", required=True), Family("thing", "things", (row,)), None)
