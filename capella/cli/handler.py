@@ -104,7 +104,7 @@ def control_handler(args: argparse.Namespace, client: Client) -> HandlerInfo:
 
 
 def run_pass(args: argparse.Namespace, client: Client) -> PassResult:
-    """One pass: its own items and bytes on stdout, or its error on stderr; exit 0 or 1."""
+    """The pass the server ran now: its items and bytes, or its error."""
     done = client.run_handler(args.name).pass_
     if isinstance(done, UnsetType):  # a server older than the pass in the answer
         raise Refused(f"handler {args.name}: the server does not report the pass it ran")
@@ -112,6 +112,7 @@ def run_pass(args: argparse.Namespace, client: Client) -> PassResult:
 
 
 def print_pass(args: argparse.Namespace, done: PassResult) -> None:
+    """What it did on stdout, or its error on stderr (and the run exits 1)."""
     if done.ok:
         print(f"handler {args.name} pass ok: {done.items} items, {done.bytes} bytes")
     else:
