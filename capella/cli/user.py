@@ -76,7 +76,7 @@ def _shown(user: StoredUser) -> User:
 
 
 @dataclass(frozen=True, slots=True)
-class Account:
+class Access:
     """What a ``user`` command works on: the users, and who signed in to reach them."""
 
     users: Users
@@ -84,25 +84,25 @@ class Account:
 
 
 @contextmanager
-def users_of(args: argparse.Namespace) -> Iterator[Account]:
+def users_of(args: argparse.Namespace) -> Iterator[Access]:
     """The server's users, or the data directory's when one is named (``--data-dir``, ``--config``)."""
     choose_target(args)
     if args.data_dir is None and args.config is None:
         who = login(args)
         with connect(args, who) as client:
-            yield Account(client, who)
+            yield Access(client, who)
         return
     config = load_config(args.config, {"data_dir": args.data_dir})
     store = AuthStore(config.data_dir / "auth")
     store.lock()
     try:
-        yield Account(StoreUsers(store), Login())
+        yield Access(StoreUsers(store), Login())
     finally:
         store.unlock()
 
 
-def add_user(args: argparse.Namespace, account: Account) -> User:
-    users = account.users
+def add_user(args: argparse.Namespace, access: Access) -> User:
+    users = access.users
     # Ask before the prompt: PUT would otherwise reset an existing user's password.
     if _exists(users, args.name):
         raise AlreadyExists(
@@ -117,8 +117,8 @@ def add_user(args: argparse.Namespace, account: Account) -> User:
     return users.put_user(args.name, **fields)
 
 
-def change_password(args: argparse.Namespace, account: Account) -> User:
-    users, who = account.users, account.who
+def change_password(args: argparse.Namespace, access: Access) -> User:
+    users, who = access.users, access.who
     users.user(args.name)
     new = _new_password(args)
     # The server wants the old password from a user who changes its own without `user admin`.
@@ -126,9 +126,9 @@ def change_password(args: argparse.Namespace, account: Account) -> User:
     return users.change_password(args.name, new, old)
 
 
-def enable_user(args: argparse.Namespace, account: Account) -> User:
-    account.users.user(args.name)  # a PUT would try to create a missing user
-    return account.users.put_user(args.name, enabled=args.action == "enable")
+def enable_user(args: argparse.Namespace, access: Access) -> User:
+    access.users.user(args.name)  # a PUT would try to create a missing user
+    return access.users.put_user(args.name, enabled=args.action == "enable")
 
 
 def print_users(args: argparse.Namespace, found: list[User]) -> None:
@@ -158,9 +158,9 @@ def print_user(args: argparse.Namespace, info: User) -> None:
     )
 
 
-def set_rules(args: argparse.Namespace, account: Account) -> User:
-    account.users.user(args.name)
-    return account.users.put_user(args.name, rules=_rules(args))
+def set_rules(args: argparse.Namespace, access: Access) -> User:
+    access.users.user(args.name)
+    return access.users.put_user(args.name, rules=_rules(args))
 
 
 def print_rules(args: argparse.Namespace, info: User) -> None:
@@ -275,14 +275,14 @@ USER = Family(
         Command(
             "list",
             "list users and their rules",
-            lambda args, account: account.users.users(),
+            lambda args, access: access.users.users(),
             text=print_users,
             args=OFFLINE,
         ),
         Command(
             "show",
             "show a user (never its password)",
-            lambda args, account: account.users.user(args.name),
+            lambda args, access: access.users.user(args.name),
             text=print_user,
             args=(*OFFLINE, arg("name")),
         ),
@@ -298,7 +298,7 @@ USER = Family(
         drop(
             "user",
             "delete a user and revoke its tokens",
-            lambda args, account: account.users.drop_user(args.name),
+            lambda args, access: access.users.drop_user(args.name),
             question="drop user {name} and revoke its tokens?",
             args=OFFLINE,
         ),
