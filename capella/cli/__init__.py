@@ -4,7 +4,8 @@ Every command but ``serve`` uses ``capella.client.Client`` against ``--url`` (de
 ``$CAPELLA_URL``, else a saved context (``cli/contexts.py``), else http://127.0.0.1:8676),
 signed in as ``cli/login.py`` describes (``--user``, ``$CAPELLA_USER`` + ``$CAPELLA_PASSWORD``,
 ``$CAPELLA_TOKEN``, or the context's); ``user`` commands can also work on a stopped server's
-data directory. Errors print as ``capella: <code>: <message>``
+data directory. Each command is one row of the table in ``cli/command.py``, declared in
+its module (``queue.QUEUE``...). Errors print as ``capella: <code>: <message>``
 and exit 1; bad usage exits 2; Ctrl-C exits 130.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 
 from capella import __version__
 from capella.cli import serve
+from capella.cli.command import add, run
 from capella.cli.output import error
 from capella.errors import CapellaError, Unauthorized, Unreachable
 
@@ -27,18 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits on --help, --version and bad usage
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        if args.command not in ("serve", "context"):
-            from capella.cli.contexts import choose
-            from capella.client import DEFAULT_URL
-
-            args.target = choose(args.url, args.context, DEFAULT_URL)
-            args.url = args.target.url
-        if not args.uses_client:
-            return int(args.func(args))
-        from capella.cli.login import connect, login  # see parser: only commands that use the client
-
-        with connect(args, login(args)) as client:
-            return int(args.func(args, client))
+        return run(args.row, args)
     except Unreachable as exc:
         error(f"{exc.code}: {exc.message}")
         error(
@@ -87,7 +78,7 @@ def parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
     """
     if serve_only:
         root = argparse.ArgumentParser(prog="capella", description="Capella message broker.")
-        serve.add_parser(root.add_subparsers(dest="command", metavar="COMMAND", required=True))
+        add(root.add_subparsers(dest="command", metavar="COMMAND", required=True), serve.SERVE, None)
         return root
     from capella.cli import (
         cluster,
@@ -113,19 +104,22 @@ def parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
     root.add_argument("--version", action="version", version=f"capella {__version__}")
     _add_globals(root, suppress=False)
     commands = root.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    serve.add_parser(commands)
-    queue.add_parser(commands, common)
-    subscription.add_parser(commands, common)
-    handler.add_parser(commands, common)
-    cluster.add_parser(commands, common)
-    data.add_parsers(commands, common)
-    transfer.add_parsers(commands, common)
-    scheduled.add_parser(commands, common)
-    work.add_parser(commands, common)
-    user.add_parser(commands, common)
-    token.add_parser(commands, common)
-    pg.add_parser(commands)
-    context.add_parser(commands, common)
+    for row in (
+        serve.SERVE,
+        queue.QUEUE,
+        subscription.SUBSCRIPTION,
+        handler.HANDLER,
+        cluster.CLUSTER,
+        *data.COMMANDS,
+        *transfer.COMMANDS,
+        scheduled.SCHEDULED,
+        work.WORK,
+        user.USER,
+        token.TOKEN,
+        pg.PG,
+        context.CONTEXT,
+    ):
+        add(commands, row, common)
     return root
 
 

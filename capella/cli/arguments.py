@@ -1,22 +1,10 @@
-"""Value types for command-line options that more than one command takes."""
+"""Value types, and the options, that more than one command takes."""
 
 from __future__ import annotations
 
 import argparse
 
-
-def add_message_filters(parser: argparse.ArgumentParser) -> None:
-    """``--source`` and ``--header NAME=VALUE`` (into ``headers``): which messages a command means."""
-    parser.add_argument("--source", metavar="S", help="only messages from this source")
-    parser.add_argument(
-        "--header",
-        dest="headers",
-        action="append",
-        type=pair,
-        default=[],
-        metavar="NAME=VALUE",
-        help="only messages with this header value (repeat)",
-    )
+from capella.cli.command import Arg, arg
 
 
 def pair(text: str) -> tuple[str, str]:
@@ -25,6 +13,18 @@ def pair(text: str) -> tuple[str, str]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     return name, value
+
+
+def pairs(flag: str, dest: str, metavar: str, help: str) -> Arg:
+    """A repeatable ``NAME=VALUE`` option: its values a list of ``(name, value)`` in ``dest``."""
+    return arg(flag, dest=dest, action="append", type=pair, default=[], metavar=metavar, help=help)
+
+
+# Which messages a command means: ``--source`` and ``--header NAME=VALUE`` (into ``headers``).
+MESSAGE_FILTERS = (
+    arg("--source", metavar="S", help="only messages from this source"),
+    pairs("--header", "headers", "NAME=VALUE", "only messages with this header value (repeat)"),
+)
 
 
 def moment(text: str) -> float | str:

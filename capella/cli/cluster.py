@@ -7,78 +7,17 @@ timeout, a duration); the server's ``--url`` and ``--timeout`` go before ``clust
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from capella.cli.output import created, error, print_fields, print_json, print_table
-from capella.client import Client
-from capella.wire.clusters import NameCheck
+from capella.cli.command import Command, Family, arg, drop, one_of
+from capella.cli.output import created, error, print_fields, print_table
+from capella.client import Client, Saved
+from capella.wire.clusters import ClusterInfo, ClusterPing, NameCheck
 
 COMPRESSIONS = ("none", "gzip", "zstd")
 
 
-def add_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    cluster = commands.add_parser(
-        "cluster", help="add, list, show, ping and drop external clusters", parents=[common]
-    )
-    actions = cluster.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-    # Not parents=[common]: its --url and --timeout would clash with the cluster's own.
-    add = actions.add_parser(
-        "add",
-        help="add an external cluster, or replace its definition",
-        description="The server's own --url and --timeout go before `cluster`.",
-    )
-    add.add_argument("name")
-    add.add_argument(
-        "--url", dest="cluster_url", required=True, metavar="URL", help="the external cluster's base URL"
-    )
-    add.add_argument("--username", help="the user a password belongs to")
-    secret = add.add_mutually_exclusive_group()
-    secret.add_argument(
-        "--password-secret", metavar="NAME", help="the password is this secret declared in [secrets.NAME]"
-    )
-    secret.add_argument(
-        "--token-secret", metavar="NAME", help="a bearer token: this secret declared in [secrets.NAME]"
-    )
-    secret.add_argument(
-        "--password", help="stored encrypted by the server (visible in `ps`: prefer --password-secret)"
-    )
-    secret.add_argument("--token", help="stored encrypted by the server (prefer --token-secret)")
-    add.add_argument(
-        "--no-verify-tls", dest="verify_tls", action="store_false", help="accept any TLS certificate"
-    )
-    add.add_argument("--ca-file", metavar="FILE", help="a PEM file of CAs, on the server's machine")
-    add.add_argument(
-        "--timeout", dest="cluster_timeout", metavar="DUR", help="per request, e.g. 30s (default 30 s)"
-    )
-    add.add_argument("--connect-timeout", metavar="DUR", help="to connect, e.g. 5s (default 5 s)")
-    add.add_argument("--compression", choices=COMPRESSIONS, help="compress request bodies (default none)")
-    add.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for programs")
-    add.set_defaults(func=add_cluster, uses_client=True)
-
-    listing = actions.add_parser("list", help="list external clusters", parents=[common])
-    listing.set_defaults(func=list_clusters, uses_client=True)
-
-    show = actions.add_parser("show", help="show an external cluster (never its secret)", parents=[common])
-    show.add_argument("name")
-    show.set_defaults(func=show_cluster, uses_client=True)
-
-    ping = actions.add_parser(
-        "ping", help="check that the server reaches the cluster and is let in", parents=[common]
-    )
-    ping.add_argument("name")
-    ping.set_defaults(func=ping_cluster, uses_client=True)
-
-    drop = actions.add_parser("drop", help="forget an external cluster", parents=[common])
-    drop.add_argument("name")
-    drop.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    drop.set_defaults(func=drop_cluster, uses_client=True)
-
-
-def add_cluster(args: argparse.Namespace, client: Client) -> int:
+def save_cluster(args: argparse.Namespace, client: Client) -> Saved[ClusterInfo]:
     fields: dict[str, Any] = {"url": args.cluster_url}
     optional = {
         "username": args.username,
@@ -94,28 +33,24 @@ def add_cluster(args: argparse.Namespace, client: Client) -> int:
     fields.update({key: value for key, value in optional.items() if value is not None})
     if not args.verify_tls:
         fields["verify_tls"] = False
-    info, was_created = client.save_cluster(args.name, **fields)
-    if args.json:
-        print_json(info)
-    else:
-        print(f"cluster {info.name} {created(was_created, 'replaced')}")
-        check = info.name_check
-        # A same-named far side is refused (409, printed as same_cluster_name); one that could
-        # not be asked is saved, and the operator should ping it once it is reachable.
-        if isinstance(check, NameCheck) and not check.checked:
-            reason = f": {check.error.code}: {check.error.message}" if check.error else ""
-            error(
-                f"cluster {info.name}: its name could not be checked{reason}; "
-                f"run `capella cluster ping {info.name}` later"
-            )
-    return 0
+    return client.save_cluster(args.name, **fields)
 
 
-def list_clusters(args: argparse.Namespace, client: Client) -> int:
-    clusters = client.clusters()
-    if args.json:
-        print_json(clusters)
-        return 0
+def print_saved(args: argparse.Namespace, saved: Saved[ClusterInfo]) -> None:
+    info = saved.value
+    print(f"cluster {info.name} {created(saved.created, 'replaced')}")
+    check = info.name_check
+    # A same-named far side is refused (409, printed as same_cluster_name); one that could
+    # not be asked is saved, and the operator should ping it once it is reachable.
+    if isinstance(check, NameCheck) and not check.checked:
+        reason = f": {check.error.code}: {check.error.message}" if check.error else ""
+        error(
+            f"cluster {info.name}: its name could not be checked{reason}; "
+            f"run `capella cluster ping {info.name}` later"
+        )
+
+
+def print_clusters(args: argparse.Namespace, clusters: list[ClusterInfo]) -> None:
     rows = []
     for info in clusters:
         credentials = info.credentials
@@ -125,14 +60,9 @@ def list_clusters(args: argparse.Namespace, client: Client) -> int:
         source = "-" if credentials is None else credentials.source
         rows.append([info.name, info.url, kind, source, info.compression])
     print_table(["NAME", "URL", "CREDENTIALS", "SOURCE", "COMPRESSION"], rows)
-    return 0
 
 
-def show_cluster(args: argparse.Namespace, client: Client) -> int:
-    info = client.cluster(args.name)
-    if args.json:
-        print_json(info)
-        return 0
+def print_cluster(args: argparse.Namespace, info: ClusterInfo) -> None:
     credentials = info.credentials
     signed_in = "none"
     if credentials is not None:
@@ -152,15 +82,14 @@ def show_cluster(args: argparse.Namespace, client: Client) -> int:
             ("compression", info.compression),
         ]
     )
-    return 0
 
 
-def ping_cluster(args: argparse.Namespace, client: Client) -> int:
-    result = client.ping_cluster(args.name)
-    if args.json:
-        print_json(result)
-    elif result.ok:
+def print_ping(args: argparse.Namespace, result: ClusterPing) -> None:
+    if result.ok:
         print(f"cluster {args.name} ok: {float(result.latency_ms or 0.0):.1f} ms")
+
+
+def ping_exit(args: argparse.Namespace, result: ClusterPing) -> int:
     if result.ok:
         return 0
     failure = result.error
@@ -171,18 +100,82 @@ def ping_cluster(args: argparse.Namespace, client: Client) -> int:
     return 1
 
 
-def drop_cluster(args: argparse.Namespace, client: Client) -> int:
-    if not args.yes:
-        if not sys.stdin.isatty():
-            error(f"not dropping cluster {args.name} without --yes")
-            return 2
-        answer = input(f"drop cluster {args.name}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            error("not dropped")
-            return 1
-    client.drop_cluster(args.name)
-    if args.json:
-        print_json({"dropped": args.name})
-    else:
-        print(f"cluster {args.name} dropped")
-    return 0
+CLUSTER = Family(
+    "cluster",
+    "add, list, show, ping and drop external clusters",
+    (
+        # Not the common options: their --url and --timeout would clash with the cluster's own.
+        Command(
+            "add",
+            "add an external cluster, or replace its definition",
+            save_cluster,
+            text=print_saved,
+            json=lambda args, saved: saved.value,
+            description="The server's own --url and --timeout go before `cluster`.",
+            args=(
+                arg("name"),
+                arg(
+                    "--url",
+                    dest="cluster_url",
+                    required=True,
+                    metavar="URL",
+                    help="the external cluster's base URL",
+                ),
+                arg("--username", help="the user a password belongs to"),
+                one_of(
+                    arg(
+                        "--password-secret",
+                        metavar="NAME",
+                        help="the password is this secret declared in [secrets.NAME]",
+                    ),
+                    arg(
+                        "--token-secret",
+                        metavar="NAME",
+                        help="a bearer token: this secret declared in [secrets.NAME]",
+                    ),
+                    arg(
+                        "--password",
+                        help="stored encrypted by the server (visible in `ps`: prefer --password-secret)",
+                    ),
+                    arg("--token", help="stored encrypted by the server (prefer --token-secret)"),
+                ),
+                arg(
+                    "--no-verify-tls",
+                    dest="verify_tls",
+                    action="store_false",
+                    help="accept any TLS certificate",
+                ),
+                arg("--ca-file", metavar="FILE", help="a PEM file of CAs, on the server's machine"),
+                arg(
+                    "--timeout",
+                    dest="cluster_timeout",
+                    metavar="DUR",
+                    help="per request, e.g. 30s (default 30 s)",
+                ),
+                arg("--connect-timeout", metavar="DUR", help="to connect, e.g. 5s (default 5 s)"),
+                arg("--compression", choices=COMPRESSIONS, help="compress request bodies (default none)"),
+                arg("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for programs"),
+            ),
+            common=False,
+        ),
+        Command(
+            "list", "list external clusters", lambda args, client: client.clusters(), text=print_clusters
+        ),
+        Command(
+            "show",
+            "show an external cluster (never its secret)",
+            lambda args, client: client.cluster(args.name),
+            text=print_cluster,
+            args=(arg("name"),),
+        ),
+        Command(
+            "ping",
+            "check that the server reaches the cluster and is let in",
+            lambda args, client: client.ping_cluster(args.name),
+            text=print_ping,
+            args=(arg("name"),),
+            exit=ping_exit,
+        ),
+        drop("cluster", "forget an external cluster", lambda args, client: client.drop_cluster(args.name)),
+    ),
+)

@@ -9,62 +9,25 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any, NamedTuple
 
-from capella.cli.contexts import Context, Target, check_name, choose, load, save
-from capella.cli.output import created, print_fields, print_json, print_table
+from capella.cli.command import Command, Family, arg, standalone
+from capella.cli.contexts import Context, Contexts, Target, check_name, choose, load, save
+from capella.cli.output import created, print_fields, print_table
 from capella.client import DEFAULT_URL
 from capella.errors import ContextNotFound
 
 
-def add_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    context = commands.add_parser(
-        "context", help="add, list, use, show and remove saved servers (contexts)", parents=[common]
-    )
-    actions = context.add_subparsers(dest="action", metavar="ACTION", required=True)
+class Added(NamedTuple):
+    """What ``context add`` saved: the file's contexts, and the new one in the file."""
 
-    # Not parents=[common]: its --url is the context's, and --user is saved, not signed in with.
-    add = actions.add_parser(
-        "add",
-        help="save a server as a context, or replace one",
-        description="Save a server under NAME. No password is ever saved: with --user, it comes "
-        "from $CAPELLA_PASSWORD or a prompt; a bearer token is read from --token-file at each use.",
-    )
-    add.add_argument("name")
-    add.add_argument("--url", dest="context_url", required=True, metavar="URL", help="the server's base URL")
-    add.add_argument("--user", dest="context_user", metavar="NAME", help="sign in as this user")
-    add.add_argument(
-        "--token-file", metavar="FILE", help="sign in with the bearer token in this file (keep it 0600)"
-    )
-    add.add_argument("--ca-file", metavar="FILE", help="trust the CA certificates in this PEM file (https)")
-    add.add_argument("--use", action="store_true", help="make it the current context (the first one is)")
-    add.add_argument("--json", action="store_true", default=False, help="print JSON for programs")
-    add.set_defaults(func=add_context, uses_client=False)
-
-    listing = actions.add_parser(
-        "list", help="list the saved contexts; * marks the current", parents=[common]
-    )
-    listing.set_defaults(func=list_contexts, uses_client=False)
-
-    use = actions.add_parser("use", help="make a context the current one", parents=[common])
-    use.add_argument("name")
-    use.set_defaults(func=use_context, uses_client=False)
-
-    show = actions.add_parser(
-        "show",
-        help="show a context; without NAME, the server commands would use now, and why",
-        parents=[common],
-    )
-    show.add_argument("name", nargs="?")
-    show.set_defaults(func=show_context, uses_client=False)
-
-    remove = actions.add_parser("remove", help="forget a context", parents=[common])
-    remove.add_argument("name")
-    remove.set_defaults(func=remove_context, uses_client=False)
+    contexts: Contexts
+    name: str
+    existed: bool
+    file: Path
 
 
-def add_context(args: argparse.Namespace) -> int:
+def add_context(args: argparse.Namespace, _: None) -> Added:
     name = check_name(args.name)
     contexts = load()
     existed = name in contexts.contexts
@@ -77,41 +40,31 @@ def add_context(args: argparse.Namespace) -> int:
     )
     if args.use or contexts.current is None:
         contexts.current = name
-    file = save(contexts)
-    if args.json:
-        print_json(contexts.contexts[name])
-    else:
-        current = " (current)" if contexts.current == name else ""
-        print(f"context {name} {created(not existed, 'replaced')}{current} in {file}")
-    return 0
+    return Added(contexts, name, existed, save(contexts))
 
 
-def list_contexts(args: argparse.Namespace) -> int:
-    contexts = load()
-    if args.json:
-        print_json(contexts)
-        return 0
+def print_added(args: argparse.Namespace, added: Added) -> None:
+    contexts, name, existed, file = added
+    current = " (current)" if contexts.current == name else ""
+    print(f"context {name} {created(not existed, 'replaced')}{current} in {file}")
+
+
+def print_contexts(args: argparse.Namespace, contexts: Contexts) -> None:
     rows = [
         ["*" if name == contexts.current else "", name, c.url, c.user or "-", _credentials(c)]
         for name, c in sorted(contexts.contexts.items())
     ]
     print_table(["", "NAME", "URL", "USER", "SIGN_IN"], rows)
-    return 0
 
 
-def use_context(args: argparse.Namespace) -> int:
+def use_context(args: argparse.Namespace, _: None) -> None:
     contexts = load()
     _known(contexts.contexts, args.name)
     contexts.current = args.name
     save(contexts)
-    if args.json:
-        print_json({"current": args.name})
-    else:
-        print(f"context {args.name} is current")
-    return 0
 
 
-def show_context(args: argparse.Namespace) -> int:
+def show_context(args: argparse.Namespace, _: None) -> Target:
     if args.name is not None:
         contexts = load()
         saved = _known(contexts.contexts, args.name)
@@ -119,10 +72,15 @@ def show_context(args: argparse.Namespace) -> int:
         target = Target(saved.url, source, args.name, saved)
     else:
         target = choose(args.url, args.context, DEFAULT_URL)
+    return target
+
+
+def target_json(args: argparse.Namespace, target: Target) -> dict[str, Any]:
+    return {"name": target.name, "url": target.url, "from": target.source, "context": target.context}
+
+
+def print_target(args: argparse.Namespace, target: Target) -> None:
     name, source, url, context = target.name, target.source, target.url, target.context
-    if args.json:
-        print_json({"name": name, "url": url, "from": source, "context": context})
-        return 0
     fields: list[tuple[str, object]] = [("name", name or "-"), ("url", url), ("from", source)]
     if context is not None:
         fields += [
@@ -131,21 +89,15 @@ def show_context(args: argparse.Namespace) -> int:
             ("ca file", context.ca_file or "-"),
         ]
     print_fields(fields)
-    return 0
 
 
-def remove_context(args: argparse.Namespace) -> int:
+def remove_context(args: argparse.Namespace, _: None) -> None:
     contexts = load()
     _known(contexts.contexts, args.name)
     del contexts.contexts[args.name]
     if contexts.current == args.name:
         contexts.current = None
     save(contexts)
-    if args.json:
-        print_json({"removed": args.name})
-    else:
-        print(f"context {args.name} removed")
-    return 0
 
 
 def _known(contexts: dict[str, Context], name: str) -> Context:
@@ -164,3 +116,66 @@ def _credentials(context: Context) -> str:
 
 def _absolute(file: str | None) -> str | None:
     return None if file is None else os.path.abspath(Path(file).expanduser())
+
+
+CONTEXT = Family(
+    "context",
+    "add, list, use, show and remove saved servers (contexts)",
+    (
+        # Not the common options: its --url is the context's, and --user is saved, not signed in with.
+        Command(
+            "add",
+            "save a server as a context, or replace one",
+            add_context,
+            text=print_added,
+            json=lambda args, added: added.contexts.contexts[added.name],
+            description="Save a server under NAME. No password is ever saved: with --user, it comes "
+            "from $CAPELLA_PASSWORD or a prompt; a bearer token is read from --token-file at each use.",
+            args=(
+                arg("name"),
+                arg("--url", dest="context_url", required=True, metavar="URL", help="the server's base URL"),
+                arg("--user", dest="context_user", metavar="NAME", help="sign in as this user"),
+                arg(
+                    "--token-file",
+                    metavar="FILE",
+                    help="sign in with the bearer token in this file (keep it 0600)",
+                ),
+                arg("--ca-file", metavar="FILE", help="trust the CA certificates in this PEM file (https)"),
+                arg("--use", action="store_true", help="make it the current context (the first one is)"),
+                arg("--json", action="store_true", default=False, help="print JSON for programs"),
+            ),
+            common=False,
+        ),
+        Command(
+            "list",
+            "list the saved contexts; * marks the current",
+            lambda args, _: load(),
+            text=print_contexts,
+        ),
+        Command(
+            "use",
+            "make a context the current one",
+            use_context,
+            text=lambda args, _: print(f"context {args.name} is current"),
+            json=lambda args, _: {"current": args.name},
+            args=(arg("name"),),
+        ),
+        Command(
+            "show",
+            "show a context; without NAME, the server commands would use now, and why",
+            show_context,
+            text=print_target,
+            json=target_json,
+            args=(arg("name", nargs="?"),),
+        ),
+        Command(
+            "remove",
+            "forget a context",
+            remove_context,
+            text=lambda args, _: print(f"context {args.name} removed"),
+            json=lambda args, _: {"removed": args.name},
+            args=(arg("name"),),
+        ),
+    ),
+    on=standalone,
+)

@@ -13,8 +13,9 @@ from typing import Any, BinaryIO
 import orjson
 from msgspec import UnsetType
 
-from capella.cli.arguments import add_message_filters, moment, pair, positive
-from capella.cli.output import error, print_json, print_payload, utc
+from capella.cli.arguments import MESSAGE_FILTERS, moment, pairs, positive
+from capella.cli.command import Command, arg, one_of, show
+from capella.cli.output import print_payload, utc
 from capella.cli.progress import Progress
 from capella.client import Client
 from capella.errors import InvalidMessage
@@ -25,79 +26,7 @@ BATCH = 1000
 FOLLOW_WAIT = 30.0
 
 
-def add_parsers(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    produce = commands.add_parser(
-        "produce",
-        help="append messages to a queue",
-        description="Append messages: the MESSAGE arguments, else each line of --file, else each "
-        "line of standard input. Prints one line per message, in order: its id (and 'duplicate' "
-        "when its identity was already stored), or 'scheduled ID due TIME' for a delayed one.",
-        parents=[common],
-    )
-    produce.add_argument("queue")
-    produce.add_argument("messages", nargs="*", metavar="MESSAGE")
-    produce.add_argument("--file", type=Path, metavar="F", help="read one message per line from F")
-    produce.add_argument(
-        "--ndjson", action="store_true", help="each message is a JSON object in the API's wire shape"
-    )
-    produce.add_argument("--save", metavar="MODE", help="none|immediate|mark|wait|default")
-    produce.add_argument("--source", metavar="S", help="the messages' source (default: the cluster)")
-    produce.add_argument(
-        "--external-id",
-        type=int,
-        metavar="N",
-        help="the first message's external id, the next ones N+1, N+2...: with --source, their "
-        "identity, stored once (default: each message's own id)",
-    )
-    produce.add_argument("--segment", type=int, metavar="N", help="the messages' segment")
-    produce.add_argument(
-        "--header",
-        dest="headers",
-        action="append",
-        type=pair,
-        default=[],
-        metavar="NAME=VALUE",
-        help="a header of every message (repeat)",
-    )
-    due = produce.add_mutually_exclusive_group()
-    due.add_argument("--delay", metavar="DURATION", help="deliver after this long (10s, 5m, 2h)")
-    due.add_argument(
-        "--deliver-at", type=moment, metavar="TIME", help="deliver at this time (RFC 3339 or UNIX seconds)"
-    )
-    produce.set_defaults(func=produce_messages, uses_client=True)
-
-    consume = commands.add_parser(
-        "consume",
-        help="print messages from a queue",
-        description="Print messages, one per line: the payload, or the whole message with --json. "
-        "Stops when caught up unless --follow.",
-        parents=[common],
-    )
-    consume.add_argument("queue")
-    start = consume.add_mutually_exclusive_group()
-    start.add_argument("--after", type=int, default=0, metavar="ID", help="start after this id")
-    start.add_argument(
-        "--subscription", metavar="NAME", help="start after this subscription's cursor and move it"
-    )
-    consume.add_argument("--limit", type=positive, metavar="N", help="stop after N messages")
-    consume.add_argument("--segments", metavar="RANGES", help="only these segments, e.g. 0-9,20")
-    add_message_filters(consume)
-    consume.add_argument(
-        "--field",
-        dest="fields",
-        action="append",
-        type=pair,
-        default=[],
-        metavar="PATH=VALUE",
-        help="only JSON payloads whose field at the dotted PATH equals the JSON VALUE (repeat)",
-    )
-    consume.add_argument("--follow", "-f", action="store_true", help="wait for new messages until Ctrl-C")
-    consume.set_defaults(func=consume_messages, uses_client=True)
-
-
-def produce_messages(args: argparse.Namespace, client: Client) -> int:
+def produce_messages(args: argparse.Namespace, client: Client) -> None:
     defaults: dict[str, Any] = {}
     if args.source is not None:
         defaults["source"] = args.source
@@ -112,30 +41,37 @@ def produce_messages(args: argparse.Namespace, client: Client) -> int:
     messages = _numbered(args.external_id)
     if args.messages:
         lines: Iterable[bytes] = (m.encode() for m in args.messages)
-        return _produce_all(
-            client, args, messages(_messages(lines, args.ndjson, defaults)), Progress("produced")
-        )
+        _produce_all(client, args, messages(_messages(lines, args.ndjson, defaults)), Progress("produced"))
+        return
     if args.file is not None:
         with args.file.open("rb") as f:
             progress = Progress("produced", reading=f)
-            return _produce_all(client, args, messages(_messages(_lines(f), args.ndjson, defaults)), progress)
+            _produce_all(client, args, messages(_messages(_lines(f), args.ndjson, defaults)), progress)
+            return
     progress = Progress("produced", reading=sys.stdin.buffer)
     stdin = _messages(_lines(sys.stdin.buffer), args.ndjson, defaults)
-    return _produce_all(client, args, messages(stdin), progress)
+    _produce_all(client, args, messages(stdin), progress)
 
 
-def consume_messages(args: argparse.Namespace, client: Client) -> int:
-    remaining: int | None = args.limit
-    wait = FOLLOW_WAIT if args.follow else None
-    after: int = args.after
-    filters: dict[str, Any] = {
+def _filters(args: argparse.Namespace) -> dict[str, Any]:
+    return {
         "source": args.source,
         "headers": dict(args.headers) or None,
         "json": {path: _json_value(value) for path, value in args.fields} or None,
     }
-    if args.subscription is not None and any(filters.values()):
-        error("--source, --header and --field read after an id: use --after, not --subscription")
-        return 2
+
+
+def _after_or_subscription(args: argparse.Namespace) -> str | None:
+    if args.subscription is not None and any(_filters(args).values()):
+        return "--source, --header and --field read after an id: use --after, not --subscription"
+    return None
+
+
+def consume_messages(args: argparse.Namespace, client: Client) -> None:
+    remaining: int | None = args.limit
+    wait = FOLLOW_WAIT if args.follow else None
+    after: int = args.after
+    filters = _filters(args)
     if args.subscription is not None:
         # A commit never moves a cursor back, so committing 0 only creates the subscription
         # if needed and tells us where it is.
@@ -151,10 +87,7 @@ def consume_messages(args: argparse.Namespace, client: Client) -> int:
                 args.queue, after=after, limit=limit, wait=wait, segments=args.segments, **filters
             )
         for message in page.messages:
-            if args.json:
-                print_json(message)
-            else:
-                print_payload(message)
+            show(args, message, lambda args, message: print_payload(message))
         sys.stdout.flush()
         last_id = page.last_id
         if args.subscription is not None and last_id > after:
@@ -165,22 +98,17 @@ def consume_messages(args: argparse.Namespace, client: Client) -> int:
         if last_id <= after and not page.messages and not args.follow:
             break
         after = max(after, last_id)
-    return 0
 
 
 def _produce_all(
     client: Client, args: argparse.Namespace, messages: Iterator[dict[str, Any]], progress: Progress
-) -> int:
+) -> None:
     while batch := list(islice(messages, BATCH)):
         for result in client.produce(args.queue, batch, save=args.save):
-            if args.json:
-                print_json(result)
-            else:
-                print(_outcome(result))
+            show(args, result, lambda args, result: print(_outcome(result)))
         sys.stdout.flush()
         progress.add(len(batch))
     progress.finish()
-    return 0
 
 
 def _outcome(result: ProduceResult) -> str:
@@ -244,3 +172,75 @@ def _json_value(text: str) -> Any:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
         return text
+
+
+# Both print as they go, one line per message: the answers are streams, not one document.
+COMMANDS = (
+    Command(
+        "produce",
+        "append messages to a queue",
+        produce_messages,
+        text=None,
+        description="Append messages: the MESSAGE arguments, else each line of --file, else each "
+        "line of standard input. Prints one line per message, in order: its id (and 'duplicate' "
+        "when its identity was already stored), or 'scheduled ID due TIME' for a delayed one.",
+        args=(
+            arg("queue"),
+            arg("messages", nargs="*", metavar="MESSAGE"),
+            arg("--file", type=Path, metavar="F", help="read one message per line from F"),
+            arg(
+                "--ndjson", action="store_true", help="each message is a JSON object in the API's wire shape"
+            ),
+            arg("--save", metavar="MODE", help="none|immediate|mark|wait|default"),
+            arg("--source", metavar="S", help="the messages' source (default: the cluster)"),
+            arg(
+                "--external-id",
+                type=int,
+                metavar="N",
+                help="the first message's external id, the next ones N+1, N+2...: with --source, their "
+                "identity, stored once (default: each message's own id)",
+            ),
+            arg("--segment", type=int, metavar="N", help="the messages' segment"),
+            pairs("--header", "headers", "NAME=VALUE", "a header of every message (repeat)"),
+            one_of(
+                arg("--delay", metavar="DURATION", help="deliver after this long (10s, 5m, 2h)"),
+                arg(
+                    "--deliver-at",
+                    type=moment,
+                    metavar="TIME",
+                    help="deliver at this time (RFC 3339 or UNIX seconds)",
+                ),
+            ),
+        ),
+    ),
+    Command(
+        "consume",
+        "print messages from a queue",
+        consume_messages,
+        text=None,
+        description="Print messages, one per line: the payload, or the whole message with --json. "
+        "Stops when caught up unless --follow.",
+        args=(
+            arg("queue"),
+            one_of(
+                arg("--after", type=int, default=0, metavar="ID", help="start after this id"),
+                arg(
+                    "--subscription",
+                    metavar="NAME",
+                    help="start after this subscription's cursor and move it",
+                ),
+            ),
+            arg("--limit", type=positive, metavar="N", help="stop after N messages"),
+            arg("--segments", metavar="RANGES", help="only these segments, e.g. 0-9,20"),
+            *MESSAGE_FILTERS,
+            pairs(
+                "--field",
+                "fields",
+                "PATH=VALUE",
+                "only JSON payloads whose field at the dotted PATH equals the JSON VALUE (repeat)",
+            ),
+            arg("--follow", "-f", action="store_true", help="wait for new messages until Ctrl-C"),
+        ),
+        check=_after_or_subscription,
+    ),
+)

@@ -3,102 +3,36 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 import orjson
 from msgspec import UNSET, UnsetType
 
-from capella.cli.output import created, error, print_fields, print_json, print_table, utc
-from capella.client import Client
+from capella.cli.command import Command, Family, Refused, arg, drop
+from capella.cli.output import created, error, print_fields, print_table, utc
+from capella.client import Client, Saved
 from capella.wire.copy import CopyStatus
-from capella.wire.handler_status import HandlerStatus
+from capella.wire.handler_status import HandlerInfo, HandlerStatus, PassResult
 from capella.wire.handlers import HANDLER_TYPES as TYPES
 from capella.wire.postgres import PgOutboxStatus
 from capella.wire.push import DeliveryError, PushStatus
 
 
-def add_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    handler = commands.add_parser(
-        "handler", help="create, list, show, start, stop, run and drop handlers", parents=[common]
-    )
-    actions = handler.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-    create = actions.add_parser(
-        "create", help="create a handler, or replace its definition", parents=[common]
-    )
-    create.add_argument("name")
-    create.add_argument("--type", required=True, choices=TYPES, help="what the handler does")
-    create.add_argument(
-        "--queue",
-        dest="queues",
-        action="append",
-        metavar="QUEUE",
-        help="a queue name or pattern such as 'logs-*' (repeat for more; pg_outbox takes none)",
-    )
-    create.add_argument(
-        "--param",
-        dest="params",
-        action="append",
-        type=_param,
-        default=[],
-        metavar="KEY=VALUE",
-        help="a parameter such as interval=10m or max_messages=1000 (JSON values are read as JSON)",
-    )
-    create.add_argument(
-        "--params-json", type=_params_json, metavar="JSON", help="all parameters as one JSON object"
-    )
-    create.add_argument("--stopped", action="store_true", help="save it without starting it")
-    create.set_defaults(func=create_handler, uses_client=True)
-
-    listing = actions.add_parser("list", help="list handlers and their status", parents=[common])
-    listing.set_defaults(func=list_handlers, uses_client=True)
-
-    show = actions.add_parser("show", help="show a handler's definition and status", parents=[common])
-    show.add_argument("name")
-    show.set_defaults(func=show_handler, uses_client=True)
-
-    for action, help_text in (
-        ("start", "start a handler's periodic runs"),
-        ("stop", "stop a handler's periodic runs (waits for a running pass)"),
-    ):
-        command = actions.add_parser(action, help=help_text, parents=[common])
-        command.add_argument("name")
-        command.set_defaults(func=control_handler, uses_client=True)
-
-    run = actions.add_parser(
-        "run", help="run one pass now, print what it did; exit 1 when it failed", parents=[common]
-    )
-    run.add_argument("name")
-    run.set_defaults(func=run_handler, uses_client=True)
-
-    drop = actions.add_parser("drop", help="stop a handler and delete its definition", parents=[common])
-    drop.add_argument("name")
-    drop.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    drop.set_defaults(func=drop_handler, uses_client=True)
-
-
-def create_handler(args: argparse.Namespace, client: Client) -> int:
+def save_handler(args: argparse.Namespace, client: Client) -> Saved[HandlerInfo]:
     params: dict[str, Any] = dict(args.params_json or {})
     params.update(args.params)
-    info, was_created = client.save_handler(
+    return client.save_handler(
         args.name, args.type, queues=args.queues, params=params, started=not args.stopped
     )
-    if args.json:
-        print_json(info)
-    else:
-        state = "started" if info.started else "stopped"
-        print(f"handler {info.name} {created(was_created, 'replaced')} ({state})")
-    return 0
 
 
-def list_handlers(args: argparse.Namespace, client: Client) -> int:
-    handlers = client.handlers()
-    if args.json:
-        print_json(handlers)
-        return 0
+def print_saved(args: argparse.Namespace, saved: Saved[HandlerInfo]) -> None:
+    info = saved.value
+    state = "started" if info.started else "stopped"
+    print(f"handler {info.name} {created(saved.created, 'replaced')} ({state})")
+
+
+def print_handlers(args: argparse.Namespace, handlers: list[HandlerInfo]) -> None:
     rows = []
     for info in handlers:
         last_error = info.status.last_error
@@ -117,14 +51,9 @@ def list_handlers(args: argparse.Namespace, client: Client) -> int:
             ]
         )
     print_table(["NAME", "TYPE", "QUEUES", "STARTED", "RUNS", "LAG", "LAST_ERROR"], rows)
-    return 0
 
 
-def show_handler(args: argparse.Namespace, client: Client) -> int:
-    info = client.handler(args.name)
-    if args.json:
-        print_json(info)
-        return 0
+def print_handler(args: argparse.Namespace, info: HandlerInfo) -> None:
     status = info.status
     last_error = status.last_error
     print_fields(
@@ -150,7 +79,6 @@ def show_handler(args: argparse.Namespace, client: Client) -> int:
             *_delivery_fields(status),
         ]
     )
-    return 0
 
 
 def _delivery_fields(status: HandlerStatus) -> list[tuple[str, str]]:
@@ -175,47 +103,25 @@ def _delivery_fields(status: HandlerStatus) -> list[tuple[str, str]]:
     ]
 
 
-def control_handler(args: argparse.Namespace, client: Client) -> int:
+def control_handler(args: argparse.Namespace, client: Client) -> HandlerInfo:
     control = client.start_handler if args.action == "start" else client.stop_handler
-    info = control(args.name)
-    if args.json:
-        print_json(info)
-    else:
-        print(f"handler {args.name} {'started' if args.action == 'start' else 'stopped'}")
-    return 0
+    return control(args.name)
 
 
-def run_handler(args: argparse.Namespace, client: Client) -> int:
-    """One pass: its own items and bytes on stdout, or its error on stderr; exit 0 or 1."""
-    info = client.run_handler(args.name)
-    done = info.pass_
+def run_pass(args: argparse.Namespace, client: Client) -> PassResult:
+    """The pass the server ran now: its items and bytes, or its error."""
+    done = client.run_handler(args.name).pass_
     if isinstance(done, UnsetType):  # a server older than the pass in the answer
-        error(f"handler {args.name}: the server does not report the pass it ran")
-        return 1
-    if args.json:
-        print_json(done)
-    elif done.ok:
+        raise Refused(f"handler {args.name}: the server does not report the pass it ran")
+    return done
+
+
+def print_pass(args: argparse.Namespace, done: PassResult) -> None:
+    """What it did on stdout, or its error on stderr (and the run exits 1)."""
+    if done.ok:
         print(f"handler {args.name} pass ok: {done.items} items, {done.bytes} bytes")
     else:
         error(f"handler {args.name} pass failed: {done.error}")
-    return 0 if done.ok else 1
-
-
-def drop_handler(args: argparse.Namespace, client: Client) -> int:
-    if not args.yes:
-        if not sys.stdin.isatty():
-            error(f"not dropping handler {args.name} without --yes")
-            return 2
-        answer = input(f"drop handler {args.name}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            error("not dropped")
-            return 1
-    client.drop_handler(args.name)
-    if args.json:
-        print_json({"dropped": args.name})
-    else:
-        print(f"handler {args.name} dropped")
-    return 0
 
 
 def _lag(status: HandlerStatus) -> list[tuple[str, str]]:
@@ -256,3 +162,87 @@ def _params_json(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("expected a JSON object")
     return value
+
+
+HANDLER = Family(
+    "handler",
+    "create, list, show, start, stop, run and drop handlers",
+    (
+        Command(
+            "create",
+            "create a handler, or replace its definition",
+            save_handler,
+            text=print_saved,
+            json=lambda args, saved: saved.value,
+            args=(
+                arg("name"),
+                arg("--type", required=True, choices=TYPES, help="what the handler does"),
+                arg(
+                    "--queue",
+                    dest="queues",
+                    action="append",
+                    metavar="QUEUE",
+                    help="a queue name or pattern such as 'logs-*' (repeat for more; pg_outbox takes none)",
+                ),
+                arg(
+                    "--param",
+                    dest="params",
+                    action="append",
+                    type=_param,
+                    default=[],
+                    metavar="KEY=VALUE",
+                    help="a parameter such as interval=10m or max_messages=1000 "
+                    "(JSON values are read as JSON)",
+                ),
+                arg(
+                    "--params-json",
+                    type=_params_json,
+                    metavar="JSON",
+                    help="all parameters as one JSON object",
+                ),
+                arg("--stopped", action="store_true", help="save it without starting it"),
+            ),
+        ),
+        Command(
+            "list",
+            "list handlers and their status",
+            lambda args, client: client.handlers(),
+            text=print_handlers,
+        ),
+        Command(
+            "show",
+            "show a handler's definition and status",
+            lambda args, client: client.handler(args.name),
+            text=print_handler,
+            args=(arg("name"),),
+        ),
+        *(
+            Command(
+                action,
+                help_text,
+                control_handler,
+                text=lambda args, _: print(
+                    f"handler {args.name} {'started' if args.action == 'start' else 'stopped'}"
+                ),
+                args=(arg("name"),),
+            )
+            for action, help_text in (
+                ("start", "start a handler's periodic runs"),
+                ("stop", "stop a handler's periodic runs (waits for a running pass)"),
+            )
+        ),
+        Command(
+            "run",
+            "run one pass now, print what it did; exit 1 when it failed",
+            run_pass,
+            text=print_pass,
+            args=(arg("name"),),
+            exit=lambda args, done: 0 if done.ok else 1,
+        ),
+        drop(
+            "handler",
+            "stop a handler and delete its definition",
+            lambda args, client: client.drop_handler(args.name),
+        ),
+    ),
+)

@@ -8,32 +8,47 @@ from __future__ import annotations
 
 import argparse
 
+from capella.cli.command import Command, Family, arg, no_server
 from capella.handlers.pg_inbox import inbox_ddl
 from capella.handlers.pg_outbox import outbox_ddl
 
 
-def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    pg = commands.add_parser("pg", help="print the SQL of the PostgreSQL outbox and inbox tables")
-    actions = pg.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-    outbox = actions.add_parser("outbox-ddl", help="print the outbox table's CREATE TABLE")
-    outbox.add_argument("--table", default="capella_outbox", help="the table (default capella_outbox)")
-    outbox.add_argument(
-        "--notify", action="store_true", help="add the trigger that wakes the relay at each commit"
-    )
-    outbox.add_argument("--keep", action="store_true", help="add relayed_at, for a relay with delete: false")
-    outbox.set_defaults(func=print_outbox_ddl, uses_client=False)
-
-    inbox = actions.add_parser("inbox-ddl", help="print the inbox table's CREATE TABLE")
-    inbox.add_argument("--table", default="capella_inbox", help="the table (default capella_inbox)")
-    inbox.set_defaults(func=print_inbox_ddl, uses_client=False)
-
-
-def print_outbox_ddl(args: argparse.Namespace) -> int:
+# SQL for psql, never JSON: the calls print it themselves (text=None), whatever --json says.
+def print_outbox_ddl(args: argparse.Namespace, _: None) -> None:
     print(outbox_ddl(args.table, notify=args.notify, keep=args.keep), end="")
-    return 0
 
 
-def print_inbox_ddl(args: argparse.Namespace) -> int:
+def print_inbox_ddl(args: argparse.Namespace, _: None) -> None:
     print(inbox_ddl(args.table), end="")
-    return 0
+
+
+PG = Family(
+    "pg",
+    "print the SQL of the PostgreSQL outbox and inbox tables",
+    (
+        Command(
+            "outbox-ddl",
+            "print the outbox table's CREATE TABLE",
+            print_outbox_ddl,
+            text=None,
+            args=(
+                arg("--table", default="capella_outbox", help="the table (default capella_outbox)"),
+                arg(
+                    "--notify",
+                    action="store_true",
+                    help="add the trigger that wakes the relay at each commit",
+                ),
+                arg("--keep", action="store_true", help="add relayed_at, for a relay with delete: false"),
+            ),
+        ),
+        Command(
+            "inbox-ddl",
+            "print the inbox table's CREATE TABLE",
+            print_inbox_ddl,
+            text=None,
+            args=(arg("--table", default="capella_inbox", help="the table (default capella_inbox)"),),
+        ),
+    ),
+    common=False,
+    on=no_server,
+)

@@ -4,49 +4,17 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
+from collections.abc import Callable
 from typing import Any
 
-from capella.cli.output import created, error, print_fields, print_json, print_table, size, utc
-from capella.client import Client
+from capella.cli.command import Command, Family, arg, drop, section
+from capella.cli.output import created, print_fields, print_table, size, utc
+from capella.client import Client, Saved
+from capella.wire.queues import QueueInfo
+from capella.wire.work import Subscription
 
 
-def add_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    queue = commands.add_parser("queue", help="create, list, show and drop queues", parents=[common])
-    actions = queue.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-    create = actions.add_parser("create", help="create a queue, or update its definition", parents=[common])
-    create.add_argument("name")
-    # A block is sealed at any of these; they are not retention (that is an expire handler).
-    block = create.add_argument_group("block limits", "when the open block is sealed and a new one begins")
-    block.add_argument("--block-max-messages", type=int, metavar="N", help="seal a block at N messages")
-    block.add_argument("--block-max-bytes", metavar="SIZE", help="seal a block at this size, e.g. 8MiB")
-    block.add_argument("--block-max-age", metavar="DUR", help="seal a block at this age, e.g. 1h")
-    # The old names, before "limits" was found to read like retention; hidden, still accepted.
-    create.add_argument("--max-count", type=int, dest="block_max_messages", help=argparse.SUPPRESS)
-    create.add_argument("--max-bytes", dest="block_max_bytes", help=argparse.SUPPRESS)
-    create.add_argument("--max-age", dest="block_max_age", help=argparse.SUPPRESS)
-    create.add_argument("--save", metavar="MODE", help="default save mode: none|immediate|mark|wait")
-    create.add_argument("--subscription-save", metavar="MODE", help="save mode of subscription commits")
-    create.add_argument("--segments", type=_segment_range, metavar="LO-HI", help="allowed segment range")
-    create.set_defaults(func=create_queue, uses_client=True)
-
-    listing = actions.add_parser("list", help="list queues", parents=[common])
-    listing.set_defaults(func=list_queues, uses_client=True)
-
-    show = actions.add_parser("show", help="show a queue's definition and stats", parents=[common])
-    show.add_argument("name")
-    show.set_defaults(func=show_queue, uses_client=True)
-
-    drop = actions.add_parser("drop", help="delete a queue and all its messages", parents=[common])
-    drop.add_argument("name")
-    drop.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    drop.set_defaults(func=drop_queue, uses_client=True)
-
-
-def create_queue(args: argparse.Namespace, client: Client) -> int:
+def save_queue(args: argparse.Namespace, client: Client) -> Saved[QueueInfo]:
     definition: dict[str, Any] = {}
     block = {
         key: value
@@ -65,19 +33,10 @@ def create_queue(args: argparse.Namespace, client: Client) -> int:
         definition["subscription_save"] = args.subscription_save
     if args.segments is not None:
         definition["segments"] = {"min": args.segments[0], "max": args.segments[1]}
-    info, was_created = client.save_queue(args.name, **definition)
-    if args.json:
-        print_json(info)
-    else:
-        print(f"queue {info.name} {created(was_created)}")
-    return 0
+    return client.save_queue(args.name, **definition)
 
 
-def list_queues(args: argparse.Namespace, client: Client) -> int:
-    queues = client.queues()
-    if args.json:
-        print_json(queues)
-        return 0
+def print_queues(args: argparse.Namespace, queues: list[QueueInfo]) -> None:
     rows = []
     for info in queues:
         stats = info.stats
@@ -92,14 +51,18 @@ def list_queues(args: argparse.Namespace, client: Client) -> int:
             ]
         )
     print_table(["NAME", "MESSAGES", "FIRST_ID", "LAST_ID", "SIZE", "SUBSCRIPTIONS"], rows)
-    return 0
 
 
-def show_queue(args: argparse.Namespace, client: Client) -> int:
-    info = client.queue(args.name)
-    if args.json:
-        print_json(info)
-        return 0
+# A queue and how to get its subscriptions: asked for only when they are printed, after it.
+Shown = tuple[QueueInfo, Callable[[], list[Subscription]]]
+
+
+def show_queue(args: argparse.Namespace, client: Client) -> Shown:
+    return client.queue(args.name), lambda: client.subscriptions(args.name)
+
+
+def print_queue(args: argparse.Namespace, shown: Shown) -> None:
+    info, subscriptions_of = shown
     stats, definition = info.stats, info.definition
     block = definition.block
     blocks = stats.blocks
@@ -123,35 +86,17 @@ def show_queue(args: argparse.Namespace, client: Client) -> int:
     segments = definition.segments
     fields.append(("segments", "any" if not segments else f"{segments.min} to {segments.max}"))
     print_fields(fields)
-    subscriptions = client.subscriptions(args.name)
+    subscriptions = subscriptions_of()
     if subscriptions:
         print()
         rows = [
             [s.name, s.mode, str(s.last_id), str(s.lag), "yes" if s.replica else "no"] for s in subscriptions
         ]
         print_table(["SUBSCRIPTION", "MODE", "LAST_ID", "LAG", "REPLICA"], rows)
-    return 0
 
 
 def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{name} {count}" for name, count in counts.items() if count)
-
-
-def drop_queue(args: argparse.Namespace, client: Client) -> int:
-    if not args.yes:
-        if not sys.stdin.isatty():
-            error(f"not dropping queue {args.name} without --yes")
-            return 2
-        answer = input(f"drop queue {args.name} and all its messages? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            error("not dropped")
-            return 1
-    client.drop_queue(args.name)
-    if args.json:
-        print_json({"dropped": args.name})
-    else:
-        print(f"queue {args.name} dropped")
-    return 0
 
 
 def _segment_range(text: str) -> tuple[int, int]:
@@ -166,3 +111,51 @@ def _number_or_text(value: str | None) -> int | str | None:
     if value is not None and value.strip().isdigit():
         return int(value)
     return value
+
+
+QUEUE = Family(
+    "queue",
+    "create, list, show and drop queues",
+    (
+        Command(
+            "create",
+            "create a queue, or update its definition",
+            save_queue,
+            text=lambda args, saved: print(f"queue {saved.value.name} {created(saved.created)}"),
+            json=lambda args, saved: saved.value,
+            args=(
+                arg("name"),
+                # A block is sealed at any of these; they are not retention (that is an expire handler).
+                section(
+                    "block limits",
+                    "when the open block is sealed and a new one begins",
+                    arg("--block-max-messages", type=int, metavar="N", help="seal a block at N messages"),
+                    arg("--block-max-bytes", metavar="SIZE", help="seal a block at this size, e.g. 8MiB"),
+                    arg("--block-max-age", metavar="DUR", help="seal a block at this age, e.g. 1h"),
+                ),
+                # The old names, before "limits" was found to read like retention; hidden, still accepted.
+                arg("--max-count", type=int, dest="block_max_messages", help=argparse.SUPPRESS),
+                arg("--max-bytes", dest="block_max_bytes", help=argparse.SUPPRESS),
+                arg("--max-age", dest="block_max_age", help=argparse.SUPPRESS),
+                arg("--save", metavar="MODE", help="default save mode: none|immediate|mark|wait"),
+                arg("--subscription-save", metavar="MODE", help="save mode of subscription commits"),
+                arg("--segments", type=_segment_range, metavar="LO-HI", help="allowed segment range"),
+            ),
+        ),
+        Command("list", "list queues", lambda args, client: client.queues(), text=print_queues),
+        Command(
+            "show",
+            "show a queue's definition and stats",
+            show_queue,
+            text=print_queue,
+            json=lambda args, shown: shown[0],
+            args=(arg("name"),),
+        ),
+        drop(
+            "queue",
+            "delete a queue and all its messages",
+            lambda args, client: client.drop_queue(args.name),
+            question="drop queue {name} and all its messages?",
+        ),
+    ),
+)

@@ -9,99 +9,37 @@ again changes a cursor's position or replica flag, or the policy options given.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from msgspec import UnsetType
 
-from capella.cli.output import created, error, print_fields, print_json, print_table, utc
-from capella.client import Client
+from capella.cli.command import Command, Confirm, Family, arg, one_of, section
+from capella.cli.output import created, print_fields, print_table, utc
+from capella.client import Client, Saved
 from capella.wire.work import RetryPolicy, Subscription
 
 # The policy options: their dest is the RetryPolicy field they set.
 POLICY = ("lease", "max_attempts", "backoff", "delay", "max_delay", "jitter", "dead_letter")
 
 
-def add_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    subscription = commands.add_parser(
-        "subscription",
-        help="create, list, show and delete subscriptions (cursors, work queues)",
-        parents=[common],
-    )
-    actions = subscription.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-    create = actions.add_parser(
-        "create",
-        help="create a subscription, or change it",
-        description="A cursor by default; an ack-mode subscription (a work queue) with --ack or "
-        "any policy option. Options left out keep their current (or default) values.",
-        parents=[common],
-    )
-    create.add_argument("queue")
-    create.add_argument("name")
-    cursor = create.add_argument_group("cursor", "a plain cursor: the last id read")
-    cursor.add_argument("--after", type=int, metavar="ID", help="the cursor: read after this id (default 0)")
-    cursor.add_argument(
-        "--reset", action="store_true", help="move the cursor back to --after if it is past it"
-    )
-    cursor.add_argument(
-        "--replica",
-        action=argparse.BooleanOptionalAction,
-        help="count it as a replica (producers can wait for N replicas to have a message)",
-    )
-    ack = create.add_argument_group(
-        "ack mode", "a work queue: each message leased to one consumer, retried, dead at last"
-    )
-    ack.add_argument("--ack", action="store_true", help="ack mode (implied by any option below)")
-    ack.add_argument("--lease", metavar="DUR", help="default lease of a claim (30s)")
-    ack.add_argument(
-        "--max-attempts", type=int, metavar="N", help="claims before a message is dead (5; 0: no limit)"
-    )
-    ack.add_argument("--backoff", choices=("fixed", "exponential"), help="retry delays (exponential)")
-    ack.add_argument("--delay", metavar="DUR", help="first retry delay; fixed: every retry (1s)")
-    ack.add_argument("--max-delay", metavar="DUR", help="cap of a retry delay (5m)")
-    ack.add_argument("--jitter", type=float, metavar="F", help="spread each delay by ± this fraction (0.1)")
-    dead = ack.add_mutually_exclusive_group()
-    dead.add_argument("--dead-letter", metavar="QUEUE", help="an existing queue that gets each dead message")
-    dead.add_argument(
-        "--no-dead-letter",
-        dest="dead_letter",
-        action="store_const",
-        const="",
-        help="stop copying dead messages",
-    )
-    create.set_defaults(func=create_subscription, uses_client=True)
-
-    listing = actions.add_parser("list", help="list a queue's subscriptions", parents=[common])
-    listing.add_argument("queue")
-    listing.set_defaults(func=list_subscriptions, uses_client=True)
-
-    show = actions.add_parser("show", help="show a subscription, its policy and work", parents=[common])
-    show.add_argument("queue")
-    show.add_argument("name")
-    show.set_defaults(func=show_subscription, uses_client=True)
-
-    delete = actions.add_parser(
-        "delete", help="delete a subscription (a work queue: with its messages' states)", parents=[common]
-    )
-    delete.add_argument("queue")
-    delete.add_argument("name")
-    delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    delete.set_defaults(func=delete_subscription, uses_client=True)
-
-
-def create_subscription(args: argparse.Namespace, client: Client) -> int:
+def _policy_of(args: argparse.Namespace) -> dict[str, Any]:
     policy = {key: getattr(args, key) for key in POLICY if getattr(args, key) is not None}
     if "dead_letter" in policy and not policy["dead_letter"]:
         policy["dead_letter"] = None  # --no-dead-letter
+    return policy
+
+
+def _cursor_or_work(args: argparse.Namespace) -> str | None:
     cursor = args.after is not None or args.reset or args.replica is not None
-    if (args.ack or policy) and cursor:
-        error(
+    if (args.ack or _policy_of(args)) and cursor:
+        return (
             "--after, --reset and --replica are for a cursor; --ack and the policy options for a work queue"
         )
-        return 2
+    return None
+
+
+def save_subscription(args: argparse.Namespace, client: Client) -> Saved[Subscription]:
+    policy = _policy_of(args)
     body: dict[str, Any] = {"mode": "ack", "policy": policy} if args.ack or policy else {}
     if args.after is not None:
         body["last_id"] = args.after
@@ -109,20 +47,15 @@ def create_subscription(args: argparse.Namespace, client: Client) -> int:
         body["reset"] = True
     if args.replica is not None:
         body["replica"] = args.replica
-    sub, was_created = client.save_subscription(args.queue, args.name, **body)
-    if args.json:
-        print_json(sub)
-    else:
-        kind = "work queue" if sub.mode == "ack" else "cursor"
-        print(f"subscription {args.queue}/{sub.name} {created(was_created)} ({kind})")
-    return 0
+    return client.save_subscription(args.queue, args.name, **body)
 
 
-def list_subscriptions(args: argparse.Namespace, client: Client) -> int:
-    subscriptions = client.subscriptions(args.queue)
-    if args.json:
-        print_json(subscriptions)
-        return 0
+def print_saved(args: argparse.Namespace, saved: Saved[Subscription]) -> None:
+    kind = "work queue" if saved.value.mode == "ack" else "cursor"
+    print(f"subscription {args.queue}/{saved.value.name} {created(saved.created)} ({kind})")
+
+
+def print_subscriptions(args: argparse.Namespace, subscriptions: list[Subscription]) -> None:
     rows = []
     for sub in subscriptions:
         work = None if isinstance(sub.work, UnsetType) else sub.work
@@ -131,16 +64,6 @@ def list_subscriptions(args: argparse.Namespace, client: Client) -> int:
         rows.append([sub.name, sub.mode, str(sub.last_id), str(sub.lag), replica, *counts, utc(sub.updated)])
     header = ["NAME", "MODE", "LAST_ID", "LAG", "REPLICA", "IN_FLIGHT", "FAILED", "DEAD", "UPDATED"]
     print_table(header, rows)
-    return 0
-
-
-def show_subscription(args: argparse.Namespace, client: Client) -> int:
-    sub = client.subscription(args.queue, args.name)
-    if args.json:
-        print_json(sub)
-        return 0
-    print_fields(_fields(args.queue, sub))
-    return 0
 
 
 def _fields(queue: str, sub: Subscription) -> list[tuple[str, object]]:
@@ -180,18 +103,97 @@ def _policy(policy: RetryPolicy) -> list[tuple[str, object]]:
     ]
 
 
-def delete_subscription(args: argparse.Namespace, client: Client) -> int:
-    if not args.yes:
-        if not sys.stdin.isatty():
-            error(f"not deleting subscription {args.queue}/{args.name} without --yes")
-            return 2
-        answer = input(f"delete subscription {args.queue}/{args.name}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            error("not deleted")
-            return 1
-    client.delete_subscription(args.queue, args.name)
-    if args.json:
-        print_json({"deleted": f"{args.queue}/{args.name}"})
-    else:
-        print(f"subscription {args.queue}/{args.name} deleted")
-    return 0
+SUBSCRIPTION = Family(
+    "subscription",
+    "create, list, show and delete subscriptions (cursors, work queues)",
+    (
+        Command(
+            "create",
+            "create a subscription, or change it",
+            save_subscription,
+            text=print_saved,
+            json=lambda args, saved: saved.value,
+            description="A cursor by default; an ack-mode subscription (a work queue) with --ack or "
+            "any policy option. Options left out keep their current (or default) values.",
+            args=(
+                arg("queue"),
+                arg("name"),
+                section(
+                    "cursor",
+                    "a plain cursor: the last id read",
+                    arg("--after", type=int, metavar="ID", help="the cursor: read after this id (default 0)"),
+                    arg(
+                        "--reset",
+                        action="store_true",
+                        help="move the cursor back to --after if it is past it",
+                    ),
+                    arg(
+                        "--replica",
+                        action=argparse.BooleanOptionalAction,
+                        help="count it as a replica (producers can wait for N replicas to have a message)",
+                    ),
+                ),
+                section(
+                    "ack mode",
+                    "a work queue: each message leased to one consumer, retried, dead at last",
+                    arg("--ack", action="store_true", help="ack mode (implied by any option below)"),
+                    arg("--lease", metavar="DUR", help="default lease of a claim (30s)"),
+                    arg(
+                        "--max-attempts",
+                        type=int,
+                        metavar="N",
+                        help="claims before a message is dead (5; 0: no limit)",
+                    ),
+                    arg("--backoff", choices=("fixed", "exponential"), help="retry delays (exponential)"),
+                    arg("--delay", metavar="DUR", help="first retry delay; fixed: every retry (1s)"),
+                    arg("--max-delay", metavar="DUR", help="cap of a retry delay (5m)"),
+                    arg(
+                        "--jitter", type=float, metavar="F", help="spread each delay by ± this fraction (0.1)"
+                    ),
+                    one_of(
+                        arg(
+                            "--dead-letter",
+                            metavar="QUEUE",
+                            help="an existing queue that gets each dead message",
+                        ),
+                        arg(
+                            "--no-dead-letter",
+                            dest="dead_letter",
+                            action="store_const",
+                            const="",
+                            help="stop copying dead messages",
+                        ),
+                    ),
+                ),
+            ),
+            check=_cursor_or_work,
+        ),
+        Command(
+            "list",
+            "list a queue's subscriptions",
+            lambda args, client: client.subscriptions(args.queue),
+            text=print_subscriptions,
+            args=(arg("queue"),),
+        ),
+        Command(
+            "show",
+            "show a subscription, its policy and work",
+            lambda args, client: client.subscription(args.queue, args.name),
+            text=lambda args, sub: print_fields(_fields(args.queue, sub)),
+            args=(arg("queue"), arg("name")),
+        ),
+        Command(
+            "delete",
+            "delete a subscription (a work queue: with its messages' states)",
+            lambda args, client: client.delete_subscription(args.queue, args.name),
+            text=lambda args, _: print(f"subscription {args.queue}/{args.name} deleted"),
+            json=lambda args, _: {"deleted": f"{args.queue}/{args.name}"},
+            args=(arg("queue"), arg("name")),
+            confirm=Confirm(
+                "delete subscription {queue}/{name}?",
+                "not deleting subscription {queue}/{name} without --yes",
+                "not deleted",
+            ),
+        ),
+    ),
+)

@@ -19,8 +19,8 @@ from typing import Any, BinaryIO
 import orjson
 from msgspec import UNSET
 
+from capella.cli.command import Command, Refused, arg
 from capella.cli.data import json_object
-from capella.cli.output import error
 from capella.cli.progress import Progress
 from capella.client import Client
 from capella.wire.messages import StoredMessage
@@ -28,29 +28,7 @@ from capella.wire.messages import StoredMessage
 BATCH = 1000
 
 
-def add_parsers(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    export = commands.add_parser(
-        "export", help="write a queue's messages as NDJSON, identity kept", parents=[common]
-    )
-    export.add_argument("queue")
-    export.add_argument("--after", type=int, default=0, metavar="ID", help="only messages after this id")
-    export.add_argument("--file", type=Path, metavar="F", help="write to F (default: standard output)")
-    export.set_defaults(func=export_queue, uses_client=True)
-
-    load = commands.add_parser(
-        "import", help="append an NDJSON export to a queue (a repeat is a no-op)", parents=[common]
-    )
-    load.add_argument("queue")
-    load.add_argument("--file", type=Path, metavar="F", help="read F (default: standard input)")
-    load.add_argument(
-        "--save", metavar="MODE", default="wait", help="save mode of the appends (default: wait)"
-    )
-    load.set_defaults(func=import_queue, uses_client=True)
-
-
-def export_queue(args: argparse.Namespace, client: Client) -> int:
+def export_queue(args: argparse.Namespace, client: Client) -> None:
     progress = Progress("exported", client.queue(args.queue).stats.messages)
     if args.file is None:
         exported = _export(client, args.queue, args.after, sys.stdout.buffer, progress)
@@ -58,14 +36,12 @@ def export_queue(args: argparse.Namespace, client: Client) -> int:
         try:
             out = args.file.open("wb")
         except OSError as exc:
-            error(f"cannot write {args.file}: {exc.strerror}")
-            return 1
+            raise Refused(f"cannot write {args.file}: {exc.strerror}") from None
         with out:
             exported = _export(client, args.queue, args.after, out, progress)
     progress.finish()
     if args.file is not None:
         print(f"exported {exported} messages to {args.file}")
-    return 0
 
 
 def _export(client: Client, queue: str, after: int, out: BinaryIO, progress: Progress) -> int:
@@ -96,12 +72,11 @@ def _line(message: StoredMessage) -> dict[str, Any]:
     return line
 
 
-def import_queue(args: argparse.Namespace, client: Client) -> int:
+def import_queue(args: argparse.Namespace, client: Client) -> None:
     try:
         source = sys.stdin.buffer if args.file is None else args.file.open("rb")
     except OSError as exc:
-        error(f"cannot read {args.file}: {exc.strerror}")
-        return 1
+        raise Refused(f"cannot read {args.file}: {exc.strerror}") from None
     total_bytes = args.file.stat().st_size if args.file is not None else None
     progress = Progress("imported", reading=source)
     stored = duplicates = 0
@@ -120,10 +95,36 @@ def import_queue(args: argparse.Namespace, client: Client) -> int:
     progress.finish()
     size = f" ({total_bytes:,} bytes)" if total_bytes is not None else ""
     print(f"imported {stored + duplicates} messages{size}: {stored} stored, {duplicates} already there")
-    return 0
 
 
 def _objects(source: BinaryIO) -> Iterator[dict[str, Any]]:
     for number, line in enumerate(source, 1):
         if line.strip():
             yield json_object(line, number)
+
+
+# Both print a summary line, never JSON: the messages themselves are the NDJSON.
+COMMANDS = (
+    Command(
+        "export",
+        "write a queue's messages as NDJSON, identity kept",
+        export_queue,
+        text=None,
+        args=(
+            arg("queue"),
+            arg("--after", type=int, default=0, metavar="ID", help="only messages after this id"),
+            arg("--file", type=Path, metavar="F", help="write to F (default: standard output)"),
+        ),
+    ),
+    Command(
+        "import",
+        "append an NDJSON export to a queue (a repeat is a no-op)",
+        import_queue,
+        text=None,
+        args=(
+            arg("queue"),
+            arg("--file", type=Path, metavar="F", help="read F (default: standard input)"),
+            arg("--save", metavar="MODE", default="wait", help="save mode of the appends (default: wait)"),
+        ),
+    ),
+)

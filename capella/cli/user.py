@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,8 +23,9 @@ import msgspec
 from capella.auth.password import check_password
 from capella.auth.rule import AccessRule
 from capella.auth.store import Account, AuthStore
+from capella.cli.command import Command, Family, arg, choose_target, drop
 from capella.cli.login import Login, connect, login
-from capella.cli.output import error, print_fields, print_json, print_table, utc
+from capella.cli.output import print_fields, print_table, utc
 from capella.config import load_config
 from capella.errors import AlreadyExists, InvalidRequest, UserNotFound
 from capella.wire.auth import User
@@ -71,85 +74,34 @@ def _shown(user: Account) -> User:
     return user.shown()
 
 
-Command = Callable[[argparse.Namespace, Users, Login], int]
+@dataclass(frozen=True, slots=True)
+class Access:
+    """What a ``user`` command works on: the users, and who signed in to reach them."""
+
+    users: Users
+    who: Login
 
 
-def add_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    offline = argparse.ArgumentParser(add_help=False)
-    offline.add_argument(
-        "--data-dir",
-        type=Path,
-        metavar="DIR",
-        help="change this data directory's users directly instead of a server's (stop the server first)",
-    )
-    offline.add_argument(
-        "--config", type=Path, metavar="FILE", help="like --data-dir, with the data directory of this config"
-    )
-    rules = argparse.ArgumentParser(add_help=False)
-    for effect in ("allow", "deny"):
-        rules.add_argument(
-            f"--{effect}",
-            action="append",
-            type=_rule(effect),
-            default=[],
-            metavar="RULE",
-            help=f"{effect} TYPE:ACTION:PATTERN, e.g. queue:read:orders-* (repeat for more)",
-        )
-    password = argparse.ArgumentParser(add_help=False)
-    password.add_argument(
-        "--password-stdin",
-        action="store_true",
-        help="read the new password from the first line of standard input instead of a prompt",
-    )
-    parents = [common, offline]
-
-    user = commands.add_parser(
-        "user",
-        help="add, change, list and drop users (also offline, on a data directory)",
-        parents=[common],
-    )
-    actions = user.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-    add = actions.add_parser("add", help="add a user", parents=[*parents, rules, password])
-    add.add_argument("name")
-    add.add_argument("--admin", action="store_true", help="may do everything, including managing users")
-    add.set_defaults(func=_run(add_user), uses_client=False)
-
-    passwd = actions.add_parser("passwd", help="set a user's password", parents=[*parents, password])
-    passwd.add_argument("name")
-    passwd.set_defaults(func=_run(change_password), uses_client=False)
-
-    for action, help_text in (("enable", "let a user sign in again"), ("disable", "stop a user signing in")):
-        command = actions.add_parser(action, help=help_text, parents=parents)
-        command.add_argument("name")
-        command.set_defaults(func=_run(enable_user), uses_client=False)
-
-    listing = actions.add_parser("list", help="list users and their rules", parents=parents)
-    listing.set_defaults(func=_run(list_users), uses_client=False)
-
-    show = actions.add_parser("show", help="show a user (never its password)", parents=parents)
-    show.add_argument("name")
-    show.set_defaults(func=_run(show_user), uses_client=False)
-
-    replace = actions.add_parser(
-        "rules",
-        help="replace a user's rules",
-        description="Replace the user's rules with the --allow and --deny given (none: no rules). "
-        "Deny wins over allow; no matching rule means no.",
-        parents=[*parents, rules],
-    )
-    replace.add_argument("name")
-    replace.set_defaults(func=_run(set_rules), uses_client=False)
-
-    drop = actions.add_parser("drop", help="delete a user and revoke its tokens", parents=parents)
-    drop.add_argument("name")
-    drop.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    drop.set_defaults(func=_run(drop_user), uses_client=False)
+@contextmanager
+def users_of(args: argparse.Namespace) -> Iterator[Access]:
+    """The server's users, or the data directory's when one is named (``--data-dir``, ``--config``)."""
+    choose_target(args)
+    if args.data_dir is None and args.config is None:
+        who = login(args)
+        with connect(args, who) as client:
+            yield Access(client, who)
+        return
+    config = load_config(args.config, {"data_dir": args.data_dir})
+    store = AuthStore(config.data_dir / "auth")
+    store.lock()
+    try:
+        yield Access(StoreUsers(store), Login())
+    finally:
+        store.unlock()
 
 
-def add_user(args: argparse.Namespace, users: Users, who: Login) -> int:
+def add_user(args: argparse.Namespace, access: Access) -> User:
+    users = access.users
     # Ask before the prompt: PUT would otherwise reset an existing user's password.
     if _exists(users, args.name):
         raise AlreadyExists(
@@ -161,42 +113,24 @@ def add_user(args: argparse.Namespace, users: Users, who: Login) -> int:
         fields["admin"] = True
     if args.allow or args.deny:
         fields["rules"] = _rules(args)
-    info = users.put_user(args.name, **fields)
-    if args.json:
-        print_json(info)
-    else:
-        print(f"user {args.name} added{' (admin)' if info.admin else ''}")
-    return 0
+    return users.put_user(args.name, **fields)
 
 
-def change_password(args: argparse.Namespace, users: Users, who: Login) -> int:
+def change_password(args: argparse.Namespace, access: Access) -> User:
+    users, who = access.users, access.who
     users.user(args.name)
     new = _new_password(args)
     # The server wants the old password from a user who changes its own without `user admin`.
     old = who.password if who.user == args.name else None
-    info = users.change_password(args.name, new, old)
-    if args.json:
-        print_json(info)
-    else:
-        print(f"password of user {args.name} changed")
-    return 0
+    return users.change_password(args.name, new, old)
 
 
-def enable_user(args: argparse.Namespace, users: Users, who: Login) -> int:
-    users.user(args.name)  # a PUT would try to create a missing user
-    info = users.put_user(args.name, enabled=args.action == "enable")
-    if args.json:
-        print_json(info)
-    else:
-        print(f"user {args.name} {args.action}d")
-    return 0
+def enable_user(args: argparse.Namespace, access: Access) -> User:
+    access.users.user(args.name)  # a PUT would try to create a missing user
+    return access.users.put_user(args.name, enabled=args.action == "enable")
 
 
-def list_users(args: argparse.Namespace, users: Users, who: Login) -> int:
-    found = users.users()
-    if args.json:
-        print_json(found)
-        return 0
+def print_users(args: argparse.Namespace, found: list[User]) -> None:
     rows = [
         [
             info.name,
@@ -207,14 +141,9 @@ def list_users(args: argparse.Namespace, users: Users, who: Login) -> int:
         for info in found
     ]
     print_table(["NAME", "ADMIN", "ENABLED", "RULES"], rows)
-    return 0
 
 
-def show_user(args: argparse.Namespace, users: Users, who: Login) -> int:
-    info = users.user(args.name)
-    if args.json:
-        print_json(info)
-        return 0
+def print_user(args: argparse.Namespace, info: User) -> None:
     rules = [str(AccessRule.parse(msgspec.to_builtins(r))) for r in info.rules]
     print_fields(
         [
@@ -226,54 +155,16 @@ def show_user(args: argparse.Namespace, users: Users, who: Login) -> int:
             ("updated", utc(info.updated)),
         ]
     )
-    return 0
 
 
-def set_rules(args: argparse.Namespace, users: Users, who: Login) -> int:
-    users.user(args.name)
-    info = users.put_user(args.name, rules=_rules(args))
-    if args.json:
-        print_json(info)
-    else:
-        count = len(info.rules)
-        print(f"user {args.name} has {count} rule{'' if count == 1 else 's'}")
-    return 0
+def set_rules(args: argparse.Namespace, access: Access) -> User:
+    access.users.user(args.name)
+    return access.users.put_user(args.name, rules=_rules(args))
 
 
-def drop_user(args: argparse.Namespace, users: Users, who: Login) -> int:
-    if not args.yes:
-        if not sys.stdin.isatty():
-            error(f"not dropping user {args.name} without --yes")
-            return 2
-        answer = input(f"drop user {args.name} and revoke its tokens? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            error("not dropped")
-            return 1
-    users.drop_user(args.name)
-    if args.json:
-        print_json({"dropped": args.name})
-    else:
-        print(f"user {args.name} dropped")
-    return 0
-
-
-def _run(command: Command) -> Callable[[argparse.Namespace], int]:
-    """Run ``command`` against the server, or on the data directory when one is named."""
-
-    def run(args: argparse.Namespace) -> int:
-        if args.data_dir is None and args.config is None:
-            who = login(args)
-            with connect(args, who) as client:
-                return command(args, client, who)
-        config = load_config(args.config, {"data_dir": args.data_dir})
-        store = AuthStore(config.data_dir / "auth")
-        store.lock()
-        try:
-            return command(args, StoreUsers(store), Login())
-        finally:
-            store.unlock()
-
-    return run
+def print_rules(args: argparse.Namespace, info: User) -> None:
+    count = len(info.rules)
+    print(f"user {args.name} has {count} rule{'' if count == 1 else 's'}")
 
 
 def _exists(users: Users, name: str) -> bool:
@@ -313,3 +204,103 @@ def _rule(effect: str) -> Callable[[str], AccessRule]:
             raise argparse.ArgumentTypeError(exc.message) from None
 
     return parse
+
+
+OFFLINE = (
+    arg(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help="change this data directory's users directly instead of a server's (stop the server first)",
+    ),
+    arg(
+        "--config", type=Path, metavar="FILE", help="like --data-dir, with the data directory of this config"
+    ),
+)
+RULES = tuple(
+    arg(
+        f"--{effect}",
+        action="append",
+        type=_rule(effect),
+        default=[],
+        metavar="RULE",
+        help=f"{effect} TYPE:ACTION:PATTERN, e.g. queue:read:orders-* (repeat for more)",
+    )
+    for effect in ("allow", "deny")
+)
+PASSWORD = arg(
+    "--password-stdin",
+    action="store_true",
+    help="read the new password from the first line of standard input instead of a prompt",
+)
+
+USER = Family(
+    "user",
+    "add, change, list and drop users (also offline, on a data directory)",
+    (
+        Command(
+            "add",
+            "add a user",
+            add_user,
+            text=lambda args, info: print(f"user {args.name} added{' (admin)' if info.admin else ''}"),
+            args=(
+                *OFFLINE,
+                *RULES,
+                PASSWORD,
+                arg("name"),
+                arg("--admin", action="store_true", help="may do everything, including managing users"),
+            ),
+        ),
+        Command(
+            "passwd",
+            "set a user's password",
+            change_password,
+            text=lambda args, _: print(f"password of user {args.name} changed"),
+            args=(*OFFLINE, PASSWORD, arg("name")),
+        ),
+        *(
+            Command(
+                action,
+                help_text,
+                enable_user,
+                text=lambda args, _: print(f"user {args.name} {args.action}d"),
+                args=(*OFFLINE, arg("name")),
+            )
+            for action, help_text in (
+                ("enable", "let a user sign in again"),
+                ("disable", "stop a user signing in"),
+            )
+        ),
+        Command(
+            "list",
+            "list users and their rules",
+            lambda args, access: access.users.users(),
+            text=print_users,
+            args=OFFLINE,
+        ),
+        Command(
+            "show",
+            "show a user (never its password)",
+            lambda args, access: access.users.user(args.name),
+            text=print_user,
+            args=(*OFFLINE, arg("name")),
+        ),
+        Command(
+            "rules",
+            "replace a user's rules",
+            set_rules,
+            text=print_rules,
+            description="Replace the user's rules with the --allow and --deny given (none: no rules). "
+            "Deny wins over allow; no matching rule means no.",
+            args=(*OFFLINE, *RULES, arg("name")),
+        ),
+        drop(
+            "user",
+            "delete a user and revoke its tokens",
+            lambda args, access: access.users.drop_user(args.name),
+            question="drop user {name} and revoke its tokens?",
+            args=OFFLINE,
+        ),
+    ),
+    on=users_of,
+)

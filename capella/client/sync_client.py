@@ -6,6 +6,7 @@ that already runs a loop (Jupyter, a web framework). Each method blocks until it
 The methods are not written twice: ``produce = blocking(AsyncClient.produce)`` makes the
 async method a blocking one with the same parameters, docstring and (awaited) return type,
 for ``help`` and for mypy alike, so a change to ``AsyncClient`` reaches ``Client`` by itself.
+A property is shared the same way: ``transport = Delegated(AsyncClient.transport)``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import ssl as ssl_module
 import threading
 from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 from capella.client.async_client import DEFAULT_URL, AsyncClient
 from capella.egress import Egress
@@ -71,6 +72,34 @@ def blocking_iter(
     # help() would otherwise show the async generator as the return type.
     vars(call)["__signature__"] = inspect.signature(method).replace(return_annotation=inspect.Signature.empty)
     return call
+
+
+class Delegated(property, Generic[T]):
+    """An ``AsyncClient`` property as one of ``Client``: the async client's value.
+
+    A property whose getter wraps the async one, so ``help``, pdoc and mypy show the same
+    docstring and type. (mypy reads ``AsyncClient.transport`` as the getter; at run time it is
+    the property.)
+    """
+
+    def __init__(self, attribute: Callable[[AsyncClient], T]) -> None:
+        original = cast(property, attribute)
+
+        @functools.wraps(cast(Callable[[AsyncClient], T], original.fget))
+        def read(client: Client) -> T:
+            return cast(T, original.__get__(client._client))
+
+        super().__init__(read)
+        self.__wrapped__ = attribute
+
+    @overload
+    def __get__(self, client: None, owner: type[Client], /) -> Delegated[T]: ...
+
+    @overload
+    def __get__(self, client: Client, owner: type[Client] | None = None, /) -> T: ...
+
+    def __get__(self, client: Client | None, owner: type[Client] | None = None, /) -> Delegated[T] | T:
+        return cast("Delegated[T] | T", super().__get__(client, owner))
 
 
 class Client:
@@ -139,6 +168,9 @@ class Client:
             self._thread.join(CLOSE_TIMEOUT)
             if not self._thread.is_alive():
                 self._loop.close()
+
+    # The async client's own Transport: its coroutines belong to the client's loop thread.
+    transport = Delegated(AsyncClient.transport)
 
     # --- queues ----------------------------------------------------------------------
 

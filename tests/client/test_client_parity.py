@@ -29,6 +29,10 @@ def public_methods(cls: type) -> set[str]:
     return {name for name, value in vars(cls).items() if not name.startswith("_") and callable(value)}
 
 
+def public_properties(cls: type) -> set[str]:
+    return {name for name in vars(cls) if not name.startswith("_") and name not in public_methods(cls)}
+
+
 def test_both_clients_have_the_same_public_methods() -> None:
     assert public_methods(Client) == public_methods(AsyncClient)
     assert set(HAND_WRITTEN) <= public_methods(Client)
@@ -49,6 +53,21 @@ def test_every_method_but_the_hand_written_ones_is_derived_with_its_docstring() 
         assert blocking.__doc__ == original.__doc__, name
 
 
+def test_every_property_is_derived_with_its_docstring() -> None:
+    # base_url is an attribute of an AsyncClient, set by its constructor: Client's property shows it.
+    assert public_properties(Client) == public_properties(AsyncClient) | {"base_url"}
+    for name in sorted(public_properties(AsyncClient)):
+        derived, original = vars(Client)[name], vars(AsyncClient)[name]
+        assert getattr(derived, "__wrapped__", None) is original, f"{name} is written by hand"
+        assert derived.__doc__ == original.__doc__, name
+
+
+def test_a_derived_property_reads_the_async_clients_value() -> None:
+    with Client("http://127.0.0.1:9") as client:
+        assert client.transport is client._client.transport
+        assert client.base_url == client._client.base_url
+
+
 def test_the_constructors_take_the_same_options() -> None:
     async_options = inspect.signature(AsyncClient.__init__).parameters
     options = inspect.signature(Client.__init__).parameters
@@ -58,6 +77,22 @@ def test_the_constructors_take_the_same_options() -> None:
 
 def test_mypy_sees_the_async_signatures_with_awaited_results(tmp_path: Path) -> None:
     names = sorted(public_methods(AsyncClient) - set(HAND_WRITTEN))
+    revealed = revealed_types(names, tmp_path)
+
+    for name, async_type, blocking_type in zip(names, revealed[::2], revealed[1::2], strict=True):
+        assert blocking_type == awaited(async_type), name
+
+
+def test_mypy_sees_the_async_properties_types(tmp_path: Path) -> None:
+    names = sorted(public_properties(AsyncClient))
+    revealed = revealed_types(names, tmp_path)
+
+    for name, async_type, blocking_type in zip(names, revealed[::2], revealed[1::2], strict=True):
+        assert blocking_type == async_type, name
+
+
+def revealed_types(names: list[str], tmp_path: Path) -> list[str]:
+    """What mypy shows for ``a.NAME`` and then ``c.NAME`` (AsyncClient, Client), for each name."""
     probe = tmp_path / "probe.py"
     probe.write_text(
         "from capella.client import AsyncClient, Client\n"
@@ -75,8 +110,7 @@ def test_mypy_sees_the_async_signatures_with_awaited_results(tmp_path: Path) -> 
 
     revealed = re.findall(r'Revealed type is "(.*)"', done.stdout)
     assert len(revealed) == 2 * len(names), done.stdout + done.stderr
-    for name, async_type, blocking_type in zip(names, revealed[::2], revealed[1::2], strict=True):
-        assert blocking_type == awaited(async_type), name
+    return revealed
 
 
 def awaited(async_type: str) -> str:
