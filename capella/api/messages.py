@@ -55,10 +55,11 @@ from capella.core.log.batch import Batch
 from capella.core.message import SaveMode
 from capella.core.queue import Appended, Delayed, Page, Queue
 from capella.errors import InvalidRequest, NotAcceptable, QueueNotFound, TooManyStreams
+from capella.records import record_batch
+from capella.records.record_batch import RecordBatch
 from capella.units import BLANK, DIGIT
-from capella.wire import batch_page, frames, record_batch
+from capella.wire import batch_page, frames
 from capella.wire.fields import MAX_SOURCE_BYTES
-from capella.wire.record_batch import RecordBatch
 
 # With authentication on, the SSE streams each user holds: the user's name -> how many.
 STREAMS = web.AppKey("streams", dict[str, int])

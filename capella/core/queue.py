@@ -64,8 +64,8 @@ from capella.core.subscription_store import SubscriptionStore
 from capella.core.work.retry import RetryPolicy
 from capella.core.work.work_queue import WorkQueue
 from capella.errors import CorruptData, InvalidMessage, ShuttingDown
+from capella.records.record_batch import Fields, Given, RecordBatch, decode_given, payload_sizes
 from capella.storage import Storage, keys
-from capella.wire.record_batch import Fields, Given, RecordBatch, decode_given, payload_sizes
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from capella.core.log.writer import OpenBlock, Writer
 from capella.core.stats import Recovery
 from capella.core.subscription_store import SubscriptionStore
 from capella.errors import CorruptData, KeyNotFound
+from capella.records.record_batch import RecordBatch, framed, select
 from capella.storage import keys
-from capella.wire.record_batch import RecordBatch, framed, select
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ straight from the JSON bytes, unknown fields refused; the OpenAPI schemas are ge
 them): ``fields`` (the shared field types: ids, times, durations, sizes, names), ``messages``,
 ``queues``, ``work``, ``handlers``, ``clusters``, ``auth`` and ``health``, each a
 ``struct.Struct`` (its repr leaves out what is not set, as the JSON does). The binary forms
-(docs/format.md): ``frames``, the binary read format of messages; ``record_batch``, the
-record batch; ``batch_page``, record batches as a produce body and as a read page.
+(docs/format.md): ``frames``, the binary read format of messages; ``batch_page``, record
+batches (``capella.records.record_batch``) as a produce body and as a read page.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The write path of one queue: ids, the open block, group-commit flushes to its journal, and sealing.
 
 Each call's messages are encoded at once as one record batch per block they go to
-(``capella.wire.record_batch``) and kept in ``pending`` until a flush appends them to the
+(``capella.records.record_batch``) and kept in ``pending`` until a flush appends them to the
 block's journal and fsyncs it; the block keeps every batch, which its sealed form holds byte
 for byte. ``wait`` and ``immediate`` writes join the next flush (group
 commit: concurrent writers share one fsync). A full block moves to ``sealing``; the sealer
@@ -38,9 +38,9 @@ from capella.core.loops import Loop, TaskFailures, first_of
 from capella.core.message import Draft, Message, drafts_batch
 from capella.core.stats import Histogram, QueueCounters
 from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
+from capella.records import record_batch
+from capella.records.record_batch import RecordBatch
 from capella.storage import Journal, keys
-from capella.wire import record_batch
-from capella.wire.record_batch import RecordBatch
 
 log = logging.getLogger(__name__)
 
