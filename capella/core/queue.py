@@ -36,7 +36,7 @@ from capella.config import StorageSettings
 from capella.core.definition import QueueDefinition
 from capella.core.delayed.intake import Delayed as Delayed  # answered by ``Queue.append``
 from capella.core.delayed.intake import assign_mixed
-from capella.core.delayed.item import Scheduled
+from capella.core.delayed.item import DelayedMessage
 from capella.core.delayed.schedule import Schedule
 from capella.core.filter import MessageFilter, matches
 from capella.core.limits import (
@@ -374,14 +374,16 @@ class Queue:
             writer.marked = True
         return results
 
-    async def reschedule(self, sid: int, deliver_at: float, save: SaveMode = SaveMode.DEFAULT) -> Scheduled:
-        """Move a scheduled message to ``deliver_at`` (a time in the past releases it at once)."""
+    async def reschedule(
+        self, sid: int, deliver_at: float, save: SaveMode = SaveMode.DEFAULT
+    ) -> DelayedMessage:
+        """Move a delayed message to ``deliver_at`` (a time in the past releases it at once)."""
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
         return await self.schedule.reschedule(sid, deliver_at, save.resolve(self.definition.save))
 
-    async def cancel_scheduled(self, sids: Sequence[int], save: SaveMode = SaveMode.DEFAULT) -> list[int]:
-        """Cancel scheduled messages; answers the sids that were still waiting."""
+    async def cancel_delayed(self, sids: Sequence[int], save: SaveMode = SaveMode.DEFAULT) -> list[int]:
+        """Cancel delayed messages; answers the sids that were still waiting."""
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
         return await self.schedule.cancel(sids, save.resolve(self.definition.save))
