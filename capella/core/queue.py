@@ -52,8 +52,9 @@ from capella.core.limits import (
 from capella.core.log.batch import Batch
 from capella.core.log.blocks import BlockMeta, BlockStore, Render
 from capella.core.log.dedup import DedupIndex
+from capella.core.log.open_block import OpenBlock
 from capella.core.log.writer import Appended as Appended  # answered by ``Queue.append``
-from capella.core.log.writer import OpenBlock, Writer
+from capella.core.log.writer import Writer
 from capella.core.loops import Loop, TaskFailures
 from capella.core.message import Draft, Message, SaveMode
 from capella.core.recovery import recover

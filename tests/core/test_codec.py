@@ -23,7 +23,7 @@ from capella.core.log.codec import (
     encode_record_v1,
     index_entry,
 )
-from capella.core.log.writer import OpenBlock
+from capella.core.log.open_block import OpenBlock
 from capella.core.message import Message
 from capella.errors import CorruptData, InvalidMessage
 from capella.records.record_batch import Fields, encode, encode_fields, framed, read, read_all
