@@ -12,6 +12,7 @@ ever answered is never handed out again, even after ``kill -9``.
 A step that fails (journal, seal, state) is a *fault*: the queue says it cannot accept
 writes until the step next succeeds.
 """
+
 from __future__ import annotations
 
 import asyncio
