@@ -345,21 +345,21 @@ class Queue:
         writer = self._writer
         # The defaults the server fills in are read as filled in: the producer's head counts for nothing.
         batch = msgspec.structs.replace(batch, base_time=now, source=writer.own)
-        sources: list[str] | None = None
+        fields: Fields | None = None
         external_ids: list[int | None] | None = None
+        external_times: list[float | None] | None = None
+        # What the checks need, read from the batch in one go: its columns, or for a batch of
+        # payloads alone (every other field the default) only their sizes, nothing decoded.
         try:
             if batch.flags:
                 fields, external_ids, external_times = decode_given(batch) if given is None else given
-                self._validate_batch(fields, external_times, now)
-                sources = fields.sources
-            else:  # payloads alone: every other field is the default, and nothing is decoded
+                sizes = list(map(len, fields.payloads))
+            else:
                 sizes = payload_sizes(batch)
-                check_count(len(sizes), self.limits)
-                check_sizes(sizes, self.limits)
-                if self.definition.segments is not None:
-                    check_segment(0, 0, self.definition.segments)
         except CorruptData as exc:
             raise InvalidMessage(f"record batch: {exc.message}") from None
+        self._check_batch(sizes, fields, external_times, now)
+        sources = None if fields is None else fields.sources
         mode = save.resolve(self.definition.save)
         self.counters.produce_requests += 1
         if writer.sealer_behind:
@@ -389,12 +389,20 @@ class Queue:
             raise ShuttingDown(f"queue {self.name} is closing")
         return await self.schedule.cancel(sids, save.resolve(self.definition.save))
 
-    def _validate_batch(self, fields: Fields, external_times: list[float | None] | None, now: float) -> None:
-        """``check_drafts`` for a record batch's decoded columns (the source given is the
-        cluster's name where the batch left it to the default)."""
+    def _check_batch(
+        self, sizes: list[int], fields: Fields | None, external_times: list[float | None] | None, now: float
+    ) -> None:
+        """``check_drafts`` for a record batch: its payload sizes, and its decoded columns unless
+        it holds payloads alone (``None``). The source given is the cluster's name where the
+        batch left it to the default."""
         limits = self.limits
-        check_count(len(fields.payloads), limits)
-        check_sizes(list(map(len, fields.payloads)), limits)
+        check_count(len(sizes), limits)
+        check_sizes(sizes, limits)
+        segments = self.definition.segments
+        if fields is None:
+            if segments is not None:
+                check_segment(0, 0, segments)
+            return
         own = self._writer.own
         for index, source in enumerate(fields.sources):
             if source != own:
@@ -403,7 +411,6 @@ class Queue:
             for index, t in enumerate(external_times):
                 if t is not None:
                     check_external_time(t, index, now)
-        segments = self.definition.segments
         if segments is not None:
             for index, segment in enumerate(fields.segments):
                 check_segment(index, segment, segments)

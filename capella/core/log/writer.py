@@ -359,16 +359,8 @@ class Writer:
                 self.refresh_recent()
             room = limits.max_messages - len(block.ids)
             take = kept[start : start + room]
-            if len(take) == n:
-                data = record_batch.stamp(batch, first_id, now, own)
-            else:
-                piece = [False] * n
-                for i in take:
-                    piece[i] = True
-                cut = record_batch.select(batch, piece, first_id)
-                assert cut is not None
-                data = cut
-            block.add_batch(record_batch.framed(data))
+            # As ``assign`` does: the identities first, then the batch, in one step of the
+            # batch format; a piece that cannot be added takes its identities out again.
             if sources is not None or external_ids is not None:
                 for message_id, i in enumerate(take, first_id):
                     source = own if sources is None else sources[i]
@@ -376,6 +368,20 @@ class Writer:
                     external_id = message_id if given is None else given
                     if block.name(source, external_id, message_id):
                         dedup.note(source, external_id)
+            try:
+                if len(take) == n:
+                    data = record_batch.stamp(batch, first_id, now, own)
+                else:
+                    piece = [False] * n
+                    for i in take:
+                        piece[i] = True
+                    cut = record_batch.select(batch, piece, first_id)
+                    assert cut is not None
+                    data = cut
+                block.add_batch(record_batch.framed(data))
+            except BaseException:
+                block.forget_names_from(first_id)
+                raise
             self.next_id = first_id + len(take)
             block.size += len(data)
             start += len(take)
