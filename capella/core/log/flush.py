@@ -16,13 +16,14 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from capella.config import StorageSettings
 from capella.core.journal.group_commit import fail
 from capella.core.log.blocks import BlockStore
 from capella.core.log.codec import JOURNAL_HEADER
 from capella.core.log.open_block import OpenBlock
-from capella.core.loops import Loop, TaskFailures
+from capella.core.loops import Loop
 from capella.core.stats import Histogram, QueueCounters
 from capella.errors import CapellaError, ShuttingDown, StorageTimeout
 from capella.storage import Journal
@@ -46,6 +47,29 @@ class _Flush:
     task: asyncio.Task[None] | None = None  # held here: the event loop keeps tasks only weakly
 
 
+class Owner(Protocol):
+    """The writer, as the flushes of its journals see it."""
+
+    name: str
+    counters: QueueCounters
+    faults: dict[str, tuple[str, float]]
+
+    @property
+    def closing(self) -> bool: ...
+
+    def in_memory(self) -> list[OpenBlock]: ...
+
+    def set_fault(self, step: str, message: str) -> None: ...
+
+    def clear_fault(self, step: str) -> None: ...
+
+    def fault_text(self) -> str: ...
+
+    def supervised(
+        self, kind: str, body: Callable[[], Awaitable[None]], step: str, wake: asyncio.Event
+    ) -> Loop: ...
+
+
 class JournalFlusher:
     """The flushes of one queue's journals: in flight, failed, and the writers waiting for one.
 
@@ -55,34 +79,15 @@ class JournalFlusher:
     """
 
     def __init__(
-        self,
-        name: str,
-        store: BlockStore,
-        blocks: Callable[[], list[OpenBlock]],
-        *,
-        settings: StorageSettings,
-        counters: QueueCounters,
-        flush_latency: Histogram,
-        faults: dict[str, tuple[str, float]],
-        set_fault: Callable[[str, str], None],
-        clear_fault: Callable[[str], None],
-        fault_text: Callable[[], str],
-        stopping: asyncio.Event,
-        task_failures: TaskFailures,
+        self, owner: Owner, store: BlockStore, settings: StorageSettings, latency: Histogram
     ) -> None:
-        self.name = name
+        self._owner = owner  # the writer: the blocks not sealed yet, the counters, the faults
         self._store = store
-        self._blocks = blocks  # the blocks not sealed yet, oldest first
         self._settings = settings
-        self._counters = counters
-        self._flush_latency = flush_latency
-        self._faults = faults
-        self._set_fault = set_fault
-        self._clear_fault = clear_fault
-        self._fault_text = fault_text  # why a write is slow, for a timeout's message
-        self._stopping = stopping
-        self.marked = False
+        self._flush_latency = latency
         self.wanted = asyncio.Event()
+        self.loop = owner.supervised("flush", self.run, "journal", self.wanted)
+        self.marked = False
         # Flushes in flight, oldest first; after a failure, those that failed (to write again),
         # the failure that stops new writes until they are requeued, and one to report.
         self._flushes: list[_Flush] = []
@@ -91,29 +96,21 @@ class JournalFlusher:
         self._unreported: BaseException | None = None
         self._waiters: list[asyncio.Future[None]] = []
         self._urgent = False
-        self.loop = Loop(
-            f"flush:{name}",
-            self.run,
-            failures=task_failures,
-            report=lambda message: set_fault("journal", message),
-            stopping=stopping,
-            wake=self.wanted,
-        )
 
     @property
     def closing(self) -> bool:
-        return self._stopping.is_set()
+        return self._owner.closing
 
     def want(self) -> None:
         self.wanted.set()
         self.loop.start()
 
     def pending(self) -> bool:
-        return any(b.pending for b in self._blocks())
+        return any(b.pending for b in self._owner.in_memory())
 
     def pending_bytes(self) -> int:
         """Bytes added to the journals' buffers and not written yet (``none`` and ``mark`` writes)."""
-        return sum(len(chunk) for b in self._blocks() for chunk in b.pending)
+        return sum(len(chunk) for b in self._owner.in_memory() for chunk in b.pending)
 
     async def commit(self, *, urgent: bool) -> None:
         """Answer once everything added so far is in a journal, fsync'd."""
@@ -140,8 +137,8 @@ class JournalFlusher:
             # The flush goes on: what it covers may still be saved, so say the outcome is unknown.
             waiter.set_exception(
                 StorageTimeout(
-                    f"queue {self.name}: the write was not saved within {self._settings.write_timeout:g}s "
-                    f"({self._fault_text()}); it may still be saved"
+                    f"queue {self._owner.name}: the write was not saved within "
+                    f"{self._settings.write_timeout:g}s ({self._owner.fault_text()}); it may still be saved"
                 )
             )
 
@@ -151,7 +148,7 @@ class JournalFlusher:
         supervisor; the restarted loop retries what is still pending without a new writer."""
         delay = self._settings.wait_max_delay
         while True:
-            if "journal" not in self._faults and not self.wanted.is_set():
+            if "journal" not in self._owner.faults and not self.wanted.is_set():
                 return  # idle: the next commit starts the flusher again
             self.wanted.clear()
             if delay > 0 and not self._urgent and not self.closing:
@@ -183,7 +180,7 @@ class JournalFlusher:
             not self._flushes
             and not self._waiters
             and not self.loop.running
-            and "journal" not in self._faults
+            and "journal" not in self._owner.faults
             and self._unreported is None
             and not self.closing
         )
@@ -192,7 +189,7 @@ class JournalFlusher:
         """Take what is pending (in order, with no await) and flush it after the flushes in flight."""
         self.marked = False
         chunks = []
-        for block in self._blocks():
+        for block in self._owner.in_memory():
             if block.pending:
                 chunks.append((block, b"".join(block.pending)))
                 block.pending.clear()
@@ -205,7 +202,7 @@ class JournalFlusher:
         ):
             self._flush_now(flush)
         else:
-            flush.task = asyncio.create_task(self._run_flush(flush), name=f"flush:{self.name}")
+            flush.task = asyncio.create_task(self._run_flush(flush), name=f"flush:{self._owner.name}")
         return flush
 
     def _flush_now(self, flush: _Flush) -> None:
@@ -288,7 +285,7 @@ class JournalFlusher:
             # until every flush in flight has ended and the failed bytes are requeued.
             self._broken = self._broken or error
             if isinstance(error, CapellaError):
-                self._set_fault("journal", error.message)
+                self._owner.set_fault("journal", error.message)
         if previous is not None:
             earlier = await previous.done  # answers go in order
             if error is None and earlier is not None:
@@ -313,16 +310,16 @@ class JournalFlusher:
             for block, end in ends:
                 block.durable_size = end
             if flush.chunks:
-                self._counters.flushes += 1
+                self._owner.counters.flushes += 1
                 self._flush_latency.observe(time.perf_counter() - started)
-            if "journal" in self._faults and self._broken is None:
-                self._clear_fault("journal")
+            if "journal" in self._owner.faults and self._broken is None:
+                self._owner.clear_fault("journal")
             for w in flush.waiters:
                 if not w.done():
                     w.set_result(None)
         else:
             self._failed.append(flush)
-            fail(flush.waiters, error, f"queue {self.name}")
+            fail(flush.waiters, error, f"queue {self._owner.name}")
         self._flushes.remove(flush)
         if self._broken is not None and not self._flushes:
             self._requeue_failed()

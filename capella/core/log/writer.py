@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 import orjson
@@ -103,28 +103,22 @@ class Writer:
         self._seal_done = asyncio.Event()
         self._seal_tried = asyncio.Event()  # set (and replaced) after every seal attempt
 
-        self.journals = JournalFlusher(
-            name,
-            store,
-            self.in_memory,
-            settings=settings,
-            counters=counters,
-            flush_latency=flush_latency,
-            faults=self.faults,
-            set_fault=self.set_fault,
-            clear_fault=self.clear_fault,
-            fault_text=self.fault_text,
-            stopping=stopping,
-            task_failures=task_failures,
-        )
+        self._task_failures = task_failures
+        self.journals = JournalFlusher(self, store, settings, flush_latency)
         self.flusher = self.journals.loop
-        self.sealer = Loop(
-            f"seal:{name}",
-            self.run_sealer,
-            failures=task_failures,
-            report=lambda message: self.set_fault("seal", message),
-            stopping=stopping,
-            wake=self.seal_wanted,
+        self.sealer = self.supervised("seal", self.run_sealer, "seal", self.seal_wanted)
+
+    def supervised(
+        self, kind: str, body: Callable[[], Awaitable[None]], step: str, wake: asyncio.Event
+    ) -> Loop:
+        """A supervised loop whose failure is a fault of ``step``."""
+        return Loop(
+            f"{kind}:{self.name}",
+            body,
+            failures=self._task_failures,
+            report=lambda message: self.set_fault(step, message),
+            stopping=self._stopping,
+            wake=wake,
         )
 
     @property
