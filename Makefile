@@ -56,10 +56,11 @@ fuzz: $(STAMP)
 chaos: $(STAMP) tools
 	$(BIN)/pytest -q -p no:cacheprovider -m chaos -s
 
-# The SDK reference, from the docstrings: the client package, the errors it raises and the
-# answer structs of capella.wire. Any warning (an annotation pdoc cannot read, a broken
-# reference) fails the build, so CI (make test) catches a docstring that would render wrong.
-SDK_MODULES := capella.client capella.errors capella.wire \
+# The SDK reference, from the docstrings: the client package, the errors it raises, the
+# answer structs of capella.wire and the record batch (capella.records). Any warning (an
+# annotation pdoc cannot read, a broken reference) fails the build, so CI (make test) catches a
+# docstring that would render wrong.
+SDK_MODULES := capella.client capella.errors capella.wire capella.records \
 	$(patsubst capella/wire/%.py,capella.wire.%,$(filter-out %/__init__.py,$(wildcard capella/wire/*.py)))
 PDOC := $(BIN)/python -W error -m pdoc --no-show-source $(SDK_MODULES)
 

@@ -60,7 +60,8 @@ from benchmarks.result import BenchmarkFailed, Outcome, Row, summary
 from benchmarks.server import cpu_seconds, exited, free_port, running_server
 from benchmarks.settings import Settings
 from capella.client import AsyncClient
-from capella.wire import batch_page, record_batch
+from capella.records import record_batch
+from capella.wire import batch_page
 
 BATCH = 100
 PAYLOAD = 256

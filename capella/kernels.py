@@ -16,7 +16,7 @@ Python; ``tests/core/test_kernels.py`` checks the two against each other on gene
   has it (``FAST_CRC32``); four to five times as fast as zlib on the blocks a read checks. The module's
   ``crc32`` is that kernel when it is fast, ``zlib.crc32`` otherwise.
 
-The record batch's head comes from ``capella.wire.record_batch.read`` (checked); the kernels
+The record batch's head comes from ``capella.records.record_batch.read`` (checked); the kernels
 parse the body and trust nothing of it. Each returns None for what it leaves to Python: a
 payload that is not UTF-8, a time orjson writes in exponent notation, a body that does not
 parse (Python then raises ``CorruptData``).

@@ -17,13 +17,13 @@ from capella import wire
 from capella.api import (
     clusters,
     console,
+    delayed,
     handlers,
     health,
     messages,
     openapi,
     queues,
     relay,
-    scheduled,
     subscriptions,
     tokens,
     users,
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 ROUTES: list[Route] = [
     *queues.ROUTES,
     *messages.ROUTES,
-    *scheduled.ROUTES,
+    *delayed.ROUTES,
     *subscriptions.ROUTES,
     *work.ROUTES,
     *handlers.ROUTES,

@@ -26,12 +26,13 @@ from capella import wire
 from capella.core.limits import MessageLimits, check_count
 from capella.core.message import EMPTY_HEADERS, Draft
 from capella.errors import CorruptData, InvalidBatch, InvalidMessage, InvalidRequest
+from capella.records import record_batch
+from capella.records.record_batch import RecordBatch
 from capella.units import parse_duration
-from capella.wire import fields, record_batch
+from capella.wire import fields
 from capella.wire import messages as wire_messages
 from capella.wire.batch_page import BATCH_MEDIA_TYPE
 from capella.wire.decode import Finding, unknown_field
-from capella.wire.record_batch import RecordBatch
 
 HEADER_PREFIX = "capella-header-"
 # How far ahead a delayed message may be scheduled (ten years).

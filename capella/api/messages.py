@@ -52,13 +52,13 @@ from capella.api.request import (
 from capella.api.route import MESSAGES_PATH, Route, on_queue
 from capella.core.filter import MessageFilter
 from capella.core.log.batch import Batch
-from capella.core.message import SaveMode
 from capella.core.queue import Appended, Delayed, Page, Queue
 from capella.errors import InvalidRequest, NotAcceptable, QueueNotFound, TooManyStreams
+from capella.records import record_batch
+from capella.records.record_batch import RecordBatch
 from capella.units import BLANK, DIGIT
-from capella.wire import batch_page, frames, record_batch
+from capella.wire import batch_page, frames
 from capella.wire.fields import MAX_SOURCE_BYTES
-from capella.wire.record_batch import RecordBatch
 
 # With authentication on, the SSE streams each user holds: the user's name -> how many.
 STREAMS = web.AppKey("streams", dict[str, int])
@@ -115,8 +115,15 @@ async def produce(request: web.Request) -> web.Response:
     replicas = int_param(request, "replicas", 0, low=0, high=1000)
     # Checked without replicas too: a bad value is refused, as the document says.
     replica_wait = wait_param(request, "replica_timeout", REPLICA_TIMEOUT)
+    if len(batches) > 1:
+        # A body of several batches is stored whole or not at all, as one dedup insert of
+        # their messages.
+        drafts, batches = batch_drafts(batches, limits), []
+    appended: Sequence[Appended | Delayed]
     if batches:
-        appended: Sequence[Appended | Delayed] = await append_batches(queue, batches, save)
+        # One batch (what the client sends) is appended as it came: the queue checks it as it
+        # checks JSON messages, stamps its head and never takes its messages apart.
+        appended = await queue.append_batch(batches[0], save)
     else:
         appended = await queue.append(drafts, save) if drafts else []
     # The results are Structs msgspec renders as {"id", "duplicate"} (or, for a delayed
@@ -128,19 +135,6 @@ async def produce(request: web.Request) -> web.Response:
         holders = await queue.wait_replicas(last, replicas, replica_wait)
         answer["replicas"] = {"required": replicas, "count": len(holders), "subscriptions": holders}
     return web.Response(body=msgspec.json.encode(answer), content_type=wire.JSON)
-
-
-async def append_batches(queue: Queue, batches: list[RecordBatch], save: SaveMode) -> list[Appended]:
-    """Append a body's record batches; the queue checks them as it checks JSON messages.
-
-    One batch (what the client sends) is appended as it came: the queue stamps its head and
-    never takes its messages apart. A body of several batches is stored whole or not at all,
-    as one dedup insert of their messages.
-    """
-    if len(batches) == 1:
-        return await queue.append_batch(batches[0], save)
-    drafts = batch_drafts(batches, queue.limits)
-    return [a for a in await queue.append(drafts, save) if isinstance(a, Appended)]
 
 
 # --- read -----------------------------------------------------------------------------------

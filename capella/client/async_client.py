@@ -186,7 +186,7 @@ class AsyncClient:
     async def produce_batch(
         self, queue: str, batches: bytes | Iterable[bytes], *, save: Save = None
     ) -> list[ProduceResult]:
-        """Append record batches already encoded (``capella.wire.record_batch.encode``), sent
+        """Append record batches already encoded (``capella.records.record_batch.encode``), sent
         back to back as one request: stored whole or not at all, as ``produce``."""
         body = batches if isinstance(batches, bytes) else b"".join(batches)
         headers = {"Content-Type": batch_page.BATCH_MEDIA_TYPE}

@@ -17,7 +17,7 @@ from typing import Any, TypeAlias
 
 from capella import wire
 from capella.errors import InvalidMessage
-from capella.wire import record_batch
+from capella.records import record_batch
 from capella.wire.fields import MAX_SOURCE_BYTES
 
 MessageLike: TypeAlias = Mapping[str, Any] | str | bytes

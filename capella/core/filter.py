@@ -18,7 +18,7 @@ _MISSING = object()
 
 
 class Filterable(Protocol):
-    """What a filter looks at: a stored ``Message`` or a ``Scheduled`` one alike."""
+    """What a filter looks at: a stored ``Message`` or a ``DelayedMessage`` one alike."""
 
     source: str
     segment: int

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from capella.errors import InvalidSaveMode
-from capella.wire import record_batch
+from capella.records import record_batch
 
 EMPTY_HEADERS: dict[str, str] = {}
 
@@ -116,7 +116,7 @@ _DRAFT_COLUMNS = tuple(
 def drafts_batch(
     drafts: Sequence[Draft], *, base_id: int = 0, base_time: float = 0.0, source: str = ""
 ) -> bytes:
-    """``drafts`` as one record batch (``capella.wire.record_batch``): a field a draft leaves
+    """``drafts`` as one record batch (``capella.records.record_batch``): a field a draft leaves
     ``None`` stays the batch's default (the id, the batch's time, its source)."""
     payloads, sources, external_ids, external_times, segments, headers = (
         list(map(get, drafts)) for get in _DRAFT_COLUMNS

@@ -36,7 +36,7 @@ from capella.config import StorageSettings
 from capella.core.definition import QueueSettings
 from capella.core.delayed.intake import Delayed as Delayed  # answered by ``Queue.append``
 from capella.core.delayed.intake import assign_mixed
-from capella.core.delayed.item import Scheduled
+from capella.core.delayed.item import DelayedMessage
 from capella.core.delayed.schedule import Schedule
 from capella.core.filter import MessageFilter, matches
 from capella.core.limits import (
@@ -52,8 +52,9 @@ from capella.core.limits import (
 from capella.core.log.batch import Batch
 from capella.core.log.blocks import BlockMeta, BlockStore, Render
 from capella.core.log.dedup import DedupIndex
+from capella.core.log.open_block import OpenBlock
 from capella.core.log.writer import Appended as Appended  # answered by ``Queue.append``
-from capella.core.log.writer import OpenBlock, Writer
+from capella.core.log.writer import Writer
 from capella.core.loops import Loop, TaskFailures
 from capella.core.message import Draft, Message, SaveMode
 from capella.core.recovery import recover
@@ -64,8 +65,8 @@ from capella.core.subscription_store import SubscriptionStore
 from capella.core.work.retry import RetrySettings
 from capella.core.work.work_queue import WorkQueue
 from capella.errors import CorruptData, InvalidMessage, ShuttingDown
+from capella.records.record_batch import Fields, Given, RecordBatch, decode_given, payload_sizes
 from capella.storage import Storage, keys
-from capella.wire.record_batch import Fields, Given, RecordBatch, decode_given, payload_sizes
 
 log = logging.getLogger(__name__)
 
@@ -344,21 +345,21 @@ class Queue:
         writer = self._writer
         # The defaults the server fills in are read as filled in: the producer's head counts for nothing.
         batch = msgspec.structs.replace(batch, base_time=now, source=writer.own)
-        sources: list[str] | None = None
+        fields: Fields | None = None
         external_ids: list[int | None] | None = None
+        external_times: list[float | None] | None = None
+        # What the checks need, read from the batch in one go: its columns, or for a batch of
+        # payloads alone (every other field the default) only their sizes, nothing decoded.
         try:
             if batch.flags:
                 fields, external_ids, external_times = decode_given(batch) if given is None else given
-                self._validate_batch(fields, external_times, now)
-                sources = fields.sources
-            else:  # payloads alone: every other field is the default, and nothing is decoded
+                sizes = list(map(len, fields.payloads))
+            else:
                 sizes = payload_sizes(batch)
-                check_count(len(sizes), self.limits)
-                check_sizes(sizes, self.limits)
-                if self.definition.segments is not None:
-                    check_segment(0, 0, self.definition.segments)
         except CorruptData as exc:
             raise InvalidMessage(f"record batch: {exc.message}") from None
+        self._check_batch(sizes, fields, external_times, now)
+        sources = None if fields is None else fields.sources
         mode = save.resolve(self.definition.save)
         self.counters.produce_requests += 1
         if writer.sealer_behind:
@@ -374,24 +375,34 @@ class Queue:
             writer.marked = True
         return results
 
-    async def reschedule(self, sid: int, deliver_at: float, save: SaveMode = SaveMode.DEFAULT) -> Scheduled:
-        """Move a scheduled message to ``deliver_at`` (a time in the past releases it at once)."""
+    async def reschedule(
+        self, sid: int, deliver_at: float, save: SaveMode = SaveMode.DEFAULT
+    ) -> DelayedMessage:
+        """Move a delayed message to ``deliver_at`` (a time in the past releases it at once)."""
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
         return await self.schedule.reschedule(sid, deliver_at, save.resolve(self.definition.save))
 
-    async def cancel_scheduled(self, sids: Sequence[int], save: SaveMode = SaveMode.DEFAULT) -> list[int]:
-        """Cancel scheduled messages; answers the sids that were still waiting."""
+    async def cancel_delayed(self, sids: Sequence[int], save: SaveMode = SaveMode.DEFAULT) -> list[int]:
+        """Cancel delayed messages; answers the sids that were still waiting."""
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
         return await self.schedule.cancel(sids, save.resolve(self.definition.save))
 
-    def _validate_batch(self, fields: Fields, external_times: list[float | None] | None, now: float) -> None:
-        """``check_drafts`` for a record batch's decoded columns (the source given is the
-        cluster's name where the batch left it to the default)."""
+    def _check_batch(
+        self, sizes: list[int], fields: Fields | None, external_times: list[float | None] | None, now: float
+    ) -> None:
+        """``check_drafts`` for a record batch: its payload sizes, and its decoded columns unless
+        it holds payloads alone (``None``). The source given is the cluster's name where the
+        batch left it to the default."""
         limits = self.limits
-        check_count(len(fields.payloads), limits)
-        check_sizes(list(map(len, fields.payloads)), limits)
+        check_count(len(sizes), limits)
+        check_sizes(sizes, limits)
+        segments = self.definition.segments
+        if fields is None:
+            if segments is not None:
+                check_segment(0, 0, segments)
+            return
         own = self._writer.own
         for index, source in enumerate(fields.sources):
             if source != own:
@@ -400,7 +411,6 @@ class Queue:
             for index, t in enumerate(external_times):
                 if t is not None:
                     check_external_time(t, index, now)
-        segments = self.definition.segments
         if segments is not None:
             for index, segment in enumerate(fields.segments):
                 check_segment(index, segment, segments)

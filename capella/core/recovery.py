@@ -17,12 +17,13 @@ import orjson
 
 from capella.core.log.blocks import BlockStore
 from capella.core.log.codec import JOURNAL_HEADER, decode_journal
-from capella.core.log.writer import OpenBlock, Writer
+from capella.core.log.open_block import OpenBlock
+from capella.core.log.writer import Writer
 from capella.core.stats import Recovery
 from capella.core.subscription_store import SubscriptionStore
 from capella.errors import CorruptData, KeyNotFound
+from capella.records.record_batch import RecordBatch, framed, select
 from capella.storage import keys
-from capella.wire.record_batch import RecordBatch, framed, select
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ them): ``fields`` (the shared field types: ids, times, durations, sizes, names),
 ``queues``, ``work``, the handlers' (``params``, ``upkeep``, ``copy``, ``push``,
 ``postgres``, ``handlers``, ``handler_status``), ``clusters``, ``auth`` and ``health``, each a
 ``struct.Struct`` (its repr leaves out what is not set, as the JSON does). The binary forms
-(docs/format.md): ``frames``, the binary read format of messages; ``record_batch``, the
-record batch; ``batch_page``, record batches as a produce body and as a read page. The
+(docs/format.md): ``frames``, the binary read format of messages; ``batch_page``, record
+batches (``capella.records.record_batch``) as a produce body and as a read page. The
 documents Capella saves (``capella.storage.catalog``) are the structs of ``records``.
 """
 

@@ -1,7 +1,7 @@
 """Record batches over HTTP: the binary produce body and the binary read page (format 2).
 
 A producer sends ``Content-Type: application/vnd.capella.batch``: one or more record batches
-(``capella.wire.record_batch``) back to back. A reader asks for ``Accept:
+(``capella.records.record_batch``) back to back. A reader asks for ``Accept:
 application/vnd.capella.batches`` and gets a 20-byte page head (``CPP2``) and then record
 batches: the server's cached bytes for whole batches, re-framed only at a page's edges.
 docs/format.md ("Binary read page, format 2") describes the head; all integers are
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from capella.errors import CorruptData
 from capella.kernels import KERNELS
-from capella.wire import frames, record_batch
+from capella.records import record_batch
+from capella.wire import frames
 from capella.wire.frames import read_page_head
 from capella.wire.messages import StoredMessage, stored_of
 

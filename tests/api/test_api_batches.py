@@ -26,7 +26,8 @@ from capella.client import AsyncClient, Client
 from capella.client.message import to_batch
 from capella.config import ServerSettings
 from capella.core.cluster import Cluster
-from capella.wire import batch_page, record_batch
+from capella.records import record_batch
+from capella.wire import batch_page
 from capella.wire.messages import Messages
 
 # The hand-moved clock, never moved here: two queues' messages get the same times.

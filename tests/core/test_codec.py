@@ -23,10 +23,10 @@ from capella.core.log.codec import (
     encode_record_v1,
     index_entry,
 )
-from capella.core.log.writer import OpenBlock
+from capella.core.log.open_block import OpenBlock
 from capella.core.message import Message
 from capella.errors import CorruptData, InvalidMessage
-from capella.wire.record_batch import Fields, encode, encode_fields, framed, read, read_all
+from capella.records.record_batch import Fields, encode, encode_fields, framed, read, read_all
 
 I64 = st.integers(-(2**63), 2**63 - 1)
 U64 = st.integers(0, 2**64 - 1)

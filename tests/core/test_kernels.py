@@ -25,9 +25,10 @@ from capella.core.log.codec import columns_of_records, messages_of
 from capella.core.message import stored_message
 from capella.errors import CorruptData
 from capella.kernels import KERNELS, crc32
-from capella.wire import batch_page, record_batch
+from capella.records import record_batch
+from capella.records.record_batch import RecordBatch, encode, encode_fields, read, read_all, stamp
+from capella.wire import batch_page
 from capella.wire.messages import StoredMessage, stored_of
-from capella.wire.record_batch import RecordBatch, encode, encode_fields, read, read_all, stamp
 
 SWITCHED_OFF = os.environ.get("CAPELLA_NO_EXTENSIONS", "") not in ("", "0")
 

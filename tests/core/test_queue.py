@@ -38,7 +38,7 @@ from capella.errors import (
     StorageUnavailable,
     SubscriptionNotFound,
 )
-from capella.wire.record_batch import encode, read, scan
+from capella.records.record_batch import encode, read, scan
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from support.batches import SOURCES, TIMES, drafts, stored
 
 from capella.errors import CorruptData, InvalidMessage
-from capella.wire import record_batch
-from capella.wire.record_batch import (
+from capella.records import record_batch
+from capella.records.record_batch import (
     Fields,
     cut,
     decode_given,

@@ -175,8 +175,8 @@ async def test_cancel_and_reschedule_near_and_far_items(
     assert len(sids) == 10
     await q.schedule.checkpoint()
     assert q.schedule.in_memory == 0
-    assert await q.cancel_scheduled([sids[0], sids[5], 999_999], SaveMode.WAIT) == [sids[0], sids[5]]
-    assert await q.cancel_scheduled([sids[0]]) == []
+    assert await q.cancel_delayed([sids[0], sids[5], 999_999], SaveMode.WAIT) == [sids[0], sids[5]]
+    assert await q.cancel_delayed([sids[0]]) == []
     moved = await q.reschedule(sids[9], now + 5, SaveMode.WAIT)
     assert (moved.due, moved.payload) == (now + 5, b"m9")
     with pytest.raises(ScheduledNotFound):
@@ -222,9 +222,9 @@ async def test_a_message_being_released_cannot_be_changed(cluster: Cluster, cloc
     q.schedule._releasing.add(sid)  # as during the append of its release
     with pytest.raises(Conflict):
         await q.reschedule(sid, clock.now + 100)
-    assert await q.cancel_scheduled([sid]) == []
+    assert await q.cancel_delayed([sid]) == []
     q.schedule._releasing.discard(sid)
-    assert await q.cancel_scheduled([sid]) == [sid]
+    assert await q.cancel_delayed([sid]) == [sid]
 
 
 async def test_due_in_the_past_is_delivered_at_once(cluster: Cluster, clock: Clock) -> None:
@@ -243,7 +243,7 @@ async def test_many_items_falling_due_at_once_are_released_in_due_order(
     answers = await q.append([later(f"{i}", due) for i, due in enumerate(dues)], SaveMode.WAIT)
     sids = [a.scheduled for a in answers if isinstance(a, Delayed)]
     cancelled = set(sids[::7])
-    await q.cancel_scheduled(list(cancelled))
+    await q.cancel_delayed(list(cancelled))
     await q.reschedule(sids[1], now + 20)
     clock.now = now + 5
     await q.schedule.release_due()

@@ -55,7 +55,8 @@ from schemathesis.specs.openapi.checks import (
 from support.servers import ServerProcess, free_port
 
 from capella.api.app import ROUTES, document
-from capella.wire import batch_page, record_batch
+from capella.records import record_batch
+from capella.wire import batch_page
 from capella.wire.fields import URL_EXCLUDED
 
 from . import fuzz_rules

@@ -23,7 +23,7 @@ import pytest
 from support.original import envelope
 from support.servers import ServerProcess
 
-from capella.wire import record_batch
+from capella.records import record_batch
 
 INT64_MAX = 2**63 - 1
 BIG_PAYLOAD = "x" * 2048

@@ -13,7 +13,8 @@ import zlib
 import pytest
 
 from capella.config import ServerSettings
-from capella.wire import batch_page, record_batch
+from capella.records import record_batch
+from capella.wire import batch_page
 from security.conftest import Secured
 
 pytestmark = pytest.mark.slow

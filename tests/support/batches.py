@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from capella.wire.record_batch import Fields
+from capella.records.record_batch import Fields
 
 I64 = st.integers(-(2**63), 2**63 - 1)
 TIMES = st.floats(allow_nan=False)

@@ -1,4 +1,4 @@
-"""Chunk files of a schedule: immutable files of scheduled items, each with a small index.
+"""Chunk files of a schedule: immutable files of delayed messages, each with a small index.
 
 ``<prefix>/chunks/<n>.sch`` holds up to ``CHUNK_ITEMS`` items (``capella.core.delayed.schedule``)
 framed one after the other behind a header with their count and CRC. ``<n>.idx`` holds what
@@ -16,7 +16,7 @@ from array import array
 from collections.abc import Container
 from dataclasses import dataclass, field
 
-from capella.core.delayed.item import Scheduled, decode_item, encode_item, identity_hash
+from capella.core.delayed.item import DelayedMessage, decode_item, encode_item, identity_hash
 from capella.core.journal.changelog import frame, unframe
 from capella.errors import CorruptData, KeyNotFound
 from capella.storage import Storage, keys
@@ -29,7 +29,7 @@ _CRC = struct.Struct("<I")
 
 @dataclass(slots=True)
 class Chunk:
-    """An immutable file of scheduled items, and what is known about it without reading it."""
+    """An immutable file of delayed messages, and what is known about it without reading it."""
 
     number: int
     count: int
@@ -63,7 +63,7 @@ class ChunkFiles:
     def _key(self, number: int, ext: str) -> str:
         return keys.chunk(self._prefix, number, ext)
 
-    async def write(self, number: int, items: list[Scheduled]) -> Chunk:
+    async def write(self, number: int, items: list[DelayedMessage]) -> Chunk:
         body = b"".join(frame(encode_item(i)) for i in items)
         head = _CHUNK_HEAD.pack(_CHUNK_MAGIC, len(items), zlib.crc32(body))
         sids = array("q", sorted(i.sid for i in items))
@@ -80,7 +80,7 @@ class ChunkFiles:
         dues = [i.due for i in items]
         return Chunk(number, len(items), min(dues, default=0.0), max(dues, default=0.0), sids, hashes)
 
-    async def read(self, chunk: Chunk) -> list[Scheduled]:
+    async def read(self, chunk: Chunk) -> list[DelayedMessage]:
         """Every item in the file, deleted ones too (``chunk.deleted`` says which)."""
         try:
             data = await self._storage.get(self._key(chunk.number, "sch"))

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from capella.core.delayed.item import Scheduled
+from capella.core.delayed.item import DelayedMessage
 from capella.core.delayed.schedule import Schedule
 from capella.core.log.writer import Appended, Writer
 from capella.core.message import Draft
@@ -63,7 +63,7 @@ async def assign_mixed(
         writer.next_id = sid + 1
         assert d.deliver_at is not None
         schedule.stage(
-            Scheduled(
+            DelayedMessage(
                 sid,
                 d.deliver_at,
                 now,

@@ -1,4 +1,4 @@
-"""A scheduled message and its binary form, shared by the schedule's log records and chunk files.
+"""A delayed message and its binary form, shared by the schedule's log records and chunk files.
 
 An item is the message as it will be appended, plus when (``due``); its ``sid`` is its
 schedule id, which stands in for a missing external id. The encoding is the message body of
@@ -22,7 +22,7 @@ _HAS_EXTERNAL_TIME = 2
 
 
 @dataclass(slots=True)
-class Scheduled:
+class DelayedMessage:
     """One message waiting for its time. Replaced, never changed, once it is registered."""
 
     sid: int
@@ -49,7 +49,7 @@ class Scheduled:
         return Draft(self.payload, source, external_id, self.external_time, self.segment, self.headers)
 
 
-def encode_item(item: Scheduled) -> bytes:
+def encode_item(item: DelayedMessage) -> bytes:
     flags = (_HAS_EXTERNAL_ID if item.external_id is not None else 0) | (
         _HAS_EXTERNAL_TIME if item.external_time is not None else 0
     )
@@ -66,13 +66,13 @@ def encode_item(item: Scheduled) -> bytes:
     return _ITEM.pack(item.due, flags) + message_body(message)
 
 
-def decode_item(data: bytes, start: int = 0, chunk: int = 0) -> Scheduled:
+def decode_item(data: bytes, start: int = 0, chunk: int = 0) -> DelayedMessage:
     try:
         due, flags = _ITEM.unpack_from(data, start)
     except struct.error:
         raise CorruptData("scheduled item is too short") from None
     m = message_from_body(data, start + _ITEM.size)
-    return Scheduled(
+    return DelayedMessage(
         m.id,
         due,
         m.time,

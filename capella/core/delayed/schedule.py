@@ -1,6 +1,6 @@
 """Delayed delivery: messages stored durably at once that enter their queue's log when due.
 
-A scheduled message gets a *schedule id* (``sid``) at once, drawn from the queue's own id
+A delayed message gets a *schedule id* (``sid``) at once, drawn from the queue's own id
 numbers so it is never reused; it gets its message id only when it is released, at the end
 of the log, so a reader's cursor never misses it.
 
@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 
 from capella.core.delayed.chunks import Chunk, ChunkFiles
-from capella.core.delayed.item import Scheduled, decode_item, encode_item, identity_hash
+from capella.core.delayed.item import DelayedMessage, decode_item, encode_item, identity_hash
 from capella.core.journal.changelog import ChangeLog, frame, unframe
 from capella.core.message import Draft, SaveMode
 from capella.errors import CapellaError, Conflict, CorruptData, ScheduledNotFound, ShuttingDown
@@ -99,7 +99,7 @@ class Schedule:
         self.counters = ScheduleCounters()
         self._log = ChangeLog(storage, prefix, write_timeout=write_timeout)
         self._files = ChunkFiles(storage, prefix)
-        self._items: dict[int, Scheduled] = {}
+        self._items: dict[int, DelayedMessage] = {}
         self._heap: list[tuple[float, int]] = []
         self._by_identity: dict[tuple[str, int], int] = {}
         self._chunks: dict[int, Chunk] = {}
@@ -212,7 +212,7 @@ class Schedule:
                 return
             heapq.heappop(heap)
 
-    async def get(self, sid: int) -> Scheduled:
+    async def get(self, sid: int) -> DelayedMessage:
         item = self._items.get(sid)
         if item is not None:
             return item
@@ -223,8 +223,8 @@ class Schedule:
                         return found
         raise ScheduledNotFound(f"nothing scheduled has id {sid} (released, cancelled or never scheduled)")
 
-    async def find(self, identity: tuple[str, int]) -> Scheduled | None:
-        """The scheduled item with this identity (only items with an external id are looked up)."""
+    async def find(self, identity: tuple[str, int]) -> DelayedMessage | None:
+        """The delayed message with this identity (only items with an external id are looked up)."""
         sid = self._by_identity.get(identity)
         if sid is not None:
             return self._items[sid]
@@ -237,7 +237,7 @@ class Schedule:
                     return item
         return None
 
-    async def page(self, after: tuple[float, int] | None, limit: int) -> list[Scheduled]:
+    async def page(self, after: tuple[float, int] | None, limit: int) -> list[DelayedMessage]:
         """Up to ``limit`` items in (due, sid) order after the ``after`` key."""
         start = after or (-math.inf, -1)
         best = heapq.nsmallest(limit, (i for i in self._items.values() if i.key > start), key=_key)
@@ -252,7 +252,7 @@ class Schedule:
 
     # --- changes ------------------------------------------------------------------------
 
-    def stage(self, item: Scheduled) -> None:
+    def stage(self, item: DelayedMessage) -> None:
         """Register a new item (its sid is fresh); ``save`` makes it durable."""
         if not self._heap or item.due < self._heap[0][0]:
             self._changed()
@@ -260,7 +260,7 @@ class Schedule:
         self._remember(item)
         self.counters.scheduled += 1
 
-    async def add(self, items: Sequence[Scheduled], save: SaveMode) -> None:
+    async def add(self, items: Sequence[DelayedMessage], save: SaveMode) -> None:
         for item in items:
             self.stage(item)
         await self.save(save)
@@ -274,7 +274,7 @@ class Schedule:
         if self._log.dirty:
             self._log.marked = True
 
-    async def reschedule(self, sid: int, due: float, save: SaveMode) -> Scheduled:
+    async def reschedule(self, sid: int, due: float, save: SaveMode) -> DelayedMessage:
         self.check_not_releasing(sid)
         current = await self.get(sid)
         self.check_not_releasing(sid)
@@ -308,7 +308,7 @@ class Schedule:
         if sid in self._releasing:
             raise Conflict(f"scheduled message {sid} is being delivered right now")
 
-    def _remember(self, item: Scheduled) -> None:
+    def _remember(self, item: DelayedMessage) -> None:
         self._items[item.sid] = item
         heapq.heappush(self._heap, (item.due, item.sid))
         if item.external_id is not None:
@@ -374,7 +374,7 @@ class Schedule:
                     released += outcome
         return released
 
-    async def _release_batch(self, batch: list[Scheduled]) -> int:
+    async def _release_batch(self, batch: list[DelayedMessage]) -> int:
         # The dedup lookup is what makes a repeated release harmless; it is skipped only for
         # items that cannot have been released before (the common case, ~25 % of the cost).
         first_new, tried = self._first_new_sid, self._tried
@@ -425,9 +425,9 @@ class Schedule:
         self.counters.released_duplicates += duplicates
         return len(batch)
 
-    def _take_due(self, now: float) -> list[Scheduled]:
+    def _take_due(self, now: float) -> list[DelayedMessage]:
         heap, items, releasing = self._heap, self._items, self._releasing
-        batch: list[Scheduled] = []
+        batch: list[DelayedMessage] = []
         pop = heapq.heappop
         # A few due items: pop them. Many: sort the heap once (C speed, and nearly free once
         # sorted), cut the due prefix off, and the rest is still a heap (a sorted list is
@@ -494,7 +494,7 @@ class Schedule:
             fresh = sorted((i for i in self._items.values() if i.chunk == 0), key=_key)
             # Near and far items go to separate chunks, so the far ones can all leave memory.
             cut = bisect.bisect_right([i.due for i in fresh], self._clock() + self.horizon)
-            written: list[tuple[Chunk, list[Scheduled]]] = []
+            written: list[tuple[Chunk, list[DelayedMessage]]] = []
             for part in (fresh[:cut], fresh[cut:]):
                 for start in range(0, len(part), CHUNK_ITEMS):
                     group = part[start : start + CHUNK_ITEMS]
@@ -601,5 +601,5 @@ def _sids_of(record: bytes) -> array[int]:
     return sids
 
 
-def _key(item: Scheduled) -> tuple[float, int]:
+def _key(item: DelayedMessage) -> tuple[float, int]:
     return (item.due, item.sid)

@@ -23,8 +23,8 @@ import orjson
 from capella.core.log.codec import Columns, columns_of, columns_of_records, messages_of
 from capella.core.message import Message, stored_message
 from capella.kernels import KERNELS
+from capella.records.record_batch import RecordBatch, encode_fields, read_all
 from capella.wire.frames import encode_frames
-from capella.wire.record_batch import RecordBatch, encode_fields, read_all
 
 # Payloads ``_plain`` checks in one piece.
 _CHECKED_AT_ONCE = 512

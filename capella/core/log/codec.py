@@ -5,7 +5,7 @@ event loop. docs/format.md describes every byte. Bad bytes raise ``CorruptData``
 never returned as messages.
 
 Format 2 (``CPJ2`` journals, ``CPB2`` blocks) holds record batches
-(``capella.wire.record_batch``) byte for byte: the journal is the batches back to back, and
+(``capella.records.record_batch``) byte for byte: the journal is the batches back to back, and
 a sealed block is those same bytes between a head and an index. Format 1 (``CPJ1``, ``CPB1``:
 one frame per message, a columnar block) is read forever; its encoders (``*_v1``) remain for
 the tests that write such bytes.
@@ -29,8 +29,8 @@ import msgspec
 from capella.core.message import EMPTY_HEADERS, Message
 from capella.errors import CorruptData, InvalidMessage
 from capella.kernels import crc32
-from capella.wire import record_batch
-from capella.wire.record_batch import RecordBatch
+from capella.records import record_batch
+from capella.records.record_batch import RecordBatch
 
 BLOCK_SUFFIX = ".blk"
 JOURNAL_SUFFIX = ".log"

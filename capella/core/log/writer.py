@@ -1,13 +1,13 @@
-"""The write path of one queue: ids, the open block, group-commit flushes to its journal, and sealing.
+"""The write path of one queue: ids, the write lock, the blocks still in memory, and sealing.
 
 Each call's messages are encoded at once as one record batch per block they go to
-(``capella.wire.record_batch``) and kept in ``pending`` until a flush appends them to the
-block's journal and fsyncs it; the block keeps every batch, which its sealed form holds byte
-for byte. ``wait`` and ``immediate`` writes join the next flush (group
-commit: concurrent writers share one fsync). A full block moves to ``sealing``; the sealer
-writes it once as an immutable block, has the block store record it in the manifest, and
-deletes its journal. Ids come from a lease persisted ahead of use (``<q>/state.json``), so
-an id that was ever answered is never handed out again, even after ``kill -9``.
+(``capella.records.record_batch``) and added to the open block (``open_block.OpenBlock``),
+pending until a flush appends them to the block's journal and fsyncs it
+(``flush.JournalFlusher``: ``wait`` and ``immediate`` writes join the next flush, so
+concurrent writers share one fsync). A full block moves to ``sealing``; the sealer writes it
+once as an immutable block, has the block store record it in the manifest, and deletes its
+journal. Ids come from a lease persisted ahead of use (``<q>/state.json``), so an id that was
+ever answered is never handed out again, even after ``kill -9``.
 
 A step that fails (journal, seal, state) is a *fault*: the queue says it cannot accept
 writes until the step next succeeds.
@@ -16,37 +16,27 @@ writes until the step next succeeds.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import itertools
 import logging
-import time
-from array import array
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
 import msgspec
 import orjson
 
 from capella.config import StorageSettings
 from capella.core.definition import QueueSettings
-from capella.core.journal.group_commit import fail
-from capella.core.log.batch import Batch
 from capella.core.log.blocks import BlockMeta, BlockStore
-from capella.core.log.codec import JOURNAL_HEADER, assemble_block, columns_of, encode_block, index_entry
-from capella.core.log.dedup import BlockSummary
+from capella.core.log.flush import JournalFlusher
+from capella.core.log.open_block import OpenBlock, encode_sealed
 from capella.core.loops import Loop, TaskFailures, first_of
-from capella.core.message import Draft, Message, drafts_batch
+from capella.core.message import Draft
 from capella.core.stats import Histogram, QueueCounters
 from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
-from capella.storage import Journal, keys
-from capella.wire import record_batch
-from capella.wire.record_batch import RecordBatch
+from capella.records import record_batch
+from capella.records.record_batch import RecordBatch
+from capella.storage import keys
 
 log = logging.getLogger(__name__)
-
-# Group commits in flight at once: while one fdatasync runs the next group is written and
-# synced, and the file system folds concurrent syncs into fewer journal commits.
-MAX_FLUSHES = 3
 
 # Full blocks waiting for the sealer; writers wait beyond this (at most
 # ``storage.write_timeout``) so memory stays bounded when the disk is slower than the producers.
@@ -64,139 +54,12 @@ class Appended(msgspec.Struct, frozen=True, gc=False):
     duplicate: bool
 
 
-@dataclass(slots=True)
-class OpenBlock:
-    """A block still taking writes (or waiting to be sealed), held in memory with its journal.
-
-    Its messages are its record batches (``batches``), in order, each over its own bytes: its
-    journal after the header, and the batches of its sealed form, each with its entry in the
-    sealed block's index, made as it is added, so sealing only joins bytes. Nothing else is
-    kept per message but its id: a read decodes the batches it serves, and dedup keeps only
-    the identities that are not the default ``(own, id)`` (``keys``; ``find`` knows the rest
-    from ``ids``). A block recovered from a format 1 journal (``v1``) holds its ``messages``
-    instead of batches; it takes no more writes and is sealed from its messages.
-    """
-
-    first_id: int
-    opened_at: float
-    journal_key: str
-    own: str  # the cluster's name: the source of a message that names none
-    # Unsigned 64-bit, 8 bytes an id: a list held an int object per message (40 bytes).
-    ids: array[int] = field(default_factory=lambda: array("Q"))
-    # The identities other than (own, id), and the ids of their messages.
-    keys: dict[tuple[str, int], int] = field(default_factory=dict)
-    named: set[int] = field(default_factory=set)
-    size: int = 0
-    pending: list[bytes] = field(default_factory=list)
-    journal: Journal | None = None
-    durable_size: int = 0
-    batches: list[RecordBatch] = field(default_factory=list)
-    firsts: list[int] = field(default_factory=list)  # each batch's first id, for bisecting
-    index: bytearray = field(default_factory=bytearray)  # the sealed block's index entries, joined
-    batch_bytes: int = 0
-    messages: list[Message] = field(default_factory=list)  # a format 1 block's only
-    v1: bool = False
-
-    def add(self, message: Message) -> None:
-        """Add a message of a format 1 journal (such a block holds no batches)."""
-        self.ids.append(message.id)
-        self.messages.append(message)
-        self.name(message.source, message.external_id, message.id)
-
-    def add_batch(self, batch: RecordBatch, *, journaled: bool = False) -> None:
-        """Add a batch that holds its bytes alone (``RecordBatch.alone``) after the others;
-        it is pending for the journal unless it is ``journaled`` already (recovery).
-
-        ``ValueError`` unless its ids follow the block's: ``sealed`` relies on that order.
-        """
-        if self.ids and batch.base_id <= self.ids[-1]:
-            raise ValueError(
-                f"block batches must have strictly increasing ids: {batch.base_id} after {self.ids[-1]}"
-            )
-        entry = index_entry(batch, self.batch_bytes)
-        self.batches.append(batch)
-        self.firsts.append(batch.base_id)
-        self.index += entry
-        self.batch_bytes += batch.end
-        self.ids.extend(range(batch.base_id, batch.base_id + batch.count))
-        if not journaled:
-            self.pending.append(batch.data)
-
-    def sealed(self) -> bytes:
-        """The block's sealed form (format 2): its batches' bytes as they are, with their index."""
-        ids = self.ids or [0]
-        return assemble_block([b.data for b in self.batches], (self.index,), len(self.ids), ids[0], ids[-1])
-
-    def name(self, source: str, external_id: int, message_id: int) -> bool:
-        """Note a message's identity for dedup, where it is not the default ``(own, id)``;
-        ``True`` when it was noted (the queue's dedup index notes it too)."""
-        if source == self.own and external_id == message_id:
-            return False
-        self.keys[(source, external_id)] = message_id
-        self.named.add(message_id)
-        return True
-
-    def forget_names_from(self, message_id: int) -> None:
-        """Forget the identities of the messages from ``message_id`` on (their batch could not be encoded)."""
-        for key, named in list(self.keys.items()):
-            if named >= message_id:
-                del self.keys[key]
-                self.named.discard(named)
-
-    def find(self, source: str, external_id: int) -> int | None:
-        """The id of the message with this identity in the block, or None."""
-        found = self.keys.get((source, external_id))
-        if found is None and source == self.own and external_id not in self.named:
-            ids = self.ids
-            at = bisect.bisect_left(ids, external_id)
-            if at < len(ids) and ids[at] == external_id:
-                return external_id
-        return found
-
-    def contents(self, after: int, wanted: int) -> Batch:
-        """The first ``wanted`` messages after id ``after`` (or all there are), as a batch of
-        their own: the record batches that hold them, a batch cut at either edge re-framed."""
-        if self.v1:
-            start = bisect.bisect_right(self.ids, after)
-            return Batch.of_messages(
-                self.messages[start : start + wanted], list(self.ids[start : start + wanted])
-            )
-        first = max(0, bisect.bisect_right(self.firsts, after) - 1)
-        # Each batch holds a message at least, and the first may end at ``after``: a slice, not
-        # an islice, which would step over the ``first`` batches before it one by one.
-        return Batch.of_records(
-            record_batch.page_batches(self.batches[first : first + wanted + 1], after, wanted)
-        )
-
-    def is_full(self, definition: QueueSettings, now: float) -> bool:
-        limits = definition.block
-        return bool(self.ids) and (
-            len(self.ids) >= limits.max_messages
-            or self.size >= limits.max_bytes
-            or now - self.opened_at >= limits.max_age
-        )
-
-
-@dataclass(slots=True, eq=False)
-class _Flush:
-    """One group commit: the bytes it took from each block and the writers it answers."""
-
-    chunks: list[tuple[OpenBlock, bytes]]
-    waiters: list[asyncio.Future[None]]
-    previous: _Flush | None
-    registered: asyncio.Event = field(default_factory=asyncio.Event)  # its appends have their place
-    done: asyncio.Future[BaseException | None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-    task: asyncio.Task[None] | None = None  # held here: the event loop keeps tasks only weakly
-
-
 class Writer:
     """Ids, the blocks still in memory (``sealing`` then ``open_block``) and their journals.
 
     The flusher and the sealer are supervised loops that run only while there is work: a
     commit starts the flusher, a full block the sealer, and each ends when it has nothing
-    left to do. ``flush_wanted`` and ``seal_wanted`` say there is work (and cut a restart's
+    left to do. ``journals.wanted`` and ``seal_wanted`` say there is work (and cut a restart's
     backoff short); ``stopping`` is the queue's, set when it closes.
     """
 
@@ -225,7 +88,6 @@ class Writer:
         self.own = cluster_name  # the source of messages produced here
         self._store = store
         self._settings = settings
-        self._flush_latency = flush_latency
         self._clock = clock
         self._stopping = stopping
 
@@ -235,35 +97,29 @@ class Writer:
         self.next_id = 1
         self.lease_until = 1  # ids below this may have been answered already
         self.arrived = asyncio.Event()  # set (and replaced) when messages are added
-        self.marked = False  # a ``mark`` write waits for the next periodic flush
 
-        self.flush_wanted = asyncio.Event()
         self.seal_wanted = asyncio.Event()
         self._write_lock = asyncio.Lock()
-        # Flushes in flight, oldest first; after a failure, those that failed (to write again),
-        # the failure that stops new writes until they are requeued, and one to report.
-        self._flushes: list[_Flush] = []
-        self._failed: list[_Flush] = []
-        self._broken: BaseException | None = None
-        self._unreported: BaseException | None = None
         self._seal_done = asyncio.Event()
         self._seal_tried = asyncio.Event()  # set (and replaced) after every seal attempt
-        self._waiters: list[asyncio.Future[None]] = []
-        self._urgent = False
 
-        def loop(kind: str, body: Callable[[], Awaitable[None]], step: str, wake: asyncio.Event) -> Loop:
-            """A supervised loop whose failure is a fault of ``step``."""
-            return Loop(
-                f"{kind}:{name}",
-                body,
-                failures=task_failures,
-                report=lambda message: self.set_fault(step, message),
-                stopping=stopping,
-                wake=wake,
-            )
+        self._task_failures = task_failures
+        self.journals = JournalFlusher(self, store, settings, flush_latency)
+        self.flusher = self.journals.loop
+        self.sealer = self.supervised("seal", self.run_sealer, "seal", self.seal_wanted)
 
-        self.flusher = loop("flush", self.run_flusher, "journal", self.flush_wanted)
-        self.sealer = loop("seal", self.run_sealer, "seal", self.seal_wanted)
+    def supervised(
+        self, kind: str, body: Callable[[], Awaitable[None]], step: str, wake: asyncio.Event
+    ) -> Loop:
+        """A supervised loop whose failure is a fault of ``step``."""
+        return Loop(
+            f"{kind}:{self.name}",
+            body,
+            failures=self._task_failures,
+            report=lambda message: self.set_fault(step, message),
+            stopping=self._stopping,
+            wake=wake,
+        )
 
     @property
     def closing(self) -> bool:
@@ -424,14 +280,14 @@ class Writer:
                 results.append(Appended(message_id, False))
                 if len(block.ids) + len(run) >= max_messages or size >= max_bytes:
                     done, run = run, []
-                    _add_batch(block, done, run_first, now, own)
+                    block.add_drafts(done, run_first, now)
                     self.rotate()
                     block = None
         finally:
             # Also when a dedup lookup was cancelled: what was added stays, as a batch.
             if run and block is not None:
                 done, run = run, []
-                _add_batch(block, done, run_first, now, own)
+                block.add_drafts(done, run_first, now)
         if added:
             self.last_id = self.next_id - 1
             dedup.note(own, self.last_id)
@@ -497,16 +353,8 @@ class Writer:
                 self.refresh_recent()
             room = limits.max_messages - len(block.ids)
             take = kept[start : start + room]
-            if len(take) == n:
-                data = record_batch.stamp(batch, first_id, now, own)
-            else:
-                piece = [False] * n
-                for i in take:
-                    piece[i] = True
-                cut = record_batch.select(batch, piece, first_id)
-                assert cut is not None
-                data = cut
-            block.add_batch(record_batch.framed(data))
+            # As ``assign`` does: the identities first, then the batch, in one step of the
+            # batch format; a piece that cannot be added takes its identities out again.
             if sources is not None or external_ids is not None:
                 for message_id, i in enumerate(take, first_id):
                     source = own if sources is None else sources[i]
@@ -514,6 +362,20 @@ class Writer:
                     external_id = message_id if given is None else given
                     if block.name(source, external_id, message_id):
                         dedup.note(source, external_id)
+            try:
+                if len(take) == n:
+                    data = record_batch.stamp(batch, first_id, now, own)
+                else:
+                    piece = [False] * n
+                    for i in take:
+                        piece[i] = True
+                    cut = record_batch.select(batch, piece, first_id)
+                    assert cut is not None
+                    data = cut
+                block.add_batch(record_batch.framed(data))
+            except BaseException:
+                block.forget_names_from(first_id)
+                raise
             self.next_id = first_id + len(take)
             block.size += len(data)
             start += len(take)
@@ -590,10 +452,6 @@ class Writer:
             self.refresh_recent()
             self.want_seal()
 
-    def want_flush(self) -> None:
-        self.flush_wanted.set()
-        self.flusher.start()
-
     def want_seal(self) -> None:
         self.seal_wanted.set()
         self.sealer.start()
@@ -605,257 +463,34 @@ class Writer:
         """The blocks not sealed yet, oldest first."""
         return [*self.sealing, *([self.open_block] if self.open_block is not None else [])]
 
-    def pending(self) -> bool:
-        return any(b.pending for b in self.in_memory())
+    # --- flushing (group commit): ``self.journals`` ---------------------------------------
 
-    def pending_bytes(self) -> int:
-        """Bytes added to the journals' buffers and not written yet (``none`` and ``mark`` writes)."""
-        return sum(len(chunk) for b in self.in_memory() for chunk in b.pending)
+    @property
+    def marked(self) -> bool:
+        """A ``mark`` write waits for the next periodic flush."""
+        return self.journals.marked
 
-    # --- flushing (group commit) -----------------------------------------------------------
+    @marked.setter
+    def marked(self, value: bool) -> None:
+        self.journals.marked = value
 
     async def commit(self, *, urgent: bool) -> None:
         """Answer once everything added so far is in a journal, fsync'd."""
-        if not self.pending() and not self._flushes:
-            return
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        # A timer on the waiter, not asyncio.timeout: the same answer for a third of the work.
-        expiry = loop.call_later(self._settings.write_timeout, self._expire, waiter)
-        try:
-            if self._idle() and (urgent or self._settings.wait_max_delay <= 0):
-                # Nothing in flight and nobody waiting: this commit starts the flush itself.
-                self._start_flush([waiter])
-            else:
-                self._waiters.append(waiter)
-                self._urgent = self._urgent or urgent
-                self.want_flush()
-            await waiter
-        finally:
-            expiry.cancel()
-
-    def _expire(self, waiter: asyncio.Future[None]) -> None:
-        if not waiter.done():
-            # The flush goes on: what it covers may still be saved, so say the outcome is unknown.
-            waiter.set_exception(
-                StorageTimeout(
-                    f"queue {self.name}: the write was not saved within {self._settings.write_timeout:g}s "
-                    f"({self.fault_text()}); it may still be saved"
-                )
-            )
-
-    async def run_flusher(self) -> None:
-        """Start flushes while writers ask (up to ``MAX_FLUSHES`` at once), then end. A failed
-        flush fails its writers (and those of every flush after it) and raises to the
-        supervisor; the restarted loop retries what is still pending without a new writer."""
-        delay = self._settings.wait_max_delay
-        while True:
-            if "journal" not in self.faults and not self.flush_wanted.is_set():
-                return  # idle: the next commit starts the flusher again
-            self.flush_wanted.clear()
-            if delay > 0 and not self._urgent and not self.closing:
-                await asyncio.sleep(delay)
-            while len(self._flushes) >= MAX_FLUSHES:
-                await asyncio.wait([self._flushes[0].done])
-            failure = await self._failure()
-            if failure is not None:
-                if self.closing:
-                    return  # close() makes its own last attempt and reports it
-                raise failure
-            self._urgent = False
-            waiters, self._waiters = self._waiters, []
-            self._start_flush(waiters)
-            if self.closing and not self._waiters:
-                await self._failure(wait=True)
-                return
+        await self.journals.commit(urgent=urgent)
 
     async def flush_journals(self) -> None:
         """Write and fsync everything pending now; return once it and every earlier flush is durable."""
-        error = await self._start_flush([]).done
-        if error is not None:
-            raise error
+        await self.journals.flush()
 
-    def _idle(self) -> bool:
-        """No flush in flight or wanted, no writer waiting for one, no journal fault to report:
-        a commit may start its flush at once (``_start_flush``) without the flusher."""
-        return (
-            not self._flushes
-            and not self._waiters
-            and not self.flusher.running
-            and "journal" not in self.faults
-            and self._unreported is None
-            and not self.closing
-        )
-
-    def _start_flush(self, waiters: list[asyncio.Future[None]]) -> _Flush:
-        """Take what is pending (in order, with no await) and flush it after the flushes in flight."""
-        self.marked = False
-        chunks = []
-        for block in self.in_memory():
-            if block.pending:
-                chunks.append((block, b"".join(block.pending)))
-                block.pending.clear()
-        flush = _Flush(chunks, waiters, self._flushes[-1] if self._flushes else None)
-        self._flushes.append(flush)
-        if (
-            flush.previous is None
-            and self._broken is None
-            and all(b.journal is not None and b.journal.size > 0 for b, _ in chunks)
-        ):
-            self._flush_now(flush)
-        else:
-            flush.task = asyncio.create_task(self._run_flush(flush), name=f"flush:{self.name}")
-        return flush
-
-    def _flush_now(self, flush: _Flush) -> None:
-        """Flush to journals open already, with no flush before it: the appends are made now,
-        and a callback answers the writers once they are synced. A lone writer's commit so
-        takes three turns of the loop instead of seven (two tasks and a gather fewer)."""
-        started = time.perf_counter()
-        appends: list[tuple[OpenBlock, Journal, asyncio.Future[None]]] = []
-        try:
-            for block, data in flush.chunks:
-                journal = block.journal
-                assert journal is not None
-                appends.append((block, journal, asyncio.ensure_future(journal.append_and_sync(data))))
-        except BaseException as exc:  # a journal refused the call: the task ends the flush
-            self._broken = self._broken or exc
-            flush.registered.set()
-            flush.task = asyncio.create_task(self._end_flush(flush, appends, _ends(appends), exc, started))
-            return
-        flush.registered.set()
-        ends = _ends(appends)
-        left = len(appends)
-
-        def synced(_: asyncio.Future[None]) -> None:
-            nonlocal left
-            left -= 1
-            if left:
-                return
-            if all(not s.cancelled() and s.exception() is None for _, _, s in appends):
-                self._settle(flush, ends, None, started)
-            else:  # the task path closes the journals that failed and reports it
-                flush.task = asyncio.create_task(self._end_flush(flush, appends, ends, None, started))
-
-        for _, _, sync in appends:
-            sync.add_done_callback(synced)
-        if not appends:
-            self._settle(flush, [], None, started)
-
-    async def _run_flush(self, flush: _Flush) -> None:
-        started = time.perf_counter()
-        previous = flush.previous
-        appends: list[tuple[OpenBlock, Journal, Awaitable[None]]] = []
-        error: BaseException | None = None
-        try:
-            if previous is not None:
-                # The bytes of a journal land in the order their appends are made.
-                await previous.registered.wait()
-            if self._broken is not None:
-                raise self._broken  # nothing is written after a failed flush until it is retried
-            for block, data in flush.chunks:
-                journal = block.journal
-                if journal is None:
-                    # Reopening after a failed write cuts whatever half-written tail it left.
-                    journal = block.journal = await self._store.meta.journal(
-                        block.journal_key, truncate_to=block.durable_size
-                    )
-                    if journal.size == 0:
-                        data = JOURNAL_HEADER + data
-                appends.append((block, journal, journal.append_and_sync(data)))
-        except BaseException as exc:
-            error = self._broken = self._broken or exc
-        finally:
-            flush.registered.set()
-        await self._end_flush(flush, appends, _ends(appends), error, started)
-
-    async def _end_flush(
-        self,
-        flush: _Flush,
-        appends: Sequence[tuple[OpenBlock, Journal, Awaitable[None]]],
-        ends: list[tuple[OpenBlock, int]],
-        error: BaseException | None,
-        started: float,
-    ) -> None:
-        """Wait for the syncs of ``flush`` and for the flush before it, then answer its writers.
-        ``ends``: each journal's size right after this flush's append, durable once it succeeds."""
-        previous = flush.previous
-        outcomes = await asyncio.gather(*(sync for _, _, sync in appends), return_exceptions=True)
-        error = error or next((o for o in outcomes if isinstance(o, BaseException)), None)
-        if error is not None:
-            # Set before any await: no flush may reopen a journal and write after this one
-            # until every flush in flight has ended and the failed bytes are requeued.
-            self._broken = self._broken or error
-            if isinstance(error, CapellaError):
-                self.set_fault("journal", error.message)
-        if previous is not None:
-            earlier = await previous.done  # answers go in order
-            if error is None and earlier is not None:
-                error = earlier
-        if error is not None:
-            # Its bytes go back for the next flush to write again, so every journal it wrote
-            # to is cut back to its last durable length first: also one whose own sync worked
-            # (the flush failed on another journal, or an earlier flush failed), which would
-            # otherwise hold those batches twice, and recovery ends a journal at a repeat.
-            for block, journal, _ in appends:
-                if block.journal is journal:
-                    block.journal = None
-                    await asyncio.shield(journal.close())
-        self._settle(flush, ends, error, started)
-
-    def _settle(
-        self, flush: _Flush, ends: list[tuple[OpenBlock, int]], error: BaseException | None, started: float
-    ) -> None:
-        """``flush`` ended (and every flush before it): answer its writers with ``error`` or
-        success, and requeue what failed once no flush is in flight."""
-        if error is None:
-            for block, end in ends:
-                block.durable_size = end
-            if flush.chunks:
-                self.counters.flushes += 1
-                self._flush_latency.observe(time.perf_counter() - started)
-            if "journal" in self.faults and self._broken is None:
-                self.clear_fault("journal")
-            for w in flush.waiters:
-                if not w.done():
-                    w.set_result(None)
-        else:
-            self._failed.append(flush)
-            fail(flush.waiters, error, f"queue {self.name}")
-        self._flushes.remove(flush)
-        if self._broken is not None and not self._flushes:
-            self._requeue_failed()
-        flush.done.set_result(error)
-        if error is not None:
-            self.want_flush()  # the flusher reports it and retries
-
-    def _requeue_failed(self) -> None:
-        """Every flush in flight has ended and some failed: put their bytes back, in order,
-        ahead of what was added since, for the next flush to write again."""
-        chunks: dict[int, list[bytes]] = {}
-        blocks: dict[int, OpenBlock] = {}
-        for flush in self._failed:
-            for block, data in flush.chunks:
-                chunks.setdefault(id(block), []).append(data)
-                blocks[id(block)] = block
-        for key, requeued in chunks.items():
-            blocks[key].pending[:0] = requeued
-        self._failed.clear()
-        self._unreported, self._broken = self._broken, None
-
-    async def _failure(self, *, wait: bool = False) -> BaseException | None:
-        """The error of a failed flush not reported yet, once the flushes after it have ended
-        too (with ``wait``: once every flush in flight has ended)."""
-        while self._flushes and (wait or self._broken is not None):
-            await asyncio.wait([self._flushes[-1].done])
-        error, self._unreported = self._unreported, None
-        return error
+    def pending_bytes(self) -> int:
+        """Bytes added to the journals' buffers and not written yet (``none`` and ``mark`` writes)."""
+        return self.journals.pending_bytes()
 
     async def tick(self) -> None:
         """Seal an open block past its age, probe a failed step, save marked writes."""
         if self.open_block is not None and self.open_block.is_full(self.definition, self._clock()):
             self.rotate()
-        if "state" in self.faults or ("journal" in self.faults and not self.pending()):
+        if "state" in self.faults or ("journal" in self.faults and not self.journals.pending()):
             # Nothing left to retry: probe the meta mount with a harmless write of the state,
             # so the queue says it accepts writes again as soon as it does.
             await self.save_state(self.lease_until)
@@ -884,7 +519,7 @@ class Writer:
         # and closing the journal under it would fail writers whose records the block holds.
         await self.commit(urgent=True)
         # Encoding and the Bloom filter take ~30 ms for a full block: keep them off the loop.
-        data, summary, batch = await asyncio.to_thread(_encode_sealed, block)
+        data, summary, batch = await asyncio.to_thread(encode_sealed, block)
         meta = BlockMeta(
             first_id=block.ids[0],
             last_id=block.ids[-1],
@@ -927,48 +562,8 @@ class Writer:
 
     async def close_journals(self) -> None:
         """Closing, last step: fail writers still waiting and close every journal."""
-        for w in self._waiters:
-            if not w.done():
-                w.set_exception(ShuttingDown("the queue is closing"))
+        self.journals.fail_waiters()
         for block in self.in_memory():
             if block.journal is not None:
                 await block.journal.close()
                 block.journal = None
-
-
-def _ends(appends: Sequence[tuple[OpenBlock, Journal, object]]) -> list[tuple[OpenBlock, int]]:
-    """Each journal's size now, just after a flush's append: before any later flush appends."""
-    return [(block, journal.size) for block, journal, _ in appends]
-
-
-def _add_batch(block: OpenBlock, drafts: list[Draft], first_id: int, now: float, own: str) -> None:
-    """Encode ``drafts``, given the ids from ``first_id`` on, as one record batch of ``block``.
-
-    A batch that cannot be encoded (a source or header past its length field) takes its
-    messages' identities out of the block again before the error goes to the writer.
-    """
-    try:
-        data = drafts_batch(drafts, base_id=first_id, base_time=now, source=own)
-        block.add_batch(record_batch.framed(data))
-    except BaseException:
-        block.forget_names_from(first_id)
-        raise
-    block.size += len(data)
-
-
-def _encode_sealed(block: OpenBlock) -> tuple[bytes, BlockSummary, Batch]:
-    """The block's bytes, its summary, and its batch for the block store's cache.
-
-    The block holds its journal's batches byte for byte, with their index entries; a block
-    recovered from a format 1 journal is encoded as batches here, once. The cached batch is
-    the block's own batches, the same bytes as the sealed object's, so a sealed block is in
-    memory once (a reader's render decodes it, in the prefetch thread). The summary needs only
-    the identities the block keeps (``keys``): nothing here is done per message.
-    """
-    if block.v1:
-        raw = record_batch.encode_fields(columns_of(block.messages))
-        data, records = encode_block(record_batch.read_all(b"".join(raw)))
-    else:
-        data, records = block.sealed(), block.batches
-    summary = BlockSummary.of_block(block.ids[0], block.ids[-1], block.keys.keys(), block.own)
-    return data, summary, Batch.of_records(records)

@@ -29,7 +29,7 @@ from capella.api.request import (
     save_param,
 )
 from capella.api.route import Route, on_queue
-from capella.core.delayed.item import Scheduled
+from capella.core.delayed.item import DelayedMessage
 from capella.core.filter import matches
 from capella.core.queue import Queue
 from capella.errors import InvalidRequest
@@ -49,7 +49,7 @@ TIME_TEXT = re.compile(TIME_TEXT_PATTERN)
 CURSOR = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?:\d+")
 
 
-def scheduled_info(item: Scheduled) -> ScheduledMessage:
+def delayed_info(item: DelayedMessage) -> ScheduledMessage:
     """What will be appended, and when."""
     source, external_id = item.identity
     info = ScheduledMessage(
@@ -84,7 +84,7 @@ def _sid(request: web.Request) -> int:
     return sid
 
 
-async def list_scheduled(request: web.Request) -> web.Response:
+async def list_delayed(request: web.Request) -> web.Response:
     """In delivery order; ``after`` is the ``next`` of the previous page.
 
     Filters: ``due_after``/``due_before`` (times), and ``source``, ``segments``,
@@ -98,7 +98,7 @@ async def list_scheduled(request: web.Request) -> web.Response:
     low, high = _time_param(request, "due_after"), _time_param(request, "due_before")
     if low is not None and (after is None or after[0] < low):
         after = (low, -1)
-    found: list[Scheduled] = []
+    found: list[DelayedMessage] = []
     scanned = 0
     done = False  # nothing more to list after ``after``
     while not done and len(found) < limit and scanned < SCAN_LIMIT:
@@ -119,7 +119,7 @@ async def list_scheduled(request: web.Request) -> web.Response:
     next_cursor = None if done or after is None else after
     return json_response(
         ScheduledList(
-            scheduled=[scheduled_info(i) for i in found],
+            scheduled=[delayed_info(i) for i in found],
             count=queue.schedule.count,
             next=None if next_cursor is None else f"{next_cursor[0]!r}:{next_cursor[1]}",
         )
@@ -163,8 +163,8 @@ def _cursor(text: str | None) -> tuple[float, int] | None:
     return (float(due), int(sid))
 
 
-async def get_scheduled(request: web.Request) -> web.Response:
-    return json_response(scheduled_info(await _queue(request).schedule.get(_sid(request))))
+async def get_delayed(request: web.Request) -> web.Response:
+    return json_response(delayed_info(await _queue(request).schedule.get(_sid(request))))
 
 
 async def reschedule(request: web.Request) -> web.Response:
@@ -187,14 +187,14 @@ async def reschedule(request: web.Request) -> web.Response:
             raise InvalidRequest(f"deliver_at: {exc}", field="deliver_at") from None
     if due > now + MAX_DELAY:
         raise InvalidRequest("deliver_at: more than ten years ahead", field="deliver_at")
-    return json_response(scheduled_info(await queue.reschedule(sid, due, save)))
+    return json_response(delayed_info(await queue.reschedule(sid, due, save)))
 
 
 async def cancel_one(request: web.Request) -> web.Response:
     queue = _queue(request)
     sid = _sid(request)
     save = save_param(request)
-    if not await queue.cancel_scheduled([sid], save):
+    if not await queue.cancel_delayed([sid], save):
         # Tell "being delivered right now" (409) from "not there" (404).
         queue.schedule.check_not_releasing(sid)
         await queue.schedule.get(sid)
@@ -210,7 +210,7 @@ async def cancel_many(request: web.Request) -> web.Response:
         raise InvalidRequest("ids: expected a list of scheduled message ids", field="ids")
     if len(ids) > MAX_CANCEL:
         raise InvalidRequest(f"ids: at most {MAX_CANCEL} in one request", field="ids")
-    cancelled = await queue.cancel_scheduled(ids, save)
+    cancelled = await queue.cancel_delayed(ids, save)
     done = set(cancelled)
     return json_response(CancelledScheduled(cancelled, [i for i in ids if i not in done]))
 
@@ -219,7 +219,7 @@ ROUTES = [
     Route(
         "GET",
         "/v1/queues/{queue}/scheduled",
-        list_scheduled,
+        list_delayed,
         need=(on_queue("read"),),
         op="listScheduled",
         summary="Delayed messages in delivery order",
@@ -265,7 +265,7 @@ ROUTES = [
     Route(
         "GET",
         "/v1/queues/{queue}/scheduled/{id}",
-        get_scheduled,
+        get_delayed,
         need=(on_queue("read"),),
         op="getScheduled",
         summary="Describe a delayed message",
