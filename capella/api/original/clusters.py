@@ -18,7 +18,7 @@ from capella.api.original import shapes
 from capella.api.original.actions import Action, Context, body_name
 from capella.api.original.envelope import Request
 from capella.errors import AlreadyExists, InvalidRequest
-from capella.handlers.clusters import ExternalCluster
+from capella.links.link import Link
 
 
 class Connection(msgspec.Struct):
@@ -81,7 +81,7 @@ def capella_cluster(body: ClusterBody) -> dict[str, Any]:
     return data
 
 
-def original_cluster(cluster: ExternalCluster) -> dict[str, Any]:
+def original_cluster(cluster: Link) -> dict[str, Any]:
     """A cluster in the original's ``gd_ec`` shape, without its secret."""
     return {
         "name": cluster.name,
@@ -107,7 +107,7 @@ def original_cluster(cluster: ExternalCluster) -> dict[str, Any]:
 async def add_ec(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, ClusterBody, request.action)
     ctx.same_as("PUT", "/v1/clusters/{name}", name=body.name)
-    if any(cluster.name == body.name for cluster in ctx.clusters.clusters()):
+    if any(cluster.name == body.name for cluster in ctx.clusters.links()):
         raise AlreadyExists(f"external cluster `{body.name}` already exists")
     await ctx.clusters.put(body.name, capella_cluster(body), by=ctx.identity)
     return None
@@ -116,20 +116,20 @@ async def add_ec(ctx: Context, request: Request) -> object:
 async def drop_ec(ctx: Context, request: Request) -> object:
     name = body_name(request)
     ctx.same_as("DELETE", "/v1/clusters/{name}", name=name)
-    await ctx.clusters.drop(name, used_by=ctx.supervisor.using_cluster(name))
+    await ctx.clusters.drop(name, used_by=ctx.supervisor.using_link(name))
     return None
 
 
 async def gd_ec(ctx: Context, request: Request) -> object:
     name = body_name(request)
     ctx.same_as("GET", "/v1/clusters/{name}", name=name)
-    return original_cluster(ctx.clusters.cluster(name))
+    return original_cluster(ctx.clusters.link(name))
 
 
 async def list_ec(ctx: Context, request: Request) -> object:
     return [
         cluster.name
-        for cluster in ctx.clusters.clusters()
+        for cluster in ctx.clusters.links()
         if ctx.identity.can("external_cluster", "read", cluster.name)
     ]
 

@@ -287,8 +287,10 @@ async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelo
     compat: CompatSettings = ctx.extra["compat"]
     if len(envelope.hops) >= compat.max_hops:
         raise TooManyHops(f"the call has passed through {len(envelope.hops)} clusters ([compat] max_hops)")
-    clusters = ctx.clusters
-    kind, username, secret = clusters.credentials(cluster)
+    # The envelope carries the link's credentials in its body: the original protocol's own way.
+    links = ctx.clusters
+    link = links.link(cluster)
+    kind, username, secret = link.secret_kind, link.username, links.secret(link)
     now = time.time_ns()
     sent = {
         "auth_type": "bearer" if kind == "token" else "basic" if kind == "password" else "",
@@ -307,7 +309,7 @@ async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelo
         },
         "hops": [*envelope.hops, ctx.cluster.name],
     }
-    raw = await (await clusters.client(cluster)).original_call(msgspec.json.encode(sent))
+    raw = await (await links.client(cluster)).original_call(msgspec.json.encode(sent))
     try:
         got = orjson.loads(raw)["responce"]
         error = got["error"]
