@@ -1,7 +1,7 @@
-"""The original's external-cluster actions (``add_ec``, ``drop_ec``, ``gd_ec``, ``list_ec``) on ``Clusters``.
+"""The original's external-cluster actions (``add_ec``, ``drop_ec``, ``gd_ec``, ``list_ec``) on ``Links``.
 
 The original sends a cluster's password inline (``auth_info``, base64 of a JSON string); it becomes
-a Capella cluster with an inline password, which ``Clusters`` stores encrypted and bound to the
+a Capella cluster with an inline password, which ``Links`` stores sealed and bound to the
 cluster's name, URL and user. ``gd_ec`` never shows it back (the original showed its ciphertext).
 """
 
