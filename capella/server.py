@@ -32,8 +32,8 @@ from capella.egress import Egress
 from capella.errors import InvalidConfig, InvalidRequest
 from capella.file_access import FileAccess
 from capella.fsync import create_directories, private_tree
-from capella.handlers.clusters import Clusters
 from capella.handlers.supervisor import Supervisor
+from capella.links.registry import Links
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +48,15 @@ async def serve(config: Config) -> None:
     cluster = Cluster.create(config)
     secrets = Secrets(config.secrets)
     egress = Egress.of(config.egress.allow, auth_enabled=config.auth.enabled)
-    # keys/links.key: the key file's name from when clusters were called links; it stays.
     files = FileAccess.of(config.files.allow)
-    clusters = Clusters(
+    links = Links(
         cluster,
         key_file=config.data_dir / "keys" / "links.key",
         secrets=secrets,
         egress=egress,
         files=files,
     )
-    supervisor = Supervisor(
-        cluster, clusters=clusters, users=users, secrets=secrets, egress=egress, files=files
-    )
+    supervisor = Supervisor(cluster, links=links, users=users, secrets=secrets, egress=egress, files=files)
     guard = ConnectionGuard(config.server)
     app = create_app(
         cluster, config.server, supervisor, authenticator=authenticator, guard=guard, compat=config.compat

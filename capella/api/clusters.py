@@ -1,6 +1,6 @@
 """External clusters: register (PUT), describe (GET), list, drop (DELETE), and ping one.
 
-No answer holds a password or token: a cluster is shown by ``ExternalCluster.info()``, which says
+No answer holds a password or token: a cluster is shown by ``Link.info()`` (``capella/links/``), which says
 only what kind of credential it has and where it comes from, and an ``error`` when its
 stored credentials cannot be read.
 """
@@ -14,52 +14,46 @@ from capella.api.handlers import supervisor
 from capella.api.openapi import answer, json_content, ref
 from capella.api.request import json_response, read_object
 from capella.api.route import CLUSTER_PATH, Route, on_named
-from capella.handlers.clusters import Clusters
+from capella.links.registry import Links
 from capella.wire.clusters import ClusterList
 
 
 async def list_clusters(request: web.Request) -> web.Response:
     who = identity(request)
-    readable = [
-        cluster
-        for cluster in clusters(request).clusters()
-        if who.can("external_cluster", "read", cluster.name)
-    ]
-    return json_response(ClusterList([cluster.info() for cluster in readable]))
+    readable = [link for link in links(request).links() if who.can("external_cluster", "read", link.name)]
+    return json_response(ClusterList([link.info() for link in readable]))
 
 
 async def put_cluster(request: web.Request) -> web.Response:
     data = await read_object(request)
     # A named secret must be one the definer may use (secret use), not any the server holds.
-    cluster, created, check = await clusters(request).put(
-        request.match_info["name"], data, by=identity(request)
-    )
-    info = cluster.info()
+    link, created, check = await links(request).put(request.match_info["name"], data, by=identity(request))
+    info = link.info()
     info.name_check = check
     return json_response(info, 201 if created else 200)
 
 
 async def get_cluster(request: web.Request) -> web.Response:
-    return json_response(clusters(request).cluster(request.match_info["name"]).info())
+    return json_response(links(request).link(request.match_info["name"]).info())
 
 
 async def drop_cluster(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    await clusters(request).drop(name, used_by=supervisor(request).using_cluster(name))
+    await links(request).drop(name, used_by=supervisor(request).using_link(name))
     return web.Response(status=204)
 
 
 async def ping_cluster(request: web.Request) -> web.Response:
     """200 whatever the far side did: ``ok`` and ``error`` say how it went."""
-    registry = clusters(request)
+    registry = links(request)
     name = request.match_info["name"]
-    registry.cluster(name)  # an unknown name is a 404, not a failed ping
+    registry.link(name)  # an unknown name is a 404, not a failed ping
     return json_response(await registry.ping(name))
 
 
-def clusters(request: web.Request) -> Clusters:
+def links(request: web.Request) -> Links:
     # The registry is loaded with the handlers, after the queues: until then, answer 503.
-    return supervisor(request).clusters
+    return supervisor(request).links
 
 
 ROUTES = [

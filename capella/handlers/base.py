@@ -32,7 +32,7 @@ from capella.wire.struct import Struct
 
 if TYPE_CHECKING:
     from capella.core.cluster import Cluster
-    from capella.handlers.reach import Reach
+    from capella.links.reach import Reach
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +94,8 @@ class Handler(ABC):
         """What this type adds to the status: its entry's ``status`` struct, or nothing."""
         return None
 
-    def clusters(self) -> list[str]:
-        """The external clusters it reads from or writes to."""
+    def links(self) -> list[str]:
+        """The links (external clusters) it reads from or writes to."""
         return []
 
     def stored_params(self) -> dict[str, Any]:
@@ -133,7 +133,7 @@ class Building:
     cluster: Cluster
     # The queues its definition selects (``HandlerType.queues``).
     queues: list[str]
-    # Its user's secrets and clusters, and the egress policy.
+    # Its user's secrets and links, and the egress policy.
     reach: Reach
     # The handler's name.
     name: str

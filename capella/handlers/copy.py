@@ -37,8 +37,8 @@ from capella.errors import (
     SubscriptionNotFound,
 )
 from capella.handlers.base import Building, HandlerType, PassTally, queue_patterns
-from capella.handlers.clusters import Clusters
 from capella.handlers.per_queue import QueueHandler, cursor_lag
+from capella.links.registry import Links
 from capella.wire.copy import CopyParams, CopyStatus
 from capella.wire.fields import MIN_PERIOD
 from capella.wire.handlers import Definition
@@ -52,12 +52,12 @@ class CopyHandler(QueueHandler[CopyParams]):
 
     needs = "read"
 
-    def __init__(self, cluster: Cluster, queues: list[str], params: CopyParams, clusters: Clusters) -> None:
+    def __init__(self, cluster: Cluster, queues: list[str], params: CopyParams, links: Links) -> None:
         super().__init__(cluster, queues, params)
         if params.interval == 0 and params.wait == 0:
             # Neither a pause nor a long poll: the floor between passes, not a busy loop.
             self.interval = MIN_PERIOD
-        self._clusters = clusters
+        self._links = links
         # A remote source's lag as last seen (its last id minus the cursor), and when.
         self._remote_lag: dict[str, int] = {}
         self._remote_observed: float | None = None
@@ -71,7 +71,7 @@ class CopyHandler(QueueHandler[CopyParams]):
         lag = cursor_lag(self._cluster, self._queues, self.params.subscription)
         return CopyStatus(sum(lag.values()), lag)
 
-    def clusters(self) -> list[str]:
+    def links(self) -> list[str]:
         return self.params.clusters()
 
     async def run_once(self) -> PassTally:
@@ -82,7 +82,7 @@ class CopyHandler(QueueHandler[CopyParams]):
             cluster, _, name = self.params.from_.partition("/")
             try:
                 with self.interruptible_step():
-                    client = await self._clusters.checked_client(cluster)
+                    client = await self._links.checked_client(cluster)
                 return await self._copy(_RemoteSource(client, name, self.params))
             except CapellaError as exc:
                 # From the error: the status shows its code (unreachable, forbidden...).
@@ -161,7 +161,7 @@ class CopyHandler(QueueHandler[CopyParams]):
             # A far side with our name is refused (checked once per client, not per batch). A
             # stop may cut this short: the next pass sends the batch again and dedup absorbs it.
             with self.interruptible_step():
-                client = await self._clusters.checked_client(cluster)
+                client = await self._links.checked_client(cluster)
                 results = await client.produce_batch(name, _batch(drafts), save=self.params.save)
         except CapellaError as exc:
             raise StorageUnavailable(f"{self.params.to}: {exc.code}: {exc.message}") from exc
@@ -254,7 +254,7 @@ def _batch(drafts: list[Draft]) -> bytes:
 
 
 def build(params: CopyParams, at: Building) -> tuple[CopyParams, CopyHandler]:
-    """The ``copy`` handler type; its queues and clusters must exist when it is defined."""
+    """The ``copy`` handler type; its queues and links must exist when it is defined."""
     check_name(params.subscription, "subscription")
     # Shown by name, as the stored definition keeps them.
     params = msgspec.structs.replace(
@@ -268,10 +268,10 @@ def build(params: CopyParams, at: Building) -> tuple[CopyParams, CopyHandler]:
             continue
         cluster, _, queue = ref.rpartition("/")
         try:
-            at.reach.clusters.cluster(cluster) if cluster else at.cluster.queue(queue)
+            at.reach.links.link(cluster) if cluster else at.cluster.queue(queue)
         except (QueueNotFound, ClusterNotFound) as exc:
             raise InvalidRequest(f"params.{what}: {exc.message}", field=f"params.{what}") from None
-    return params, CopyHandler(at.cluster, at.queues, params, at.reach.clusters)
+    return params, CopyHandler(at.cluster, at.queues, params, at.reach.links)
 
 
 def _mode_name(mode: str | int) -> str:

@@ -30,7 +30,7 @@ from capella.file_access import FileAccess
 from capella.handlers.base import Building, HandlerType, PassTally
 from capella.handlers.per_queue import QueueHandler, cursor_lag, selected
 from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
-from capella.handlers.reach import Reach
+from capella.links.reach import Reach
 from capella.wire.postgres import PgInboxParams, PgInboxStatus
 
 # A pass with a long backlog ends after this long, so the status shows progress.
@@ -177,7 +177,7 @@ def inbox_params(
     """
     encrypted = (kept or {}).get(ENCRYPTED)
     check_name(params.subscription, "subscription")
-    dsn = Dsn.parse(params, encrypted, reach.clusters, name, reach.secrets, reach.by)
+    dsn = Dsn.parse(params, encrypted, reach.sealer, name, reach.secrets, reach.by)
     return dsn.shown(params), dsn
 
 

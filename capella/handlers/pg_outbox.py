@@ -34,7 +34,7 @@ from capella.errors import InvalidMessage, InvalidRequest, QueueNotFound
 from capella.file_access import FileAccess
 from capella.handlers.base import Building, Handler, HandlerType, PassTally
 from capella.handlers.postgres import ENCRYPTED, Database, Dsn, check_columns, check_table, quoted
-from capella.handlers.reach import Reach
+from capella.links.reach import Reach
 from capella.wire.handlers import Definition
 from capella.wire.postgres import PgOutboxParams, PgOutboxStatus
 
@@ -239,7 +239,7 @@ def outbox_params(
     A stored definition keeps the DSN's password encrypted beside them (``kept[ENCRYPTED]``).
     """
     encrypted = (kept or {}).get(ENCRYPTED)
-    dsn = Dsn.parse(params, encrypted, reach.clusters, name, reach.secrets, reach.by)
+    dsn = Dsn.parse(params, encrypted, reach.sealer, name, reach.secrets, reach.by)
     save = SaveMode.parse(params.save).name.lower()
     return dsn.shown(msgspec.structs.replace(params, save=save)), dsn
 

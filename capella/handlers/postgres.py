@@ -8,7 +8,7 @@ wrong type): nothing above this module sees an asyncpg exception.
 A handler connects only with what its definition gives, never with the broker's own
 credentials: the DSN (``dsn``, or ``dsn_secret``, a declared secret that holds it) names the
 host, port, database and user, and the password is the DSN's own (stored only encrypted,
-bound to the handler and the DSN: ``Clusters.encrypt``) or a declared secret's
+bound to the handler and the DSN: ``capella/auth/sealed.py``) or a declared secret's
 (``password_secret``). asyncpg is given every value explicitly (host, port, user, database,
 password, TLS context), so it never reads ``PG*`` variables, a pass file, a service file or
 ``~/.postgresql``. DSN parameters are an allow-list; anything else is refused by name.
@@ -34,6 +34,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 import msgspec
 
 from capella.auth.rule import UNRESTRICTED, Identity
+from capella.auth.sealed import Sealer, bound
 from capella.auth.secret import Secrets
 from capella.egress import Egress
 from capella.errors import (
@@ -46,7 +47,6 @@ from capella.errors import (
     TableMismatch,
 )
 from capella.file_access import FileAccess, ca_data
-from capella.handlers.clusters import Clusters, bound
 from capella.wire.postgres import TABLE_PATTERN, PgConnection
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class Dsn:
         cls,
         params: PgConnection,
         encrypted: object,
-        clusters: Clusters,
+        sealer: Sealer,
         handler: str,
         secrets: Secrets,
         by: Identity,
@@ -125,7 +125,7 @@ class Dsn:
             context = ("pg handler", handler, bare, "password")
             if password is not None:
                 try:
-                    encrypted = clusters.encrypt(password, context)
+                    encrypted = sealer.encrypt(password, context)
                 except InvalidRequest as exc:
                     raise InvalidRequest(
                         f"params.dsn holds a password, which is stored only encrypted: {exc.message}; "
@@ -135,9 +135,9 @@ class Dsn:
             elif isinstance(encrypted, str):
                 # A stored definition (the API refuses *_encrypted): only this handler's
                 # ciphertext for this very DSN decrypts.
-                password = clusters.decrypt(encrypted, context)
+                password = sealer.decrypt(encrypted, context)
                 if not bound(encrypted):
-                    encrypted = clusters.encrypt(password, context)
+                    encrypted = sealer.encrypt(password, context)
             dsn = replace(
                 dsn,
                 url=bare,

@@ -46,8 +46,8 @@ from capella.errors import (
 )
 from capella.file_access import FileAccess
 from capella.handlers.base import Building, Handler, PassTally, handler_type
-from capella.handlers.clusters import Clusters
-from capella.handlers.reach import Reach
+from capella.links.reach import Reach
+from capella.links.registry import Links
 from capella.storage.catalog import HANDLERS
 from capella.wire import handler_status as wire
 from capella.wire.fields import USER_NAME_PATTERN
@@ -83,8 +83,8 @@ def build(
 def build_push(
     cluster: Cluster, queues: list[str], raw: object, name: str, reach: Reach | None = None
 ) -> tuple[Params, Handler]:
-    """A push handler on its own (it needs no clusters)."""
-    return build(cluster, "push", queues, raw, reach or Reach(Clusters(cluster)), name)
+    """A push handler on its own (it needs no links)."""
+    return build(cluster, "push", queues, raw, reach or Reach(Links(cluster)), name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +232,7 @@ class Supervisor:
         self,
         cluster: Cluster,
         clock: Callable[[], float] = time.time,
-        clusters: Clusters | None = None,
+        links: Links | None = None,
         users: AuthStore | None = None,
         secrets: Secrets | None = None,
         egress: Egress | None = None,
@@ -241,17 +241,15 @@ class Supervisor:
         self._cluster = cluster
         self._users = users
         self._clock = clock
-        # External clusters that copy handlers reach as ``cluster/queue``.
-        self.clusters = clusters if clusters is not None else Clusters(cluster)
-        self.reach = Reach(
-            self.clusters, secrets or Secrets(), egress or Egress.open(), files or FileAccess()
-        )
+        # The links (external clusters) that copy handlers reach as ``cluster/queue``.
+        self.links = links if links is not None else Links(cluster)
+        self.reach = Reach(self.links, secrets or Secrets(), egress or Egress.open(), files or FileAccess())
         self._states: dict[str, HandlerState] = {}
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
         """Load the persisted definitions and start the handlers that were started."""
-        await self.clusters.start()
+        await self.links.start()
         definitions = (await HANDLERS.load(self._cluster.home)).handlers
         for name, d in sorted(definitions.items()):
             params: Params | dict[str, Any]
@@ -281,7 +279,7 @@ class Supervisor:
         """Stop every loop; the persisted ``started`` flags stay as they are."""
         for state in list(self._states.values()):
             await self._halt(state)
-        await self.clusters.close()
+        await self.links.close()
 
     def handlers(self) -> list[HandlerState]:
         return [self._states[name] for name in sorted(self._states)]
@@ -368,9 +366,9 @@ class Supervisor:
             await self._halt(state)
         log.info("handler dropped handler=%s", name)
 
-    def using_cluster(self, cluster: str) -> list[str]:
-        """The handlers that read from or write to external cluster ``cluster``."""
-        return [s.name for s in self.handlers() if cluster in s.handler.clusters()]
+    def using_link(self, link: str) -> list[str]:
+        """The handlers that read from or write to link ``link``."""
+        return [s.name for s in self.handlers() if link in s.handler.links()]
 
     async def start_handler(self, name: str, by: Identity = UNRESTRICTED) -> HandlerState:
         async with self._lock:

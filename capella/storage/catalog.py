@@ -4,7 +4,7 @@
 |---|---|---|
 | ``QUEUES`` | ``.capella/queues.json`` on the default mount | ``capella.core.cluster`` |
 | ``HANDLERS`` | ``.capella/handlers.json`` on the default mount | ``capella.handlers.supervisor`` |
-| ``CLUSTERS`` | ``.capella/clusters.json`` on the default mount | ``capella.handlers.clusters`` |
+| ``CLUSTERS`` | ``.capella/clusters.json`` on the default mount | ``capella.links.registry`` |
 | ``USERS``, ``TOKENS`` | ``users.json``, ``tokens.json`` in ``<data_dir>/auth/`` | ``capella.auth.store`` |
 
 Users and tokens are files outside every mount because the offline ``capella user ...
@@ -41,13 +41,11 @@ from capella.fsync import write_atomic
 from capella.storage import Storage, keys
 from capella.wire.records import HandlerRegistry, QueueRegistry, TokenFile, UserFile
 
-# External clusters' document, which their registry (``capella.handlers.clusters``) reads
-# record by record.
-
 
 class ClusterRegistry(msgspec.Struct, kw_only=True):
-    """External clusters by name. Each record is read by ``capella.handlers.clusters`` on its own:
-    one that no longer loads is listed with its error and saved back unchanged."""
+    """Links (external clusters) by name. Each record, a ``capella.links.link.LinkRecord``, is
+    read by ``capella.links.registry`` on its own: one that no longer loads is listed with its
+    error and saved back unchanged."""
 
     version: int = 1
     clusters: dict[str, dict[str, Any]]

@@ -13,7 +13,9 @@ from capella.wire.struct import Struct
 CREDENTIALS = ("password", "password_secret", "token", "token_secret")
 Compression = Literal["none", "gzip", "zstd"]
 Secret = Annotated[str, schema(minLength=1, writeOnly=True)]
-SecretName = Annotated[str, schema(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+# The name of a declared secret ([secrets.NAME]).
+SECRET_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"
+SecretName = Annotated[str, schema(pattern=f"^{SECRET_NAME}$")]
 
 
 # A cluster's connect and request timeouts: more than 0 and at most a day, in text too.

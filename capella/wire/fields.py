@@ -33,7 +33,7 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 SEGMENTS_PATTERN = rf"^{BLANK}*-?{DIGIT}+(--?{DIGIT}+)?({BLANK}*,{BLANK}*-?{DIGIT}+(--?{DIGIT}+)?)*{BLANK}*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 # A segment of a path Capella serves (a name, a number, a fixed word): what a relayed path is
-# made of (api/relay.py), each segment unencoded.
+# made of (links/relay.py), each segment unencoded.
 RELAY_SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9_.-]*"
 # What a URL never holds: an ASCII blank or control character (every checker reads these alike;
 # \s does not: Python's takes \x1c, ECMA-262's does not).

@@ -27,8 +27,8 @@ from capella.auth.secret import Secrets
 from capella.client import AsyncClient
 from capella.config import SecretSettings, ServerSettings, parse_config
 from capella.core.cluster import Cluster
-from capella.handlers.clusters import Clusters
 from capella.handlers.supervisor import Supervisor
+from capella.links.registry import Links
 from capella.storage.keys import CLUSTERS as REGISTRY_KEY
 
 C = "/v1/clusters"
@@ -94,7 +94,7 @@ async def supervisor(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Async
     monkeypatch.setenv("CAPELLA_TEST_DC2_PASSWORD", PASSWORD)
     monkeypatch.setenv("CAPELLA_TEST_DC2_TOKEN", TOKEN)
     secrets = Secrets(DECLARED)
-    started = Supervisor(cluster, clusters=Clusters(cluster, secrets=secrets), secrets=secrets)
+    started = Supervisor(cluster, links=Links(cluster, secrets=secrets), secrets=secrets)
     await started.start()
     yield started
     await started.close()
@@ -105,7 +105,7 @@ async def keyed(
     aiohttp_client: ClientFactory, cluster: Cluster, api_settings: ServerSettings, tmp_path: Path
 ) -> AsyncIterator[TestClient[web.Request, web.Application]]:
     """The api with a key file, so clusters may store a literal password or token."""
-    supervisor = Supervisor(cluster, clusters=Clusters(cluster, key_file=tmp_path / "keys" / "links.key"))
+    supervisor = Supervisor(cluster, links=Links(cluster, key_file=tmp_path / "keys" / "links.key"))
     await supervisor.start()
     yield await aiohttp_client(create_app(cluster, api_settings, supervisor))
     await supervisor.close()
@@ -315,7 +315,7 @@ async def test_a_stored_secret_is_encrypted_on_disk_and_comes_back_with_the_key(
     key_file = tmp_path / "data" / "keys" / "links.key"
     registry = Path(config.mounts[config.default_mount].options["root"]) / REGISTRY_KEY
     cluster = await Cluster.open(config)
-    supervisor = Supervisor(cluster, clusters=Clusters(cluster, key_file=key_file))
+    supervisor = Supervisor(cluster, links=Links(cluster, key_file=key_file))
     await supervisor.start()
     api = await aiohttp_client(create_app(cluster, ServerSettings(), supervisor))
     await put(api, "dc2", {"url": remote.url, "username": "copier", "password": PASSWORD}, 201)
@@ -331,12 +331,12 @@ async def test_a_stored_secret_is_encrypted_on_disk_and_comes_back_with_the_key(
 
     # A new registry over the same data and key file decrypts it, and its client uses it.
     cluster = await Cluster.open(config)
-    clusters = Clusters(cluster, key_file=key_file)
-    await clusters.start()
+    links = Links(cluster, key_file=key_file)
+    await links.start()
     try:
-        result = await clusters.ping("dc2")
+        result = await links.ping("dc2")
     finally:
-        await clusters.close()
+        await links.close()
         await cluster.close()
     assert result.ok is True
     basic = "Basic " + base64.b64encode(f"copier:{PASSWORD}".encode()).decode()
@@ -348,23 +348,23 @@ async def test_a_secret_under_another_key_is_not_loaded_but_kept(
 ) -> None:
     cluster = await Cluster.open(api_config(tmp_path))
     try:
-        clusters = Clusters(cluster, key_file=tmp_path / "a.key")
-        await clusters.start()
-        await clusters.put("dc2", {"url": "http://a", "token": TOKEN})
+        links = Links(cluster, key_file=tmp_path / "a.key")
+        await links.start()
+        await links.put("dc2", {"url": "http://a", "token": TOKEN})
 
-        other = Clusters(cluster, key_file=tmp_path / "b.key")
+        other = Links(cluster, key_file=tmp_path / "b.key")
         with caplog.at_level(logging.ERROR):
             await other.start()
         # Listed with its error, not hidden; it cannot be used.
-        [shown] = other.clusters()
+        [shown] = other.links()
         assert shown.name == "dc2" and shown.error is not None and "cannot be decrypted" in shown.error
         assert "cluster link cannot be loaded link=dc2" in caplog.text
         # A later save keeps the entry it could not read, so the right key still finds it.
         await other.put("dc3", {"url": "http://b"})
-        again = Clusters(cluster, key_file=tmp_path / "a.key")
+        again = Links(cluster, key_file=tmp_path / "a.key")
         await again.start()
-        assert [external.name for external in again.clusters()] == ["dc2", "dc3"]
-        assert again.cluster("dc2").secret == TOKEN
+        assert [external.name for external in again.links()] == ["dc2", "dc3"]
+        assert again.link("dc2").secret == TOKEN
     finally:
         await cluster.close()
 
@@ -451,7 +451,7 @@ async def test_a_replaced_cluster_pings_its_new_url(api: TestClient, remote: Rem
 @pytest.mark.parametrize("compression", ["gzip", "zstd"])
 async def test_a_compressed_batch_arrives_intact(api: TestClient, remote: Remote, compression: str) -> None:
     await put(api, "dc2", {"url": remote.url, "compression": compression}, 201)
-    far = await api.app[SUPERVISOR].clusters.client("dc2")
+    far = await api.app[SUPERVISOR].links.client("dc2")
     texts = [f"order {i:05d} " + "x" * (i % 200) for i in range(2000)]
 
     await far.put_queue("orders")
@@ -466,7 +466,7 @@ async def test_a_compressed_batch_arrives_intact(api: TestClient, remote: Remote
 
 async def test_a_small_body_is_sent_uncompressed(api: TestClient, remote: Remote) -> None:
     await put(api, "dc2", {"url": remote.url, "compression": "zstd"}, 201)
-    far = await api.app[SUPERVISOR].clusters.client("dc2")
+    far = await api.app[SUPERVISOR].links.client("dc2")
 
     await far.put_queue("orders")
     await far.produce("orders", ["small"])

@@ -26,8 +26,8 @@ from capella.config import ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import SameClusterName
-from capella.handlers.clusters import Clusters
 from capella.handlers.supervisor import Supervisor
+from capella.links.registry import Links
 
 ServerFactory = Callable[..., Awaitable[TestServer]]
 ClientFactory = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]]
@@ -52,7 +52,7 @@ async def node(
     if name is not None:
         raw["cluster"]["name"] = name
     cluster = await Cluster.open(parse_config(raw, {}, base=tmp_path))
-    supervisor = Supervisor(cluster, clusters=Clusters(cluster))
+    supervisor = Supervisor(cluster, links=Links(cluster))
     await supervisor.start()
     app = create_app(cluster, ServerSettings(), supervisor)
     server = await (aiohttp_server(app) if port is None else aiohttp_server(app, port=port))
@@ -171,11 +171,11 @@ async def test_checked_client_refuses_a_same_named_far_side(
 ) -> None:
     here = await node(tmp_path, "here", aiohttp_server, name="dc1")
     port = free_port()
-    await here.supervisor.clusters.put("far", {"url": f"http://127.0.0.1:{port}"})
+    await here.supervisor.links.put("far", {"url": f"http://127.0.0.1:{port}"})
     far = await node(tmp_path, "far", aiohttp_server, port=port, name="dc1")
     try:
         with pytest.raises(SameClusterName):
-            await here.supervisor.clusters.checked_client("far")
+            await here.supervisor.links.checked_client("far")
     finally:
         await close(here, far)
 
@@ -188,8 +188,8 @@ async def two_datacenters(tmp_path: Path, aiohttp_server: ServerFactory) -> Asyn
     """Two clusters on one host without cluster.name, each the other's external cluster (docs)."""
     dc1 = await node(tmp_path, "dc1", aiohttp_server)
     dc2 = await node(tmp_path, "dc2", aiohttp_server)
-    await dc1.supervisor.clusters.put("dc2", {"url": dc2.url})
-    await dc2.supervisor.clusters.put("dc1", {"url": dc1.url})
+    await dc1.supervisor.links.put("dc2", {"url": dc2.url})
+    await dc2.supervisor.links.put("dc1", {"url": dc1.url})
     yield dc1, dc2
     await close(dc1, dc2)
 
@@ -231,7 +231,7 @@ async def test_copy_lag_with_the_destination_down_is_the_cursors_lag_everywhere(
 ) -> None:
     here = await node(tmp_path, "here", aiohttp_server, name="dc1")
     try:
-        await here.supervisor.clusters.put("down", {"url": f"http://127.0.0.1:{free_port()}", "timeout": 2})
+        await here.supervisor.links.put("down", {"url": f"http://127.0.0.1:{free_port()}", "timeout": 2})
         await here.cluster.put_queue("orders", {})
         await here.supervisor.put(
             "up",
@@ -268,7 +268,7 @@ async def test_failing_since_stays_at_the_first_failure_and_clears_after_a_succe
     here = await node(tmp_path, "here", aiohttp_server, name="dc1")
     port = free_port()
     try:
-        await here.supervisor.clusters.put("far", {"url": f"http://127.0.0.1:{port}", "timeout": 2})
+        await here.supervisor.links.put("far", {"url": f"http://127.0.0.1:{port}", "timeout": 2})
         await here.cluster.put_queue("orders", {})
         await here.cluster.queue("orders").append([Draft(b"x")], SaveMode.WAIT)
         await here.supervisor.put(

@@ -169,7 +169,7 @@ SUBSCRIPTIONS = ("billing", "mirror")
 HANDLERS = ("flush-orders", "expire-orders", "copy-orders")
 CLUSTERS = ("remote",)
 
-# A URL the server takes for a cluster (capella/handlers/clusters.py _URL: no ASCII blank or
+# A URL the server takes for a cluster (capella/links/link.py _URL: no ASCII blank or
 # control character, any other character): its host is replaced before the request goes out, so
 # no ping or copy ever leaves the machine, whatever the generated host (U+2003 included).
 ACCEPTED_URL = re.compile(rf"(https?://)([^{URL_EXCLUDED}/]+)((/[^{URL_EXCLUDED}]*)?)")

@@ -13,9 +13,9 @@ from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import InvalidRequest, StorageUnavailable
-from capella.handlers.clusters import Clusters
 from capella.handlers.copy import CopyHandler
 from capella.handlers.supervisor import Supervisor
+from capella.links.registry import Links
 from capella.wire.copy import CopyParams
 from capella.wire.params import decode_params
 
@@ -34,7 +34,7 @@ def cluster_config(tmp_path: Path) -> Config:
 
 def copier(cluster: Cluster, source: str, to: str, **params: object) -> CopyHandler:
     return CopyHandler(
-        cluster, [source], decode_params(CopyParams, {"to": to, "wait": 0, **params}), Clusters(cluster)
+        cluster, [source], decode_params(CopyParams, {"to": to, "wait": 0, **params}), Links(cluster)
     )
 
 

@@ -24,11 +24,11 @@ from support.wait import eventually
 from capella.cli import main
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, Message, SaveMode
-from capella.handlers.clusters import Clusters
 from capella.handlers.pg_inbox import InboxHandler, inbox_ddl, inbox_params
 from capella.handlers.pg_outbox import outbox_ddl
-from capella.handlers.reach import Reach
 from capella.handlers.supervisor import Supervisor
+from capella.links.reach import Reach
+from capella.links.registry import Links
 from capella.wire.params import decode_params
 from capella.wire.postgres import PgInboxParams
 
@@ -67,7 +67,7 @@ def copier(cluster: Cluster, dsn: str, **params: Any) -> InboxHandler:
     return InboxHandler(
         cluster,
         ["orders"],
-        *inbox_params(decode_params(PgInboxParams, {"dsn": dsn, **params}), Reach(Clusters(cluster))),
+        *inbox_params(decode_params(PgInboxParams, {"dsn": dsn, **params}), Reach(Links(cluster))),
     )
 
 

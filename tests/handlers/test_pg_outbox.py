@@ -27,10 +27,10 @@ from support.wait import eventually
 from capella.core.cluster import Cluster
 from capella.core.message import Message
 from capella.errors import InvalidRequest, TableMismatch
-from capella.handlers.clusters import Clusters
 from capella.handlers.pg_outbox import OutboxHandler, outbox_ddl, outbox_params
-from capella.handlers.reach import Reach
 from capella.handlers.supervisor import Supervisor
+from capella.links.reach import Reach
+from capella.links.registry import Links
 from capella.wire.params import decode_params
 from capella.wire.postgres import PgOutboxParams
 
@@ -58,7 +58,7 @@ def relay(cluster: Cluster, dsn: str, **params: Any) -> OutboxHandler:
     return OutboxHandler(
         cluster,
         *outbox_params(
-            decode_params(PgOutboxParams, {"to": "orders", "dsn": dsn, **params}), Reach(Clusters(cluster))
+            decode_params(PgOutboxParams, {"to": "orders", "dsn": dsn, **params}), Reach(Links(cluster))
         ),
     )
 
@@ -341,7 +341,7 @@ async def test_a_missing_table_or_column_or_a_wrong_type_shows_in_the_status(
 async def test_an_unreachable_database_an_unknown_one_and_a_bad_password_show_in_the_status(
     orders: Cluster, tmp_path: Path, pg_server: PgServer
 ) -> None:
-    supervisor = Supervisor(orders, clusters=Clusters(orders, key_file=tmp_path / "links.key"))
+    supervisor = Supervisor(orders, links=Links(orders, key_file=tmp_path / "links.key"))
     await supervisor.start()
     try:
         closed = await _status_after_a_pass(supervisor, {"dsn": "postgresql://postgres@127.0.0.1:1/x"})
@@ -367,8 +367,8 @@ async def test_a_dsn_password_is_never_shown_logged_or_stored_in_clear(
     pg_server.psql(database, outbox_ddl())
     pg_server.psql(database, "INSERT INTO capella_outbox (data) VALUES ('one'), ('two')")
     dsn = f"postgresql://{PASSWORD_ROLE}:{PASSWORD}@127.0.0.1:{pg_server.port}/{database}"
-    clusters = Clusters(orders, key_file=tmp_path / "links.key")
-    supervisor = Supervisor(orders, clusters=clusters)
+    links = Links(orders, key_file=tmp_path / "links.key")
+    supervisor = Supervisor(orders, links=links)
     await supervisor.start()
     try:
         await supervisor.put(
@@ -385,7 +385,7 @@ async def test_a_dsn_password_is_never_shown_logged_or_stored_in_clear(
     assert PASSWORD not in caplog.text
     # The stored definition comes back with its password, decrypted with the cluster's key.
     pg_server.psql(database, "INSERT INTO capella_outbox (data) VALUES ('three')")
-    again = Supervisor(orders, clusters=Clusters(orders, key_file=tmp_path / "links.key"))
+    again = Supervisor(orders, links=Links(orders, key_file=tmp_path / "links.key"))
     await again.start()
     try:
         assert msgspec.to_builtins((await again.run_now("relay")).info())["status"]["items"] == 1
@@ -394,7 +394,7 @@ async def test_a_dsn_password_is_never_shown_logged_or_stored_in_clear(
     assert [m.payload for m in await messages(orders)] == [b"one", b"two", b"three"]
     # Without its key the definition cannot be loaded: it says so, shows no secret, and is kept.
     (tmp_path / "links.key").rename(tmp_path / "lost.key")
-    keyless = Supervisor(orders, clusters=Clusters(orders, key_file=tmp_path / "links.key"))
+    keyless = Supervisor(orders, links=Links(orders, key_file=tmp_path / "links.key"))
     await keyless.start()
     try:
         failed = msgspec.to_builtins((await keyless.run_now("relay")).info())

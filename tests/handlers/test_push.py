@@ -32,12 +32,12 @@ from capella.config import Config, SecretSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import Forbidden, InvalidRequest, QueueNotFound
-from capella.handlers.clusters import Clusters
 from capella.handlers.delivery import header_value, retry_after
 from capella.handlers.push import PushHandler, policy_of, push_params
-from capella.handlers.reach import Reach
 from capella.handlers.signature import sign, verify
 from capella.handlers.supervisor import Supervisor, build_push
+from capella.links.reach import Reach
+from capella.links.registry import Links
 from capella.wire.params import decode_params
 from capella.wire.push import PushParams
 
@@ -114,7 +114,7 @@ HOOK_SECRETS = {
 
 
 async def pusher(cluster: Cluster, receiver: Receiver, queue: str = "orders", **params: Any) -> PushHandler:
-    reach = Reach(Clusters(cluster), Secrets(HOOK_SECRETS))
+    reach = Reach(Links(cluster), Secrets(HOOK_SECRETS))
     _, handler = build_push(cluster, [queue], {"url": receiver.url, **FAST, **params}, "hook", reach)
     return handler
 

@@ -22,8 +22,8 @@ from capella.auth.store import AuthStore
 from capella.config import AuthSettings, SecretSettings, ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
-from capella.handlers.clusters import Clusters
 from capella.handlers.supervisor import Supervisor
+from capella.links.registry import Links
 
 
 @dataclass
@@ -50,14 +50,14 @@ async def nodes(
         cluster = await Cluster.open(config)
         # The operator declares the clusters' secret; the cluster names it (password_secret).
         secrets = Secrets({"secure-dc": SecretSettings(env="SECURE_DC_PASSWORD")})
-        supervisor = Supervisor(cluster, clusters=Clusters(cluster, secrets=secrets), secrets=secrets)
+        supervisor = Supervisor(cluster, links=Links(cluster, secrets=secrets), secrets=secrets)
         await supervisor.start()
         server = await aiohttp_server(create_app(cluster, ServerSettings(), supervisor))
         made[name] = Node(cluster, supervisor, str(server.make_url("")).rstrip("/"))
     for node in made.values():
         for other_name, other in made.items():
             if other is not node:
-                await node.supervisor.clusters.put(other_name, {"url": other.url})
+                await node.supervisor.links.put(other_name, {"url": other.url})
     yield made
     for node in made.values():
         await node.supervisor.close()
@@ -123,9 +123,7 @@ async def test_an_unreachable_cluster_is_an_error_and_nothing_is_lost(nodes: dic
     edge, dc = nodes["edge"], nodes["dc"]
     await edge.cluster.put_queue("events", {})
     await dc.cluster.put_queue("events", {})
-    await edge.supervisor.clusters.put(
-        "gone", {"url": "http://127.0.0.1:9", "connect_timeout": 1, "timeout": 2}
-    )
+    await edge.supervisor.links.put("gone", {"url": "http://127.0.0.1:9", "connect_timeout": 1, "timeout": 2})
     await edge.supervisor.put(
         "push",
         {"type": "copy", "queues": ["events"], "params": {"to": "gone/events", "wait": 0}, "started": False},
@@ -136,7 +134,7 @@ async def test_an_unreachable_cluster_is_an_error_and_nothing_is_lost(nodes: dic
     # The code as the API shows it: the JSON answer is rendered from this struct.
     assert msgspec.to_builtins(state.info())["status"]["last_error"]["code"] == "unreachable"
     assert edge.cluster.queue("events").subscription("copy-to-gone.events").last_id == 0
-    await edge.supervisor.clusters.put("gone", {"url": dc.url})
+    await edge.supervisor.links.put("gone", {"url": dc.url})
     state = await edge.supervisor.run_now("push")
     assert state.last_error is None and await stored(dc, "events") == [("edge", 1, b"x")]
 
@@ -184,7 +182,7 @@ async def test_wrong_credentials_show_in_the_status_and_copying_resumes_once_fix
     await secure_dc.cluster.put_queue("events", {})
     await secure_dc.cluster.put_queue("other", {})
     monkeypatch.setenv("SECURE_DC_PASSWORD", "not-the-password")
-    await edge.supervisor.clusters.put(
+    await edge.supervisor.links.put(
         "secure", {"url": secure_dc.url, "username": "replicator", "password_secret": "secure-dc"}
     )
     await edge.cluster.queue("events").append([Draft(f"m{i}".encode()) for i in range(5)], SaveMode.WAIT)
@@ -203,7 +201,7 @@ async def test_wrong_credentials_show_in_the_status_and_copying_resumes_once_fix
 
     # Right password, but a queue the user may not write: a clear "forbidden".
     monkeypatch.setenv("SECURE_DC_PASSWORD", "replicator-password")
-    await edge.supervisor.clusters.put(
+    await edge.supervisor.links.put(
         "secure", {"url": secure_dc.url, "username": "replicator", "password_secret": "secure-dc"}
     )
     await edge.supervisor.put("push", {**push, "params": {"to": "secure/other", "wait": 0}})
@@ -241,7 +239,7 @@ async def test_a_copy_stuck_connecting_to_a_cluster_stops_at_once(
         with socket.create_connection(listener.getsockname()):
             url = f"http://127.0.0.1:{listener.getsockname()[1]}"
             # Its name check gives up after 3 s; the pass's connect would wait 60.
-            await edge.supervisor.clusters.put("stuck", {"url": url, "connect_timeout": 60, "timeout": 60})
+            await edge.supervisor.links.put("stuck", {"url": url, "connect_timeout": 60, "timeout": 60})
             await edge.supervisor.put("out", copy)
             state = edge.supervisor.handler("out")
             await until(lambda: state.running and state.handler.interruptible, what="the pass connecting")

@@ -17,10 +17,11 @@ import orjson
 import pytest
 from cryptography.fernet import Fernet
 
+from capella.auth.sealed import Sealer
 from capella.core.cluster import Cluster
 from capella.errors import CorruptData, InvalidRequest
-from capella.handlers.clusters import Clusters
 from capella.handlers.supervisor import Supervisor
+from capella.links.registry import Links
 from capella.storage.keys import HANDLERS as REGISTRY_KEY
 from security.fake_pg import FakePostgres, serving
 
@@ -40,7 +41,7 @@ async def cluster(cluster: Cluster) -> Cluster:
 
 
 def supervisor(cluster: Cluster, tmp_path: Path) -> Supervisor:
-    return Supervisor(cluster, clusters=Clusters(cluster, key_file=tmp_path / "keys" / "links.key"))
+    return Supervisor(cluster, links=Links(cluster, key_file=tmp_path / "keys" / "links.key"))
 
 
 async def test_a_ciphertext_moved_to_another_handler_or_host_sends_nothing(
@@ -93,10 +94,10 @@ async def test_the_api_refuses_any_ciphertext_param(cluster: Cluster, tmp_path: 
 
 
 async def test_an_older_unbound_ciphertext_is_read_and_sealed_bound(cluster: Cluster, tmp_path: Path) -> None:
-    clusters = Clusters(cluster, key_file=tmp_path / "keys" / "links.key")
-    sealed = clusters.encrypt("x", ("any",))  # creates the key file
+    sealer = Links(cluster, key_file=tmp_path / "keys" / "links.key").sealer
+    sealed = sealer.encrypt("x", ("any",))  # creates the key file
     assert sealed.startswith("v2:")
-    legacy = Fernet(clusters._key()).encrypt(PASSWORD.encode()).decode()
+    legacy = Fernet(sealer._key()).encrypt(PASSWORD.encode()).decode()
     definition = {
         "type": "pg_inbox",
         "queues": ["q"],
@@ -119,31 +120,30 @@ async def test_an_older_unbound_ciphertext_is_read_and_sealed_bound(cluster: Clu
 
 
 async def test_a_cluster_ciphertext_is_bound_to_the_cluster(cluster: Cluster, tmp_path: Path) -> None:
-    clusters = Clusters(cluster, key_file=tmp_path / "keys" / "links.key")
-    await clusters.start()
-    await clusters.put("a", {"url": "http://a.example", "username": "u", "password": PASSWORD})
-    await clusters.put("b", {"url": "http://b.example"})
+    links = Links(cluster, key_file=tmp_path / "keys" / "links.key")
+    await links.start()
+    await links.put("a", {"url": "http://a.example", "username": "u", "password": PASSWORD})
+    await links.put("b", {"url": "http://b.example"})
     doc = orjson.loads(await cluster.home.get(".capella/clusters.json"))
     doc["clusters"]["b"]["credentials"] = doc["clusters"]["a"]["credentials"]
     await cluster.home.put(".capella/clusters.json", orjson.dumps(doc))
-    again = Clusters(cluster, key_file=tmp_path / "keys" / "links.key")
+    again = Links(cluster, key_file=tmp_path / "keys" / "links.key")
     await again.start()
-    assert again.cluster("a").secret == PASSWORD
-    moved = again.cluster("b")
+    assert again.link("a").secret == PASSWORD
+    moved = again.link("b")
     assert moved.secret is None and moved.error is not None and "cannot be decrypted" in moved.error
-    assert moved.public_dict()["error"] == moved.error
+    assert msgspec.to_builtins(moved.info())["error"] == moved.error
     with pytest.raises(Exception, match="cannot be decrypted"):
         await again.client("b")
 
 
 def test_a_tampered_ciphertext_is_refused(tmp_path: Path) -> None:
-    clusters = Clusters.__new__(Clusters)
-    clusters._key_file = tmp_path / "links.key"
-    token = clusters.encrypt(PASSWORD, ("pg handler", "a"))
+    sealer = Sealer(tmp_path / "links.key")
+    token = sealer.encrypt(PASSWORD, ("pg handler", "a"))
     raw = bytearray(base64.urlsafe_b64decode(token[3:]))
     raw[-1] ^= 1
     with pytest.raises(CorruptData):
-        clusters.decrypt("v2:" + base64.urlsafe_b64encode(bytes(raw)).decode(), ("pg handler", "a"))
+        sealer.decrypt("v2:" + base64.urlsafe_b64encode(bytes(raw)).decode(), ("pg handler", "a"))
     with pytest.raises(CorruptData):
-        clusters.decrypt(token, ("pg handler", "b"))
-    assert clusters.decrypt(token, ("pg handler", "a")) == PASSWORD
+        sealer.decrypt(token, ("pg handler", "b"))
+    assert sealer.decrypt(token, ("pg handler", "a")) == PASSWORD

@@ -23,8 +23,8 @@ from capella.config import CompatSettings, ServerSettings
 from capella.core.cluster import Cluster
 from capella.core.message import SaveMode
 from capella.errors import AlreadyExists, Conflict, InvalidMessage, InvalidRequest, SubscriptionNotFound
-from capella.handlers.clusters import Clusters
 from capella.handlers.supervisor import Supervisor
+from capella.links.registry import Links
 
 
 class IdClock:
@@ -59,8 +59,8 @@ class Context:
     compat: CompatSettings
 
     @property
-    def clusters(self) -> Clusters:
-        return self.supervisor.clusters
+    def clusters(self) -> Links:
+        return self.supervisor.links
 
     def same_as(self, method: str, path: str, **names: str) -> None:
         """Check what the ``/v1`` route ``method path`` needs, for the names given."""

@@ -1,7 +1,7 @@
-"""The original's external-cluster actions (``add_ec``, ``drop_ec``, ``gd_ec``, ``list_ec``) on ``Clusters``.
+"""The original's external-cluster actions (``add_ec``, ``drop_ec``, ``gd_ec``, ``list_ec``) on ``Links``.
 
 The original sends a cluster's password inline (``auth_info``, base64 of a JSON string); it becomes
-a Capella cluster with an inline password, which ``Clusters`` stores encrypted and bound to the
+a Capella cluster with an inline password, which ``Links`` stores sealed and bound to the
 cluster's name, URL and user. ``gd_ec`` never shows it back (the original showed its ciphertext).
 """
 
@@ -18,7 +18,7 @@ from capella.api.original.actions import Action, Context, body_name
 from capella.api.original.envelope import Request
 from capella.api.route import CLUSTER_PATH
 from capella.errors import AlreadyExists, InvalidRequest
-from capella.handlers.clusters import ExternalCluster
+from capella.links.link import Link
 from capella.wire.clusters import ClusterDefinition
 
 
@@ -78,7 +78,7 @@ def capella_cluster(body: ClusterBody) -> ClusterDefinition:
     )
 
 
-def original_cluster(cluster: ExternalCluster) -> ClusterBody:
+def original_cluster(cluster: Link) -> ClusterBody:
     """A cluster in the original's ``gd_ec`` shape, without its secret."""
     return ClusterBody(
         name=cluster.name,
@@ -101,7 +101,7 @@ def original_cluster(cluster: ExternalCluster) -> ClusterBody:
 async def add_ec(ctx: Context, request: Request) -> object:
     body = shapes.decode(request.body, ClusterBody, request.action)
     ctx.same_as("PUT", CLUSTER_PATH, name=body.name)
-    if any(cluster.name == body.name for cluster in ctx.clusters.clusters()):
+    if any(cluster.name == body.name for cluster in ctx.clusters.links()):
         raise AlreadyExists(f"external cluster `{body.name}` already exists")
     # Put as /v1 puts a body, which the registry decodes and checks as it checks any other.
     await ctx.clusters.put(body.name, msgspec.to_builtins(capella_cluster(body)), by=ctx.identity)
@@ -111,20 +111,20 @@ async def add_ec(ctx: Context, request: Request) -> object:
 async def drop_ec(ctx: Context, request: Request) -> object:
     name = body_name(request)
     ctx.same_as("DELETE", CLUSTER_PATH, name=name)
-    await ctx.clusters.drop(name, used_by=ctx.supervisor.using_cluster(name))
+    await ctx.clusters.drop(name, used_by=ctx.supervisor.using_link(name))
     return None
 
 
 async def gd_ec(ctx: Context, request: Request) -> object:
     name = body_name(request)
     ctx.same_as("GET", CLUSTER_PATH, name=name)
-    return original_cluster(ctx.clusters.cluster(name))
+    return original_cluster(ctx.clusters.link(name))
 
 
 async def list_ec(ctx: Context, request: Request) -> object:
     return [
         cluster.name
-        for cluster in ctx.clusters.clusters()
+        for cluster in ctx.clusters.links()
         if ctx.identity.can("external_cluster", "read", cluster.name)
     ]
 

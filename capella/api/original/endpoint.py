@@ -290,8 +290,10 @@ async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelo
         raise _never_relayed(action)
     if len(envelope.hops) >= ctx.compat.max_hops:
         raise TooManyHops(f"the call has passed through {len(envelope.hops)} clusters ([compat] max_hops)")
-    clusters = ctx.clusters
-    kind, username, secret = clusters.credentials(cluster)
+    # The envelope carries the link's credentials in its body: the original protocol's own way.
+    links = ctx.clusters
+    link = links.link(cluster)
+    kind, username, secret = link.secret_kind, link.username, links.secret(link)
     now = time.time_ns()
     sent = Envelope(
         auth_type="bearer" if kind == "token" else "basic" if kind == "password" else "",
@@ -302,7 +304,7 @@ async def forward(ctx: Context, cluster: str, request: Request, envelope: Envelo
         request=Request(action=request.action, body=request.body, object_name=request.object_name),
         hops=[*envelope.hops, ctx.cluster.name],
     )
-    raw = await post(await clusters.client(cluster), msgspec.json.encode(sent))
+    raw = await post(await links.client(cluster), msgspec.json.encode(sent))
     try:
         got = orjson.loads(raw)["responce"]
         error = got["error"]
