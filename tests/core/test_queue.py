@@ -12,7 +12,7 @@ import orjson
 import pytest
 from support.clock import Clock
 from support.configs import file_config
-from support.wait import until
+from support.wait import holds, parked, sealed, until
 
 from capella.config import Config, parse_config
 from capella.core import subscription_store as consumers_module
@@ -305,7 +305,7 @@ async def test_a_queue_written_in_format_1_reads_on_and_seals_its_open_block_as_
     q, _ = await cluster.put_queue("old", {})
     await q.append(drafts(15, headers={"k": "v"}), SaveMode.WAIT)
     await q.append(drafts(10, source="dc-eu", external_id=None), SaveMode.WAIT)
-    await asyncio.sleep(0.05)
+    await sealed(q, 2)
     before = (await q.read_after(0, 100)).messages
     await cluster.close()
     # What an earlier version left: its first sealed block and its open journal in format 1.
@@ -320,8 +320,8 @@ async def test_a_queue_written_in_format_1_reads_on_and_seals_its_open_block_as_
     try:
         q = cluster.queue("old")
         assert (await q.read_after(0, 100)).messages == before
-        await asyncio.sleep(0.05)
         # The format 1 journal took no new bytes: its block was sealed, as format 2.
+        await until(lambda: not journal.exists(), what="the format 1 journal sealed away")
         assert not journal.exists()
         magics = [p.read_bytes()[:4] for p in sorted((folder / "blocks").iterdir())]
         assert magics == [b"CPB1", b"CPB2", b"CPB2"]
@@ -345,10 +345,7 @@ async def test_a_journal_batch_that_straddles_the_sealed_blocks_is_cut_when_its_
 ) -> None:
     q, _ = await cluster.put_queue("cut", {})
     await q.append(drafts(10), SaveMode.WAIT)
-    for _ in range(100):
-        if q.stats()["blocks"]["by_state"]["sealed"] == 1:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 1, what="the first block sealed")
     await cluster.close()
     # A journal whose first batch holds ids 8-12, of which 8-10 are sealed already.
     batch = encode([b"j%d" % i for i in range(8, 13)], base_id=8, base_time=clock.now, source="edge")
@@ -358,10 +355,7 @@ async def test_a_journal_batch_that_straddles_the_sealed_blocks_is_cut_when_its_
     try:
         q = cluster.queue("cut")
         await q.append(drafts(8, "new"), SaveMode.WAIT)
-        for _ in range(100):
-            if q.stats()["blocks"]["by_state"]["sealed"] == 2:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 2, what="two sealed blocks")
         by_state = q.stats()["blocks"]["by_state"]
         assert (by_state["sealed"], by_state["open"]) == (2, 0)
         page = (await q.read_after(0, 100)).messages
@@ -435,7 +429,7 @@ async def test_save_modes_decide_when_the_journal_holds_the_write(tmp_path: Path
 
     await q.append(drafts(1), SaveMode.NONE)
     await q.append(drafts(1), SaveMode.MARK)
-    await asyncio.sleep(0.01)  # time for a write that should not happen: only the tick saves these
+    await holds(lambda: journal_size() == 0, 0.01, "no write before the tick")  # only the tick saves these
     assert journal_size() == 0
     await q.tick()  # the periodic flush saves marked writes (and the unmarked ones before them)
     after_tick = journal_size()
@@ -615,7 +609,7 @@ async def test_an_unfinished_drop_completes_on_start(tmp_path: Path, clock: Cloc
 async def test_long_poll_returns_when_a_message_arrives(cluster: Cluster) -> None:
     q, _ = await cluster.put_queue("poll", {})
     waiter = asyncio.create_task(q.wait_for(0, 5.0))
-    await asyncio.sleep(0.01)  # the waiter is parked; nothing may wake it yet
+    await parked("Queue.wait_for")  # nothing may wake it yet
     assert not waiter.done()
     await q.append(drafts(1))
     await asyncio.wait_for(waiter, 1.0)
@@ -714,11 +708,14 @@ async def after_a_restart(
         await cluster.close()
 
 
-def held_until(released: threading.Event) -> Any:
-    """An ``os.fdatasync`` that syncs only once ``released`` is set (at most 10 s later)."""
+def held_until(released: threading.Event, entered: threading.Event | None = None) -> Any:
+    """An ``os.fdatasync`` that syncs only once ``released`` is set (at most 10 s later); it sets
+    ``entered`` when a sync is held."""
     real = os.fdatasync
 
     def fdatasync(fd: int) -> None:
+        if entered is not None:
+            entered.set()
         released.wait(10)
         real(fd)
 
@@ -730,11 +727,11 @@ async def test_a_writer_that_stops_waiting_leaves_the_flush_and_the_journal_whol
 ) -> None:
     q, _ = await cluster.put_queue("gone", {})
     await q.append(drafts(1, "a"), SaveMode.WAIT)
-    released = threading.Event()
-    monkeypatch.setattr(os, "fdatasync", held_until(released))
+    released, held = threading.Event(), threading.Event()
+    monkeypatch.setattr(os, "fdatasync", held_until(released, held))
     waiting = asyncio.create_task(q.append(drafts(1, "b"), SaveMode.WAIT))
     await until(lambda: q.last_id == 2, what="the second write assigned")
-    await asyncio.sleep(0.05)  # its flush is in the journal's thread, held there
+    await until(held.is_set, what="its flush in the journal's thread, held there")
     waiting.cancel()  # the client went away while its flush was in flight
     with pytest.raises(asyncio.CancelledError):
         await waiting
@@ -788,14 +785,15 @@ async def b0_c0_d0_after_a_restart(cluster: Cluster, tmp_path: Path, clock: Cloc
     """Once the disk is well again: queue "two" takes a write (d0) after retrying its failed
     journal, and a restart finds b0, c0 and d0 at its end, with no journal tail cut off."""
     q = cluster.queue("two")
-    deadline = asyncio.get_running_loop().time() + 10
-    while True:
+
+    async def written() -> bool:
         try:
             await q.append(drafts(1, "d"), SaveMode.WAIT)
-            break
         except StorageUnavailable:
-            assert asyncio.get_running_loop().time() < deadline, "the queue never took a write again"
-            await asyncio.sleep(0.05)
+            return False
+        return True
+
+    await until(written, 10, "the queue taking a write again", every=0.05)
     assert (await after_a_restart(cluster, tmp_path, clock, "two", truncated=0))[-3:] == [b"b0", b"c0", b"d0"]
 
 
@@ -1114,10 +1112,7 @@ async def test_a_batch_larger_than_the_blocks_room_fills_one_and_opens_the_next(
     payloads = [b"p%d" % i for i in range(25)]
     answers = await q.append_batch(read(produced(payloads, external_ids=[None] * 24 + [99])), SaveMode.WAIT)
     assert [a.id for a in answers] == list(range(2, 27))
-    for _ in range(100):
-        if q.stats()["blocks"]["by_state"]["sealed"] == 2:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 2, what="two sealed blocks")
     assert q.stats()["blocks"]["by_state"]["sealed"] == 2
     before = (await q.read_after(0, 100)).messages
     assert [m.payload for m in before] == [b"first", *payloads]

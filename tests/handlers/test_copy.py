@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from support.wait import until
+from support.wait import holds, until
 
 from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
@@ -135,7 +135,7 @@ async def test_a_started_copy_follows_new_messages_and_serves_receipts(cluster: 
         assert (await all_messages(cluster, "dc")) == [("dc1", 1, b"hello")]
         state = await supervisor.stop_handler("up")
         runs = state.runs
-        await asyncio.sleep(0.1)  # time in which a stopped copy must not run
+        await holds(lambda: state.runs == runs, 0.1, "a stopped copy not running")
         assert state.runs == runs
     finally:
         await supervisor.close()

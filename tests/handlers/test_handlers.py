@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 from support.clock import Clock
-from support.wait import until
+from support.wait import holds, until
 
 from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
@@ -300,7 +299,7 @@ async def test_stop_really_stops(cluster: Cluster) -> None:
         state = await supervisor.stop_handler("fast")
         runs = state.runs
         assert runs >= 2 and not state.started
-        await asyncio.sleep(0.1)  # ten intervals in which a stopped handler must not run
+        await holds(lambda: state.runs == runs, 0.1, "a stopped handler not running")  # ten intervals
         assert state.runs == runs
         assert msgspec.to_builtins(state.info())["status"]["next_run"] is None
         await supervisor.start_handler("fast")
