@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient
 from support.clock import Clock
 from support.configs import file_config
 from support.faults import FlakyStorage
-from support.wait import until
+from support.wait import parked, until
 
 from capella.backoff import backoff
 from capella.config import Config, parse_config
@@ -105,7 +105,8 @@ async def test_cancelling_a_supervised_loop_ends_it() -> None:
         await asyncio.Event().wait()
 
     task = asyncio.create_task(keep_running("x", body, failures=TaskFailures()))
-    await asyncio.sleep(0)  # one turn: the loop is inside its body when it is cancelled
+    # The loop is inside its body when it is cancelled.
+    await parked("test_cancelling_a_supervised_loop_ends_it.<locals>.body")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -7,12 +7,12 @@ clusters are created over HTTP as an operator would. Each wait is bounded.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from support.servers import ServerProcess, free_port
-from support.wait import eventually
+from support.wait import eventually, holds, until
 
 from capella.client import AsyncClient
 from capella.wire.messages import StoredMessage
@@ -99,6 +99,24 @@ async def converged(nodes: list[Node], expected: int) -> list[list[tuple[str, in
     return views
 
 
+async def quiet(nodes: list[Node], expected: int) -> None:
+    """For 2.5 s nothing more appears on any node (no loop)."""
+
+    async def still() -> bool:
+        return [len(await n.identities()) for n in nodes] == [expected] * len(nodes)
+
+    await holds(still, 2.5, "every node without a message more", every=0.5)
+
+
+def copying(node: Node, after: int) -> Callable[[], Awaitable[bool]]:
+    """Whether ``node`` has taken a copied message past id ``after``."""
+
+    async def check() -> bool:
+        return bool((await node.client.read("events", after=after, limit=1)).messages)
+
+    return check
+
+
 def assert_union(views: list[list[tuple[str, int]]], expected: int) -> None:
     for view in views:
         assert len(view) == expected, f"{len(view)} messages, expected {expected}"
@@ -154,7 +172,7 @@ async def test_two_datacenters_both_write_through_a_cut_and_converge(cluster_nod
     await produce(b, "b-after", 80)
     views = await converged([a, b], 550)
     assert_union(views, 550)
-    await asyncio.sleep(2.5)  # quiet: nothing more may appear (no loop)
+    await quiet([a, b], 550)
     assert [len(await n.identities()) for n in (a, b)] == [550, 550]
 
 
@@ -174,7 +192,7 @@ async def test_three_clusters_converge_in_a_ring_and_in_a_mesh(
         await produce(node, node.name, 100)
     views = await converged(nodes, 300)
     assert_union(views, 300)
-    await asyncio.sleep(2.5)  # quiet: nothing more may appear (no loop)
+    await quiet(nodes, 300)
     assert [len(await n.identities()) for n in nodes] == [300, 300, 300]
 
 
@@ -188,7 +206,7 @@ async def test_kill_minus_9_of_either_side_while_copying(cluster_nodes: dict[str
     for victim in (b, a, b):
         await produce(a, f"round{total}-", 300)
         total += 300
-        await asyncio.sleep(0.3)  # copying is under way
+        await until(copying(b, after=total - 300), what="copying under way")
         victim.kill()
         await victim.start()
     views = await converged([a, b], total)

@@ -198,9 +198,12 @@ async def test_concurrent_writers_with_rollbacks_each_committed_row_exactly_once
     handler = relay(orders, dsn, batch=7)
     writers = asyncio.gather(*(writer(n) for n in range(4)))
     try:
-        deadline = time.monotonic() + 30
-        while not writers.done() and time.monotonic() < deadline:
+
+        async def relayed_while_writing() -> bool:
             await handler.run_once()
+            return writers.done()
+
+        await eventually(relayed_while_writing, 30, every=0)
         await writers
         await handler.run_once()
     finally:
