@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +43,24 @@ from capella.errors import (
 from capella.wire.record_batch import encode, read, scan
 
 
+def ten_per_block(tmp_path: Path) -> Config:
+    """This module's cluster: files under ``tmp_path``, ten messages a block."""
+    return file_config(tmp_path, block={"max_messages": 10})
+
+
 @pytest.fixture
 def cluster_config(tmp_path: Path) -> Config:
-    return file_config(tmp_path, block={"max_messages": 10})
+    return ten_per_block(tmp_path)
+
+
+@contextlib.asynccontextmanager
+async def opened(tmp_path: Path, clock: Clock, config: Config | None = None) -> AsyncIterator[Cluster]:
+    """The data under ``tmp_path`` opened again (as ``ten_per_block`` unless ``config``), closed after."""
+    cluster = await Cluster.open(config or ten_per_block(tmp_path), clock=clock)
+    try:
+        yield cluster
+    finally:
+        await cluster.close()
 
 
 # ``cluster`` runs on ``clock``, which the tests move by hand.
@@ -68,7 +85,7 @@ async def after_a_kill(q: Queue, config: Config, clock: Clock) -> Cluster:
 
 async def reopen(cluster: Cluster, tmp_path: Path, clock: Clock) -> Cluster:
     await cluster.close()
-    return await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+    return await Cluster.open(ten_per_block(tmp_path), clock=clock)
 
 
 async def test_ids_strictly_increase_and_answers_follow_request_order(cluster: Cluster) -> None:
@@ -282,21 +299,15 @@ async def test_a_torn_journal_tail_is_truncated_and_reported(tmp_path: Path, clo
     [journal] = (queue_dir(tmp_path, "torn") / "journal").iterdir()
     with journal.open("ab") as f:
         f.write(b"\x40\x00\x00\x00garbage-half-record")
-    cluster = await Cluster.open(config, clock=clock)
-    try:
+    async with opened(tmp_path, clock, config) as cluster:
         q = cluster.queue("torn")
         assert [m.payload for m in (await q.read_after(0, 10)).messages] == [b"m0", b"m1", b"m2", b"m3"]
         assert q.stats()["recovery"]["truncated_bytes"] == 4 + len(b"garbage-half-record")
         await q.append(drafts(1, "after"), SaveMode.WAIT)
-    finally:
-        await cluster.close()
-    cluster = await Cluster.open(config, clock=clock)
-    try:
+    async with opened(tmp_path, clock, config) as cluster:
         page = await cluster.queue("torn").read_after(0, 10)
         assert [m.payload for m in page.messages][-1] == b"after0"
         assert cluster.queue("torn").stats()["recovery"]["truncated_bytes"] == 0
-    finally:
-        await cluster.close()
 
 
 async def test_a_queue_written_in_format_1_reads_on_and_seals_its_open_block_as_format_2(
@@ -316,8 +327,7 @@ async def test_a_queue_written_in_format_1_reads_on_and_seals_its_open_block_as_
     open_messages = decode_journal(journal.read_bytes()).messages
     journal.write_bytes(JOURNAL_HEADER_V1 + b"".join(map(encode_record_v1, open_messages)))
 
-    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
+    async with opened(tmp_path, clock) as cluster:
         q = cluster.queue("old")
         assert (await q.read_after(0, 100)).messages == before
         # The format 1 journal took no new bytes: its block was sealed, as format 2.
@@ -331,13 +341,8 @@ async def test_a_queue_written_in_format_1_reads_on_and_seals_its_open_block_as_
         after = (await q.read_after(0, 100)).messages
         assert after[:25] == before
         assert [m.payload for m in after[25:]] == [b"new0", b"new1", b"new2"]
-    finally:
-        await cluster.close()
-    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
+    async with opened(tmp_path, clock) as cluster:
         assert (await cluster.queue("old").read_after(0, 100)).messages == after
-    finally:
-        await cluster.close()
 
 
 async def test_a_journal_batch_that_straddles_the_sealed_blocks_is_cut_when_its_block_is_sealed(
@@ -351,8 +356,7 @@ async def test_a_journal_batch_that_straddles_the_sealed_blocks_is_cut_when_its_
     batch = encode([b"j%d" % i for i in range(8, 13)], base_id=8, base_time=clock.now, source="edge")
     (queue_dir(tmp_path, "cut") / "journal").mkdir(exist_ok=True)
     (queue_dir(tmp_path, "cut") / "journal" / f"{8:020d}.log").write_bytes(JOURNAL_HEADER + batch)
-    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
+    async with opened(tmp_path, clock) as cluster:
         q = cluster.queue("cut")
         await q.append(drafts(8, "new"), SaveMode.WAIT)
         await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 2, what="two sealed blocks")
@@ -363,13 +367,8 @@ async def test_a_journal_batch_that_straddles_the_sealed_blocks_is_cut_when_its_
             b"new%d" % i for i in range(8)
         ]
         assert [m.id for m in page[10:12]] == [11, 12]
-    finally:
-        await cluster.close()
-    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
+    async with opened(tmp_path, clock) as cluster:
         assert (await cluster.queue("cut").read_after(0, 100)).messages == page
-    finally:
-        await cluster.close()
 
 
 async def test_a_corrupt_sealed_block_is_quarantined_and_never_served(
@@ -394,11 +393,8 @@ async def test_a_corrupt_sealed_block_is_quarantined_and_never_served(
         assert blocks[0].exists(), "the bad bytes stay for an operator"
     finally:
         await cluster.close()
-    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
+    async with opened(tmp_path, clock) as cluster:
         assert cluster.queue("bad").stats()["blocks"]["by_state"]["quarantined"] == 1
-    finally:
-        await cluster.close()
 
 
 async def test_a_journal_left_after_its_block_was_sealed_is_removed(
@@ -523,8 +519,7 @@ async def test_cursors_saved_by_a_version_without_the_log_become_its_first_snaps
     document = queue_dir(tmp_path, "old") / "subscriptions.json"
     subscription = {"last_id": 12, "replica": True, "created": 1.0, "updated": 2.0}
     document.write_bytes(orjson.dumps({"version": 1, "subscriptions": {"dc2": subscription}}))
-    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
+    async with opened(tmp_path, clock) as cluster:
         q = cluster.queue("old")
         assert [(s.name, s.last_id, s.replica) for s in q.subscriptions()] == [("dc2", 12, True)]
         assert not document.exists()
@@ -535,11 +530,9 @@ async def test_cursors_saved_by_a_version_without_the_log_become_its_first_snaps
         # A crash after the first snapshot and before the delete: the old document is a leftover.
         await cluster.close()
         document.write_bytes(orjson.dumps({"version": 1, "subscriptions": {"dc2": subscription}}))
-        cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+        cluster = await Cluster.open(ten_per_block(tmp_path), clock=clock)
         assert [(s.name, s.last_id) for s in cluster.queue("old").subscriptions()] == [("dc2", 13)]
         assert not document.exists()
-    finally:
-        await cluster.close()
 
 
 async def test_definitions_persist_update_and_drop(tmp_path: Path, clock: Clock, cluster: Cluster) -> None:
@@ -597,13 +590,10 @@ async def test_an_unfinished_drop_completes_on_start(tmp_path: Path, clock: Cloc
     registry = tmp_path / "data" / "queues" / ".capella" / "queues.json"
     registry.write_text(registry.read_text().replace('"active"', '"dropping"'))
     os.sync()
-    cluster = await Cluster.open(config, clock=clock)
-    try:
+    async with opened(tmp_path, clock, config) as cluster:
         assert cluster.queues() == []
         _, created = await cluster.put_queue("gone", {})
         assert created and cluster.queue("gone").last_id == 0
-    finally:
-        await cluster.close()
 
 
 async def test_long_poll_returns_when_a_message_arrives(cluster: Cluster) -> None:
@@ -964,8 +954,7 @@ async def test_writers_wait_for_a_stuck_sealer_and_resume_when_it_recovers(
         {},
         base=tmp_path,
     )
-    cluster = await Cluster.open(config, clock=clock)
-    try:
+    async with opened(tmp_path, clock, config) as cluster:
         q, _ = await cluster.put_queue(
             "stuck", {"block": {"max_messages": 2}, "mounts": {"marks": {"0": "cold"}}}
         )
@@ -979,8 +968,6 @@ async def test_writers_wait_for_a_stuck_sealer_and_resume_when_it_recovers(
         assert answers[0].id == 5
         page = await q.read_after(0, 10)
         assert [m.id for m in page.messages] == [1, 2, 3, 4, 5]
-    finally:
-        await cluster.close()
 
 
 async def test_memory_per_sealed_block_stays_bounded(cluster: Cluster) -> None:
@@ -1118,8 +1105,5 @@ async def test_a_batch_larger_than_the_blocks_room_fills_one_and_opens_the_next(
     assert [m.payload for m in before] == [b"first", *payloads]
     assert before[-1].external_id == 99
     await cluster.close()
-    reopened = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
+    async with opened(tmp_path, clock) as reopened:
         assert (await reopened.queue("split").read_after(0, 100)).messages == before
-    finally:
-        await reopened.close()
