@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from support.http import only_error_of
+from support.supervisor import started
 from support.wait import until
 
 from capella.api import create_app
@@ -397,12 +398,8 @@ async def test_definitions_and_started_flags_survive_a_restart(q: TestClient, cl
     await put(q, "off", {"type": "expire", "queues": ["ord*"], "params": {"max_age": "1d"}}, 201)
     await post(q, f"{H}/off/stop")
 
-    again = Supervisor(cluster)
-    await again.start()
-    try:
+    async with started(cluster) as again:
         listed = {h.name: msgspec.to_builtins(h.info()) for h in again.handlers()}
-    finally:
-        await again.close()
 
     assert set(listed) == {"on", "off"}
     assert (listed["on"]["started"], listed["off"]["started"]) == (True, False)

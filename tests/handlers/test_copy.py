@@ -7,6 +7,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from support.supervisor import started
 from support.wait import holds, until
 
 from capella.config import Config, parse_config
@@ -103,9 +104,7 @@ async def test_segment_filter_copies_only_those_and_still_advances(cluster: Clus
 async def test_a_missing_destination_is_a_clear_error_and_loses_nothing(cluster: Cluster) -> None:
     src, _ = await cluster.put_queue("edge", {})
     await cluster.put_queue("dc", {})
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
+    async with started(cluster) as supervisor:
         await supervisor.put(
             "up", {"type": "copy", "params": {"from": "edge", "to": "dc", "wait": 0}, "started": False}
         )
@@ -118,16 +117,12 @@ async def test_a_missing_destination_is_a_clear_error_and_loses_nothing(cluster:
         assert state.last_error is None and state.items == 1
         assert (await all_messages(cluster, "dc")) == [("dc1", 1, b"kept")]
         assert msgspec.to_builtins(state.info())["status"]["lag"] == 0
-    finally:
-        await supervisor.close()
 
 
 async def test_a_started_copy_follows_new_messages_and_serves_receipts(cluster: Cluster) -> None:
     src, _ = await cluster.put_queue("edge", {})
     await cluster.put_queue("dc", {})
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
+    async with started(cluster) as supervisor:
         await supervisor.put("up", {"type": "copy", "queues": ["edge"], "params": {"to": "dc", "wait": "1s"}})
         answers = await src.append([Draft(b"hello")], SaveMode.WAIT)
         holders = await src.wait_replicas(answers[0].id, 1, 5.0)
@@ -137,8 +132,6 @@ async def test_a_started_copy_follows_new_messages_and_serves_receipts(cluster: 
         runs = state.runs
         await holds(lambda: state.runs == runs, 0.1, "a stopped copy not running")
         assert state.runs == runs
-    finally:
-        await supervisor.close()
 
 
 @pytest.mark.parametrize(
@@ -158,15 +151,11 @@ async def test_bad_copy_definitions_are_refused(
 ) -> None:
     await cluster.put_queue("edge", {})
     await cluster.put_queue("dc", {})
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
+    async with started(cluster) as supervisor:
         with pytest.raises(InvalidRequest) as info:
             await supervisor.put("c", {"type": "copy", "queues": ["edge"], "params": params})
         if field is not None:
             assert info.value.details.get("field") == field
-    finally:
-        await supervisor.close()
 
 
 async def test_copying_a_queue_into_itself_fails_the_pass(cluster: Cluster) -> None:

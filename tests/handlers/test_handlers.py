@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 from support.clock import Clock
+from support.supervisor import started
 from support.wait import holds, until
 
 from capella.config import Config, parse_config
@@ -210,16 +211,12 @@ async def test_bad_definitions_are_refused_naming_the_field(
     cluster: Cluster, body: dict[str, Any], field: str
 ) -> None:
     await cluster.put_queue("ex", {})
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
+    async with started(cluster) as supervisor:
         with pytest.raises(InvalidRequest) as info:
             await supervisor.put("h", body)
         assert info.value.details.get("field") == field
         with pytest.raises(HandlerNotFound):
             supervisor.handler("h")
-    finally:
-        await supervisor.close()
 
 
 async def test_nanosecond_durations_from_the_original_api_are_accepted() -> None:
@@ -260,9 +257,7 @@ async def test_a_failing_pass_is_recorded_backs_off_and_clears_on_success(
     tmp_path: Path, cluster: Cluster, clock: Clock
 ) -> None:
     q = await filled(cluster, "arch", 20)
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
-    try:
+    async with started(cluster, clock=clock) as supervisor:
         await supervisor.put(
             "move",
             {
@@ -285,15 +280,11 @@ async def test_a_failing_pass_is_recorded_backs_off_and_clears_on_success(
         warm.unlink()
         state = await supervisor.run_now("move")
         assert state.last_error is None and state.failures == 0 and state.items == 2
-    finally:
-        await supervisor.close()
 
 
 async def test_stop_really_stops(cluster: Cluster) -> None:
     await filled(cluster, "tick", 5)
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
+    async with started(cluster) as supervisor:
         await supervisor.put("fast", {"type": "flush", "queues": ["tick"], "params": {"interval": "10ms"}})
         await until(lambda: supervisor.handler("fast").runs >= 2, what="two passes")
         state = await supervisor.stop_handler("fast")
@@ -307,8 +298,6 @@ async def test_stop_really_stops(cluster: Cluster) -> None:
         await supervisor.drop("fast")
         with pytest.raises(HandlerNotFound):
             supervisor.handler("fast")
-    finally:
-        await supervisor.close()
 
 
 async def test_a_journal_that_outlived_an_expired_block_is_not_replayed(
@@ -351,20 +340,12 @@ async def test_a_stored_definition_that_no_longer_builds_is_kept_and_reports(
     await supervisor.close()
     # The queue loses its mark 2 mapping; the handler can no longer be built.
     await cluster.put_queue("arc", {"mounts": {"marks": {"0": "default", "1": "warm"}}})
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
-    try:
+    async with started(cluster, clock=clock) as supervisor:
         await supervisor.put("trim", {"type": "expire", "queues": ["arc"], "params": {"max_age": "30d"}})
         state = await supervisor.run_now("move")
         assert state.last_error is not None and "cannot be loaded" in state.last_error.message
         assert msgspec.to_builtins(state.info())["params"]["conditions"] == [
             {"mark": 2, "from_age": 0.0, "to_age": None}
         ]
-    finally:
-        await supervisor.close()
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
-    try:
+    async with started(cluster, clock=clock) as supervisor:
         assert [s.name for s in supervisor.handlers()] == ["move", "trim"]
-    finally:
-        await supervisor.close()

@@ -22,6 +22,7 @@ import asyncpg
 import msgspec
 import pytest
 from support.pg import PASSWORD, PASSWORD_ROLE, PgServer
+from support.supervisor import started
 from support.wait import eventually
 
 from capella.core.cluster import Cluster
@@ -370,15 +371,11 @@ async def test_a_dsn_password_is_never_shown_logged_or_stored_in_clear(
     pg_server.psql(database, "INSERT INTO capella_outbox (data) VALUES ('one'), ('two')")
     dsn = f"postgresql://{PASSWORD_ROLE}:{PASSWORD}@127.0.0.1:{pg_server.port}/{database}"
     clusters = Clusters(orders, key_file=tmp_path / "links.key")
-    supervisor = Supervisor(orders, clusters=clusters)
-    await supervisor.start()
-    try:
+    async with started(orders, clusters=clusters) as supervisor:
         await supervisor.put(
             "relay", {"type": "pg_outbox", "params": {"to": "orders", "dsn": dsn}, "started": False}
         )
         shown = msgspec.to_builtins((await supervisor.run_now("relay")).info())
-    finally:
-        await supervisor.close()
     assert shown["status"]["last_error"] is None and shown["status"]["items"] == 2
     assert shown["params"]["dsn"] == f"postgresql://{PASSWORD_ROLE}@127.0.0.1:{pg_server.port}/{database}"
     assert shown["params"]["password"] == "stored encrypted"

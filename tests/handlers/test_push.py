@@ -22,6 +22,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from support.receiver import Received, listening
+from support.supervisor import started
 from support.wait import until
 
 from capella import metrics
@@ -378,17 +379,13 @@ async def test_bad_push_definitions_are_refused(
     cluster: Cluster, params: dict[str, object], field: str
 ) -> None:
     await cluster.put_queue("orders", {})
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
+    async with started(cluster) as supervisor:
         with pytest.raises(InvalidRequest) as info:
             await supervisor.put("p", {"type": "push", "queue": "orders", "params": params})
         assert info.value.details.get("field") == field
         with pytest.raises(InvalidRequest) as info:
             await supervisor.put("p", {"type": "push", "queues": ["ord*"], "params": {"url": "http://x"}})
         assert info.value.details.get("field") == "queue"
-    finally:
-        await supervisor.close()
 
 
 def test_params_round_trip_through_their_stored_form() -> None:
