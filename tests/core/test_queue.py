@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 from support.clock import Clock
+from support.codec import decode_block, encode_block_v1, encode_record_v1
 from support.configs import file_config
 from support.wait import holds, parked, sealed, until
 
@@ -23,10 +24,7 @@ from capella.core.log import blocks as queue_module
 from capella.core.log.codec import (
     JOURNAL_HEADER,
     JOURNAL_HEADER_V1,
-    decode_block,
     decode_journal,
-    encode_block_v1,
-    encode_record_v1,
 )
 from capella.core.message import Draft, SaveMode, drafts_batch
 from capella.core.queue import Queue

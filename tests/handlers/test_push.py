@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from support.receiver import Received, listening
-from support.supervisor import started
+from support.supervisor import build_push, started
 from support.wait import until
 
 from capella import metrics
@@ -38,7 +38,7 @@ from capella.handlers.delivery import header_value, retry_after
 from capella.handlers.push import PushHandler, policy_of, push_params
 from capella.handlers.reach import Reach
 from capella.handlers.signature import sign, verify
-from capella.handlers.supervisor import Supervisor, build_push
+from capella.handlers.supervisor import Supervisor
 from capella.wire.handlers import PushParams, decode_params
 
 # Short everything: a retry waits 50 ms, a request 1 s at most (a slow answer takes 2 s).

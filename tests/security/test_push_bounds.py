@@ -13,13 +13,12 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from support.supervisor import started
+from support.supervisor import build_push, started
 
 from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import InvalidRequest
-from capella.handlers.supervisor import build_push
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
-"""A started handler supervisor for the length of a block.
+"""A started handler supervisor for the length of a block, and a push handler on its own.
 
 ``async with started(cluster) as supervisor:`` builds it (with any keyword ``Supervisor`` takes),
 starts it (it loads the persisted handlers) and closes it after the block, whatever happens.
+``build_push`` builds a push handler as the supervisor would, without one.
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from capella.core.cluster import Cluster
-from capella.handlers.supervisor import Supervisor
+from capella.handlers.base import Handler
+from capella.handlers.clusters import Clusters
+from capella.handlers.reach import Reach
+from capella.handlers.supervisor import Supervisor, build
+from capella.wire.handlers import Params
 
 
 @contextlib.asynccontextmanager
@@ -23,3 +28,10 @@ async def started(cluster: Cluster, **kwargs: Any) -> AsyncIterator[Supervisor]:
         yield supervisor
     finally:
         await supervisor.close()
+
+
+def build_push(
+    cluster: Cluster, queues: list[str], raw: object, name: str, reach: Reach | None = None
+) -> tuple[Params, Handler]:
+    """A push handler on its own (it needs no clusters)."""
+    return build(cluster, "push", queues, raw, reach or Reach(Clusters(cluster)), name)
