@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from support.receiver import Received, listening
-from support.supervisor import build_push, started
+from support.supervisor import build_push, refused, started
 from support.wait import until
 
 from capella import metrics
@@ -32,7 +32,7 @@ from capella.auth.secret import Secrets
 from capella.config import Config, SecretSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
-from capella.errors import Forbidden, InvalidRequest, QueueNotFound
+from capella.errors import Forbidden, QueueNotFound
 from capella.handlers.clusters import Clusters
 from capella.handlers.delivery import header_value, retry_after
 from capella.handlers.push import PushHandler, policy_of, push_params
@@ -380,12 +380,12 @@ async def test_bad_push_definitions_are_refused(
 ) -> None:
     await cluster.put_queue("orders", {})
     async with started(cluster) as supervisor:
-        with pytest.raises(InvalidRequest) as info:
-            await supervisor.put("p", {"type": "push", "queue": "orders", "params": params})
-        assert info.value.details.get("field") == field
-        with pytest.raises(InvalidRequest) as info:
-            await supervisor.put("p", {"type": "push", "queues": ["ord*"], "params": {"url": "http://x"}})
-        assert info.value.details.get("field") == "queue"
+        error = await refused(supervisor, "p", {"type": "push", "queue": "orders", "params": params})
+        assert error.details.get("field") == field
+        error = await refused(
+            supervisor, "p", {"type": "push", "queues": ["ord*"], "params": {"url": "http://x"}}
+        )
+        assert error.details.get("field") == "queue"
 
 
 def test_params_round_trip_through_their_stored_form() -> None:

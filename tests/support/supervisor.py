@@ -2,7 +2,8 @@
 
 ``async with started(cluster) as supervisor:`` builds it (with any keyword ``Supervisor`` takes),
 starts it (it loads the persisted handlers) and closes it after the block, whatever happens.
-``build_push`` builds a push handler as the supervisor would, without one.
+``refused`` is the error a definition the supervisor must not take raises; ``build_push``
+builds a push handler as the supervisor would, without one.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from capella.core.cluster import Cluster
+from capella.errors import InvalidRequest
 from capella.handlers.base import Handler
 from capella.handlers.clusters import Clusters
 from capella.handlers.reach import Reach
@@ -28,6 +32,13 @@ async def started(cluster: Cluster, **kwargs: Any) -> AsyncIterator[Supervisor]:
         yield supervisor
     finally:
         await supervisor.close()
+
+
+async def refused(supervisor: Supervisor, name: str, body: dict[str, Any]) -> InvalidRequest:
+    """The ``InvalidRequest`` that defining ``name`` as ``body`` raises; the test fails if it is taken."""
+    with pytest.raises(InvalidRequest) as info:
+        await supervisor.put(name, body)
+    return info.value
 
 
 def build_push(
