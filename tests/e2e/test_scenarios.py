@@ -80,6 +80,13 @@ async def cluster_nodes(tmp_path: Path) -> AsyncIterator[dict[str, Node]]:
             await node.client.close()
 
 
+async def started(*nodes: Node) -> None:
+    """Each node running, with an empty queue "events"."""
+    for node in nodes:
+        await node.start()
+        await node.client.put_queue("events")
+
+
 async def produce(node: Node, prefix: str, count: int, queue: str = "events") -> None:
     for start in range(0, count, 100):
         batch = [f"{prefix}{i}" for i in range(start, min(count, start + 100))]
@@ -159,9 +166,7 @@ async def test_edge_keeps_writing_while_the_datacenter_is_down(cluster_nodes: di
 
 async def test_two_datacenters_both_write_through_a_cut_and_converge(cluster_nodes: dict[str, Node]) -> None:
     a, b = cluster_nodes["a"], cluster_nodes["b"]
-    for node in (a, b):
-        await node.start()
-        await node.client.put_queue("events")
+    await started(a, b)
     await a.cluster_and_copy(b)
     await b.cluster_and_copy(a)
     await produce(a, "a", 200)
@@ -181,9 +186,7 @@ async def test_three_clusters_converge_in_a_ring_and_in_a_mesh(
     cluster_nodes: dict[str, Node], topology: str
 ) -> None:
     nodes = [cluster_nodes[n] for n in ("a", "b", "c")]
-    for node in nodes:
-        await node.start()
-        await node.client.put_queue("events")
+    await started(*nodes)
     for i, node in enumerate(nodes):
         targets = [nodes[(i + 1) % 3]] if topology == "ring" else [n for n in nodes if n is not node]
         for other in targets:
@@ -198,9 +201,7 @@ async def test_three_clusters_converge_in_a_ring_and_in_a_mesh(
 
 async def test_kill_minus_9_of_either_side_while_copying(cluster_nodes: dict[str, Node]) -> None:
     a, b = cluster_nodes["a"], cluster_nodes["b"]
-    for node in (a, b):
-        await node.start()
-        await node.client.put_queue("events")
+    await started(a, b)
     await a.cluster_and_copy(b)
     total = 0
     for victim in (b, a, b):
