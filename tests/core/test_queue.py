@@ -26,7 +26,7 @@ from capella.core.log.codec import (
     JOURNAL_HEADER_V1,
     decode_journal,
 )
-from capella.core.message import Draft, SaveMode, drafts_batch
+from capella.core.message import Draft, Message, SaveMode, drafts_batch
 from capella.core.queue import Queue
 from capella.errors import (
     InvalidMessage,
@@ -67,6 +67,12 @@ pytestmark = pytest.mark.hand_clock
 
 def drafts(n: int, prefix: str = "m", **fields: Any) -> list[Draft]:
     return [Draft(payload=f"{prefix}{i}".encode(), **fields) for i in range(n)]
+
+
+async def messages_when_opened(tmp_path: Path, clock: Clock, name: str) -> list[Message]:
+    """The first 100 messages of queue ``name`` when the data is opened again."""
+    async with opened(tmp_path, clock) as cluster:
+        return (await cluster.queue(name).read_after(0, 100)).messages
 
 
 def queue_dir(tmp_path: Path, name: str) -> Path:
@@ -339,8 +345,7 @@ async def test_a_queue_written_in_format_1_reads_on_and_seals_its_open_block_as_
         after = (await q.read_after(0, 100)).messages
         assert after[:25] == before
         assert [m.payload for m in after[25:]] == [b"new0", b"new1", b"new2"]
-    async with opened(tmp_path, clock) as cluster:
-        assert (await cluster.queue("old").read_after(0, 100)).messages == after
+    assert await messages_when_opened(tmp_path, clock, "old") == after
 
 
 async def test_a_journal_batch_that_straddles_the_sealed_blocks_is_cut_when_its_block_is_sealed(
@@ -365,8 +370,7 @@ async def test_a_journal_batch_that_straddles_the_sealed_blocks_is_cut_when_its_
             b"new%d" % i for i in range(8)
         ]
         assert [m.id for m in page[10:12]] == [11, 12]
-    async with opened(tmp_path, clock) as cluster:
-        assert (await cluster.queue("cut").read_after(0, 100)).messages == page
+    assert await messages_when_opened(tmp_path, clock, "cut") == page
 
 
 async def test_a_corrupt_sealed_block_is_quarantined_and_never_served(

@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 import msgspec
 import pytest
-from support.pg import PASSWORD, PASSWORD_ROLE, PgServer
+from support.pg import PASSWORD, PASSWORD_ROLE, PgServer, fresh_database
 from support.supervisor import started
 from support.wait import eventually
 
@@ -115,9 +115,7 @@ async def test_committed_rows_become_messages_with_their_identity_and_columns(
 async def test_text_and_jsonb_data_and_relayed_at_instead_of_delete(
     orders: Cluster, pg_server: PgServer
 ) -> None:
-    dsn = pg_server.create_database(f"t{uuid.uuid4().hex[:12]}")
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with fresh_database(pg_server) as (dsn, conn):
         await conn.execute(
             "CREATE TABLE events (id bigserial PRIMARY KEY, data text NOT NULL, relayed_at timestamptz)"
         )
@@ -141,8 +139,6 @@ async def test_text_and_jsonb_data_and_relayed_at_instead_of_delete(
         # jsonb comes as PostgreSQL prints it.
         assert queued[4].payload == b'{"a": [true, null], "b": 1}'
         assert await conn.fetchval("SELECT count(*) FROM events WHERE relayed_at IS NOT NULL") == 4
-    finally:
-        await conn.close()
 
 
 async def test_rows_that_commit_out_of_id_order_are_never_skipped(
