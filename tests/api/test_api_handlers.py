@@ -12,14 +12,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from support.http import only_error_of
-from support.supervisor import started
+from support.supervisor import launched, started
 from support.wait import until
 
 from capella.api import create_app
 from capella.config import ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.handlers.copy import PASS_SECONDS
-from capella.handlers.supervisor import Supervisor
 
 H = "/v1/handlers"
 ClientFactory = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]]
@@ -333,8 +332,7 @@ async def tiered_api(aiohttp_client: ClientFactory, tmp_path: Path) -> AsyncIter
         "mounts": {"default": {"provider": "memory"}, "cold": {"provider": "memory"}},
     }
     cluster = await Cluster.open(parse_config(raw, {}, base=tmp_path))
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
+    supervisor = await launched(cluster)
     try:
         api = await aiohttp_client(create_app(cluster, ServerSettings(), supervisor))
         definition = {"block": {"max_messages": 2}, "mounts": {"marks": {"0": "default", "1": "cold"}}}

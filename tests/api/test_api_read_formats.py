@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.configs import file_config
 from support.shapes import NOT_UTF8, SHAPES
+from support.supervisor import launched
 from support.wait import parked, sealed, until
 
 from capella.api import create_app
@@ -36,7 +37,6 @@ from capella.core.log.batch import Batch
 from capella.core.message import Message, stored_message
 from capella.core.queue import Queue
 from capella.errors import CorruptData
-from capella.handlers.supervisor import Supervisor
 from capella.wire import batch_page, frames
 from capella.wire.messages import Messages, StoredMessage
 
@@ -312,8 +312,7 @@ async def file_api(
     tmp_path: Path,
 ) -> AsyncIterator[tuple[TestClient[web.Request, web.Application], Cluster]]:
     cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}))
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
+    supervisor = await launched(cluster)
     try:
         yield await aiohttp_client(create_app(cluster, ServerSettings(), supervisor)), cluster
     finally:

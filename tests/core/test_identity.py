@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from support.servers import free_port
+from support.supervisor import launched
 
 from capella import metrics
 from capella.api import create_app
@@ -52,8 +53,7 @@ async def node(
     if name is not None:
         raw["cluster"]["name"] = name
     cluster = await Cluster.open(parse_config(raw, {}, base=tmp_path))
-    supervisor = Supervisor(cluster, clusters=Clusters(cluster))
-    await supervisor.start()
+    supervisor = await launched(cluster, clusters=Clusters(cluster))
     app = create_app(cluster, ServerSettings(), supervisor)
     server = await (aiohttp_server(app) if port is None else aiohttp_server(app, port=port))
     return Node(cluster, supervisor, str(server.make_url("")).rstrip("/"))

@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient
 from support.clock import Clock
 from support.configs import file_config
 from support.faults import FlakyStorage
+from support.supervisor import launched
 from support.wait import parked, until
 
 from capella.backoff import backoff
@@ -27,7 +28,6 @@ from capella.core.loops import TaskFailures, keep_running
 from capella.core.message import Draft, SaveMode
 from capella.core.work.retry import RetryPolicy, retry_delay
 from capella.errors import CapellaError, StorageUnavailable
-from capella.handlers.supervisor import Supervisor
 from capella.storage import Storage
 from capella.storage.memory import MemoryStorage
 
@@ -271,8 +271,7 @@ async def test_a_failing_handler_is_counted_retried_with_backoff_and_recovers(
         base=tmp_path,
     )
     cluster = await Cluster.open(config, clock=clock)
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
+    supervisor = await launched(cluster, clock=clock)
     warm = tmp_path / "data" / "warm"
     try:
         q, _ = await cluster.put_queue("q", {})

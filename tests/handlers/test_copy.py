@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from support.supervisor import refused, started
+from support.supervisor import launched, refused, started
 from support.wait import holds, until
 
 from capella.config import Config, parse_config
@@ -16,7 +16,6 @@ from capella.core.message import Draft, SaveMode
 from capella.errors import StorageUnavailable
 from capella.handlers.clusters import Clusters
 from capella.handlers.copy import CopyHandler
-from capella.handlers.supervisor import Supervisor
 from capella.wire.handlers import CopyParams, decode_params
 
 
@@ -166,8 +165,7 @@ async def test_copying_a_queue_into_itself_fails_the_pass(cluster: Cluster) -> N
 async def test_a_copy_waiting_for_messages_stops_replaces_and_drops_at_once(cluster: Cluster) -> None:
     await cluster.put_queue("edge", {})
     await cluster.put_queue("dc", {})
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
+    supervisor = await launched(cluster)
     definition = {"type": "copy", "queues": ["edge"], "params": {"to": "dc", "wait": "30s"}}
     loop = asyncio.get_running_loop()
     try:
@@ -195,8 +193,7 @@ async def test_a_copy_stopped_in_a_backlog_ends_after_its_step_with_its_cursor_c
     await cluster.put_queue("dc", {})
     for _ in range(40):
         await src.append([Draft(b"x" * 100) for _ in range(500)], SaveMode.NONE)
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
+    supervisor = await launched(cluster)
     loop = asyncio.get_running_loop()
     try:
         definition = {"type": "copy", "queues": ["edge"], "params": {"to": "dc", "batch": 10}}

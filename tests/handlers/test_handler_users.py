@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.supervisor import started
+from support.supervisor import launched, started
 
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.auth.store import AuthStore, parse_rules
@@ -38,8 +38,7 @@ def users(tmp_path: Path) -> AuthStore:
 async def supervisor(cluster: Cluster, users: AuthStore) -> Supervisor:
     await cluster.put_queue("q", {})
     await cluster.put_queue("secret", {})
-    made = Supervisor(cluster, users=users)
-    await made.start()
+    made = await launched(cluster, users=users)
     return made
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 from support.clock import Clock
-from support.supervisor import refused, started
+from support.supervisor import launched, refused, started
 from support.wait import holds, until
 
 from capella.config import Config, parse_config
@@ -18,7 +18,6 @@ from capella.errors import HandlerNotFound
 from capella.handlers.archive import ArchiveHandler
 from capella.handlers.expire import ExpireHandler
 from capella.handlers.flush import FlushHandler
-from capella.handlers.supervisor import Supervisor
 from capella.handlers.unload import UnloadHandler
 from capella.wire.handlers import ArchiveParams, ExpireParams, FlushParams, UnloadParams, decode_params
 
@@ -226,8 +225,7 @@ async def test_supervisor_persists_handlers_and_their_started_state(
     tmp_path: Path, cluster: Cluster, clock: Clock
 ) -> None:
     await filled(cluster, "ex", 30)
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
+    supervisor = await launched(cluster, clock=clock)
     state, created = await supervisor.put(
         "trim", {"type": "expire", "queue": "ex", "params": {"max_messages": 10, "interval": "1h"}}
     )
@@ -239,8 +237,7 @@ async def test_supervisor_persists_handlers_and_their_started_state(
     await cluster.close()
 
     cluster = await Cluster.open(make_config(tmp_path), clock=clock)
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
+    supervisor = await launched(cluster, clock=clock)
     try:
         by_name = {s.name: msgspec.to_builtins(s.info()) for s in supervisor.handlers()}
         assert by_name["trim"]["started"] is True and by_name["idle"]["started"] is False
@@ -329,8 +326,7 @@ async def test_a_stored_definition_that_no_longer_builds_is_kept_and_reports(
     tmp_path: Path, clock: Clock, cluster: Cluster
 ) -> None:
     await filled(cluster, "arc", 5)
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
+    supervisor = await launched(cluster, clock=clock)
     await supervisor.put(
         "move",
         {"type": "archive", "queues": ["arc"], "params": {"conditions": [{"mark": 2}]}, "started": False},

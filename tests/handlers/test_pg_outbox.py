@@ -22,7 +22,7 @@ import asyncpg
 import msgspec
 import pytest
 from support.pg import PASSWORD, PASSWORD_ROLE, PgServer, fresh_database
-from support.supervisor import started
+from support.supervisor import launched, started
 from support.wait import eventually
 
 from capella.core.cluster import Cluster
@@ -340,8 +340,7 @@ async def test_a_missing_table_or_column_or_a_wrong_type_shows_in_the_status(
 async def test_an_unreachable_database_an_unknown_one_and_a_bad_password_show_in_the_status(
     orders: Cluster, tmp_path: Path, pg_server: PgServer
 ) -> None:
-    supervisor = Supervisor(orders, clusters=Clusters(orders, key_file=tmp_path / "links.key"))
-    await supervisor.start()
+    supervisor = await launched(orders, clusters=Clusters(orders, key_file=tmp_path / "links.key"))
     try:
         closed = await _status_after_a_pass(supervisor, {"dsn": "postgresql://postgres@127.0.0.1:1/x"})
         assert "postgres postgres@127.0.0.1:1/x: cannot connect" in closed["last_error"]["message"]
@@ -380,8 +379,7 @@ async def test_a_dsn_password_is_never_shown_logged_or_stored_in_clear(
     assert PASSWORD not in caplog.text
     # The stored definition comes back with its password, decrypted with the cluster's key.
     pg_server.psql(database, "INSERT INTO capella_outbox (data) VALUES ('three')")
-    again = Supervisor(orders, clusters=Clusters(orders, key_file=tmp_path / "links.key"))
-    await again.start()
+    again = await launched(orders, clusters=Clusters(orders, key_file=tmp_path / "links.key"))
     try:
         assert msgspec.to_builtins((await again.run_now("relay")).info())["status"]["items"] == 1
     finally:
@@ -389,8 +387,7 @@ async def test_a_dsn_password_is_never_shown_logged_or_stored_in_clear(
     assert [m.payload for m in await messages(orders)] == [b"one", b"two", b"three"]
     # Without its key the definition cannot be loaded: it says so, shows no secret, and is kept.
     (tmp_path / "links.key").rename(tmp_path / "lost.key")
-    keyless = Supervisor(orders, clusters=Clusters(orders, key_file=tmp_path / "links.key"))
-    await keyless.start()
+    keyless = await launched(orders, clusters=Clusters(orders, key_file=tmp_path / "links.key"))
     try:
         failed = msgspec.to_builtins((await keyless.run_now("relay")).info())
         assert "cannot be decrypted" in failed["status"]["last_error"]["message"]

@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from support.receiver import Received, listening
-from support.supervisor import build_push, refused, started
+from support.supervisor import build_push, launched, refused, started
 from support.wait import until
 
 from capella import metrics
@@ -38,7 +38,6 @@ from capella.handlers.delivery import header_value, retry_after
 from capella.handlers.push import PushHandler, policy_of, push_params
 from capella.handlers.reach import Reach
 from capella.handlers.signature import sign, verify
-from capella.handlers.supervisor import Supervisor
 from capella.wire.handlers import PushParams, decode_params
 
 # Short everything: a retry waits 50 ms, a request 1 s at most (a slow answer takes 2 s).
@@ -483,8 +482,7 @@ async def test_a_definition_whose_secret_is_gone_after_a_restart_says_so(
 ) -> None:
     await cluster.put_queue("orders", {})
     monkeypatch.setenv("HOOK_SECRET", "s")
-    supervisor = Supervisor(cluster, secrets=Secrets(HOOK_SECRETS))
-    await supervisor.start()
+    supervisor = await launched(cluster, secrets=Secrets(HOOK_SECRETS))
     definition = {
         "type": "push",
         "queue": "orders",
@@ -493,8 +491,7 @@ async def test_a_definition_whose_secret_is_gone_after_a_restart_says_so(
     await supervisor.put("hook", {**definition, "started": False})
     await supervisor.close()
     monkeypatch.delenv("HOOK_SECRET")
-    supervisor = Supervisor(cluster, secrets=Secrets(HOOK_SECRETS))
-    await supervisor.start()
+    supervisor = await launched(cluster, secrets=Secrets(HOOK_SECRETS))
     try:
         state = await supervisor.run_now("hook")
         assert state.last_error is not None and "'hook-secret' cannot be used" in state.last_error.message

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from support.supervisor import launched
 from support.wait import parked, until
 
 from capella.api import create_app
@@ -50,8 +51,7 @@ async def nodes(
         cluster = await Cluster.open(config)
         # The operator declares the clusters' secret; the cluster names it (password_secret).
         secrets = Secrets({"secure-dc": SecretSettings(env="SECURE_DC_PASSWORD")})
-        supervisor = Supervisor(cluster, clusters=Clusters(cluster, secrets=secrets), secrets=secrets)
-        await supervisor.start()
+        supervisor = await launched(cluster, clusters=Clusters(cluster, secrets=secrets), secrets=secrets)
         server = await aiohttp_server(create_app(cluster, ServerSettings(), supervisor))
         made[name] = Node(cluster, supervisor, str(server.make_url("")).rstrip("/"))
     for node in made.values():
@@ -169,8 +169,7 @@ async def secure_dc(
     users.add_user("root", "root-password", admin=True)
     users.add_user("replicator", "replicator-password", rules=(Rule.parse("allow:queue:write:events"),))
     cluster = await Cluster.open(config)
-    supervisor = Supervisor(cluster, users=users)
-    await supervisor.start()
+    supervisor = await launched(cluster, users=users)
     authenticator = Authenticator(users, AuthSettings(enabled=True))
     server = await aiohttp_server(
         create_app(cluster, ServerSettings(), supervisor, authenticator=authenticator)

@@ -1,7 +1,8 @@
 """A started handler supervisor for the length of a block, and a push handler on its own.
 
 ``async with started(cluster) as supervisor:`` builds it (with any keyword ``Supervisor`` takes),
-starts it (it loads the persisted handlers) and closes it after the block, whatever happens.
+starts it (it loads the persisted handlers) and closes it after the block, whatever happens;
+``await launched(cluster)`` is the same supervisor for a test that closes it itself.
 ``refused`` is the error a definition the supervisor must not take raises; ``build_push``
 builds a push handler as the supervisor would, without one.
 """
@@ -23,11 +24,17 @@ from capella.handlers.supervisor import Supervisor, build
 from capella.wire.handlers import Params
 
 
+async def launched(cluster: Cluster, **kwargs: Any) -> Supervisor:
+    """``Supervisor(cluster, **kwargs)``, started."""
+    supervisor = Supervisor(cluster, **kwargs)
+    await supervisor.start()
+    return supervisor
+
+
 @contextlib.asynccontextmanager
 async def started(cluster: Cluster, **kwargs: Any) -> AsyncIterator[Supervisor]:
     """``Supervisor(cluster, **kwargs)``, started, closed after the block."""
-    supervisor = Supervisor(cluster, **kwargs)
-    await supervisor.start()
+    supervisor = await launched(cluster, **kwargs)
     try:
         yield supervisor
     finally:
