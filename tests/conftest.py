@@ -17,6 +17,7 @@ from support.faults import FaultProxy
 from support.pg import PgServer
 from support.servers import S3Server, ServerProcess, running
 from support.storage import STORAGE_KINDS, make_storage
+from support.supervisor import launched
 
 from capella.api import create_app
 from capella.cli import main
@@ -143,8 +144,7 @@ async def cluster(
 @pytest.fixture
 async def supervisor(cluster: Cluster) -> AsyncIterator[Supervisor]:
     """The cluster's handler supervisor, started (it loads the persisted handlers)."""
-    started = Supervisor(cluster)
-    await started.start()
+    started = await launched(cluster)
     yield started
     await started.close()
 

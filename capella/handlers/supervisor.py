@@ -80,13 +80,6 @@ def build(
     return entry.build(entry.decode(raw), Building(cluster, queues, reach, name, kept))
 
 
-def build_push(
-    cluster: Cluster, queues: list[str], raw: object, name: str, reach: Reach | None = None
-) -> tuple[Params, Handler]:
-    """A push handler on its own (it needs no links)."""
-    return build(cluster, "push", queues, raw, reach or Reach(Links(cluster)), name)
-
-
 @dataclass(frozen=True, slots=True)
 class PassReport:
     """One pass: what it did, how it ended (``error`` None on success) and when."""

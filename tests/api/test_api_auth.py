@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from support.supervisor import launched
 
 from capella.api import create_app
 from capella.api.app import ROUTES
@@ -19,7 +20,6 @@ from capella.auth.authenticator import Authenticator
 from capella.auth.store import AuthStore
 from capella.config import AuthSettings, ServerSettings
 from capella.core.cluster import Cluster
-from capella.handlers.supervisor import Supervisor
 
 Client = TestClient[web.Request, web.Application]
 MakeClient = Callable[[web.Application], Awaitable[Client]]
@@ -49,8 +49,7 @@ def users(tmp_path: Path) -> AuthStore:
 async def secured_api(
     aiohttp_client: MakeClient, cluster: Cluster, users: AuthStore, api_settings: ServerSettings
 ) -> AsyncIterator[Client]:
-    supervisor = Supervisor(cluster, users=users)
-    await supervisor.start()
+    supervisor = await launched(cluster, users=users)
     authenticator = Authenticator(users, AuthSettings(enabled=True, token_ttl=3600))
     yield await aiohttp_client(create_app(cluster, api_settings, supervisor, authenticator=authenticator))
     await supervisor.close()

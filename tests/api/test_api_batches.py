@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestClient
 from support import shapes
 from support.clock import Clock
 from support.shapes import NOT_UTF8
+from support.wait import parked, sealed
 
 from capella.client import AsyncClient, Client
 from capella.client.message import to_batch
@@ -70,12 +71,6 @@ async def stored(api: TestClient, path: str) -> list[dict[str, Any]]:
     assert resp.status == 200
     messages: list[dict[str, Any]] = (await resp.json())["messages"]
     return messages
-
-
-async def sealed(cluster: Cluster, name: str, blocks: int) -> None:
-    async with asyncio.timeout(5):
-        while len(cluster.queue(name).sealed_blocks()) < blocks:  # noqa: ASYNC110 (no event to wait on)
-            await asyncio.sleep(0.01)
 
 
 # --- produce -----------------------------------------------------------------------------------
@@ -246,7 +241,7 @@ async def filled(api: TestClient, cluster: Cluster) -> TestClient:
     assert (await post(api, path, body_of(messages[:12]), save="wait"))[0] == 200
     assert (await api.post(path, json={"messages": messages[12:20]}, params={"save": "wait"})).status == 200
     assert (await post(api, path, body_of(messages[20:]), save="wait"))[0] == 200
-    await sealed(cluster, "r", 2)
+    await sealed(cluster.queue("r"), 2, 5)
     return api
 
 
@@ -284,7 +279,7 @@ async def test_a_subscription_reads_batch_pages_and_long_polls(filled: TestClien
     waiting = asyncio.ensure_future(
         filled.get("/v1/queues/r/messages", params={"after": str(COUNT), "wait": "5"}, headers=PAGE)
     )
-    await asyncio.sleep(0.1)
+    await parked("Queue.wait_for")
     assert (await post(filled, "/v1/queues/r/messages", body_of([{"data": "late"}])))[0] == 200
     resp = await waiting
     messages, last_id = batch_page.decode_page(await resp.read())

@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from support.configs import api_config
 from support.http import only_error_of
 from support.servers import free_port
+from support.supervisor import launched
 
 from capella.api import SUPERVISOR, create_app
 from capella.auth.secret import Secrets
@@ -64,8 +65,7 @@ class Remote:
 async def remote(aiohttp_server: ServerFactory, tmp_path: Path) -> AsyncIterator[Remote]:
     # Another name: an external cluster named like this one ("test") is refused.
     far = await Cluster.open(api_config(tmp_path / "remote", name="remote"))
-    supervisor = Supervisor(far)
-    await supervisor.start()
+    supervisor = await launched(far)
     app = create_app(far, ServerSettings(), supervisor)
     seen = Remote("")
 
@@ -94,8 +94,7 @@ async def supervisor(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Async
     monkeypatch.setenv("CAPELLA_TEST_DC2_PASSWORD", PASSWORD)
     monkeypatch.setenv("CAPELLA_TEST_DC2_TOKEN", TOKEN)
     secrets = Secrets(DECLARED)
-    started = Supervisor(cluster, links=Links(cluster, secrets=secrets), secrets=secrets)
-    await started.start()
+    started = await launched(cluster, links=Links(cluster, secrets=secrets), secrets=secrets)
     yield started
     await started.close()
 
@@ -105,8 +104,7 @@ async def keyed(
     aiohttp_client: ClientFactory, cluster: Cluster, api_settings: ServerSettings, tmp_path: Path
 ) -> AsyncIterator[TestClient[web.Request, web.Application]]:
     """The api with a key file, so clusters may store a literal password or token."""
-    supervisor = Supervisor(cluster, links=Links(cluster, key_file=tmp_path / "keys" / "links.key"))
-    await supervisor.start()
+    supervisor = await launched(cluster, links=Links(cluster, key_file=tmp_path / "keys" / "links.key"))
     yield await aiohttp_client(create_app(cluster, api_settings, supervisor))
     await supervisor.close()
 
@@ -315,8 +313,7 @@ async def test_a_stored_secret_is_encrypted_on_disk_and_comes_back_with_the_key(
     key_file = tmp_path / "data" / "keys" / "links.key"
     registry = Path(config.mounts[config.default_mount].options["root"]) / REGISTRY_KEY
     cluster = await Cluster.open(config)
-    supervisor = Supervisor(cluster, links=Links(cluster, key_file=key_file))
-    await supervisor.start()
+    supervisor = await launched(cluster, links=Links(cluster, key_file=key_file))
     api = await aiohttp_client(create_app(cluster, ServerSettings(), supervisor))
     await put(api, "dc2", {"url": remote.url, "username": "copier", "password": PASSWORD}, 201)
     await api.close()

@@ -166,6 +166,9 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
     assert (await q.post(f"{Q}/messages", json={"messages": []}, params={"source": "ok"})).status == 200
 
 
+HANDLER = ("/v1/handlers/h", "HandlerDefinition")  # the path a handler body goes to, its schema
+
+
 @pytest.mark.parametrize(
     ("path", "schema", "body", "accepted"),
     [
@@ -184,37 +187,25 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
         # A cluster's timeouts are left out for the default, not null.
         ("/v1/clusters/c", "ClusterDefinition", {"url": "http://127.0.0.1:9", "timeout": None}, False),
         # A handler names its queues unless its type names them in params.
-        ("/v1/handlers/h", "HandlerDefinition", {"type": "copy"}, False),
-        ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queues": None}, False),
-        ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "started": False}, True),
+        (*HANDLER, {"type": "copy"}, False),
+        (*HANDLER, {"type": "flush", "queues": None}, False),
+        (*HANDLER, {"type": "flush", "queue": "q", "started": False}, True),
         # A pass interval is more than 0, written as a number or as text (schemathesis sent "0").
-        (
-            "/v1/handlers/h",
-            "HandlerDefinition",
-            {"type": "flush", "queue": "q", "params": {"interval": "0"}},
-            False,
-        ),
-        (
-            "/v1/handlers/h",
-            "HandlerDefinition",
-            {"type": "flush", "queue": "q", "params": {"interval": "2s"}},
-            True,
-        ),
+        (*HANDLER, {"type": "flush", "queue": "q", "params": {"interval": "0"}}, False),
+        (*HANDLER, {"type": "flush", "queue": "q", "params": {"interval": "2s"}}, True),
         # A definition without a type is refused by both: pg_outbox's rule once replaced its
         # fields in the document, which then took {"params": {}} (schemathesis, seed 20261123).
-        ("/v1/handlers/h", "HandlerDefinition", {"params": {}}, False),
-        ("/v1/handlers/h", "HandlerDefinition", {"params": {}, "started": False}, False),
+        (*HANDLER, {"params": {}}, False),
+        (*HANDLER, {"params": {}, "started": False}, False),
         # pg_outbox's queue is params.to: it takes no queue or queues in both (schemathesis
         # sent a queue).
         (
-            "/v1/handlers/h",
-            "HandlerDefinition",
+            *HANDLER,
             {"type": "pg_outbox", "queue": "q", "params": {"dsn": "postgresql://u@h/db", "to": "q"}},
             False,
         ),
         (
-            "/v1/handlers/h",
-            "HandlerDefinition",
+            *HANDLER,
             {
                 "type": "pg_outbox",
                 "queue": None,
@@ -224,37 +215,16 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
             True,
         ),
         # A copy names its source in queues, queue or params.from: a null from names none.
-        (
-            "/v1/handlers/h",
-            "HandlerDefinition",
-            {"type": "copy", "started": False, "params": {"from": None, "to": "q"}},
-            False,
-        ),
-        (
-            "/v1/handlers/h",
-            "HandlerDefinition",
-            {"type": "copy", "started": False, "params": {"from": "q", "to": "q"}},
-            True,
-        ),
+        (*HANDLER, {"type": "copy", "started": False, "params": {"from": None, "to": "q"}}, False),
+        (*HANDLER, {"type": "copy", "started": False, "params": {"from": "q", "to": "q"}}, True),
         # A size in params is more than 0 in both, text too (schemathesis sent "0"); a positive
         # one under a byte is a byte.
-        (
-            "/v1/handlers/h",
-            "HandlerDefinition",
-            {"type": "expire", "queue": "q", "params": {"max_bytes": "0"}},
-            False,
-        ),
-        (
-            "/v1/handlers/h",
-            "HandlerDefinition",
-            {"type": "expire", "queue": "q", "started": False, "params": {"max_bytes": "0.5"}},
-            True,
-        ),
+        (*HANDLER, {"type": "expire", "queue": "q", "params": {"max_bytes": "0"}}, False),
+        (*HANDLER, {"type": "expire", "queue": "q", "started": False, "params": {"max_bytes": "0.5"}}, True),
         # Handler params take whole floats as integers, as the document's integer does, and
         # no integer past int64 (schemathesis sent save 0.0 and max_messages 98699230045634527232).
         (
-            "/v1/handlers/h",
-            "HandlerDefinition",
+            *HANDLER,
             {
                 "type": "copy",
                 "queue": "q",
@@ -263,28 +233,20 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
             },
             True,
         ),
-        (
-            "/v1/handlers/h",
-            "HandlerDefinition",
-            {"type": "expire", "queue": "q", "params": {"max_messages": 98699230045634527232}},
-            False,
-        ),
+        (*HANDLER, {"type": "expire", "queue": "q", "params": {"max_messages": 98699230045634527232}}, False),
         # A push header is an HTTP token name in both (schemathesis sent "\u00ae\u0012u%").
         (
-            "/v1/handlers/h",
-            "HandlerDefinition",
+            *HANDLER,
             {"type": "push", "queue": "q", "params": {"url": "http://x", "headers": {"a b": "1"}}},
             False,
         ),
         (
-            "/v1/handlers/h",
-            "HandlerDefinition",
+            *HANDLER,
             {"type": "push", "queue": "q", "params": {"url": "http://x", "headers": {"X-A": "a\nb"}}},
             False,
         ),
         (
-            "/v1/handlers/h",
-            "HandlerDefinition",
+            *HANDLER,
             {
                 "type": "push",
                 "queue": "q",
@@ -293,18 +255,12 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
             },
             True,
         ),
-        (
-            "/v1/handlers/h",
-            "HandlerDefinition",
-            {"type": "expire", "queue": "q", "params": {"max_bytes": 32589158477190044729}},
-            False,
-        ),
+        (*HANDLER, {"type": "expire", "queue": "q", "params": {"max_bytes": 32589158477190044729}}, False),
         # A duration written as a whole float is seconds, as any float: only a JSON integer
         # of 10**12 or more is the original's nanoseconds (to_age 4188193079906183.0 s is above
         # from_age 56999766.905 s).
         (
-            "/v1/handlers/h",
-            "HandlerDefinition",
+            *HANDLER,
             {
                 "type": "archive",
                 "queue": "q",
@@ -317,15 +273,9 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
         ),
         # A push URL has no control character in both (schemathesis sent "https://\u0089..\u001c";
         # Python's \s takes \x1c as a blank, a JSON Schema checker does not).
+        (*HANDLER, {"type": "push", "queue": "q", "params": {"url": "https://h\u001c"}}, False),
         (
-            "/v1/handlers/h",
-            "HandlerDefinition",
-            {"type": "push", "queue": "q", "params": {"url": "https://h\u001c"}},
-            False,
-        ),
-        (
-            "/v1/handlers/h",
-            "HandlerDefinition",
+            *HANDLER,
             {"type": "push", "queue": "q", "started": False, "params": {"url": "https://\u00fch/p?q"}},
             True,
         ),
@@ -334,26 +284,15 @@ async def test_a_bad_produce_parameter_is_refused_with_any_body(q: TestClient, q
         ("/v1/clusters/c", "ClusterDefinition", {"url": "http://h\u001cx/l"}, False),
         ("/v1/clusters/c", "ClusterDefinition", {"url": "http://\u00dbm/l"}, True),
         # A handler runs as a user name in both (schemathesis sent "").
-        ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": ""}, False),
-        ("/v1/handlers/h", "HandlerDefinition", {"type": "flush", "queue": "q", "user": "a b"}, False),
-        (
-            "/v1/handlers/h",
-            "HandlerDefinition",
-            {"type": "flush", "queue": "q", "started": False, "user": "ops@site"},
-            True,
-        ),
+        (*HANDLER, {"type": "flush", "queue": "q", "user": ""}, False),
+        (*HANDLER, {"type": "flush", "queue": "q", "user": "a b"}, False),
+        (*HANDLER, {"type": "flush", "queue": "q", "started": False, "user": "ops@site"}, True),
         # A pg handler's dsn is a postgresql:// URL in both (schemathesis sent "").
-        (
-            "/v1/handlers/h",
-            "HandlerDefinition",
-            {"type": "pg_inbox", "queue": "q", "params": {"dsn": ""}},
-            False,
-        ),
+        (*HANDLER, {"type": "pg_inbox", "queue": "q", "params": {"dsn": ""}}, False),
         # (A file the dsn names must be one the server may read, [files] allow: no document can
         # say which, so this one names none; the fuzz hooks skip dsn files for the same reason.)
         (
-            "/v1/handlers/h",
-            "HandlerDefinition",
+            *HANDLER,
             {
                 "type": "pg_inbox",
                 "queue": "q",

@@ -12,13 +12,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from support.http import only_error_of
+from support.supervisor import launched, started
 from support.wait import until
 
 from capella.api import create_app
 from capella.config import ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.handlers.copy import PASS_SECONDS
-from capella.handlers.supervisor import Supervisor
 
 H = "/v1/handlers"
 ClientFactory = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]]
@@ -332,8 +332,7 @@ async def tiered_api(aiohttp_client: ClientFactory, tmp_path: Path) -> AsyncIter
         "mounts": {"default": {"provider": "memory"}, "cold": {"provider": "memory"}},
     }
     cluster = await Cluster.open(parse_config(raw, {}, base=tmp_path))
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
+    supervisor = await launched(cluster)
     try:
         api = await aiohttp_client(create_app(cluster, ServerSettings(), supervisor))
         definition = {"block": {"max_messages": 2}, "mounts": {"marks": {"0": "default", "1": "cold"}}}
@@ -397,12 +396,8 @@ async def test_definitions_and_started_flags_survive_a_restart(q: TestClient, cl
     await put(q, "off", {"type": "expire", "queues": ["ord*"], "params": {"max_age": "1d"}}, 201)
     await post(q, f"{H}/off/stop")
 
-    again = Supervisor(cluster)
-    await again.start()
-    try:
+    async with started(cluster) as again:
         listed = {h.name: msgspec.to_builtins(h.info()) for h in again.handlers()}
-    finally:
-        await again.close()
 
     assert set(listed) == {"on", "off"}
     assert (listed["on"]["started"], listed["off"]["started"]) == (True, False)

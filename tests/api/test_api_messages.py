@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from support.http import error_of
+from support.wait import parked
 
 from capella.api import create_app
 from capella.api.messages import HEARTBEAT
@@ -384,10 +385,10 @@ async def test_a_read_filters_by_source_header_and_json_field(q: TestClient) -> 
 
 async def test_a_long_poll_with_a_filter_waits_for_a_message_that_matches(q: TestClient) -> None:
     async def later() -> None:
-        # Paced: the long poll is waiting before each message comes.
-        await asyncio.sleep(0.1)
+        # The long poll is waiting before each message comes.
+        await parked("Queue.wait_for")
         await produce(q, {"data": "other", "headers": {"kind": "refund"}})
-        await asyncio.sleep(0.1)
+        await parked("Queue.wait_for")
         await produce(q, {"data": "mine", "headers": {"kind": "order"}})
 
     task = asyncio.create_task(later())
@@ -472,10 +473,10 @@ async def test_long_poll_times_out_empty_and_wait_is_capped(
 
 async def test_long_poll_ignores_messages_outside_the_segments(q: TestClient) -> None:
     async def later() -> None:
-        # Paced: the long poll is waiting before each message comes.
-        await asyncio.sleep(0.1)
+        # The long poll is waiting before each message comes.
+        await parked("Queue.wait_for")
         await produce(q, {"data": "other", "segment": 50})
-        await asyncio.sleep(0.1)
+        await parked("Queue.wait_for")
         await produce(q, {"data": "mine", "segment": 5})
 
     task = asyncio.create_task(later())
@@ -487,8 +488,7 @@ async def test_long_poll_ignores_messages_outside_the_segments(q: TestClient) ->
 
 async def test_long_poll_ends_when_the_queue_is_dropped(q: TestClient) -> None:
     async def later() -> None:
-        # Paced: the long poll is waiting before each message comes.
-        await asyncio.sleep(0.1)
+        await parked("Queue.wait_for")  # the long poll is waiting before the queue goes
         await q.delete(Q)
 
     task = asyncio.create_task(later())

@@ -24,7 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.configs import file_config
 from support.shapes import NOT_UTF8, SHAPES
-from support.wait import until
+from support.supervisor import launched
+from support.wait import parked, sealed, until
 
 from capella.api import create_app
 from capella.client import AsyncClient, Client
@@ -36,7 +37,6 @@ from capella.core.log.batch import Batch
 from capella.core.message import Message, stored_message
 from capella.core.queue import Queue
 from capella.errors import CorruptData
-from capella.handlers.supervisor import Supervisor
 from capella.wire import batch_page, frames
 from capella.wire.messages import Messages, StoredMessage
 
@@ -61,11 +61,6 @@ async def r(api: TestClient, cluster: Cluster) -> TestClient:
     assert cluster.queue("r").last_id == COUNT
     await sealed(cluster.queue("r"), 2)
     return api
-
-
-async def sealed(queue: Queue, blocks: int) -> None:
-    # The sealer sets no event a test can see.
-    await until(lambda: len(queue.sealed_blocks()) >= blocks, what=f"{blocks} sealed blocks")
 
 
 async def before(queue: Queue, after: int, limit: int, match: MessageFilter | None = None) -> bytes:
@@ -205,7 +200,7 @@ async def test_an_empty_read_in_every_form(r: TestClient) -> None:
 @pytest.mark.parametrize("headers", [BINARY, NDJSON, {}])
 async def test_a_long_poll_answers_in_the_asked_form(r: TestClient, headers: dict[str, str]) -> None:
     waiting = asyncio.ensure_future(body_of(r, headers, after=str(COUNT), wait="2"))
-    await asyncio.sleep(0.1)  # time for an answer that must not come: nothing is there yet
+    await parked("Queue.wait_for")  # nothing is there yet: the answer must not come
     assert not waiting.done()
     await r.post(f"{Q}/messages", json={"data_b64": base64.b64encode(NOT_UTF8).decode()})
     body = await waiting
@@ -317,8 +312,7 @@ async def file_api(
     tmp_path: Path,
 ) -> AsyncIterator[tuple[TestClient[web.Request, web.Application], Cluster]]:
     cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}))
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
+    supervisor = await launched(cluster)
     try:
         yield await aiohttp_client(create_app(cluster, ServerSettings(), supervisor)), cluster
     finally:

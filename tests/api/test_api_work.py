@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 from support.http import error_of
+from support.wait import parked
 
 from api.test_api_operations import parse_metrics
 
@@ -115,12 +116,12 @@ async def test_a_long_poll_claim_wakes_for_a_new_or_a_returned_message(q: TestCl
     taken = await claim(q, limit="10")
     assert len(taken) == 5
     waiting = asyncio.create_task(claim(q, wait="5"))
-    await asyncio.sleep(0.05)  # the claim is parked before the message comes, so it is woken
+    await parked("Queue.wait_for")  # the claim is parked before the message comes, so it is woken
     await ok(await q.post(f"{Q}/messages", json={"data": "new"}))
     (new,) = await asyncio.wait_for(waiting, 5)
     assert new["data"] == "new"
     waiting = asyncio.create_task(claim(q, wait="5"))
-    await asyncio.sleep(0.05)  # parked again, before the nack returns a message
+    await parked("Queue.wait_for")  # parked again, before the nack returns a message
     await ok(await q.post(f"{W}/nack", json={"receipt": taken[2]["receipt"], "delay": 0}))
     (returned,) = await asyncio.wait_for(waiting, 5)
     assert (returned["id"], returned["attempt"]) == (3, 2)

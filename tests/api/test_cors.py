@@ -54,14 +54,7 @@ async def secured_api(
 async def test_a_preflight_from_a_listed_origin_is_answered_without_credentials(
     secured_api: TestClient[Any, Any],
 ) -> None:
-    resp = await secured_api.options(
-        f"{Q}/messages",
-        headers={
-            "Origin": PAGE,
-            "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization, content-type",
-        },
-    )
+    resp = await preflight(secured_api, f"{Q}/messages", "POST", "authorization, content-type")
     assert resp.status == 204
     assert resp.headers["Access-Control-Allow-Origin"] == PAGE
     assert resp.headers["Access-Control-Allow-Credentials"] == "true"
@@ -143,14 +136,7 @@ async def test_an_event_source_from_a_listed_origin_reads_and_resumes(listed: Te
 
     assert await events(None) == ["1", "2", "3", "4", "5"]
     # The reconnect: Last-Event-ID is not safelisted, so the browser asks first.
-    resp = await listed.options(
-        f"{Q}/stream",
-        headers={
-            "Origin": PAGE,
-            "Access-Control-Request-Method": "GET",
-            "Access-Control-Request-Headers": "last-event-id",
-        },
-    )
+    resp = await preflight(listed, f"{Q}/stream", "GET", "last-event-id")
     assert resp.status == 204 and "last-event-id" in allowed_headers(resp)
     assert await events("3") == ["4", "5"]
 
@@ -158,14 +144,7 @@ async def test_an_event_source_from_a_listed_origin_reads_and_resumes(listed: Te
 async def test_a_preflight_allows_a_fixed_list_of_headers_whatever_is_asked(
     listed: TestClient[Any, Any],
 ) -> None:
-    resp = await listed.options(
-        f"{Q}/messages",
-        headers={
-            "Origin": PAGE,
-            "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "capella-header-kind, x-anything, cookie",
-        },
-    )
+    resp = await preflight(listed, f"{Q}/messages", "POST", "capella-header-kind, x-anything, cookie")
     assert resp.status == 204
     # The headers the API reads; Capella-Header-<Name> cannot be allowed by prefix (JSON produce).
     assert allowed_headers(resp) == {
@@ -182,6 +161,18 @@ async def test_answers_that_already_vary_also_vary_by_origin(listed: TestClient[
     resp = await listed.get("/ui/", headers={"Origin": OTHER})
     assert resp.status == 200
     assert resp.headers["Vary"] == "Accept-Encoding, Origin"
+
+
+async def preflight(client: TestClient[Any, Any], path: str, method: str, headers: str) -> Any:
+    """The browser's question before a request from PAGE: may it send ``method`` with ``headers``?"""
+    return await client.options(
+        path,
+        headers={
+            "Origin": PAGE,
+            "Access-Control-Request-Method": method,
+            "Access-Control-Request-Headers": headers,
+        },
+    )
 
 
 def allowed_headers(resp: Any) -> set[str]:

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 from aiohttp.test_utils import TestClient
+from support.supervisor import launched
 
 from capella.api import create_app
 from capella.api.app import ROUTES
@@ -24,7 +25,6 @@ from capella.auth.rule import AccessRule
 from capella.auth.store import AuthStore
 from capella.config import AuthSettings, ServerSettings
 from capella.core.cluster import Cluster
-from capella.handlers.supervisor import Supervisor
 from capella.wire import answers, handler_status, messages, queues, work
 from capella.wire.decode import field_error
 
@@ -166,8 +166,7 @@ async def secured_api(
     users = AuthStore(tmp_path / "auth")
     users.add_user("root", "root-password", admin=True)
     users.add_user("bob", "bob-password", rules=[AccessRule.parse("allow:queue:read:orders")])
-    supervisor = Supervisor(cluster, users=users)
-    await supervisor.start()
+    supervisor = await launched(cluster, users=users)
     authenticator = Authenticator(users, AuthSettings(enabled=True, token_ttl=3600))
     yield await aiohttp_client(create_app(cluster, api_settings, supervisor, authenticator=authenticator))
     await supervisor.close()

@@ -457,16 +457,13 @@ def test_token_create_json_prints_the_whole_answer_and_revoke_knows_unknown_ids(
 
 def test_passwords_are_asked_for_twice_on_a_terminal(tmp_path: Path) -> None:
     data = str(tmp_path / "data")
-    with Terminal(
-        [sys.executable, "-m", "capella", "user", "add", "root", "--admin", "--data-dir", data]
-    ) as t:
+    add_root = [sys.executable, "-m", "capella", "user", "add", "root", "--admin", "--data-dir", data]
+    with Terminal(add_root) as t:
         t.answer("new password for root: ", "root-pass-1")
         t.answer("the same again: ", "root-pass-2")
         assert t.wait() == 1
         assert "the two passwords differ" in t.output
-    with Terminal(
-        [sys.executable, "-m", "capella", "user", "add", "root", "--admin", "--data-dir", data]
-    ) as t:
+    with Terminal(add_root) as t:
         t.answer("new password for root: ", "root-pass-1")
         t.answer("the same again: ", "root-pass-1")
         assert t.wait() == 0

@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from support.servers import ServerProcess, free_port
+from support.wait import parked
 
 from capella.api import create_app
 from capella.client import AsyncClient, Client, error_from_answer
@@ -206,7 +207,7 @@ async def test_a_long_poll_read_returns_when_a_message_arrives(async_client: Asy
     await async_client.put_queue("q")
 
     waiting = asyncio.create_task(async_client.read("q", wait=5.0))
-    await asyncio.sleep(0.1)  # time for an answer that must not come: the queue is empty
+    await parked("Queue.wait_for")  # the queue is empty: the answer must not come
     assert not waiting.done()
     await async_client.produce("q", ["late"])
 

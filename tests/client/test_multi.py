@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from support.supervisor import launched
 
 from capella.api import create_app
 from capella.client import MultiWriter
 from capella.config import ServerSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.errors import InvalidRequest, NotEnoughReplicas
-from capella.handlers.supervisor import Supervisor
 
 DEAD = ["http://127.0.0.1:9", "http://127.0.0.1:7"]  # discard/echo: nothing listens there
 
@@ -31,8 +31,7 @@ async def urls(
         )
         cluster = await Cluster.open(config)
         await cluster.put_queue("orders", {})
-        supervisor = Supervisor(cluster)
-        await supervisor.start()
+        supervisor = await launched(cluster)
         supervisors.append(supervisor)
         server = await aiohttp_server(create_app(cluster, ServerSettings(), supervisor))
         made[name] = (str(server.make_url("")).rstrip("/"), cluster)

@@ -9,6 +9,7 @@ import zlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.codec import decode_block, encode_block_v1, encode_record_v1
 
 from capella.core.log.codec import (
     JOURNAL_HEADER,
@@ -16,11 +17,8 @@ from capella.core.log.codec import (
     block_keys,
     block_records,
     columns_of,
-    decode_block,
     decode_journal,
     encode_block,
-    encode_block_v1,
-    encode_record_v1,
     index_entry,
 )
 from capella.core.log.open_block import OpenBlock

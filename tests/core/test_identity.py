@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from support.servers import free_port
+from support.supervisor import launched
 
 from capella import metrics
 from capella.api import create_app
@@ -52,11 +53,29 @@ async def node(
     if name is not None:
         raw["cluster"]["name"] = name
     cluster = await Cluster.open(parse_config(raw, {}, base=tmp_path))
-    supervisor = Supervisor(cluster, links=Links(cluster))
-    await supervisor.start()
+    supervisor = await launched(cluster, links=Links(cluster))
     app = create_app(cluster, ServerSettings(), supervisor)
     server = await (aiohttp_server(app) if port is None else aiohttp_server(app, port=port))
     return Node(cluster, supervisor, str(server.make_url("")).rstrip("/"))
+
+
+@pytest.fixture
+async def here(tmp_path: Path, aiohttp_server: ServerFactory) -> AsyncIterator[Node]:
+    """This side: a node named dc1 (as its twins are), closed after the test."""
+    made = await node(tmp_path, "here", aiohttp_server, name="dc1")
+    yield made
+    await close(made)
+
+
+async def stopped_copy(here: Node, far: str) -> None:
+    """Handler "up" on ``here``: a copy of "orders" to ``far``'s "orders", run by hand (``run_now``)."""
+    copy = {
+        "type": "copy",
+        "queues": ["orders"],
+        "params": {"to": f"{far}/orders", "wait": 0},
+        "started": False,
+    }
+    await here.supervisor.put("up", copy)
 
 
 async def close(*nodes: Node) -> None:
@@ -112,9 +131,8 @@ async def test_a_configured_name_wins_and_is_not_written(tmp_path: Path) -> None
 
 
 async def test_itself_or_a_same_named_cluster_as_an_external_cluster_is_refused(
-    tmp_path: Path, aiohttp_server: ServerFactory, aiohttp_client: ClientFactory
+    tmp_path: Path, aiohttp_server: ServerFactory, here: Node, aiohttp_client: ClientFactory
 ) -> None:
-    here = await node(tmp_path, "here", aiohttp_server, name="dc1")
     twin = await node(tmp_path, "twin", aiohttp_server, name="dc1")
     other = await node(tmp_path, "other", aiohttp_server, name="dc2")
     try:
@@ -130,46 +148,40 @@ async def test_itself_or_a_same_named_cluster_as_an_external_cluster_is_refused(
         assert resp.status == 201
         assert (await resp.json())["name_check"] == {"checked": True, "cluster": "dc2", "error": None}
     finally:
-        await close(here, twin, other)
+        await close(twin, other)
 
 
 async def test_an_unreachable_cluster_is_kept_unchecked_and_its_ping_refuses_a_same_name_later(
-    tmp_path: Path, aiohttp_server: ServerFactory, aiohttp_client: ClientFactory
+    tmp_path: Path, aiohttp_server: ServerFactory, here: Node, aiohttp_client: ClientFactory
 ) -> None:
-    here = await node(tmp_path, "here", aiohttp_server, name="dc1")
     port = free_port()
-    try:
-        api = await aiohttp_client(create_app(here.cluster, ServerSettings(), here.supervisor))
-        resp = await api.put("/v1/clusters/far", json={"url": f"http://127.0.0.1:{port}"})
-        body = await resp.json()
-        # An edge device adds one while offline: accepted, and the answer says it was not checked.
-        assert resp.status == 201, body
-        assert body["name_check"]["checked"] is False
-        assert body["name_check"]["error"]["code"] == "unreachable"
+    api = await aiohttp_client(create_app(here.cluster, ServerSettings(), here.supervisor))
+    resp = await api.put("/v1/clusters/far", json={"url": f"http://127.0.0.1:{port}"})
+    body = await resp.json()
+    # An edge device adds one while offline: accepted, and the answer says it was not checked.
+    assert resp.status == 201, body
+    assert body["name_check"]["checked"] is False
+    assert body["name_check"]["error"]["code"] == "unreachable"
 
-        far = await node(tmp_path, "far", aiohttp_server, port=port, name="dc1")
-        try:
-            ping = await (await api.post("/v1/clusters/far/ping")).json()
-            assert ping["ok"] is False and ping["error"]["code"] == "same_cluster_name", ping
-            # A copy through it fails with that error, and copies nothing.
-            await here.cluster.put_queue("orders", {})
-            await here.cluster.queue("orders").append([Draft(b"a")], SaveMode.WAIT)
-            await far.cluster.put_queue("orders", {})
-            copy = {"type": "copy", "queues": ["orders"], "params": {"to": "far/orders", "wait": 0}}
-            await here.supervisor.put("up", copy | {"started": False})
-            state = await here.supervisor.run_now("up")
-            assert state.last_error is not None and "same_cluster_name" in state.last_error.message
-            assert far.cluster.queue("orders").last_id == 0
-        finally:
-            await close(far)
+    far = await node(tmp_path, "far", aiohttp_server, port=port, name="dc1")
+    try:
+        ping = await (await api.post("/v1/clusters/far/ping")).json()
+        assert ping["ok"] is False and ping["error"]["code"] == "same_cluster_name", ping
+        # A copy through it fails with that error, and copies nothing.
+        await here.cluster.put_queue("orders", {})
+        await here.cluster.queue("orders").append([Draft(b"a")], SaveMode.WAIT)
+        await far.cluster.put_queue("orders", {})
+        await stopped_copy(here, "far")
+        state = await here.supervisor.run_now("up")
+        assert state.last_error is not None and "same_cluster_name" in state.last_error.message
+        assert far.cluster.queue("orders").last_id == 0
     finally:
-        await close(here)
+        await close(far)
 
 
 async def test_checked_client_refuses_a_same_named_far_side(
-    tmp_path: Path, aiohttp_server: ServerFactory
+    tmp_path: Path, aiohttp_server: ServerFactory, here: Node
 ) -> None:
-    here = await node(tmp_path, "here", aiohttp_server, name="dc1")
     port = free_port()
     await here.supervisor.links.put("far", {"url": f"http://127.0.0.1:{port}"})
     far = await node(tmp_path, "far", aiohttp_server, port=port, name="dc1")
@@ -177,7 +189,7 @@ async def test_checked_client_refuses_a_same_named_far_side(
         with pytest.raises(SameClusterName):
             await here.supervisor.links.checked_client("far")
     finally:
-        await close(here, far)
+        await close(far)
 
 
 # --- the tutorial's shape ----------------------------------------------------------------------
@@ -227,103 +239,71 @@ async def test_two_clusters_on_one_host_copying_both_ways_lose_nothing(
 
 
 async def test_copy_lag_with_the_destination_down_is_the_cursors_lag_everywhere(
-    tmp_path: Path, aiohttp_server: ServerFactory, aiohttp_client: ClientFactory
+    tmp_path: Path, aiohttp_server: ServerFactory, here: Node, aiohttp_client: ClientFactory
 ) -> None:
-    here = await node(tmp_path, "here", aiohttp_server, name="dc1")
-    try:
-        await here.supervisor.links.put("down", {"url": f"http://127.0.0.1:{free_port()}", "timeout": 2})
-        await here.cluster.put_queue("orders", {})
-        await here.supervisor.put(
-            "up",
-            {
-                "type": "copy",
-                "queues": ["orders"],
-                "params": {"to": "down/orders", "wait": 0},
-                "started": False,
-            },
-        )
-        await here.cluster.queue("orders").append([Draft(b"x") for _ in range(4)], SaveMode.WAIT)
+    await here.supervisor.links.put("down", {"url": f"http://127.0.0.1:{free_port()}", "timeout": 2})
+    await here.cluster.put_queue("orders", {})
+    await stopped_copy(here, "down")
+    await here.cluster.queue("orders").append([Draft(b"x") for _ in range(4)], SaveMode.WAIT)
 
-        await here.supervisor.run_now("up")  # fails: nobody listens there
-        await here.cluster.queue("orders").append([Draft(b"y")], SaveMode.WAIT)
+    await here.supervisor.run_now("up")  # fails: nobody listens there
+    await here.cluster.queue("orders").append([Draft(b"y")], SaveMode.WAIT)
 
-        cursor = here.cluster.queue("orders").subscription("copy-to-down.orders")
-        expected = here.cluster.queue("orders").last_id - cursor.last_id
-        assert expected == 5
-        api = await aiohttp_client(create_app(here.cluster, ServerSettings(), here.supervisor))
-        status = (await (await api.get("/v1/handlers/up")).json())["status"]
-        assert (status["lag"], status["lag_by_queue"]) == (5, {"orders": 5})
-        text = metrics.render(here.cluster, here.supervisor.handlers())
-        assert re.search(r'capella_handler_lag\{handler="up"[^}]*\} 5\b', text), text
-        assert re.search(
-            r'capella_subscription_lag\{[^}]*subscription="copy-to-down.orders"[^}]*\} 5\b', text
-        )
-    finally:
-        await close(here)
+    cursor = here.cluster.queue("orders").subscription("copy-to-down.orders")
+    expected = here.cluster.queue("orders").last_id - cursor.last_id
+    assert expected == 5
+    api = await aiohttp_client(create_app(here.cluster, ServerSettings(), here.supervisor))
+    status = (await (await api.get("/v1/handlers/up")).json())["status"]
+    assert (status["lag"], status["lag_by_queue"]) == (5, {"orders": 5})
+    text = metrics.render(here.cluster, here.supervisor.handlers())
+    assert re.search(r'capella_handler_lag\{handler="up"[^}]*\} 5\b', text), text
+    assert re.search(r'capella_subscription_lag\{[^}]*subscription="copy-to-down.orders"[^}]*\} 5\b', text)
 
 
 async def test_failing_since_stays_at_the_first_failure_and_clears_after_a_success(
-    tmp_path: Path, aiohttp_server: ServerFactory
+    tmp_path: Path, aiohttp_server: ServerFactory, here: Node
 ) -> None:
-    here = await node(tmp_path, "here", aiohttp_server, name="dc1")
     port = free_port()
+    await here.supervisor.clusters.put("far", {"url": f"http://127.0.0.1:{port}", "timeout": 2})
+    await here.cluster.put_queue("orders", {})
+    await here.cluster.queue("orders").append([Draft(b"x")], SaveMode.WAIT)
+    await stopped_copy(here, "far")
+    first = msgspec.to_builtins((await here.supervisor.run_now("up")).info())["status"]
+    second = msgspec.to_builtins((await here.supervisor.run_now("up")).info())["status"]
+
+    assert first["failing_since"] == first["last_error"]["time"] == first["last_run"]
+    assert second["failing_since"] == first["failing_since"] < second["last_error"]["time"]
+    assert second["last_run"] == second["last_error"]["time"]
+    assert second["last_success"] is None and second["last_complete"] is None
+
+    far = await node(tmp_path, "far", aiohttp_server, port=port, name="dc2")
     try:
-        await here.supervisor.links.put("far", {"url": f"http://127.0.0.1:{port}", "timeout": 2})
-        await here.cluster.put_queue("orders", {})
-        await here.cluster.queue("orders").append([Draft(b"x")], SaveMode.WAIT)
-        await here.supervisor.put(
-            "up",
-            {
-                "type": "copy",
-                "queues": ["orders"],
-                "params": {"to": "far/orders", "wait": 0},
-                "started": False,
-            },
-        )
-        first = msgspec.to_builtins((await here.supervisor.run_now("up")).info())["status"]
-        second = msgspec.to_builtins((await here.supervisor.run_now("up")).info())["status"]
-
-        assert first["failing_since"] == first["last_error"]["time"] == first["last_run"]
-        assert second["failing_since"] == first["failing_since"] < second["last_error"]["time"]
-        assert second["last_run"] == second["last_error"]["time"]
-        assert second["last_success"] is None and second["last_complete"] is None
-
-        far = await node(tmp_path, "far", aiohttp_server, port=port, name="dc2")
-        try:
-            await far.cluster.put_queue("orders", {})
-            state, done = await here.supervisor.run_pass_now("up")
-            status = msgspec.to_builtins(state.info())["status"]
-            assert done.error is None and done.items == 1
-            assert status["failing_since"] is None and status["last_error"] is None
-            assert status["last_success"] == status["last_complete"] == status["last_run"] == done.finished
-            assert status["lag"] == 0
-        finally:
-            await close(far)
+        await far.cluster.put_queue("orders", {})
+        state, done = await here.supervisor.run_pass_now("up")
+        status = msgspec.to_builtins(state.info())["status"]
+        assert done.error is None and done.items == 1
+        assert status["failing_since"] is None and status["last_error"] is None
+        assert status["last_success"] == status["last_complete"] == status["last_run"] == done.finished
+        assert status["lag"] == 0
     finally:
-        await close(here)
+        await close(far)
 
 
 async def test_push_lag_with_the_receiver_down_is_the_backlog_everywhere(
-    tmp_path: Path, aiohttp_server: ServerFactory, aiohttp_client: ClientFactory
+    tmp_path: Path, aiohttp_server: ServerFactory, here: Node, aiohttp_client: ClientFactory
 ) -> None:
-    here = await node(tmp_path, "here", aiohttp_server, name="dc1")
-    try:
-        await here.cluster.put_queue("orders", {})
-        url = f"http://127.0.0.1:{free_port()}/hook"  # nobody listens: every request fails
-        params = {"url": url, "wait": 0, "timeout": 1, "delay": "1h", "max_delay": "1h", "max_attempts": 5}
-        await here.supervisor.put(
-            "hook", {"type": "push", "queue": "orders", "params": params, "started": False}
-        )
-        await here.cluster.queue("orders").append([Draft(b"x") for _ in range(4)], SaveMode.WAIT)
+    await here.cluster.put_queue("orders", {})
+    url = f"http://127.0.0.1:{free_port()}/hook"  # nobody listens: every request fails
+    params = {"url": url, "wait": 0, "timeout": 1, "delay": "1h", "max_delay": "1h", "max_attempts": 5}
+    await here.supervisor.put("hook", {"type": "push", "queue": "orders", "params": params, "started": False})
+    await here.cluster.queue("orders").append([Draft(b"x") for _ in range(4)], SaveMode.WAIT)
 
-        await here.supervisor.run_now("hook")  # claims all four, and each request fails
-        await here.cluster.queue("orders").append([Draft(b"y")], SaveMode.WAIT)
+    await here.supervisor.run_now("hook")  # claims all four, and each request fails
+    await here.cluster.queue("orders").append([Draft(b"y")], SaveMode.WAIT)
 
-        api = await aiohttp_client(create_app(here.cluster, ServerSettings(), here.supervisor))
-        status = (await (await api.get("/v1/handlers/hook")).json())["status"]
-        assert (status["lag"], status["delivered"], status["retrying"]) == (5, 0, 4), status
-        text = metrics.render(here.cluster, here.supervisor.handlers())
-        assert re.search(r'capella_handler_lag\{handler="hook"[^}]*\} 5\b', text), text
-        assert re.search(r'capella_push_lag\{[^}]*handler="hook"[^}]*\} 5\b', text), text
-    finally:
-        await close(here)
+    api = await aiohttp_client(create_app(here.cluster, ServerSettings(), here.supervisor))
+    status = (await (await api.get("/v1/handlers/hook")).json())["status"]
+    assert (status["lag"], status["delivered"], status["retrying"]) == (5, 0, 4), status
+    text = metrics.render(here.cluster, here.supervisor.handlers())
+    assert re.search(r'capella_handler_lag\{handler="hook"[^}]*\} 5\b', text), text
+    assert re.search(r'capella_push_lag\{[^}]*handler="hook"[^}]*\} 5\b', text), text

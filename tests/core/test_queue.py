@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from support.clock import Clock
+from support.codec import decode_block, encode_block_v1, encode_record_v1
 from support.configs import file_config
-from support.wait import until
+from support.wait import holds, parked, sealed, until
 
 from capella.config import Config, parse_config
 from capella.core import subscription_store as consumers_module
@@ -21,12 +24,9 @@ from capella.core.log import blocks as queue_module
 from capella.core.log.codec import (
     JOURNAL_HEADER,
     JOURNAL_HEADER_V1,
-    decode_block,
     decode_journal,
-    encode_block_v1,
-    encode_record_v1,
 )
-from capella.core.message import Draft, SaveMode, drafts_batch
+from capella.core.message import Draft, Message, SaveMode, drafts_batch
 from capella.core.queue import Queue
 from capella.errors import (
     InvalidMessage,
@@ -41,9 +41,24 @@ from capella.errors import (
 from capella.records.record_batch import encode, read, scan
 
 
+def ten_per_block(tmp_path: Path) -> Config:
+    """This module's cluster: files under ``tmp_path``, ten messages a block."""
+    return file_config(tmp_path, block={"max_messages": 10})
+
+
 @pytest.fixture
 def cluster_config(tmp_path: Path) -> Config:
-    return file_config(tmp_path, block={"max_messages": 10})
+    return ten_per_block(tmp_path)
+
+
+@contextlib.asynccontextmanager
+async def opened(tmp_path: Path, clock: Clock, config: Config | None = None) -> AsyncIterator[Cluster]:
+    """The data under ``tmp_path`` opened again (as ``ten_per_block`` unless ``config``), closed after."""
+    cluster = await Cluster.open(config or ten_per_block(tmp_path), clock=clock)
+    try:
+        yield cluster
+    finally:
+        await cluster.close()
 
 
 # ``cluster`` runs on ``clock``, which the tests move by hand.
@@ -52,6 +67,12 @@ pytestmark = pytest.mark.hand_clock
 
 def drafts(n: int, prefix: str = "m", **fields: Any) -> list[Draft]:
     return [Draft(payload=f"{prefix}{i}".encode(), **fields) for i in range(n)]
+
+
+async def messages_when_opened(tmp_path: Path, clock: Clock, name: str) -> list[Message]:
+    """The first 100 messages of queue ``name`` when the data is opened again."""
+    async with opened(tmp_path, clock) as cluster:
+        return (await cluster.queue(name).read_after(0, 100)).messages
 
 
 def queue_dir(tmp_path: Path, name: str) -> Path:
@@ -68,7 +89,7 @@ async def after_a_kill(q: Queue, config: Config, clock: Clock) -> Cluster:
 
 async def reopen(cluster: Cluster, tmp_path: Path, clock: Clock) -> Cluster:
     await cluster.close()
-    return await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+    return await Cluster.open(ten_per_block(tmp_path), clock=clock)
 
 
 async def test_ids_strictly_increase_and_answers_follow_request_order(cluster: Cluster) -> None:
@@ -282,21 +303,15 @@ async def test_a_torn_journal_tail_is_truncated_and_reported(tmp_path: Path, clo
     [journal] = (queue_dir(tmp_path, "torn") / "journal").iterdir()
     with journal.open("ab") as f:
         f.write(b"\x40\x00\x00\x00garbage-half-record")
-    cluster = await Cluster.open(config, clock=clock)
-    try:
+    async with opened(tmp_path, clock, config) as cluster:
         q = cluster.queue("torn")
         assert [m.payload for m in (await q.read_after(0, 10)).messages] == [b"m0", b"m1", b"m2", b"m3"]
         assert q.stats()["recovery"]["truncated_bytes"] == 4 + len(b"garbage-half-record")
         await q.append(drafts(1, "after"), SaveMode.WAIT)
-    finally:
-        await cluster.close()
-    cluster = await Cluster.open(config, clock=clock)
-    try:
+    async with opened(tmp_path, clock, config) as cluster:
         page = await cluster.queue("torn").read_after(0, 10)
         assert [m.payload for m in page.messages][-1] == b"after0"
         assert cluster.queue("torn").stats()["recovery"]["truncated_bytes"] == 0
-    finally:
-        await cluster.close()
 
 
 async def test_a_queue_written_in_format_1_reads_on_and_seals_its_open_block_as_format_2(
@@ -305,7 +320,7 @@ async def test_a_queue_written_in_format_1_reads_on_and_seals_its_open_block_as_
     q, _ = await cluster.put_queue("old", {})
     await q.append(drafts(15, headers={"k": "v"}), SaveMode.WAIT)
     await q.append(drafts(10, source="dc-eu", external_id=None), SaveMode.WAIT)
-    await asyncio.sleep(0.05)
+    await sealed(q, 2)
     before = (await q.read_after(0, 100)).messages
     await cluster.close()
     # What an earlier version left: its first sealed block and its open journal in format 1.
@@ -316,12 +331,11 @@ async def test_a_queue_written_in_format_1_reads_on_and_seals_its_open_block_as_
     open_messages = decode_journal(journal.read_bytes()).messages
     journal.write_bytes(JOURNAL_HEADER_V1 + b"".join(map(encode_record_v1, open_messages)))
 
-    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
+    async with opened(tmp_path, clock) as cluster:
         q = cluster.queue("old")
         assert (await q.read_after(0, 100)).messages == before
-        await asyncio.sleep(0.05)
         # The format 1 journal took no new bytes: its block was sealed, as format 2.
+        await until(lambda: not journal.exists(), what="the format 1 journal sealed away")
         assert not journal.exists()
         magics = [p.read_bytes()[:4] for p in sorted((folder / "blocks").iterdir())]
         assert magics == [b"CPB1", b"CPB2", b"CPB2"]
@@ -331,13 +345,7 @@ async def test_a_queue_written_in_format_1_reads_on_and_seals_its_open_block_as_
         after = (await q.read_after(0, 100)).messages
         assert after[:25] == before
         assert [m.payload for m in after[25:]] == [b"new0", b"new1", b"new2"]
-    finally:
-        await cluster.close()
-    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
-        assert (await cluster.queue("old").read_after(0, 100)).messages == after
-    finally:
-        await cluster.close()
+    assert await messages_when_opened(tmp_path, clock, "old") == after
 
 
 async def test_a_journal_batch_that_straddles_the_sealed_blocks_is_cut_when_its_block_is_sealed(
@@ -345,23 +353,16 @@ async def test_a_journal_batch_that_straddles_the_sealed_blocks_is_cut_when_its_
 ) -> None:
     q, _ = await cluster.put_queue("cut", {})
     await q.append(drafts(10), SaveMode.WAIT)
-    for _ in range(100):
-        if q.stats()["blocks"]["by_state"]["sealed"] == 1:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 1, what="the first block sealed")
     await cluster.close()
     # A journal whose first batch holds ids 8-12, of which 8-10 are sealed already.
     batch = encode([b"j%d" % i for i in range(8, 13)], base_id=8, base_time=clock.now, source="edge")
     (queue_dir(tmp_path, "cut") / "journal").mkdir(exist_ok=True)
     (queue_dir(tmp_path, "cut") / "journal" / f"{8:020d}.log").write_bytes(JOURNAL_HEADER + batch)
-    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
+    async with opened(tmp_path, clock) as cluster:
         q = cluster.queue("cut")
         await q.append(drafts(8, "new"), SaveMode.WAIT)
-        for _ in range(100):
-            if q.stats()["blocks"]["by_state"]["sealed"] == 2:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 2, what="two sealed blocks")
         by_state = q.stats()["blocks"]["by_state"]
         assert (by_state["sealed"], by_state["open"]) == (2, 0)
         page = (await q.read_after(0, 100)).messages
@@ -369,13 +370,7 @@ async def test_a_journal_batch_that_straddles_the_sealed_blocks_is_cut_when_its_
             b"new%d" % i for i in range(8)
         ]
         assert [m.id for m in page[10:12]] == [11, 12]
-    finally:
-        await cluster.close()
-    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
-        assert (await cluster.queue("cut").read_after(0, 100)).messages == page
-    finally:
-        await cluster.close()
+    assert await messages_when_opened(tmp_path, clock, "cut") == page
 
 
 async def test_a_corrupt_sealed_block_is_quarantined_and_never_served(
@@ -400,11 +395,8 @@ async def test_a_corrupt_sealed_block_is_quarantined_and_never_served(
         assert blocks[0].exists(), "the bad bytes stay for an operator"
     finally:
         await cluster.close()
-    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
+    async with opened(tmp_path, clock) as cluster:
         assert cluster.queue("bad").stats()["blocks"]["by_state"]["quarantined"] == 1
-    finally:
-        await cluster.close()
 
 
 async def test_a_journal_left_after_its_block_was_sealed_is_removed(
@@ -435,7 +427,7 @@ async def test_save_modes_decide_when_the_journal_holds_the_write(tmp_path: Path
 
     await q.append(drafts(1), SaveMode.NONE)
     await q.append(drafts(1), SaveMode.MARK)
-    await asyncio.sleep(0.01)  # time for a write that should not happen: only the tick saves these
+    await holds(lambda: journal_size() == 0, 0.01, "no write before the tick")  # only the tick saves these
     assert journal_size() == 0
     await q.tick()  # the periodic flush saves marked writes (and the unmarked ones before them)
     after_tick = journal_size()
@@ -529,8 +521,7 @@ async def test_cursors_saved_by_a_version_without_the_log_become_its_first_snaps
     document = queue_dir(tmp_path, "old") / "subscriptions.json"
     subscription = {"last_id": 12, "replica": True, "created": 1.0, "updated": 2.0}
     document.write_bytes(orjson.dumps({"version": 1, "subscriptions": {"dc2": subscription}}))
-    cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
+    async with opened(tmp_path, clock) as cluster:
         q = cluster.queue("old")
         assert [(s.name, s.last_id, s.replica) for s in q.subscriptions()] == [("dc2", 12, True)]
         assert not document.exists()
@@ -541,11 +532,9 @@ async def test_cursors_saved_by_a_version_without_the_log_become_its_first_snaps
         # A crash after the first snapshot and before the delete: the old document is a leftover.
         await cluster.close()
         document.write_bytes(orjson.dumps({"version": 1, "subscriptions": {"dc2": subscription}}))
-        cluster = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
+        cluster = await Cluster.open(ten_per_block(tmp_path), clock=clock)
         assert [(s.name, s.last_id) for s in cluster.queue("old").subscriptions()] == [("dc2", 13)]
         assert not document.exists()
-    finally:
-        await cluster.close()
 
 
 async def test_definitions_persist_update_and_drop(tmp_path: Path, clock: Clock, cluster: Cluster) -> None:
@@ -603,19 +592,16 @@ async def test_an_unfinished_drop_completes_on_start(tmp_path: Path, clock: Cloc
     registry = tmp_path / "data" / "queues" / ".capella" / "queues.json"
     registry.write_text(registry.read_text().replace('"active"', '"dropping"'))
     os.sync()
-    cluster = await Cluster.open(config, clock=clock)
-    try:
+    async with opened(tmp_path, clock, config) as cluster:
         assert cluster.queues() == []
         _, created = await cluster.put_queue("gone", {})
         assert created and cluster.queue("gone").last_id == 0
-    finally:
-        await cluster.close()
 
 
 async def test_long_poll_returns_when_a_message_arrives(cluster: Cluster) -> None:
     q, _ = await cluster.put_queue("poll", {})
     waiter = asyncio.create_task(q.wait_for(0, 5.0))
-    await asyncio.sleep(0.01)  # the waiter is parked; nothing may wake it yet
+    await parked("Queue.wait_for")  # nothing may wake it yet
     assert not waiter.done()
     await q.append(drafts(1))
     await asyncio.wait_for(waiter, 1.0)
@@ -714,11 +700,14 @@ async def after_a_restart(
         await cluster.close()
 
 
-def held_until(released: threading.Event) -> Any:
-    """An ``os.fdatasync`` that syncs only once ``released`` is set (at most 10 s later)."""
+def held_until(released: threading.Event, entered: threading.Event | None = None) -> Any:
+    """An ``os.fdatasync`` that syncs only once ``released`` is set (at most 10 s later); it sets
+    ``entered`` when a sync is held."""
     real = os.fdatasync
 
     def fdatasync(fd: int) -> None:
+        if entered is not None:
+            entered.set()
         released.wait(10)
         real(fd)
 
@@ -730,11 +719,11 @@ async def test_a_writer_that_stops_waiting_leaves_the_flush_and_the_journal_whol
 ) -> None:
     q, _ = await cluster.put_queue("gone", {})
     await q.append(drafts(1, "a"), SaveMode.WAIT)
-    released = threading.Event()
-    monkeypatch.setattr(os, "fdatasync", held_until(released))
+    released, held = threading.Event(), threading.Event()
+    monkeypatch.setattr(os, "fdatasync", held_until(released, held))
     waiting = asyncio.create_task(q.append(drafts(1, "b"), SaveMode.WAIT))
     await until(lambda: q.last_id == 2, what="the second write assigned")
-    await asyncio.sleep(0.05)  # its flush is in the journal's thread, held there
+    await until(held.is_set, what="its flush in the journal's thread, held there")
     waiting.cancel()  # the client went away while its flush was in flight
     with pytest.raises(asyncio.CancelledError):
         await waiting
@@ -788,14 +777,15 @@ async def b0_c0_d0_after_a_restart(cluster: Cluster, tmp_path: Path, clock: Cloc
     """Once the disk is well again: queue "two" takes a write (d0) after retrying its failed
     journal, and a restart finds b0, c0 and d0 at its end, with no journal tail cut off."""
     q = cluster.queue("two")
-    deadline = asyncio.get_running_loop().time() + 10
-    while True:
+
+    async def written() -> bool:
         try:
             await q.append(drafts(1, "d"), SaveMode.WAIT)
-            break
         except StorageUnavailable:
-            assert asyncio.get_running_loop().time() < deadline, "the queue never took a write again"
-            await asyncio.sleep(0.05)
+            return False
+        return True
+
+    await until(written, 10, "the queue taking a write again", every=0.05)
     assert (await after_a_restart(cluster, tmp_path, clock, "two", truncated=0))[-3:] == [b"b0", b"c0", b"d0"]
 
 
@@ -966,8 +956,7 @@ async def test_writers_wait_for_a_stuck_sealer_and_resume_when_it_recovers(
         {},
         base=tmp_path,
     )
-    cluster = await Cluster.open(config, clock=clock)
-    try:
+    async with opened(tmp_path, clock, config) as cluster:
         q, _ = await cluster.put_queue(
             "stuck", {"block": {"max_messages": 2}, "mounts": {"marks": {"0": "cold"}}}
         )
@@ -981,8 +970,6 @@ async def test_writers_wait_for_a_stuck_sealer_and_resume_when_it_recovers(
         assert answers[0].id == 5
         page = await q.read_after(0, 10)
         assert [m.id for m in page.messages] == [1, 2, 3, 4, 5]
-    finally:
-        await cluster.close()
 
 
 async def test_memory_per_sealed_block_stays_bounded(cluster: Cluster) -> None:
@@ -1114,17 +1101,11 @@ async def test_a_batch_larger_than_the_blocks_room_fills_one_and_opens_the_next(
     payloads = [b"p%d" % i for i in range(25)]
     answers = await q.append_batch(read(produced(payloads, external_ids=[None] * 24 + [99])), SaveMode.WAIT)
     assert [a.id for a in answers] == list(range(2, 27))
-    for _ in range(100):
-        if q.stats()["blocks"]["by_state"]["sealed"] == 2:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: q.stats()["blocks"]["by_state"]["sealed"] == 2, what="two sealed blocks")
     assert q.stats()["blocks"]["by_state"]["sealed"] == 2
     before = (await q.read_after(0, 100)).messages
     assert [m.payload for m in before] == [b"first", *payloads]
     assert before[-1].external_id == 99
     await cluster.close()
-    reopened = await Cluster.open(file_config(tmp_path, block={"max_messages": 10}), clock=clock)
-    try:
+    async with opened(tmp_path, clock) as reopened:
         assert (await reopened.queue("split").read_after(0, 100)).messages == before
-    finally:
-        await reopened.close()

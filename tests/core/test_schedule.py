@@ -33,6 +33,13 @@ async def reopen(cluster: Cluster, tmp_path: Path, clock: Clock) -> Cluster:
     return await Cluster.open(file_config(tmp_path), clock=clock)
 
 
+async def jobs(cluster: Cluster, monkeypatch: pytest.MonkeyPatch, chunk_items: int) -> Queue:
+    """A queue "jobs" whose schedule keeps ``chunk_items`` far items in a chunk file."""
+    monkeypatch.setattr(schedule_module, "CHUNK_ITEMS", chunk_items)
+    q, _ = await cluster.put_queue("jobs", {})
+    return q
+
+
 def later(text: str, at: float, **fields: Any) -> Draft:
     return Draft(text.encode(), deliver_at=at, **fields)
 
@@ -125,8 +132,7 @@ async def test_a_lost_release_record_never_delivers_twice(
 async def test_far_items_wait_on_disk_and_come_back_when_near(
     cluster: Cluster, tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(schedule_module, "CHUNK_ITEMS", 50)
-    q, _ = await cluster.put_queue("jobs", {})
+    q = await jobs(cluster, monkeypatch, chunk_items=50)
     now = clock.now
     # 300 items a day or more ahead, in reverse order, and 10 near ones.
     far = [later(f"far{i:03d}", now + 86_400 + 300 - i) for i in range(300)]
@@ -167,8 +173,7 @@ async def test_far_items_wait_on_disk_and_come_back_when_near(
 async def test_cancel_and_reschedule_near_and_far_items(
     cluster: Cluster, tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(schedule_module, "CHUNK_ITEMS", 4)
-    q, _ = await cluster.put_queue("jobs", {})
+    q = await jobs(cluster, monkeypatch, chunk_items=4)
     now = clock.now
     answers = await q.append([later(f"m{i}", now + 1000 * (i + 1)) for i in range(10)], SaveMode.WAIT)
     sids = [a.scheduled for a in answers if isinstance(a, Delayed)]

@@ -18,7 +18,8 @@ from aiohttp.test_utils import TestClient
 from support.clock import Clock
 from support.configs import file_config
 from support.faults import FlakyStorage
-from support.wait import until
+from support.supervisor import launched
+from support.wait import parked, until
 
 from capella.backoff import backoff
 from capella.config import Config, parse_config
@@ -27,7 +28,6 @@ from capella.core.loops import TaskFailures, keep_running
 from capella.core.message import Draft, SaveMode
 from capella.core.work.retry import RetrySettings, retry_delay
 from capella.errors import CapellaError, StorageUnavailable
-from capella.handlers.supervisor import Supervisor
 from capella.storage import Storage
 from capella.storage.memory import MemoryStorage
 
@@ -105,7 +105,8 @@ async def test_cancelling_a_supervised_loop_ends_it() -> None:
         await asyncio.Event().wait()
 
     task = asyncio.create_task(keep_running("x", body, failures=TaskFailures()))
-    await asyncio.sleep(0)  # one turn: the loop is inside its body when it is cancelled
+    # The loop is inside its body when it is cancelled.
+    await parked("test_cancelling_a_supervised_loop_ends_it.<locals>.body")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -270,8 +271,7 @@ async def test_a_failing_handler_is_counted_retried_with_backoff_and_recovers(
         base=tmp_path,
     )
     cluster = await Cluster.open(config, clock=clock)
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
+    supervisor = await launched(cluster, clock=clock)
     warm = tmp_path / "data" / "warm"
     try:
         q, _ = await cluster.put_queue("q", {})

@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 import pytest
 from support.faults import FaultProxy, PowerFs, powerfs
-from support.http import read_all
+from support.http import produced, read_all
 from support.servers import ServerProcess, free_port
 from support.wait import eventually
 
@@ -72,19 +72,10 @@ class Producer:
             self.next_ext += BATCH
         self.unanswered = exts
         save = rng.choice(("wait", "immediate"))
-        body = {"messages": [{"data": self.text(e), "source": self.source, "external_id": e} for e in exts]}
+        messages = [{"data": self.text(e), "source": self.source, "external_id": e} for e in exts]
         self.batches += 1
-        try:
-            async with http.post(
-                f"{self.queue_url}/messages?save={save}",
-                json=body,
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
-            ) as resp:
-                if resp.status != 200:
-                    self.refused += 1
-                    return
-                results = (await resp.json())["results"]
-        except (TimeoutError, aiohttp.ClientError):
+        results = await produced(http, self.queue_url, messages, save, REQUEST_TIMEOUT)
+        if results is None:
             self.refused += 1
             return
         for ext, result in zip(exts, results, strict=True):
@@ -259,9 +250,13 @@ async def test_two_clusters_copying_both_ways_survive_a_random_fault_schedule(tm
 
                 # Healed: the last unanswered batches go through, then both sides converge.
                 for p in producers:
-                    deadline = time.monotonic() + 30
-                    while p.unanswered and time.monotonic() < deadline:
-                        await p.step(http, rng, seen)
+
+                    async def answered(p: Producer = p) -> bool:
+                        if p.unanswered:
+                            await p.step(http, rng, seen)
+                        return not p.unanswered
+
+                    await eventually(answered, 30, every=0)
                     assert not p.unanswered, f"{p.source}: writes still refused after the faults healed"
                 expected = {(p.source, ext): text for p in producers for ext, (_, text) in p.acked.items()}
                 views: list[list[dict[str, Any]]] = []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from support.http import read_all
+from support.http import produced, read_all
 from support.servers import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
@@ -47,18 +47,10 @@ async def produce_until_killed(
             seqs = list(range(next_seq[producer], next_seq[producer] + BATCH))
             next_seq[producer] += BATCH
         resend[producer] = seqs
-        body = {
-            "messages": [
-                {"data": f"p{producer}-{seq}", "source": f"producer-{producer}", "external_id": seq}
-                for seq in seqs
-            ]
-        }
-        try:
-            async with session.post(f"{url}/v1/queues/crash/messages?save={save}", json=body) as resp:
-                if resp.status != 200:
-                    return
-                results = (await resp.json())["results"]
-        except (TimeoutError, aiohttp.ClientError):
+        source = f"producer-{producer}"
+        messages = [{"data": f"p{producer}-{seq}", "source": source, "external_id": seq} for seq in seqs]
+        results = await produced(session, f"{url}/v1/queues/crash", messages, save)
+        if results is None:
             return
         for seq, result in zip(seqs, results, strict=True):
             answered[result["id"]] = f"p{producer}-{seq}".encode()

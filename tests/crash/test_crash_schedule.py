@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from support.http import produced
 from support.servers import ServerProcess, free_port
 from support.wait import until
 
@@ -45,14 +46,8 @@ async def schedule_until_killed(
             if producer < 2:  # half with an identity of their own, half identified by schedule id
                 message |= {"source": f"producer-{producer}", "external_id": n}
             messages.append(message)
-        try:
-            async with session.post(
-                f"{url}{Q}/messages", params={"save": save}, json={"messages": messages}
-            ) as resp:
-                if resp.status != 200:
-                    return
-                results = (await resp.json())["results"]
-        except (TimeoutError, aiohttp.ClientError):
+        results = await produced(session, f"{url}{Q}", messages, save)
+        if results is None:
             return
         assert all("scheduled_id" in r for r in results)
         answered.update(str(m["data"]) for m in messages)

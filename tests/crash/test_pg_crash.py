@@ -12,6 +12,7 @@ import asyncio
 import base64
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import aiohttp
 import asyncpg
 import pytest
 from support.http import read_all
-from support.pg import PASSWORD, PASSWORD_ROLE, PgServer
+from support.pg import PASSWORD, PASSWORD_ROLE, PgServer, fresh_database
 from support.servers import ServerProcess
 from support.wait import eventually
 
@@ -31,10 +32,43 @@ pytestmark = pytest.mark.slow
 ROWS = 20_000
 
 
-async def start(data_dir: Path, port: int | None = None) -> ServerProcess:
+async def start(data_dir: Path, port: int | None = None, queue: str | None = None) -> ServerProcess:
+    """A server on ``data_dir`` once it is ready, with an empty ``queue`` made if one is named."""
     server = ServerProcess(data_dir, port)
     await asyncio.to_thread(server.wait_ready)
+    if queue is not None:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.put(f"{server.url}/v1/queues/{queue}", json={}) as resp,
+        ):
+            assert resp.status == 201
     return server
+
+
+async def rows(conn: asyncpg.Connection, table: str) -> int:
+    count: int = await conn.fetchval(f"SELECT count(*) FROM {table}")
+    return count
+
+
+async def rows_come_to(
+    conn: asyncpg.Connection, table: str, where: Callable[[int], bool], within: float
+) -> bool:
+    """Whether ``table``'s row count comes to one ``where`` holds for within ``within`` seconds."""
+
+    async def there() -> bool:
+        return where(await rows(conn, table))
+
+    return await eventually(there, within)
+
+
+async def killed_and_restarted(
+    server: ServerProcess, data_dir: Path, conn: asyncpg.Connection, table: str
+) -> tuple[ServerProcess, int]:
+    """kill -9 ``server`` and start it again on its port: the new process, and ``table``'s row
+    count at the kill."""
+    server.kill()
+    count = await rows(conn, table)
+    return await start(data_dir, server.port), count
 
 
 def payload(message: dict[str, Any]) -> bytes:
@@ -53,9 +87,7 @@ async def test_kill_9_mid_relay_leaves_each_committed_row_once_in_the_queue(
     tmp_path: Path, pg_server: PgServer
 ) -> None:
     database = f"t{uuid.uuid4().hex[:12]}"
-    dsn = pg_server.create_database(database)
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with fresh_database(pg_server, database) as (_, conn):
         await conn.execute(outbox_ddl(notify=True))
         payloads = [os.urandom(1 + i % 97) for i in range(ROWS)]
         ids = await conn.fetch(
@@ -64,31 +96,19 @@ async def test_kill_9_mid_relay_leaves_each_committed_row_once_in_the_queue(
         committed = sorted((r["id"], p) for r, p in zip(ids, payloads, strict=True))
         secret_dsn = f"postgresql://{PASSWORD_ROLE}:{PASSWORD}@127.0.0.1:{pg_server.port}/{database}"
         data_dir = tmp_path / "data"
-        server = await start(data_dir)
+        server = await start(data_dir, queue="orders")
         async with aiohttp.ClientSession() as session:
             url = server.url
-            async with session.put(f"{url}/v1/queues/orders", json={}) as resp:
-                assert resp.status == 201
             definition = {"type": "pg_outbox", "params": {"to": "orders", "dsn": secret_dsn, "batch": 20}}
             async with session.put(f"{url}/v1/handlers/relay", json=definition) as resp:
                 assert resp.status == 201, await resp.text()
                 assert PASSWORD not in await resp.text()
 
-            async def some_relayed() -> bool:
-                return bool(await conn.fetchval("SELECT count(*) FROM capella_outbox") < ROWS)
-
-            assert await eventually(some_relayed, 30)
-            server.kill()
-            left = await conn.fetchval("SELECT count(*) FROM capella_outbox")
-            assert 0 < left < ROWS, "the kill must come in the middle of the relay"
-
-            server = await start(data_dir, server.port)
+            assert await rows_come_to(conn, "capella_outbox", lambda n: n < ROWS, 30)
+            server, left = await killed_and_restarted(server, data_dir, conn, "capella_outbox")
             try:
-
-                async def drained() -> bool:
-                    return await conn.fetchval("SELECT count(*) FROM capella_outbox") == 0
-
-                assert await eventually(drained, 60)
+                assert 0 < left < ROWS, "the kill must come in the middle of the relay"
+                assert await rows_come_to(conn, "capella_outbox", lambda n: n == 0, 60)
                 queued = await read_all(session, f"{url}/v1/queues/orders", limit=5000)
                 got = sorted((m["external_id"], payload(m)) for m in queued)
                 assert len(got) == len({i for i, _ in got}), "a row is in the queue twice"
@@ -106,23 +126,17 @@ async def test_kill_9_mid_relay_leaves_each_committed_row_once_in_the_queue(
         for path in data_dir.rglob("*"):
             if path.is_file():
                 assert PASSWORD.encode() not in path.read_bytes(), path
-    finally:
-        await conn.close()
 
 
 async def test_kill_9_mid_inbox_copy_leaves_each_message_once_in_the_table(
     tmp_path: Path, pg_server: PgServer
 ) -> None:
-    dsn = pg_server.create_database(f"t{uuid.uuid4().hex[:12]}")
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with fresh_database(pg_server) as (dsn, conn):
         await conn.execute(inbox_ddl())
         data_dir = tmp_path / "data"
-        server = await start(data_dir)
+        server = await start(data_dir, queue="events")
         async with aiohttp.ClientSession() as session:
             url = server.url
-            async with session.put(f"{url}/v1/queues/events", json={}) as resp:
-                assert resp.status == 201
             for start_at in range(0, ROWS, 2000):
                 batch = [
                     {
@@ -141,21 +155,11 @@ async def test_kill_9_mid_inbox_copy_leaves_each_message_once_in_the_table(
             async with session.put(f"{url}/v1/handlers/inbox", json=definition) as resp:
                 assert resp.status == 201, await resp.text()
 
-            async def some_inserted() -> bool:
-                return bool(await conn.fetchval("SELECT count(*) FROM capella_inbox"))
-
-            assert await eventually(some_inserted, 30)
-            server.kill()
-            inserted = await conn.fetchval("SELECT count(*) FROM capella_inbox")
-            assert 0 < inserted < ROWS, "the kill must come in the middle of the copy"
-
-            server = await start(data_dir, server.port)
+            assert await rows_come_to(conn, "capella_inbox", bool, 30)
+            server, inserted = await killed_and_restarted(server, data_dir, conn, "capella_inbox")
             try:
-
-                async def complete() -> bool:
-                    return await conn.fetchval("SELECT count(*) FROM capella_inbox") >= ROWS
-
-                assert await eventually(complete, 60)
+                assert 0 < inserted < ROWS, "the kill must come in the middle of the copy"
+                assert await rows_come_to(conn, "capella_inbox", lambda n: n >= ROWS, 60)
                 queued = await read_all(session, f"{url}/v1/queues/events", limit=5000)
             finally:
                 server.stop()
@@ -165,5 +169,3 @@ async def test_kill_9_mid_inbox_copy_leaves_each_message_once_in_the_table(
         assert [tuple(r) for r in rows] == [
             (m["source"], m["external_id"], m["id"], payload(m), m["segment"]) for m in queued
         ]
-    finally:
-        await conn.close()

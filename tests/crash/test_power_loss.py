@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from support.faults import powerfs
-from support.http import read_all
+from support.http import produced, read_all
 from support.servers import ServerProcess
 
 pytestmark = [
@@ -53,19 +53,10 @@ class Writer:
             if not self.pending:
                 self.next_ext += BATCH
             self.pending = exts
-            body = {
-                "messages": [{"data": self.text(e), "source": self.source, "external_id": e} for e in exts]
-            }
-            try:
-                async with http.post(
-                    f"{self.url}/v1/queues/power/messages?save={self.save}",
-                    json=body,
-                    timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
-                ) as resp:
-                    if resp.status != 200:
-                        return
-                    results = (await resp.json())["results"]
-            except (TimeoutError, aiohttp.ClientError):
+            messages = [{"data": self.text(e), "source": self.source, "external_id": e} for e in exts]
+            queue_url = f"{self.url}/v1/queues/power"
+            results = await produced(http, queue_url, messages, self.save, REQUEST_TIMEOUT)
+            if results is None:
                 return
             for ext, result in zip(exts, results, strict=True):
                 assert owners.setdefault(result["id"], (self.source, ext)) == (self.source, ext)

@@ -69,22 +69,15 @@ def test_a_bad_auth_section_is_refused(tmp_path: Path, auth: dict[str, object]) 
         parse_config({"auth": auth}, {}, base=tmp_path)
 
 
-def test_the_server_process_refuses_to_start_beyond_loopback_without_auth(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "capella",
-            "serve",
-            "--data-dir",
-            str(tmp_path),
-            "--listen",
-            f"0.0.0.0:{free_port()}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
+def serve(*args: str) -> subprocess.CompletedProcess[str]:
+    """``capella serve`` with ``args``, run to its end (a refusal ends it at once)."""
+    return subprocess.run(
+        [sys.executable, "-m", "capella", "serve", *args], capture_output=True, text=True, timeout=30
     )
+
+
+def test_the_server_process_refuses_to_start_beyond_loopback_without_auth(tmp_path: Path) -> None:
+    done = serve("--data-dir", str(tmp_path), "--listen", f"0.0.0.0:{free_port()}")
 
     assert done.returncode == 2
     assert "without authentication" in done.stderr and "[auth] enabled = true" in done.stderr
@@ -97,22 +90,8 @@ def test_auth_on_without_any_user_says_how_to_make_one(
     monkeypatch.delenv("TEST_CAPELLA_ADMIN_PASSWORD", raising=False)
     config = tmp_path / "capella.toml"
     config.write_text(AUTH_CONFIG)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "capella",
-            "serve",
-            "--config",
-            str(config),
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--listen",
-            f"127.0.0.1:{free_port()}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
+    done = serve(
+        "--config", str(config), "--data-dir", str(tmp_path / "data"), "--listen", f"127.0.0.1:{free_port()}"
     )
 
     assert done.returncode == 2

@@ -70,6 +70,12 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPr
         big.stop()
 
 
+@pytest.fixture
+def small(servers: tuple[ServerProcess, ServerProcess]) -> ServerProcess:
+    """The server with small limits (1 KiB a message, 100 a batch)."""
+    return servers[0]
+
+
 def v1(
     server: ServerProcess,
     method: str,
@@ -135,10 +141,7 @@ def stored_nothing(server: ServerProcess, before: int) -> None:
 
 
 @pytest.mark.parametrize(("case", "messages"), OVER, ids=[c for c, _ in OVER])
-def test_every_v1_form_refuses_it(
-    servers: tuple[ServerProcess, ServerProcess], case: str, messages: list[dict[str, Any]]
-) -> None:
-    small, _ = servers
+def test_every_v1_form_refuses_it(small: ServerProcess, case: str, messages: list[dict[str, Any]]) -> None:
     before = last_id(small)
     # JSON, a list and (for one message) the single object.
     check_v1(case, *v1(small, "POST", "/v1/queues/q/messages", {"messages": messages}))
@@ -184,9 +187,8 @@ def test_every_v1_form_refuses_it(
 
 @pytest.mark.parametrize(("case", "messages"), OVER, ids=[c for c, _ in OVER])
 def test_post_cluster_refuses_it_in_the_original_envelope(
-    servers: tuple[ServerProcess, ServerProcess], case: str, messages: list[dict[str, Any]]
+    small: ServerProcess, case: str, messages: list[dict[str, Any]]
 ) -> None:
-    small, _ = servers
     before = last_id(small)
     shaped = [as_original(m) for m in messages]
     listed = original(small, "q_add_list", {"msgs": shaped, "sm": 1})
@@ -205,9 +207,8 @@ def test_post_cluster_refuses_it_in_the_original_envelope(
 
 
 def test_a_small_gzip_body_of_300000_messages_is_refused_before_they_are_built(
-    servers: tuple[ServerProcess, ServerProcess],
+    small: ServerProcess,
 ) -> None:
-    small, _ = servers
     before = last_id(small)
     started = time.monotonic()
     refused = original(small, "q_add_list", {"msgs": [{}] * 300_000}, gzipped=True)
@@ -217,8 +218,7 @@ def test_a_small_gzip_body_of_300000_messages_is_refused_before_they_are_built(
     stored_nothing(small, before)
 
 
-def test_a_cursor_past_int64_is_refused_on_every_way_in(servers: tuple[ServerProcess, ServerProcess]) -> None:
-    small, _ = servers
+def test_a_cursor_past_int64_is_refused_on_every_way_in(small: ServerProcess) -> None:
     for cursor in (2**64 - 1, INT64_MAX + 1):
         answer = original(small, "q_subs_set_last", {"sbscr": "far_out", "id": cursor, "sm": 1})
         assert answer["error"]["code"] == INVALID, answer

@@ -111,6 +111,12 @@ def tool(name: str, conn: Path, *args: str, who: str = "admin") -> tuple[int, st
     return done.returncode, done.stdout + done.stderr
 
 
+def add_from(conn: Path, examples_file: str, save_mode: str) -> tuple[int, str]:
+    """``cap -cmd q_au``: the messages of one of the kit's example files into example_queue."""
+    path = str(EXAMPLES / examples_file)
+    return cap(conn, "-cmd", "q_au", "-name", "example_queue", "-pf", path, "-save_mode", save_mode)
+
+
 def cap(conn: Path, *args: str, who: str = "admin") -> tuple[int, str]:
     return tool("cap", conn, *args, who=who)
 
@@ -203,31 +209,11 @@ def test_cap_commands_answer_as_the_original(chain: list[ServerProcess], tmp_pat
     for key in ("cnt_limit", "time_limit", "len_limit", "segments", "default_save_mod"):
         assert description["params"][key] == original["params"][key], key
 
-    code, out = cap(
-        conn,
-        "-cmd",
-        "q_au",
-        "-name",
-        "example_queue",
-        "-pf",
-        str(EXAMPLES / "new_messages.json"),
-        "-save_mode",
-        "2",
-    )
+    code, out = add_from(conn, "new_messages.json", save_mode="2")
     assert code == 0 and len(json.loads(out)) == 2
     first_ids = json.loads(out)
     # The same identities again (src1/99, src1/100) answer the same ids: dedup by (src, eid).
-    code, out = cap(
-        conn,
-        "-cmd",
-        "q_au",
-        "-name",
-        "example_queue",
-        "-pf",
-        str(EXAMPLES / "new_messages2.json"),
-        "-save_mode",
-        "1",
-    )
+    code, out = add_from(conn, "new_messages2.json", save_mode="1")
     again = json.loads(out)
     assert again[1] == first_ids[1] and len(set(again)) == 3
     code, out = cap(conn, "-cmd", "q_get", "-name", "example_queue", "-qty", "10", "-id", "0")

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 from support.servers import ServerProcess, free_port
-from support.wait import until_blocking
+from support.wait import holds_blocking, until_blocking
 
 from e2e.test_original import (
     CAPTURES,
@@ -192,7 +191,7 @@ def test_external_clusters_and_handlers_through_cap(
     runs = v1(west.url, f"/v1/handlers/{copy}")["status"]["runs"]
     more = ("-cmd", "q_au", "-name", "example_queue", "-pf", str(EXAMPLES / "new_messages2.json"))
     assert cap(conn, *more, "-save_mode", "1")[0] == 0
-    time.sleep(1.0)  # time in which a stopped copy must not copy
+    holds_blocking(lambda: len(copied()) == 2, 1.0, "a stopped copy not copying")
     assert len(copied()) == 2
     assert v1(west.url, f"/v1/handlers/{copy}")["status"]["runs"] == runs
 

@@ -7,12 +7,12 @@ clusters are created over HTTP as an operator would. Each wait is bounded.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from support.servers import ServerProcess, free_port
-from support.wait import eventually
+from support.wait import eventually, holds, until
 
 from capella.client import AsyncClient
 from capella.wire.messages import StoredMessage
@@ -80,6 +80,13 @@ async def cluster_nodes(tmp_path: Path) -> AsyncIterator[dict[str, Node]]:
             await node.client.close()
 
 
+async def started(*nodes: Node) -> None:
+    """Each node running, with an empty queue "events"."""
+    for node in nodes:
+        await node.start()
+        await node.client.put_queue("events")
+
+
 async def produce(node: Node, prefix: str, count: int, queue: str = "events") -> None:
     for start in range(0, count, 100):
         batch = [f"{prefix}{i}" for i in range(start, min(count, start + 100))]
@@ -97,6 +104,24 @@ async def converged(nodes: list[Node], expected: int) -> list[list[tuple[str, in
 
     await eventually(caught_up, within=CONVERGE_TIMEOUT, every=0.2)
     return views
+
+
+async def quiet(nodes: list[Node], expected: int) -> None:
+    """For 2.5 s nothing more appears on any node (no loop)."""
+
+    async def still() -> bool:
+        return [len(await n.identities()) for n in nodes] == [expected] * len(nodes)
+
+    await holds(still, 2.5, "every node without a message more", every=0.5)
+
+
+def copying(node: Node, after: int) -> Callable[[], Awaitable[bool]]:
+    """Whether ``node`` has taken a copied message past id ``after``."""
+
+    async def check() -> bool:
+        return bool((await node.client.read("events", after=after, limit=1)).messages)
+
+    return check
 
 
 def assert_union(views: list[list[tuple[str, int]]], expected: int) -> None:
@@ -141,9 +166,7 @@ async def test_edge_keeps_writing_while_the_datacenter_is_down(cluster_nodes: di
 
 async def test_two_datacenters_both_write_through_a_cut_and_converge(cluster_nodes: dict[str, Node]) -> None:
     a, b = cluster_nodes["a"], cluster_nodes["b"]
-    for node in (a, b):
-        await node.start()
-        await node.client.put_queue("events")
+    await started(a, b)
     await a.cluster_and_copy(b)
     await b.cluster_and_copy(a)
     await produce(a, "a", 200)
@@ -154,7 +177,7 @@ async def test_two_datacenters_both_write_through_a_cut_and_converge(cluster_nod
     await produce(b, "b-after", 80)
     views = await converged([a, b], 550)
     assert_union(views, 550)
-    await asyncio.sleep(2.5)  # quiet: nothing more may appear (no loop)
+    await quiet([a, b], 550)
     assert [len(await n.identities()) for n in (a, b)] == [550, 550]
 
 
@@ -163,9 +186,7 @@ async def test_three_clusters_converge_in_a_ring_and_in_a_mesh(
     cluster_nodes: dict[str, Node], topology: str
 ) -> None:
     nodes = [cluster_nodes[n] for n in ("a", "b", "c")]
-    for node in nodes:
-        await node.start()
-        await node.client.put_queue("events")
+    await started(*nodes)
     for i, node in enumerate(nodes):
         targets = [nodes[(i + 1) % 3]] if topology == "ring" else [n for n in nodes if n is not node]
         for other in targets:
@@ -174,21 +195,19 @@ async def test_three_clusters_converge_in_a_ring_and_in_a_mesh(
         await produce(node, node.name, 100)
     views = await converged(nodes, 300)
     assert_union(views, 300)
-    await asyncio.sleep(2.5)  # quiet: nothing more may appear (no loop)
+    await quiet(nodes, 300)
     assert [len(await n.identities()) for n in nodes] == [300, 300, 300]
 
 
 async def test_kill_minus_9_of_either_side_while_copying(cluster_nodes: dict[str, Node]) -> None:
     a, b = cluster_nodes["a"], cluster_nodes["b"]
-    for node in (a, b):
-        await node.start()
-        await node.client.put_queue("events")
+    await started(a, b)
     await a.cluster_and_copy(b)
     total = 0
     for victim in (b, a, b):
         await produce(a, f"round{total}-", 300)
         total += 300
-        await asyncio.sleep(0.3)  # copying is under way
+        await until(copying(b, after=total - 300), what="copying under way")
         victim.kill()
         await victim.start()
     views = await converged([a, b], total)

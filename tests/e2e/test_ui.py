@@ -479,9 +479,19 @@ def test_every_delete_asks_first_and_a_queue_wants_its_name_typed(
     server_api("PUT", "/v1/clusters/spare", {"url": "http://127.0.0.1:9"})
     dialog = page.get_by_test_id("confirm")
 
+    def ask(button: str, question: str, cancel: bool = False) -> None:
+        page.get_by_test_id(button).click()
+        expect(dialog).to_contain_text(question)
+        if cancel:
+            page.get_by_test_id("confirm-cancel").click()
+
+    def confirm(button: str) -> None:
+        page.get_by_test_id(button).click()
+        page.get_by_test_id("confirm-ok").click()
+        expect(page.get_by_test_id(button)).to_have_count(0)
+
     page.goto(f"{server.url}/ui/#/queue/doomed")
-    page.get_by_test_id("delete-queue").click()
-    expect(dialog).to_contain_text("Delete queue doomed?")
+    ask("delete-queue", "Delete queue doomed?")
     # Not until the name is typed, exactly.
     expect(page.get_by_test_id("confirm-ok")).to_be_disabled()
     page.get_by_test_id("confirm-typed").fill("doome")
@@ -492,36 +502,25 @@ def test_every_delete_asks_first_and_a_queue_wants_its_name_typed(
     assert server_api("GET", "/v1/queues/doomed")["stats"]["messages"] == 1
 
     # A subscription: dismissed, then confirmed.
-    page.get_by_test_id("delete-subscription-reader").click()
-    expect(dialog).to_contain_text("Delete subscription reader of doomed?")
+    ask("delete-subscription-reader", "Delete subscription reader of doomed?")
     page.keyboard.press("Escape")
     expect(dialog).to_have_count(0)
     assert server_api("GET", "/v1/queues/doomed/subscriptions/reader")["name"] == "reader"
-    page.get_by_test_id("delete-subscription-reader").click()
-    page.get_by_test_id("confirm-ok").click()
-    expect(page.get_by_test_id("delete-subscription-reader")).to_have_count(0)
+    confirm("delete-subscription-reader")
     server_api("GET", "/v1/queues/doomed/subscriptions/reader", expect_status=404)
 
     # A handler.
     page.goto(f"{server.url}/ui/#/handlers")
-    page.get_by_test_id("delete-doomed-flush").click()
-    expect(dialog).to_contain_text("Delete handler doomed-flush?")
-    page.get_by_test_id("confirm-cancel").click()
+    ask("delete-doomed-flush", "Delete handler doomed-flush?", cancel=True)
     assert server_api("GET", "/v1/handlers/doomed-flush")["name"] == "doomed-flush"
-    page.get_by_test_id("delete-doomed-flush").click()
-    page.get_by_test_id("confirm-ok").click()
-    expect(page.get_by_test_id("delete-doomed-flush")).to_have_count(0)
+    confirm("delete-doomed-flush")
     server_api("GET", "/v1/handlers/doomed-flush", expect_status=404)
 
     # An external cluster.
     page.goto(f"{server.url}/ui/#/replication")
-    page.get_by_test_id("delete-link-spare").click()
-    expect(dialog).to_contain_text("Delete the link to spare?")
-    page.get_by_test_id("confirm-cancel").click()
+    ask("delete-link-spare", "Delete the link to spare?", cancel=True)
     assert "spare" in [c["name"] for c in server_api("GET", "/v1/clusters")["clusters"]]
-    page.get_by_test_id("delete-link-spare").click()
-    page.get_by_test_id("confirm-ok").click()
-    expect(page.get_by_test_id("delete-link-spare")).to_have_count(0)
+    confirm("delete-link-spare")
     assert "spare" not in [c["name"] for c in server_api("GET", "/v1/clusters")["clusters"]]
 
     # The queue, once its name is typed: gone, and the console is back on the overview.

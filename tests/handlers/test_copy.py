@@ -7,14 +7,14 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from support.wait import until
+from support.supervisor import launched, refused, started
+from support.wait import holds, until
 
 from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
-from capella.errors import InvalidRequest, StorageUnavailable
+from capella.errors import StorageUnavailable
 from capella.handlers.copy import CopyHandler
-from capella.handlers.supervisor import Supervisor
 from capella.links.registry import Links
 from capella.wire.copy import CopyParams
 from capella.wire.params import decode_params
@@ -104,9 +104,7 @@ async def test_segment_filter_copies_only_those_and_still_advances(cluster: Clus
 async def test_a_missing_destination_is_a_clear_error_and_loses_nothing(cluster: Cluster) -> None:
     src, _ = await cluster.put_queue("edge", {})
     await cluster.put_queue("dc", {})
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
+    async with started(cluster) as supervisor:
         await supervisor.put(
             "up", {"type": "copy", "params": {"from": "edge", "to": "dc", "wait": 0}, "started": False}
         )
@@ -119,16 +117,12 @@ async def test_a_missing_destination_is_a_clear_error_and_loses_nothing(cluster:
         assert state.last_error is None and state.items == 1
         assert (await all_messages(cluster, "dc")) == [("dc1", 1, b"kept")]
         assert msgspec.to_builtins(state.info())["status"]["lag"] == 0
-    finally:
-        await supervisor.close()
 
 
 async def test_a_started_copy_follows_new_messages_and_serves_receipts(cluster: Cluster) -> None:
     src, _ = await cluster.put_queue("edge", {})
     await cluster.put_queue("dc", {})
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
+    async with started(cluster) as supervisor:
         await supervisor.put("up", {"type": "copy", "queues": ["edge"], "params": {"to": "dc", "wait": "1s"}})
         answers = await src.append([Draft(b"hello")], SaveMode.WAIT)
         holders = await src.wait_replicas(answers[0].id, 1, 5.0)
@@ -136,10 +130,8 @@ async def test_a_started_copy_follows_new_messages_and_serves_receipts(cluster: 
         assert (await all_messages(cluster, "dc")) == [("dc1", 1, b"hello")]
         state = await supervisor.stop_handler("up")
         runs = state.runs
-        await asyncio.sleep(0.1)  # time in which a stopped copy must not run
+        await holds(lambda: state.runs == runs, 0.1, "a stopped copy not running")
         assert state.runs == runs
-    finally:
-        await supervisor.close()
 
 
 @pytest.mark.parametrize(
@@ -159,15 +151,10 @@ async def test_bad_copy_definitions_are_refused(
 ) -> None:
     await cluster.put_queue("edge", {})
     await cluster.put_queue("dc", {})
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
-        with pytest.raises(InvalidRequest) as info:
-            await supervisor.put("c", {"type": "copy", "queues": ["edge"], "params": params})
+    async with started(cluster) as supervisor:
+        error = await refused(supervisor, "c", {"type": "copy", "queues": ["edge"], "params": params})
         if field is not None:
-            assert info.value.details.get("field") == field
-    finally:
-        await supervisor.close()
+            assert error.details.get("field") == field
 
 
 async def test_copying_a_queue_into_itself_fails_the_pass(cluster: Cluster) -> None:
@@ -179,8 +166,7 @@ async def test_copying_a_queue_into_itself_fails_the_pass(cluster: Cluster) -> N
 async def test_a_copy_waiting_for_messages_stops_replaces_and_drops_at_once(cluster: Cluster) -> None:
     await cluster.put_queue("edge", {})
     await cluster.put_queue("dc", {})
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
+    supervisor = await launched(cluster)
     definition = {"type": "copy", "queues": ["edge"], "params": {"to": "dc", "wait": "30s"}}
     loop = asyncio.get_running_loop()
     try:
@@ -208,8 +194,7 @@ async def test_a_copy_stopped_in_a_backlog_ends_after_its_step_with_its_cursor_c
     await cluster.put_queue("dc", {})
     for _ in range(40):
         await src.append([Draft(b"x" * 100) for _ in range(500)], SaveMode.NONE)
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
+    supervisor = await launched(cluster)
     loop = asyncio.get_running_loop()
     try:
         definition = {"type": "copy", "queues": ["edge"], "params": {"to": "dc", "batch": 10}}

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.supervisor import launched, started
 
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.auth.store import AuthStore, parse_rules
@@ -37,8 +38,7 @@ def users(tmp_path: Path) -> AuthStore:
 async def supervisor(cluster: Cluster, users: AuthStore) -> Supervisor:
     await cluster.put_queue("q", {})
     await cluster.put_queue("secret", {})
-    made = Supervisor(cluster, users=users)
-    await made.start()
+    made = await launched(cluster, users=users)
     return made
 
 
@@ -142,9 +142,7 @@ async def test_the_definer_survives_a_restart_and_the_handler_runs_once_its_user
 ) -> None:
     await supervisor.put("h", {**FLUSH, "user": "svc-later"}, as_user(users, "mgr"))
     await supervisor.close()
-    again = Supervisor(cluster, users=users)
-    await again.start()
-    try:
+    async with started(cluster, users=users) as again:
         state = again.handler("h")
         assert (state.user, state.definer) == ("svc-later", "mgr")
         assert await error_code(again, "h") == "handler_user_unavailable"
@@ -152,17 +150,11 @@ async def test_the_definer_survives_a_restart_and_the_handler_runs_once_its_user
         assert await error_code(again, "h") == "handler_user_not_covered"
         users.change_user("svc-later", admin=False, rules=parse_rules(MGR_RULES[2:]))
         assert await error_code(again, "h") is None
-    finally:
-        await again.close()
 
 
 async def test_with_authentication_off_a_named_user_is_not_checked(cluster: Cluster) -> None:
     await cluster.put_queue("q", {})
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
+    async with started(cluster) as supervisor:
         state, _ = await supervisor.put("h", {**FLUSH, "user": "nobody-yet"}, UNRESTRICTED)
         assert state.definer is None and state.status().cannot_run is None
         assert await error_code(supervisor, "h") is None
-    finally:
-        await supervisor.close()

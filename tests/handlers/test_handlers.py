@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 from support.clock import Clock
-from support.wait import until
+from support.supervisor import launched, refused, started
+from support.wait import holds, until
 
 from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
-from capella.errors import HandlerNotFound, InvalidRequest
+from capella.errors import HandlerNotFound
 from capella.handlers.archive import ArchiveHandler
 from capella.handlers.expire import ExpireHandler
 from capella.handlers.flush import FlushHandler
-from capella.handlers.supervisor import Supervisor
 from capella.handlers.unload import UnloadHandler
 from capella.wire.params import decode_params
 from capella.wire.upkeep import ArchiveParams, ExpireParams, FlushParams, UnloadParams
@@ -212,16 +211,10 @@ async def test_bad_definitions_are_refused_naming_the_field(
     cluster: Cluster, body: dict[str, Any], field: str
 ) -> None:
     await cluster.put_queue("ex", {})
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
-        with pytest.raises(InvalidRequest) as info:
-            await supervisor.put("h", body)
-        assert info.value.details.get("field") == field
+    async with started(cluster) as supervisor:
+        assert (await refused(supervisor, "h", body)).details.get("field") == field
         with pytest.raises(HandlerNotFound):
             supervisor.handler("h")
-    finally:
-        await supervisor.close()
 
 
 async def test_nanosecond_durations_from_the_original_api_are_accepted() -> None:
@@ -233,8 +226,7 @@ async def test_supervisor_persists_handlers_and_their_started_state(
     tmp_path: Path, cluster: Cluster, clock: Clock
 ) -> None:
     await filled(cluster, "ex", 30)
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
+    supervisor = await launched(cluster, clock=clock)
     state, created = await supervisor.put(
         "trim", {"type": "expire", "queue": "ex", "params": {"max_messages": 10, "interval": "1h"}}
     )
@@ -246,8 +238,7 @@ async def test_supervisor_persists_handlers_and_their_started_state(
     await cluster.close()
 
     cluster = await Cluster.open(make_config(tmp_path), clock=clock)
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
+    supervisor = await launched(cluster, clock=clock)
     try:
         by_name = {s.name: msgspec.to_builtins(s.info()) for s in supervisor.handlers()}
         assert by_name["trim"]["started"] is True and by_name["idle"]["started"] is False
@@ -262,9 +253,7 @@ async def test_a_failing_pass_is_recorded_backs_off_and_clears_on_success(
     tmp_path: Path, cluster: Cluster, clock: Clock
 ) -> None:
     q = await filled(cluster, "arch", 20)
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
-    try:
+    async with started(cluster, clock=clock) as supervisor:
         await supervisor.put(
             "move",
             {
@@ -287,21 +276,17 @@ async def test_a_failing_pass_is_recorded_backs_off_and_clears_on_success(
         warm.unlink()
         state = await supervisor.run_now("move")
         assert state.last_error is None and state.failures == 0 and state.items == 2
-    finally:
-        await supervisor.close()
 
 
 async def test_stop_really_stops(cluster: Cluster) -> None:
     await filled(cluster, "tick", 5)
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
+    async with started(cluster) as supervisor:
         await supervisor.put("fast", {"type": "flush", "queues": ["tick"], "params": {"interval": "10ms"}})
         await until(lambda: supervisor.handler("fast").runs >= 2, what="two passes")
         state = await supervisor.stop_handler("fast")
         runs = state.runs
         assert runs >= 2 and not state.started
-        await asyncio.sleep(0.1)  # ten intervals in which a stopped handler must not run
+        await holds(lambda: state.runs == runs, 0.1, "a stopped handler not running")  # ten intervals
         assert state.runs == runs
         assert msgspec.to_builtins(state.info())["status"]["next_run"] is None
         await supervisor.start_handler("fast")
@@ -309,8 +294,6 @@ async def test_stop_really_stops(cluster: Cluster) -> None:
         await supervisor.drop("fast")
         with pytest.raises(HandlerNotFound):
             supervisor.handler("fast")
-    finally:
-        await supervisor.close()
 
 
 async def test_a_journal_that_outlived_an_expired_block_is_not_replayed(
@@ -344,8 +327,7 @@ async def test_a_stored_definition_that_no_longer_builds_is_kept_and_reports(
     tmp_path: Path, clock: Clock, cluster: Cluster
 ) -> None:
     await filled(cluster, "arc", 5)
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
+    supervisor = await launched(cluster, clock=clock)
     await supervisor.put(
         "move",
         {"type": "archive", "queues": ["arc"], "params": {"conditions": [{"mark": 2}]}, "started": False},
@@ -353,20 +335,12 @@ async def test_a_stored_definition_that_no_longer_builds_is_kept_and_reports(
     await supervisor.close()
     # The queue loses its mark 2 mapping; the handler can no longer be built.
     await cluster.put_queue("arc", {"mounts": {"marks": {"0": "default", "1": "warm"}}})
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
-    try:
+    async with started(cluster, clock=clock) as supervisor:
         await supervisor.put("trim", {"type": "expire", "queues": ["arc"], "params": {"max_age": "30d"}})
         state = await supervisor.run_now("move")
         assert state.last_error is not None and "cannot be loaded" in state.last_error.message
         assert msgspec.to_builtins(state.info())["params"]["conditions"] == [
             {"mark": 2, "from_age": 0.0, "to_age": None}
         ]
-    finally:
-        await supervisor.close()
-    supervisor = Supervisor(cluster, clock=clock)
-    await supervisor.start()
-    try:
+    async with started(cluster, clock=clock) as supervisor:
         assert [s.name for s in supervisor.handlers()] == ["move", "trim"]
-    finally:
-        await supervisor.close()

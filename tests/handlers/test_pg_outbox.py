@@ -21,7 +21,8 @@ from typing import Any
 import asyncpg
 import msgspec
 import pytest
-from support.pg import PASSWORD, PASSWORD_ROLE, PgServer
+from support.pg import PASSWORD, PASSWORD_ROLE, PgServer, fresh_database
+from support.supervisor import launched, started
 from support.wait import eventually
 
 from capella.core.cluster import Cluster
@@ -115,9 +116,7 @@ async def test_committed_rows_become_messages_with_their_identity_and_columns(
 async def test_text_and_jsonb_data_and_relayed_at_instead_of_delete(
     orders: Cluster, pg_server: PgServer
 ) -> None:
-    dsn = pg_server.create_database(f"t{uuid.uuid4().hex[:12]}")
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with fresh_database(pg_server) as (dsn, conn):
         await conn.execute(
             "CREATE TABLE events (id bigserial PRIMARY KEY, data text NOT NULL, relayed_at timestamptz)"
         )
@@ -141,8 +140,6 @@ async def test_text_and_jsonb_data_and_relayed_at_instead_of_delete(
         # jsonb comes as PostgreSQL prints it.
         assert queued[4].payload == b'{"a": [true, null], "b": 1}'
         assert await conn.fetchval("SELECT count(*) FROM events WHERE relayed_at IS NOT NULL") == 4
-    finally:
-        await conn.close()
 
 
 async def test_rows_that_commit_out_of_id_order_are_never_skipped(
@@ -199,9 +196,12 @@ async def test_concurrent_writers_with_rollbacks_each_committed_row_exactly_once
     handler = relay(orders, dsn, batch=7)
     writers = asyncio.gather(*(writer(n) for n in range(4)))
     try:
-        deadline = time.monotonic() + 30
-        while not writers.done() and time.monotonic() < deadline:
+
+        async def relayed_while_writing() -> bool:
             await handler.run_once()
+            return writers.done()
+
+        await eventually(relayed_while_writing, 30, every=0)
         await writers
         await handler.run_once()
     finally:
@@ -341,8 +341,7 @@ async def test_a_missing_table_or_column_or_a_wrong_type_shows_in_the_status(
 async def test_an_unreachable_database_an_unknown_one_and_a_bad_password_show_in_the_status(
     orders: Cluster, tmp_path: Path, pg_server: PgServer
 ) -> None:
-    supervisor = Supervisor(orders, links=Links(orders, key_file=tmp_path / "links.key"))
-    await supervisor.start()
+    supervisor = await launched(orders, links=Links(orders, key_file=tmp_path / "links.key"))
     try:
         closed = await _status_after_a_pass(supervisor, {"dsn": "postgresql://postgres@127.0.0.1:1/x"})
         assert "postgres postgres@127.0.0.1:1/x: cannot connect" in closed["last_error"]["message"]
@@ -368,15 +367,11 @@ async def test_a_dsn_password_is_never_shown_logged_or_stored_in_clear(
     pg_server.psql(database, "INSERT INTO capella_outbox (data) VALUES ('one'), ('two')")
     dsn = f"postgresql://{PASSWORD_ROLE}:{PASSWORD}@127.0.0.1:{pg_server.port}/{database}"
     links = Links(orders, key_file=tmp_path / "links.key")
-    supervisor = Supervisor(orders, links=links)
-    await supervisor.start()
-    try:
+    async with started(orders, links=links) as supervisor:
         await supervisor.put(
             "relay", {"type": "pg_outbox", "params": {"to": "orders", "dsn": dsn}, "started": False}
         )
         shown = msgspec.to_builtins((await supervisor.run_now("relay")).info())
-    finally:
-        await supervisor.close()
     assert shown["status"]["last_error"] is None and shown["status"]["items"] == 2
     assert shown["params"]["dsn"] == f"postgresql://{PASSWORD_ROLE}@127.0.0.1:{pg_server.port}/{database}"
     assert shown["params"]["password"] == "stored encrypted"
@@ -385,8 +380,7 @@ async def test_a_dsn_password_is_never_shown_logged_or_stored_in_clear(
     assert PASSWORD not in caplog.text
     # The stored definition comes back with its password, decrypted with the cluster's key.
     pg_server.psql(database, "INSERT INTO capella_outbox (data) VALUES ('three')")
-    again = Supervisor(orders, links=Links(orders, key_file=tmp_path / "links.key"))
-    await again.start()
+    again = await launched(orders, links=Links(orders, key_file=tmp_path / "links.key"))
     try:
         assert msgspec.to_builtins((await again.run_now("relay")).info())["status"]["items"] == 1
     finally:
@@ -394,8 +388,7 @@ async def test_a_dsn_password_is_never_shown_logged_or_stored_in_clear(
     assert [m.payload for m in await messages(orders)] == [b"one", b"two", b"three"]
     # Without its key the definition cannot be loaded: it says so, shows no secret, and is kept.
     (tmp_path / "links.key").rename(tmp_path / "lost.key")
-    keyless = Supervisor(orders, links=Links(orders, key_file=tmp_path / "links.key"))
-    await keyless.start()
+    keyless = await launched(orders, links=Links(orders, key_file=tmp_path / "links.key"))
     try:
         failed = msgspec.to_builtins((await keyless.run_now("relay")).info())
         assert "cannot be decrypted" in failed["status"]["last_error"]["message"]

@@ -22,6 +22,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from support.receiver import Received, listening
+from support.supervisor import build_push, launched, refused, started
 from support.wait import until
 
 from capella import metrics
@@ -31,11 +32,10 @@ from capella.auth.secret import Secrets
 from capella.config import Config, SecretSettings, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
-from capella.errors import Forbidden, InvalidRequest, QueueNotFound
+from capella.errors import Forbidden, QueueNotFound
 from capella.handlers.delivery import header_value, retry_after
 from capella.handlers.push import PushHandler, policy_of, push_params
 from capella.handlers.signature import sign, verify
-from capella.handlers.supervisor import Supervisor, build_push
 from capella.links.reach import Reach
 from capella.links.registry import Links
 from capella.wire.params import decode_params
@@ -379,17 +379,13 @@ async def test_bad_push_definitions_are_refused(
     cluster: Cluster, params: dict[str, object], field: str
 ) -> None:
     await cluster.put_queue("orders", {})
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
-        with pytest.raises(InvalidRequest) as info:
-            await supervisor.put("p", {"type": "push", "queue": "orders", "params": params})
-        assert info.value.details.get("field") == field
-        with pytest.raises(InvalidRequest) as info:
-            await supervisor.put("p", {"type": "push", "queues": ["ord*"], "params": {"url": "http://x"}})
-        assert info.value.details.get("field") == "queue"
-    finally:
-        await supervisor.close()
+    async with started(cluster) as supervisor:
+        error = await refused(supervisor, "p", {"type": "push", "queue": "orders", "params": params})
+        assert error.details.get("field") == field
+        error = await refused(
+            supervisor, "p", {"type": "push", "queues": ["ord*"], "params": {"url": "http://x"}}
+        )
+        assert error.details.get("field") == "queue"
 
 
 def test_params_round_trip_through_their_stored_form() -> None:
@@ -487,8 +483,7 @@ async def test_a_definition_whose_secret_is_gone_after_a_restart_says_so(
 ) -> None:
     await cluster.put_queue("orders", {})
     monkeypatch.setenv("HOOK_SECRET", "s")
-    supervisor = Supervisor(cluster, secrets=Secrets(HOOK_SECRETS))
-    await supervisor.start()
+    supervisor = await launched(cluster, secrets=Secrets(HOOK_SECRETS))
     definition = {
         "type": "push",
         "queue": "orders",
@@ -497,8 +492,7 @@ async def test_a_definition_whose_secret_is_gone_after_a_restart_says_so(
     await supervisor.put("hook", {**definition, "started": False})
     await supervisor.close()
     monkeypatch.delenv("HOOK_SECRET")
-    supervisor = Supervisor(cluster, secrets=Secrets(HOOK_SECRETS))
-    await supervisor.start()
+    supervisor = await launched(cluster, secrets=Secrets(HOOK_SECRETS))
     try:
         state = await supervisor.run_now("hook")
         assert state.last_error is not None and "'hook-secret' cannot be used" in state.last_error.message

@@ -12,7 +12,8 @@ import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from support.wait import until
+from support.supervisor import launched
+from support.wait import parked, until
 
 from capella.api import create_app
 from capella.auth.authenticator import Authenticator
@@ -50,8 +51,7 @@ async def nodes(
         cluster = await Cluster.open(config)
         # The operator declares the clusters' secret; the cluster names it (password_secret).
         secrets = Secrets({"secure-dc": SecretSettings(env="SECURE_DC_PASSWORD")})
-        supervisor = Supervisor(cluster, links=Links(cluster, secrets=secrets), secrets=secrets)
-        await supervisor.start()
+        supervisor = await launched(cluster, links=Links(cluster, secrets=secrets), secrets=secrets)
         server = await aiohttp_server(create_app(cluster, ServerSettings(), supervisor))
         made[name] = Node(cluster, supervisor, str(server.make_url("")).rstrip("/"))
     for node in made.values():
@@ -147,7 +147,11 @@ async def test_a_started_copy_delivers_a_receipt_to_the_producer(nodes: dict[str
     answers = await edge.cluster.queue("events").append([Draft(b"important")], SaveMode.WAIT)
     holders = await edge.cluster.queue("events").wait_replicas(answers[0].id, 1, 5.0)
     assert holders == ["copy-to-dc.events"]
-    await asyncio.sleep(0)
+
+    async def arrived() -> bool:
+        return await stored(dc, "events") == [("edge", 1, b"important")]
+
+    await until(arrived, what="the copy stored in dc")
     assert await stored(dc, "events") == [("edge", 1, b"important")]
 
 
@@ -163,8 +167,7 @@ async def secure_dc(
     users.add_user("root", "root-password", admin=True)
     users.add_user("replicator", "replicator-password", rules=(AccessRule.parse("allow:queue:write:events"),))
     cluster = await Cluster.open(config)
-    supervisor = Supervisor(cluster, users=users)
-    await supervisor.start()
+    supervisor = await launched(cluster, users=users)
     authenticator = Authenticator(users, AuthSettings(enabled=True))
     server = await aiohttp_server(
         create_app(cluster, ServerSettings(), supervisor, authenticator=authenticator)
@@ -243,7 +246,7 @@ async def test_a_copy_stuck_connecting_to_a_cluster_stops_at_once(
             await edge.supervisor.put("out", copy)
             state = edge.supervisor.handler("out")
             await until(lambda: state.running and state.handler.interruptible, what="the pass connecting")
-            await asyncio.sleep(0.2)
+            await parked("BaseConnector.connect")  # aiohttp's connect is under way
             started = loop.time()
             await edge.supervisor.stop_handler("out")
             # A call to another cluster is repeated by the next pass: no grace to sit out.

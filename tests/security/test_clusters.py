@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from aiohttp import web
+from support.receiver import Receiver, listening
 
 from security.conftest import DEV_PASSWORD, DEV_RULES, StartSecured
 
@@ -60,29 +60,13 @@ def test_a_cluster_secret_needs_secret_use_by_its_definer(start_secured: StartSe
 
 async def test_a_cluster_uses_its_secret_as_it_is_now(start_secured: StartSecured, tmp_path: Path) -> None:
     """A rotated secret (the file rewritten) is sent from the next call on, without a restart."""
-    seen: list[str] = []
-
-    async def me(request: web.Request) -> web.Response:
-        seen.append(request.headers.get("Authorization", ""))
-        return web.json_response(
-            {"user": None, "admin": False, "via": "token", "rules": [], "cluster": "far"}
-        )
-
-    async def ready(request: web.Request) -> web.Response:
-        return web.json_response({"ready": True})
-
-    app = web.Application()
-    app.router.add_get("/readyz", ready)
-    app.router.add_get("/v1/me", me)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
+    me = {"user": None, "admin": False, "via": "token", "rules": [], "cluster": "far"}
+    far = Receiver(json={"/readyz": {"ready": True}, "/v1/me": me})
+    async with listening(far.handle) as port:
         token = tmp_path / "far-token"
         token.write_text("first-token\n")
         secured = start_secured(f'{LOOPBACK}[secrets.far-file]\nfile = "{token}"\n')
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        url = f"http://127.0.0.1:{port}"
         definition = {"url": url, "token_secret": "far-file"}
         assert secured.call("PUT", "/v1/clusters/far", definition, user="admin").status == 201
 
@@ -92,11 +76,11 @@ async def test_a_cluster_uses_its_secret_as_it_is_now(start_secured: StartSecure
         ping = await asyncio.to_thread(secured.call, "POST", "/v1/clusters/far/ping", user="admin")
         assert ping.body["ok"] is True, ping.body
         # Adding the cluster asked the far side its name too.
+        seen = far.authorizations("/v1/me")
         assert seen == ["Bearer first-token", "Bearer first-token", "Bearer second-token"]
 
         token.unlink()
         gone = await asyncio.to_thread(secured.call, "POST", "/v1/clusters/far/ping", user="admin")
         assert gone.body["ok"] is False and gone.body["error"]["code"] == "secret_unavailable", gone.body
+        seen = far.authorizations("/v1/me")
         assert len(seen) == 3
-    finally:
-        await runner.cleanup()

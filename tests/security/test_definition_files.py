@@ -98,6 +98,12 @@ def broker(tmp_path: Path, ca_dir: Path) -> Iterator[tuple[Broker, Secured]]:
         made.stop()
 
 
+@pytest.fixture
+def secured(broker: tuple[Broker, Secured]) -> Secured:
+    """The broker's client, for a test that does not restart it."""
+    return broker[1]
+
+
 def healthy(secured: Secured) -> bool:
     """Whether /healthz answers within a second: the event loop is not held."""
     with urllib.request.urlopen(f"{secured.url}/healthz", timeout=1.0) as resp:
@@ -115,9 +121,8 @@ def outbox(path: str, **extra: object) -> dict[str, object]:
     [("dev", "fifo"), ("dev", "/dev/stdin"), ("admin", "fifo"), ("admin", "/dev/stdin")],
 )
 def test_a_fifo_or_stdin_as_sslrootcert_is_refused_and_holds_nothing(
-    broker: tuple[Broker, Secured], ca_dir: Path, user: str, name: str
+    secured: Secured, ca_dir: Path, user: str, name: str
 ) -> None:
-    _, secured = broker
     path = name
     if name == "fifo":
         path = str(ca_dir / "pipe.pem")
@@ -167,9 +172,8 @@ def test_a_file_that_becomes_a_fifo_fails_the_pass_the_restart_holds_nothing_and
 
 
 def test_a_path_outside_the_listed_directories_gets_one_answer_whether_it_exists_or_not(
-    broker: tuple[Broker, Secured], tmp_path: Path
+    secured: Secured, tmp_path: Path
 ) -> None:
-    _, secured = broker
     outside = tmp_path / "outside.pem"
     outside.write_bytes(ca_pem())
     directory = tmp_path / "a-directory"
@@ -195,9 +199,8 @@ def test_a_path_outside_the_listed_directories_gets_one_answer_whether_it_exists
 
 
 def test_a_file_under_a_listed_directory_is_taken_and_an_oversized_one_is_refused(
-    broker: tuple[Broker, Secured], ca_dir: Path
+    secured: Secured, ca_dir: Path
 ) -> None:
-    _, secured = broker
     good = str(ca_dir / "ca.pem")
     assert secured.call("PUT", "/v1/handlers/dev-out", outbox(good, started=False)).status == 201
     cluster = secured.call("PUT", "/v1/clusters/dev-far", {"url": "https://127.0.0.1:1", "ca_file": good})
@@ -216,8 +219,7 @@ def test_a_file_under_a_listed_directory_is_taken_and_an_oversized_one_is_refuse
     assert told.status == 400 and "larger than 1024 KiB" in told.body["error"]["message"], told.body
 
 
-def test_an_admin_may_name_a_regular_file_anywhere(broker: tuple[Broker, Secured], tmp_path: Path) -> None:
-    _, secured = broker
+def test_an_admin_may_name_a_regular_file_anywhere(secured: Secured, tmp_path: Path) -> None:
     outside = tmp_path / "outside.pem"
     outside.write_bytes(ca_pem())
     answer = secured.call(

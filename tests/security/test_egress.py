@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from support.receiver import listening
-from support.wait import eventually
+from support.wait import eventually, holds
 
 from security.conftest import Answer, Secured, StartSecured
 
@@ -104,7 +104,7 @@ async def test_loopback_in_any_spelling_is_refused_and_costs_no_attempt(
     await define_pushes(secured, urls)
 
     statuses = await statuses_when(secured, list(urls), lambda s: s["last_error"] is not None)
-    await asyncio.sleep(0.3)  # a few more passes: still nothing may leave
+    await holds(lambda: loopback.seen == [], 0.3, "nothing leaving")  # a few more passes
 
     assert loopback.seen == []
     for name, status in statuses.items():

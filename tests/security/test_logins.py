@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from support.clock import Clock
 from support.servers import ServerProcess, running
+from support.supervisor import launched
 
 from capella.api import create_app
 from capella.auth.authenticator import LOGINS_WAITING, Authenticator
@@ -134,8 +135,7 @@ async def make_broker(
         store = AuthStore(tmp_path / f"auth-{len(supervisors)}")
         store.add_user(*ROOT, admin=True)
         store.add_user(*ALICE)
-        supervisor = Supervisor(cluster, users=store)
-        await supervisor.start()
+        supervisor = await launched(cluster, users=store)
         supervisors.append(supervisor)
         clock = Clock()
         authenticator = Authenticator(store, AuthSettings(enabled=True, **auth), clock=clock)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from support.supervisor import build_push, started
 
 from capella.config import Config, parse_config
 from capella.core.cluster import Cluster
 from capella.core.message import Draft, SaveMode
 from capella.errors import InvalidRequest
-from capella.handlers.supervisor import Supervisor, build_push
 
 
 @pytest.fixture
@@ -45,15 +45,11 @@ async def cluster(cluster: Cluster) -> Cluster:
 async def test_a_definition_past_the_caps_is_refused(
     cluster: Cluster, params: dict[str, object], field: str, limit: str
 ) -> None:
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
-    try:
+    async with started(cluster) as supervisor:
         with pytest.raises(InvalidRequest) as info:
             await supervisor.put(
                 "p", {"type": "push", "queue": "orders", "params": {"url": "http://x", **params}}
             )
-    finally:
-        await supervisor.close()
 
     assert info.value.details.get("field") == field
     assert limit in info.value.message

@@ -94,32 +94,33 @@ async def test_a_journal_grows_and_reads_back_after_sync(appendable: Storage) ->
     await journal.close()
 
 
-async def test_a_reopened_journal_keeps_its_bytes_and_appends_after_them(appendable: Storage) -> None:
-    journal = await appendable.journal("j")
-    await journal.append_and_sync(b"abc")
+async def written_journal(storage: Storage, key: str, data: bytes) -> None:
+    """A journal at ``key`` that holds ``data``, synced and closed."""
+    journal = await storage.journal(key)
+    await journal.append_and_sync(data)
     await journal.close()
-    journal = await appendable.journal("j")
-    assert journal.size == 3
-    await journal.append_and_sync(b"def")
-    await journal.close()
-    assert await appendable.get("j") == b"abcdef"
 
 
-async def test_truncate_to_drops_a_torn_tail(appendable: Storage) -> None:
-    journal = await appendable.journal("j")
-    await journal.append_and_sync(b"good|torn")
+@pytest.mark.parametrize(
+    ("before", "truncate_to", "size", "more", "after"),
+    [
+        pytest.param(b"abc", None, 3, b"def", b"abcdef", id="a reopened journal appends after its bytes"),
+        pytest.param(b"good|torn", 5, 5, b"next", b"good|next", id="truncate_to drops a torn tail"),
+    ],
+)
+async def test_a_reopened_journal_keeps_its_bytes_and_appends_after_them(
+    appendable: Storage, before: bytes, truncate_to: int | None, size: int, more: bytes, after: bytes
+) -> None:
+    await written_journal(appendable, "j", before)
+    journal = await appendable.journal("j", truncate_to=truncate_to)
+    assert journal.size == size
+    await journal.append_and_sync(more)
     await journal.close()
-    journal = await appendable.journal("j", truncate_to=5)
-    assert journal.size == 5
-    await journal.append_and_sync(b"next")
-    await journal.close()
-    assert await appendable.get("j") == b"good|next"
+    assert await appendable.get("j") == after
 
 
 async def test_truncate_to_past_the_end_is_refused(appendable: Storage) -> None:
-    journal = await appendable.journal("j")
-    await journal.append_and_sync(b"abc")
-    await journal.close()
+    await written_journal(appendable, "j", b"abc")
     with pytest.raises(InvalidRequest):
         await appendable.journal("j", truncate_to=4)
     assert await appendable.get("j") == b"abc"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from support.faults import FaultProxy
 from support.servers import S3Server
+from support.supervisor import launched
 from support.wait import until
 
 from capella.config import parse_config
@@ -40,8 +41,7 @@ async def tiered(
         base=tmp_path,
     )
     cluster = await Cluster.open(config)
-    supervisor = Supervisor(cluster)
-    await supervisor.start()
+    supervisor = await launched(cluster)
     try:
         yield cluster, supervisor, proxy
     finally:

@@ -1,5 +1,6 @@
-"""HTTP helpers: the error body of an answer, a whole queue read page by page (over aiohttp),
-and one answer read off a raw connection (for tests that hold sockets themselves)."""
+"""HTTP helpers: the error body of an answer, a produce that may meet a server going down, a
+whole queue read page by page (over aiohttp), and one answer read off a raw connection (for
+tests that hold sockets themselves)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,30 @@ async def only_error_of(resp: Any, status: int) -> dict[str, Any]:
     assert set(body) == {"error"}
     assert isinstance(body["error"]["message"], str) and body["error"]["message"]
     return dict(body["error"])
+
+
+async def produced(
+    session: aiohttp.ClientSession,
+    queue_url: str,
+    messages: list[dict[str, Any]],
+    save: str,
+    request_timeout: float | None = None,
+) -> list[dict[str, Any]] | None:
+    """The results of one produce to the queue at ``queue_url``, or None when it was refused or
+    the server could not be reached (it is being killed, cut off or has lost its power)."""
+    extra: dict[str, Any] = (
+        {} if request_timeout is None else {"timeout": aiohttp.ClientTimeout(total=request_timeout)}
+    )
+    try:
+        async with session.post(
+            f"{queue_url}/messages", params={"save": save}, json={"messages": messages}, **extra
+        ) as resp:
+            if resp.status != 200:
+                return None
+            results: list[dict[str, Any]] = (await resp.json())["results"]
+            return results
+    except (TimeoutError, aiohttp.ClientError):
+        return None
 
 
 async def read_all(

@@ -3,10 +3,12 @@
 initdb refuses to run as root, so as root the server runs as the ``postgres`` user (Debian's
 package creates it), in a temp dir that user owns. Authentication is ``trust`` on loopback,
 except for the role ``capella_pw``, which must give its password (scram-sha-256).
+``fresh_database`` makes a database of its own for one test and connects to it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -14,7 +16,11 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import asyncpg
 
 PASSWORD_ROLE = "capella_pw"
 PASSWORD = "s3cret-Pw_9!"
@@ -101,3 +107,17 @@ class PgServer:
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed: {done.stderr}{done.stdout}")
         return done.stdout
+
+
+@contextlib.asynccontextmanager
+async def fresh_database(
+    server: PgServer, name: str | None = None
+) -> AsyncIterator[tuple[str, asyncpg.Connection]]:
+    """A new database on ``server`` (``name``, or a random one) and its DSN, with a connection
+    to it that is closed after the block."""
+    dsn = server.create_database(name or f"t{uuid.uuid4().hex[:12]}")
+    conn = await asyncpg.connect(dsn)
+    try:
+        yield dsn, conn
+    finally:
+        await conn.close()

@@ -2,8 +2,9 @@
 
 ``listening(handle)`` serves one aiohttp handler for every method and path on a free loopback
 port (and on more loopback addresses, on the same port) and yields that port. ``Receiver``
-records each request as a ``Received`` and answers ``status``; a test that scripts its
-answers keeps its own ``handle`` and records the same ``Received``.
+records each request as a ``Received`` and answers ``status`` (with a JSON body of its own for
+the paths in ``json``: a far end that plays a Capella cluster); a test that scripts its answers
+keeps its own ``handle`` and records the same ``Received``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -63,12 +65,19 @@ async def listening(
 
 @dataclass
 class Receiver:
-    """Records every request and answers each with ``status``."""
+    """Records every request and answers each with ``status``, as JSON for a path in ``json``."""
 
     url: str = ""  # http://127.0.0.1:PORT, once it listens
     status: int = 200
     seen: list[Received] = field(default_factory=list)
+    json: dict[str, Any] = field(default_factory=dict)  # path -> the body answered there
 
     async def handle(self, request: web.Request) -> web.Response:
         self.seen.append(await Received.of(request, str(self.status)))
+        if request.path in self.json:
+            return web.json_response(self.json[request.path], status=self.status)
         return web.Response(status=self.status, text="receiver answer")
+
+    def authorizations(self, path: str) -> list[str]:
+        """The ``Authorization`` header of each request to ``path`` (empty where none came)."""
+        return [r.headers.get("Authorization", "") for r in self.seen if r.path == path]

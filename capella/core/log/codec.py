@@ -7,8 +7,8 @@ never returned as messages.
 Format 2 (``CPJ2`` journals, ``CPB2`` blocks) holds record batches
 (``capella.records.record_batch``) byte for byte: the journal is the batches back to back, and
 a sealed block is those same bytes between a head and an index. Format 1 (``CPJ1``, ``CPB1``:
-one frame per message, a columnar block) is read forever; its encoders (``*_v1``) remain for
-the tests that write such bytes.
+one frame per message, a columnar block) is read forever; only the tests write it
+(tests/support/codec.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, pairwise
-from operator import add, attrgetter, sub
+from operator import add, attrgetter
 from types import ModuleType
 
 import msgspec
@@ -86,18 +86,6 @@ class JournalScan:
     reason: str
     batches: list[RecordBatch] = field(default_factory=list)
     version: int = JOURNAL_VERSION
-
-
-def encode_record_v1(m: Message) -> bytes:
-    """One frame of a format 1 journal for ``m`` (the tests write such journals; Capella no longer does)."""
-    try:
-        source = m.source.encode()
-        head = _RECORD.pack(m.id, m.time, m.external_id, m.external_time, m.segment, len(source))
-        headers = record_batch.encode_headers(m.headers) if m.headers else _NO_HEADERS
-        body = b"".join((head, source, headers, m.payload))
-        return _FRAME.pack(len(body), crc32(body)) + body
-    except (struct.error, UnicodeEncodeError, OverflowError) as exc:
-        raise InvalidMessage(f"message {m.id} cannot be stored: {exc}") from exc
 
 
 def message_body(m: Message) -> bytes:
@@ -271,8 +259,6 @@ _KNOWN_FLAGS = FLAG_HEADERS
 _BLOCK_HEAD = struct.Struct("<4sHHIIQQQQQ")
 # total block length, end magic, CRC32 of every byte before the CRC.
 _BLOCK_FOOT = struct.Struct("<Q4sI")
-_BLOCK_FOOT_HEAD = struct.Struct("<Q4s")
-_ZSTD_LEVEL = 3
 
 Buffer = bytes | bytearray | memoryview
 
@@ -282,94 +268,9 @@ assert array("Q").itemsize == 8 and array("q").itemsize == 8 and array("d").item
 assert array("I").itemsize == 4
 
 
-def encode_block_v1(messages: Sequence[Message]) -> bytes:
-    """A sealed block of format 1 holding ``messages``, whose ids must strictly increase
-    (the tests write such blocks; Capella seals blocks of format 2)."""
-    return encode_columns_v1(columns_of(messages))
-
-
-def encode_columns_v1(c: Columns) -> bytes:
-    """A sealed block of format 1 holding the messages of ``c``."""
-    n = len(c.ids)
-    ids = c.ids
-    id_deltas = [ids[0], *map(sub, ids[1:], ids[:-1])] if n else []
-    if n > 1 and min(id_deltas[1:]) <= 0:
-        raise ValueError("block messages must have strictly increasing ids")
-    try:
-        # Building the arrays also checks every value fits its field.
-        array("Q", ids)
-        times = array("d", c.times)
-        external_ids = array("q", c.external_ids)
-        external_times = array("d", c.external_times)
-        segments = array("q", c.segments)
-    except (OverflowError, TypeError) as exc:
-        raise InvalidMessage(f"block: a message field is out of range: {exc}") from exc
-
-    # Times are stored as deltas of their IEEE bit patterns: exact, and for close times
-    # the deltas are small numbers that compress to a few bits each.
-    time_bits = _float_bits(times)
-    time_deltas = _deltas(time_bits)
-    # The external id is usually the id itself and the external time usually the time,
-    # so store the difference: a column of zeros compresses to almost nothing.
-    external_id_deltas = _masked(map(sub, external_ids.tolist(), ids))
-    external_time_deltas = _masked(map(sub, _float_bits(external_times), time_bits))
-
-    source_index: dict[str, int] = {}
-    source_ids = [source_index.setdefault(s, len(source_index)) for s in c.sources]
-    try:
-        source_table = [_U32.pack(len(source_index))]
-        for source in source_index:
-            raw = source.encode()
-            source_table += (_U16.pack(len(raw)), raw)
-        has_headers = any(c.headers)
-        header_blobs = (
-            [record_batch.encode_headers(h) if h else b"" for h in c.headers] if has_headers else []
-        )
-        payloads = c.payloads
-        columns = [
-            _column("Q", id_deltas),
-            _column("Q", time_deltas),
-            _column("Q", external_id_deltas),
-            _column("Q", external_time_deltas),
-            _column("q", segments),
-            _column("I", source_ids),
-            _column("I", map(len, payloads)),
-        ]
-        if has_headers:
-            columns.append(_column("I", map(len, header_blobs)))
-    except (struct.error, UnicodeEncodeError, OverflowError) as exc:
-        raise InvalidMessage(f"block: a source, header or payload cannot be stored: {exc}") from exc
-    raw_meta = b"".join((*columns, *source_table, *header_blobs))
-    meta = _zstandard().ZstdCompressor(level=_ZSTD_LEVEL).compress(raw_meta)
-    payload_len = sum(map(len, payloads))
-
-    flags = FLAG_HEADERS if has_headers else 0
-    first_id, last_id = (ids[0], ids[-1]) if n else (0, 0)
-    head = _BLOCK_HEAD.pack(
-        BLOCK_MAGIC_V1,
-        BLOCK_VERSION_V1,
-        flags,
-        n,
-        0,
-        first_id,
-        last_id,
-        len(meta),
-        len(raw_meta),
-        payload_len,
-    )
-    total = _BLOCK_HEAD.size + len(meta) + payload_len + _BLOCK_FOOT.size
-    body = b"".join((head, meta, *payloads, _BLOCK_FOOT_HEAD.pack(total, BLOCK_END_MAGIC)))
-    return body + _U32.pack(crc32(body))
-
-
 # Messages as one list per field, in ``Message``'s field order (``messages_of`` builds them):
 # the record batch's own shape, declared once.
 Columns = record_batch.Fields
-
-
-def decode_block(data: Buffer) -> list[Message]:
-    """Every message in a sealed block of either format; ``CorruptData`` if any byte is wrong."""
-    return messages_of(block_columns(data))
 
 
 def block_columns(data: Buffer) -> Columns:
@@ -731,33 +632,8 @@ class _ColumnReader:
         return values.tolist()
 
 
-def _column(typecode: str, values: Iterable[int] | array[int] | array[float]) -> bytes:
-    """Pack values little-endian and byte-shuffle them, which lets zstd see the runs."""
-    packed = values if isinstance(values, array) else array(typecode, values)
-    if _SWAP:
-        packed = array(typecode, packed)
-        packed.byteswap()
-    raw = packed.tobytes()
-    width = packed.itemsize
-    return b"".join(raw[plane::width] for plane in range(width))
-
-
-def _deltas(values: list[int]) -> list[int]:
-    """Differences of u64 values, modulo 2**64, with the first value kept as is."""
-    if not values:
-        return []
-    return [values[0], *_masked(map(sub, values[1:], values[:-1]))]
-
-
 def _masked(values: Iterable[int]) -> list[int]:
     return list(map(_U64_MASK.__and__, values))
-
-
-def _float_bits(values: array[float]) -> list[int]:
-    """The IEEE 754 bit patterns of floats, as u64."""
-    bits = array("Q")
-    bits.frombytes(values.tobytes())
-    return bits.tolist()
 
 
 def _bits_float(bits: list[int]) -> list[float]:
