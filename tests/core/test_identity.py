@@ -264,7 +264,7 @@ async def test_failing_since_stays_at_the_first_failure_and_clears_after_a_succe
     tmp_path: Path, aiohttp_server: ServerFactory, here: Node
 ) -> None:
     port = free_port()
-    await here.supervisor.clusters.put("far", {"url": f"http://127.0.0.1:{port}", "timeout": 2})
+    await here.supervisor.links.put("far", {"url": f"http://127.0.0.1:{port}", "timeout": 2})
     await here.cluster.put_queue("orders", {})
     await here.cluster.queue("orders").append([Draft(b"x")], SaveMode.WAIT)
     await stopped_copy(here, "far")
