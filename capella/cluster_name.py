@@ -17,14 +17,14 @@ import secrets
 import socket
 from pathlib import Path
 
-from capella.config import Config
+from capella.config import DECLARED_NAME, Config
 from capella.errors import InvalidConfig
 from capella.fsync import write_atomic
 
 log = logging.getLogger(__name__)
 
 FILE = "cluster-name"
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+NAME = re.compile(DECLARED_NAME)
 # 6 base32 characters: 30 random bits, so two clusters on one host share a name with odds of
 # about one in a billion.
 SUFFIX_CHARS = 6

@@ -27,6 +27,11 @@ import msgspec
 from capella.errors import InvalidConfig
 from capella.units import parse_duration, parse_size
 
+# The names the configuration declares, and what takes them: a cluster's ([cluster] name,
+# generated ones too: capella/cluster_name.py) and a secret's ([secrets.NAME]), which
+# definitions name (capella/wire/params.py, capella/wire/clusters.py).
+DECLARED_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"
+
 
 @dataclass(frozen=True, slots=True)
 class _Read:
@@ -481,7 +486,7 @@ def _config(raw: dict[str, Any], overrides: dict[str, Any], base: Path, source: 
     # None: generated and kept in the data directory at the first start (capella/cluster_name.py);
     # parsing writes nothing.
     name = tables.cluster.name
-    if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", name):
+    if name is not None and not re.fullmatch(DECLARED_NAME, name):
         raise _Refused(f"cluster.name {name!r}: use letters, digits, '_', '.', '-'")
 
     server = tables.server
@@ -640,7 +645,7 @@ def _secrets(tables: dict[str, Any], base: Path) -> dict[str, SecretSettings]:
     secrets: dict[str, SecretSettings] = {}
     for name, value in tables.items():
         path = f"secrets.{name}"
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", name):
+        if not re.fullmatch(DECLARED_NAME, name):
             raise _Refused(f"{path}: a secret's name uses letters, digits, '_', '.', '-'")
         secret = _read(value, SecretSettings, path)
         if (secret.env is None) == (secret.file is None):

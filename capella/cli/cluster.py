@@ -7,14 +7,14 @@ timeout, a duration); the server's ``--url`` and ``--timeout`` go before ``clust
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, get_args
 
 from capella.cli.command import Command, Family, arg, drop, one_of
 from capella.cli.output import created, error, print_fields, print_table
 from capella.client import Client, Saved
-from capella.wire.clusters import ClusterInfo, ClusterPing, NameCheck
+from capella.wire.clusters import ClusterInfo, ClusterPing, Compression, NameCheck
 
-COMPRESSIONS = ("none", "gzip", "zstd")
+COMPRESSIONS = get_args(Compression)
 
 
 def save_cluster(args: argparse.Namespace, client: Client) -> Saved[ClusterInfo]:

@@ -6,6 +6,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from msgspec import UNSET, Meta, UnsetType
 
+from capella.config import DECLARED_NAME
 from capella.wire.answers import ErrorDetail
 from capella.wire.fields import URL_EXCLUDED, duration_at_most, schema
 from capella.wire.struct import Struct
@@ -14,7 +15,7 @@ CREDENTIALS = ("password", "password_secret", "token", "token_secret")
 Compression = Literal["none", "gzip", "zstd"]
 Secret = Annotated[str, schema(minLength=1, writeOnly=True)]
 # The name of a declared secret ([secrets.NAME]).
-SECRET_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"
+SECRET_NAME = DECLARED_NAME
 SecretName = Annotated[str, schema(pattern=f"^{SECRET_NAME}$")]
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any, ClassVar, TypeVar, get_args
 import msgspec
 from msgspec import Meta
 
+from capella.config import DECLARED_NAME
 from capella.errors import InvalidRequest
 from capella.wire.decode import Finding, whole_numbers
 from capella.wire.fields import INT64_MAX, NAME, Int64, SaveModeText, decode_hook, schema
@@ -97,7 +98,7 @@ Batch = Annotated[int, Meta(ge=1, le=INT64_MAX)]
 # Segments are 64-bit, as a message's segment is (a larger pair was schema-valid and refused).
 Segments = Annotated[list[tuple[Int64, Int64]], Meta(min_length=1)]
 # As [secrets.NAME] in the configuration allows.
-SecretName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+SecretName = Annotated[str, Meta(pattern=f"^{DECLARED_NAME}$")]
 
 
 def check_segments(segments: list[tuple[int, int]] | None) -> None:
