@@ -319,7 +319,7 @@ def test_gzip_both_ways_and_plain(chain: list[ServerProcess]) -> None:
 @pytest.mark.parametrize(
     ("data", "compress_type", "code"),
     [
-        (gzip.compress(b'{"request": {"action": "ping"}}')[:-6], "gzip", 10120102),  # truncated gzip
+        (gzip.compress(b'{"request": {"action": "ping"}}', mtime=0)[:-6], "gzip", 10120102),  # truncated gzip
         (b'{"request": {"action": "ping"}}', "gzip", 10120102),  # not gzip at all
         (b"{}", "br", 10120102),
         (b'{"request": ', "", 10120103),
