@@ -46,7 +46,7 @@ from capella.api.request import (
 )
 from capella.api.route import Route, on_queue, on_subscription
 from capella.core.filter import MessageFilter, matches, parse_path
-from capella.core.message import Message, SaveMode, stored_message
+from capella.core.message import LogMessage, SaveMode, stored_message
 from capella.core.queue import Queue
 from capella.core.work.state import Entry
 from capella.core.work.work_queue import STATUSES, Outcome, WorkQueue, parse_receipt
@@ -82,7 +82,7 @@ def _work(request: web.Request) -> tuple[Queue, WorkQueue]:
     return queue, queue.work(request.match_info["name"])
 
 
-def claimed_message(message: Message, entry: Entry) -> dict[str, Any]:
+def claimed_message(message: LogMessage, entry: Entry) -> dict[str, Any]:
     """A StoredMessage with the claim: ``receipt``, ``attempt``, ``lease_until``, ``last_error``."""
     return {
         **stored_message(message),
@@ -127,7 +127,7 @@ async def _claim_waiting(
     lease: float | None,
     save: SaveMode,
     wait: float,
-) -> list[tuple[Message, Entry]]:
+) -> list[tuple[LogMessage, Entry]]:
     """Claim again whenever a message arrives, a retry falls due, or a message is given back."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
@@ -226,7 +226,7 @@ async def extend(request: web.Request) -> web.Response:
 # --- operators ------------------------------------------------------------------------------
 
 
-def work_message(work: WorkQueue, message: Message, status: str) -> dict[str, Any]:
+def work_message(work: WorkQueue, message: LogMessage, status: str) -> dict[str, Any]:
     """A StoredMessage with its ``status``, ``attempts``, ``last_error`` and times."""
     info: dict[str, Any] = {**stored_message(message), "status": status, "attempts": 0, "last_error": None}
     entry = work.state.entries.get(message.id)
@@ -296,7 +296,7 @@ async def get_work(request: web.Request) -> web.Response:
 
 async def _bulk(
     request: web.Request, kind: type[W], default: tuple[str, ...] | None
-) -> tuple[W, list[tuple[Message, str]], int | None]:
+) -> tuple[W, list[tuple[LogMessage, str]], int | None]:
     """The messages a retry or delete body (a ``kind``) selects, and where the next call should
     go on from."""
     queue, work = _work(request)
@@ -328,9 +328,9 @@ async def _pick(
     match: MessageFilter,
     after: int,
     limit: int,
-) -> tuple[list[tuple[Message, str]], int | None]:
+) -> tuple[list[tuple[LogMessage, str]], int | None]:
     """The messages among ``ids`` with one of ``statuses`` that match."""
-    found: list[tuple[Message, str]] = []
+    found: list[tuple[LogMessage, str]] = []
     now = queue.now()
     for mid in ids:
         if mid <= after or (status := work.status(mid, now)) not in statuses:

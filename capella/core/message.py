@@ -16,7 +16,7 @@ from capella.records import record_batch
 EMPTY_HEADERS: dict[str, str] = {}
 
 
-class Message(msgspec.Struct, gc=False):
+class LogMessage(msgspec.Struct, gc=False):
     """One stored message. ``id`` is assigned by the queue; times are UNIX seconds.
 
     Never changed after it is built. Not tracked by the garbage collector (it holds no other
@@ -59,7 +59,7 @@ class Draft(msgspec.Struct, gc=False):
     deliver_at: float | None = None
 
 
-def stored_message(m: Message) -> dict[str, Any]:
+def stored_message(m: LogMessage) -> dict[str, Any]:
     """``m`` as the StoredMessage JSON object of the API (``capella.wire.messages``): ``data``
     for a UTF-8 payload, ``data_b64`` for any other bytes."""
     shown: dict[str, Any] = {

@@ -56,7 +56,7 @@ from capella.core.log.open_block import OpenBlock
 from capella.core.log.writer import Appended as Appended  # answered by ``Queue.append``
 from capella.core.log.writer import Writer
 from capella.core.loops import Loop, TaskFailures
-from capella.core.message import Draft, Message, SaveMode
+from capella.core.message import Draft, LogMessage, SaveMode
 from capella.core.recovery import recover
 from capella.core.report import block_list, queue_stats
 from capella.core.stats import Histogram, QueueCounters, Recovery
@@ -75,7 +75,7 @@ SCAN_LIMIT = 100_000
 
 
 class ReadResult(NamedTuple):
-    messages: list[Message]
+    messages: list[LogMessage]
     last_id: int
 
 
@@ -90,7 +90,7 @@ class Page:
     def count(self) -> int:
         return sum(stop - start for _, start, stop in self.parts)
 
-    def messages(self) -> list[Message]:
+    def messages(self) -> list[LogMessage]:
         return list(chain.from_iterable(batch.messages[start:stop] for batch, start, stop in self.parts))
 
 
@@ -513,7 +513,7 @@ class Queue:
                     last = batch.ids[stop - 1]
                     parts.append((batch, start, stop))
             else:
-                found: list[Message] = []
+                found: list[LogMessage] = []
                 for m in batch.messages[start:]:
                     scanned += 1
                     last = m.id
@@ -662,7 +662,7 @@ class Queue:
 
 def _passes(
     segments: Sequence[tuple[int, int]] | None, match: MessageFilter | None
-) -> Callable[[Message], bool] | None:
+) -> Callable[[LogMessage], bool] | None:
     """The test a filtered read puts each message to; ``None`` when every message passes."""
     if match is None or match.empty:
         if segments is None:

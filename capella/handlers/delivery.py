@@ -23,7 +23,7 @@ from urllib.parse import quote
 import orjson
 
 from capella import __version__
-from capella.core.message import Message, stored_message
+from capella.core.message import LogMessage, stored_message
 from capella.handlers.signature import HEADER as SIGNATURE_HEADER
 from capella.handlers.signature import sign
 
@@ -47,11 +47,11 @@ class Credentials:
 class Outgoing:
     """A message in a request, with the attempt this request is."""
 
-    message: Message
+    message: LogMessage
     attempt: int
 
 
-def idempotency_key(m: Message) -> str:
+def idempotency_key(m: LogMessage) -> str:
     return f"{m.source}:{m.external_id}"
 
 

@@ -48,7 +48,7 @@ from capella.auth.rule import Identity
 from capella.auth.secret import Secrets
 from capella.client.connector import EgressConnector, check_destination
 from capella.core.cluster import Cluster
-from capella.core.message import Message, SaveMode
+from capella.core.message import LogMessage, SaveMode
 from capella.core.queue import Queue
 from capella.core.stats import Histogram
 from capella.core.work.retry import RetrySettings, parse_policy, retry_delay
@@ -145,7 +145,7 @@ class PushHandler(Handler):
         self._slots = params.concurrency * params.batch
         self._hold_limit = min(4 * self._slots, MAX_HELD)
         self._window = max(MIN_WINDOW, self._hold_limit)
-        self._held: dict[Key, list[tuple[Message, Entry]]] = {}
+        self._held: dict[Key, list[tuple[LogMessage, Entry]]] = {}
         self._held_count = 0
         self._waiting: dict[int, float] = {}  # failed, waiting for a retry: id → when
         self._key_of: dict[int, Key] = {}  # the key of each waiting message
@@ -283,7 +283,7 @@ class PushHandler(Handler):
         found = [m for m in page.messages if m.id == mid]
         return found[0].segment if found else None
 
-    def _key(self, m: Message) -> Key:
+    def _key(self, m: LogMessage) -> Key:
         ordering = self.params.ordering
         return 0 if ordering == "ordered" else m.segment if ordering == "by_segment" else None
 
@@ -328,7 +328,7 @@ class PushHandler(Handler):
             if not self._blocked[key]:
                 del self._blocked[key]
 
-    def _next_batch(self) -> tuple[Key, list[tuple[Message, Entry]]] | None:
+    def _next_batch(self) -> tuple[Key, list[tuple[LogMessage, Entry]]] | None:
         size = self.params.batch
         for key, held in self._held.items():
             if not held or (key is not None and (key in self._busy or key in self._blocked)):
@@ -403,7 +403,7 @@ class PushHandler(Handler):
         queue: Queue,
         work: WorkQueue,
         key: Key,
-        batch: list[tuple[Message, Entry]],
+        batch: list[tuple[LogMessage, Entry]],
     ) -> None:
         params = self.params
         try:
@@ -445,7 +445,7 @@ class PushHandler(Handler):
             self._in_flight -= len(batch)
             self._busy.discard(key)
 
-    def _delivered(self, queue: Queue, batch: list[tuple[Message, Entry]]) -> None:
+    def _delivered(self, queue: Queue, batch: list[tuple[LogMessage, Entry]]) -> None:
         now = queue.now()
         for m, _ in batch:
             self.latency.observe(max(0.0, now - m.time))
@@ -457,7 +457,7 @@ class PushHandler(Handler):
         queue: Queue,
         work: WorkQueue,
         key: Key,
-        batch: list[tuple[Message, Entry]],
+        batch: list[tuple[LogMessage, Entry]],
         error: str,
         status: int | None,
         wait: float | None,

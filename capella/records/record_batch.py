@@ -52,7 +52,7 @@ _SWAP = sys.byteorder == "big"
 
 
 class Fields(NamedTuple):
-    """A batch's messages as one list per field, in ``capella.core.message.Message`` order."""
+    """A batch's messages as one list per field, in ``capella.core.message.LogMessage`` order."""
 
     ids: list[int]
     times: list[float]

@@ -34,7 +34,7 @@ from capella.core.cluster import Cluster
 from capella.core.filter import MessageFilter
 from capella.core.log import blocks as blocks_module
 from capella.core.log.batch import Batch
-from capella.core.message import Message, stored_message
+from capella.core.message import LogMessage, stored_message
 from capella.core.queue import Queue
 from capella.errors import CorruptData
 from capella.wire import batch_page, frames
@@ -428,7 +428,9 @@ PAYLOADS = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(PAYLOADS)
 def test_a_block_rendered_in_bulk_is_the_bytes_of_each_message_rendered_alone(payloads: list[bytes]) -> None:
-    messages = [Message(i + 1, 1.7e9 + i, "edge", i + 1, 1.7e9 + i, 0, p, {}) for i, p in enumerate(payloads)]
+    messages = [
+        LogMessage(i + 1, 1.7e9 + i, "edge", i + 1, 1.7e9 + i, 0, p, {}) for i, p in enumerate(payloads)
+    ]
     assert Batch.of_messages(messages).json() == [orjson.dumps(stored_message(m)) for m in messages]
 
 
@@ -437,5 +439,5 @@ def test_a_large_block_is_checked_for_escapes_in_every_part(odd_one: int | None)
     payloads = [b"plain %d" % i for i in range(1500)]  # checked a few hundred at a time
     if odd_one is not None:
         payloads[odd_one] = b'needs "escapes"'
-    messages = [Message(i + 1, 1.7e9, "edge", i + 1, 1.7e9, 0, p, {}) for i, p in enumerate(payloads)]
+    messages = [LogMessage(i + 1, 1.7e9, "edge", i + 1, 1.7e9, 0, p, {}) for i, p in enumerate(payloads)]
     assert Batch.of_messages(messages).json() == [orjson.dumps(stored_message(m)) for m in messages]

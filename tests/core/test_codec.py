@@ -22,7 +22,7 @@ from capella.core.log.codec import (
     index_entry,
 )
 from capella.core.log.open_block import OpenBlock
-from capella.core.message import Message
+from capella.core.message import LogMessage
 from capella.errors import CorruptData, InvalidMessage
 from capella.records.record_batch import Fields, encode, encode_fields, framed, read, read_all
 
@@ -35,7 +35,7 @@ HEADERS = st.dictionaries(st.text(max_size=8), st.text(max_size=16), max_size=3)
 PAYLOADS = st.binary(max_size=300) | st.integers(65_536, 70_000).map(lambda n: random.Random(n).randbytes(n))
 
 
-def message(mid: int = 1, **fields: object) -> Message:
+def message(mid: int = 1, **fields: object) -> LogMessage:
     values: dict[str, object] = {
         "time": 1_700_000_000.0 + mid * 1e-5,
         "source": "edge-1",
@@ -45,15 +45,15 @@ def message(mid: int = 1, **fields: object) -> Message:
         "payload": b"p%d" % mid,
     }
     values.update(fields)
-    return Message(id=mid, **values)  # type: ignore[arg-type]
+    return LogMessage(id=mid, **values)  # type: ignore[arg-type]
 
 
 @st.composite
-def messages(draw: st.DrawFn, max_size: int = 6) -> list[Message]:
+def messages(draw: st.DrawFn, max_size: int = 6) -> list[LogMessage]:
     """Messages with strictly increasing ids and anything else in its full range."""
     ids = sorted(draw(st.sets(U64, max_size=max_size)))
     return [
-        Message(
+        LogMessage(
             id=mid,
             time=draw(TIMES),
             source=draw(SOURCES),
@@ -67,7 +67,7 @@ def messages(draw: st.DrawFn, max_size: int = 6) -> list[Message]:
     ]
 
 
-def journal(msgs: list[Message]) -> tuple[bytes, list[int]]:
+def journal(msgs: list[LogMessage]) -> tuple[bytes, list[int]]:
     """A format 1 journal holding ``msgs`` and the offset at which each frame ends."""
     frames = [encode_record_v1(m) for m in msgs]
     ends = [len(JOURNAL_HEADER_V1)]
@@ -87,7 +87,7 @@ def resign(block: bytes) -> bytes:
     return block[:-4] + struct.pack("<I", zlib.crc32(block[:-4]))
 
 
-def small_block() -> list[Message]:
+def small_block() -> list[LogMessage]:
     return [
         message(3, headers={"trace": "ab", "ü": ""}),
         message(4, source="dc-eu", external_id=-7, segment=-2),
@@ -100,7 +100,7 @@ def small_block() -> list[Message]:
 
 @settings(max_examples=60, deadline=None)
 @given(messages())
-def test_journal_round_trip(msgs: list[Message]) -> None:
+def test_journal_round_trip(msgs: list[LogMessage]) -> None:
     data, _ = journal(msgs)
     scan = decode_journal(data)
     assert scan.messages == msgs
@@ -109,7 +109,7 @@ def test_journal_round_trip(msgs: list[Message]) -> None:
 
 @settings(max_examples=15, deadline=None)
 @given(messages(max_size=4).filter(lambda ms: all(len(m.payload) < 1000 for m in ms)))
-def test_every_truncation_keeps_exactly_the_complete_records(msgs: list[Message]) -> None:
+def test_every_truncation_keeps_exactly_the_complete_records(msgs: list[LogMessage]) -> None:
     data, ends = journal(msgs)
     for cut in range(len(JOURNAL_HEADER_V1), len(data) + 1):
         scan = decode_journal(data[:cut])
@@ -146,7 +146,7 @@ def test_every_bit_flip_in_the_last_frame_is_detected() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(messages(max_size=4).filter(bool), st.data())
-def test_a_random_bit_flip_in_the_last_frame_is_detected(msgs: list[Message], data: st.DataObject) -> None:
+def test_a_random_bit_flip_in_the_last_frame_is_detected(msgs: list[LogMessage], data: st.DataObject) -> None:
     raw, ends = journal(msgs)
     bit = data.draw(st.integers(ends[-2] * 8, len(raw) * 8 - 1))
     scan = decode_journal(flip(raw, bit))
@@ -181,7 +181,7 @@ def test_zero_fill_after_the_last_frame_is_a_torn_tail() -> None:
         message(1, headers={"k" * 70_000: "v"}),
     ],
 )
-def test_a_message_that_cannot_be_stored_is_refused(bad: Message) -> None:
+def test_a_message_that_cannot_be_stored_is_refused(bad: LogMessage) -> None:
     with pytest.raises(InvalidMessage):
         encode_record_v1(bad)
 
@@ -191,7 +191,7 @@ def test_a_message_that_cannot_be_stored_is_refused(bad: Message) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(messages(max_size=12))
-def test_block_round_trip(msgs: list[Message]) -> None:
+def test_block_round_trip(msgs: list[LogMessage]) -> None:
     block = encode_block_v1(msgs)
     assert decode_block(block) == msgs
     assert block_keys(block) == ([m.id for m in msgs], [m.key for m in msgs])
@@ -224,7 +224,7 @@ def test_every_bit_flip_of_a_block_is_corrupt() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(messages(max_size=8).filter(lambda ms: sum(len(m.payload) for m in ms) < 5000), st.data())
-def test_a_random_cut_or_bit_flip_of_a_block_is_corrupt(msgs: list[Message], data: st.DataObject) -> None:
+def test_a_random_cut_or_bit_flip_of_a_block_is_corrupt(msgs: list[LogMessage], data: st.DataObject) -> None:
     block = encode_block_v1(msgs)
     with pytest.raises(CorruptData):
         decode_block(block[: data.draw(st.integers(0, len(block) - 1))])
@@ -262,16 +262,16 @@ def test_ten_thousand_random_payloads_cost_at_most_293_bytes_each() -> None:
 # --- format 2: journal of record batches, sealed block of record batches -----------------
 
 
-def batches_of(msgs: list[Message]) -> list[bytes]:
+def batches_of(msgs: list[LogMessage]) -> list[bytes]:
     """``msgs`` as record batches (one per run of consecutive ids with one time)."""
     return encode_fields(Fields._make(columns_of(msgs))) if msgs else []
 
 
-def journal_v2(msgs: list[Message]) -> tuple[bytes, list[int], list[list[Message]]]:
+def journal_v2(msgs: list[LogMessage]) -> tuple[bytes, list[int], list[list[LogMessage]]]:
     """A format 2 journal holding ``msgs``, where each batch ends, and the messages of each batch."""
     batches = batches_of(msgs)
     ends = [len(JOURNAL_HEADER)]
-    groups: list[list[Message]] = []
+    groups: list[list[LogMessage]] = []
     for raw in batches:
         ends.append(ends[-1] + len(raw))
         count = read(raw).count
@@ -280,18 +280,18 @@ def journal_v2(msgs: list[Message]) -> tuple[bytes, list[int], list[list[Message
     return JOURNAL_HEADER + b"".join(batches), ends, groups
 
 
-def block_v2(msgs: list[Message]) -> bytes:
+def block_v2(msgs: list[LogMessage]) -> bytes:
     return encode_block(read_all(b"".join(batches_of(msgs))))[0]
 
 
-def run_of(first: int, n: int, **fields: object) -> list[Message]:
+def run_of(first: int, n: int, **fields: object) -> list[LogMessage]:
     """``n`` messages with consecutive ids from ``first`` and one time: one batch."""
     return [message(i, time=5.0, external_time=5.0, **fields) for i in range(first, first + n)]
 
 
 @settings(max_examples=60, deadline=None)
 @given(messages())
-def test_journal_v2_round_trip(msgs: list[Message]) -> None:
+def test_journal_v2_round_trip(msgs: list[LogMessage]) -> None:
     data, _, _ = journal_v2(msgs)
     scan = decode_journal(data)
     assert scan.messages == msgs
@@ -323,7 +323,7 @@ def test_every_bit_flip_in_the_last_v2_batch_is_detected() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(messages(max_size=12))
-def test_block_v2_round_trip(msgs: list[Message]) -> None:
+def test_block_v2_round_trip(msgs: list[LogMessage]) -> None:
     block = block_v2(msgs)
     assert decode_block(block) == msgs
     assert block_keys(block) == ([m.id for m in msgs], [m.key for m in msgs])
@@ -358,7 +358,7 @@ def test_every_truncation_extension_and_bit_flip_of_a_v2_block_is_corrupt() -> N
 
 @given(messages(max_size=12))
 def test_a_block_assembled_from_the_entries_made_as_its_batches_came_is_the_encoded_block(
-    msgs: list[Message],
+    msgs: list[LogMessage],
 ) -> None:
     # The open block makes each batch's index entry when the batch is added; sealing only
     # joins them, and must give the block that encoding the batches in one go gives.
@@ -385,7 +385,7 @@ def test_a_journaled_batch_is_indexed_but_not_pending_again() -> None:
 
 
 @given(messages(max_size=8))
-def test_framed_reads_what_read_reads_from_a_batch_just_made(msgs: list[Message]) -> None:
+def test_framed_reads_what_read_reads_from_a_batch_just_made(msgs: list[LogMessage]) -> None:
     for data in batches_of(msgs):
         assert framed(data) == read(data)
 

@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 
 from capella.core.filter import MessageFilter, matches, parse_path
-from capella.core.message import Message
+from capella.core.message import LogMessage
 
 
-def message(payload: bytes = b"{}", **fields: Any) -> Message:
+def message(payload: bytes = b"{}", **fields: Any) -> LogMessage:
     values: dict[str, Any] = {"source": "web", "segment": 0, "headers": {}} | fields
-    return Message(1, 0.0, values["source"], 1, 0.0, values["segment"], payload, values["headers"])
+    return LogMessage(1, 0.0, values["source"], 1, 0.0, values["segment"], payload, values["headers"])
 
 
 def test_an_empty_filter_matches_everything() -> None:

@@ -26,7 +26,7 @@ from capella.core.log.codec import (
     JOURNAL_HEADER_V1,
     decode_journal,
 )
-from capella.core.message import Draft, Message, SaveMode, drafts_batch
+from capella.core.message import Draft, LogMessage, SaveMode, drafts_batch
 from capella.core.queue import Queue
 from capella.errors import (
     InvalidMessage,
@@ -69,7 +69,7 @@ def drafts(n: int, prefix: str = "m", **fields: Any) -> list[Draft]:
     return [Draft(payload=f"{prefix}{i}".encode(), **fields) for i in range(n)]
 
 
-async def messages_when_opened(tmp_path: Path, clock: Clock, name: str) -> list[Message]:
+async def messages_when_opened(tmp_path: Path, clock: Clock, name: str) -> list[LogMessage]:
     """The first 100 messages of queue ``name`` when the data is opened again."""
     async with opened(tmp_path, clock) as cluster:
         return (await cluster.queue(name).read_after(0, 100)).messages
@@ -889,7 +889,7 @@ async def test_own_identities_in_the_open_block_are_found_by_id_and_a_gap_is_new
     ]
     named = await q.append([Draft(payload=b"n", source="edge", external_id=900)], SaveMode.WAIT)
     assert named[0].id == 5
-    # Message 5 has the identity (edge, 900): (edge, 5) is nobody's.
+    # LogMessage 5 has the identity (edge, 900): (edge, 5) is nobody's.
     echoes = await q.append(
         [Draft(payload=b"echo", source="edge", external_id=i) for i in (1, 3, 4, 5)], SaveMode.WAIT
     )

@@ -23,7 +23,7 @@ from support.wait import eventually
 
 from capella.cli import main
 from capella.core.cluster import Cluster
-from capella.core.message import Draft, Message, SaveMode
+from capella.core.message import Draft, LogMessage, SaveMode
 from capella.handlers.pg_inbox import InboxHandler, inbox_ddl, inbox_params
 from capella.handlers.pg_outbox import outbox_ddl
 from capella.handlers.supervisor import Supervisor
@@ -85,7 +85,7 @@ def cursor(cluster: Cluster) -> int:
     )
 
 
-def expected(queued: list[Message]) -> list[tuple[Any, ...]]:
+def expected(queued: list[LogMessage]) -> list[tuple[Any, ...]]:
     return [(m.source, m.external_id, m.id, m.payload, m.segment, m.headers, m.time) for m in queued]
 
 

@@ -26,7 +26,7 @@ from support.supervisor import launched, started
 from support.wait import eventually
 
 from capella.core.cluster import Cluster
-from capella.core.message import Message
+from capella.core.message import LogMessage
 from capella.errors import InvalidRequest, TableMismatch
 from capella.handlers.pg_outbox import OutboxHandler, outbox_ddl, outbox_params
 from capella.handlers.supervisor import Supervisor
@@ -64,7 +64,7 @@ def relay(cluster: Cluster, dsn: str, **params: Any) -> OutboxHandler:
     )
 
 
-async def messages(cluster: Cluster, queue: str = "orders") -> list[Message]:
+async def messages(cluster: Cluster, queue: str = "orders") -> list[LogMessage]:
     return (await cluster.queue(queue).read_after(0, 100_000)).messages
 
 
@@ -75,7 +75,7 @@ async def insert(conn: asyncpg.Connection, payloads: list[bytes]) -> list[Row]:
     return [(r["id"], p) for r, p in zip(ids, payloads, strict=True)]
 
 
-def assert_exactly_once(queued: list[Message], committed: list[Row]) -> None:
+def assert_exactly_once(queued: list[LogMessage], committed: list[Row]) -> None:
     got = [(m.external_id, m.payload) for m in queued]
     assert len(got) == len({i for i, _ in got}), "a row is in the queue twice"
     assert sorted(got) == sorted(committed)

@@ -34,7 +34,7 @@ from capella.core.log.codec import (
     columns_of,
     messages_of,
 )
-from capella.core.message import Message
+from capella.core.message import LogMessage
 from capella.errors import InvalidMessage
 from capella.kernels import crc32
 from capella.records import record_batch
@@ -44,7 +44,7 @@ _ZSTD_LEVEL = 3
 _BLOCK_FOOT_HEAD = struct.Struct("<Q4s")
 
 
-def encode_record_v1(m: Message) -> bytes:
+def encode_record_v1(m: LogMessage) -> bytes:
     """One frame of a format 1 journal for ``m``."""
     try:
         source = m.source.encode()
@@ -56,12 +56,12 @@ def encode_record_v1(m: Message) -> bytes:
         raise InvalidMessage(f"message {m.id} cannot be stored: {exc}") from exc
 
 
-def decode_block(data: Buffer) -> list[Message]:
+def decode_block(data: Buffer) -> list[LogMessage]:
     """Every message in a sealed block of either format; ``CorruptData`` if any byte is wrong."""
     return messages_of(block_columns(data))
 
 
-def encode_block_v1(messages: Sequence[Message]) -> bytes:
+def encode_block_v1(messages: Sequence[LogMessage]) -> bytes:
     """A sealed block of format 1 holding ``messages``, whose ids must strictly increase."""
     return encode_columns_v1(columns_of(messages))
 

@@ -14,7 +14,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from capella.core.definition import QueueSettings
-from capella.core.message import Draft, Message, SaveMode
+from capella.core.message import Draft, LogMessage, SaveMode
 from capella.errors import InvalidRequest, InvalidSaveMode
 from capella.wire import queues as wire
 
@@ -129,7 +129,7 @@ class SegmentPage(msgspec.Struct):
     last_id: int
 
 
-def message(m: Message) -> ShownMessage:
+def message(m: LogMessage) -> ShownMessage:
     """A stored message in the original's shape."""
     return ShownMessage(
         id=m.id,

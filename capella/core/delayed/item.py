@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 
 from capella.core.log.codec import message_body, message_from_body
-from capella.core.message import Draft, Message
+from capella.core.message import Draft, LogMessage
 from capella.errors import CorruptData
 
 _ITEM = struct.Struct("<dB")
@@ -53,7 +53,7 @@ def encode_item(item: DelayedMessage) -> bytes:
     flags = (_HAS_EXTERNAL_ID if item.external_id is not None else 0) | (
         _HAS_EXTERNAL_TIME if item.external_time is not None else 0
     )
-    message = Message(
+    message = LogMessage(
         item.sid,
         item.created,
         item.source,

@@ -1,4 +1,4 @@
-"""A run of stored messages in the forms a read serves: ``Message`` objects, JSON objects, binary frames.
+"""A run of stored messages in the forms a read serves: ``LogMessage`` objects, JSON objects, binary frames.
 
 A sealed block's contents are a ``Batch`` in the block store's cache; a read of the open
 block, or a filtered read, makes a short-lived one. Each form is made on first use, in bulk
@@ -21,7 +21,7 @@ from itertools import repeat
 import orjson
 
 from capella.core.log.codec import Columns, columns_of, columns_of_records, messages_of
-from capella.core.message import Message, stored_message
+from capella.core.message import LogMessage, stored_message
 from capella.kernels import KERNELS
 from capella.records.record_batch import RecordBatch, encode_fields, read_all
 from capella.wire.frames import encode_frames
@@ -40,7 +40,7 @@ class Batch:
         ids: Sequence[int],
         *,
         columns: Columns | None = None,
-        messages: list[Message] | None = None,
+        messages: list[LogMessage] | None = None,
         records: list[RecordBatch] | None = None,
     ) -> None:
         self.ids = ids
@@ -68,14 +68,14 @@ class Batch:
         return cls(columns.ids, columns=columns)
 
     @classmethod
-    def of_messages(cls, messages: list[Message], ids: Sequence[int] | None = None) -> Batch:
+    def of_messages(cls, messages: list[LogMessage], ids: Sequence[int] | None = None) -> Batch:
         return cls([m.id for m in messages] if ids is None else ids, messages=messages)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     @property
-    def messages(self) -> list[Message]:
+    def messages(self) -> list[LogMessage]:
         if self._messages is None:
             self._messages = messages_of(self.columns)
         return self._messages
@@ -156,7 +156,7 @@ def _record_json(r: RecordBatch) -> list[bytes]:
     return _columns_json(columns, lambda: messages_of(columns))
 
 
-def _columns_json(c: Columns, messages: Callable[[], list[Message]]) -> list[bytes]:
+def _columns_json(c: Columns, messages: Callable[[], list[LogMessage]]) -> list[bytes]:
     """The JSON objects of ``c``: in bulk, or one message at a time when a payload is not UTF-8."""
     rendered = json_objects(c)
     if rendered is None:

@@ -26,7 +26,7 @@ from types import ModuleType
 
 import msgspec
 
-from capella.core.message import EMPTY_HEADERS, Message
+from capella.core.message import EMPTY_HEADERS, LogMessage
 from capella.errors import CorruptData, InvalidMessage
 from capella.kernels import crc32
 from capella.records import record_batch
@@ -80,7 +80,7 @@ class JournalScan:
     as they are.
     """
 
-    messages: list[Message]
+    messages: list[LogMessage]
     valid_length: int
     torn: bool
     reason: str
@@ -88,7 +88,7 @@ class JournalScan:
     version: int = JOURNAL_VERSION
 
 
-def message_body(m: Message) -> bytes:
+def message_body(m: LogMessage) -> bytes:
     """``m`` as the body of a journal frame, without the frame (for other logs that hold messages)."""
     try:
         source = m.source.encode()
@@ -99,7 +99,7 @@ def message_body(m: Message) -> bytes:
         raise InvalidMessage(f"message {m.id} cannot be stored: {exc}") from exc
 
 
-def message_from_body(data: bytes, start: int = 0, end: int | None = None) -> Message:
+def message_from_body(data: bytes, start: int = 0, end: int | None = None) -> LogMessage:
     """The message in ``data[start:end]`` as ``message_body`` wrote it (``CorruptData`` if it cannot be)."""
     end = len(data) if end is None else end
     if end - start < _MIN_BODY:
@@ -128,7 +128,7 @@ def decode_journal(data: bytes) -> JournalScan:
         return _decode_journal_v1(data)
     found = record_batch.scan(data, head_size)
     batches, end, reason = found.batches, found.end, found.reason
-    messages: list[Message] = []
+    messages: list[LogMessage] = []
     for index, batch in enumerate(batches):
         try:
             messages += messages_of(Columns._make(batch.fields()))
@@ -142,7 +142,7 @@ def decode_journal(data: bytes) -> JournalScan:
 def _decode_journal_v1(data: bytes) -> JournalScan:
     size = len(data)
     view = memoryview(data)
-    messages: list[Message] = []
+    messages: list[LogMessage] = []
     last_id = -1
     pos = len(JOURNAL_HEADER_V1)
     reason = ""
@@ -193,7 +193,7 @@ def _check_journal_header(data: bytes) -> int:
     return int(version)
 
 
-def _decode_record(data: bytes, start: int, end: int) -> Message:
+def _decode_record(data: bytes, start: int, end: int) -> LogMessage:
     mid, time, external_id, external_time, segment, source_len = _RECORD.unpack_from(data, start)
     pos = start + _RECORD.size
     if pos + source_len + _U16.size > end:
@@ -201,7 +201,7 @@ def _decode_record(data: bytes, start: int, end: int) -> Message:
     source = _text(data[pos : pos + source_len])
     pos += source_len
     headers, pos = _decode_headers(data, pos, end)
-    return Message(mid, time, source, external_id, external_time, segment, data[pos:end], headers)
+    return LogMessage(mid, time, source, external_id, external_time, segment, data[pos:end], headers)
 
 
 # --- headers (shared by both formats) ----------------------------------------------------
@@ -268,7 +268,7 @@ assert array("Q").itemsize == 8 and array("q").itemsize == 8 and array("d").item
 assert array("I").itemsize == 4
 
 
-# Messages as one list per field, in ``Message``'s field order (``messages_of`` builds them):
+# Messages as one list per field, in ``LogMessage``'s field order (``messages_of`` builds them):
 # the record batch's own shape, declared once.
 Columns = record_batch.Fields
 
@@ -291,9 +291,9 @@ def block_columns(data: Buffer) -> Columns:
     return block.columns._replace(payloads=[data[a:b] for a, b in pairwise(ends)])
 
 
-def columns_of(messages: Sequence[Message]) -> Columns:
+def columns_of(messages: Sequence[LogMessage]) -> Columns:
     """``messages`` as columns (``messages_of`` turns them back)."""
-    return Columns(*(list(map(attrgetter(name), messages)) for name in Message.__struct_fields__))
+    return Columns(*(list(map(attrgetter(name), messages)) for name in LogMessage.__struct_fields__))
 
 
 def block_keys(data: Buffer) -> tuple[list[int], list[tuple[str, int]]]:
@@ -650,9 +650,9 @@ def _signed(values: list[int]) -> list[int]:
     return signed.tolist()
 
 
-def messages_of(columns: Columns) -> list[Message]:
-    """The messages whose fields ``columns`` holds, equal to ``Message(...)`` field for field."""
-    return list(map(Message, *columns))
+def messages_of(columns: Columns) -> list[LogMessage]:
+    """The messages whose fields ``columns`` holds, equal to ``LogMessage(...)`` field for field."""
+    return list(map(LogMessage, *columns))
 
 
 @functools.cache

@@ -15,7 +15,7 @@ from capella.core.definition import QueueSettings
 from capella.core.log.batch import Batch
 from capella.core.log.codec import assemble_block, columns_of, encode_block, index_entry
 from capella.core.log.dedup import BlockSummary
-from capella.core.message import Draft, Message, drafts_batch
+from capella.core.message import Draft, LogMessage, drafts_batch
 from capella.records import record_batch
 from capella.records.record_batch import RecordBatch
 from capella.storage import Journal
@@ -51,10 +51,10 @@ class OpenBlock:
     firsts: list[int] = field(default_factory=list)  # each batch's first id, for bisecting
     index: bytearray = field(default_factory=bytearray)  # the sealed block's index entries, joined
     batch_bytes: int = 0
-    messages: list[Message] = field(default_factory=list)  # a format 1 block's only
+    messages: list[LogMessage] = field(default_factory=list)  # a format 1 block's only
     v1: bool = False
 
-    def add(self, message: Message) -> None:
+    def add(self, message: LogMessage) -> None:
         """Add a message of a format 1 journal (such a block holds no batches)."""
         self.ids.append(message.id)
         self.messages.append(message)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from capella.core.journal.changelog import ChangeLog
-from capella.core.message import Draft, Message, SaveMode
+from capella.core.message import Draft, LogMessage, SaveMode
 from capella.core.work.retry import RetrySettings, exhausted, retry_delay
 from capella.core.work.state import LEASED, WAITING, DeadEntry, Entry, WorkState
 from capella.errors import CapellaError, InvalidRequest, LeaseLost, UnknownReceipt
@@ -54,7 +54,7 @@ class MessageLog(Protocol):
 
     async def read_after(
         self, after: int, limit: int, segments: Sequence[tuple[int, int]] | None = None
-    ) -> tuple[list[Message], int]: ...
+    ) -> tuple[list[LogMessage], int]: ...
 
 
 @dataclass(slots=True)
@@ -142,13 +142,13 @@ class WorkQueue:
 
     # --- consumers -----------------------------------------------------------------------
 
-    async def claim(self, limit: int, lease: float | None, save: SaveMode) -> list[tuple[Message, Entry]]:
+    async def claim(self, limit: int, lease: float | None, save: SaveMode) -> list[tuple[LogMessage, Entry]]:
         """Lease up to ``limit`` messages: retries that are due first, then new ones in id order."""
         seconds = self.policy.lease if lease is None else lease
         async with self._lock:
             now = self._clock()
             await self._expire(now)
-            out: list[tuple[Message, Entry]] = []
+            out: list[tuple[LogMessage, Entry]] = []
             ready = self.state.due(WAITING, now, limit)
             high = self.state.high
             try:
@@ -326,7 +326,7 @@ class WorkQueue:
             ",".join(str(e.id) for e in entries[:20]),
         )
 
-    def _dead_draft(self, m: Message, e: Entry, error: str | None) -> Draft:
+    def _dead_draft(self, m: LogMessage, e: Entry, error: str | None) -> Draft:
         headers = {
             **m.headers,
             "capella-dead-queue": self._messages.name,
@@ -337,7 +337,7 @@ class WorkQueue:
         }
         return Draft(m.payload, m.source, m.external_id, m.external_time, m.segment, headers)
 
-    async def _message(self, mid: int) -> Message | None:
+    async def _message(self, mid: int) -> LogMessage | None:
         messages, _ = await self._messages.read_after(mid - 1, 1)
         return messages[0] if messages and messages[0].id == mid else None
 
@@ -392,11 +392,11 @@ class WorkQueue:
     async def select(
         self,
         statuses: set[str],
-        match: Callable[[Message], bool] | None,
+        match: Callable[[LogMessage], bool] | None,
         after: int,
         limit: int,
         scan_limit: int = SCAN_LIMIT,
-    ) -> tuple[list[tuple[Message, str]], int | None]:
+    ) -> tuple[list[tuple[LogMessage, str]], int | None]:
         """Messages after id ``after`` in id order whose status is in ``statuses`` and that match.
 
         Answers them and the id to continue after (``None`` when everything was looked at).
@@ -404,7 +404,7 @@ class WorkQueue:
         never claimed from the log after ``high``, at most ``scan_limit`` of them per call.
         """
         now = self._clock()
-        out: list[tuple[Message, str]] = []
+        out: list[tuple[LogMessage, str]] = []
         tracked = sorted(i for i in (*self.state.entries, *self.state.dead) if i > after)
         for mid in tracked:
             status = self.status(mid, now)
