@@ -192,7 +192,9 @@ def _work_metrics(out: list[str], queues: list[Queue]) -> None:
 
 
 def _handler_metrics(out: list[str], handlers: Sequence[HandlerState]) -> None:
-    rows = [(h, f'handler="{escape(h.name)}",type="{escape(h.type)}"', h.status().added()) for h in handlers]
+    rows = [
+        (h, f'handler="{escape(h.name)}",type="{escape(h.type)}"', h.status().added(h.type)) for h in handlers
+    ]
     _header(
         out,
         "capella_handler_items_total",

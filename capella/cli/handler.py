@@ -36,7 +36,7 @@ def print_handlers(args: argparse.Namespace, handlers: list[HandlerInfo]) -> Non
     rows = []
     for info in handlers:
         last_error = info.status.last_error
-        added = info.status.added()
+        added = info.status.added(info.type)
         lag = None if added is None else added.lag
         rows.append(
             [
@@ -71,7 +71,7 @@ def print_handler(args: argparse.Namespace, info: HandlerInfo) -> None:
             ("last success", utc(status.last_success)),
             ("failing since", utc(status.failing_since)),
             ("next run", utc(status.next_run)),
-            *_lag(status),
+            *_lag(status, info.type),
             (
                 "last error",
                 f"{last_error.message} ({last_error.code}) at {utc(last_error.time)}" if last_error else "-",
@@ -124,9 +124,9 @@ def print_pass(args: argparse.Namespace, done: PassResult) -> None:
         error(f"handler {args.name} pass failed: {done.error}")
 
 
-def _lag(status: HandlerStatus) -> list[tuple[str, str]]:
+def _lag(status: HandlerStatus, kind: str) -> list[tuple[str, str]]:
     """The lines of what is not done yet, for the handlers that report it."""
-    added = status.added()
+    added = status.added(kind)
     if added is None:
         return []
     if isinstance(added, PgOutboxStatus):

@@ -74,20 +74,16 @@ class PassStatus(Struct):
             return None
         return kind(**values)
 
-    def added(self) -> Added | None:
-        """What the handler's type added, as its status struct; None for a type that adds nothing."""
-        # The struct whose required fields are all set; pg_inbox's before copy's, which has fewer.
-        return (
-            self.part(PushStatus)
-            or self.part(PgOutboxStatus)
-            or self.part(PgInboxStatus)
-            or self.part(CopyStatus)
-        )
+    def added(self, kind: str) -> Added | None:
+        """What a handler of type ``kind`` added, as its status struct; None for a type that
+        adds nothing."""
+        status = ADDED.get(kind)
+        return None if status is None else self.part(status)
 
 
 # The handler types whose handlers add to the status, each with its status struct: each
 # field is declared there once, and the flat status takes it from there.
-ADDED: dict[str, type[Struct]] = {
+ADDED: dict[str, type[CopyStatus | PgOutboxStatus | PgInboxStatus | PushStatus]] = {
     "copy": CopyStatus,
     "pg_outbox": PgOutboxStatus,
     "pg_inbox": PgInboxStatus,
