@@ -208,6 +208,12 @@ def test_external_clusters_and_handlers_through_cap(
     bad_h = {"name": "bad_h", "type": "regularly_save", "queue_names": ["example_queue"]}
     bad_h["params"] = {"interval": 0, "wait": 1}
     assert capx(conn, "add_h", "-body", json.dumps(bad_h))["error"]["code"] == captured_code("040")
+    # segments as a list, not the original's {"s": [...]}: refused as the bad definition it is
+    # (it was an internal error, 10990000), and nothing is defined.
+    listed = {"name": "bad_copy", "type": "copy_unique", "queue_names": ["example_queue", "example_queue_2"]}
+    listed["params"] = {"segments": [{"from": 1, "to": 2}]}
+    assert capx(conn, "add_h", "-body", json.dumps(listed))["error"]["code"] == captured_code("040")
+    assert "bad_copy" not in {h["name"] for h in v1(west.url, "/v1/handlers")["handlers"]}
 
     # The cluster is in use: refused until its handler goes.
     assert cap(conn, "-cmd", "exc_drop", "-name", "example_external_cluster")[0] == 1
