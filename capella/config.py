@@ -348,6 +348,25 @@ class CompatSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     )
 
 
+class SharedSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """``[shared]``: where this node's shared queues live (docs/shared.md).
+
+    Every node of a shared cluster names the same PostgreSQL (``dsn``, or ``dsn_secret``: a
+    declared secret that holds the DSN) and the same ``s3`` mount, and carries the same
+    ``[cluster] name``; ``node`` tells the nodes apart (two live nodes with one name are
+    refused at start). A server without this table imports nothing of capella/shared/.
+    """
+
+    node: str
+    mount: str
+    dsn: str | None = None
+    dsn_secret: str | None = None
+    # A node's writes to every shared queue go to S3 as one object per window, or sooner once
+    # this many bytes wait: fewer PUTs per second for a longer window.
+    flush_interval: Annotated[float, _Read(parse_duration), msgspec.Meta(ge=0.001, le=60.0)] = 0.1
+    flush_bytes: Annotated[int, _Read(parse_size), msgspec.Meta(ge=1024, le=1024 * 1024 * 1024)] = 4 * 1024 * 1024
+
+
 class _File(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """The tables of a configuration file. ``[mounts.NAME]`` tables are checked by provider
     (``MOUNT_KEYS``); ``[queue_defaults]`` by the queue definition's own fields when the cluster
@@ -363,6 +382,7 @@ class _File(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     egress: EgressSettings = msgspec.field(default_factory=EgressSettings)
     files: FilesSettings = msgspec.field(default_factory=FilesSettings)
     compat: CompatSettings = msgspec.field(default_factory=CompatSettings)
+    shared: SharedSettings | None = None
 
 
 # The keys of a [mounts.NAME] table besides provider, compression and level, by provider: the
@@ -412,6 +432,7 @@ class Config(msgspec.Struct, frozen=True):
     egress: EgressSettings = msgspec.field(default_factory=EgressSettings)
     files: FilesSettings = msgspec.field(default_factory=FilesSettings)
     compat: CompatSettings = msgspec.field(default_factory=CompatSettings)
+    shared: SharedSettings | None = None
     # Where this configuration came from, to start its error messages: the file as given.
     source: str = "config"
 
@@ -527,8 +548,28 @@ def _config(raw: dict[str, Any], overrides: dict[str, Any], base: Path, source: 
         egress=tables.egress,
         files=_files(tables.files, base),
         compat=tables.compat,
+        shared=_shared(tables.shared, mounts, tables.secrets),
         source=source,
     )
+
+
+def _shared(
+    shared: SharedSettings | None, mounts: dict[str, MountConfig], secrets: dict[str, Any]
+) -> SharedSettings | None:
+    if shared is None:
+        return None
+    if not re.fullmatch(DECLARED_NAME, shared.node):
+        raise _Refused(f"shared.node {shared.node!r}: use letters, digits, '_', '.', '-'")
+    if (shared.dsn is None) == (shared.dsn_secret is None):
+        raise _Refused("shared: give one of dsn and dsn_secret (a declared secret holding the DSN)")
+    if shared.dsn_secret is not None and shared.dsn_secret not in secrets:
+        raise _Refused(f"shared.dsn_secret {shared.dsn_secret!r} is not a declared [secrets.NAME]")
+    mount = mounts.get(shared.mount)
+    if mount is None:
+        raise _Refused(f"shared.mount {shared.mount!r} is not a configured mount")
+    if mount.provider != "s3":
+        raise _Refused(f"shared.mount {shared.mount!r} is a {mount.provider} mount: shared queues need an s3 mount")
+    return shared
 
 
 S = TypeVar("S", bound=msgspec.Struct)

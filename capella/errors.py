@@ -101,6 +101,19 @@ class InvalidRelayPath(InvalidRequest):
     code = "invalid_relay_path"
 
 
+class NotOnSharedQueue(InvalidRequest):
+    """Shared queues do not do this in this version: ack-mode subscriptions, delayed delivery,
+    push and the other per-node handlers (docs/shared.md)."""
+
+    code = "not_on_shared_queue"
+
+
+class SharedNotConfigured(InvalidRequest):
+    """This node has no ``[shared]`` table, so it cannot hold a shared queue."""
+
+    code = "shared_not_configured"
+
+
 class InvalidConfig(CapellaError):
     """The configuration file or a queue definition is not valid."""
 
