@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, cast
 
 from capella.core.cluster import Cluster
 from capella.core.queue import Queue
-from capella.core.stats import Histogram
+from capella.core.stats import Histogram, SharedStats
 from capella.handlers.base import find
 from capella.handlers.supervisor import HandlerState
 from capella.wire.postgres import PgOutboxStatus
@@ -95,15 +95,46 @@ def render(cluster: Cluster, handlers: Sequence[HandlerState] = ()) -> str:
     for task, count in sorted(cluster.task_failures.counts.items()):
         out.append(f'capella_task_failures_total{{task="{escape(task)}"}} {count}')
 
-    _schedule_metrics(out, queues)
-    _work_metrics(out, queues)
+    local = cluster.local_queues() if cluster.ready else []
+    _schedule_metrics(out, local)
+    _work_metrics(out, local)
     _handler_metrics(out, handlers)
     _push_metrics(out, handlers)
 
     _header(out, "capella_flush_seconds", "Time to save and fsync one flush.", "histogram")
     _histogram(out, "capella_flush_seconds", "", cluster.flush_latency)
+    if cluster.shared is not None:
+        _shared_metrics(out, cluster.shared.stats)
     out.append("")
     return "\n".join(out)
+
+
+_SHARED_COUNTERS = (
+    ("capella_shared_flushes_total", "Flushes of this node's shared-queue buffer.", "flushes"),
+    ("capella_shared_objects_total", "Objects this node wrote to S3 and committed.", "objects"),
+    ("capella_shared_put_requests_total", "PUT requests to S3 (flushes and compaction).", "puts"),
+    ("capella_shared_put_bytes_total", "Bytes PUT to S3.", "put_bytes"),
+    ("capella_shared_get_requests_total", "GET requests to S3 (reads and compaction).", "gets"),
+    ("capella_shared_get_bytes_total", "Bytes read from S3.", "get_bytes"),
+    ("capella_shared_duplicates_total", "Messages a commit found stored already.", "duplicates"),
+    ("capella_shared_compactions_total", "Compaction runs that wrote a block.", "compactions"),
+    ("capella_shared_compacted_objects_total", "Objects emptied by compaction.", "compacted_objects"),
+    ("capella_shared_garbage_objects_total", "Objects the janitor deleted.", "garbage_objects"),
+    ("capella_shared_notifications_total", "Commit notifications received from PostgreSQL.", "notifications"),
+)
+
+
+def _shared_metrics(out: list[str], stats: SharedStats) -> None:
+    for name, text, attribute in _SHARED_COUNTERS:
+        _header(out, name, text, "counter")
+        out.append(f"{name} {getattr(stats, attribute)}")
+    _header(out, "capella_shared_failures_total", "Failed shared-queue steps (each retried).", "counter")
+    for step, count in sorted(stats.failures.items()):
+        out.append(f'capella_shared_failures_total{{step="{escape(step)}"}} {count}')
+    _header(out, "capella_shared_flush_seconds", "Time from a flush's start to its commit.", "histogram")
+    _histogram(out, "capella_shared_flush_seconds", "", stats.flush_seconds)
+    _header(out, "capella_shared_commit_seconds", "Time of one commit transaction.", "histogram")
+    _histogram(out, "capella_shared_commit_seconds", "", stats.commit_seconds)
 
 
 def _histogram(out: list[str], name: str, labels: str, hist: Histogram) -> None:

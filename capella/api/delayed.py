@@ -29,9 +29,9 @@ from capella.api.request import (
     save_param,
 )
 from capella.api.route import Route, on_queue
+from capella.core.base_queue import BaseQueue
 from capella.core.delayed.item import DelayedMessage
 from capella.core.filter import matches
-from capella.core.queue import Queue
 from capella.errors import InvalidRequest
 from capella.units import parse_duration
 from capella.wire.messages import (
@@ -69,7 +69,7 @@ def delayed_info(item: DelayedMessage) -> ScheduledMessage:
     return info
 
 
-def _queue(request: web.Request) -> Queue:
+def _queue(request: web.Request) -> BaseQueue:
     return request.app[CLUSTER].queue(request.match_info["queue"])
 
 

@@ -50,9 +50,10 @@ from capella.api.request import (
     wait_param,
 )
 from capella.api.route import MESSAGES_PATH, Route, on_queue
+from capella.core.base_queue import BaseQueue, Page
 from capella.core.filter import MessageFilter
 from capella.core.log.batch import Batch
-from capella.core.queue import Appended, Delayed, Page, Queue
+from capella.core.queue import Appended, Delayed
 from capella.errors import InvalidRequest, NotAcceptable, QueueNotFound, TooManyStreams
 from capella.records import record_batch
 from capella.records.record_batch import RecordBatch
@@ -239,7 +240,7 @@ async def read(request: web.Request) -> web.StreamResponse:
 
 async def read_waiting(
     app: web.Application,
-    queue: Queue,
+    queue: BaseQueue,
     after: int,
     limit: int,
     match: MessageFilter,
@@ -281,7 +282,7 @@ def _at_least(page: Page, after: int) -> Page:
     return page if page.last_id >= after else Page(page.parts, after)
 
 
-async def wait_new(app: web.Application, queue: Queue, cursor: int, seconds: float) -> str:
+async def wait_new(app: web.Application, queue: BaseQueue, cursor: int, seconds: float) -> str:
     """Wait for an id past ``cursor``: ``"new"``, ``"timeout"`` or ``"stopped"`` (shutdown, drop)."""
     stopping = app[STOPPING]
     if stopping.is_set():
@@ -345,7 +346,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream(
-    request: web.Request, queue: Queue, after: int, segments: list[tuple[int, int]] | None
+    request: web.Request, queue: BaseQueue, after: int, segments: list[tuple[int, int]] | None
 ) -> web.StreamResponse:
     heartbeat = request.app.get(HEARTBEAT, HEARTBEAT_SECONDS)
     response = web.StreamResponse(

@@ -9,11 +9,11 @@ from capella.api.access import identity
 from capella.api.openapi import AFTER, LIMIT, answer, json_content, param, ref
 from capella.api.request import CLUSTER, int_param, json_response, limit_param, read_object
 from capella.api.route import QUEUE_PATH, Route, on_queue
-from capella.core.queue import Queue
+from capella.core.base_queue import BaseQueue
 from capella.wire.queues import Block, BlockList, QueueInfo, QueueList, QueueStats
 
 
-def queue_info(queue: Queue) -> QueueInfo:
+def queue_info(queue: BaseQueue) -> QueueInfo:
     # The queue reports its stats as plain values (handlers and metrics read them too).
     stats = msgspec.convert(queue.stats(), QueueStats)
     return QueueInfo(name=queue.name, definition=queue.definition.to_wire(), stats=stats)

@@ -33,16 +33,16 @@ from capella.api.request import (
     wait_param,
 )
 from capella.api.route import REPLICAS_PATH, SUBSCRIPTION_PATH, Route, on_queue, on_subscription
+from capella.core.base_queue import BaseQueue
 from capella.core.filter import MessageFilter
 from capella.core.message import SaveMode
-from capella.core.queue import Queue
 from capella.core.subscription import ACK, CURSOR, SubscriptionState
 from capella.core.work.retry import RetrySettings, apply_policy
 from capella.errors import InvalidRequest, SubscriptionNotFound, WrongSubscriptionMode
 from capella.wire import work as wire_work
 
 
-def subscription_info(queue: Queue, sub: SubscriptionState) -> wire_work.Subscription:
+def subscription_info(queue: BaseQueue, sub: SubscriptionState) -> wire_work.Subscription:
     info = wire_work.Subscription(
         name=sub.name,
         mode="ack" if sub.mode == ACK else "cursor",
@@ -65,7 +65,7 @@ def subscription_info(queue: Queue, sub: SubscriptionState) -> wire_work.Subscri
     return info
 
 
-def _queue(request: web.Request) -> Queue:
+def _queue(request: web.Request) -> BaseQueue:
     return request.app[CLUSTER].queue(request.match_info["queue"])
 
 
@@ -107,7 +107,7 @@ async def commit(request: web.Request) -> web.Response:
 
 
 async def _define_work(
-    queue: Queue, name: str, body: wire_work.SubscriptionCommit, given: set[str], save: SaveMode
+    queue: BaseQueue, name: str, body: wire_work.SubscriptionCommit, given: set[str], save: SaveMode
 ) -> web.Response:
     # null counts as not given, as for a cursor.
     if extra := sorted(f for f in given & {"last_id", "replica", "reset"} if getattr(body, f) is not None):

@@ -45,9 +45,9 @@ from capella.api.request import (
     wait_param,
 )
 from capella.api.route import Route, on_queue, on_subscription
+from capella.core.base_queue import BaseQueue
 from capella.core.filter import MessageFilter, matches, parse_path
 from capella.core.message import LogMessage, SaveMode, stored_message
-from capella.core.queue import Queue
 from capella.core.work.state import Entry
 from capella.core.work.work_queue import STATUSES, Outcome, WorkQueue, parse_receipt
 from capella.errors import InvalidRequest, MessageNotFound
@@ -77,7 +77,7 @@ R = TypeVar("R", bound=Receipts)
 W = TypeVar("W", bound=WorkSelection)
 
 
-def _work(request: web.Request) -> tuple[Queue, WorkQueue]:
+def _work(request: web.Request) -> tuple[BaseQueue, WorkQueue]:
     queue = request.app[CLUSTER].queue(request.match_info["queue"])
     return queue, queue.work(request.match_info["name"])
 
@@ -121,7 +121,7 @@ async def claim(request: web.Request) -> web.Response:
 
 async def _claim_waiting(
     app: web.Application,
-    queue: Queue,
+    queue: BaseQueue,
     work: WorkQueue,
     limit: int,
     lease: float | None,
@@ -321,7 +321,7 @@ async def _bulk(
 
 
 async def _pick(
-    queue: Queue,
+    queue: BaseQueue,
     work: WorkQueue,
     ids: list[int],
     statuses: set[str],

@@ -20,12 +20,21 @@ import msgspec
 
 from capella.cluster_name import cluster_name
 from capella.config import Config
+from capella.core.base_queue import BaseQueue
 from capella.core.definition import QueueSettings, check_name, default_definition, parse_definition
 from capella.core.limits import MessageLimits
 from capella.core.loops import TaskFailures, keep_running
 from capella.core.queue import Queue
+from capella.core.shared_home import SharedHome
 from capella.core.stats import Histogram
-from capella.errors import CapellaError, InvalidConfig, InvalidRequest, NotReady, QueueNotFound
+from capella.errors import (
+    CapellaError,
+    InvalidConfig,
+    InvalidRequest,
+    NotReady,
+    QueueNotFound,
+    SharedNotConfigured,
+)
 from capella.storage import Storage, keys, open_storage
 from capella.storage.catalog import QUEUES
 from capella.wire.records import QueueEntry, QueueRegistry
@@ -36,8 +45,16 @@ log = logging.getLogger(__name__)
 class Cluster:
     """One broker's queues on its mounts. Build it with ``await Cluster.open(config)``."""
 
-    def __init__(self, config: Config, mounts: dict[str, Storage], clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        config: Config,
+        mounts: dict[str, Storage],
+        clock: Callable[[], float],
+        shared: SharedHome | None = None,
+    ) -> None:
         self.ready = False
+        # The shared queues ([shared]: capella/shared/), when this node is one of a shared cluster.
+        self.shared = shared
         self.flush_latency = Histogram()
         self.task_failures = TaskFailures()
         self._config = config
@@ -63,10 +80,18 @@ class Cluster:
         self._ticker: asyncio.Task[None] | None = None
 
     @classmethod
-    def create(cls, config: Config, clock: Callable[[], float] = time.time) -> Cluster:
-        """The cluster with its mounts, not yet recovered (``ready`` is False until ``start``)."""
+    def create(
+        cls,
+        config: Config,
+        clock: Callable[[], float] = time.time,
+        shared: Callable[[dict[str, Storage]], SharedHome] | None = None,
+    ) -> Cluster:
+        """The cluster with its mounts, not yet recovered (``ready`` is False until ``start``).
+
+        ``shared`` builds the home of the shared queues on the mounts (the server passes it
+        when ``[shared]`` is configured)."""
         mounts = {name: open_storage(m.provider, m.options) for name, m in config.mounts.items()}
-        return cls(config, mounts, clock)
+        return cls(config, mounts, clock, None if shared is None else shared(mounts))
 
     @classmethod
     async def open(cls, config: Config, clock: Callable[[], float] = time.time) -> Cluster:
@@ -78,6 +103,8 @@ class Cluster:
         """Recover every queue, then start the periodic tick and report ready."""
         started = time.perf_counter()
         await self._recover()
+        if self.shared is not None:
+            await self.shared.start(self.name, self._base, set(self._mounts))
         self._ticker = asyncio.create_task(
             keep_running("tick", self._tick_loop, failures=self.task_failures), name="tick"
         )
@@ -134,6 +161,11 @@ class Cluster:
                 await queue.close()
             except CapellaError as exc:
                 log.error("queue close failed queue=%s", queue.name, exc_info=exc)
+        if self.shared is not None:
+            try:
+                await self.shared.close()
+            except CapellaError as exc:
+                log.error("shared queues close failed", exc_info=exc)
         for mount in self._mounts.values():
             await mount.close()
 
@@ -155,7 +187,16 @@ class Cluster:
 
     # --- queues ----------------------------------------------------------------------------
 
-    def queue(self, name: str) -> Queue:
+    def queue(self, name: str) -> BaseQueue:
+        self._check_ready()
+        found: BaseQueue | None = self._queues.get(name)
+        if found is None and self.shared is not None:
+            found = self.shared.queues().get(name)
+        if found is None:
+            raise QueueNotFound(f"no queue {name!r}")
+        return found
+
+    def _local(self, name: str) -> Queue:
         self._check_ready()
         try:
             return self._queues[name]
@@ -169,19 +210,33 @@ class Cluster:
         except KeyError:
             raise QueueNotFound(f"no queue {name!r}") from None
 
-    def queues(self) -> list[Queue]:
+    def queues(self) -> list[BaseQueue]:
+        self._check_ready()
+        every: dict[str, BaseQueue] = {} if self.shared is None else dict(self.shared.queues())
+        every.update(self._queues)
+        return [every[name] for name in sorted(every)]
+
+    def local_queues(self) -> list[Queue]:
+        """The queues on this node's own mounts (block maintenance, delayed delivery, work queues)."""
         self._check_ready()
         return [self._queues[name] for name in sorted(self._queues)]
 
-    async def put_queue(self, name: str, data: dict[str, Any]) -> tuple[Queue, bool]:
+    async def put_queue(self, name: str, data: dict[str, Any]) -> tuple[BaseQueue, bool]:
         """Create the queue, or update its definition; ``True`` when it was created."""
         self._check_ready()
         check_name(name)
         mounts = set(self._mounts)
         async with self._registry_lock:
+            shared = None if self.shared is None else self.shared.queues().get(name)
             queue = self._queues.get(name)
+            if shared is not None and queue is None:
+                return await self._put_shared(shared, data, mounts)
             if queue is not None:
                 definition = parse_definition(data, queue.definition, mounts)
+                if definition.shared:
+                    raise InvalidRequest(
+                        f"queue {name!r} is local: its storage cannot change", field="storage"
+                    )
                 if definition.meta_mount != queue.definition.meta_mount:
                     raise InvalidRequest(
                         "mounts.meta cannot change on an existing queue", field="mounts.meta"
@@ -191,6 +246,18 @@ class Cluster:
                 queue.definition = definition
                 return queue, False
             definition = parse_definition(data, self._base, mounts)
+            if definition.shared:
+                if self.shared is None:
+                    raise SharedNotConfigured(
+                        f'queue {name!r}: "storage": "shared" needs a node configured with [shared] '
+                        "(a PostgreSQL and an s3 mount: docs/shared.md)",
+                        field="storage",
+                    )
+                created, fresh = await self.shared.create(name, definition)
+                if not fresh:
+                    return await self._put_shared(created, data, mounts)
+                log.info("shared queue created queue=%s", name)
+                return created, True
             self._check_meta_mount(definition)
             self._registry[name] = QueueEntry(definition=definition.to_dict())
             await self._save_registry()
@@ -199,10 +266,26 @@ class Cluster:
             log.info("queue created queue=%s", name)
             return queue, True
 
+    async def _put_shared(
+        self, queue: BaseQueue, data: dict[str, Any], mounts: set[str]
+    ) -> tuple[BaseQueue, bool]:
+        assert self.shared is not None
+        definition = parse_definition(data, queue.definition, mounts)
+        if not definition.shared:
+            raise InvalidRequest(
+                f"queue {queue.name!r} is shared: its storage cannot change", field="storage"
+            )
+        await self.shared.update(queue, definition)
+        return queue, False
+
     async def drop_queue(self, name: str) -> None:
         """Delete the queue and all its data."""
         async with self._registry_lock:
-            queue = self.queue(name)
+            if name not in self._queues and self.shared is not None and name in self.shared.queues():
+                await self.shared.drop(name)
+                log.info("shared queue dropped queue=%s", name)
+                return
+            queue = self._local(name)
             self._registry[name] = msgspec.structs.replace(self._registry[name], state="dropping")
             await self._save_registry()
             del self._queues[name]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET
@@ -63,6 +63,11 @@ class QueueSettings:
     segments: tuple[int, int] | None = None
     meta_mount: str = "default"
     marks: dict[int, str] = field(default_factory=lambda: {0: "default"})
+    storage: Literal["local", "shared"] = "local"  # shared: capella/shared/
+
+    @property
+    def shared(self) -> bool:
+        return self.storage == "shared"
 
     def to_wire(self) -> wire.QueueDefinition:
         """The definition as answers show it and the registry stores it: every field set."""
@@ -72,6 +77,7 @@ class QueueSettings:
             subscription_save=self.subscription_save.name.lower(),
             segments=None if self.segments is None else wire.SegmentRange(*self.segments),
             mounts=wire.Mounts(self.meta_mount, {str(k): v for k, v in sorted(self.marks.items())}),
+            storage=self.storage,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,6 +145,7 @@ def apply(body: wire.QueueDefinition, base: QueueSettings, mounts: set[str]) -> 
         segments=segments,
         meta_mount=meta,
         marks=marks,
+        storage=base.storage if body.storage is None else body.storage,
     )
 
 

@@ -13,10 +13,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from capella.config import ServerSettings
 from capella.core.message import Draft
-from capella.errors import InvalidMessage, InvalidRequest, MessageHeadersTooLarge, PayloadTooLarge
+from capella.errors import (
+    CorruptData,
+    InvalidMessage,
+    InvalidRequest,
+    MessageHeadersTooLarge,
+    PayloadTooLarge,
+)
+from capella.records.record_batch import Fields, Given, RecordBatch, decode_given, payload_sizes
 from capella.wire.fields import INT64_MAX, INT64_MIN, MAX_DELAY, MAX_SOURCE_BYTES
 
 # An external_time this far ahead of our clock is "in the future" (clocks of two clusters
@@ -85,6 +93,62 @@ def _check_fields(d: Draft, index: int, limits: MessageLimits, now: float) -> No
         check_headers(d.headers, index, limits.max_headers, limits.max_headers_size)
     if d.deliver_at is not None and not (math.isfinite(d.deliver_at) and d.deliver_at <= now + MAX_DELAY):
         raise bad(index, "deliver_at", "more than ten years ahead")
+
+
+class BatchColumns(NamedTuple):
+    """What a producer's record batch gave, as ``check_batch`` read it: None where every
+    message has the default (``fields`` is None for a batch of payloads alone)."""
+
+    fields: Fields | None
+    external_ids: list[int | None] | None
+    external_times: list[float | None] | None
+
+
+def check_batch(
+    batch: RecordBatch,
+    limits: MessageLimits,
+    now: float,
+    segments: tuple[int, int] | None,
+    own: str,
+    given: Given | None = None,
+) -> BatchColumns:
+    """``check_drafts`` for a record batch: its count, payload sizes and decoded columns.
+
+    A batch of payloads alone (every other field the default) is checked from its payload
+    lengths, never decoded. The source given is ``own`` where the batch left it to the default.
+    ``given``: the batch's ``decode_given`` when the caller made it already.
+    """
+    fields: Fields | None = None
+    external_ids: list[int | None] | None = None
+    external_times: list[float | None] | None = None
+    try:
+        if batch.flags:
+            fields, external_ids, external_times = decode_given(batch) if given is None else given
+            sizes = list(map(len, fields.payloads))
+        else:
+            sizes = payload_sizes(batch)
+    except CorruptData as exc:
+        raise InvalidMessage(f"record batch: {exc.message}") from None
+    check_count(len(sizes), limits)
+    check_sizes(sizes, limits)
+    if fields is None:
+        if segments is not None:
+            check_segment(0, 0, segments)
+        return BatchColumns(None, None, None)
+    for index, source in enumerate(fields.sources):
+        if source != own:
+            check_source(source, index)
+    if external_times is not None:
+        for index, t in enumerate(external_times):
+            if t is not None:
+                check_external_time(t, index, now)
+    if segments is not None:
+        for index, segment in enumerate(fields.segments):
+            check_segment(index, segment, segments)
+    for index, headers in enumerate(fields.headers):
+        if headers:
+            check_headers(headers, index, limits.max_headers, limits.max_headers_size)
+    return BatchColumns(fields, external_ids, external_times)
 
 
 def check_count(count: int, limits: MessageLimits) -> None:

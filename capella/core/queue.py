@@ -21,34 +21,24 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import functools
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
 from capella.config import StorageSettings
+from capella.core.base_queue import BaseQueue, Page, PageBuilder
+from capella.core.base_queue import ReadResult as ReadResult  # answered by ``read_after``
 from capella.core.definition import QueueSettings
 from capella.core.delayed.intake import Delayed as Delayed  # answered by ``Queue.append``
 from capella.core.delayed.intake import assign_mixed
 from capella.core.delayed.item import DelayedMessage
 from capella.core.delayed.schedule import Schedule
-from capella.core.filter import MessageFilter, matches
-from capella.core.limits import (
-    MessageLimits,
-    check_count,
-    check_drafts,
-    check_external_time,
-    check_headers,
-    check_segment,
-    check_sizes,
-    check_source,
-)
+from capella.core.filter import MessageFilter
+from capella.core.limits import MessageLimits, check_batch, check_drafts
 from capella.core.log.batch import Batch
 from capella.core.log.blocks import BlockMeta, BlockStore, Render
 from capella.core.log.dedup import DedupIndex
@@ -56,7 +46,7 @@ from capella.core.log.open_block import OpenBlock
 from capella.core.log.writer import Appended as Appended  # answered by ``Queue.append``
 from capella.core.log.writer import Writer
 from capella.core.loops import Loop, TaskFailures
-from capella.core.message import Draft, LogMessage, SaveMode
+from capella.core.message import Draft, SaveMode
 from capella.core.recovery import recover
 from capella.core.report import block_list, queue_stats
 from capella.core.stats import Histogram, QueueCounters, Recovery
@@ -64,38 +54,15 @@ from capella.core.subscription import SubscriptionState
 from capella.core.subscription_store import SubscriptionStore
 from capella.core.work.retry import RetrySettings
 from capella.core.work.work_queue import WorkQueue
-from capella.errors import CorruptData, InvalidMessage, ShuttingDown
-from capella.records.record_batch import Fields, Given, RecordBatch, decode_given, payload_sizes
+from capella.errors import CorruptData, ShuttingDown
+from capella.records.record_batch import Given, RecordBatch
 from capella.storage import Storage, keys
 
 log = logging.getLogger(__name__)
 
-# A filtered read stops scanning after this many messages and answers with what it has.
-SCAN_LIMIT = 100_000
 
-
-class ReadResult(NamedTuple):
-    messages: list[LogMessage]
-    last_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    """What a read found: slices ``(batch, start, stop)`` in id order, and how far it looked."""
-
-    parts: list[tuple[Batch, int, int]]
-    last_id: int
-
-    @property
-    def count(self) -> int:
-        return sum(stop - start for _, start, stop in self.parts)
-
-    def messages(self) -> list[LogMessage]:
-        return list(chain.from_iterable(batch.messages[start:stop] for batch, start, stop in self.parts))
-
-
-class Queue:
-    """One queue. Build it with ``await Queue.open(...)``; ``close`` flushes everything."""
+class Queue(BaseQueue):
+    """One local queue. Build it with ``await Queue.open(...)``; ``close`` flushes everything."""
 
     def __init__(
         self,
@@ -148,7 +115,7 @@ class Queue:
             lookup=lookup,
             fault_text=self._writer.fault_text,
         )
-        self.schedule = Schedule(
+        self._schedule = Schedule(
             self._store.meta,
             keys.of(name, keys.SCHEDULE),
             release=self._writer.append_released,
@@ -158,12 +125,17 @@ class Queue:
         )
         self._releaser = Loop(
             f"release:{name}",
-            lambda: self.schedule.run_releases(self._stopping),
+            lambda: self._schedule.run_releases(self._stopping),
             failures=self._task_failures,
             report=self._report,
             stopping=self._stopping,
-            wake=self.schedule.changed,
+            wake=self._schedule.changed,
         )
+
+    @property
+    def schedule(self) -> Schedule:
+        """The queue's delayed messages."""
+        return self._schedule
 
     @property
     def definition(self) -> QueueSettings:
@@ -208,11 +180,11 @@ class Queue:
         )
         writer = queue._writer
         await recover(queue._store, writer, queue._consumers)
-        await queue.schedule.open(first_new_sid=writer.next_id)
+        await queue._schedule.open(first_new_sid=writer.next_id)
         # Recovery is done: seal the full blocks it found and release what is due.
         if writer.sealing:
             writer.want_seal()
-        if queue.schedule.next_due() is not None:
+        if queue._schedule.next_due() is not None:
             queue._releaser.start()
         return queue
 
@@ -242,7 +214,7 @@ class Queue:
         try:
             await writer.flush_journals()
             await self._consumers.save()
-            await self.schedule.close()
+            await self._schedule.close()
             await self._consumers.close()
             # Every id handed out is below next_id now, so a clean restart continues without a gap.
             await writer.put_state(writer.next_id)
@@ -301,7 +273,7 @@ class Queue:
         await writer.lock()
         try:
             if later:
-                results = await assign_mixed(writer, self.schedule, drafts, later, now)
+                results = await assign_mixed(writer, self._schedule, drafts, later, now)
             else:
                 results = list(await writer.assign(drafts, now))
         finally:
@@ -309,15 +281,15 @@ class Queue:
         if mode is SaveMode.IMMEDIATE or mode is SaveMode.WAIT:
             if later:
                 await asyncio.gather(
-                    writer.commit(urgent=mode is SaveMode.IMMEDIATE), self.schedule.save(mode)
+                    writer.commit(urgent=mode is SaveMode.IMMEDIATE), self._schedule.save(mode)
                 )
             else:
                 await writer.commit(urgent=mode is SaveMode.IMMEDIATE)
         elif mode is SaveMode.MARK:
             writer.marked = True
-            self.schedule.mark()
+            self._schedule.mark()
         if later:
-            await self.schedule.spill_if_needed()
+            await self._schedule.spill_if_needed()
         return results
 
     def check(self, drafts: Sequence[Draft]) -> None:
@@ -345,20 +317,9 @@ class Queue:
         writer = self._writer
         # The defaults the server fills in are read as filled in: the producer's head counts for nothing.
         batch = msgspec.structs.replace(batch, base_time=now, source=writer.own)
-        fields: Fields | None = None
-        external_ids: list[int | None] | None = None
-        external_times: list[float | None] | None = None
-        # What the checks need, read from the batch in one go: its columns, or for a batch of
-        # payloads alone (every other field the default) only their sizes, nothing decoded.
-        try:
-            if batch.flags:
-                fields, external_ids, external_times = decode_given(batch) if given is None else given
-                sizes = list(map(len, fields.payloads))
-            else:
-                sizes = payload_sizes(batch)
-        except CorruptData as exc:
-            raise InvalidMessage(f"record batch: {exc.message}") from None
-        self._check_batch(sizes, fields, external_times, now)
+        fields, external_ids, _ = check_batch(
+            batch, self.limits, now, self.definition.segments, writer.own, given
+        )
         sources = None if fields is None else fields.sources
         mode = save.resolve(self.definition.save)
         self.counters.produce_requests += 1
@@ -381,49 +342,20 @@ class Queue:
         """Move a delayed message to ``deliver_at`` (a time in the past releases it at once)."""
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
-        return await self.schedule.reschedule(sid, deliver_at, save.resolve(self.definition.save))
+        return await self._schedule.reschedule(sid, deliver_at, save.resolve(self.definition.save))
 
     async def cancel_delayed(self, sids: Sequence[int], save: SaveMode = SaveMode.DEFAULT) -> list[int]:
         """Cancel delayed messages; answers the sids that were still waiting."""
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
-        return await self.schedule.cancel(sids, save.resolve(self.definition.save))
-
-    def _check_batch(
-        self, sizes: list[int], fields: Fields | None, external_times: list[float | None] | None, now: float
-    ) -> None:
-        """``check_drafts`` for a record batch: its payload sizes, and its decoded columns unless
-        it holds payloads alone (``None``). The source given is the cluster's name where the
-        batch left it to the default."""
-        limits = self.limits
-        check_count(len(sizes), limits)
-        check_sizes(sizes, limits)
-        segments = self.definition.segments
-        if fields is None:
-            if segments is not None:
-                check_segment(0, 0, segments)
-            return
-        own = self._writer.own
-        for index, source in enumerate(fields.sources):
-            if source != own:
-                check_source(source, index)
-        if external_times is not None:
-            for index, t in enumerate(external_times):
-                if t is not None:
-                    check_external_time(t, index, now)
-        if segments is not None:
-            for index, segment in enumerate(fields.segments):
-                check_segment(index, segment, segments)
-        for index, headers in enumerate(fields.headers):
-            if headers:
-                check_headers(headers, index, limits.max_headers, limits.max_headers_size)
+        return await self._schedule.cancel(sids, save.resolve(self.definition.save))
 
     async def flush(self) -> int:
         """Save everything written so far, ``none`` writes too; answers the message bytes it wrote."""
         written = self._writer.pending_bytes()
         await self._writer.flush_journals()
         await self._consumers.save()
-        await self.schedule.flush()
+        await self._schedule.flush()
         await self._consumers.flush_work()
         return written
 
@@ -431,7 +363,7 @@ class Queue:
         """The periodic pass: seal an open block past its age, save marked writes and cursors."""
         await self._writer.tick()
         await self._consumers.tick_cursors()
-        await self.schedule.tick()
+        await self._schedule.tick()
         await self._consumers.tick_work()
 
     # --- reading ---------------------------------------------------------------------------
@@ -458,17 +390,6 @@ class Queue:
             return block.ids[0]
         return self._writer.last_id + 1
 
-    async def read_after(
-        self,
-        after: int,
-        limit: int,
-        segments: Sequence[tuple[int, int]] | None = None,
-        match: MessageFilter | None = None,
-    ) -> ReadResult:
-        """Messages with id > ``after`` in id order, at most ``limit`` of them (``read_page``)."""
-        page = await self.read_page(after, limit, segments, match)
-        return ReadResult(page.messages(), page.last_id)
-
     async def read_page(
         self,
         after: int,
@@ -486,51 +407,27 @@ class Queue:
         ``render`` (``Batch.json``...) makes the reader's form in the thread that loads a block.
         """
         self.counters.read_requests += 1
-        passes = _passes(segments, match)
+        builder = PageBuilder(after, limit, segments, match)
         contents = self._store.contents
-        parts: list[tuple[Batch, int, int]] = []
-        count = 0
-        last = after
-        scanned = 0
         for source in self._blocks_after(after):
             if isinstance(source, BlockMeta):
                 if source.state != "sealed":
-                    last = max(last, source.last_id)
+                    builder.passed(source.last_id)
                     continue
                 try:
                     batch = await contents(source, render)
                 except CorruptData:
-                    last = max(last, source.last_id)
+                    builder.passed(source.last_id)
                     continue
             else:
                 # A block still in memory keeps growing: the page takes a batch of its own.
-                batch = source.contents(after, limit - count if passes is None else SCAN_LIMIT - scanned)
-            start = bisect.bisect_right(batch.ids, after)
-            if passes is None:
-                stop = min(len(batch), start + limit - count)
-                if stop > start:
-                    count += stop - start
-                    last = batch.ids[stop - 1]
-                    parts.append((batch, start, stop))
-            else:
-                found: list[LogMessage] = []
-                for m in batch.messages[start:]:
-                    scanned += 1
-                    last = m.id
-                    if passes(m):
-                        found.append(m)
-                        if count + len(found) >= limit:
-                            break
-                    if scanned >= SCAN_LIMIT:
-                        break
-                if found:
-                    parts.append((Batch.of_messages(found), 0, len(found)))
-                    count += len(found)
-            if count >= limit or scanned >= SCAN_LIMIT:
+                batch = source.contents(after, builder.room)
+            if builder.add(batch):
                 break
-        self.counters.read += count
-        self._store.prefetch_after(last, render)
-        return Page(parts, last)
+        page = builder.page()
+        self.counters.read += page.count
+        self._store.prefetch_after(page.last_id, render)
+        return page
 
     def _blocks_after(self, after: int) -> Iterator[BlockMeta | OpenBlock]:
         # Snapshot the lists: a seal may move a block from sealing to sealed while we await.
@@ -654,20 +551,7 @@ class Queue:
         return queue_stats(
             self._store,
             self._writer,
-            self.schedule,
+            self._schedule,
             first_id=self.first_id,
             subscriptions=self._consumers.count,
         )
-
-
-def _passes(
-    segments: Sequence[tuple[int, int]] | None, match: MessageFilter | None
-) -> Callable[[LogMessage], bool] | None:
-    """The test a filtered read puts each message to; ``None`` when every message passes."""
-    if match is None or match.empty:
-        if segments is None:
-            return None
-        match = MessageFilter(segments=tuple(segments))
-    elif segments is not None:
-        raise ValueError("read_after: give segments inside match, not beside it")
-    return functools.partial(matches, match)

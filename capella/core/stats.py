@@ -55,3 +55,23 @@ class Recovery:
             "quarantined_blocks": list(self.quarantined),
             "gaps": [{"from_id": lo, "to_id": hi} for lo, hi in self.gaps],
         }
+
+
+@dataclass(slots=True)
+class SharedStats:
+    """A node's shared-queue counters since the process started (``capella.shared``)."""
+
+    flushes: int = 0
+    objects: int = 0
+    puts: int = 0
+    put_bytes: int = 0
+    gets: int = 0
+    get_bytes: int = 0
+    duplicates: int = 0
+    compactions: int = 0
+    compacted_objects: int = 0
+    garbage_objects: int = 0
+    notifications: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # by step: put, commit, listen...
+    flush_seconds: Histogram = field(default_factory=Histogram)
+    commit_seconds: Histogram = field(default_factory=Histogram)

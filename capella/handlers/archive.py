@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from capella.core.base_queue import BaseQueue
 from capella.core.log.blocks import BlockMeta
-from capella.core.queue import Queue
 from capella.errors import InvalidRequest
 from capella.handlers.base import Building, HandlerType, PassTally
 from capella.handlers.per_queue import QueueHandler, selected
 from capella.wire.upkeep import ArchiveParams
 
 
-def check_marks(params: ArchiveParams, queue: Queue) -> None:
+def check_marks(params: ArchiveParams, queue: BaseQueue) -> None:
     """Every condition's mark must have a mount in the queue's mapping."""
     for i, c in enumerate(params.conditions):
         if c.mark not in queue.definition.marks:
@@ -49,7 +49,7 @@ class ArchiveHandler(QueueHandler[ArchiveParams]):
 
     needs = "admin"
 
-    async def run_queue(self, queue: Queue) -> PassTally:
+    async def run_queue(self, queue: BaseQueue) -> PassTally:
         check_marks(self.params, queue)
         result = PassTally()
         for block, mark in moves(self.params, queue.sealed_blocks(), queue.now()):

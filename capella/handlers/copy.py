@@ -24,10 +24,10 @@ from typing import Protocol
 import msgspec
 
 from capella.client import AsyncClient
+from capella.core.base_queue import BaseQueue
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
 from capella.core.message import Draft, SaveMode, drafts_batch
-from capella.core.queue import Queue
 from capella.errors import (
     CapellaError,
     ClusterNotFound,
@@ -91,7 +91,7 @@ class CopyHandler(QueueHandler[CopyParams]):
                 ) from exc
         return await super().run_once()
 
-    async def run_queue(self, queue: Queue) -> PassTally:
+    async def run_queue(self, queue: BaseQueue) -> PassTally:
         return await self._copy(_LocalSource(queue, self.params))
 
     async def _copy(self, source: _Source) -> PassTally:
@@ -181,7 +181,7 @@ class _Source(Protocol):
 
 
 class _LocalSource:
-    def __init__(self, queue: Queue, params: CopyParams) -> None:
+    def __init__(self, queue: BaseQueue, params: CopyParams) -> None:
         self.queue = queue
         self.name = queue.name
         self._params = params

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from capella.core.base_queue import BaseQueue
 from capella.core.log.blocks import BlockMeta
-from capella.core.queue import Queue
 from capella.handlers.base import Building, HandlerType, PassTally
 from capella.handlers.per_queue import QueueHandler
 from capella.wire.upkeep import ExpireParams
@@ -34,7 +34,7 @@ class ExpireHandler(QueueHandler[ExpireParams]):
 
     needs = "admin"
 
-    async def run_queue(self, queue: Queue) -> PassTally:
+    async def run_queue(self, queue: BaseQueue) -> PassTally:
         stats = queue.stats()
         result = PassTally()
         for block in expired(

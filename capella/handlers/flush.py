@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from capella.core.queue import Queue
+from capella.core.base_queue import BaseQueue
 from capella.handlers.base import Building, HandlerType, PassTally
 from capella.handlers.per_queue import QueueHandler
 from capella.wire.upkeep import FlushParams
@@ -18,7 +18,7 @@ from capella.wire.upkeep import FlushParams
 class FlushHandler(QueueHandler[FlushParams]):
     """Save what ``none`` and ``mark`` writes left in memory."""
 
-    async def run_queue(self, queue: Queue) -> PassTally:
+    async def run_queue(self, queue: BaseQueue) -> PassTally:
         await queue.tick()
         return PassTally(items=1, bytes=await queue.flush())
 

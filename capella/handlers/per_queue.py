@@ -11,8 +11,8 @@ import abc
 import fnmatch
 from typing import Generic, Protocol, TypeVar
 
+from capella.core.base_queue import BaseQueue
 from capella.core.cluster import Cluster
-from capella.core.queue import Queue
 from capella.errors import CapellaError, Forbidden, StorageUnavailable, SubscriptionNotFound
 from capella.handlers.base import Handler, PassTally
 
@@ -59,11 +59,11 @@ class QueueHandler(Handler, abc.ABC, Generic[P]):
         return result
 
     @abc.abstractmethod
-    async def run_queue(self, queue: Queue) -> PassTally:
+    async def run_queue(self, queue: BaseQueue) -> PassTally:
         """This handler's work on one queue."""
 
 
-def selected(cluster: Cluster, patterns: list[str]) -> list[Queue]:
+def selected(cluster: Cluster, patterns: list[str]) -> list[BaseQueue]:
     """The queues a handler works on right now (queues created later match too)."""
     return [q for q in cluster.queues() if any(fnmatch.fnmatchcase(q.name, p) for p in patterns)]
 

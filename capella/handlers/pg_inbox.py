@@ -20,10 +20,10 @@ import orjson
 
 from capella.auth.rule import Identity
 from capella.auth.secret import Secrets
+from capella.core.base_queue import BaseQueue
 from capella.core.cluster import Cluster
 from capella.core.definition import check_name
 from capella.core.message import SaveMode
-from capella.core.queue import Queue
 from capella.egress import Egress
 from capella.errors import SubscriptionNotFound
 from capella.file_access import FileAccess
@@ -105,7 +105,7 @@ class InboxHandler(QueueHandler[PgInboxParams]):
     async def check(self, identity: Identity) -> None:
         await self._db.check(identity)
 
-    async def run_queue(self, queue: Queue) -> PassTally:
+    async def run_queue(self, queue: BaseQueue) -> PassTally:
         params = self.params
         self.identity.check("subscription", "write", f"{queue.name}/{params.subscription}")
         try:

@@ -47,9 +47,9 @@ import msgspec
 from capella.auth.rule import Identity
 from capella.auth.secret import Secrets
 from capella.client.connector import EgressConnector, check_destination
+from capella.core.base_queue import BaseQueue
 from capella.core.cluster import Cluster
 from capella.core.message import LogMessage, SaveMode
-from capella.core.queue import Queue
 from capella.core.stats import Histogram
 from capella.core.work.retry import RetrySettings, parse_policy, retry_delay
 from capella.core.work.state import LEASED, WAITING, Entry
@@ -237,7 +237,7 @@ class PushHandler(Handler):
             raise
         return PassTally(self.counters.delivered - before[0], self.counters.delivered_bytes - before[1])
 
-    async def _work(self, queue: Queue) -> WorkQueue:
+    async def _work(self, queue: BaseQueue) -> WorkQueue:
         """The subscription, defined with the policy on the first pass (and again if it was deleted)."""
         try:
             work = queue.work(self.params.subscription)
@@ -251,7 +251,7 @@ class PushHandler(Handler):
             self._take_back = True
         return work
 
-    async def _take_over(self, queue: Queue, work: WorkQueue) -> None:
+    async def _take_over(self, queue: BaseQueue, work: WorkQueue) -> None:
         """Take back the claims of an earlier run: they may have been sent, so they count an attempt."""
         self._forget()
         leased = [e for e in work.state.entries.values() if e.state == LEASED]
@@ -265,7 +265,7 @@ class PushHandler(Handler):
             self.counters.dead += sum(1 for o in outcomes if o.error is None and o.entry is None)
             log.info("push taken back queue=%s subscription=%s count=%d", queue.name, work.name, len(leased))
 
-    async def _sync(self, queue: Queue, work: WorkQueue) -> None:
+    async def _sync(self, queue: BaseQueue, work: WorkQueue) -> None:
         """Match what waits for a retry with the work queue (an operator may have moved or deleted it)."""
         waiting = {e.id: e.until for e in work.state.entries.values() if e.state == WAITING}
         self._key_of = {mid: key for mid, key in self._key_of.items() if mid in waiting}
@@ -274,7 +274,7 @@ class PushHandler(Handler):
         self._waiting = waiting
         self._blocked = Counter(self._key_of[mid] for mid in waiting if self._key_of[mid] is not None)
 
-    async def _key_for(self, queue: Queue, mid: int) -> Key:
+    async def _key_for(self, queue: BaseQueue, mid: int) -> Key:
         if self.params.ordering == "ordered":
             return 0
         if self.params.ordering == "unordered":
@@ -296,7 +296,7 @@ class PushHandler(Handler):
         blocked = sum(len(self._held.get(k, ())) for k in self._blocked)
         return max(0, min(self._slots - (self._held_count - blocked), self._hold_limit - self._held_count))
 
-    async def _claim(self, queue: Queue, work: WorkQueue) -> int:
+    async def _claim(self, queue: BaseQueue, work: WorkQueue) -> int:
         now = queue.now()
         due = sum(1 for until in self._waiting.values() if until <= now)
         limit = due + self._room(work)
@@ -342,7 +342,7 @@ class PushHandler(Handler):
         return None
 
     def _launch(
-        self, session: aiohttp.ClientSession, queue: Queue, work: WorkQueue, *, refill: bool = True
+        self, session: aiohttp.ClientSession, queue: BaseQueue, work: WorkQueue, *, refill: bool = True
     ) -> int:
         """Start requests for what may be sent now, up to ``concurrency`` in flight."""
         launched = 0
@@ -374,7 +374,7 @@ class PushHandler(Handler):
             error, self._errors = self._errors[0], []
             raise error
 
-    async def _idle(self, queue: Queue, work: WorkQueue, remaining: float) -> None:
+    async def _idle(self, queue: BaseQueue, work: WorkQueue, remaining: float) -> None:
         """Wait for a request to end, a retry to fall due, or (with room to claim) a new message."""
         timeout = remaining
         if self._waiting:
@@ -400,7 +400,7 @@ class PushHandler(Handler):
     async def _deliver(
         self,
         session: aiohttp.ClientSession,
-        queue: Queue,
+        queue: BaseQueue,
         work: WorkQueue,
         key: Key,
         batch: list[tuple[LogMessage, Entry]],
@@ -445,7 +445,7 @@ class PushHandler(Handler):
             self._in_flight -= len(batch)
             self._busy.discard(key)
 
-    def _delivered(self, queue: Queue, batch: list[tuple[LogMessage, Entry]]) -> None:
+    def _delivered(self, queue: BaseQueue, batch: list[tuple[LogMessage, Entry]]) -> None:
         now = queue.now()
         for m, _ in batch:
             self.latency.observe(max(0.0, now - m.time))
@@ -454,7 +454,7 @@ class PushHandler(Handler):
 
     async def _failed(
         self,
-        queue: Queue,
+        queue: BaseQueue,
         work: WorkQueue,
         key: Key,
         batch: list[tuple[LogMessage, Entry]],

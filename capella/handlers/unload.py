@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from capella.core.queue import Queue
+from capella.core.base_queue import BaseQueue
 from capella.handlers.base import Building, HandlerType, PassTally
 from capella.handlers.per_queue import QueueHandler
 from capella.wire.upkeep import UnloadParams
@@ -17,7 +17,7 @@ from capella.wire.upkeep import UnloadParams
 class UnloadHandler(QueueHandler[UnloadParams]):
     """Drop loaded block contents not read for ``idle`` seconds or sealed ``age`` seconds ago."""
 
-    async def run_queue(self, queue: Queue) -> PassTally:
+    async def run_queue(self, queue: BaseQueue) -> PassTally:
         return PassTally(*queue.unload(idle=self.params.idle, age=self.params.age))
 
 

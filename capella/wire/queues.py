@@ -133,6 +133,9 @@ class QueueDefinition(Struct, forbid_unknown_fields=True):
     subscription_save: QueueSaveMode | None = None
     segments: SegmentRange | UnsetType | None = UNSET
     mounts: Mounts | None = None
+    # "shared": the queue's bytes live in S3 objects and its order in PostgreSQL, written and
+    # read through every node of the shared cluster (docs/shared.md). Fixed at creation.
+    storage: Literal["local", "shared"] | None = None
 
     def __post_init__(self) -> None:
         if self.block is not UNSET and self.limits is not UNSET:
@@ -190,7 +193,7 @@ class RecoveryReport(Struct):
 class Fault(Struct):
     """A write step that fails, its last error, and since when."""
 
-    step: Literal["journal", "seal", "state"]
+    step: Literal["journal", "seal", "state", "shared"]
     error: str
     since: Time
 

@@ -1,0 +1,49 @@
+"""Where a cluster's shared queues live: the face ``capella.shared`` shows the cluster.
+
+The cluster holds its local queues itself and asks a ``SharedHome`` for the shared ones; the
+server builds the home (``capella.shared.node.SharedNode``) only when ``[shared]`` is configured,
+so core never imports ``capella.shared``. A shared queue's definition lives in PostgreSQL: one
+created, changed or dropped on any node shows up in every node's ``queues()``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from capella.core.base_queue import BaseQueue
+from capella.core.definition import QueueSettings
+from capella.core.stats import SharedStats
+
+
+class SharedHome(ABC):
+    @abstractmethod
+    async def start(self, cluster_name: str, base: QueueSettings, mounts: set[str]) -> None:
+        """Migrate the schema, claim this node's name, open every shared queue defined."""
+
+    @abstractmethod
+    def queues(self) -> dict[str, BaseQueue]:
+        """The shared queues defined now, by name (kept current from PostgreSQL)."""
+
+    @abstractmethod
+    async def create(self, name: str, definition: QueueSettings) -> tuple[BaseQueue, bool]:
+        """Define the queue, or answer the one defined already (``False``)."""
+
+    @abstractmethod
+    async def update(self, queue: BaseQueue, definition: QueueSettings) -> None: ...
+
+    @abstractmethod
+    async def drop(self, name: str) -> None: ...
+
+    @property
+    @abstractmethod
+    def fault(self) -> str | None:
+        """Why shared queues cannot take writes now (PostgreSQL or S3 unreachable), or None."""
+
+    @property
+    @abstractmethod
+    def stats(self) -> SharedStats:
+        """The node's shared-queue counters (``capella.metrics`` renders them)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Flush what is buffered, release the node's name, close the connections."""
