@@ -364,7 +364,9 @@ class SharedSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # A node's writes to every shared queue go to S3 as one object per window, or sooner once
     # this many bytes wait: fewer PUTs per second for a longer window.
     flush_interval: Annotated[float, _Read(parse_duration), msgspec.Meta(ge=0.001, le=60.0)] = 0.1
-    flush_bytes: Annotated[int, _Read(parse_size), msgspec.Meta(ge=1024, le=1024 * 1024 * 1024)] = 4 * 1024 * 1024
+    flush_bytes: Annotated[int, _Read(parse_size), msgspec.Meta(ge=1024, le=1024 * 1024 * 1024)] = (
+        4 * 1024 * 1024
+    )
 
 
 class _File(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -568,7 +570,9 @@ def _shared(
     if mount is None:
         raise _Refused(f"shared.mount {shared.mount!r} is not a configured mount")
     if mount.provider != "s3":
-        raise _Refused(f"shared.mount {shared.mount!r} is a {mount.provider} mount: shared queues need an s3 mount")
+        raise _Refused(
+            f"shared.mount {shared.mount!r} is a {mount.provider} mount: shared queues need an s3 mount"
+        )
     return shared
 
 
