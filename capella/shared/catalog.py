@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
@@ -31,7 +32,8 @@ NOTIFY_CHANNEL = "capella_shared"  # payload "queue:next_id", once per queue per
 DEFINITIONS_CHANNEL = "capella_shared_defs"  # payload the queue name, on create/update/drop
 
 
-class Run(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Run:
     """Explicit identities of a batch: ``source``'s ``first_ext..last_ext``, one message each,
     at batch positions ``index..``."""
 
@@ -41,7 +43,8 @@ class Run(NamedTuple):
     index: int
 
 
-class BatchEntry(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class BatchEntry:
     """One queue's record batch in an uploaded object."""
 
     queue: str
@@ -60,7 +63,8 @@ class Committed(NamedTuple):
     duplicates: dict[int, int]  # batch position -> the id that identity already has
 
 
-class Segment(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Segment:
     """Where a queue's messages ``first_id..last_id`` lie: a stored batch in object ``key``."""
 
     queue: str
@@ -93,9 +97,7 @@ _SEGMENT = (
     "select s.queue, s.first_id, s.last_id, o.key, s.byte_offset, s.byte_size, s.count, s.skip, s.time "
     "from capella_segments s join capella_objects o on o.object_id = s.object_id "
 )
-_SUB = (
-    "name, last_id, replica, extract(epoch from created)::float8, extract(epoch from updated)::float8"
-)
+_SUB = "name, last_id, replica, extract(epoch from created)::float8, extract(epoch from updated)::float8"
 # Subtract the bytes of the segment rows deleted in the CTE ``gone`` from their objects; an
 # object left with none is dead from now on (the janitor deletes it after the grace period).
 _RELEASE = """
@@ -330,7 +332,8 @@ class Catalog:
             "select q.next_id, "
             "(select min(first_id) from capella_segments where queue = $1 and time >= $2), "
             "(select min(first_id) from capella_segments where queue = $1 and first_id >= q.next_id - $3), "
-            "(select min(first_id) from (select first_id, sum(byte_size) over (order by first_id desc) as total "
+            "(select min(first_id) from (select first_id, "
+            "sum(byte_size) over (order by first_id desc) as total "
             "from capella_segments where queue = $1) t where total <= $4) "
             "from capella_queues q where q.name = $1",
             queue, before_time, max_count, max_bytes,
@@ -346,7 +349,7 @@ class Catalog:
 
     async def expire_below(self, queue: str, first_kept: int) -> int:
         """Delete the segments wholly below ``first_kept`` (never cutting one), move the queue's
-        first id, release their bytes, and delete identity runs wholly below; answers how many
+        first id, release their bytes, and delete (or trim) the identity runs below; answers how many
         segments went. Dedup's horizon is the retained history."""
         async with self._pool.transaction() as conn:
             if await conn.fetchval("select 1 from capella_queues where name = $1 for update", queue) is None:
@@ -363,7 +366,14 @@ class Catalog:
                 queue,
             )
             await conn.execute(
-                "delete from capella_identity_runs where queue = $1 and first_id + (last_ext - first_ext) < $2",
+                "delete from capella_identity_runs "
+                "where queue = $1 and first_id + (last_ext - first_ext) < $2",
+                queue, first,
+            )  # fmt: skip
+            # A run merged over many commits straddles the cut: it keeps only its kept ids.
+            await conn.execute(
+                "update capella_identity_runs set first_ext = first_ext + ($2 - first_id), first_id = $2 "
+                "where queue = $1 and first_id < $2",
                 queue, first,
             )  # fmt: skip
             await conn.execute(
@@ -376,21 +386,33 @@ class Catalog:
     # --- compaction ------------------------------------------------------------------------
 
     async def replace_segments(
-        self, queue: str, first_id: int, last_id: int, key: str, node: str, size: int
+        self,
+        queue: str,
+        first_id: int,
+        last_id: int,
+        key: str,
+        node: str,
+        size: int,
+        *,
+        segments: int | None = None,
     ) -> bool:
         """Point ids ``first_id..last_id`` at the compacted block ``key`` (``size`` bytes, the
         skipped messages left out): one segment row instead of those covering exactly that
         range, whose objects lose those bytes. ``False`` (nothing changed) when the rows
-        covering the range are not exactly there any more (expired or compacted meanwhile)."""
+        covering the range are not exactly there any more: not starting and ending at its
+        bounds (expired meanwhile), or not ``segments`` rows, the number the compactor read
+        (compacted meanwhile)."""
         async with self._pool.transaction() as conn:
             if await conn.fetchval("select 1 from capella_queues where name = $1 for update", queue) is None:
                 return False
             row = await conn.fetchrow(
-                "select min(first_id), max(last_id), sum(last_id - first_id + 1), min(time) "
+                "select min(first_id), max(last_id), sum(last_id - first_id + 1), min(time), count(*) "
                 "from capella_segments where queue = $1 and last_id >= $2 and first_id <= $3",
                 queue, first_id, last_id,
             )  # fmt: skip
             if (row[0], row[1], row[2]) != (first_id, last_id, last_id - first_id + 1):
+                return False
+            if segments is not None and row[4] != segments:
                 return False
             await conn.execute(
                 "with gone as (delete from capella_segments where queue = $1 and first_id >= $2 "
@@ -449,6 +471,4 @@ class Catalog:
 
 
 def _segment(row: Any) -> Segment:
-    return Segment(
-        row[0], row[1], row[2], row[3], row[4], row[5], row[6], tuple(row[7] or ()), float(row[8])
-    )
+    return Segment(row[0], row[1], row[2], row[3], row[4], row[5], row[6], tuple(row[7] or ()), float(row[8]))

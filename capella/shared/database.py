@@ -42,6 +42,7 @@ def target_of(settings: SharedSettings, secrets: Secrets) -> Target:
         where = "shared.dsn_secret"
         what = f"the DSN in secret {settings.dsn_secret!r}"
     else:
+        assert settings.dsn is not None
         url, where, what = settings.dsn, "shared.dsn", "shared.dsn"
     bare, password = split_password(url, what, InvalidConfig, where)
     found = parse_target(bare, where, InvalidConfig)
@@ -77,14 +78,20 @@ async def open_pool(
         ) from None
     tls = await tls_context(target, UNRESTRICTED, files or FileAccess())
 
+    shown = f"shared: postgres {target.shown}"
+
     async def connect(*_: Any, **extra: Any) -> Any:
         extra.pop("loop", None)
-        return await open_connection(asyncpg, target, target.host, tls, command_timeout=command_timeout, **extra)
+        try:
+            return await open_connection(
+                asyncpg, target, target.host, tls, command_timeout=command_timeout, **extra
+            )
+        except Exception as exc:
+            raise translate(exc, shown, target.password, "connect") from None
 
     pool = asyncpg.create_pool(
         min_size=0, max_size=size, connect=connect, max_inactive_connection_lifetime=60.0
     )
-    shown = f"shared: postgres {target.shown}"
     async with _guard(shown, target.password, "connect"):
         await pool  # with min_size 0 this makes no connection
     return Pool(pool, target, command_timeout, connect)

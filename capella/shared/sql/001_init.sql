@@ -146,7 +146,7 @@ declare
     v_ol bigint[];
     v_oi bigint[];
     k int;
-    v_ext bigint;
+    v_ext bigint;      -- (an integer FOR loop would make its variable an int: ids are bigint)
     v_dup bigint;
     v_start bigint;    -- the first external id of the kept sub-run being built
     v_start_id bigint;
@@ -191,10 +191,12 @@ begin
                 else
                     -- Someone produced (p_own, X) explicitly with X above the ids given so far:
                     -- that identity stays the first one's.
-                    for v_ext in v_start_id .. v_start_id + v_gap - 1 loop
+                    v_ext := v_start_id;
+                    while v_ext < v_start_id + v_gap loop
                         if not exists (select 1 from capella_overlaps(b_queue[i], p_own, v_ext, v_ext)) then
                             perform capella_keep_run(b_queue[i], p_own, v_ext, v_ext, v_ext);
                         end if;
+                        v_ext := v_ext + 1;
                     end loop;
                 end if;
                 v_pos := v_pos + v_gap;
@@ -214,7 +216,9 @@ begin
                 -- Some are stored already: message by message, kept ones as sub-runs.
                 v_start := null;
                 k := 1;
-                for v_ext in r_first[j] .. r_last[j] loop
+                v_ext := r_first[j] - 1;
+                while v_ext < r_last[j] loop
+                    v_ext := v_ext + 1;
                     while k <= array_length(v_of, 1) and v_ol[k] < v_ext loop
                         k := k + 1;
                     end loop;
