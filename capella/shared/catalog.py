@@ -98,18 +98,6 @@ _SEGMENT = (
     "from capella_segments s join capella_objects o on o.object_id = s.object_id "
 )
 _SUB = "name, last_id, replica, extract(epoch from created)::float8, extract(epoch from updated)::float8"
-# Subtract the bytes of the segment rows deleted in the CTE ``gone`` from their objects; an
-# object left with none is dead from now on (the janitor deletes it after the grace period).
-_RELEASE = """
-    , per as (select object_id, sum(byte_size) as bytes from gone group by object_id)
-    , released as (
-        update capella_objects o set
-            live_bytes = o.live_bytes - per.bytes,
-            state = case when o.live_bytes - per.bytes <= 0 then 'dead' else o.state end,
-            dead_since = case when o.live_bytes - per.bytes <= 0 then coalesce(o.dead_since, now())
-                              else o.dead_since end
-        from per where o.object_id = per.object_id returning 1)
-"""
 
 
 class Catalog:
@@ -211,12 +199,7 @@ class Catalog:
         async with self._pool.transaction() as conn:
             if await conn.fetchval("select 1 from capella_queues where name = $1 for update", name) is None:
                 return False
-            await conn.execute(
-                "with gone as (delete from capella_segments where queue = $1 returning object_id, byte_size)"
-                + _RELEASE
-                + "select 1",
-                name,
-            )
+            await _release(conn, "queue = $1", name)
             await conn.execute("delete from capella_queues where name = $1", name)
             await conn.execute(f"select pg_notify('{DEFINITIONS_CHANNEL}', $1)", name)
         return True
@@ -354,11 +337,7 @@ class Catalog:
         async with self._pool.transaction() as conn:
             if await conn.fetchval("select 1 from capella_queues where name = $1 for update", queue) is None:
                 return 0
-            deleted: int = await conn.fetchval(
-                "with gone as (delete from capella_segments where queue = $1 and last_id < $2 "
-                "returning object_id, byte_size)" + _RELEASE + "select count(*) from gone",
-                queue, first_kept,
-            )  # fmt: skip
+            deleted = await _release(conn, "queue = $1 and last_id < $2", queue, first_kept)
             first: int = await conn.fetchval(
                 "update capella_queues set first_id = greatest(first_id, coalesce("
                 "(select min(first_id) from capella_segments where queue = $1), next_id)) "
@@ -414,11 +393,7 @@ class Catalog:
                 return False
             if segments is not None and row[4] != segments:
                 return False
-            await conn.execute(
-                "with gone as (delete from capella_segments where queue = $1 and first_id >= $2 "
-                "and first_id <= $3 returning object_id, byte_size)" + _RELEASE + "select 1",
-                queue, first_id, last_id,
-            )  # fmt: skip
+            await _release(conn, "queue = $1 and first_id >= $2 and first_id <= $3", queue, first_id, last_id)
             object_id = await conn.fetchval(
                 "insert into capella_objects (key, node, size, live_bytes) values ($1, $2, $3, $3) "
                 "returning object_id",
@@ -442,8 +417,13 @@ class Catalog:
             try:
                 yield got
             finally:
-                if got and not conn.is_closed():
-                    await conn.execute("select pg_advisory_unlock(hashtext('capella:compact:' || $1))", queue)
+                if got:
+                    try:
+                        await conn.execute(
+                            "select pg_advisory_unlock(hashtext('capella:compact:' || $1))", queue
+                        )
+                    except Exception:  # lost: PostgreSQL released the session's locks itself
+                        conn.terminate()
 
     # --- garbage ---------------------------------------------------------------------------
 
@@ -468,6 +448,34 @@ class Catalog:
         without one, old enough, was uploaded by a node that died before its commit)."""
         rows = await self._pool.fetch("select key from capella_objects where key = any($1)", keys)
         return {r[0] for r in rows}
+
+
+async def _release(conn: Any, where: str, *args: Any) -> int:
+    """Delete the segment rows ``where`` selects and take their bytes off their objects; an
+    object left with none is dead from now on (the janitor deletes it after the grace period).
+    Answers how many rows went. The objects are locked in id order first: two transactions
+    releasing bytes of the same objects (retention of one queue, compaction of another) cannot
+    deadlock."""
+    rows = await conn.fetch(
+        f"with gone as (delete from capella_segments where {where} returning object_id, byte_size) "
+        "select object_id, sum(byte_size)::bigint, count(*) from gone group by object_id order by object_id",
+        *args,
+    )
+    if not rows:
+        return 0
+    ids, sizes = [r[0] for r in rows], [r[1] for r in rows]
+    await conn.execute(
+        "select 1 from capella_objects where object_id = any($1) order by object_id for update", ids
+    )
+    await conn.execute(
+        "update capella_objects o set live_bytes = o.live_bytes - per.bytes, "
+        "state = case when o.live_bytes - per.bytes <= 0 then 'dead' else o.state end, "
+        "dead_since = case when o.live_bytes - per.bytes <= 0 then coalesce(o.dead_since, now()) "
+        "else o.dead_since end "
+        "from unnest($1::bigint[], $2::bigint[]) as per (object_id, bytes) where o.object_id = per.object_id",
+        ids, sizes,
+    )  # fmt: skip
+    return sum(int(r[2]) for r in rows)
 
 
 def _segment(row: Any) -> Segment:

@@ -15,6 +15,7 @@ asyncpg (the ``[postgres]`` extra) is imported here only when a pool opens.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -30,6 +31,16 @@ from capella.handlers.postgres import Target, open_connection, parse_target, spl
 log = logging.getLogger(__name__)
 
 COMMAND_TIMEOUT = 10.0
+
+
+@functools.cache
+def driver_errors() -> tuple[type[Exception], ...]:
+    """What the driver and the socket raise, translated here; anything else is a bug of ours
+    and goes up as it is. (Evaluated only once an exception is being handled: asyncpg is
+    installed by then.)"""
+    import asyncpg
+
+    return (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
 
 
 def target_of(settings: SharedSettings, secrets: Secrets) -> Target:
@@ -86,7 +97,7 @@ async def open_pool(
             return await open_connection(
                 asyncpg, target, target.host, tls, command_timeout=command_timeout, **extra
             )
-        except Exception as exc:
+        except driver_errors() as exc:
             raise translate(exc, shown, target.password, "connect") from None
 
     pool = asyncpg.create_pool(
@@ -150,7 +161,7 @@ class Pool:
                     raise
         except CapellaError:
             raise
-        except Exception as exc:
+        except driver_errors() as exc:
             error = translate(exc, self._where, self._target.password, "query")
             if not isinstance(error, DatabaseRefused):
                 # PostgreSQL restarted or the network broke: the pool's other idle connections
@@ -216,7 +227,7 @@ async def _guard(where: str, secret: str | None, what: str) -> AsyncIterator[Non
         yield
     except CapellaError:
         raise
-    except Exception as exc:
+    except driver_errors() as exc:
         raise translate(exc, where, secret, what) from None
 
 

@@ -153,6 +153,8 @@ async def test_ids_are_gapless_and_increasing_across_batches_objects_and_queues(
     for n in range(5):
         entries = [batch("q1", 3), batch("q2", 2, offset=100), batch("q1", 4, offset=200)]
         answers = await catalog.commit_object(f"o{n}", "n", 300, OWN, entries)
+        if n == 0:
+            answers_of_first = answers
         assert [a.duplicates for a in answers] == [{}, {}, {}]
         assert len({a.time for a in answers}) == 1  # one clock read per commit
         for entry, answer in zip(entries, answers, strict=True):
@@ -171,6 +173,7 @@ async def test_ids_are_gapless_and_increasing_across_batches_objects_and_queues(
     assert await catalog.segments_after("q1", 35) == []
     times = [s.time for s in segments]
     assert times == sorted(times)
+    assert segments[0].time == answers_of_first[0].time  # the answer's time is the stored one, exactly
     # live bytes are the object's kept batches; nothing is dead
     assert await pool.fetchval("select sum(live_bytes) from capella_objects") == 5 * 300
     assert await pool.fetchval("select count(*) from capella_objects where state = 'dead'") == 0
