@@ -395,8 +395,8 @@ class Catalog:
                 return False
             await _release(conn, "queue = $1 and first_id >= $2 and first_id <= $3", queue, first_id, last_id)
             object_id = await conn.fetchval(
-                "insert into capella_objects (key, node, size, live_bytes) values ($1, $2, $3, $3) "
-                "returning object_id",
+                "insert into capella_objects (key, node, size, live_bytes, kind) "
+                "values ($1, $2, $3, $3, 'block') returning object_id",
                 key, node, size,
             )  # fmt: skip
             await conn.execute(
@@ -405,6 +405,16 @@ class Catalog:
                 queue, first_id, last_id, object_id, size, last_id - first_id + 1, row[3],
             )  # fmt: skip
         return True
+
+    async def compactable(self, queue: str, before_time: float, limit: int = 1000) -> list[Segment]:
+        """The oldest segments of ``queue`` still in flush objects (not compacted blocks),
+        stamped before ``before_time``, by first id: the compactor groups the consecutive ones
+        (``first_id == previous.last_id + 1``) and replaces each group with one block."""
+        rows = await self._pool.fetch(
+            _SEGMENT + "where s.queue = $1 and s.time < $2 and o.kind = 'flush' order by s.first_id limit $3",
+            queue, before_time, limit,
+        )  # fmt: skip
+        return [_segment(r) for r in rows]
 
     @asynccontextmanager
     async def compaction_lock(self, queue: str) -> AsyncIterator[bool]:

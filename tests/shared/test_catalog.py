@@ -239,6 +239,12 @@ async def test_mixed_batches_give_duplicates_and_skip_positions(db: tuple[str, P
         await pool.fetchval("select highest_ext from capella_sources where queue = 'q1' and source = 's'")
         == 14
     )
+    # one batch naming an identity twice keeps the first
+    [within] = await catalog.commit_object(
+        "o4", "n", 100, OWN, [batch("q1", 4, Run("t", 1, 2, 0), Run("t", 2, 3, 2))]
+    )
+    assert (within.first_id, within.duplicates) == (8, {2: 9})
+    await assert_runs_disjoint(pool)
 
 
 async def test_messages_without_an_identity_get_the_clusters_and_their_id(
@@ -496,6 +502,8 @@ async def test_replace_segments_points_a_range_at_one_block(db: tuple[str, Pool,
             f"o{n}", "n", 200, OWN, [batch("q1", 5, offset=0), batch("q2", 1, offset=100)]
         )
     oldest = (await catalog.segments_after("q1", 0))[0].time
+    later = (await catalog.segments_after("q1", 10))[0].time
+    assert [s.first_id for s in await catalog.compactable("q1", later)] == [1, 6]
     assert not await catalog.replace_segments("q1", 1, 12, "blk", "n", 900)  # not a segment boundary
     assert not await catalog.replace_segments("q1", 2, 10, "blk", "n", 900)
     assert not await catalog.replace_segments("q1", 1, 10, "blk", "n", 900, segments=3)
@@ -508,6 +516,8 @@ async def test_replace_segments_points_a_range_at_one_block(db: tuple[str, Pool,
         (11, 15, "o2", 0, 100, 5, ()),
     ]
     assert segments[0].time == oldest
+    assert await catalog.compactable("q1", later) == []  # a block is not compacted again
+    assert [s.first_id for s in await catalog.compactable("q1", later + 1)] == [11]
     live = dict(await pool.fetch("select key, live_bytes from capella_objects"))
     assert live == {"o0": 100, "o1": 100, "o2": 200, "q1/blocks/1-10.blk": 900}
     # the rows changed meanwhile (compacted already): refused, nothing changes

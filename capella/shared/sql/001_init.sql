@@ -20,6 +20,7 @@ create table capella_objects (
     size bigint not null,
     live_bytes bigint not null default 0,  -- bytes of the segments that point into it
     state text not null default 'live' check (state in ('live', 'dead')),
+    kind text not null default 'flush' check (kind in ('flush', 'block')),  -- block: compacted
     created timestamptz not null default now(),
     dead_since timestamptz,
     results jsonb  -- what capella_commit_object answered: a retried commit answers it again
