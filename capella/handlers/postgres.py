@@ -175,7 +175,7 @@ class Dsn:
         else:
             assert self.url is not None
             bare, password, where = self.url, self.password, "params.dsn"
-        found = _target(bare, where, error)
+        found = parse_target(bare, where, error)
         # A bound secret ([secrets.NAME] hosts) goes only to its hosts: the DSN's host, as named.
         if self.secret is not None:
             secrets.check_host(self.secret, found.host, "params.dsn_secret")
@@ -229,7 +229,7 @@ def split_password(
     return bare, password
 
 
-def _target(url: str, where: str, error: type[CapellaError]) -> Target:
+def parse_target(url: str, where: str, error: type[CapellaError]) -> Target:
     """The allowed parts of a DSN without password; anything else is refused by name."""
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
@@ -324,7 +324,7 @@ class Database:
     async def check(self, identity: Identity) -> None:
         """What ``connect`` would refuse before connecting, as a definition's error: a secret
         or a TLS file ``identity`` may not use."""
-        await _tls(self._dsn.target(self._secrets, identity, InvalidRequest), identity, self._files)
+        await tls_context(self._dsn.target(self._secrets, identity, InvalidRequest), identity, self._files)
 
     async def connect(self, identity: Identity = UNRESTRICTED) -> bool:
         """Connect unless connected, as ``identity`` (whose secrets); ``True`` when newly connected."""
@@ -348,13 +348,13 @@ class Database:
                 "the pg_outbox and pg_inbox handlers need asyncpg: pip install 'capella[postgres]'"
             ) from None
         # Read for each new connection, as its user may read them: a file can change.
-        tls = await _tls(target, identity, self._files)
+        tls = await tls_context(target, identity, self._files)
         addresses = await self._addresses(target)
         async with self.guard("connect"):
             last: BaseException | None = None
             for address in addresses:
                 try:
-                    self._conn = await _connect(asyncpg, target, address, tls)
+                    self._conn = await open_connection(asyncpg, target, address, tls)
                     break
                 except (OSError, TimeoutError, asyncpg.PostgresConnectionError) as exc:
                     last = exc
@@ -481,14 +481,24 @@ class Database:
         return DatabaseUnavailable(f"{where}: {what} failed: {type(exc).__name__}: {text}")
 
 
-async def _connect(asyncpg: Any, target: Target, address: str, tls: ssl.SSLContext | None) -> Any:
+async def open_connection(
+    asyncpg: Any,
+    target: Target,
+    address: str,
+    tls: ssl.SSLContext | None,
+    *,
+    command_timeout: float = COMMAND_TIMEOUT,
+    **extra: Any,
+) -> Any:
     """A connection to ``address``, every setting explicit so asyncpg consults nothing else.
 
     With a password (even empty) asyncpg reads neither PGPASSWORD nor a pass file; with no DSN
     it reads no service file; with an SSL context (or False) neither PGSSLMODE nor the
     ``~/.postgresql`` files; host, port, user and database given leave no PG* variable to read.
+    ``extra`` goes to ``asyncpg.connect`` as is (a pool's ``connection_class``, ``record_class``).
     """
     options: dict[str, Any] = {
+        **extra,
         "host": address,
         "port": target.port,
         "user": target.user,
@@ -499,7 +509,7 @@ async def _connect(asyncpg: Any, target: Target, address: str, tls: ssl.SSLConte
         "krbsrvname": "postgres",
         "gsslib": "gssapi",
         "timeout": CONNECT_TIMEOUT,
-        "command_timeout": COMMAND_TIMEOUT,
+        "command_timeout": command_timeout,
     }
     if tls is None:
         return await asyncpg.connect(ssl=False, **options)
@@ -533,7 +543,7 @@ class _Pinned(ssl.SSLContext):
         return super().wrap_bio(incoming, outgoing, server_side, self.server_name or server_hostname, session)
 
 
-async def _tls(target: Target, identity: Identity, files: FileAccess) -> ssl.SSLContext | None:
+async def tls_context(target: Target, identity: Identity, files: FileAccess) -> ssl.SSLContext | None:
     """The TLS context for ``target.sslmode``; ``None`` for disable. Only files the DSN names.
 
     Each file is read by ``files`` (off the event loop, a regular file only, as ``identity``

@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
-from capella.errors import InvalidConfig
+from capella.errors import CorruptData, InvalidConfig, InvalidRequest
 
 PROVIDERS = {
     "memory": "capella.storage.memory:MemoryStorage",
@@ -55,6 +55,16 @@ class Storage(Protocol):
         """The value at ``key``; ``KeyNotFound`` if there is none."""
         ...
 
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        """The bytes ``start`` to ``start + length`` of the value at ``key`` (S3's ranged GET).
+
+        A range that runs past the end answers the bytes that exist, so fewer than ``length``;
+        a ``start`` at or past the end (also of an empty value) raises ``CorruptData``: the
+        caller took the range from an index that the value does not match. ``KeyNotFound`` if
+        there is no value; ``InvalidRequest`` for a negative ``start`` or a ``length`` below 1.
+        """
+        ...
+
     async def put(self, key: str, value: bytes) -> None:
         """Store ``value`` atomically and durably."""
         ...
@@ -76,6 +86,17 @@ class Storage(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def check_range(provider: str, key: str, start: int, length: int) -> None:
+    """Refuse a range no value can have (``get_range``'s arguments), the same in every provider."""
+    if start < 0 or length < 1:
+        raise InvalidRequest(f"{provider}: bad range of {key!r}: start {start}, length {length}")
+
+
+def past_the_end(provider: str, key: str, start: int, size: int) -> CorruptData:
+    """The error for a range that starts at or past the end of a value of ``size`` bytes."""
+    return CorruptData(f"{provider}: range of {key!r} starts at byte {start}, but the value has {size} bytes")
 
 
 def open_storage(provider: str, options: dict[str, Any]) -> Storage:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from capella.errors import InvalidRequest, KeyNotFound, StorageUnavailable
+from capella.storage import check_range, past_the_end
 
 
 class MemoryStorage:
@@ -24,6 +25,16 @@ class MemoryStorage:
             return bytes(self._values[key])
         except KeyError:
             raise KeyNotFound(f"memory: no value at {key!r}") from None
+
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        check_range("memory", key, start, length)
+        try:
+            value = self._values[key]
+        except KeyError:
+            raise KeyNotFound(f"memory: no value at {key!r}") from None
+        if start >= len(value):
+            raise past_the_end("memory", key, start, len(value))
+        return bytes(value[start : start + length])
 
     async def put(self, key: str, value: bytes) -> None:
         # A put replaces the journal's buffer rather than writing into it, like a rename over

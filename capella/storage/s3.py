@@ -7,6 +7,10 @@ sees the old object or the new one, never a part, and a failed upload leaves not
 No temporary name or rename is needed (S3 has no rename), and over plain HTTP botocore signs
 the payload's SHA-256, so a body damaged on the way is refused by the server.
 
+``get_range`` is one ``GetObject`` with ``Range: bytes=start-end``; S3 answers a range that
+runs past the end with what exists and one that starts past it with 416 ``InvalidRange``, which
+leaves here as ``CorruptData`` (the rule every provider follows, ``Storage.get_range``).
+
 Object stores cannot append, so ``journal`` raises ``Unsupported``: a queue keeps its
 metadata and open block on a file (or memory) mount and only sealed blocks move here.
 
@@ -31,8 +35,15 @@ from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 from capella.backoff import backoff
-from capella.errors import InvalidConfig, InvalidRequest, KeyNotFound, StorageUnavailable, Unsupported
-from capella.storage import Journal
+from capella.errors import (
+    CorruptData,
+    InvalidConfig,
+    InvalidRequest,
+    KeyNotFound,
+    StorageUnavailable,
+    Unsupported,
+)
+from capella.storage import Journal, check_range
 from capella.units import parse_duration
 
 T = TypeVar("T")
@@ -40,6 +51,14 @@ T = TypeVar("T")
 _MISSING_KEY = {"NoSuchKey", "404", "NotFound"}
 _MISSING_BUCKET = "NoSuchBucket"
 _ADDRESSING_STYLES = ("auto", "path", "virtual")
+
+
+class _RangeNotSatisfiable(Exception):
+    """(Inside this module.) A ranged GET whose start is past the object's end (HTTP 416)."""
+
+    def __init__(self, size: str) -> None:
+        super().__init__(size)
+        self.size = size
 
 
 class S3Storage:
@@ -117,6 +136,34 @@ class S3Storage:
 
         return await self._call("read", key, read, missing_key_is_not_found=True)
 
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        check_range("s3", key, start, length)
+        name = self._name(key)
+        wanted = f"bytes={start}-{start + length - 1}"
+
+        def read() -> bytes:
+            for attempt in range(1, self._max_attempts + 1):
+                response = self._s3().get_object(Bucket=self.bucket, Key=name, Range=wanted)
+                try:
+                    body = bytes(response["Body"].read())
+                except BotoCoreError:
+                    if attempt == self._max_attempts:
+                        raise
+                    time.sleep(backoff(attempt, 0.1, 2.0))
+                    continue
+                if response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 200:
+                    # A server that ignores Range answers the whole object (200, not 206).
+                    return body[start : start + length]
+                return body
+            raise AssertionError("unreachable")
+
+        try:
+            return await self._call("read", key, read, missing_key_is_not_found=True, ranged=True)
+        except _RangeNotSatisfiable as exc:
+            raise CorruptData(
+                f"s3: range of {key!r} starts at byte {start}, but the value has {exc.size} bytes"
+            ) from None
+
     async def put(self, key: str, value: bytes) -> None:
         name = self._name(key)
         extra = {"StorageClass": self._storage_class} if self._storage_class else {}
@@ -173,7 +220,13 @@ class S3Storage:
             return self._client
 
     async def _call(
-        self, action: str, key: str, fn: Callable[[], T], *, missing_key_is_not_found: bool = False
+        self,
+        action: str,
+        key: str,
+        fn: Callable[[], T],
+        *,
+        missing_key_is_not_found: bool = False,
+        ranged: bool = False,
     ) -> T:
         try:
             return await asyncio.to_thread(fn)
@@ -186,6 +239,9 @@ class S3Storage:
                 raise StorageUnavailable(
                     f"s3: cannot {action} {key!r}: bucket {self.bucket!r} does not exist (NoSuchBucket)"
                 ) from None
+            if ranged and (code == "InvalidRange" or status == 416):
+                # Only a ranged GET can get this: its start is at or past the end.
+                raise _RangeNotSatisfiable(str(error.get("ActualObjectSize", "fewer"))) from None
             if missing_key_is_not_found and (code in _MISSING_KEY or status == 404):
                 raise KeyNotFound(f"s3: no value at {key!r} ({where})") from None
             detail = f"{code} (HTTP {status}) {error.get('Message') or ''}".rstrip()

@@ -17,7 +17,7 @@ import asyncio
 import zstandard
 
 from capella.errors import CorruptData
-from capella.storage import Journal, Storage
+from capella.storage import Journal, Storage, check_range, past_the_end
 
 # Every zstd frame starts with 0xFD2FB528, stored little-endian.
 MAGIC = b"\x28\xb5\x2f\xfd"
@@ -48,6 +48,16 @@ class ZstdStorage:
             return await asyncio.to_thread(_decompress, packed)
         except zstandard.ZstdError as exc:
             raise CorruptData(f"zstd: value at {key!r} does not decompress: {exc}") from None
+
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        """The range of the *decompressed* value: the whole value is read and decompressed,
+        then sliced (a zstd frame cannot be entered in the middle), so a ranged read of a
+        compressed mount costs a whole read. Shared-queue objects live on plain s3 mounts."""
+        check_range("zstd", key, start, length)
+        value = await self.get(key)
+        if start >= len(value):
+            raise past_the_end("zstd", key, start, len(value))
+        return value[start : start + length]
 
     async def put(self, key: str, value: bytes) -> None:
         if len(value) < _INLINE_LIMIT:

@@ -155,12 +155,21 @@ async def test_keys_that_are_not_plain_relative_paths_are_refused(store: Storage
         await store.put(key, b"x")
     with pytest.raises(InvalidRequest):
         await store.get(key)
+    with pytest.raises(InvalidRequest):
+        await store.get_range(key, 0, 1)
 
 
 async def test_a_missing_bucket_is_storage_unavailable(s3_server: S3Server) -> None:
     store = open_storage("s3", s3_server.mount_options("no-such-bucket-here"))
     try:
-        for call in (store.get("k"), store.put("k", b"v"), store.list(""), store.delete("k")):
+        calls = (
+            store.get("k"),
+            store.get_range("k", 0, 1),
+            store.put("k", b"v"),
+            store.list(""),
+            store.delete("k"),
+        )
+        for call in calls:
             with pytest.raises(StorageUnavailable, match=r"bucket 'no-such-bucket-here' does not exist"):
                 await call
     finally:
@@ -243,6 +252,25 @@ async def test_persistent_errors_are_storage_unavailable(
             await store.put("k", b"v")
         assert time.monotonic() - started < 5
         assert faults.requests == 2
+    finally:
+        await store.close()
+
+
+async def test_ranged_reads_are_retried_and_then_storage_unavailable(
+    s3_server: S3Server, s3_bucket: str, faults: FaultProxy
+) -> None:
+    store = await proxied(s3_server, faults, s3_bucket, max_attempts=2)
+    try:
+        await store.put("k", b"0123456789")
+        faults.fail_next(1, 503)
+        assert await store.get_range("k", 3, 4) == b"3456"
+        faults.reset_next(1)
+        assert await store.get_range("k", 8, 4) == b"89"
+        faults.fail_all(500)
+        with pytest.raises(
+            StorageUnavailable, match=rf"cannot read 'k' in bucket '{s3_bucket}': InternalError"
+        ):
+            await store.get_range("k", 0, 1)
     finally:
         await store.close()
 

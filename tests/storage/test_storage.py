@@ -81,6 +81,41 @@ async def test_an_8_mib_value_reads_back(storage: Storage) -> None:
     assert await storage.get("big.blk") == value
 
 
+async def test_a_range_reads_back_that_slice_of_the_value(storage: Storage) -> None:
+    value = os.urandom(300_000)
+    await storage.put("shared/o.cpo", value)
+    for start, length in [(0, 1), (0, len(value)), (299_999, 1), (12_345, 70_000), (65_536, 65_536)]:
+        assert await storage.get_range("shared/o.cpo", start, length) == value[start : start + length]
+
+
+async def test_a_range_past_the_end_answers_what_exists(storage: Storage) -> None:
+    await storage.put("k", b"0123456789")
+    assert await storage.get_range("k", 8, 100) == b"89"
+    assert await storage.get_range("k", 0, 1 << 40) == b"0123456789"
+
+
+async def test_a_range_that_starts_at_or_past_the_end_is_corrupt_data(storage: Storage) -> None:
+    # The caller took the range from an index the value does not match: every provider says so
+    # the same way (S3 answers 416 InvalidRange).
+    await storage.put("k", b"0123456789")
+    await storage.put("empty", b"")
+    for key, start in [("k", 10), ("k", 11), ("k", 1 << 40), ("empty", 0)]:
+        with pytest.raises(CorruptData, match="starts at byte"):
+            await storage.get_range(key, start, 4)
+
+
+async def test_a_range_of_a_missing_key_is_key_not_found(storage: Storage) -> None:
+    with pytest.raises(KeyNotFound):
+        await storage.get_range("nothing/here", 0, 10)
+
+
+@pytest.mark.parametrize(("start", "length"), [(-1, 4), (0, 0), (3, -2)])
+async def test_a_range_no_value_can_have_is_refused(storage: Storage, start: int, length: int) -> None:
+    await storage.put("k", b"0123456789")
+    with pytest.raises(InvalidRequest, match="bad range"):
+        await storage.get_range("k", start, length)
+
+
 async def test_a_journal_grows_and_reads_back_after_sync(appendable: Storage) -> None:
     journal = await appendable.journal("q/open.blk")
     assert journal.size == 0
@@ -228,6 +263,26 @@ async def test_file_write_errors_become_storage_unavailable(tmp_path: Path) -> N
         await store.journal("q/j")
 
 
+async def test_file_range_reads_only_the_range(tmp_path: Path) -> None:
+    storage = FileStorage(tmp_path)
+    await storage.put("big.cpo", bytes(32 * 1024 * 1024))
+    tracemalloc.start()
+    try:
+        assert await storage.get_range("big.cpo", 20 * 1024 * 1024, 100) == bytes(100)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024 * 1024, peak
+
+
+async def test_file_range_of_a_synced_journal_sees_its_bytes(tmp_path: Path) -> None:
+    storage = FileStorage(tmp_path)
+    journal = await storage.journal("q/open.blk")
+    await journal.append_and_sync(b"abcdef")
+    assert await storage.get_range("q/open.blk", 2, 3) == b"cde"
+    await journal.close()
+
+
 async def test_file_journal_appends_reach_the_file_by_sync(tmp_path: Path) -> None:
     store = FileStorage(tmp_path)
     journal = await store.journal("j")
@@ -341,6 +396,17 @@ async def test_zstd_reports_a_cut_short_frame(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:-5])
     with pytest.raises(CorruptData):
         await store.get("b.blk")
+
+
+async def test_zstd_ranges_are_of_the_decompressed_value(tmp_path: Path) -> None:
+    inner = FileStorage(tmp_path)
+    storage = ZstdStorage(inner)
+    value = b"abc" * 100_000
+    await storage.put("k", value)
+    assert (await inner.get("k")).startswith(MAGIC)
+    assert await storage.get_range("k", 150_001, 6) == value[150_001:150_007]
+    with pytest.raises(CorruptData, match="starts at byte"):
+        await storage.get_range("k", len(value), 1)
 
 
 async def test_zstd_returns_values_written_before_compression_as_they_are(tmp_path: Path) -> None:

@@ -267,6 +267,9 @@ class FlakyStorage:
     async def get(self, key: str) -> bytes:
         return await self._inner.get(key)
 
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        return await self._inner.get_range(key, start, length)
+
     async def put(self, key: str, value: bytes) -> None:
         self.check(key)
         await self._inner.put(key, value)

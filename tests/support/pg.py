@@ -27,6 +27,16 @@ PASSWORD = "s3cret-Pw_9!"
 START_TIMEOUT = 30.0
 
 
+def available() -> str | None:
+    """None when Debian's PostgreSQL server binaries are here; otherwise why not (a skip reason)."""
+    try:
+        for name in ("initdb", "pg_ctl", "psql"):
+            _bin(name)
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
 def _bin(name: str) -> str:
     found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))), None)
     if found is None:
@@ -41,9 +51,15 @@ def _free_port() -> int:
 
 
 class PgServer:
-    """One PostgreSQL cluster; ``dsn(database)`` reaches it as the superuser ``postgres``."""
+    """One PostgreSQL cluster; ``dsn(database)`` reaches it as the superuser ``postgres``.
 
-    def __init__(self) -> None:
+    Fast and forgetful by default (``fsync = off``, ``synchronous_commit = off``): a crash of the
+    machine could lose commits, which no test causes. ``durable=True`` turns both on, with
+    full-page writes, for tests that kill or restart PostgreSQL and count what survived.
+    """
+
+    def __init__(self, durable: bool = False, max_connections: int = 50) -> None:
+        self.durable = durable
         self.root = Path(tempfile.mkdtemp(prefix="capella-pg-"))
         self.data = self.root / "data"
         self.port = _free_port()
@@ -59,10 +75,11 @@ class PgServer:
         )
         # Existing files, rewritten in place: they keep their owner.
         (self.data / "pg_hba.conf").write_text(hba)
+        safety = "on" if durable else "off"
         (self.data / "postgresql.auto.conf").write_text(
             f"listen_addresses = '127.0.0.1'\nport = {self.port}\n"
-            f"unix_socket_directories = '{self.root}'\nfsync = off\nsynchronous_commit = off\n"
-            "full_page_writes = off\nmax_connections = 50\n",
+            f"unix_socket_directories = '{self.root}'\nfsync = {safety}\nsynchronous_commit = {safety}\n"
+            f"full_page_writes = {safety}\nmax_connections = {max_connections}\n",
         )
         self.start()
         self.psql("postgres", f"CREATE ROLE {PASSWORD_ROLE} LOGIN SUPERUSER PASSWORD '{PASSWORD}'")
