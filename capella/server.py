@@ -17,6 +17,7 @@ import re
 import signal
 import ssl
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -28,12 +29,14 @@ from capella.auth.secret import Secrets
 from capella.auth.store import AuthStore
 from capella.config import Config, ServerSettings, TlsSettings
 from capella.core.cluster import Cluster
+from capella.core.shared_home import SharedHome
 from capella.egress import Egress
 from capella.errors import InvalidConfig, InvalidRequest
 from capella.file_access import FileAccess
 from capella.fsync import create_directories, private_tree
 from capella.handlers.supervisor import Supervisor
 from capella.links.registry import Links
+from capella.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +48,8 @@ async def serve(config: Config) -> None:
     # Listen before recovering, so /healthz answers and /readyz says 503 while queues recover.
     authenticator = open_auth(config)
     users = authenticator.store if authenticator is not None else None
-    cluster = Cluster.create(config)
     secrets = Secrets(config.secrets)
+    cluster = Cluster.create(config, shared=shared_home(config, secrets))
     egress = Egress.of(config.egress.allow, auth_enabled=config.auth.enabled)
     files = FileAccess.of(config.files.allow)
     links = Links(
@@ -91,6 +94,18 @@ async def serve(config: Config) -> None:
         if users is not None:
             users.unlock()
         log.info("capella stopped")
+
+
+def shared_home(config: Config, secrets: Secrets) -> Callable[[dict[str, Storage]], SharedHome] | None:
+    """What builds this node's shared queues, when ``[shared]`` is configured: only then is
+    ``capella.shared`` (and asyncpg) imported."""
+    settings = config.shared
+    if settings is None:
+        return None
+    from capella.shared.node import SharedNode
+
+    url = f"http://{config.server.listen}"
+    return lambda mounts: SharedNode(config, settings, mounts, secrets, url=url)
 
 
 # glibc's mallopt parameter for the number of heaps (malloc.h).

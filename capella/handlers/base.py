@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from capella.auth.rule import UNRESTRICTED, Identity
-from capella.errors import InvalidRequest, QueueNotFound
+from capella.errors import InvalidRequest, NotOnSharedQueue, QueueNotFound
 from capella.wire.handlers import HANDLER_TYPES, Definition
 from capella.wire.params import Params, decode_params
 from capella.wire.struct import Struct
@@ -60,6 +60,20 @@ def queue_patterns(definition: Definition, cluster: Cluster) -> list[str]:
     return list(raw)
 
 
+def check_shared(handler: Handler, kind: str, queues: list[str], cluster: Cluster) -> None:
+    """Refuse a definition that names a shared queue for a type that works on local ones only
+    (a pattern that matches shared queues later skips them: ``per_queue.selected``)."""
+    if handler.on_shared:
+        return
+    for name in queues:
+        if not _is_pattern(name) and cluster.queue(name).shared:
+            raise NotOnSharedQueue(
+                f"queues: {name!r} is a shared queue, and {kind} handlers work on local queues only "
+                "in this version (copy handlers work on both)",
+                field="queues",
+            )
+
+
 def _is_pattern(name: str) -> bool:
     return any(c in name for c in "*?[")
 
@@ -77,6 +91,9 @@ class Handler(ABC):
     # True when ``close`` releases what a pass uses (a database pool): the supervisor then waits
     # for a pass in progress before closing.
     closes: ClassVar[bool] = False
+    # True for a type that works on shared queues too (copy); the others keep state on this
+    # node (a work queue, a delivery log), so a definition naming a shared queue is refused.
+    on_shared: ClassVar[bool] = False
     # False for a stored definition that no longer builds: it has only this interface, none
     # of its type's own counters (metrics skip it).
     loaded: ClassVar[bool] = True

@@ -50,6 +50,8 @@ PASS_SECONDS = 5.0
 class CopyHandler(QueueHandler[CopyParams]):
     """Copy every selected queue (or ``params.from`` on an external cluster) into ``params.to``."""
 
+    on_shared = True
+
     needs = "read"
 
     def __init__(self, cluster: Cluster, queues: list[str], params: CopyParams, links: Links) -> None:

@@ -41,6 +41,8 @@ class QueueHandler(Handler, abc.ABC, Generic[P]):
         result = PassTally()
         errors: list[tuple[str, CapellaError]] = []
         for queue in selected(self._cluster, self._queues):
+            if queue.shared and not self.on_shared:
+                continue  # matched by a pattern: this type works on local queues only
             if not self.identity.can("queue", self.needs, queue.name):
                 # A queue matched by a pattern is skipped, as a listing would skip it; a queue
                 # named outright is an error the status shows.

@@ -45,7 +45,7 @@ from capella.errors import (
     InvalidRequest,
 )
 from capella.file_access import FileAccess
-from capella.handlers.base import Building, Handler, PassTally, handler_type
+from capella.handlers.base import Building, Handler, PassTally, check_shared, handler_type
 from capella.links.reach import Reach
 from capella.links.registry import Links
 from capella.storage.catalog import HANDLERS
@@ -318,6 +318,7 @@ class Supervisor:
         reach = replace(self.reach, by=acting)
         params = definition.params if definition.params is not None else entry.decode(None)
         params, handler = entry.build(params, Building(self._cluster, queues, reach, name))
+        check_shared(handler, kind, queues, self._cluster)
         await handler.check(acting)
         async with self._lock:
             old = self._states.get(name)

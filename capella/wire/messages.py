@@ -98,6 +98,9 @@ class ProduceResult(Struct, omit_defaults=True, kw_only=True):
     scheduled_id: MessageId | UnsetType = UNSET
     deliver_at: Time | UnsetType = UNSET
     duplicate: bool
+    # A shared queue's message answered from the node's buffer (save none or mark): its id
+    # comes with the flush (id 0 until then).
+    pending: bool | UnsetType = UNSET
 
 
 class ReplicaReceipt(Struct):
