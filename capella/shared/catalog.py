@@ -140,9 +140,10 @@ class Catalog:
             key, node, size, own, b_queue, b_offset, b_size, b_count,
             r_batch, r_source, r_first, r_last, r_index,
         )  # fmt: skip
+        # Duplicates come back as runs: positions p..p+n-1 are the messages id..id+n-1.
         return [
-            Committed(int(first), float(time), {int(p): int(i) for p, i in pairs})
-            for first, time, pairs in orjson.loads(answer)
+            Committed(int(first), float(time), {p + k: i + k for p, n, i in dups for k in range(n)})
+            for first, time, dups in orjson.loads(answer)
         ]
 
     # --- the read path ---------------------------------------------------------------------
