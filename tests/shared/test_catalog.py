@@ -20,6 +20,7 @@ from support.pg import PASSWORD, PASSWORD_ROLE, PgServer, fresh_database
 from capella.auth.secret import Secrets
 from capella.config import SecretSettings, SharedSettings
 from capella.errors import (
+    Conflict,
     DatabaseRefused,
     InvalidConfig,
     InvalidRequest,
@@ -536,6 +537,8 @@ async def test_replace_segments_points_a_range_at_one_block(db: tuple[str, Pool,
     assert await catalog.known_keys(["o0", "o2", "stray"]) == {"o0", "o2"}
     assert await catalog.forget_objects(["o0", "o1", "o2"]) == 2  # o2 is live: kept
     assert await catalog.known_keys(["o0", "o1", "o2"]) == {"o2"}
+    with pytest.raises(Conflict, match="not a committed flush"):
+        await catalog.commit_object("q1/blocks/1-10.blk", "n", 1, OWN, [batch("q1", 1)])
 
 
 async def test_one_compactor_per_queue(db: tuple[str, Pool, Catalog], pg_server: PgServer) -> None:
