@@ -23,7 +23,7 @@ import orjson
 
 from capella.core.definition import check_name
 from capella.core.limits import check_cursor
-from capella.errors import InvalidRequest, QueueNotFound
+from capella.errors import Conflict, InvalidRequest, QueueNotFound
 from capella.shared.database import Pool
 
 # Committed.first_id of a batch whose queue no longer exists: nothing of it was stored.
@@ -140,9 +140,12 @@ class Catalog:
             key, node, size, own, b_queue, b_offset, b_size, b_count,
             r_batch, r_source, r_first, r_last, r_index,
         )  # fmt: skip
+        if answer is None:  # the key is a compacted block's, never a flush's
+            raise Conflict(f"shared commit: object {key!r} exists and is not a committed flush")
+        # Duplicates come back as runs: positions p..p+n-1 are the messages id..id+n-1.
         return [
-            Committed(int(first), float(time), {int(p): int(i) for p, i in pairs})
-            for first, time, pairs in orjson.loads(answer)
+            Committed(int(first), float(time), {p + k: i + k for p, n, i in dups for k in range(n)})
+            for first, time, dups in orjson.loads(answer)
         ]
 
     # --- the read path ---------------------------------------------------------------------

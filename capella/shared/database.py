@@ -4,10 +4,11 @@ Connections are made exactly as the pg handlers make theirs (``capella/handlers/
 host, port, user, database, password or "", no pass file, a TLS context or False), so asyncpg
 reads no ``PG*`` variable, pass file or ``~/.postgresql``. The DSN is the operator's, so no
 egress check applies. The pool drops a broken connection and opens a new one on the next use:
-after PostgreSQL restarts, the first statement on each stale connection fails and the next
-works. Every driver, socket and timeout error becomes ``StorageUnavailable`` ("shared: postgres
-user@host:port/db: connection lost: ..."), or ``DatabaseRefused`` for a refusal
-(authentication, permission, a statement PostgreSQL rejected); never with the password.
+after PostgreSQL restarts, the first statement fails (``StorageUnavailable``) and makes the
+pool replace all its idle connections, so the next one works. Every driver, socket and timeout
+error becomes ``StorageUnavailable`` ("shared: postgres user@host:port/db: connection lost:
+..."), or ``DatabaseRefused`` for a refusal (authentication, permission, a statement PostgreSQL
+rejected); never with the password.
 
 asyncpg (the ``[postgres]`` extra) is imported here only when a pool opens.
 """
@@ -19,6 +20,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from capella.auth.rule import UNRESTRICTED
@@ -59,17 +61,7 @@ def target_of(settings: SharedSettings, secrets: Secrets) -> Target:
     found = parse_target(bare, where, InvalidConfig)
     if settings.dsn_secret is not None:
         secrets.check_host(settings.dsn_secret, found.host, where)
-    return Target(
-        host=found.host,
-        port=found.port,
-        user=found.user,
-        database=found.database,
-        password=password,
-        sslmode=found.sslmode,
-        sslrootcert=found.sslrootcert,
-        sslcert=found.sslcert,
-        sslkey=found.sslkey,
-    )
+    return replace(found, password=password)
 
 
 async def open_pool(

@@ -9,6 +9,7 @@ is about durability); the restart test starts a cluster of its own.
 from __future__ import annotations
 
 import asyncio
+import random
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from support.pg import PASSWORD, PASSWORD_ROLE, PgServer, fresh_database
 from capella.auth.secret import Secrets
 from capella.config import SecretSettings, SharedSettings
 from capella.errors import (
+    Conflict,
     DatabaseRefused,
     InvalidConfig,
     InvalidRequest,
@@ -535,6 +537,8 @@ async def test_replace_segments_points_a_range_at_one_block(db: tuple[str, Pool,
     assert await catalog.known_keys(["o0", "o2", "stray"]) == {"o0", "o2"}
     assert await catalog.forget_objects(["o0", "o1", "o2"]) == 2  # o2 is live: kept
     assert await catalog.known_keys(["o0", "o1", "o2"]) == {"o2"}
+    with pytest.raises(Conflict, match="not a committed flush"):
+        await catalog.commit_object("q1/blocks/1-10.blk", "n", 1, OWN, [batch("q1", 1)])
 
 
 async def test_one_compactor_per_queue(db: tuple[str, Pool, Catalog], pg_server: PgServer) -> None:
@@ -725,3 +729,58 @@ async def test_external_ids_use_all_64_bits(db: tuple[str, Pool, Catalog]) -> No
         "o2", "n", 100, OWN, [batch("q1", 3, Run("s", big + 1, big + 3, 0))]
     )
     assert (mixed.first_id, mixed.duplicates) == (4, {0: 2, 1: 3})
+
+
+async def test_commits_agree_with_a_model_of_dedup(db: tuple[str, Pool, Catalog]) -> None:
+    """Random objects of mixed batches (runs of two sources over a small id space, the cluster's
+    own source named explicitly now and then, messages without identity between them) against
+    a dict of identities: every answer, every id and every skip position as the model says."""
+    _, pool, catalog = db
+    rng = random.Random(36)
+    known: dict[tuple[str, str, int], int] = {}
+    next_id = {"q1": 1, "q2": 1}
+    skips: dict[tuple[str, int], tuple[int, ...]] = {}
+    for n in range(80):
+        entries = []
+        for _ in range(rng.randint(1, 3)):
+            queue, count, runs, position = rng.choice(("q1", "q2")), rng.randint(1, 12), [], 0
+            while position < count:
+                if rng.random() < 0.3:
+                    position += 1  # no identity
+                    continue
+                length = min(rng.randint(1, 4), count - position)
+                first = rng.randint(0, 40) if rng.random() < 0.9 else rng.randint(1, 60)
+                source = rng.choice(("a", "b", "a", "b", OWN))
+                runs.append(Run(source, first, first + length - 1, position))
+                position += length
+            entries.append(batch(queue, count, *runs))
+        expected = []
+        for entry in entries:
+            identity = {
+                r.index + k: (r.source, r.first_ext + k)
+                for r in entry.runs
+                for k in range(r.last_ext - r.first_ext + 1)
+            }
+            first, duplicates = 0, {}
+            for position in range(entry.count):
+                source_ext = identity.get(position)
+                key = None if source_ext is None else (entry.queue, *source_ext)
+                if key is not None and key in known:
+                    duplicates[position] = known[key]
+                    continue
+                given = next_id[entry.queue]
+                next_id[entry.queue] += 1
+                first = first or given
+                known.setdefault(key or (entry.queue, OWN, given), given)
+            expected.append((first, duplicates))
+        answers = await catalog.commit_object(f"m{n}", "n", 100, OWN, entries)
+        assert [(a.first_id, a.duplicates) for a in answers] == expected, f"object {n}"
+        for entry, (first, duplicates) in zip(entries, expected, strict=True):
+            if first:
+                skips[(entry.queue, first)] = tuple(sorted(duplicates))
+    for queue in ("q1", "q2"):
+        await assert_gapless(pool, queue)
+    await assert_runs_disjoint(pool)
+    stored = await pool.fetch("select queue, first_id, skip from capella_segments")
+    assert {(r[0], r[1]): tuple(r[2]) for r in stored} == skips
+    assert any(skips.values())

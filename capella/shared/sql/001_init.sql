@@ -118,7 +118,8 @@ $$;
 
 -- Commit one uploaded object: its batches get their ids, duplicates are found, segments and
 -- identities are recorded, in one transaction (the caller's statement). Answers a jsonb array,
--- one [first_id, time, [[position, id], ...]] per batch (first_id 0: every message was a
+-- one [first_id, time, [[position, count, id], ...]] per batch (positions position.. are
+-- duplicates of the messages id..; first_id 0: every message was a
 -- duplicate; -1: the queue does not exist). The object key makes it idempotent: committing a
 -- key again answers what the first commit answered and changes nothing.
 --
@@ -141,15 +142,16 @@ declare
     v_pos int;         -- the next batch position not yet looked at
     v_dups int;        -- duplicates before v_pos in this batch
     v_skip int[];
-    v_pairs jsonb;
+    v_dup_runs jsonb;
     v_high bigint;
     v_of bigint[];     -- the stored runs a run overlaps: first_ext, last_ext, first_id
     v_ol bigint[];
     v_oi bigint[];
     k int;
     v_ext bigint;      -- (an integer FOR loop would make its variable an int: ids are bigint)
-    v_dup bigint;
-    v_start bigint;    -- the first external id of the kept sub-run being built
+    v_a bigint;        -- a piece of a run that is stored already: v_a..v_b, at position v_p
+    v_b bigint;
+    v_p int;
     v_start_id bigint;
     v_gap int;
     v_touched text[] := '{}';
@@ -176,7 +178,7 @@ begin
         v_pos := 0;
         v_dups := 0;
         v_skip := '{}';
-        v_pairs := '[]';
+        v_dup_runs := '[]';
         loop
             -- The positions before the next run (or to the end) have no explicit identity.
             if j <= n_runs and r_batch[j] = i then
@@ -214,31 +216,25 @@ begin
             if v_of is null then
                 perform capella_keep_run(b_queue[i], r_source[j], r_first[j], r_last[j], v_next + v_pos - v_dups);
             else
-                -- Some are stored already: message by message, kept ones as sub-runs.
-                v_start := null;
-                k := 1;
-                v_ext := r_first[j] - 1;
-                while v_ext < r_last[j] loop
-                    v_ext := v_ext + 1;
-                    while k <= array_length(v_of, 1) and v_ol[k] < v_ext loop
-                        k := k + 1;
-                    end loop;
-                    if k <= array_length(v_of, 1) and v_of[k] <= v_ext then
-                        v_dup := v_oi[k] + (v_ext - v_of[k]);
-                        if v_start is not null then
-                            perform capella_keep_run(b_queue[i], r_source[j], v_start, v_ext - 1, v_start_id);
-                            v_start := null;
-                        end if;
-                        v_skip := v_skip || (v_pos + (v_ext - r_first[j]))::int;
-                        v_pairs := v_pairs || jsonb_build_array(jsonb_build_array(v_pos + (v_ext - r_first[j]), v_dup));
-                        v_dups := v_dups + 1;
-                    elsif v_start is null then
-                        v_start := v_ext;
-                        v_start_id := v_next + v_pos + (v_ext - r_first[j]) - v_dups;
+                -- Some are stored already: the stored runs split it into kept and duplicate
+                -- pieces (they are disjoint and in order), each handled whole.
+                v_ext := r_first[j];  -- the first external id not placed yet
+                for k in 1 .. array_length(v_of, 1) loop
+                    v_a := greatest(v_of[k], r_first[j]);
+                    v_b := least(v_ol[k], r_last[j]);
+                    if v_a > v_ext then
+                        perform capella_keep_run(b_queue[i], r_source[j], v_ext, v_a - 1,
+                                                 v_next + v_pos + (v_ext - r_first[j]) - v_dups);
                     end if;
+                    v_p := v_pos + (v_a - r_first[j])::int;
+                    v_skip := v_skip || array(select generate_series(v_p, v_p + (v_b - v_a)::int));
+                    v_dup_runs := v_dup_runs || jsonb_build_array(jsonb_build_array(v_p, v_b - v_a + 1, v_oi[k] + (v_a - v_of[k])));
+                    v_dups := v_dups + (v_b - v_a + 1)::int;
+                    v_ext := v_b + 1;
                 end loop;
-                if v_start is not null then
-                    perform capella_keep_run(b_queue[i], r_source[j], v_start, r_last[j], v_start_id);
+                if v_ext <= r_last[j] then
+                    perform capella_keep_run(b_queue[i], r_source[j], v_ext, r_last[j],
+                                             v_next + v_pos + (v_ext - r_first[j]) - v_dups);
                 end if;
             end if;
             v_pos := v_pos + (r_last[j] - r_first[j] + 1)::int;
@@ -256,7 +252,7 @@ begin
             end if;
         end if;
         v_results := v_results || jsonb_build_array(jsonb_build_array(
-            case when v_kept > 0 then v_next else 0 end, v_time, v_pairs));
+            case when v_kept > 0 then v_next else 0 end, v_time, v_dup_runs));
     end loop;
     update capella_objects set live_bytes = v_live, results = v_results,
            state = case when v_live = 0 then 'dead' else 'live' end,
