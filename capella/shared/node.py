@@ -15,7 +15,7 @@ import logging
 import secrets as random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from capella.config import Config, SharedSettings
@@ -95,6 +95,7 @@ class SharedNode(SharedHome):
         self._listeners: list[Listener] = []
         self._pool: Pool | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._spawned: set[asyncio.Task[None]] = set()
         self._watched: set[str] = set()
         self._objects = ObjectCache(OBJECT_CACHE, time.monotonic)
         self._batches: OrderedDict[tuple[str, int, int], Batch] = OrderedDict()
@@ -192,9 +193,9 @@ class SharedNode(SharedHome):
         self._closing = True
         if self._flusher is not None:
             await self._flusher.close()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._spawned]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._spawned]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for queue in self._queues.values():
@@ -324,7 +325,7 @@ class SharedNode(SharedHome):
         for name, (first_id, next_id) in heads.items():
             queue = self._queues.get(name)
             if queue is not None:
-                queue.moved(next_id, first_id)
+                queue.head(first_id, next_id)
 
     async def _poll_loop(self) -> None:
         since_definitions = 0.0
@@ -399,17 +400,32 @@ class SharedNode(SharedHome):
             queue.moved(int(next_id))
 
     def _on_definition_notice(self, payload: str) -> None:
-        asyncio.get_running_loop().create_task(self._reload_quietly())
+        self._spawn(self._reload_quietly(payload))
 
     def _on_cursor_notice(self, payload: str) -> None:
         name, _, _ = payload.partition(":")
         queue = self._queues.get(name)
         if queue is not None:
-            asyncio.get_running_loop().create_task(self._refresh_quietly(queue))
+            self._spawn(self._refresh_quietly(queue))
 
-    async def _reload_quietly(self) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Work a notice starts: kept until done (a task nobody holds may be collected), its
+        failure logged."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._spawned.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._spawned.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._stats.failures["notice"] = self._stats.failures.get("notice", 0) + 1
+            log.error("shared notice handling failed", exc_info=exc)
+
+    async def _reload_quietly(self, name: str) -> None:
+        # A queue dropped and created again starts over at id 1: its heads tell (SharedQueue.head).
         with contextlib.suppress(StorageUnavailable):
             await self._load_definitions()
+            await self._poll_heads([name])
 
     async def _refresh_quietly(self, queue: SharedQueue) -> None:
         with contextlib.suppress(StorageUnavailable):

@@ -296,6 +296,17 @@ class SharedQueue(BaseQueue):
             self._next_id = next_id
             self._wake()
 
+    def head(self, first_id: int, next_id: int) -> None:
+        """The queue's ids as PostgreSQL has them now (a poll, not a notice: notices may come
+        late). Ids never go down, so lower ones mean the queue was dropped and created again
+        under this name: what this node cached of the old one goes."""
+        if next_id < self._next_id:
+            self._forget()
+            self._next_id = next_id
+            self._first_id = first_id
+            self._wake()
+        self.moved(next_id, first_id)
+
     def _wake(self) -> None:
         self.arrived.set()
         self.arrived = asyncio.Event()
