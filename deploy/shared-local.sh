@@ -12,7 +12,7 @@ set -euo pipefail
 
 ACTION=${1:?usage: $0 start|stop DIR}
 DIR=$(realpath -m "${2:?usage: $0 start|stop DIR}")
-HERE=$(cd "$(dirname "$0")/.." && pwd)
+HERE=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
 PY=${PYTHON:-$HERE/.venv/bin/python}
 PG_PORT=${PG_PORT:-8690}
 S3_PORT=${S3_PORT:-8691}

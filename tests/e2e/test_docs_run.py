@@ -142,6 +142,8 @@ def test_the_documentation_runs_as_written(
     if not runnable:
         pytest.skip(f"{document.name} has no shell or Python block to run")
     groups: list[int] = []  # a tutorial starts a second cluster in the background (`&`)
+    # The docs are read in a checkout's root: the scripts they run are where they say.
+    (tmp_path / "deploy").symlink_to(ROOT / "deploy")
     try:
         with server(tmp_path):
             for lang, text in runnable:
