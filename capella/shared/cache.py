@@ -100,6 +100,7 @@ class ObjectCache:
         if pinned is not None:
             self._pinned_bytes += len(data) - len(pinned[0])
             self._pinned[key] = (data, pinned[1])
+            self._evict()
             return
         self._drop_lru(key)
         if len(data) > self.max_bytes:

@@ -306,7 +306,7 @@ def _read_range(path: Path, start: int, length: int) -> bytes | int:
         got = 0
         while got < want:
             part = os.pread(fd, want - got, start + got)
-            if not part:  # the file shrank under us (a put renames a new one in, so rarely)
+            if not part:  # the file was cut short meanwhile (a journal truncated by recovery)
                 break
             parts.append(part)
             got += len(part)

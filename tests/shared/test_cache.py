@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.clock import Clock
+from support.faults import FaultProxy
+from support.servers import S3Server
 
 from capella.errors import CorruptData, InvalidRequest, KeyNotFound
 from capella.shared.cache import ObjectCache
-from capella.storage import Journal, Storage
+from capella.storage import Journal, Storage, open_storage
 from capella.storage.memory import MemoryStorage
 
 
@@ -295,23 +298,63 @@ async def test_a_range_past_the_end_answers_as_the_storage_does(clock: Clock, st
 
 
 @pytest.mark.s3
-async def test_concurrent_misses_against_s3_make_one_get(
-    clock: Clock, s3_server: object, tmp_path: Path, request: pytest.FixtureRequest
+async def test_concurrent_misses_against_s3_make_one_get_on_the_wire(
+    clock: Clock, s3_server: S3Server, proxy: FaultProxy
 ) -> None:
-    from support.storage import make_storage
+    """Counted where moto sees them: every request through the fault proxy, by kind."""
+    bucket = await asyncio.to_thread(s3_server.create_bucket)
+    store = open_storage("s3", s3_server.mount_options(bucket, endpoint_url=proxy.url))
+    with proxy.faulty():
+        try:
+            value = bytes(range(256)) * 4096  # 1 MiB
+            await store.put("shared/o.cpo", value)
+            cache = ObjectCache(8 * 1024 * 1024, clock)
+            reads = [
+                cache.fetch("shared/o.cpo", i * 4096, 4096, store, size=len(value), whole_below=4 << 20)
+                for i in range(32)
+            ]
+            assert await asyncio.gather(*reads) == [value[i * 4096 : (i + 1) * 4096] for i in range(32)]
+            assert (
+                await cache.fetch("shared/o.cpo", 5, 5, store, size=len(value), whole_below=0) == value[5:10]
+            )
+            assert proxy.calls == {"PUT": 1, "GET": 1}
 
-    store = CountingStorage(await make_storage("s3", tmp_path, request))
-    try:
-        value = bytes(range(256)) * 4096  # 1 MiB
-        await store.put("shared/o.cpo", value)
-        cache = ObjectCache(8 * 1024 * 1024, clock)
-        reads = [
-            cache.fetch("shared/o.cpo", i * 4096, 4096, store, size=len(value), whole_below=4 << 20)
-            for i in range(32)
-        ]
-        assert await asyncio.gather(*reads) == [value[i * 4096 : (i + 1) * 4096] for i in range(32)]
-        assert store.gets == {"shared/o.cpo": 1}
-        assert await cache.fetch("shared/o.cpo", 5, 5, store, size=len(value), whole_below=0) == value[5:10]
-        assert store.gets == {"shared/o.cpo": 1} and not store.ranges
-    finally:
-        await store.close()
+            other = ObjectCache(8 * 1024 * 1024, clock)
+            ranged = [other.fetch("shared/o.cpo", 64, 64, store, size=None, whole_below=0) for _ in range(8)]
+            assert set(await asyncio.gather(*ranged)) == {value[64:128]}
+            assert proxy.calls == {"PUT": 1, "GET": 1, "GET range": 1}
+        finally:
+            await store.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put", "pin", "get", "discard", "tick"]), st.integers(0, 5),
+                          st.integers(1, 70)), max_size=60))  # fmt: skip
+def test_the_byte_count_and_the_bound_hold_under_any_calls(calls: list[tuple[str, int, int]]) -> None:
+    clock = Clock()
+    cache = ObjectCache(100, clock)
+    pins: dict[str, float] = {}  # what must be there: key -> until
+    for op, k, n in calls:
+        key = f"k{k}"
+        if op == "put":
+            cache.put(key, bytes(n))
+        elif op == "pin":
+            cache.pin(key, bytes(n), until=clock.now + n / 10)
+            pins[key] = max(pins.get(key, 0.0), clock.now + n / 10)
+        elif op == "get":
+            cache.get(key)
+        elif op == "discard":
+            cache.discard(key)
+            pins.pop(key, None)
+        else:
+            clock.now += n / 20
+        live = {key for key, until in pins.items() if until > clock.now}
+        held = {key: cache.get(key) for key in (f"k{i}" for i in range(6))}
+        present = {key: data for key, data in held.items() if data is not None}
+        stats = cache.stats
+        assert stats.bytes == sum(map(len, present.values()))
+        assert stats.entries == len(present)
+        assert live <= set(present)
+        assert stats.pinned == len(live)
+        pinned_bytes = sum(len(present[key]) for key in live)
+        assert stats.bytes <= max(100, pinned_bytes)

@@ -11,6 +11,9 @@ import urllib.request
 import pytest
 from support.shared import CLUSTER, MOUNT, SharedRig
 
+from capella.config import load_config
+from capella.storage import open_storage
+
 pytestmark = pytest.mark.slow
 
 
@@ -118,3 +121,22 @@ def test_the_session_postgresql_stays_fast(pg_server: object) -> None:
 
     assert isinstance(pg_server, PgServer) and not pg_server.durable
     assert pg_server.psql("postgres", "show synchronous_commit").strip() == "off"
+
+
+@pytest.mark.shared_rig(proxy=True)
+async def test_a_proxied_rig_counts_each_kind_of_s3_call_of_a_node_s_mount(shared_rig: SharedRig) -> None:
+    config = load_config(shared_rig.write_config(0))
+    assert config.shared is not None and config.shared.node == "node-0"
+    mount = config.mounts[config.shared.mount]
+    assert shared_rig.proxy is not None and mount.options["endpoint_url"] == shared_rig.proxy.url
+    store = open_storage(mount.provider, mount.options)
+    try:
+        await store.put("shared/2026/12/02/node-0/x.cpo", b"0123456789")
+        assert await store.get_range("shared/2026/12/02/node-0/x.cpo", 2, 3) == b"234"
+        assert await store.get("shared/2026/12/02/node-0/x.cpo") == b"0123456789"
+        assert await store.list("shared/") == ["shared/2026/12/02/node-0/x.cpo"]
+    finally:
+        await store.close()
+    assert shared_rig.proxy.calls == {"PUT": 1, "GET range": 1, "GET": 1, "LIST": 1}
+    assert shared_rig.objects() == ["shared/2026/12/02/node-0/x.cpo"]
+    assert shared_rig.sql("select 40 + 2").strip() == "42"

@@ -23,6 +23,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -78,6 +79,8 @@ class FaultProxy:
         self.port = 0
         self.requests = 0  # requests received, faulty or not
         self.forwarded = 0  # requests that reached the upstream
+        # Requests received by kind: PUT, GET, "GET range", LIST, DELETE, HEAD, POST (S3's calls).
+        self.calls: Counter[str] = Counter()
         self._switches = _Switches()
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -125,6 +128,7 @@ class FaultProxy:
         with self._lock:
             self._switches = _Switches()
             self.requests = self.forwarded = 0
+            self.calls = Counter()
 
     @contextmanager
     def faulty(self) -> Iterator[FaultProxy]:
@@ -173,10 +177,11 @@ class FaultProxy:
 
     # --- the proxy ---
 
-    def _next_fault(self) -> tuple[str, float, int]:
+    def _next_fault(self, kind: str) -> tuple[str, float, int]:
         with self._lock:
             s = self._switches
             self.requests += 1
+            self.calls[kind] += 1
             if s.blackhole:
                 return "blackhole", s.latency, 0
             if s.reset_all or s.reset_next > 0:
@@ -188,7 +193,7 @@ class FaultProxy:
             return "forward", s.latency, 0
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        fault, latency, status = self._next_fault()
+        fault, latency, status = self._next_fault(_kind(request))
         assert self._stopping is not None and self._session is not None
         if latency:
             await asyncio.sleep(latency)
@@ -226,6 +231,16 @@ class FaultProxy:
                     response.headers["Content-Length"] = upstream.headers["Content-Length"]
                 return response
             return web.Response(status=upstream.status, body=data, headers=response_headers)
+
+
+def _kind(request: web.Request) -> str:
+    """What an S3 request (path style: /bucket/key) does, for ``FaultProxy.calls``."""
+    _, _, key = request.path.lstrip("/").partition("/")
+    if request.method == "GET" and not key:
+        return "LIST"
+    if request.method == "GET" and "Range" in request.headers:
+        return "GET range"
+    return request.method
 
 
 def _reset(request: web.Request) -> None:

@@ -31,6 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from support.faults import FaultProxy
 from support.pg import PgServer
 from support.servers import SERVER_START_TIMEOUT, S3Server, ServerProcess, free_port
 
@@ -68,8 +69,11 @@ class SharedRig:
         s3: S3Server | None = None,
         shared: dict[str, Value] | None = None,
         extra: str = "",
+        proxy: bool = False,
     ) -> None:
-        """``shared``: more keys of each node's ``[shared]`` table; ``extra``: more TOML tables."""
+        """``shared``: more keys of each node's ``[shared]`` table; ``extra``: more TOML tables;
+        ``proxy``: the nodes reach S3 through a ``FaultProxy`` of the rig's own (``self.proxy``),
+        which counts their calls by kind and can fail, reset or blackhole them."""
         if pg is not None and durable and not pg.durable:
             raise ValueError("a durable rig needs a durable PgServer (or none: it starts its own)")
         self.root = root
@@ -81,6 +85,7 @@ class SharedRig:
         self._own_s3 = s3 is None
         self._nodes: dict[int, ServerProcess] = {}
         self._ports: dict[int, int] = {}
+        self.proxy: FaultProxy | None = None
         self.pg = pg if pg is not None else PgServer(durable=durable)
         try:
             if s3 is None:
@@ -89,6 +94,9 @@ class SharedRig:
                 s3.wait_ready()
             self.s3 = s3
             self.bucket = s3.create_bucket()
+            if proxy:
+                self.proxy = FaultProxy(s3.url)
+                self.proxy.start()
             self.database = f"shared_{uuid.uuid4().hex[:12]}"
             self.dsn = self.pg.create_database(self.database)
         except BaseException:
@@ -125,7 +133,8 @@ class SharedRig:
             **self.shared_options,
             **(shared or {}),
         }
-        s3_options: dict[str, Any] = self.s3.mount_options(self.bucket)
+        endpoint = self.proxy.url if self.proxy is not None else self.s3.url
+        s3_options: dict[str, Any] = self.s3.mount_options(self.bucket, endpoint_url=endpoint)
         parts = [
             toml_table("cluster", {"name": CLUSTER}),
             mounts
@@ -141,6 +150,21 @@ class SharedRig:
         path = self.config_path(i)
         path.write_text(self.config_text(i) if text is None else text)
         return path
+
+    # --- what the cluster stored -------------------------------------------------------------
+
+    def objects(self, prefix: str = "shared/") -> list[str]:
+        """The keys in the rig's bucket under ``prefix``, sorted (straight from moto, not proxied)."""
+        client = self.s3.client()
+        try:
+            pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+            return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+        finally:
+            client.close()
+
+    def sql(self, query: str) -> str:
+        """``query``'s rows in the rig's database, as ``psql -At`` prints them."""
+        return self.pg.psql(self.database, query)
 
     # --- nodes ---------------------------------------------------------------------------
 
@@ -207,6 +231,8 @@ class SharedRig:
 
     def _close_servers(self) -> None:
         try:
+            if self.proxy is not None:
+                self.proxy.stop()
             if self._own_s3 and getattr(self, "s3", None) is not None:
                 self.s3.stop()
         finally:
