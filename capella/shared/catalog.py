@@ -76,6 +76,7 @@ class Segment:
     count: int  # messages in the stored batch, skipped ones included
     skip: tuple[int, ...]  # batch positions that are duplicates
     time: float
+    object_size: int = 0  # of the whole object: a reader may GET it whole (0: not known)
 
 
 class SubRow(NamedTuple):
@@ -94,7 +95,8 @@ class Usage(NamedTuple):
 
 
 _SEGMENT = (
-    "select s.queue, s.first_id, s.last_id, o.key, s.byte_offset, s.byte_size, s.count, s.skip, s.time "
+    "select s.queue, s.first_id, s.last_id, o.key, s.byte_offset, s.byte_size, s.count, s.skip, s.time, "
+    "o.size "
     "from capella_segments s join capella_objects o on o.object_id = s.object_id "
 )
 _SUB = "name, last_id, replica, extract(epoch from created)::float8, extract(epoch from updated)::float8"
@@ -492,4 +494,6 @@ async def _release(conn: Any, where: str, *args: Any) -> int:
 
 
 def _segment(row: Any) -> Segment:
-    return Segment(row[0], row[1], row[2], row[3], row[4], row[5], row[6], tuple(row[7] or ()), float(row[8]))
+    return Segment(
+        row[0], row[1], row[2], row[3], row[4], row[5], row[6], tuple(row[7] or ()), float(row[8]), row[9]
+    )

@@ -62,7 +62,8 @@ class Flusher:
         own: str,
         write_timeout: float,
         stats: SharedStats,
-        on_commit: Callable[[str, Committed, Pending, str, int], None],
+        on_commit: Callable[[str, Committed, Pending, str, int, int], None],
+        on_object: Callable[[str, bytes], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
@@ -72,6 +73,7 @@ class Flusher:
         self._write_timeout = write_timeout
         self._stats = stats
         self._on_commit = on_commit
+        self._on_object = on_object
         self._clock = clock
         self._buffer = Buffer()
         self._wake = asyncio.Event()  # a batch arrived, or a flush is wanted now
@@ -183,9 +185,10 @@ class Flusher:
         self._stats.flushes += 1
         self._stats.objects += 1
         self.fault = None
+        self._on_object(key, data)
         for result, p, spot in zip(committed, grouped, placed, strict=True):
             self._stats.duplicates += len(result.duplicates)
-            self._on_commit(p.queue, result, p, key, spot.offset)
+            self._on_commit(p.queue, result, p, key, spot.offset, len(data))
             if not p.done.done():
                 p.done.set_result(result)
 

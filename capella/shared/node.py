@@ -123,6 +123,7 @@ class SharedNode(SharedHome):
             write_timeout=self._config.storage.write_timeout,
             stats=self._stats,
             on_commit=self._committed,
+            on_object=self._pin,
             clock=self._clock,
         )
         self._flusher.start()
@@ -235,8 +236,15 @@ class SharedNode(SharedHome):
             return batch
         objects = self._objects
         before = objects.stats.fetched_bytes, objects.stats.whole_gets + objects.stats.range_gets
+        # One whole-object GET serves every batch of the object, for every queue and reader on
+        # this node (an object is one window of one node's writes): not one GET per read.
         data = await objects.fetch(
-            segment.key, segment.byte_offset, segment.byte_size, self._storage, size=None, whole_below=0
+            segment.key,
+            segment.byte_offset,
+            segment.byte_size,
+            self._storage,
+            size=segment.object_size or None,
+            whole_below=self._settings.flush_bytes * 2,
         )
         after = objects.stats
         self._stats.get_bytes += after.fetched_bytes - before[0]
@@ -298,10 +306,16 @@ class SharedNode(SharedHome):
             queue.definition = definition
         return queue
 
-    def _committed(self, queue: str, result: Committed, pending: Pending, key: str, offset: int) -> None:
+    def _pin(self, key: str, data: bytes) -> None:
+        """This node's new object stays in memory a while: tail reads of it need no GET."""
+        self._objects.pin(key, data, time.monotonic() + OWN_OBJECTS_FOR)
+
+    def _committed(
+        self, queue: str, result: Committed, pending: Pending, key: str, offset: int, object_size: int
+    ) -> None:
         found = self._queues.get(queue)
         if found is not None:
-            found.committed(result, pending.count, key, offset, len(pending.data))
+            found.committed(result, pending.count, key, offset, len(pending.data), object_size)
 
     async def _load_definitions(self) -> None:
         stored = await self._guard(self._need().definitions())

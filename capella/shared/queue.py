@@ -265,7 +265,9 @@ class SharedQueue(BaseQueue):
         committed = await self._node.wait_committed(pending.done)
         return answers(committed, count)
 
-    def committed(self, result: Committed, count: int, key: str, offset: int, size: int) -> None:
+    def committed(
+        self, result: Committed, count: int, key: str, offset: int, size: int, object_size: int
+    ) -> None:
         """This node committed a batch of this queue: note its segment, wake the readers."""
         kept = count - len(result.duplicates)
         if kept <= 0 or result.first_id <= 0:
