@@ -30,6 +30,7 @@ NOT_NEEDED = (
     "capella.handlers.pg_outbox",
     "capella.api.original",  # the original protocol, off by default ([compat] original)
     "capella.api.original.endpoint",
+    "capella.shared",  # shared queues: only with [shared]
     "zstandard",
     "boto3",
     "asyncpg",
@@ -83,7 +84,11 @@ def test_the_default_server_imports_only_what_it_uses(tmp_path: Path) -> None:
     modules = set(json.loads(out.read_text()))
     assert "capella.server" in modules
     loaded = sorted(
-        m for m in modules if m.split(".")[0] in {"boto3", "asyncpg", "zstandard"} or m in NOT_NEEDED
+        m
+        for m in modules
+        if m.split(".")[0] in {"boto3", "asyncpg", "zstandard"}
+        or m in NOT_NEEDED
+        or m.startswith("capella.shared.")
     )
     assert loaded == []
 
