@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import dataclasses
 import logging
 import time
@@ -346,6 +347,9 @@ class SharedQueue(BaseQueue):
     ) -> Page:
         """The messages with id > ``after`` in id order, at most ``limit``, as slices of batches."""
         self.counters.read_requests += 1
+        # A queue read here keeps its heads polled: with NOTIFY lost, this node still learns of
+        # what the others commit.
+        self._node.watch(self)
         builder = PageBuilder(after, limit, segments, match)
         cursor = after
         done = False
@@ -373,8 +377,12 @@ class SharedQueue(BaseQueue):
     async def _segments_after(self, after: int) -> list[Segment]:
         """The segment rows with ids past ``after``: from the cache when it holds them."""
         now = time.monotonic()
+        # Rows read more than SEGMENT_TTL ago go: compaction may have replaced them since.
+        stale = bisect.bisect_left(self._fetched, now - SEGMENT_TTL)
+        if stale:
+            del self._segments[:stale], self._firsts[:stale], self._fetched[:stale]
         segs, firsts = self._segments, self._firsts
-        if segs and firsts[0] <= after + 1 <= segs[-1].last_id and now - self._fetched[0] < SEGMENT_TTL:
+        if segs and firsts[0] <= after + 1 <= segs[-1].last_id:
             i = max(0, bisect.bisect_right(firsts, after) - 1)
             if segs[i].last_id <= after:
                 i += 1
@@ -385,7 +393,7 @@ class SharedQueue(BaseQueue):
         if rows:
             if segs and segs[-1].last_id + 1 == rows[0].first_id:
                 self._cache(rows)
-            elif not segs or after >= segs[-1].last_id or now - self._fetched[0] >= SEGMENT_TTL:
+            elif not segs or after >= segs[-1].last_id:
                 self._forget()
                 self._cache(rows)
             self.moved(rows[-1].last_id + 1)
@@ -480,7 +488,9 @@ class SharedQueue(BaseQueue):
                 async with asyncio.timeout(min(remaining, 0.5)):
                     await event.wait()
             except TimeoutError:
-                await self._node.refresh_subscriptions(self)
+                # Behind the NOTIFY of cursor commits; PostgreSQL down only makes the receipt late.
+                with contextlib.suppress(StorageUnavailable):
+                    await self._node.refresh_subscriptions(self)
 
     # --- stats -------------------------------------------------------------------------------
 
