@@ -77,7 +77,7 @@ async def open_pool(
         import asyncpg
     except ImportError:  # optional: only shared queues need it here
         raise InvalidConfig(
-            "[shared] needs asyncpg: pip install 'capella[postgres]'", field="shared.dsn"
+            "[shared] needs asyncpg: pip install 'capella[shared]'", field="shared.dsn"
         ) from None
     tls = await tls_context(target, UNRESTRICTED, files or FileAccess())
 
