@@ -31,7 +31,9 @@ wait_for() {  # URL: until it answers, at most 30 s
 }
 
 start() {
+    stop  # whatever an earlier start left running in DIR
     mkdir -p "$DIR"
+    cd /  # PostgreSQL's tools run as the postgres user, who may not enter the current directory
     # PostgreSQL: its own cluster, only on 127.0.0.1, durable as shared queues need it.
     if [ ! -d "$DIR/pg" ]; then
         mkdir -p "$DIR/pg"
@@ -89,13 +91,16 @@ EOF
 }
 
 stop() {
+    cd /
     for pid in "$DIR"/node-*.pid "$DIR/moto.pid"; do
         [ -f "$pid" ] || continue
         kill "$(cat "$pid")" 2>/dev/null || true
         for _ in $(seq 100); do kill -0 "$(cat "$pid")" 2>/dev/null || break; sleep 0.1; done
         rm -f "$pid"
     done
-    [ -d "$DIR/pg/data" ] && "${AS[@]}" "$PGBIN/pg_ctl" -D "$DIR/pg/data" -m fast -w stop >/dev/null || true
+    if [ -f "$DIR/pg/data/postmaster.pid" ]; then
+        "${AS[@]}" "$PGBIN/pg_ctl" -D "$DIR/pg/data" -m fast -w stop >/dev/null
+    fi
 }
 
 case "$ACTION" in

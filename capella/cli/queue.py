@@ -33,6 +33,8 @@ def save_queue(args: argparse.Namespace, client: Client) -> Saved[QueueInfo]:
         definition["subscription_save"] = args.subscription_save
     if args.segments is not None:
         definition["segments"] = {"min": args.segments[0], "max": args.segments[1]}
+    if args.shared:
+        definition["storage"] = "shared"
     return client.save_queue(args.name, **definition)
 
 
@@ -68,6 +70,7 @@ def print_queue(args: argparse.Namespace, shown: Shown) -> None:
     blocks = stats.blocks
     fields: list[tuple[str, object]] = [
         ("name", info.name),
+        ("storage", definition.storage or "local"),
         ("messages", f"{stats.messages} (ids {stats.first_id}-{stats.last_id}), {size(stats.bytes)}"),
         ("blocks", f"{blocks.total}: " + _counts(blocks.by_state)),
         ("blocks by mark", _counts(blocks.by_mark) or "-"),
@@ -140,6 +143,11 @@ QUEUE = Family(
                 arg("--save", metavar="MODE", help="default save mode: none|immediate|mark|wait"),
                 arg("--subscription-save", metavar="MODE", help="save mode of subscription commits"),
                 arg("--segments", type=_segment_range, metavar="LO-HI", help="allowed segment range"),
+                arg(
+                    "--shared",
+                    action="store_true",
+                    help="a shared queue: in S3 and PostgreSQL, through every node (docs/shared.md)",
+                ),
             ),
         ),
         Command("list", "list queues", lambda args, client: client.queues(), text=print_queues),
