@@ -3,7 +3,7 @@
 # initdb/pg_ctl, fsync and synchronous_commit on), moto's S3 server, and three `capella serve`
 # nodes on 127.0.0.1:8681-8683 with the same [cluster] name, one bucket and one database.
 #
-#   deploy/shared-local.sh start DIR    # everything under DIR, in the background; prints the node URLs
+#   deploy/shared-local.sh start DIR    # a new, empty cluster under DIR, in the background; prints the node URLs
 #   deploy/shared-local.sh stop DIR     # stops the nodes, moto and PostgreSQL
 #
 # Needs `make tools` (PostgreSQL) and the virtualenv `make run` builds (.venv: capella, moto, boto3).
@@ -31,17 +31,16 @@ wait_for() {  # URL: until it answers, at most 30 s
 }
 
 start() {
-    stop  # whatever an earlier start left running in DIR
+    stop  # whatever an earlier start left running in DIR: each start is a new, empty cluster
+    rm -rf "$DIR"
     mkdir -p "$DIR"
     cd /  # PostgreSQL's tools run as the postgres user, who may not enter the current directory
     # PostgreSQL: its own cluster, only on 127.0.0.1, durable as shared queues need it.
-    if [ ! -d "$DIR/pg" ]; then
-        mkdir -p "$DIR/pg"
-        [ ${#AS[@]} -gt 0 ] && chown postgres "$DIR/pg"
-        "${AS[@]}" "$PGBIN/initdb" -D "$DIR/pg/data" -U postgres -A trust >/dev/null
-        printf "listen_addresses = '127.0.0.1'\nport = %s\nunix_socket_directories = '%s'\nfsync = on\nsynchronous_commit = on\n" \
-            "$PG_PORT" "$DIR/pg" | "${AS[@]}" tee -a "$DIR/pg/data/postgresql.auto.conf" >/dev/null
-    fi
+    mkdir -p "$DIR/pg"
+    if [ ${#AS[@]} -gt 0 ]; then chown postgres "$DIR/pg"; fi
+    "${AS[@]}" "$PGBIN/initdb" -D "$DIR/pg/data" -U postgres -A trust >/dev/null
+    printf "listen_addresses = '127.0.0.1'\nport = %s\nunix_socket_directories = '%s'\nfsync = on\nsynchronous_commit = on\n" \
+        "$PG_PORT" "$DIR/pg" | "${AS[@]}" tee -a "$DIR/pg/data/postgresql.auto.conf" >/dev/null
     "${AS[@]}" "$PGBIN/pg_ctl" -D "$DIR/pg/data" -l "$DIR/pg/log" -w start >/dev/null
     # moto's S3 server keeps objects in memory: stopping it loses them (fine for a look).
     nohup "$PY" -m moto.server -H 127.0.0.1 -p "$S3_PORT" >"$DIR/moto.log" 2>&1 &
