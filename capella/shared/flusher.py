@@ -24,10 +24,11 @@ from typing import TypeVar
 
 from capella.backoff import backoff
 from capella.config import SharedSettings
+from capella.core.loops import TaskFailures, keep_running
 from capella.core.stats import SharedStats
-from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
+from capella.errors import CapellaError, QueueNotFound, ShuttingDown, StorageTimeout, StorageUnavailable
 from capella.shared import object as objects
-from capella.shared.catalog import BatchEntry, Catalog, Committed, Run
+from capella.shared.catalog import MISSING_QUEUE, BatchEntry, Catalog, Committed, Run
 from capella.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,11 @@ class Flusher:
         self._task: asyncio.Task[None] | None = None
         self.fault: str | None = None  # why the last flush failed, until one succeeds
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="shared-flush")
+    def start(self, failures: TaskFailures) -> None:
+        # Supervised: were the loop to fail, it starts again (every waiter has been answered).
+        self._task = asyncio.create_task(
+            keep_running("shared-flush", self._run, failures=failures), name="shared-flush"
+        )
 
     async def close(self) -> None:
         """Flush what is buffered, then stop."""
@@ -187,10 +191,16 @@ class Flusher:
         self.fault = None
         self._on_object(key, data)
         for result, p, spot in zip(committed, grouped, placed, strict=True):
+            if p.done.done():  # its caller stopped waiting; the commit stands all the same
+                pass
+            elif result.first_id == MISSING_QUEUE:
+                p.done.set_exception(QueueNotFound(f"no queue {p.queue!r}: it was dropped before the commit"))
+                p.done.exception()
+                continue
+            else:
+                p.done.set_result(result)
             self._stats.duplicates += len(result.duplicates)
             self._on_commit(p.queue, result, p, key, spot.offset, len(data))
-            if not p.done.done():
-                p.done.set_result(result)
 
     async def _retry(self, step: str, deadline: float, call: Callable[[], Awaitable[T]]) -> T:
         """``call`` until it succeeds or the write timeout passes (then ``StorageTimeout``:
@@ -198,7 +208,14 @@ class Flusher:
         failures = 0
         while True:
             try:
-                return await call()
+                try:
+                    return await call()
+                except StorageUnavailable:
+                    raise
+                except CapellaError as exc:
+                    # A refusal of the bucket or the database (a missing bucket, a permission): a
+                    # producer's request did nothing wrong, so it is answered as unavailable.
+                    raise StorageUnavailable(f"shared: {step}: {exc.message}") from exc
             except StorageUnavailable as exc:
                 failures += 1
                 self.fault = f"{step}: {exc.message}"

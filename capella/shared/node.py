@@ -126,7 +126,7 @@ class SharedNode(SharedHome):
             on_object=self._pin,
             clock=self._clock,
         )
-        self._flusher.start()
+        self._flusher.start(self._failures)
         await self._load_definitions()
         await self._poll_heads(list(self._queues))
         for name, body in (
