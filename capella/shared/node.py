@@ -58,7 +58,7 @@ CURSORS_CHANNEL = "capella_shared_subs"
 LEASE = 10.0  # a node's claim on its name; renewed every RENEW
 RENEW = 3.0
 POLL = 0.5  # the heads of watched queues, behind NOTIFY
-DEFINITIONS_POLL = 5.0
+DEFINITIONS_POLL = 2.0
 # Stamped batches kept per node (their JSON and binary forms are made once), and object bytes.
 BATCHES = 2048
 OBJECT_CACHE = 256 * 1024 * 1024
@@ -127,6 +127,9 @@ class SharedNode(SharedHome):
             clock=self._clock,
         )
         self._flusher.start(self._failures)
+        # Listening before the definitions are read: what another node defines from now on is
+        # announced to this one, which is ready once start returns.
+        await self._listen()
         await self._load_definitions()
         await self._poll_heads(list(self._queues))
         for name, body in (
@@ -369,26 +372,35 @@ class SharedNode(SharedHome):
             except StorageUnavailable as exc:
                 self._note_fault(exc.message)
 
-    async def _listen_loop(self) -> None:
+    async def _listen(self) -> None:
+        """LISTEN on every channel (``StorageUnavailable`` when PostgreSQL does not answer)."""
         channels = {
             NOTIFY_CHANNEL: self._on_commit_notice,
             DEFINITIONS_CHANNEL: self._on_definition_notice,
             CURSORS_CHANNEL: self._on_cursor_notice,
         }
+        pool = self._pool
+        assert pool is not None
+        try:
+            for channel, callback in channels.items():
+                self._listeners.append(await pool.listen(channel, callback))
+        except BaseException:
+            await self._close_listeners()
+            raise
+
+    async def _listen_loop(self) -> None:
         while True:
-            pool = self._pool
-            assert pool is not None
-            try:
-                for channel, callback in channels.items():
-                    self._listeners.append(await pool.listen(channel, callback))
-            except StorageUnavailable as exc:
-                await self._close_listeners()
-                self._stats.failures["listen"] = self._stats.failures.get("listen", 0) + 1
-                log.warning("shared listen failed, retrying: %s", exc.message)
-                await asyncio.sleep(1.0)
-                continue
-            # Whatever was announced while no listener was up: the heads of every queue now.
+            if not self._listeners:
+                try:
+                    await self._listen()
+                except StorageUnavailable as exc:
+                    self._stats.failures["listen"] = self._stats.failures.get("listen", 0) + 1
+                    log.warning("shared listen failed, retrying: %s", exc.message)
+                    await asyncio.sleep(1.0)
+                    continue
+            # Whatever was announced while no listener was up: definitions and heads, read now.
             with contextlib.suppress(StorageUnavailable):
+                await self._load_definitions()
                 await self._poll_heads(list(self._queues))
             lost = [asyncio.ensure_future(listener.lost.wait()) for listener in self._listeners]
             try:

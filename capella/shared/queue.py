@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from capella.core.base_queue import BaseQueue, Buffered, Page, PageBuilder
 from capella.core.definition import QueueSettings
 from capella.core.filter import MessageFilter
@@ -215,10 +217,11 @@ class SharedQueue(BaseQueue):
         """A producer's record batch as it came, under ``append``'s rules."""
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
-        own = self.own
-        fields, external_ids, _ = check_batch(
-            batch, self.limits, self._clock(), self.definition.segments, own, given
-        )
+        own, now = self.own, self._clock()
+        # The defaults the server fills in are read as filled in: the producer's head counts for
+        # nothing (its source is this cluster's name at read time too: ``node.stamped``).
+        batch = msgspec.structs.replace(batch, base_time=now, source=own)
+        fields, external_ids, _ = check_batch(batch, self.limits, now, self.definition.segments, own, given)
         n = batch.count
         repeats: dict[int, int] = {}
         data = batch.raw()
