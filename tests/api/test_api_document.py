@@ -319,7 +319,7 @@ async def test_a_body_is_accepted_by_both_or_refused_by_both(
 @given(st.from_regex(DSN_PATTERN, fullmatch=True))
 def test_a_dsn_the_document_allows_the_server_takes(dsn: str) -> None:
     bare, _ = split_password(dsn, "params.dsn")
-    target = postgres._target(bare, "params.dsn", InvalidRequest)
+    target = postgres.parse_target(bare, "params.dsn", InvalidRequest)
     assert target.host and target.user
 
 
