@@ -15,7 +15,7 @@ first one did and applies nothing twice.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -380,12 +380,13 @@ class Catalog:
         range, whose objects lose those bytes. ``False`` (nothing changed) when the rows
         covering the range are not exactly there any more: not starting and ending at its
         bounds (expired meanwhile), or not ``segments`` rows, the number the compactor read
-        (compacted meanwhile)."""
+        (compacted meanwhile). The block's time is its newest segment's, as a local block's is
+        its seal time: retention by age never drops a message younger than its limit."""
         async with self._pool.transaction() as conn:
             if await conn.fetchval("select 1 from capella_queues where name = $1 for update", queue) is None:
                 return False
             row = await conn.fetchrow(
-                "select min(first_id), max(last_id), sum(last_id - first_id + 1), min(time), count(*) "
+                "select min(first_id), max(last_id), sum(last_id - first_id + 1), max(time), count(*) "
                 "from capella_segments where queue = $1 and last_id >= $2 and first_id <= $3",
                 queue, first_id, last_id,
             )  # fmt: skip
@@ -416,22 +417,25 @@ class Catalog:
         )  # fmt: skip
         return [_segment(r) for r in rows]
 
-    @asynccontextmanager
-    async def compaction_lock(self, queue: str) -> AsyncIterator[bool]:
+    def compaction_lock(self, queue: str) -> AbstractAsyncContextManager[bool]:
         """Whether this node got queue ``queue``'s compaction lock, held for the block on one
         connection (a session advisory lock: one compactor per queue across the nodes)."""
+        return self._try_lock("capella:compact:" + queue)
+
+    def janitor_lock(self) -> AbstractAsyncContextManager[bool]:
+        """Whether this node got the janitor's lock (one janitor at a time across the nodes)."""
+        return self._try_lock("capella:janitor")
+
+    @asynccontextmanager
+    async def _try_lock(self, name: str) -> AsyncIterator[bool]:
         async with self._pool.connection() as conn:
-            got = bool(
-                await conn.fetchval("select pg_try_advisory_lock(hashtext('capella:compact:' || $1))", queue)
-            )
+            got = bool(await conn.fetchval("select pg_try_advisory_lock(hashtext($1))", name))
             try:
                 yield got
             finally:
                 if got:
                     try:
-                        await conn.execute(
-                            "select pg_advisory_unlock(hashtext('capella:compact:' || $1))", queue
-                        )
+                        await conn.execute("select pg_advisory_unlock(hashtext($1))", name)
                     except Exception:  # lost: PostgreSQL released the session's locks itself
                         conn.terminate()
 
