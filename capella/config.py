@@ -371,7 +371,9 @@ class SharedSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # sealed block (up to the queue's block limits) once they span enough objects or
     # compact_min bytes; each node looks every compact_interval, one node per queue at a time.
     compact_after: Annotated[float, _Read(parse_duration), msgspec.Meta(ge=0.01, le=30 * 86400.0)] = 60.0
-    compact_min: Annotated[int, _Read(parse_size), msgspec.Meta(ge=1, le=1024 * 1024 * 1024)] = 4 * 1024 * 1024
+    compact_min: Annotated[int, _Read(parse_size), msgspec.Meta(ge=1, le=1024 * 1024 * 1024)] = (
+        4 * 1024 * 1024
+    )
     compact_interval: Annotated[float, _Read(parse_duration), msgspec.Meta(ge=0.01, le=86400.0)] = 10.0
     # The janitor: an object nobody references any more is deleted garbage_grace after it died
     # (readers holding an older segment list still read it meanwhile); an object no commit

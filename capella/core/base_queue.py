@@ -26,6 +26,7 @@ from capella.core.log.batch import Batch
 from capella.core.log.blocks import BlockMeta, Render
 from capella.core.log.writer import Appended
 from capella.core.message import Draft, LogMessage, SaveMode
+from capella.core.retention import Retention
 from capella.core.stats import QueueCounters
 from capella.core.subscription import SubscriptionState
 from capella.errors import NotOnSharedQueue
@@ -280,6 +281,11 @@ class BaseQueue(ABC):
 
     @abstractmethod
     def stats(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    async def expire(self, rule: Retention) -> tuple[int, int]:
+        """Delete the oldest messages ``rule`` lets go, whole blocks (or segments) at a time;
+        answers how many blocks (or segments) went and the bytes they held."""
 
     # --- what only a local queue does -------------------------------------------------------
 

@@ -86,6 +86,12 @@ class SubRow(NamedTuple):
     updated: float
 
 
+class Expired(NamedTuple):
+    segments: int
+    bytes: int
+    first_id: int  # the queue's first id now
+
+
 class Usage(NamedTuple):
     first_id: int
     next_id: int
@@ -334,10 +340,15 @@ class Catalog:
         """Delete the segments wholly below ``first_kept`` (never cutting one), move the queue's
         first id, release their bytes, and delete (or trim) the identity runs below; answers how many
         segments went. Dedup's horizon is the retained history."""
+        return (await self.expire(queue, first_kept)).segments
+
+    async def expire(self, queue: str, first_kept: int) -> Expired:
+        """``expire_below``, answering the segments and bytes that went and the new first id
+        (0 without such a queue)."""
         async with self._pool.transaction() as conn:
             if await conn.fetchval("select 1 from capella_queues where name = $1 for update", queue) is None:
-                return 0
-            deleted = await _release(conn, "queue = $1 and last_id < $2", queue, first_kept)
+                return Expired(0, 0, 0)
+            deleted, freed = await _release(conn, "queue = $1 and last_id < $2", queue, first_kept)
             first: int = await conn.fetchval(
                 "update capella_queues set first_id = greatest(first_id, coalesce("
                 "(select min(first_id) from capella_segments where queue = $1), next_id)) "
@@ -360,7 +371,7 @@ class Catalog:
                 "capella_identity_runs r where r.queue = s.queue and r.source = s.source)",
                 queue,
             )
-        return deleted
+        return Expired(deleted, freed, first)
 
     # --- compaction ------------------------------------------------------------------------
 
@@ -464,10 +475,10 @@ class Catalog:
         return {r[0] for r in rows}
 
 
-async def _release(conn: Any, where: str, *args: Any) -> int:
+async def _release(conn: Any, where: str, *args: Any) -> tuple[int, int]:
     """Delete the segment rows ``where`` selects and take their bytes off their objects; an
     object left with none is dead from now on (the janitor deletes it after the grace period).
-    Answers how many rows went. The objects are locked in id order first: two transactions
+    Answers how many rows went and their bytes. The objects are locked in id order first: two transactions
     releasing bytes of the same objects (retention of one queue, compaction of another) cannot
     deadlock."""
     rows = await conn.fetch(
@@ -476,7 +487,7 @@ async def _release(conn: Any, where: str, *args: Any) -> int:
         *args,
     )
     if not rows:
-        return 0
+        return 0, 0
     ids, sizes = [r[0] for r in rows], [r[1] for r in rows]
     await conn.execute(
         "select 1 from capella_objects where object_id = any($1) order by object_id for update", ids
@@ -489,7 +500,7 @@ async def _release(conn: Any, where: str, *args: Any) -> int:
         "from unnest($1::bigint[], $2::bigint[]) as per (object_id, bytes) where o.object_id = per.object_id",
         ids, sizes,
     )  # fmt: skip
-    return sum(int(r[2]) for r in rows)
+    return sum(int(r[2]) for r in rows), sum(int(r[1]) for r in rows)
 
 
 def _segment(row: Any) -> Segment:

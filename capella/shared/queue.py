@@ -27,6 +27,7 @@ from capella.core.limits import MessageLimits, check_batch, check_drafts
 from capella.core.log.blocks import Render
 from capella.core.log.writer import Appended
 from capella.core.message import Draft, SaveMode, drafts_batch
+from capella.core.retention import Retention
 from capella.core.stats import QueueCounters
 from capella.core.subscription import SubscriptionState
 from capella.errors import (
@@ -468,6 +469,17 @@ class SharedQueue(BaseQueue):
                     await event.wait()
             except TimeoutError:
                 await self._node.refresh_subscriptions(self)
+
+    # --- retention ---------------------------------------------------------------------------
+
+    async def expire(self, rule: Retention) -> tuple[int, int]:
+        """Delete the oldest segments ``rule`` lets go (the cut PostgreSQL finds: never inside
+        a segment), their identities with them; reads start at the new first id."""
+        first_id, gone, freed = await self._node.expire(self.name, rule, self._clock())
+        if gone:
+            self._forget()
+        self.moved(self._next_id, first_id)
+        return gone, freed
 
     # --- stats -------------------------------------------------------------------------------
 
