@@ -111,6 +111,7 @@ class SharedNode(SharedHome):
         self.fault_since = 0.0
         self.replicas_moved = asyncio.Event()
         self._closing = False
+        self._definitions_lock = asyncio.Lock()
 
     # --- SharedHome ---------------------------------------------------------------------------
 
@@ -182,14 +183,15 @@ class SharedNode(SharedHome):
 
     async def create(self, name: str, definition: QueueSettings) -> tuple[BaseQueue, bool]:
         catalog = self._need()
-        created = await self._guard(catalog.create_queue(name, definition.to_dict()))
-        if not created:
-            await self._load_definitions()
-            queue = self._queues.get(name)
-            if queue is None:
-                raise QueueNotFound(f"no queue {name!r}")
-            return queue, False
-        return self._open(name, definition), True
+        async with self._definitions_lock:
+            created = await self._guard(catalog.create_queue(name, definition.to_dict()))
+            if created:
+                return self._open(name, definition), True
+            await self._apply_definitions()
+        queue = self._queues.get(name)
+        if queue is None:
+            raise QueueNotFound(f"no queue {name!r}")
+        return queue, False
 
     async def update(self, queue: BaseQueue, definition: QueueSettings) -> None:
         if not await self._guard(self._need().update_queue(queue.name, definition.to_dict())):
@@ -349,6 +351,12 @@ class SharedNode(SharedHome):
             found.committed(result, pending.count, key, offset, len(pending.data))
 
     async def _load_definitions(self) -> None:
+        # One at a time, and never across a create: a reload that read the definitions before
+        # a create committed must not close the queue the create has just opened.
+        async with self._definitions_lock:
+            await self._apply_definitions()
+
+    async def _apply_definitions(self) -> None:
         stored = await self._guard(self._need().definitions())
         for name, doc in stored.items():
             try:
@@ -360,7 +368,7 @@ class SharedNode(SharedHome):
         for name in set(self._queues) - set(stored):
             queue = self._queues.pop(name)
             await queue.close()
-        for queue in self._queues.values():
+        for queue in list(self._queues.values()):
             await self.refresh_subscriptions(queue)
 
     async def _poll_heads(self, names: list[str]) -> None:
