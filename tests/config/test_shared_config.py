@@ -107,11 +107,11 @@ def test_a_declared_secret_may_hold_the_dsn(tmp_path: Path) -> None:
         ('mount = "s3main"\ndsn = "postgresql://pg/c"\nflush_interval = "2min"', "", "shared.flush_interval"),
         ('mount = "s3main"\ndsn = "postgresql://pg/c"\nflush_bytes = "1KB"', "", "shared.flush_bytes"),
         ('mount = "s3main"\ndsn = "postgresql://pg/c"\ncompact_min = "0"', "", "shared.compact_min"),
-        ('mount = "s3main"\ndsn = "postgresql://pg/c"\ncompact_interval = "0s"', "", "shared.compact_interval"),
+        ('mount = "s3main"\ndsn = "postgresql://pg/c"\ncompact_interval = "0s"', "", "compact_interval"),
         ('mount = "s3main"\ndsn = "postgresql://pg/c"\norphan_after = "500ms"', "", "shared.orphan_after"),
         (
             'mount = "s3main"\ndsn = "postgresql://pg/c"\norphan_after = "5s"',
-            "[storage]\nwrite_timeout = \"10s\"\n",
+            '[storage]\nwrite_timeout = "10s"\n',
             "shared.orphan_after (5s) must be longer than storage.write_timeout (10s)",
         ),
         (
