@@ -291,8 +291,13 @@ class SharedQueue(BaseQueue):
 
     def moved(self, next_id: int, first_id: int | None = None) -> None:
         """PostgreSQL says the queue's ids now end below ``next_id`` (a commit on any node)."""
-        if first_id is not None:
-            self._first_id = max(self._first_id, first_id)
+        if first_id is not None and first_id > self._first_id:
+            # Retention moved the first id (here or on another node): what lies below it is
+            # not served again, though its objects live on through the janitor's grace.
+            self._first_id = first_id
+            keep = bisect.bisect_left([s.last_id for s in self._segments], first_id)
+            if keep:
+                del self._segments[:keep], self._firsts[:keep], self._fetched[:keep]
         if next_id > self._next_id:
             self._next_id = next_id
             self._wake()
@@ -334,6 +339,7 @@ class SharedQueue(BaseQueue):
     ) -> Page:
         """The messages with id > ``after`` in id order, at most ``limit``, as slices of batches."""
         self.counters.read_requests += 1
+        after = max(after, self._first_id - 1)  # nothing below the first id retention kept
         builder = PageBuilder(after, limit, segments, match)
         cursor = after
         done = False
@@ -476,8 +482,6 @@ class SharedQueue(BaseQueue):
         """Delete the oldest segments ``rule`` lets go (the cut PostgreSQL finds: never inside
         a segment), their identities with them; reads start at the new first id."""
         first_id, gone, freed = await self._node.expire(self.name, rule, self._clock())
-        if gone:
-            self._forget()
         self.moved(self._next_id, first_id)
         return gone, freed
 
