@@ -343,6 +343,7 @@ class SharedQueue(BaseQueue):
         builder = PageBuilder(after, limit, segments, match)
         cursor = after
         done = False
+        reread = False
         while not done:
             found = await self._segments_after(cursor)
             if not found:
@@ -351,10 +352,13 @@ class SharedQueue(BaseQueue):
                 try:
                     batch = await self._node.batch_of(segment)
                 except (KeyNotFound, CorruptData) as exc:
-                    # Expired or compacted since the row was read: read the rows again.
+                    # Expired or compacted since the row was read (its object deleted after the
+                    # grace): this read asks for the rows again, once; an empty page here would
+                    # leave a long poll waiting for a message that exists.
                     log.debug("segment unreadable queue=%s first=%d: %s", self.name, segment.first_id, exc)
                     self._forget()
-                    done = True
+                    done = reread
+                    reread = True
                     break
                 cursor = segment.last_id
                 if builder.add(batch):

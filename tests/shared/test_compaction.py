@@ -20,6 +20,7 @@ from support.upkeep import (
     database,
     drafts,
     live_objects,
+    produce,
     read_all,
     rendered,
     rows,
@@ -30,6 +31,7 @@ from support.wait import until
 from capella.core.base_queue import BaseQueue
 from capella.core.definition import SealLimits
 from capella.core.log.codec import block_records
+from capella.core.message import SaveMode
 from capella.shared.catalog import Segment
 from capella.shared.compactor import MIN_OBJECTS, Group, groups
 from capella.shared.queue import SharedQueue
@@ -227,3 +229,40 @@ async def test_reloads_racing_creates_never_close_a_live_queue(shared_rig: Share
         await other._load_definitions()
         assert set(other.queues()) == {f"row{i}" for i in range(30)}
         assert [q.name for q in seen.values() if q._closing] == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.shared_rig(flush_interval="20ms")
+async def test_a_reader_whose_old_objects_are_gone_reads_the_blocks_at_once(shared_rig: SharedRig) -> None:
+    # A grace shorter than the reader's cached rows live: its next GET finds nothing, and the
+    # same read asks PostgreSQL for the rows again (an empty page would stall a long poll).
+    async with (
+        shared_node(shared_rig, 0, garbage_grace="10ms") as (writer, _),
+        shared_node(shared_rig, 1) as (reader_node, _),
+    ):
+        queue = await create(writer, "short", max_messages=100)
+        for r in range(MIN_OBJECTS + 8):
+            await produce(queue, drafts(10 * r, 10), SaveMode.IMMEDIATE)
+        everything = await read_all(queue)
+        await until(lambda: "short" in reader_node.queues(), what="the reader node sees the queue")
+        reader = reader_node.queues()["short"]
+        first = (await reader.read_page(0, 15)).messages()  # rows of every segment cached, two read
+        assert [m.id for m in first] == list(range(1, 16))
+        assert await writer.compactor.run_once(writer.block_limits()) == 4  # type: ignore[union-attr]
+        swept = 0
+
+        async def gone() -> bool:
+            nonlocal swept
+            swept += (await writer.janitor.run_once(scan=False)).dead  # type: ignore[union-attr]
+            return swept == MIN_OBJECTS + 8
+
+        await until(gone, within=20, what="the old objects deleted", every=0.1)
+        page = (await reader.read_page(15, 50)).messages()
+        assert page == everything[15:65]
+
+
+async def test_a_queue_created_while_a_node_starts_listening_is_seen_at_once(shared_rig: SharedRig) -> None:
+    # Created after the node read the definitions but before its LISTEN was up: the notice is
+    # lost, so the listener reads the definitions once it is up (not only at the 5 s poll).
+    async with shared_node(shared_rig, 0) as (maker, _), shared_node(shared_rig, 1) as (late, _):
+        await create(maker, "early")
+        await until(lambda: "early" in late.queues(), within=2.0, what="the new node sees the queue")
