@@ -4,7 +4,9 @@
 the schema (under a lock: nodes may start together), claims its name (a lease in
 PostgreSQL: two live nodes with one name are refused), opens every shared queue defined and
 listens for commits and definition changes from the other nodes. A poll every half second
-stands behind NOTIFY, which is lost while the listening connection is down.
+stands behind NOTIFY, which is lost while the listening connection is down. Every
+``compact_interval`` it runs a compaction pass (``compactor.py``) and a janitor pass
+(``janitor.py``); advisory locks in PostgreSQL pick one node per queue, and one janitor.
 """
 
 from __future__ import annotations
