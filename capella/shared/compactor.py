@@ -29,7 +29,7 @@ from capella.config import SharedSettings
 from capella.core.definition import SealLimits
 from capella.core.log.codec import encode_block
 from capella.core.stats import SharedStats
-from capella.errors import CapellaError, CorruptData
+from capella.errors import CapellaError, CorruptData, StorageUnavailable
 from capella.records.record_batch import RecordBatch
 from capella.shared.cache import ObjectCache
 from capella.shared.catalog import Catalog, Segment
@@ -121,12 +121,15 @@ class Compactor:
 
     async def run_once(self, queues: Mapping[str, SealLimits]) -> int:
         """One pass over ``queues`` (name → block limits); answers the blocks written. A queue
-        whose pass fails is logged and left for the next pass; the others go on."""
+        whose pass fails is logged and left for the next pass; the others go on. PostgreSQL or
+        S3 unreachable ends the pass (the node's loop retries it with a backoff, and logs once)."""
         written = 0
         failed: list[str] = []
         for name, limits in sorted(queues.items()):
             try:
                 written += await self.compact(name, limits)
+            except StorageUnavailable:
+                raise
             except CapellaError as exc:
                 failed.append(name)
                 log.warning("shared compaction failed queue=%s: %s", name, exc.message)
