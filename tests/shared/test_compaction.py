@@ -32,10 +32,11 @@ from capella.core.base_queue import BaseQueue
 from capella.core.definition import SealLimits
 from capella.core.log.codec import block_records
 from capella.core.message import SaveMode
+from capella.core.retention import Retention
 from capella.shared.catalog import Segment
 from capella.shared.compactor import MIN_OBJECTS, Group, groups
 from capella.shared.queue import SharedQueue
-from capella.storage import keys
+from capella.storage import Journal, Storage, keys
 
 # --- which segments make a block (pure) ------------------------------------------------------
 
@@ -276,3 +277,64 @@ async def test_a_queue_created_while_a_node_starts_listening_is_seen_at_once(sha
     async with shared_node(shared_rig, 0) as (maker, _), shared_node(shared_rig, 1) as (late, _):
         await create(maker, "early")
         await until(lambda: "early" in late.queues(), within=2.0, what="the new node sees the queue")
+
+
+class HeldBlocks:
+    """The real storage, with the PUT of a block held until the test releases it (a test double
+    of the storage around a real provider, as in test_cache.py)."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.putting = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def get(self, key: str) -> bytes:
+        return await self.inner.get(key)
+
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        return await self.inner.get_range(key, start, length)
+
+    async def put(self, key: str, value: bytes) -> None:
+        await self.inner.put(key, value)
+        if key.endswith(".blk"):
+            self.putting.set()
+            await asyncio.wait_for(self.release.wait(), 20.0)
+
+    async def delete(self, key: str) -> None:
+        await self.inner.delete(key)
+
+    async def list(self, prefix: str) -> list[str]:
+        return await self.inner.list(prefix)
+
+    async def journal(self, key: str, *, truncate_to: int | None = None) -> Journal:
+        return await self.inner.journal(key, truncate_to=truncate_to)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_a_block_whose_range_expired_meanwhile_is_not_kept(shared_rig: SharedRig) -> None:
+    held: list[HeldBlocks] = []
+
+    def wrap(inner: Storage) -> Storage:
+        held.append(HeldBlocks(inner))
+        return held[0]
+
+    async with (
+        shared_node(shared_rig, 0, wrap=wrap) as (node, storage),
+        database(shared_rig) as pool,
+    ):
+        queue = await create(node, "raced", max_messages=100)
+        for r in range(10):
+            await produce(queue, drafts(10 * r, 10), SaveMode.IMMEDIATE)
+        before = await read_all(queue)
+        compacting = asyncio.create_task(node.compactor.compact("raced", queue.definition.block))  # type: ignore[union-attr]
+        await asyncio.wait_for(held[0].putting.wait(), 20.0)
+        # While the block is being written, retention takes the first segments of its range.
+        assert (await queue.expire(Retention(max_messages=75)))[0] == 3
+        held[0].release.set()
+        assert await compacting == 0
+        assert not [k for k in await all_keys(storage) if k.endswith(".blk")]  # written, then deleted
+        assert [r[0] for r in await rows(pool, "raced")] == list(range(31, 101, 10))
+        assert await read_all(queue) == before[30:]
+        assert node.stats.compactions == 0

@@ -24,14 +24,21 @@ QUIET: dict[str, Value] = {"compact_interval": "1h", "compact_after": "10ms"}
 
 @asynccontextmanager
 async def shared_node(
-    rig: SharedRig, i: int, clock: Callable[[], float] | None = None, **shared: Value
+    rig: SharedRig,
+    i: int,
+    clock: Callable[[], float] | None = None,
+    wrap: Callable[[Storage], Storage] | None = None,
+    **shared: Value,
 ) -> AsyncIterator[tuple[SharedNode, Storage]]:
-    """Node ``i`` of ``rig``, in this process, started; its S3 storage beside it."""
+    """Node ``i`` of ``rig``, in this process, started; its S3 storage beside it (``wrap``:
+    a test's storage around the real one)."""
     path = rig.write_config(i, rig.config_text(i, shared={**QUIET, **shared}))
     config = load_config(path)
     assert config.shared is not None
     mount = config.mounts[MOUNT]
     storage = open_storage(mount.provider, mount.options)
+    if wrap is not None:
+        storage = wrap(storage)
     options: dict[str, Any] = {} if clock is None else {"clock": clock}
     node = SharedNode(config, config.shared, {MOUNT: storage}, Secrets(config.secrets), **options)
     await node.start(CLUSTER, QueueSettings(storage="shared"), set(config.mounts))
