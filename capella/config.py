@@ -367,6 +367,19 @@ class SharedSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     flush_bytes: Annotated[int, _Read(parse_size), msgspec.Meta(ge=1024, le=1024 * 1024 * 1024)] = (
         4 * 1024 * 1024
     )
+    # Compaction: a queue's segments older than compact_after are rewritten into one ordinary
+    # sealed block (up to the queue's block limits) once they span enough objects or
+    # compact_min bytes; each node looks every compact_interval, one node per queue at a time.
+    compact_after: Annotated[float, _Read(parse_duration), msgspec.Meta(ge=0.01, le=30 * 86400.0)] = 60.0
+    compact_min: Annotated[int, _Read(parse_size), msgspec.Meta(ge=1, le=1024 * 1024 * 1024)] = (
+        4 * 1024 * 1024
+    )
+    compact_interval: Annotated[float, _Read(parse_duration), msgspec.Meta(ge=0.01, le=86400.0)] = 10.0
+    # The janitor: an object nobody references any more is deleted garbage_grace after it died
+    # (readers holding an older segment list still read it meanwhile); an object no commit
+    # ever named (its node died between the PUT and the commit) once orphan_after old.
+    garbage_grace: Annotated[float, _Read(parse_duration), msgspec.Meta(ge=0.01, le=30 * 86400.0)] = 600.0
+    orphan_after: Annotated[float, _Read(parse_duration), msgspec.Meta(ge=1.0, le=30 * 86400.0)] = 3600.0
 
 
 class _File(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -550,16 +563,26 @@ def _config(raw: dict[str, Any], overrides: dict[str, Any], base: Path, source: 
         egress=tables.egress,
         files=_files(tables.files, base),
         compat=tables.compat,
-        shared=_shared(tables.shared, mounts, tables.secrets),
+        shared=_shared(tables.shared, mounts, tables.secrets, tables.storage.write_timeout),
         source=source,
     )
 
 
 def _shared(
-    shared: SharedSettings | None, mounts: dict[str, MountConfig], secrets: dict[str, Any]
+    shared: SharedSettings | None,
+    mounts: dict[str, MountConfig],
+    secrets: dict[str, Any],
+    write_timeout: float,
 ) -> SharedSettings | None:
     if shared is None:
         return None
+    if shared.orphan_after <= write_timeout:
+        # A flush commits within the write timeout; an object younger than that may still be
+        # committed, and deleting it would lose what the commit then points at.
+        raise _Refused(
+            f"shared.orphan_after ({shared.orphan_after:g}s) must be longer than "
+            f"storage.write_timeout ({write_timeout:g}s)"
+        )
     if not re.fullmatch(DECLARED_NAME, shared.node):
         raise _Refused(f"shared.node {shared.node!r}: use letters, digits, '_', '.', '-'")
     if (shared.dsn is None) == (shared.dsn_secret is None):

@@ -118,7 +118,7 @@ _SHARED_COUNTERS = (
     ("capella_shared_get_bytes_total", "Bytes read from S3.", "get_bytes"),
     ("capella_shared_duplicates_total", "Messages a commit found stored already.", "duplicates"),
     ("capella_shared_compactions_total", "Compaction runs that wrote a block.", "compactions"),
-    ("capella_shared_compacted_objects_total", "Objects emptied by compaction.", "compacted_objects"),
+    ("capella_shared_compacted_objects_total", "Source objects of compacted blocks.", "compacted_objects"),
     ("capella_shared_garbage_objects_total", "Objects the janitor deleted.", "garbage_objects"),
     ("capella_shared_notifications_total", "Commit notifications received from PostgreSQL.", "notifications"),
 )

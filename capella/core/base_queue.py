@@ -26,6 +26,7 @@ from capella.core.log.batch import Batch
 from capella.core.log.blocks import BlockMeta, Render
 from capella.core.log.writer import Appended
 from capella.core.message import Draft, LogMessage, SaveMode
+from capella.core.retention import Retention
 from capella.core.stats import QueueCounters
 from capella.core.subscription import SubscriptionState
 from capella.errors import NotOnSharedQueue
@@ -78,7 +79,6 @@ class PageBuilder:
         segments: Sequence[tuple[int, int]] | None = None,
         match: MessageFilter | None = None,
     ) -> None:
-        self._after = after
         self._limit = limit
         self._passes = _passes(segments, match)
         self._parts: list[tuple[Batch, int, int]] = []
@@ -97,8 +97,11 @@ class PageBuilder:
         self._last = max(self._last, last_id)
 
     def add(self, batch: Batch) -> bool:
-        after, limit, passes = self._after, self._limit, self._passes
-        start = bisect.bisect_right(batch.ids, after)
+        limit, passes = self._limit, self._passes
+        # Past the last id the page holds (or looked at), not only past ``after``: a shared
+        # queue's read may meet a compacted block holding ids it already served from the
+        # older segments it had cached.
+        start = bisect.bisect_right(batch.ids, self._last)
         if passes is None:
             stop = min(len(batch), start + limit - self._count)
             if stop > start:
@@ -280,6 +283,11 @@ class BaseQueue(ABC):
 
     @abstractmethod
     def stats(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    async def expire(self, rule: Retention) -> tuple[int, int]:
+        """Delete the oldest messages ``rule`` lets go, whole blocks (or segments) at a time;
+        answers how many blocks (or segments) went and the bytes they held."""
 
     # --- what only a local queue does -------------------------------------------------------
 

@@ -49,6 +49,7 @@ from capella.core.loops import Loop, TaskFailures
 from capella.core.message import Draft, SaveMode
 from capella.core.recovery import recover
 from capella.core.report import block_list, queue_stats
+from capella.core.retention import Retention
 from capella.core.stats import Histogram, QueueCounters, Recovery
 from capella.core.subscription import SubscriptionState
 from capella.core.subscription_store import SubscriptionStore
@@ -512,6 +513,18 @@ class Queue(BaseQueue):
     def unload(self, *, idle: float | None, age: float | None) -> tuple[int, int]:
         """Drop the contents of sealed blocks not read for ``idle`` s or sealed ``age`` s ago."""
         return self._store.unload(idle=idle, age=age)
+
+    async def expire(self, rule: Retention) -> tuple[int, int]:
+        """Delete the oldest sealed blocks ``rule`` lets go (the open block never goes)."""
+        stats = self.stats()
+        sealed = self.sealed_blocks()
+        gone = rule.expired(sealed, stats["messages"], stats["bytes"], self.now())
+        freed = 0
+        for block in sealed[:gone]:
+            freed += await self.delete_block(block.first_id)
+        # Objects of a delete interrupted by a crash (the manifest had already let go).
+        await self.clean_leftovers()
+        return gone, freed
 
     async def delete_block(self, first_id: int) -> int:
         """Delete the oldest sealed block (expiry); answers the bytes it held."""

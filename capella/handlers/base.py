@@ -69,7 +69,7 @@ def check_shared(handler: Handler, kind: str, queues: list[str], cluster: Cluste
         if not _is_pattern(name) and cluster.queue(name).shared:
             raise NotOnSharedQueue(
                 f"queues: {name!r} is a shared queue, and {kind} handlers work on local queues only "
-                "in this version (copy handlers work on both)",
+                "in this version (copy and expire handlers work on both)",
                 field="queues",
             )
 
@@ -91,7 +91,7 @@ class Handler(ABC):
     # True when ``close`` releases what a pass uses (a database pool): the supervisor then waits
     # for a pass in progress before closing.
     closes: ClassVar[bool] = False
-    # True for a type that works on shared queues too (copy); the others keep state on this
+    # True for a type that works on shared queues too (copy, expire); the others keep state on this
     # node (a work queue, a delivery log), so a definition naming a shared queue is refused.
     on_shared: ClassVar[bool] = False
     # False for a stored definition that no longer builds: it has only this interface, none

@@ -1,53 +1,30 @@
-"""Delete the oldest sealed blocks past an age, or while the queue is over its size or count."""
+"""Delete the oldest messages past an age, or while the queue is over its size or count.
+
+Local queues lose whole sealed blocks, shared queues whole segments; the rule is one
+(``capella.core.retention``) and each queue applies it to its own units (``BaseQueue.expire``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
 from capella.core.base_queue import BaseQueue
-from capella.core.log.blocks import BlockMeta
+from capella.core.retention import Retention
 from capella.handlers.base import Building, HandlerType, PassTally
 from capella.handlers.per_queue import QueueHandler
 from capella.wire.upkeep import ExpireParams
 
 
-def expired(
-    params: ExpireParams, sealed: Sequence[BlockMeta], messages: int, size: int, now: float
-) -> list[BlockMeta]:
-    """The oldest blocks to delete, given the queue's total ``messages`` and ``size``."""
-    doomed: list[BlockMeta] = []
-    for block in sealed:
-        too_old = params.max_age is not None and now - block.sealed >= params.max_age
-        too_big = params.max_bytes is not None and size > params.max_bytes
-        too_many = params.max_messages is not None and messages > params.max_messages
-        if not (too_old or too_big or too_many):
-            break
-        doomed.append(block)
-        messages -= block.count
-        size -= block.bytes
-    return doomed
+def retention(params: ExpireParams) -> Retention:
+    return Retention(params.max_age, params.max_bytes, params.max_messages)
 
 
 class ExpireHandler(QueueHandler[ExpireParams]):
-    """Delete whole blocks from the oldest end; ids are never reused afterwards."""
+    """Delete whole blocks (or segments) from the oldest end; ids are never reused afterwards."""
 
     needs = "admin"
+    on_shared = True
 
     async def run_queue(self, queue: BaseQueue) -> PassTally:
-        stats = queue.stats()
-        result = PassTally()
-        for block in expired(
-            self.params, queue.sealed_blocks(), stats["messages"], stats["bytes"], queue.now()
-        ):
-            result += PassTally(1, await queue.delete_block(block.first_id))
-        # Objects of a delete interrupted by a crash (the manifest had already let go).
-        await queue.clean_leftovers()
-        return result
-
-
-if TYPE_CHECKING:
-    pass
+        return PassTally(*await queue.expire(retention(self.params)))
 
 
 def build(params: ExpireParams, at: Building) -> tuple[ExpireParams, ExpireHandler]:

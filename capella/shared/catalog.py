@@ -15,7 +15,7 @@ first one did and applies nothing twice.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -85,6 +85,12 @@ class SubRow(NamedTuple):
     replica: bool
     created: float
     updated: float
+
+
+class Expired(NamedTuple):
+    segments: int
+    bytes: int
+    first_id: int  # the queue's first id now
 
 
 class Usage(NamedTuple):
@@ -339,10 +345,15 @@ class Catalog:
         """Delete the segments wholly below ``first_kept`` (never cutting one), move the queue's
         first id, release their bytes, and delete (or trim) the identity runs below; answers how many
         segments went. Dedup's horizon is the retained history."""
+        return (await self.expire(queue, first_kept)).segments
+
+    async def expire(self, queue: str, first_kept: int) -> Expired:
+        """``expire_below``, answering the segments and bytes that went and the new first id
+        (0 without such a queue)."""
         async with self._pool.transaction() as conn:
             if await conn.fetchval("select 1 from capella_queues where name = $1 for update", queue) is None:
-                return 0
-            deleted = await _release(conn, "queue = $1 and last_id < $2", queue, first_kept)
+                return Expired(0, 0, 0)
+            deleted, freed = await _release(conn, "queue = $1 and last_id < $2", queue, first_kept)
             first: int = await conn.fetchval(
                 "update capella_queues set first_id = greatest(first_id, coalesce("
                 "(select min(first_id) from capella_segments where queue = $1), next_id)) "
@@ -365,7 +376,7 @@ class Catalog:
                 "capella_identity_runs r where r.queue = s.queue and r.source = s.source)",
                 queue,
             )
-        return deleted
+        return Expired(deleted, freed, first)
 
     # --- compaction ------------------------------------------------------------------------
 
@@ -385,12 +396,13 @@ class Catalog:
         range, whose objects lose those bytes. ``False`` (nothing changed) when the rows
         covering the range are not exactly there any more: not starting and ending at its
         bounds (expired meanwhile), or not ``segments`` rows, the number the compactor read
-        (compacted meanwhile)."""
+        (compacted meanwhile). The block's time is its newest segment's, as a local block's is
+        its seal time: retention by age never drops a message younger than its limit."""
         async with self._pool.transaction() as conn:
             if await conn.fetchval("select 1 from capella_queues where name = $1 for update", queue) is None:
                 return False
             row = await conn.fetchrow(
-                "select min(first_id), max(last_id), sum(last_id - first_id + 1), min(time), count(*) "
+                "select min(first_id), max(last_id), sum(last_id - first_id + 1), max(time), count(*) "
                 "from capella_segments where queue = $1 and last_id >= $2 and first_id <= $3",
                 queue, first_id, last_id,
             )  # fmt: skip
@@ -421,22 +433,25 @@ class Catalog:
         )  # fmt: skip
         return [_segment(r) for r in rows]
 
-    @asynccontextmanager
-    async def compaction_lock(self, queue: str) -> AsyncIterator[bool]:
+    def compaction_lock(self, queue: str) -> AbstractAsyncContextManager[bool]:
         """Whether this node got queue ``queue``'s compaction lock, held for the block on one
         connection (a session advisory lock: one compactor per queue across the nodes)."""
+        return self._try_lock("capella:compact:" + queue)
+
+    def janitor_lock(self) -> AbstractAsyncContextManager[bool]:
+        """Whether this node got the janitor's lock (one janitor at a time across the nodes)."""
+        return self._try_lock("capella:janitor")
+
+    @asynccontextmanager
+    async def _try_lock(self, name: str) -> AsyncIterator[bool]:
         async with self._pool.connection() as conn:
-            got = bool(
-                await conn.fetchval("select pg_try_advisory_lock(hashtext('capella:compact:' || $1))", queue)
-            )
+            got = bool(await conn.fetchval("select pg_try_advisory_lock(hashtext($1))", name))
             try:
                 yield got
             finally:
                 if got:
                     try:
-                        await conn.execute(
-                            "select pg_advisory_unlock(hashtext('capella:compact:' || $1))", queue
-                        )
+                        await conn.execute("select pg_advisory_unlock(hashtext($1))", name)
                     except Exception:  # lost: PostgreSQL released the session's locks itself
                         conn.terminate()
 
@@ -465,10 +480,10 @@ class Catalog:
         return {r[0] for r in rows}
 
 
-async def _release(conn: Any, where: str, *args: Any) -> int:
+async def _release(conn: Any, where: str, *args: Any) -> tuple[int, int]:
     """Delete the segment rows ``where`` selects and take their bytes off their objects; an
     object left with none is dead from now on (the janitor deletes it after the grace period).
-    Answers how many rows went. The objects are locked in id order first: two transactions
+    Answers how many rows went and their bytes. The objects are locked in id order first: two transactions
     releasing bytes of the same objects (retention of one queue, compaction of another) cannot
     deadlock."""
     rows = await conn.fetch(
@@ -477,7 +492,7 @@ async def _release(conn: Any, where: str, *args: Any) -> int:
         *args,
     )
     if not rows:
-        return 0
+        return 0, 0
     ids, sizes = [r[0] for r in rows], [r[1] for r in rows]
     await conn.execute(
         "select 1 from capella_objects where object_id = any($1) order by object_id for update", ids
@@ -490,7 +505,7 @@ async def _release(conn: Any, where: str, *args: Any) -> int:
         "from unnest($1::bigint[], $2::bigint[]) as per (object_id, bytes) where o.object_id = per.object_id",
         ids, sizes,
     )  # fmt: skip
-    return sum(int(r[2]) for r in rows)
+    return sum(int(r[2]) for r in rows), sum(int(r[1]) for r in rows)
 
 
 def _segment(row: Any) -> Segment:

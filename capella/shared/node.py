@@ -4,7 +4,9 @@
 the schema (under a lock: nodes may start together), claims its name (a lease in
 PostgreSQL: two live nodes with one name are refused), opens every shared queue defined and
 listens for commits and definition changes from the other nodes. A poll every half second
-stands behind NOTIFY, which is lost while the listening connection is down.
+stands behind NOTIFY, which is lost while the listening connection is down. Every
+``compact_interval`` it runs a compaction pass (``compactor.py``) and a janitor pass
+(``janitor.py``); advisory locks in PostgreSQL pick one node per queue, and one janitor.
 """
 
 from __future__ import annotations
@@ -20,20 +22,21 @@ from typing import Any, TypeVar
 
 from capella.config import Config, SharedSettings
 from capella.core.base_queue import BaseQueue
-from capella.core.definition import QueueSettings, parse_definition
+from capella.core.definition import QueueSettings, SealLimits, parse_definition
 from capella.core.limits import MessageLimits
 from capella.core.log.batch import Batch
 from capella.core.loops import TaskFailures, keep_running
+from capella.core.retention import Retention
 from capella.core.shared_home import SharedHome
 from capella.core.stats import SharedStats
 from capella.errors import (
     CapellaError,
+    CorruptData,
     InvalidConfig,
     QueueNotFound,
     ShuttingDown,
     StorageUnavailable,
 )
-from capella.records import record_batch
 from capella.shared import database
 from capella.shared.cache import ObjectCache
 from capella.shared.catalog import (
@@ -44,10 +47,13 @@ from capella.shared.catalog import (
     Segment,
     SubRow,
 )
+from capella.shared.compactor import Compactor
 from capella.shared.database import Listener, Pool
 from capella.shared.flusher import Flusher, Pending
+from capella.shared.janitor import Janitor
 from capella.shared.queue import SharedQueue
 from capella.shared.schema import migrate
+from capella.shared.stamp import stamped
 from capella.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -59,8 +65,10 @@ LEASE = 10.0  # a node's claim on its name; renewed every RENEW
 RENEW = 3.0
 POLL = 0.5  # the heads of watched queues, behind NOTIFY
 DEFINITIONS_POLL = 2.0
-# Stamped batches kept per node (their JSON and binary forms are made once), and object bytes.
+# Stamped batches kept per node (their JSON and binary forms are made once), at most so many
+# and so many bytes of them (a compacted block is one batch of up to its limits), and object bytes.
 BATCHES = 2048
+BATCH_BYTES = 256 * 1024 * 1024
 OBJECT_CACHE = 256 * 1024 * 1024
 OWN_OBJECTS_FOR = 30.0  # a node's own objects stay in memory this long: tail reads need no GET
 
@@ -92,17 +100,21 @@ class SharedNode(SharedHome):
         self._failures = TaskFailures()
         self._catalog: Catalog | None = None
         self._flusher: Flusher | None = None
+        self.compactor: Compactor | None = None
+        self.janitor: Janitor | None = None
         self._listeners: list[Listener] = []
         self._pool: Pool | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._spawned: set[asyncio.Task[None]] = set()
         self._watched: set[str] = set()
         self._objects = ObjectCache(OBJECT_CACHE, time.monotonic)
-        self._batches: OrderedDict[tuple[str, int, int], Batch] = OrderedDict()
+        self._batches: OrderedDict[tuple[str, int, int], tuple[Batch, int]] = OrderedDict()
+        self._batch_bytes = 0
         self._fault: str | None = None
         self.fault_since = 0.0
         self.replicas_moved = asyncio.Event()
         self._closing = False
+        self._definitions_lock = asyncio.Lock()
 
     # --- SharedHome ---------------------------------------------------------------------------
 
@@ -127,6 +139,18 @@ class SharedNode(SharedHome):
             clock=self._clock,
         )
         self._flusher.start(self._failures)
+        self.compactor = Compactor(
+            self._settings,
+            self._storage,
+            catalog,
+            self._objects,
+            own=cluster_name,
+            stats=self._stats,
+            clock=self._clock,
+        )
+        self.janitor = Janitor(
+            self._settings, self._storage, catalog, self._objects, stats=self._stats, clock=self._clock
+        )
         # Listening before the definitions are read: what another node defines from now on is
         # announced to this one, which is ready once start returns.
         await self._listen()
@@ -136,6 +160,8 @@ class SharedNode(SharedHome):
             ("shared-listen", self._listen_loop),
             ("shared-poll", self._poll_loop),
             ("shared-lease", self._lease_loop),
+            ("shared-compact", self._compact_loop),
+            ("shared-janitor", self._janitor_loop),
         ):
             self._tasks.append(
                 asyncio.create_task(keep_running(name, body, failures=self._failures), name=name)
@@ -164,14 +190,15 @@ class SharedNode(SharedHome):
 
     async def create(self, name: str, definition: QueueSettings) -> tuple[BaseQueue, bool]:
         catalog = self._need()
-        created = await self._guard(catalog.create_queue(name, definition.to_dict()))
-        if not created:
-            await self._load_definitions()
-            queue = self._queues.get(name)
-            if queue is None:
-                raise QueueNotFound(f"no queue {name!r}")
-            return queue, False
-        return self._open(name, definition), True
+        async with self._definitions_lock:
+            created = await self._guard(catalog.create_queue(name, definition.to_dict()))
+            if created:
+                return self._open(name, definition), True
+            await self._apply_definitions()
+        queue = self._queues.get(name)
+        if queue is None:
+            raise QueueNotFound(f"no queue {name!r}")
+        return queue, False
 
     async def update(self, queue: BaseQueue, definition: QueueSettings) -> None:
         if not await self._guard(self._need().update_queue(queue.name, definition.to_dict())):
@@ -231,12 +258,13 @@ class SharedNode(SharedHome):
         return await self._guard(self._need().segments_after(queue, after, limit))
 
     async def batch_of(self, segment: Segment) -> Batch:
-        """The segment's messages stamped with their ids, time and source, duplicates cut out."""
+        """The segment's messages: a flush batch stamped with its ids, time and source,
+        duplicates cut out, or a compacted block as it is (``stamp.stamped``)."""
         key = (segment.key, segment.byte_offset, segment.first_id)
-        batch = self._batches.get(key)
-        if batch is not None:
+        found = self._batches.get(key)
+        if found is not None:
             self._batches.move_to_end(key)
-            return batch
+            return found[0]
         objects = self._objects
         before = objects.stats.fetched_bytes, objects.stats.whole_gets + objects.stats.range_gets
         # One whole-object GET serves every batch of the object, for every queue and reader on
@@ -252,11 +280,33 @@ class SharedNode(SharedHome):
         after = objects.stats
         self._stats.get_bytes += after.fetched_bytes - before[0]
         self._stats.gets += after.whole_gets + after.range_gets - before[1]
-        batch = stamped(data, segment, self.cluster_name)
-        self._batches[key] = batch
-        if len(self._batches) > BATCHES:
-            self._batches.popitem(last=False)
+        try:
+            batch = stamped(data, segment, self.cluster_name)
+        except ValueError as exc:
+            raise CorruptData(f"shared: segment {segment.first_id} of {segment.queue!r}: {exc}") from exc
+        self._batches[key] = (batch, len(data))
+        self._batch_bytes += len(data)
+        while len(self._batches) > BATCHES or (self._batch_bytes > BATCH_BYTES and len(self._batches) > 1):
+            _, (_, size) = self._batches.popitem(last=False)
+            self._batch_bytes -= size
         return batch
+
+    async def expire(self, queue: str, rule: Retention, now: float) -> tuple[int, int, int]:
+        """Apply ``rule`` to ``queue``'s segments: ``(first id, segments gone, bytes freed)``."""
+        catalog = self._need()
+        cut = await self._guard(
+            catalog.retention_cut(
+                queue, before_time=rule.before(now), max_count=rule.max_messages, max_bytes=rule.max_bytes
+            )
+        )
+        if cut <= 0:
+            return 0, 0, 0
+        gone = await self._guard(catalog.expire(queue, cut))
+        if gone.segments:
+            log.info(
+                "shared queue expired queue=%s segments=%d first_id=%d", queue, gone.segments, gone.first_id
+            )
+        return gone.first_id, gone.segments, gone.bytes
 
     async def commit_cursor(
         self, queue: str, name: str, last_id: int | None, *, replica: bool | None, reset: bool
@@ -321,6 +371,12 @@ class SharedNode(SharedHome):
             found.committed(result, pending.count, key, offset, len(pending.data), object_size)
 
     async def _load_definitions(self) -> None:
+        # One at a time, and never across a create: a reload that read the definitions before
+        # a create committed must not close the queue the create has just opened.
+        async with self._definitions_lock:
+            await self._apply_definitions()
+
+    async def _apply_definitions(self) -> None:
         stored = await self._guard(self._need().definitions())
         for name, doc in stored.items():
             try:
@@ -332,7 +388,7 @@ class SharedNode(SharedHome):
         for name in set(self._queues) - set(stored):
             queue = self._queues.pop(name)
             await queue.close()
-        for queue in self._queues.values():
+        for queue in list(self._queues.values()):
             await self.refresh_subscriptions(queue)
 
     async def _poll_heads(self, names: list[str]) -> None:
@@ -353,7 +409,10 @@ class SharedNode(SharedHome):
                 if since_definitions >= DEFINITIONS_POLL:
                     since_definitions = 0.0
                     await self._load_definitions()
-                await self._poll_heads(sorted(self._watched & set(self._queues)))
+                    # Every queue's first id too: retention on another node moves it.
+                    await self._poll_heads(list(self._queues))
+                else:
+                    await self._poll_heads(sorted(self._watched & set(self._queues)))
                 self._fault = None
             except StorageUnavailable as exc:
                 self._note_fault(exc.message)
@@ -371,6 +430,24 @@ class SharedNode(SharedHome):
                     await self._claim(self._need())
             except StorageUnavailable as exc:
                 self._note_fault(exc.message)
+
+    def block_limits(self) -> dict[str, SealLimits]:
+        """Each shared queue's block limits: what one compacted block of it holds at most."""
+        return {name: queue.definition.block for name, queue in self._queues.items()}
+
+    async def _compact_loop(self) -> None:
+        compactor = self.compactor
+        assert compactor is not None
+        while True:
+            await asyncio.sleep(self._settings.compact_interval)
+            await compactor.run_once(self.block_limits())
+
+    async def _janitor_loop(self) -> None:
+        janitor = self.janitor
+        assert janitor is not None
+        while True:
+            await asyncio.sleep(self._settings.compact_interval)
+            await janitor.run_once()
 
     async def _listen(self) -> None:
         """LISTEN on every channel (``StorageUnavailable`` when PostgreSQL does not answer)."""
@@ -458,18 +535,3 @@ class SharedNode(SharedHome):
             await self.refresh_subscriptions(queue)
         self.replicas_moved.set()
         self.replicas_moved = asyncio.Event()
-
-
-def stamped(data: bytes, segment: Segment, source: str) -> Batch:
-    """A stored batch (base id 0) with the ids, time and source its commit gave it, the
-    positions ``skip`` names (duplicates: dead bytes) cut out."""
-    batch = record_batch.framed(data)
-    raw = record_batch.stamp(batch, segment.first_id, segment.time, source)
-    if segment.skip:
-        skip = set(segment.skip)
-        keep = [i not in skip for i in range(batch.count)]
-        cut = record_batch.select(record_batch.framed(raw), keep, base_id=segment.first_id)
-        if cut is None:
-            raise ValueError("a segment row with every message skipped")
-        raw = cut
-    return Batch.of_records([record_batch.framed(raw)])

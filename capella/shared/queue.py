@@ -30,6 +30,7 @@ from capella.core.limits import MessageLimits, check_batch, check_drafts
 from capella.core.log.blocks import Render
 from capella.core.log.writer import Appended
 from capella.core.message import Draft, SaveMode, drafts_batch
+from capella.core.retention import Retention
 from capella.core.stats import QueueCounters
 from capella.core.subscription import SubscriptionState
 from capella.errors import (
@@ -296,8 +297,13 @@ class SharedQueue(BaseQueue):
 
     def moved(self, next_id: int, first_id: int | None = None) -> None:
         """PostgreSQL says the queue's ids now end below ``next_id`` (a commit on any node)."""
-        if first_id is not None:
-            self._first_id = max(self._first_id, first_id)
+        if first_id is not None and first_id > self._first_id:
+            # Retention moved the first id (here or on another node): what lies below it is
+            # not served again, though its objects live on through the janitor's grace.
+            self._first_id = first_id
+            keep = bisect.bisect_left([s.last_id for s in self._segments], first_id)
+            if keep:
+                del self._segments[:keep], self._firsts[:keep], self._fetched[:keep]
         if next_id > self._next_id:
             self._next_id = next_id
             self._wake()
@@ -353,9 +359,11 @@ class SharedQueue(BaseQueue):
         # A queue read here keeps its heads polled: with NOTIFY lost, this node still learns of
         # what the others commit.
         self._node.watch(self)
+        after = max(after, self._first_id - 1)  # nothing below the first id retention kept
         builder = PageBuilder(after, limit, segments, match)
         cursor = after
         done = False
+        reread = False
         while not done:
             found = await self._segments_after(cursor)
             if not found:
@@ -364,10 +372,13 @@ class SharedQueue(BaseQueue):
                 try:
                     batch = await self._node.batch_of(segment)
                 except (KeyNotFound, CorruptData) as exc:
-                    # Expired or compacted since the row was read: read the rows again.
+                    # Expired or compacted since the row was read (its object deleted after the
+                    # grace): this read asks for the rows again, once; an empty page here would
+                    # leave a long poll waiting for a message that exists.
                     log.debug("segment unreadable queue=%s first=%d: %s", self.name, segment.first_id, exc)
                     self._forget()
-                    done = True
+                    done = reread
+                    reread = True
                     break
                 cursor = segment.last_id
                 if builder.add(batch):
@@ -494,6 +505,15 @@ class SharedQueue(BaseQueue):
                 # Behind the NOTIFY of cursor commits; PostgreSQL down only makes the receipt late.
                 with contextlib.suppress(StorageUnavailable):
                     await self._node.refresh_subscriptions(self)
+
+    # --- retention ---------------------------------------------------------------------------
+
+    async def expire(self, rule: Retention) -> tuple[int, int]:
+        """Delete the oldest segments ``rule`` lets go (the cut PostgreSQL finds: never inside
+        a segment), their identities with them; reads start at the new first id."""
+        first_id, gone, freed = await self._node.expire(self.name, rule, self._clock())
+        self.moved(self._next_id, first_id)
+        return gone, freed
 
     # --- stats -------------------------------------------------------------------------------
 

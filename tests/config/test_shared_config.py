@@ -47,6 +47,32 @@ def test_durations_and_sizes_are_read_in_their_units(tmp_path: Path) -> None:
     assert (shared.flush_interval, shared.flush_bytes) == (0.25, 8 * 1024 * 1024)
 
 
+def test_upkeep_defaults_and_units(tmp_path: Path) -> None:
+    base = '[shared]\nnode = "n"\nmount = "s3main"\ndsn = "postgresql://pg/c"\n'
+    shared = load(tmp_path, base)
+    assert shared is not None
+    assert (
+        shared.compact_after,
+        shared.compact_min,
+        shared.compact_interval,
+        shared.garbage_grace,
+        shared.orphan_after,
+    ) == (60.0, 4 * 1024 * 1024, 10.0, 600.0, 3600.0)
+    shared = load(
+        tmp_path,
+        base + 'compact_after = "2s"\ncompact_min = "64KiB"\ncompact_interval = "500ms"\n'
+        'garbage_grace = "1m"\norphan_after = "30s"\n',
+    )
+    assert shared is not None
+    assert (
+        shared.compact_after,
+        shared.compact_min,
+        shared.compact_interval,
+        shared.garbage_grace,
+        shared.orphan_after,
+    ) == (2.0, 64 * 1024, 0.5, 60.0, 30.0)
+
+
 def test_a_declared_secret_may_hold_the_dsn(tmp_path: Path) -> None:
     shared = load(
         tmp_path,
@@ -80,6 +106,14 @@ def test_a_declared_secret_may_hold_the_dsn(tmp_path: Path) -> None:
         ('mount = "s3main"\ndsn = "postgresql://pg/c"\nflush_interval = "0s"', "", "shared.flush_interval"),
         ('mount = "s3main"\ndsn = "postgresql://pg/c"\nflush_interval = "2min"', "", "shared.flush_interval"),
         ('mount = "s3main"\ndsn = "postgresql://pg/c"\nflush_bytes = "1KB"', "", "shared.flush_bytes"),
+        ('mount = "s3main"\ndsn = "postgresql://pg/c"\ncompact_min = "0"', "", "shared.compact_min"),
+        ('mount = "s3main"\ndsn = "postgresql://pg/c"\ncompact_interval = "0s"', "", "compact_interval"),
+        ('mount = "s3main"\ndsn = "postgresql://pg/c"\norphan_after = "500ms"', "", "shared.orphan_after"),
+        (
+            'mount = "s3main"\ndsn = "postgresql://pg/c"\norphan_after = "5s"',
+            '[storage]\nwrite_timeout = "10s"\n',
+            "shared.orphan_after (5s) must be longer than storage.write_timeout (10s)",
+        ),
         (
             'mount = "s3main"\ndsn = "postgresql://pg/c"\nflush_byte = "1MiB"',
             "",

@@ -503,7 +503,7 @@ async def test_replace_segments_points_a_range_at_one_block(db: tuple[str, Pool,
         await catalog.commit_object(
             f"o{n}", "n", 200, OWN, [batch("q1", 5, offset=0), batch("q2", 1, offset=100)]
         )
-    oldest = (await catalog.segments_after("q1", 0))[0].time
+    newest = (await catalog.segments_after("q1", 5))[0].time  # of 6..10, the block's last
     later = (await catalog.segments_after("q1", 10))[0].time
     assert [s.first_id for s in await catalog.compactable("q1", later)] == [1, 6]
     assert not await catalog.replace_segments("q1", 1, 12, "blk", "n", 900)  # not a segment boundary
@@ -517,7 +517,7 @@ async def test_replace_segments_points_a_range_at_one_block(db: tuple[str, Pool,
         (1, 10, "q1/blocks/1-10.blk", 0, 900, 10, ()),
         (11, 15, "o2", 0, 100, 5, ()),
     ]
-    assert segments[0].time == oldest
+    assert segments[0].time == newest  # expiry by age keeps the block while 6..10 is young
     assert await catalog.compactable("q1", later) == []  # a block is not compacted again
     assert [s.first_id for s in await catalog.compactable("q1", later + 1)] == [11]
     live = dict(await pool.fetch("select key, live_bytes from capella_objects"))
@@ -551,6 +551,12 @@ async def test_one_compactor_per_queue(db: tuple[str, Pool, Catalog], pg_server:
             async with other.compaction_lock("q1") as second, other.compaction_lock("q2") as third:
                 assert not second and third
         async with other.compaction_lock("q1") as after:
+            assert after
+        async with catalog.janitor_lock() as got:
+            assert got
+            async with other.janitor_lock() as second, other.compaction_lock("q1") as third:
+                assert not second and third
+        async with other.janitor_lock() as after:
             assert after
     finally:
         await other_pool.close()
