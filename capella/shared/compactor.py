@@ -7,8 +7,9 @@ many consecutive ones as one block of the queue's limits holds (``groups``), onc
 block, span ``MIN_OBJECTS`` objects or hold ``compact_min`` bytes. It reads them (one ranged
 GET per object, or the node's cached copy), stamps them with their ids, time and source
 (duplicates cut out: ``stamp.stamped_records``), writes ONE sealed block of format 2
-(``codec.encode_block``) on the shared mount at the key a local queue's block has
-(``keys.block``), then points the range at it (``Catalog.replace_segments``): the old objects
+(``codec.encode_block``) on the shared mount at a local queue's block key under
+``shared/queues/`` (``block_key``: a local queue of the same name with blocks on that mount
+never shares a key with it), then points the range at it (``Catalog.replace_segments``): the old objects
 lose those bytes and die once none are left; the janitor deletes them after the grace period,
 so a reader holding the old segment rows keeps reading meanwhile.
 
@@ -31,12 +32,20 @@ from capella.core.log.codec import encode_block
 from capella.core.stats import SharedStats
 from capella.errors import CapellaError, CorruptData, StorageUnavailable
 from capella.records.record_batch import RecordBatch
+from capella.shared import object as objects
 from capella.shared.cache import ObjectCache
 from capella.shared.catalog import Catalog, Segment
 from capella.shared.stamp import stamped_records
 from capella.storage import Storage, keys
 
 log = logging.getLogger(__name__)
+
+
+def block_key(queue: str, first_id: int, last_id: int) -> str:
+    """Where a compacted block of shared queue ``queue`` lives on the shared mount: an ordinary
+    block key (``keys.block``), under ``shared/queues/``, away from every local queue's keys."""
+    return f"{objects.PREFIX}queues/{keys.block(queue, first_id, last_id)}"
+
 
 # A group short of a full block is compacted once it spans this many objects (or compact_min).
 MIN_OBJECTS = 32
@@ -156,7 +165,7 @@ class Compactor:
     async def _write(self, queue: str, group: Group) -> bool:
         records = await self._read(group)
         data, _ = encode_block(records)
-        key = keys.block(queue, group.first_id, group.last_id)
+        key = block_key(queue, group.first_id, group.last_id)
         await self._storage.put(key, data)
         self._stats.puts += 1
         self._stats.put_bytes += len(data)

@@ -34,9 +34,9 @@ from capella.core.log.codec import block_records
 from capella.core.message import SaveMode
 from capella.core.retention import Retention
 from capella.shared.catalog import Segment
-from capella.shared.compactor import MIN_OBJECTS, Group, groups
+from capella.shared.compactor import MIN_OBJECTS, Group, block_key, groups
 from capella.shared.queue import SharedQueue
-from capella.storage import Journal, Storage, keys
+from capella.storage import Journal, Storage
 
 # --- which segments make a block (pure) ------------------------------------------------------
 
@@ -131,7 +131,7 @@ async def test_compaction_keeps_every_byte_and_the_grace_keeps_old_readers_readi
             assert stats.puts == 5
         after_rows = await rows(pool, "d5")
         bounds = [(10_000 * b + 1, 10_000 * (b + 1)) for b in range(5)]
-        assert after_rows == [(first, last, keys.block("d5", first, last)) for first, last in bounds]
+        assert after_rows == [(first, last, block_key("d5", first, last)) for first, last in bounds]
         assert await live_objects(pool) == 5
         assert objects_before >= 10 * 5
         # Each is an ordinary sealed block, every checksum checked, its batches carrying their ids.
@@ -332,6 +332,13 @@ async def test_a_block_whose_range_expired_meanwhile_is_not_kept(shared_rig: Sha
         for r in range(10):
             await produce(queue, drafts(10 * r, 10), SaveMode.IMMEDIATE)
         before = await read_all(queue)
+        # Every segment past compact_after on PostgreSQL's clock, so that the ten fill one block.
+        catalog = node._need()
+
+        async def all_due() -> bool:
+            return len(await catalog.compactable("raced", node._clock() - node._settings.compact_after)) == 10
+
+        await until(all_due, what="all ten segments due for compaction")
         compacting = asyncio.create_task(node.compactor.compact("raced", queue.definition.block))  # type: ignore[union-attr]
         await asyncio.wait_for(held[0].putting.wait(), 20.0)
         # While the block is being written, retention takes the first segments of its range.
