@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from capella.core.base_queue import BaseQueue, Buffered, Page, PageBuilder
 from capella.core.definition import QueueSettings
 from capella.core.filter import MessageFilter
@@ -215,9 +217,11 @@ class SharedQueue(BaseQueue):
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
         own = self.own
-        fields, external_ids, _ = check_batch(
-            batch, self.limits, self._clock(), self.definition.segments, own, given
-        )
+        now = self._clock()
+        # As a local queue reads it: a message that names no source has this cluster's (the
+        # producer's head counts for nothing; the reader stamps the head again).
+        batch = msgspec.structs.replace(batch, base_time=now, source=own)
+        fields, external_ids, _ = check_batch(batch, self.limits, now, self.definition.segments, own, given)
         n = batch.count
         repeats: dict[int, int] = {}
         data = batch.raw()
