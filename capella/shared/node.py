@@ -372,8 +372,11 @@ class SharedNode(SharedHome):
                 log.warning("shared listen failed, retrying: %s", exc.message)
                 await asyncio.sleep(1.0)
                 continue
-            # Whatever was announced while no listener was up: the heads of every queue now.
+            # Whatever was announced while no listener was up (also between start's first
+            # read and this first LISTEN: a node answers ready before it): the definitions and
+            # the heads of every queue now.
             with contextlib.suppress(StorageUnavailable):
+                await self._load_definitions()
                 await self._poll_heads(list(self._queues))
             lost = [asyncio.ensure_future(listener.lost.wait()) for listener in self._listeners]
             try:
