@@ -251,14 +251,21 @@ class SharedNode(SharedHome):
     ) -> tuple[SubRow, bool]:
         catalog = self._need()
         found = await self._guard(catalog.commit_cursor(queue, name, last_id, replica=replica, reset=reset))
+        await self._announce_cursor(queue, name)
+        return found
+
+    async def delete_subscription(self, queue: str, name: str) -> bool:
+        deleted = await self._guard(self._need().delete_subscription(queue, name))
+        if deleted:
+            await self._announce_cursor(queue, name)
+        return deleted
+
+    async def _announce_cursor(self, queue: str, name: str) -> None:
+        """Tell the other nodes a cursor of ``queue`` changed (or went): they read them again."""
         assert self._pool is not None
         # The other nodes poll too: a notice lost here makes them late, never wrong.
         with contextlib.suppress(StorageUnavailable):
             await self._pool.execute("select pg_notify($1, $2)", CURSORS_CHANNEL, f"{queue}:{name}")
-        return found
-
-    async def delete_subscription(self, queue: str, name: str) -> bool:
-        return await self._guard(self._need().delete_subscription(queue, name))
 
     async def refresh_subscriptions(self, queue: SharedQueue) -> None:
         rows = await self._guard(self._need().subscriptions(queue.name))
