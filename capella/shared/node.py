@@ -85,6 +85,7 @@ class SharedNode(SharedHome):
         self._limits = MessageLimits.of(config.server)
         self._token = random.token_hex(16)
         self._queues: dict[str, SharedQueue] = {}
+        self._created: dict[str, float] = {}  # when each queue was created, as PostgreSQL says
         self._base = QueueSettings()
         self._mounts: set[str] = set()
         self.cluster_name = ""
@@ -166,6 +167,10 @@ class SharedNode(SharedHome):
             if queue is None:
                 raise QueueNotFound(f"no queue {name!r}")
             return queue, False
+        stale = self._queues.pop(name, None)  # one dropped elsewhere, not yet heard of here
+        if stale is not None:
+            await stale.close()
+        self._created.pop(name, None)  # the next reading of the definitions says when
         return self._open(name, definition), True
 
     async def update(self, queue: BaseQueue, definition: QueueSettings) -> None:
@@ -175,6 +180,7 @@ class SharedNode(SharedHome):
 
     async def drop(self, name: str) -> None:
         await self._guard(self._need().drop_queue(name))
+        self._created.pop(name, None)
         queue = self._queues.pop(name, None)
         if queue is not None:
             await queue.close()
@@ -310,17 +316,27 @@ class SharedNode(SharedHome):
             found.committed(result, pending.count, key, offset, len(pending.data))
 
     async def _load_definitions(self) -> None:
-        stored = await self._guard(self._need().definitions())
-        for name, doc in stored.items():
+        stored = await self._guard(self._need().defined())
+        for name, (doc, created) in stored.items():
             try:
                 definition = parse_definition(doc, self._base, self._mounts | {self._settings.mount})
             except CapellaError as exc:
                 log.error("shared queue definition unreadable queue=%s: %s", name, exc.message)
                 continue
+            known = self._created.get(name)
+            if known is not None and known != created and name in self._queues:
+                # Dropped and created again while this node did not hear of the drop (two
+                # notices read as one, or none while the LISTEN connection was down): the old
+                # queue's cached segments and ids are not the new one's.
+                log.info("shared queue created again queue=%s", name)
+                await self._queues.pop(name).close()
+            self._created[name] = created
             self._open(name, definition)
         for name in set(self._queues) - set(stored):
             queue = self._queues.pop(name)
             await queue.close()
+        for name in set(self._created) - set(stored):
+            del self._created[name]
         for queue in self._queues.values():
             await self.refresh_subscriptions(queue)
 

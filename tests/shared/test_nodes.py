@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from support.shared import SharedRig
-from support.shared_cluster import clients, module_rig, read_all
+from support.shared_cluster import clients, cut_listeners, module_rig, read_all
 from support.wait import until
 
 from capella.client import AsyncClient
@@ -274,6 +274,31 @@ async def test_a_definition_created_changed_and_dropped_on_one_node_is_seen_by_e
         (again,) = await cs[0].produce("defs", ["new life"], save="wait")
         assert again.id == 1
         assert [m.payload for m in await read_all(cs[2], "defs")] == [b"new life"]
+
+
+async def test_a_queue_dropped_and_created_again_unheard_is_the_new_queue_on_every_node(
+    rig: SharedRig,
+) -> None:
+    """Both notices lost (the LISTEN connections cut meanwhile): a node that cached the old
+    queue's segments and ids must not serve them as the new queue's."""
+    async with clients(rig.urls) as cs:
+        await cs[0].put_queue("reborn", storage="shared")
+        await defined_everywhere(cs, "reborn")
+        await cs[0].produce("reborn", [f"old {k}" for k in range(5)], save="wait")
+        assert [m.payload for m in await read_all(cs[1], "reborn")] == [f"old {k}".encode() for k in range(5)]
+        assert cut_listeners(rig) >= 3
+        await cs[0].drop_queue("reborn")
+        await cs[0].put_queue("reborn", storage="shared")
+        (new,) = await cs[0].produce("reborn", ["new"], save="wait")
+        assert new.id == 1
+
+        async def renewed() -> bool:
+            found = [(m.id, m.payload) for m in await read_all(cs[1], "reborn")]
+            return found == [(1, b"new")] and (await cs[1].queue("reborn")).stats.last_id == 1
+
+        await until(renewed, NOTICE, "node 1 serving the new reborn")
+        (newer,) = await cs[1].produce("reborn", ["newer"], save="wait")
+        assert newer.id == 2
 
 
 async def test_a_local_queue_cannot_become_shared_and_a_local_name_is_not_redefined_shared(

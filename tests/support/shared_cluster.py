@@ -81,3 +81,14 @@ def timeless(message: StoredMessage | dict[str, Any]) -> dict[str, Any]:
         shown.pop("external_time", None)
     shown.pop("time", None)
     return shown
+
+
+def cut_listeners(rig: SharedRig) -> int:
+    """Terminate every node's LISTEN connections (as a network cut would); how many there were."""
+    return int(
+        rig.pg.psql(
+            rig.database,
+            "select count(pg_terminate_backend(pid)) from pg_stat_activity "
+            "where datname = current_database() and query like 'LISTEN%'",
+        ).strip()
+    )
