@@ -26,7 +26,7 @@ import orjson
 import pytest
 from support.shapes import SHAPES
 from support.shared import SharedRig
-from support.shared_cluster import clients, module_rig, read_all, timeless
+from support.shared_cluster import clients, cut_listeners, module_rig, read_all, timeless
 from support.wait import until
 
 from capella.client import AsyncClient
@@ -367,14 +367,6 @@ async def test_immediate_flushes_at_once_where_wait_waits_for_the_window(shared_
 # --- D8: long polls across nodes ------------------------------------------------------------
 
 
-def listen_backends(rig: SharedRig) -> str:
-    return rig.pg.psql(
-        rig.database,
-        "select count(pg_terminate_backend(pid)) from pg_stat_activity "
-        "where datname = current_database() and query like 'LISTEN%'",
-    ).strip()
-
-
 async def woken_after(
     cs: list[AsyncClient], urls: list[str], name: str, n: int, cut: SharedRig | None
 ) -> float:
@@ -384,7 +376,7 @@ async def woken_after(
     reader = asyncio.create_task(cs[1].read(name, after=n - 1, wait=10))
     await parked_on(urls[1], name, since=since)
     if cut is not None:
-        assert int(listen_backends(cut)) >= 3  # every node's LISTEN connections, node 1's among them
+        assert cut_listeners(cut) >= 3  # every node's LISTEN connections, node 1's among them
     sent = time.monotonic()
     await cs[0].produce(name, [f"message {n}"], save="wait")
     async with asyncio.timeout(10.0):
@@ -430,7 +422,7 @@ async def test_a_definition_made_while_the_listen_connections_are_down_is_seen_a
     async with clients(filled.urls) as cs:
         for k in range(3):
             name = f"made-in-the-dark-{k}"
-            assert int(listen_backends(filled)) >= 3
+            assert cut_listeners(filled) >= 3
             await cs[0].put_queue(name, storage="shared")
             started = time.monotonic()
             await until(lambda name=name: shared_exists(cs[1], name), 5.0, f"{name} on node 1")
