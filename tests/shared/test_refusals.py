@@ -317,3 +317,30 @@ async def cursor_at(c: AsyncClient, queue: str, sub: str, last_id: int) -> bool:
         return (await c.subscription(queue, sub)).last_id >= last_id
     except Exception:
         return False
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="every node of a shared cluster carries one [cluster] name, the default source of its "
+    "local queues too: local queues on two nodes mint the same identities (shared-test, 1), and a "
+    "copy of both into one queue keeps only the first node's messages (reported on issue 36)",
+)
+async def test_local_queues_of_two_nodes_copied_into_one_shared_queue_keep_every_message(
+    rig: SharedRig, http: aiohttp.ClientSession
+) -> None:
+    async with clients(rig.urls) as cs:
+        await cs[0].put_queue("fan-in", storage="shared")
+        await until(lambda: all_see(cs, ["fan-in"]), NOTICE, "fan-in on every node")
+        for i in (1, 2):
+            await cs[i].put_queue("node-buffer")  # each node's own, as an edge buffer
+            await cs[i].produce("node-buffer", [f"node {i} #{k}" for k in range(3)], save="wait")
+            body = {"type": "copy", "queues": ["node-buffer"], "params": {"to": "fan-in", "wait": 0}}
+            status, answer = await call(
+                http, "PUT", f"{rig.urls[i]}/v1/handlers/fan-in", {**body, "started": False}
+            )
+            assert status == 201, answer
+            status, answer = await call(http, "POST", f"{rig.urls[i]}/v1/handlers/fan-in/run")
+            assert status == 200 and answer["status"].get("last_error") is None, answer
+            await call(http, "DELETE", f"{rig.urls[i]}/v1/handlers/fan-in")
+        found = sorted(m.payload for m in await read_all(cs[0], "fan-in"))
+        assert found == sorted(f"node {i} #{k}".encode() for i in (1, 2) for k in range(3))
