@@ -11,6 +11,8 @@ local one into a shared one, on any node, and a copy sent again is absorbed by d
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -23,7 +25,10 @@ from support.shared_cluster import clients, module_rig, read_all
 from support.wait import until
 
 from capella.client import AsyncClient
+from capella.client.message import to_batch
+from capella.config import ServerSettings
 from capella.errors import QueueNotFound
+from capella.wire.batch_page import BATCH_MEDIA_TYPE
 
 pytestmark = pytest.mark.slow
 
@@ -153,6 +158,69 @@ async def test_the_schedule_of_a_shared_queue_is_refused(
     await refused(http, "GET", base, code="not_on_shared_queue")
     await refused(http, "GET", f"{base}/1", code="not_on_shared_queue")
     await refused(http, "POST", f"{base}/cancel", {"ids": [1]}, code="not_on_shared_queue")
+
+
+@pytest.fixture(scope="module")
+def limited(rig: SharedRig) -> tuple[str, str]:
+    """A local queue on node 0 and a shared one, both with segments 0-9."""
+
+    async def make() -> None:
+        async with clients(rig.urls) as cs:
+            await cs[0].put_queue("limits-local", segments={"min": 0, "max": 9})
+            await cs[0].put_queue("limits-shared", storage="shared", segments={"min": 0, "max": 9})
+            await until(lambda: all_see(cs, ["limits-shared"]), NOTICE, "limits-shared on every node")
+
+    asyncio.run(make())
+    return "limits-local", "limits-shared"
+
+
+OK = {"data": "ok"}
+LIMITS = ServerSettings()
+BAD_INPUT = {
+    "too large": [OK, {"data": "x" * (LIMITS.max_message_size + 1)}],
+    "too many headers": [
+        OK,
+        OK,
+        {"data": "h", "headers": {f"h{i}": "v" for i in range(LIMITS.max_message_headers + 1)}},
+    ],
+    "headers too wide": [{"data": "h", "headers": {"h": "v" * (LIMITS.max_message_headers_size + 1)}}],
+    "segment out of range": [OK, {"data": "s", "segment": 10}],
+    "external time ahead": [{"data": "t", "external_time": time.time() + 3600}],
+    "empty source": [{"data": "s", "source": ""}],
+    "batch too long": [OK] * (LIMITS.max_batch + 1),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+@pytest.mark.parametrize("form", ["json", "batch"])
+async def test_bad_messages_are_answered_on_a_shared_queue_as_on_a_local_one_and_store_nothing(
+    rig: SharedRig, limited: tuple[str, str], http: aiohttp.ClientSession, case: str, form: str
+) -> None:
+    messages = BAD_INPUT[case]
+    answers = []
+    for url, queue in ((rig.urls[0], limited[0]), (rig.urls[1], limited[1])):
+        target = f"{url}/v1/queues/{queue}/messages"
+        if form == "json":
+            body = json.dumps({"messages": messages}).encode()
+            headers = {"Content-Type": "application/json"}
+            request = http.post(target, data=io.BytesIO(body), headers=headers, params={"save": "wait"})
+        else:
+            body = to_batch(messages)
+            if body is None:
+                pytest.skip("the client sends this one as JSON only")
+            request = http.post(
+                target,
+                data=io.BytesIO(body),
+                headers={"Content-Type": BATCH_MEDIA_TYPE},
+                params={"save": "wait"},
+            )
+        async with request as resp:
+            answers.append((resp.status, await resp.json()))
+    (local_status, local), (shared_status, shared) = answers
+    assert local_status in (400, 413), local
+    assert (shared_status, shared) == (local_status, local)
+    async with clients(rig.urls) as cs:
+        assert await last_ids(cs, limited[1]) == [0, 0, 0]
 
 
 # --- handlers ---------------------------------------------------------------------------------
