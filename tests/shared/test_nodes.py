@@ -99,6 +99,33 @@ async def test_ten_thousand_messages_round_robin_read_the_same_through_every_nod
         assert await read_all(cs[1], "d1", binary=False) == reads[1]
 
 
+async def test_many_queues_flushed_in_one_window_read_back_apart_on_another_node(rig: SharedRig) -> None:
+    """One object holds the batches of every queue written in a window; each queue reads back
+    its own, through a node that fetched the object from S3."""
+    names = [f"many-{i:02d}" for i in range(20)]
+    async with clients(rig.urls) as cs:
+        for name in names:
+            await cs[0].put_queue(name, storage="shared")
+        for name in names:
+            await defined_everywhere(cs, name)
+        before = metrics_of(rig.urls[0], "capella_shared_objects_total")
+        sent = await asyncio.gather(
+            *(cs[0].produce(n, [f"{n} #{k}" for k in range(i + 1)], save="wait") for i, n in enumerate(names))
+        )
+        objects = metrics_of(rig.urls[0], "capella_shared_objects_total") - before
+        assert objects < len(names) / 2, objects  # batched: far fewer objects than queues
+        for i, name in enumerate(names):
+            assert [r.id for r in sent[i]] == list(range(1, i + 2))
+            found = await read_all(cs[2], name)
+            assert [(m.id, m.payload) for m in found] == [
+                (k + 1, f"{name} #{k}".encode()) for k in range(i + 1)
+            ]
+
+
+def metrics_of(url: str, name: str) -> float:
+    return metrics(url)[name]
+
+
 # --- D3 ------------------------------------------------------------------------------------------
 
 
