@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from support.shared import SharedRig
-from support.shared_cluster import clients, cut_listeners, module_rig, read_all
+from support.shared_cluster import clients, cut_listeners, listening, module_rig, read_all
 from support.wait import until
 
 from capella.client import AsyncClient
@@ -313,7 +313,8 @@ async def test_a_queue_dropped_and_created_again_unheard_is_the_new_queue_on_eve
         await defined_everywhere(cs, "reborn")
         await cs[0].produce("reborn", [f"old {k}" for k in range(5)], save="wait")
         assert [m.payload for m in await read_all(cs[1], "reborn")] == [f"old {k}".encode() for k in range(5)]
-        assert cut_listeners(rig) >= 3
+        await until(lambda: listening(rig) >= 9, 10.0, "every node listening")
+        assert cut_listeners(rig) >= 9
         await cs[0].drop_queue("reborn")
         await cs[0].put_queue("reborn", storage="shared")
         (new,) = await cs[0].produce("reborn", ["new"], save="wait")

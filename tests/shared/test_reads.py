@@ -26,7 +26,7 @@ import orjson
 import pytest
 from support.shapes import SHAPES
 from support.shared import SharedRig
-from support.shared_cluster import clients, cut_listeners, module_rig, read_all, timeless
+from support.shared_cluster import clients, cut_listeners, listening, module_rig, read_all, timeless
 from support.wait import until
 
 from capella.client import AsyncClient
@@ -372,11 +372,13 @@ async def woken_after(
 ) -> float:
     """One trial: node 1 long-polls ``name`` after ``n - 1``; node 0 produces message ``n``;
     the seconds from sending the produce until the reader has it."""
+    if cut is not None:  # the connections the last trial cut are back
+        await until(lambda: listening(cut) >= 9, 10.0, "every node listening again")
     since = read_requests(urls[1], name)
     reader = asyncio.create_task(cs[1].read(name, after=n - 1, wait=10))
     await parked_on(urls[1], name, since=since)
     if cut is not None:
-        assert cut_listeners(cut) >= 3  # every node's LISTEN connections, node 1's among them
+        assert cut_listeners(cut) >= 9  # every node's LISTEN connections, node 1's among them
     sent = time.monotonic()
     await cs[0].produce(name, [f"message {n}"], save="wait")
     async with asyncio.timeout(10.0):
@@ -422,7 +424,8 @@ async def test_a_definition_made_while_the_listen_connections_are_down_is_seen_a
     async with clients(filled.urls) as cs:
         for k in range(3):
             name = f"made-in-the-dark-{k}"
-            assert cut_listeners(filled) >= 3
+            await until(lambda: listening(filled) >= 9, 10.0, "every node listening again")
+            assert cut_listeners(filled) >= 9
             await cs[0].put_queue(name, storage="shared")
             started = time.monotonic()
             await until(lambda name=name: shared_exists(cs[1], name), 5.0, f"{name} on node 1")

@@ -83,6 +83,17 @@ def timeless(message: StoredMessage | dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
+def listening(rig: SharedRig) -> int:
+    """How many LISTEN connections the nodes hold (three per node once each listens)."""
+    return int(
+        rig.pg.psql(
+            rig.database,
+            "select count(*) from pg_stat_activity "
+            "where datname = current_database() and query like 'LISTEN%'",
+        ).strip()
+    )
+
+
 def cut_listeners(rig: SharedRig) -> int:
     """Terminate every node's LISTEN connections (as a network cut would); how many there were."""
     return int(
