@@ -35,13 +35,14 @@ from capella.errors import (
     CorruptData,
     KeyNotFound,
     NotOnSharedQueue,
+    QueueNotFound,
     ShuttingDown,
     StorageUnavailable,
     SubscriptionNotFound,
 )
 from capella.records import record_batch
 from capella.records.record_batch import Given, RecordBatch
-from capella.shared.catalog import Committed, Run, Segment, SubRow
+from capella.shared.catalog import MISSING_QUEUE, Committed, Run, Segment, SubRow
 
 if TYPE_CHECKING:
     from capella.core.delayed.intake import Delayed
@@ -267,6 +268,10 @@ class SharedQueue(BaseQueue):
             pending.done.add_done_callback(_retrieved)
             return [Buffered(0, False)] * count
         committed = await self._node.wait_committed(pending.done)
+        if committed.first_id == MISSING_QUEUE:
+            raise QueueNotFound(
+                f"no queue {self.name!r}: it was dropped before these messages were committed"
+            )
         return answers(committed, count)
 
     def committed(self, result: Committed, count: int, key: str, offset: int, size: int) -> None:

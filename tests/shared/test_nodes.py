@@ -329,6 +329,28 @@ async def test_a_queue_dropped_and_created_again_unheard_is_the_new_queue_on_eve
         assert newer.id == 2
 
 
+@pytest.mark.shared_rig(flush_interval="2s")
+async def test_a_write_waiting_while_its_queue_is_dropped_elsewhere_is_answered_queue_not_found(
+    shared_rig: SharedRig,
+) -> None:
+    """The flush commits after the drop: nothing of it is stored, and the producer hears so
+    (it was answered 200 with id -1, which the client could not even decode)."""
+    shared_rig.start(2)
+    async with clients(shared_rig.urls) as cs:
+        for name in ("dropped-meanwhile", "kept-meanwhile"):
+            await cs[0].put_queue(name, storage="shared")
+            await defined_everywhere(cs, name)
+        doomed = asyncio.create_task(cs[0].produce("dropped-meanwhile", ["a", "b"], save="wait"))
+        kept = asyncio.create_task(cs[0].produce("kept-meanwhile", ["c"], save="wait"))
+        await cs[1].drop_queue("dropped-meanwhile")  # inside the 2 s window of both writes
+        assert not doomed.done() and not kept.done()
+        with pytest.raises(QueueNotFound) as refused:
+            await doomed
+        assert "dropped before these messages were committed" in refused.value.message
+        assert [r.id for r in await kept] == [1]  # the same object's other queue is stored
+        assert [m.payload for m in await read_all(cs[1], "kept-meanwhile")] == [b"c"]
+
+
 async def test_a_local_queue_cannot_become_shared_and_a_local_name_is_not_redefined_shared(
     rig: SharedRig,
 ) -> None:
