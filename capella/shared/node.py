@@ -260,6 +260,9 @@ class SharedNode(SharedHome):
         await self._announce_cursor(queue, name)
         return found
 
+    async def subscription_row(self, queue: str, name: str) -> SubRow | None:
+        return await self._guard(self._need().subscription(queue, name))
+
     async def delete_subscription(self, queue: str, name: str) -> bool:
         deleted = await self._guard(self._need().delete_subscription(queue, name))
         if deleted:

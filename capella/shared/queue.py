@@ -429,6 +429,12 @@ class SharedQueue(BaseQueue):
     def subscriptions(self) -> list[SubscriptionState]:
         return [self._subs[name] for name in sorted(self._subs)]
 
+    async def current_subscription(self, name: str) -> SubscriptionState:
+        # This node's copy is as old as the last notice: a consumer whose reads go through
+        # one node and then another (a load balancer) would be served again what it had.
+        self.noted(await self._node.subscription_row(self.name, name), name)
+        return self.subscription(name)
+
     def noted(self, row: SubRow | None, name: str) -> None:
         """A cursor as PostgreSQL has it now (None: dropped)."""
         if row is None:

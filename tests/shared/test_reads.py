@@ -271,6 +271,27 @@ async def test_a_subscription_read_with_commit_auto_moves_the_cursor_every_node_
             await asyncio.sleep(0.02)
 
 
+async def test_a_consumer_reading_its_subscription_through_alternating_nodes_gets_each_message_once(
+    filled: SharedRig,
+) -> None:
+    """commit=auto is at-most-once: each read after the last answer starts where that one
+    ended, whichever node it goes to (a node's own copy of the cursor may be a notice behind)."""
+    async with clients(filled.urls) as cs:
+        await cs[0].put_queue("alternating", storage="shared")
+        await until(lambda: shared_exists(cs[2], "alternating"), NOTICE, "alternating on node 2")
+        await cs[0].produce("alternating", [f"m{k}" for k in range(300)], save="wait")
+        await until(lambda: last_id_on(cs[2], "alternating", 300), NOTICE, "the messages' head on node 2")
+        seen: list[int] = []
+        for n in range(60):
+            page = await cs[n % 3].read_subscription("alternating", "consumer", limit=5, binary=n % 2 == 0)
+            seen.extend(m.id for m in page.messages)
+        assert seen == list(range(1, 301))
+
+
+async def last_id_on(c: AsyncClient, name: str, last_id: int) -> bool:
+    return (await c.queue(name)).stats.last_id >= last_id
+
+
 async def test_a_subscription_long_poll_wakes_on_a_commit_of_another_node(filled: SharedRig) -> None:
     async with clients(filled.urls) as cs:
         await cs[0].put_queue("sub-poll", storage="shared")
