@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -329,28 +328,6 @@ async def test_a_queue_dropped_and_created_again_unheard_is_the_new_queue_on_eve
         assert newer.id == 2
 
 
-@pytest.mark.shared_rig(flush_interval="2s")
-async def test_a_write_waiting_while_its_queue_is_dropped_elsewhere_is_answered_queue_not_found(
-    shared_rig: SharedRig,
-) -> None:
-    """The flush commits after the drop: nothing of it is stored, and the producer hears so
-    (it was answered 200 with id -1, which the client could not even decode)."""
-    shared_rig.start(2)
-    async with clients(shared_rig.urls) as cs:
-        for name in ("dropped-meanwhile", "kept-meanwhile"):
-            await cs[0].put_queue(name, storage="shared")
-            await defined_everywhere(cs, name)
-        doomed = asyncio.create_task(cs[0].produce("dropped-meanwhile", ["a", "b"], save="wait"))
-        kept = asyncio.create_task(cs[0].produce("kept-meanwhile", ["c"], save="wait"))
-        await cs[1].drop_queue("dropped-meanwhile")  # inside the 2 s window of both writes
-        assert not doomed.done() and not kept.done()
-        with pytest.raises(QueueNotFound) as refused:
-            await doomed
-        assert "dropped before these messages were committed" in refused.value.message
-        assert [r.id for r in await kept] == [1]  # the same object's other queue is stored
-        assert [m.payload for m in await read_all(cs[1], "kept-meanwhile")] == [b"c"]
-
-
 async def test_a_local_queue_cannot_become_shared_and_a_local_name_is_not_redefined_shared(
     rig: SharedRig,
 ) -> None:
@@ -421,36 +398,3 @@ async def test_the_shared_counters_of_metrics_move_with_produce_and_reads(rig: S
         assert grew(reader0, reader1, "capella_shared_get_requests_total") >= 1
         assert grew(reader0, reader1, "capella_shared_get_bytes_total") >= 10_000
         assert grew(reader0, reader1, "capella_shared_notifications_total") >= 2
-
-
-# --- nodes come and go -------------------------------------------------------------------------
-
-
-async def test_a_node_killed_with_minus_9_comes_back_and_serves_what_was_stored(rig: SharedRig) -> None:
-    async with clients(rig.urls) as cs:
-        await cs[0].put_queue("revived", storage="shared")
-        await defined_everywhere(cs, "revived")
-        stored = await cs[2].produce("revived", [f"before {n}" for n in range(50)], save="wait")
-    rig.kill(2)
-    started = time.monotonic()
-    rig.restart(2)
-    back = time.monotonic() - started
-    print(f"\nnode restarted after kill -9: ready in {back:.1f}s")
-    async with clients(rig.urls) as cs:
-        found = await read_all(cs[2], "revived")
-        assert [m.id for m in found] == [r.id for r in stored]
-        (after,) = await cs[2].produce("revived", ["after"], save="wait")
-        assert after.id == stored[-1].id + 1
-        assert [m.payload for m in await read_all(cs[0], "revived")][-1] == b"after"
-
-
-def test_a_second_live_node_with_one_node_name_refuses_to_start(rig: SharedRig) -> None:
-    # Node index 3 (a data dir and port of its own) under node 0's name, while node 0 runs.
-    text = rig.config_text(3, shared={"node": rig.node_name(0)})
-    started = time.monotonic()
-    code, output = rig.refusal(3, text)
-    print(f"\nsecond node-0 refused after {time.monotonic() - started:.1f}s")
-    assert code == 2, output
-    assert "shared.node 'node-0' is the name of a node that is running" in output
-    assert rig.node(0).url in output
-    assert not rig.running(3)
