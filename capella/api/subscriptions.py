@@ -157,7 +157,7 @@ async def read(request: web.Request) -> web.StreamResponse:
     wait = wait_param(request)
     save = save_param(request)
     try:
-        sub: SubscriptionState | None = queue.subscription(name)
+        sub: SubscriptionState | None = await queue.current_subscription(name)
     except SubscriptionNotFound:
         sub = None
     if sub is not None and sub.mode == ACK:

@@ -258,6 +258,11 @@ class BaseQueue(ABC):
     @abstractmethod
     def subscriptions(self) -> list[SubscriptionState]: ...
 
+    async def current_subscription(self, name: str) -> SubscriptionState:
+        """``subscription`` as its cursor's store has it now, for a read that moves on from it:
+        a shared queue asks PostgreSQL (another node may have moved it a moment ago)."""
+        return self.subscription(name)
+
     @abstractmethod
     async def commit(
         self,

@@ -65,7 +65,8 @@ if TYPE_CHECKING:
 def build(params: ArchiveParams, at: Building) -> tuple[ArchiveParams, ArchiveHandler]:
     """The ``archive`` handler type; the marks must exist on every queue named exactly."""
     for queue in selected(at.cluster, [q for q in at.queues if not any(c in q for c in "*?[")]):
-        check_marks(params, queue)
+        if not queue.shared:  # a shared queue is refused next, for what it is (check_shared)
+            check_marks(params, queue)
     return params, ArchiveHandler(at.cluster, at.queues, params)
 
 

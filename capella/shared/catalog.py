@@ -182,8 +182,16 @@ class Catalog:
     # --- definitions -----------------------------------------------------------------------
 
     async def definitions(self) -> dict[str, dict[str, Any]]:
-        rows = await self._pool.fetch("select name, definition::text from capella_queues order by name")
-        return {r[0]: orjson.loads(r[1]) for r in rows}
+        return {name: doc for name, (doc, _) in (await self.defined()).items()}
+
+    async def defined(self) -> dict[str, tuple[dict[str, Any], float]]:
+        """Every queue's definition and when the queue was created: a queue dropped and created
+        again under its name is another queue (its ids start over), told apart by the time."""
+        rows = await self._pool.fetch(
+            "select name, definition::text, extract(epoch from created)::float8 "
+            "from capella_queues order by name"
+        )
+        return {r[0]: (orjson.loads(r[1]), r[2]) for r in rows}
 
     async def create_queue(self, name: str, definition: dict[str, Any]) -> bool:
         """``False`` when the queue exists already (then nothing changes)."""

@@ -93,6 +93,7 @@ class SharedNode(SharedHome):
         self._limits = MessageLimits.of(config.server)
         self._token = random.token_hex(16)
         self._queues: dict[str, SharedQueue] = {}
+        self._created: dict[str, float] = {}  # when each queue was created, as PostgreSQL says
         self._base = QueueSettings()
         self._mounts: set[str] = set()
         self.cluster_name = ""
@@ -193,6 +194,10 @@ class SharedNode(SharedHome):
         async with self._definitions_lock:
             created = await self._guard(catalog.create_queue(name, definition.to_dict()))
             if created:
+                stale = self._queues.pop(name, None)  # one dropped elsewhere, not yet heard of here
+                if stale is not None:
+                    await stale.close()
+                self._created.pop(name, None)  # the next reading of the definitions says when
                 return self._open(name, definition), True
             await self._apply_definitions()
         queue = self._queues.get(name)
@@ -207,6 +212,7 @@ class SharedNode(SharedHome):
 
     async def drop(self, name: str) -> None:
         await self._guard(self._need().drop_queue(name))
+        self._created.pop(name, None)
         queue = self._queues.pop(name, None)
         if queue is not None:
             await queue.close()
@@ -313,14 +319,24 @@ class SharedNode(SharedHome):
     ) -> tuple[SubRow, bool]:
         catalog = self._need()
         found = await self._guard(catalog.commit_cursor(queue, name, last_id, replica=replica, reset=reset))
+        await self._announce_cursor(queue, name)
+        return found
+
+    async def subscription_row(self, queue: str, name: str) -> SubRow | None:
+        return await self._guard(self._need().subscription(queue, name))
+
+    async def delete_subscription(self, queue: str, name: str) -> bool:
+        deleted = await self._guard(self._need().delete_subscription(queue, name))
+        if deleted:
+            await self._announce_cursor(queue, name)
+        return deleted
+
+    async def _announce_cursor(self, queue: str, name: str) -> None:
+        """Tell the other nodes a cursor of ``queue`` changed (or went): they read them again."""
         assert self._pool is not None
         # The other nodes poll too: a notice lost here makes them late, never wrong.
         with contextlib.suppress(StorageUnavailable):
             await self._pool.execute("select pg_notify($1, $2)", CURSORS_CHANNEL, f"{queue}:{name}")
-        return found
-
-    async def delete_subscription(self, queue: str, name: str) -> bool:
-        return await self._guard(self._need().delete_subscription(queue, name))
 
     async def refresh_subscriptions(self, queue: SharedQueue) -> None:
         rows = await self._guard(self._need().subscriptions(queue.name))
@@ -377,17 +393,27 @@ class SharedNode(SharedHome):
             await self._apply_definitions()
 
     async def _apply_definitions(self) -> None:
-        stored = await self._guard(self._need().definitions())
-        for name, doc in stored.items():
+        stored = await self._guard(self._need().defined())
+        for name, (doc, created) in stored.items():
             try:
                 definition = parse_definition(doc, self._base, self._mounts | {self._settings.mount})
             except CapellaError as exc:
                 log.error("shared queue definition unreadable queue=%s: %s", name, exc.message)
                 continue
+            known = self._created.get(name)
+            if known is not None and known != created and name in self._queues:
+                # Dropped and created again while this node did not hear of the drop (two
+                # notices read as one, or none while the LISTEN connection was down): the old
+                # queue's cached segments and ids are not the new one's.
+                log.info("shared queue created again queue=%s", name)
+                await self._queues.pop(name).close()
+            self._created[name] = created
             self._open(name, definition)
         for name in set(self._queues) - set(stored):
             queue = self._queues.pop(name)
             await queue.close()
+        for name in set(self._created) - set(stored):
+            del self._created[name]
         for queue in list(self._queues.values()):
             await self.refresh_subscriptions(queue)
 

@@ -37,13 +37,14 @@ from capella.errors import (
     CorruptData,
     KeyNotFound,
     NotOnSharedQueue,
+    QueueNotFound,
     ShuttingDown,
     StorageUnavailable,
     SubscriptionNotFound,
 )
 from capella.records import record_batch
 from capella.records.record_batch import Given, RecordBatch
-from capella.shared.catalog import Committed, Run, Segment, SubRow
+from capella.shared.catalog import MISSING_QUEUE, Committed, Run, Segment, SubRow
 
 if TYPE_CHECKING:
     from capella.core.delayed.intake import Delayed
@@ -268,6 +269,10 @@ class SharedQueue(BaseQueue):
             pending.done.add_done_callback(_retrieved)
             return [Buffered(0, False)] * count
         committed = await self._node.wait_committed(pending.done)
+        if committed.first_id == MISSING_QUEUE:
+            raise QueueNotFound(
+                f"no queue {self.name!r}: it was dropped before these messages were committed"
+            )
         return answers(committed, count)
 
     def committed(
@@ -454,6 +459,12 @@ class SharedQueue(BaseQueue):
 
     def subscriptions(self) -> list[SubscriptionState]:
         return [self._subs[name] for name in sorted(self._subs)]
+
+    async def current_subscription(self, name: str) -> SubscriptionState:
+        # This node's copy is as old as the last notice: a consumer whose reads go through
+        # one node and then another (a load balancer) would be served again what it had.
+        self.noted(await self._node.subscription_row(self.name, name), name)
+        return self.subscription(name)
 
     def noted(self, row: SubRow | None, name: str) -> None:
         """A cursor as PostgreSQL has it now (None: dropped)."""
