@@ -26,9 +26,9 @@ from capella.backoff import backoff
 from capella.config import SharedSettings
 from capella.core.loops import TaskFailures, keep_running
 from capella.core.stats import SharedStats
-from capella.errors import CapellaError, QueueNotFound, ShuttingDown, StorageTimeout, StorageUnavailable
+from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
 from capella.shared import object as objects
-from capella.shared.catalog import MISSING_QUEUE, BatchEntry, Catalog, Committed, Run
+from capella.shared.catalog import BatchEntry, Catalog, Committed, Run
 from capella.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -191,14 +191,8 @@ class Flusher:
         self.fault = None
         self._on_object(key, data)
         for result, p, spot in zip(committed, grouped, placed, strict=True):
-            if p.done.done():  # its caller stopped waiting; the commit stands all the same
-                pass
-            elif result.first_id == MISSING_QUEUE:
-                p.done.set_exception(QueueNotFound(f"no queue {p.queue!r}: it was dropped before the commit"))
-                p.done.exception()
-                continue
-            else:
-                p.done.set_result(result)
+            if not p.done.done():  # a caller that stopped waiting: the commit stands all the same
+                p.done.set_result(result)  # a dropped queue's marker is answered by SharedQueue
             self._stats.duplicates += len(result.duplicates)
             self._on_commit(p.queue, result, p, key, spot.offset, len(data))
 

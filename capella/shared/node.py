@@ -156,7 +156,7 @@ class SharedNode(SharedHome):
         # announced to this one, which is ready once start returns.
         await self._listen()
         await self._load_definitions()
-        await self._poll_heads(list(self._queues))
+        await self.poll_heads(list(self._queues))
         for name, body in (
             ("shared-listen", self._listen_loop),
             ("shared-poll", self._poll_loop),
@@ -417,7 +417,8 @@ class SharedNode(SharedHome):
         for queue in list(self._queues.values()):
             await self.refresh_subscriptions(queue)
 
-    async def _poll_heads(self, names: list[str]) -> None:
+    async def poll_heads(self, names: list[str]) -> None:
+        """The named queues' ids as PostgreSQL has them now (``SharedQueue.head``)."""
         if not names:
             return
         heads = await self._need().heads(names)
@@ -436,9 +437,9 @@ class SharedNode(SharedHome):
                     since_definitions = 0.0
                     await self._load_definitions()
                     # Every queue's first id too: retention on another node moves it.
-                    await self._poll_heads(list(self._queues))
+                    await self.poll_heads(list(self._queues))
                 else:
-                    await self._poll_heads(sorted(self._watched & set(self._queues)))
+                    await self.poll_heads(sorted(self._watched & set(self._queues)))
                 self._fault = None
             except StorageUnavailable as exc:
                 self._note_fault(exc.message)
@@ -504,7 +505,7 @@ class SharedNode(SharedHome):
             # Whatever was announced while no listener was up: definitions and heads, read now.
             with contextlib.suppress(StorageUnavailable):
                 await self._load_definitions()
-                await self._poll_heads(list(self._queues))
+                await self.poll_heads(list(self._queues))
             lost = [asyncio.ensure_future(listener.lost.wait()) for listener in self._listeners]
             try:
                 await asyncio.wait(lost, return_when=asyncio.FIRST_COMPLETED)
@@ -554,7 +555,7 @@ class SharedNode(SharedHome):
         # A queue dropped and created again starts over at id 1: its heads tell (SharedQueue.head).
         with contextlib.suppress(StorageUnavailable):
             await self._load_definitions()
-            await self._poll_heads([name])
+            await self.poll_heads([name])
 
     async def _refresh_quietly(self, queue: SharedQueue) -> None:
         with contextlib.suppress(StorageUnavailable):

@@ -121,6 +121,8 @@ class SharedQueue(BaseQueue):
         self._subs: dict[str, SubscriptionState] = {}
         self.arrived = asyncio.Event()
         self._last_error: str | None = None
+        self._head_task: asyncio.Future[None] | None = None
+        self._head_started = 0.0
 
     # --- the definition ----------------------------------------------------------------------
 
@@ -407,7 +409,15 @@ class SharedQueue(BaseQueue):
                 i += 1
             return segs[i : i + FETCH]
         if after + 1 >= self._next_id and segs and segs[-1].last_id == after:
-            return []  # nothing newer than what is cached, as far as this node has heard
+            # Nothing newer as far as this node has heard; but a write answered on another node
+            # just before this read must be in it: ask PostgreSQL (one query for the reads
+            # that come meanwhile).
+            try:
+                await self._confirm_head()
+            except StorageUnavailable:
+                return []  # PostgreSQL is down: what this node has is the answer until it is back
+            if after + 1 >= self._next_id:
+                return []
         rows = await self._node.segments_after(self.name, after, FETCH)
         if rows:
             if segs and segs[-1].last_id + 1 == rows[0].first_id:
@@ -417,6 +427,30 @@ class SharedQueue(BaseQueue):
                 self._cache(rows)
             self.moved(rows[-1].last_id + 1)
         return rows
+
+    async def _confirm_head(self) -> None:
+        """The queue's head as PostgreSQL has it now: read by a query that started after this
+        call did, shared with every read that arrives while it runs."""
+        arrived = time.monotonic()
+        while True:
+            task = self._head_task
+            if task is None:
+                self._head_started = time.monotonic()
+                task = self._head_task = asyncio.ensure_future(self._read_head())
+                await asyncio.shield(task)
+                return
+            started = self._head_started
+            await asyncio.shield(task)
+            if started >= arrived:
+                return
+            # That query began before this read: what it saw may not hold a write answered
+            # just before; wait for (or start) the next.
+
+    async def _read_head(self) -> None:
+        try:
+            await self._node.poll_heads([self.name])
+        finally:
+            self._head_task = None
 
     def _cache(self, rows: Sequence[Segment]) -> None:
         now = time.monotonic()

@@ -238,6 +238,20 @@ async def test_one_client_through_alternating_nodes_sees_its_ids_in_send_order(r
         assert [m.payload for m in found] == [f"step {n}".encode() for n in range(30)]
 
 
+async def test_a_write_answered_on_one_node_is_in_the_next_read_through_another(rig: SharedRig) -> None:
+    async with clients(rig.urls) as cs:
+        await cs[0].put_queue("read-your-writes", storage="shared")
+        await defined_everywhere(cs, "read-your-writes")
+        last = 0
+        for n in range(60):
+            (result,) = await cs[0].produce("read-your-writes", [f"w{n}"])
+            # Straight after the answer, through a node that read up to the write before: no
+            # waiting for its NOTIFY.
+            page = await cs[1].read("read-your-writes", after=last)
+            assert [m.id for m in page.messages] == [result.id], f"write {n} missed"
+            last = result.id
+
+
 # --- definitions -------------------------------------------------------------------------------
 
 
