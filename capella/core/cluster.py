@@ -77,6 +77,11 @@ class Cluster:
         # Configured, or generated at the first start and kept in the data directory (only once
         # the configuration is known to be good, so a refused start leaves nothing behind).
         self.name = cluster_name(config)
+        # The source of what this node's LOCAL queues mint. Every node of a shared cluster
+        # carries one cluster name (the shared queues' source, their ids unique through
+        # PostgreSQL), so there each node's local queues take the node's name too: two nodes'
+        # local queues never mint one identity, and a copy of both into one queue keeps both.
+        self.local_source = self.name if shared is None else f"{self.name}@{shared.node}"
         self._ticker: asyncio.Task[None] | None = None
 
     @classmethod
@@ -140,7 +145,7 @@ class Cluster:
             name,
             definition,
             self._mounts,
-            cluster_name=self.name,
+            cluster_name=self.local_source,
             settings=self._config.storage,
             flush_latency=self.flush_latency,
             task_failures=self.task_failures,

@@ -16,6 +16,11 @@ from capella.core.stats import SharedStats
 
 
 class SharedHome(ABC):
+    @property
+    @abstractmethod
+    def node(self) -> str:
+        """This node's name among the nodes of its shared cluster (``[shared] node``)."""
+
     @abstractmethod
     async def start(self, cluster_name: str, base: QueueSettings, mounts: set[str]) -> None:
         """Migrate the schema, claim this node's name, open every shared queue defined."""

@@ -186,6 +186,10 @@ class SharedNode(SharedHome):
                 )
             await asyncio.sleep(1.0)
 
+    @property
+    def node(self) -> str:
+        return self._settings.node
+
     def queues(self) -> dict[str, BaseQueue]:
         return dict(self._queues)
 

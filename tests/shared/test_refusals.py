@@ -387,12 +387,6 @@ async def cursor_at(c: AsyncClient, queue: str, sub: str, last_id: int) -> bool:
         return False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every node of a shared cluster carries one [cluster] name, the default source of its "
-    "local queues too: local queues on two nodes mint the same identities (shared-test, 1), and a "
-    "copy of both into one queue keeps only the first node's messages (reported on issue 36)",
-)
 async def test_local_queues_of_two_nodes_copied_into_one_shared_queue_keep_every_message(
     rig: SharedRig, http: aiohttp.ClientSession
 ) -> None:
