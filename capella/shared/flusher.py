@@ -11,6 +11,11 @@ Data reaches S3 before any metadata: a node that dies before the commit leaves a
 nobody references (the janitor deletes it); a commit whose answer is lost is retried with the
 same key, which answers what the first commit stored. Flushes run one at a time, so a write
 answered before the next one was sent always gets the lower id.
+
+A PUT or commit that fails is retried until ``storage.write_timeout`` has passed since the
+flush began; each attempt is cut off at that deadline too, so a blackholed S3 or PostgreSQL
+cannot hold a flush longer. Failures and successes are noted in the node's ``Faults`` (the
+part "s3" for the PUT, "postgres" for the commit).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from capella.core.stats import SharedStats
 from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
 from capella.shared import object as objects
 from capella.shared.catalog import BatchEntry, Catalog, Committed, Run
+from capella.shared.fault import POSTGRES, S3, Faults
 from capella.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -62,6 +68,7 @@ class Flusher:
         own: str,
         write_timeout: float,
         stats: SharedStats,
+        faults: Faults,
         on_commit: Callable[[str, Committed, Pending, str, int], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -71,6 +78,7 @@ class Flusher:
         self._own = own
         self._write_timeout = write_timeout
         self._stats = stats
+        self._faults = faults
         self._on_commit = on_commit
         self._clock = clock
         self._buffer = Buffer()
@@ -78,7 +86,7 @@ class Flusher:
         self._urgent = False
         self._closing = False
         self._task: asyncio.Task[None] | None = None
-        self.fault: str | None = None  # why the last flush failed, until one succeeds
+        self.flushing = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="shared-flush")
@@ -97,6 +105,11 @@ class Flusher:
     @property
     def buffered(self) -> int:
         return self._buffer.size
+
+    @property
+    def idle(self) -> bool:
+        """Nothing buffered and no flush under way (a probe then tells whether S3 is back)."""
+        return not self.flushing and not self._buffer.pending
 
     def add(self, queue: str, data: bytes, count: int, runs: list[Run], *, urgent: bool) -> Pending:
         """Buffer one batch; its ``done`` is answered by the flush that commits it."""
@@ -135,6 +148,7 @@ class Flusher:
                     remaining = self._buffer.opened + self._settings.flush_interval - time.monotonic()
             buffer, self._buffer = self._buffer, Buffer()
             self._urgent = False
+            self.flushing = True
             try:
                 await self._flush(buffer.pending)
             except Exception as exc:  # answered to every waiter; the loop goes on
@@ -150,6 +164,8 @@ class Flusher:
                         p.done.set_exception(error)
                         # Retrieved here so that a caller that stopped waiting leaves no warning.
                         p.done.exception()
+            finally:
+                self.flushing = False
             if self._closing and not self._buffer.pending:
                 return
 
@@ -169,12 +185,13 @@ class Flusher:
             for spot, p in zip(placed, grouped, strict=True)
         ]
         assert all(e.queue == p.queue for e, p in zip(entries, grouped, strict=True))
-        await self._retry("put", deadline, lambda: self._storage.put(key, data))
+        await self._retry("put", S3, deadline, lambda: self._storage.put(key, data))
         self._stats.puts += 1
         self._stats.put_bytes += len(data)
         put_done = time.perf_counter()
         committed = await self._retry(
             "commit",
+            POSTGRES,
             deadline,
             lambda: self._catalog.commit_object(key, self._settings.node, len(data), self._own, entries),
         )
@@ -182,32 +199,34 @@ class Flusher:
         self._stats.flush_seconds.observe(time.perf_counter() - started)
         self._stats.flushes += 1
         self._stats.objects += 1
-        self.fault = None
         for result, p, spot in zip(committed, grouped, placed, strict=True):
             self._stats.duplicates += len(result.duplicates)
             self._on_commit(p.queue, result, p, key, spot.offset)
             if not p.done.done():
                 p.done.set_result(result)
 
-    async def _retry(self, step: str, deadline: float, call: Callable[[], Awaitable[T]]) -> T:
+    async def _retry(self, step: str, part: str, deadline: float, call: Callable[[], Awaitable[T]]) -> T:
         """``call`` until it succeeds or the write timeout passes (then ``StorageTimeout``:
-        the outcome of a commit is unknown, as with any 503)."""
+        the outcome of a commit is unknown, as with any 503). Each attempt ends at the deadline."""
         failures = 0
         while True:
             try:
-                return await call()
-            except StorageUnavailable as exc:
+                async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
+                    found = await call()
+                self._faults.ok(part)
+                return found
+            except (StorageUnavailable, TimeoutError) as exc:
                 failures += 1
-                self.fault = f"{step}: {exc.message}"
+                text = exc.message if isinstance(exc, StorageUnavailable) else "no answer in time"
+                where = "S3" if part == S3 else "PostgreSQL"
+                self._faults.failed(part, f"shared: {step} to {where} failing: {text}")
                 self._stats.failures[step] = self._stats.failures.get(step, 0) + 1
                 delay = backoff(failures, 0.05, 1.0)
                 if time.monotonic() + delay >= deadline:
                     if step == "put":
-                        raise StorageUnavailable(
-                            f"shared: cannot write the object to S3: {exc.message}"
-                        ) from None
+                        raise StorageUnavailable(f"shared: cannot write the object to S3: {text}") from None
                     raise StorageTimeout(
-                        f"shared: the commit was not confirmed within the write timeout: {exc.message}"
+                        f"shared: the commit was not confirmed within the write timeout: {text}"
                     ) from None
-                log.warning("shared %s failed, retrying in %.2fs: %s", step, delay, exc.message)
+                log.warning("shared %s failed, retrying in %.2fs: %s", step, delay, text)
                 await asyncio.sleep(delay)

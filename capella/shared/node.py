@@ -5,19 +5,33 @@ the schema (under a lock: nodes may start together), claims its name (a lease in
 PostgreSQL: two live nodes with one name are refused), opens every shared queue defined and
 listens for commits and definition changes from the other nodes. A poll every half second
 stands behind NOTIFY, which is lost while the listening connection is down.
+
+PostgreSQL down at start does not stop the node: it serves its local queues, ``fault`` says
+why the shared part is not up, and a supervised loop retries the migrate, claim and load with
+a bounded backoff until PostgreSQL answers. Until then every call on shared queues answers
+``StorageUnavailable`` (503), and so does looking up a queue this node cannot know yet.
+
+The name lease's token is kept in the data dir (``shared-node.token``, written with
+``capella.fsync``), under a lock file held for the process's life: the same node restarted
+after ``kill -9`` reclaims its name at once, while another process with the same name (another
+data dir, or this one while its owner still runs) holds another token and is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import secrets as random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
+from capella.backoff import backoff
 from capella.config import Config, SharedSettings
 from capella.core.base_queue import BaseQueue
 from capella.core.definition import QueueSettings, parse_definition
@@ -29,10 +43,13 @@ from capella.core.stats import SharedStats
 from capella.errors import (
     CapellaError,
     InvalidConfig,
+    NotFound,
     QueueNotFound,
     ShuttingDown,
+    StorageTimeout,
     StorageUnavailable,
 )
+from capella.fsync import create_directories, open_private, write_atomic
 from capella.records import record_batch
 from capella.shared import database
 from capella.shared.cache import ObjectCache
@@ -45,6 +62,7 @@ from capella.shared.catalog import (
     SubRow,
 )
 from capella.shared.database import Listener, Pool
+from capella.shared.fault import POSTGRES, S3, Faults
 from capella.shared.flusher import Flusher, Pending
 from capella.shared.queue import SharedQueue
 from capella.shared.schema import migrate
@@ -63,6 +81,16 @@ DEFINITIONS_POLL = 5.0
 BATCHES = 2048
 OBJECT_CACHE = 256 * 1024 * 1024
 OWN_OBJECTS_FOR = 30.0  # a node's own objects stay in memory this long: tail reads need no GET
+# Bringing the shared part up again after PostgreSQL failed at start: 0.5 s, 1 s, ... at most 5 s.
+START_RETRY_BASE = 0.25
+START_RETRY_CAP = 5.0
+# A failed S3 is probed this often (a GET of a key nobody writes) until it answers again.
+S3_PROBE_EVERY = 1.0
+PROBE_KEY = "shared-probe/none"
+TOKEN_FILE = "shared-node.token"
+TOKEN_LOCK = "shared-node.lock"
+# A request waits for its flush at most write_timeout past the window (plus this), then 503.
+ANSWER_MARGIN = 0.5
 
 
 class SharedNode(SharedHome):
@@ -84,6 +112,7 @@ class SharedNode(SharedHome):
         self._clock = clock
         self._limits = MessageLimits.of(config.server)
         self._token = random.token_hex(16)
+        self._token_lock: int | None = None
         self._queues: dict[str, SharedQueue] = {}
         self._base = QueueSettings()
         self._mounts: set[str] = set()
@@ -98,8 +127,8 @@ class SharedNode(SharedHome):
         self._watched: set[str] = set()
         self._objects = ObjectCache(OBJECT_CACHE, time.monotonic)
         self._batches: OrderedDict[tuple[str, int, int], Batch] = OrderedDict()
-        self._fault: str | None = None
-        self.fault_since = 0.0
+        self._faults = Faults(clock)
+        self._up = False  # migrated, named, definitions loaded: the shared queues are served
         self.replicas_moved = asyncio.Event()
         self._closing = False
 
@@ -109,11 +138,10 @@ class SharedNode(SharedHome):
         self.cluster_name = cluster_name
         self._base = base
         self._mounts = mounts
+        self._token, self._token_lock = await asyncio.to_thread(node_token, self._config.data_dir)
         target = database.target_of(self._settings, self._secrets)
         self._pool = pool = await database.open_pool(target)
         self._catalog = catalog = Catalog(pool)
-        version = await migrate(pool)
-        await self._claim(catalog)
         self._flusher = Flusher(
             self._settings,
             self._storage,
@@ -121,23 +149,56 @@ class SharedNode(SharedHome):
             own=cluster_name,
             write_timeout=self._config.storage.write_timeout,
             stats=self._stats,
+            faults=self._faults,
             on_commit=self._committed,
             clock=self._clock,
         )
         self._flusher.start()
+        try:
+            await self._bring_up()
+        except StorageUnavailable as exc:
+            # PostgreSQL is not there yet: serve the local queues and keep trying.
+            self._faults.failed(POSTGRES, f"shared queues not started: {exc.message}")
+            log.warning("shared node not started, retrying in the background: %s", exc.message)
+            self._spawn("shared-start", self._start_loop)
+
+    async def _bring_up(self) -> None:
+        """Migrate, claim the name, load the definitions, then run the node's loops."""
+        catalog = self._need_catalog()
+        assert self._pool is not None
+        version = await migrate(self._pool)
+        await self._claim(catalog)
         await self._load_definitions()
         await self._poll_heads(list(self._queues))
+        self._up = True
+        self._faults.ok(POSTGRES)
         for name, body in (
             ("shared-listen", self._listen_loop),
             ("shared-poll", self._poll_loop),
             ("shared-lease", self._lease_loop),
         ):
-            self._tasks.append(
-                asyncio.create_task(keep_running(name, body, failures=self._failures), name=name)
-            )
+            self._spawn(name, body)
         log.info(
             "shared node ready node=%s schema=%d queues=%d", self._settings.node, version, len(self._queues)
         )
+
+    async def _start_loop(self) -> None:
+        """``_bring_up`` until it works. A refusal (a name another live node holds, a schema too
+        new) is shown and retried too, more slowly: nothing but the operator can end it."""
+        failures = 0
+        while not self._up and not self._closing:
+            failures += 1
+            await asyncio.sleep(backoff(failures, START_RETRY_BASE, START_RETRY_CAP))
+            try:
+                await self._bring_up()
+            except CapellaError as exc:
+                self._faults.failed(POSTGRES, f"shared queues not started: {exc.message}")
+                self._stats.failures["start"] = self._stats.failures.get("start", 0) + 1
+                if failures & (failures - 1) == 0:  # the 1st, 2nd, 4th, 8th ...: a long outage logs little
+                    log.warning("shared node still not started (attempt %d): %s", failures, exc.message)
+
+    def _spawn(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        self._tasks.append(asyncio.create_task(keep_running(name, body, failures=self._failures), name=name))
 
     async def _claim(self, catalog: Catalog) -> None:
         # A node restarted after kill -9 finds its own old lease: it waits for it to run out. A
@@ -181,8 +242,27 @@ class SharedNode(SharedHome):
 
     @property
     def fault(self) -> str | None:
-        flusher = self._flusher
-        return self._fault or (None if flusher is None else flusher.fault)
+        return self._faults.text
+
+    @property
+    def fault_since(self) -> float:
+        return self._faults.since
+
+    @property
+    def fault_parts(self) -> list[str]:
+        return self._faults.parts
+
+    @property
+    def ready(self) -> bool:
+        return self._up
+
+    def missing(self, name: str) -> CapellaError:
+        if not self._up:
+            return StorageUnavailable(
+                f"queue {name!r}: not a local queue, and this node cannot tell whether it is a "
+                f"shared one yet ({self._faults.text or 'starting'})"
+            )
+        return QueueNotFound(f"no queue {name!r}")
 
     @property
     def stats(self) -> SharedStats:
@@ -201,11 +281,15 @@ class SharedNode(SharedHome):
             await queue.close()
         catalog = self._catalog
         if catalog is not None:
-            with contextlib.suppress(CapellaError):
-                await catalog.release_node(self._settings.node, self._token)
+            if self._up:
+                with contextlib.suppress(CapellaError):
+                    await catalog.release_node(self._settings.node, self._token)
             await self._close_listeners()
         if self._pool is not None:
             await self._pool.close()
+        if self._token_lock is not None:
+            os.close(self._token_lock)
+            self._token_lock = None
 
     # --- what the queues ask -------------------------------------------------------------------
 
@@ -216,7 +300,19 @@ class SharedNode(SharedHome):
         return self._flusher
 
     async def wait_committed(self, done: asyncio.Future[Committed]) -> Committed:
-        return await done
+        """The commit of a flushed batch, or ``StorageTimeout`` once ``write_timeout`` has passed
+        beyond the window (a flush before it may have held the flusher): the request is
+        answered either way, and the batch may still be committed later, as with any 503."""
+        within = self._config.storage.write_timeout + self._settings.flush_interval + ANSWER_MARGIN
+        try:
+            async with asyncio.timeout(within):
+                return await asyncio.shield(done)
+        except TimeoutError:
+            done.add_done_callback(_forgotten)
+            raise StorageTimeout(
+                f"shared: the write was not confirmed within {within:g}s "
+                f"({self._faults.text or 'the flush is slow'}); it may still be saved"
+            ) from None
 
     def watch(self, queue: SharedQueue) -> None:
         """A reader waits on ``queue``: the poll behind NOTIFY includes it from now on."""
@@ -261,7 +357,7 @@ class SharedNode(SharedHome):
         return await self._guard(self._need().delete_subscription(queue, name))
 
     async def refresh_subscriptions(self, queue: SharedQueue) -> None:
-        rows = await self._guard(self._need().subscriptions(queue.name))
+        rows = await self._guard(self._need_catalog().subscriptions(queue.name))
         names = {row.name for row in rows}
         for sub in queue.subscriptions():
             if sub.name not in names:
@@ -271,22 +367,26 @@ class SharedNode(SharedHome):
 
     # --- inside -------------------------------------------------------------------------------
 
-    def _need(self) -> Catalog:
-        if self._catalog is None:
+    def _need_catalog(self) -> Catalog:
+        if self._catalog is None or self._closing:
             raise ShuttingDown("the shared node is not running")
         return self._catalog
 
+    def _need(self) -> Catalog:
+        """The catalog, for calls on shared queues: only once the shared part is up."""
+        catalog = self._need_catalog()
+        if not self._up:
+            raise StorageUnavailable(f"shared queues are not started yet: {self._faults.text or 'starting'}")
+        return catalog
+
     async def _guard(self, call: Awaitable[T]) -> T:
         try:
-            return await call
+            found = await call
         except StorageUnavailable as exc:
-            self._note_fault(exc.message)
+            self._faults.failed(POSTGRES, exc.message)
             raise
-
-    def _note_fault(self, message: str) -> None:
-        if self._fault is None:
-            self.fault_since = self._clock()
-        self._fault = message
+        self._faults.ok(POSTGRES)
+        return found
 
     def _open(self, name: str, definition: QueueSettings) -> SharedQueue:
         queue = self._queues.get(name)
@@ -303,7 +403,7 @@ class SharedNode(SharedHome):
             found.committed(result, pending.count, key, offset, len(pending.data))
 
     async def _load_definitions(self) -> None:
-        stored = await self._guard(self._need().definitions())
+        stored = await self._guard(self._need_catalog().definitions())
         for name, doc in stored.items():
             try:
                 definition = parse_definition(doc, self._base, self._mounts | {self._settings.mount})
@@ -320,7 +420,7 @@ class SharedNode(SharedHome):
     async def _poll_heads(self, names: list[str]) -> None:
         if not names:
             return
-        heads = await self._need().heads(names)
+        heads = await self._guard(self._need_catalog().heads(names))
         for name, (first_id, next_id) in heads.items():
             queue = self._queues.get(name)
             if queue is not None:
@@ -328,31 +428,54 @@ class SharedNode(SharedHome):
 
     async def _poll_loop(self) -> None:
         since_definitions = 0.0
+        since_probe = S3_PROBE_EVERY
         while True:
             await asyncio.sleep(POLL)
             since_definitions += POLL
+            since_probe += POLL
             try:
                 if since_definitions >= DEFINITIONS_POLL:
                     since_definitions = 0.0
                     await self._load_definitions()
-                await self._poll_heads(sorted(self._watched & set(self._queues)))
-                self._fault = None
-            except StorageUnavailable as exc:
-                self._note_fault(exc.message)
+                watched = sorted(self._watched & set(self._queues))
+                if watched:
+                    await self._poll_heads(watched)
+                elif POSTGRES in self._faults:
+                    # Nothing to poll, but a fault to clear once PostgreSQL answers again.
+                    await self._guard(self._need_catalog().heads([]))
+            except StorageUnavailable:
                 self._stats.failures["poll"] = self._stats.failures.get("poll", 0) + 1
+            if S3 in self._faults and since_probe >= S3_PROBE_EVERY:
+                since_probe = 0.0
+                await self._probe_s3()
+
+    async def _probe_s3(self) -> None:
+        """Whether S3 answers again, while no flush would tell (one GET of a missing key)."""
+        flusher = self._flusher
+        if flusher is None or not flusher.idle:
+            return  # a flush under way says it soon enough
+        try:
+            async with asyncio.timeout(max(1.0, self._config.storage.write_timeout)):
+                await self._storage.get(PROBE_KEY)
+        except NotFound:
+            pass
+        except (StorageUnavailable, TimeoutError):
+            return
+        if flusher.idle:
+            self._faults.ok(S3)
 
     async def _lease_loop(self) -> None:
         while True:
             await asyncio.sleep(RENEW)
             try:
-                if not await self._need().renew_node(self._settings.node, self._token, LEASE):
+                if not await self._guard(self._need().renew_node(self._settings.node, self._token, LEASE)):
                     log.error(
                         "shared node name taken over node=%s: is a second node running with it?",
                         self._settings.node,
                     )
                     await self._claim(self._need())
-            except StorageUnavailable as exc:
-                self._note_fault(exc.message)
+            except StorageUnavailable:
+                self._stats.failures["lease"] = self._stats.failures.get("lease", 0) + 1
 
     async def _listen_loop(self) -> None:
         channels = {
@@ -416,6 +539,34 @@ class SharedNode(SharedHome):
             await self.refresh_subscriptions(queue)
         self.replicas_moved.set()
         self.replicas_moved = asyncio.Event()
+
+
+def node_token(data_dir: Path) -> tuple[str, int | None]:
+    """This node's lease token and the lock that makes it this process's: the token kept in
+    ``data_dir`` (made and fsync'd the first time), or a fresh one that is kept nowhere when
+    another live process holds the data dir's lock (then its lease refuses this one)."""
+    create_directories(data_dir)
+    fd = open_private(data_dir / TOKEN_LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return random.token_hex(16), None
+    path = data_dir / TOKEN_FILE
+    try:
+        token = path.read_text(encoding="ascii").strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        token = ""
+    if len(token) != 32 or any(c not in "0123456789abcdef" for c in token):
+        token = random.token_hex(16)
+        write_atomic(path, token.encode())
+    return token, fd
+
+
+def _forgotten(done: asyncio.Future[Committed]) -> None:
+    """A batch whose caller stopped waiting (503): what its flush decided is only logged."""
+    if not done.cancelled() and (exc := done.exception()) is not None:
+        log.debug("a shared write answered 503 failed later too: %s", exc)
 
 
 def stamped(data: bytes, segment: Segment, source: str) -> Batch:

@@ -68,8 +68,12 @@ class SharedRig:
         s3: S3Server | None = None,
         shared: dict[str, Value] | None = None,
         extra: str = "",
+        s3_endpoint: str | None = None,
+        pg_port: int | None = None,
     ) -> None:
-        """``shared``: more keys of each node's ``[shared]`` table; ``extra``: more TOML tables."""
+        """``shared``: more keys of each node's ``[shared]`` table; ``extra``: more TOML tables;
+        ``s3_endpoint`` and ``pg_port``: where the nodes reach moto and PostgreSQL instead (a
+        ``TcpProxy`` a test can cut, tests/support/tcp_proxy.py)."""
         if pg is not None and durable and not pg.durable:
             raise ValueError("a durable rig needs a durable PgServer (or none: it starts its own)")
         self.root = root
@@ -77,6 +81,8 @@ class SharedRig:
         self.flush_interval = flush_interval
         self.shared_options = dict(shared or {})
         self.extra = extra
+        self.s3_endpoint = s3_endpoint
+        self.pg_port = pg_port
         self._own_pg = pg is None
         self._own_s3 = s3 is None
         self._nodes: dict[int, ServerProcess] = {}
@@ -106,6 +112,13 @@ class SharedRig:
     def config_path(self, i: int) -> Path:
         return self.root / f"{self.node_name(i)}.toml"
 
+    @property
+    def node_dsn(self) -> str:
+        """The DSN the nodes are given: the database's, through ``pg_port`` when set."""
+        if self.pg_port is None:
+            return self.dsn
+        return self.pg.dsn(self.database).replace(f":{self.pg.port}/", f":{self.pg_port}/")
+
     def port(self, i: int) -> int:
         """Node ``i``'s port, chosen once and kept across restarts."""
         if i not in self._ports:
@@ -120,12 +133,14 @@ class SharedRig:
         table: dict[str, Value | None] = {
             "node": self.node_name(i),
             "mount": MOUNT,
-            "dsn": self.dsn,
+            "dsn": self.node_dsn,
             "flush_interval": self.flush_interval,
             **self.shared_options,
             **(shared or {}),
         }
         s3_options: dict[str, Any] = self.s3.mount_options(self.bucket)
+        if self.s3_endpoint is not None:
+            s3_options["endpoint_url"] = self.s3_endpoint
         parts = [
             toml_table("cluster", {"name": CLUSTER}),
             mounts
