@@ -129,6 +129,7 @@ class SharedNode(SharedHome):
         self._batches: OrderedDict[tuple[str, int, int], Batch] = OrderedDict()
         self._faults = Faults(clock)
         self._up = False  # migrated, named, definitions loaded: the shared queues are served
+        self._probe: asyncio.Task[bytes] | None = None
         self.replicas_moved = asyncio.Event()
         self._closing = False
 
@@ -272,6 +273,8 @@ class SharedNode(SharedHome):
         self._closing = True
         if self._flusher is not None:
             await self._flusher.close()
+        if self._probe is not None:
+            self._probe.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -379,9 +382,18 @@ class SharedNode(SharedHome):
             raise StorageUnavailable(f"shared queues are not started yet: {self._faults.text or 'starting'}")
         return catalog
 
-    async def _guard(self, call: Awaitable[T]) -> T:
+    async def _guard(self, call: Awaitable[T], within: float | None = None) -> T:
+        """``call`` on PostgreSQL, ended after ``within`` seconds (``storage.write_timeout`` by
+        default: a blackholed database holds no request longer), its outcome noted in the faults."""
+        limit = self._config.storage.write_timeout if within is None else within
         try:
-            found = await call
+            async with asyncio.timeout(limit):
+                found = await call
+        except TimeoutError:
+            where = self._pool.shown if self._pool is not None else "?"
+            message = f"shared: postgres {where}: no answer within {limit:g}s"
+            self._faults.failed(POSTGRES, message)
+            raise StorageUnavailable(message) from None
         except StorageUnavailable as exc:
             self._faults.failed(POSTGRES, exc.message)
             raise
@@ -442,7 +454,7 @@ class SharedNode(SharedHome):
                     await self._poll_heads(watched)
                 elif POSTGRES in self._faults:
                     # Nothing to poll, but a fault to clear once PostgreSQL answers again.
-                    await self._guard(self._need_catalog().heads([]))
+                    await self._guard(self._need_catalog().heads([]), RENEW)
             except StorageUnavailable:
                 self._stats.failures["poll"] = self._stats.failures.get("poll", 0) + 1
             if S3 in self._faults and since_probe >= S3_PROBE_EVERY:
@@ -450,13 +462,17 @@ class SharedNode(SharedHome):
                 await self._probe_s3()
 
     async def _probe_s3(self) -> None:
-        """Whether S3 answers again, while no flush would tell (one GET of a missing key)."""
+        """Whether S3 answers again, while no flush would tell: one GET of a missing key, one
+        at a time (a blackholed GET holds its thread until the mount's own timeouts end it)."""
         flusher = self._flusher
         if flusher is None or not flusher.idle:
             return  # a flush under way says it soon enough
+        if self._probe is not None and not self._probe.done():
+            return
+        self._probe = asyncio.create_task(self._storage.get(PROBE_KEY), name="shared-s3-probe")
+        self._probe.add_done_callback(_retrieved)
         try:
-            async with asyncio.timeout(max(1.0, self._config.storage.write_timeout)):
-                await self._storage.get(PROBE_KEY)
+            await asyncio.wait_for(asyncio.shield(self._probe), max(1.0, self._config.storage.write_timeout))
         except NotFound:
             pass
         except (StorageUnavailable, TimeoutError):
@@ -468,7 +484,8 @@ class SharedNode(SharedHome):
         while True:
             await asyncio.sleep(RENEW)
             try:
-                if not await self._guard(self._need().renew_node(self._settings.node, self._token, LEASE)):
+                renewal = self._need().renew_node(self._settings.node, self._token, LEASE)
+                if not await self._guard(renewal, min(RENEW, self._config.storage.write_timeout)):
                     log.error(
                         "shared node name taken over node=%s: is a second node running with it?",
                         self._settings.node,
@@ -561,6 +578,12 @@ def node_token(data_dir: Path) -> tuple[str, int | None]:
         token = random.token_hex(16)
         write_atomic(path, token.encode())
     return token, fd
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """A probe's outcome is read by whoever still waits for it; nobody else needs it."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _forgotten(done: asyncio.Future[Committed]) -> None:

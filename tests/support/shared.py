@@ -194,12 +194,19 @@ class SharedRig:
         node.wait_ready()
         return node
 
-    def refusal(self, i: int, text: str) -> tuple[int, str]:
-        """Start node ``i`` with the configuration ``text``, which it should refuse: exit code, output."""
+    def launch(self, i: int) -> ServerProcess:
+        """Start node ``i`` without waiting for ``/readyz`` (it may not become ready soon)."""
+        return self._spawn(i)
+
+    def refusal(
+        self, i: int, text: str, *, data_dir: Path | None = None, port: int | None = None
+    ) -> tuple[int, str]:
+        """Start node ``i`` with the configuration ``text``, which it should refuse: exit code,
+        output. ``data_dir`` and ``port`` replace node ``i``'s (a second process beside it)."""
         path = self.write_config(i, text)
         done = subprocess.run(
-            [sys.executable, "-m", "capella", "serve", "--data-dir", str(self.data_dir(i)),
-             "--config", str(path), "--listen", f"127.0.0.1:{self.port(i)}"],
+            [sys.executable, "-m", "capella", "serve", "--data-dir", str(data_dir or self.data_dir(i)),
+             "--config", str(path), "--listen", f"127.0.0.1:{port or self.port(i)}"],
             capture_output=True, text=True, timeout=REFUSAL_TIMEOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         return done.returncode, done.stdout + done.stderr

@@ -67,6 +67,8 @@ class TcpProxy:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(START_TIMEOUT)
+            if not self._thread.is_alive():
+                self._loop.close()
 
     # --- switches (call from any thread) ---
 
@@ -117,6 +119,7 @@ class TcpProxy:
     async def _stop(self) -> None:
         if self._server is not None:
             self._server.close()
+            await self._server.wait_closed()
         for client, upstream in list(self._pairs):
             _reset(client)
             if upstream is not None:
