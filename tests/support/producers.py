@@ -30,6 +30,7 @@ RETRY_PAUSE = 0.2
 
 @dataclass
 class Attempt:
+    at: float  # time.monotonic() when it was sent
     node: int
     status: int | None  # None: no answer (connection refused or cut, or the client's timeout)
     code: str | None
@@ -72,7 +73,7 @@ class Producer:
             pass
         if status != 200 and isinstance(body, dict):
             code = body.get("error", {}).get("code")
-        self.attempts.append(Attempt(node, status, code, time.monotonic() - started))
+        self.attempts.append(Attempt(started, node, status, code, time.monotonic() - started))
         if status != 200 or body is None:
             return False
         results = body["results"]
