@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from capella.backoff import backoff
 from capella.config import SharedSettings
+from capella.core.loops import TaskFailures, keep_running
 from capella.core.stats import SharedStats
 from capella.errors import CapellaError, ShuttingDown, StorageTimeout, StorageUnavailable
 from capella.shared import object as objects
@@ -88,8 +89,12 @@ class Flusher:
         self._task: asyncio.Task[None] | None = None
         self.flushing = False
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="shared-flush")
+    def start(self, failures: TaskFailures) -> None:
+        """Run the flush loop, supervised: a bug in it is logged and counted, and the loop goes
+        on with what is buffered (each flush answers its own waiters whatever happens)."""
+        self._task = asyncio.create_task(
+            keep_running("shared-flush", self._run, failures=failures), name="shared-flush"
+        )
 
     async def close(self) -> None:
         """Flush what is buffered, then stop."""

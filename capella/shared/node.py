@@ -27,7 +27,7 @@ import os
 import secrets as random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -130,6 +130,7 @@ class SharedNode(SharedHome):
         self._faults = Faults(clock)
         self._up = False  # migrated, named, definitions loaded: the shared queues are served
         self._probe: asyncio.Task[bytes] | None = None
+        self._notices: set[asyncio.Task[None]] = set()
         self.replicas_moved = asyncio.Event()
         self._closing = False
 
@@ -154,7 +155,7 @@ class SharedNode(SharedHome):
             on_commit=self._committed,
             clock=self._clock,
         )
-        self._flusher.start()
+        self._flusher.start(self._failures)
         try:
             await self._bring_up()
         except StorageUnavailable as exc:
@@ -275,9 +276,9 @@ class SharedNode(SharedHome):
             await self._flusher.close()
         if self._probe is not None:
             self._probe.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._notices]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._notices]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for queue in self._queues.values():
@@ -539,13 +540,22 @@ class SharedNode(SharedHome):
             queue.moved(int(next_id))
 
     def _on_definition_notice(self, payload: str) -> None:
-        asyncio.get_running_loop().create_task(self._reload_quietly())
+        self._background(self._reload_quietly())
 
     def _on_cursor_notice(self, payload: str) -> None:
         name, _, _ = payload.partition(":")
         queue = self._queues.get(name)
         if queue is not None:
-            asyncio.get_running_loop().create_task(self._refresh_quietly(queue))
+            self._background(self._refresh_quietly(queue))
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        """A notice's follow-up, held until it ends (the loop keeps only weak references)."""
+        if self._closing:
+            work.close()
+            return
+        task = asyncio.get_running_loop().create_task(work)
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
 
     async def _reload_quietly(self) -> None:
         with contextlib.suppress(StorageUnavailable):

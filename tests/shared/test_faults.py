@@ -309,3 +309,24 @@ def test_a_node_killed_reclaims_its_name_at_once_and_another_process_with_it_is_
         assert rig.running(0)
     finally:
         rig.close()
+
+
+async def test_readyz_names_postgres_down_also_with_no_shared_queue_defined(
+    tmp_path: Path,
+    pg_server: PgServer,
+    s3_server: S3Server,
+    pg_proxy: TcpProxy,
+    http: aiohttp.ClientSession,
+) -> None:
+    rig = make_rig(tmp_path / "rig", pg_server, s3_server, pg_port=pg_proxy.port)
+    try:
+        await asyncio.to_thread(rig.start, 1)
+        url = rig.urls[0]
+        assert (await readiness(http, url))[0] == 200
+        with pg_proxy.down("cut"):
+            seen = await until_not_ready(http, url, "postgres", IDLE_DETECT_WITHIN)
+            assert "queues" not in seen
+            assert seen["status"] == "not_writable"
+        await until_ready(http, url)
+    finally:
+        await asyncio.to_thread(rig.close)
