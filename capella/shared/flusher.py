@@ -16,11 +16,22 @@ A PUT or commit that fails is retried until ``storage.write_timeout`` has passed
 flush began; each attempt is cut off at that deadline too, so a blackholed S3 or PostgreSQL
 cannot hold a flush longer. Failures and successes are noted in the node's ``Faults`` (the
 part "s3" for the PUT, "postgres" for the commit).
+
+What a failed flush does with its batches: callers waiting (``wait``, ``immediate``) get the
+error (503). Batches nobody waits for (``none``, ``mark``: answered from the buffer) are not
+dropped: after a failed PUT they go back into the buffer for the next flush (up to
+``HOLD_FLUSHES`` times ``flush_bytes``); after a commit that got no answer the object is
+*uncertain*, and before any newer flush it is committed again under the same key (idempotent:
+it answers what the first commit did, or applies it now) until PostgreSQL answers, for at most
+``UNCERTAIN_FOR`` (well inside the janitor's grace for uncommitted objects). Its waiting
+callers have had their 503 by then ("it may still be saved"); the batches are stored at most
+once either way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,6 +51,10 @@ from capella.storage import Storage
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+HOLD_FLUSHES = 8  # batches nobody waits for, kept after a failed PUT: at most this many flushes' bytes
+UNCERTAIN_FOR = 300.0  # seconds an unanswered commit is retried (the janitor's grace is an hour)
+UNCERTAIN_RETRY = 1.0  # how often, while nothing else is buffered
+
 
 @dataclass(slots=True)
 class Pending:
@@ -50,6 +65,21 @@ class Pending:
     count: int
     runs: list[Run]
     done: asyncio.Future[Committed]
+    keep: bool = False  # nobody waits (none, mark): a failed flush keeps it for a later one
+    held: bool = False  # kept by the flush that failed: not answered with its error
+
+
+@dataclass(slots=True)
+class Uncertain:
+    """An object in S3 whose commit got no answer, committed again under its key until PostgreSQL
+    answers (the commit is keyed by the object: it is applied once)."""
+
+    key: str
+    size: int
+    entries: list[BatchEntry]
+    grouped: list[Pending]
+    offsets: list[int]
+    since: float  # monotonic
 
 
 @dataclass(slots=True)
@@ -87,6 +117,7 @@ class Flusher:
         self._urgent = False
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        self._uncertain: list[Uncertain] = []
         self.flushing = False
 
     def start(self, failures: TaskFailures) -> None:
@@ -103,9 +134,18 @@ class Flusher:
         self._wake.set()
         if self._task is not None:
             await self._task
-        for p in self._buffer.pending:
+        lost = [p for u in self._uncertain for p in u.grouped] + self._buffer.pending
+        if self._uncertain:
+            log.error(
+                "shared node stopping with %d commits unanswered: their objects stay in S3 "
+                "for the janitor; batches nobody waited for may be lost: %d",
+                len(self._uncertain),
+                sum(p.keep for u in self._uncertain for p in u.grouped),
+            )
+        for p in lost:
             if not p.done.done():
                 p.done.set_exception(ShuttingDown("the node is stopping"))
+                p.done.exception()
 
     @property
     def buffered(self) -> int:
@@ -116,14 +156,22 @@ class Flusher:
         """Nothing buffered and no flush under way (a probe then tells whether S3 is back)."""
         return not self.flushing and not self._buffer.pending
 
-    def add(self, queue: str, data: bytes, count: int, runs: list[Run], *, urgent: bool) -> Pending:
-        """Buffer one batch; its ``done`` is answered by the flush that commits it."""
+    @property
+    def uncertain(self) -> int:
+        """Objects whose commit got no answer yet (retried by key)."""
+        return len(self._uncertain)
+
+    def add(
+        self, queue: str, data: bytes, count: int, runs: list[Run], *, urgent: bool, keep: bool = False
+    ) -> Pending:
+        """Buffer one batch; its ``done`` is answered by the flush that commits it. ``keep``:
+        nobody waits for it, so a failed flush keeps it for a later one."""
         if self._closing:
             raise ShuttingDown("the node is stopping")
         buffer = self._buffer
         if not buffer.pending:
             buffer.opened = time.monotonic()
-        pending = Pending(queue, data, count, runs, asyncio.get_running_loop().create_future())
+        pending = Pending(queue, data, count, runs, asyncio.get_running_loop().create_future(), keep)
         buffer.pending.append(pending)
         buffer.size += len(data)
         if urgent or buffer.size >= self._settings.flush_bytes:
@@ -133,6 +181,14 @@ class Flusher:
 
     async def _run(self) -> None:
         while True:
+            if self._uncertain and not await self._settle() and not self._buffer.pending:
+                if self._closing:
+                    return
+                # PostgreSQL still gives no answer: again in a while, or when a batch comes.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(UNCERTAIN_RETRY):
+                        await self._wake.wait()
+                continue
             await self._wake.wait()
             self._wake.clear()
             if not self._buffer.pending:
@@ -165,14 +221,83 @@ class Flusher:
                 if not isinstance(exc, CapellaError):
                     log.error("shared flush crashed", exc_info=exc)
                 for p in buffer.pending:
-                    if not p.done.done():
+                    if not p.done.done() and not p.held:
                         p.done.set_exception(error)
                         # Retrieved here so that a caller that stopped waiting leaves no warning.
                         p.done.exception()
             finally:
                 self.flushing = False
-            if self._closing and not self._buffer.pending:
+            if self._closing and not self._buffer.pending and not self._uncertain:
                 return
+
+    async def _settle(self) -> bool:
+        """Commit the uncertain objects again, oldest first; whether none is left."""
+        while self._uncertain:
+            u = self._uncertain[0]
+            if time.monotonic() - u.since > UNCERTAIN_FOR:
+                self._uncertain.pop(0)
+                log.error(
+                    "shared commit given up after %.0fs without an answer key=%s: its object is "
+                    "left for the janitor",
+                    UNCERTAIN_FOR,
+                    u.key,
+                )
+                self._fail(u.grouped, StorageTimeout(f"shared: the commit of {u.key} got no answer"))
+                continue
+            try:
+                async with asyncio.timeout(self._write_timeout):
+                    committed = await self._catalog.commit_object(
+                        u.key, self._settings.node, u.size, self._own, u.entries
+                    )
+            except (StorageUnavailable, TimeoutError):
+                return False
+            except CapellaError as exc:  # refused: rolled back, so nothing of it is stored
+                self._uncertain.pop(0)
+                log.error("shared commit refused key=%s: %s", u.key, exc.message)
+                self._fail(u.grouped, exc)
+                continue
+            self._uncertain.pop(0)
+            self._faults.ok(POSTGRES)
+            log.info("shared commit answered on retry key=%s", u.key)
+            self._answer(u.key, committed, u.grouped, u.offsets)
+        return True
+
+    def _fail(self, pending: Sequence[Pending], error: Exception) -> None:
+        for p in pending:
+            if not p.done.done():
+                p.done.set_exception(error)
+                p.done.exception()
+
+    def _hold(self, pending: Sequence[Pending]) -> None:
+        """Batches nobody waits for go back to the front of the buffer (within its bound; not
+        while the node stops: close must end)."""
+        if self._closing:
+            return
+        room = HOLD_FLUSHES * self._settings.flush_bytes - self._buffer.size
+        held: list[Pending] = []
+        for p in pending:
+            if p.keep and not p.done.done() and len(p.data) <= room:
+                p.held = True
+                room -= len(p.data)
+                held.append(p)
+        if not held:
+            return
+        buffer = self._buffer
+        if not buffer.pending:
+            buffer.opened = time.monotonic()
+        buffer.pending[:0] = held
+        buffer.size += sum(len(p.data) for p in held)
+        self._wake.set()
+
+    def _answer(
+        self, key: str, committed: list[Committed], grouped: Sequence[Pending], offsets: list[int]
+    ) -> None:
+        self._stats.objects += 1
+        for result, p, offset in zip(committed, grouped, offsets, strict=True):
+            self._stats.duplicates += len(result.duplicates)
+            self._on_commit(p.queue, result, p, key, offset)
+            if not p.done.done():
+                p.done.set_result(result)
 
     async def _flush(self, pending: Sequence[Pending]) -> None:
         started = time.perf_counter()
@@ -190,25 +315,36 @@ class Flusher:
             for spot, p in zip(placed, grouped, strict=True)
         ]
         assert all(e.queue == p.queue for e, p in zip(entries, grouped, strict=True))
-        await self._retry("put", S3, deadline, lambda: self._storage.put(key, data))
+        for p in grouped:
+            p.held = False
+        try:
+            await self._retry("put", S3, deadline, lambda: self._storage.put(key, data))
+        except StorageUnavailable:
+            self._hold(grouped)
+            raise
         self._stats.puts += 1
         self._stats.put_bytes += len(data)
         put_done = time.perf_counter()
-        committed = await self._retry(
-            "commit",
-            POSTGRES,
-            deadline,
-            lambda: self._catalog.commit_object(key, self._settings.node, len(data), self._own, entries),
-        )
+        try:
+            committed = await self._retry(
+                "commit",
+                POSTGRES,
+                deadline,
+                lambda: self._catalog.commit_object(key, self._settings.node, len(data), self._own, entries),
+            )
+        except StorageUnavailable:
+            # Applied or not, nobody knows: commit it again under this key before anything newer.
+            offsets = [spot.offset for spot in placed]
+            self._uncertain.append(
+                Uncertain(key, len(data), entries, list(grouped), offsets, time.monotonic())
+            )
+            for p in grouped:
+                p.held = p.keep
+            raise
         self._stats.commit_seconds.observe(time.perf_counter() - put_done)
         self._stats.flush_seconds.observe(time.perf_counter() - started)
         self._stats.flushes += 1
-        self._stats.objects += 1
-        for result, p, spot in zip(committed, grouped, placed, strict=True):
-            self._stats.duplicates += len(result.duplicates)
-            self._on_commit(p.queue, result, p, key, spot.offset)
-            if not p.done.done():
-                p.done.set_result(result)
+        self._answer(key, committed, grouped, [spot.offset for spot in placed])
 
     async def _retry(self, step: str, part: str, deadline: float, call: Callable[[], Awaitable[T]]) -> T:
         """``call`` until it succeeds or the write timeout passes (then ``StorageTimeout``:

@@ -212,11 +212,15 @@ async def test_postgres_unreachable_writes_503_in_time_cached_reads_work_and_all
             assert status == 200 and during == before
 
         await until_ready(http, url)
-        # The same identities again: whatever the failed flush left (an object in S3, never
-        # committed) is not stored twice.
+        # The flush whose commit got no answer is committed again under its object's key, by
+        # itself; the producer's retry of the same identities then finds them stored, once.
+        await until(
+            lambda: "shared commit answered on retry" in rig.node(0).log(), 10.0, "the retried commit"
+        )
         status, body, _ = await produce(http, url, "q", "s", 21, 10)
         assert status == 200, body
         assert [r["id"] for r in body["results"]] == list(range(21, 31))
+        assert all(r["duplicate"] for r in body["results"])
         status, after = await read(http, url, "q")
         assert_stored_once(after, "s", 30)
     finally:
@@ -328,5 +332,55 @@ async def test_readyz_names_postgres_down_also_with_no_shared_queue_defined(
             assert "queues" not in seen
             assert seen["status"] == "not_writable"
         await until_ready(http, url)
+    finally:
+        await asyncio.to_thread(rig.close)
+
+
+async def test_writes_nobody_waits_for_outlive_an_s3_and_a_postgres_outage(
+    tmp_path: Path,
+    pg_server: PgServer,
+    s3_server: S3Server,
+    s3_proxy: TcpProxy,
+    pg_proxy: TcpProxy,
+    http: aiohttp.ClientSession,
+) -> None:
+    rig = make_rig(tmp_path / "rig", pg_server, s3_server, s3_endpoint=s3_proxy.url, pg_port=pg_proxy.port)
+
+    async def of_source(source: str) -> list[dict[str, Any]]:
+        status, body = await read(http, url, "q")
+        assert status == 200, body
+        return [m for m in body["messages"] if m["source"] == source]
+
+    async def stored(count: int) -> bool:
+        return len(await of_source("s")) >= count
+
+    async def unattended(first: int, save: str) -> None:
+        body = messages("s", first, 10)
+        status, answer, _ = await call(http, "POST", f"{url}/v1/queues/q/messages", body, save=save)
+        assert status == 200, answer
+        # A write that waits, sent after: its 503 comes once the flush before it gave up too.
+        status, answer, _ = await produce(http, url, "q", "w", first, 10)
+        assert status == 503, answer
+
+    try:
+        await asyncio.to_thread(rig.start, 1)
+        url = rig.urls[0]
+        await create_shared(http, url, "q")
+        with s3_proxy.down("cut"):
+            await unattended(1, "none")
+        await until(lambda: stored(10), RECOVER_WITHIN, "the kept batch stored after S3 came back")
+
+        with pg_proxy.down("cut"):
+            await unattended(11, "mark")
+        await until(
+            lambda: stored(20), RECOVER_WITHIN, "the unanswered commit applied after PostgreSQL is back"
+        )
+        kept = await of_source("s")
+        assert [m["external_id"] for m in kept] == list(range(1, 21))
+        assert [m["data"] for m in kept] == [f"s-{e}" for e in range(1, 21)]
+        _, body = await read(http, url, "q")
+        assert [m["id"] for m in body["messages"]] == list(range(1, len(body["messages"]) + 1))
+        waited = [m["external_id"] for m in body["messages"] if m["source"] == "w"]
+        assert len(waited) == len(set(waited))  # answered 503, maybe stored later: once at most
     finally:
         await asyncio.to_thread(rig.close)
