@@ -137,7 +137,7 @@ async def check_stored(
     http: aiohttp.ClientSession, url: str, queue: str, producers: Sequence[Producer]
 ) -> list[dict[str, Any]]:
     """Assert the queue's contents, read through ``url``, keep every promise; answers them."""
-    messages = await read_all(http, f"{url}/v1/queues/{queue}", limit=1000, request_timeout=30.0)
+    messages = await read_all(http, f"{url}/v1/queues/{queue}", limit=10_000, request_timeout=60.0)
     ids = [m["id"] for m in messages]
     assert ids == list(range(1, len(ids) + 1)), "ids are not 1, 2, ... without a gap"
     by_identity: dict[tuple[str, int], dict[str, Any]] = {}
