@@ -334,9 +334,23 @@ class SharedNode(SharedHome):
             return batch
         objects = self._objects
         before = objects.stats.fetched_bytes, objects.stats.whole_gets + objects.stats.range_gets
-        data = await objects.fetch(
-            segment.key, segment.byte_offset, segment.byte_size, self._storage, size=None, whole_below=0
-        )
+        within = self._config.storage.write_timeout
+        try:
+            # Bounded like a write: a blackholed S3 holds no reader longer (the GET itself goes
+            # on for the other readers of the object, and ends by the mount's own timeouts).
+            async with asyncio.timeout(within):
+                data = await objects.fetch(
+                    segment.key,
+                    segment.byte_offset,
+                    segment.byte_size,
+                    self._storage,
+                    size=None,
+                    whole_below=0,
+                )
+        except TimeoutError:
+            raise StorageUnavailable(
+                f"shared: S3 gave no answer within {within:g}s for {segment.key!r}"
+            ) from None
         after = objects.stats
         self._stats.get_bytes += after.fetched_bytes - before[0]
         self._stats.gets += after.whole_gets + after.range_gets - before[1]
@@ -513,8 +527,10 @@ class SharedNode(SharedHome):
                 log.warning("shared listen failed, retrying: %s", exc.message)
                 await asyncio.sleep(1.0)
                 continue
-            # Whatever was announced while no listener was up: the heads of every queue now.
+            # Whatever was announced while no listener was up (also between the start's load and
+            # this first LISTEN): the definitions, and the heads of every queue, now.
             with contextlib.suppress(StorageUnavailable):
+                await self._load_definitions()
                 await self._poll_heads(list(self._queues))
             lost = [asyncio.ensure_future(listener.lost.wait()) for listener in self._listeners]
             try:

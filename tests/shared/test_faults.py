@@ -13,6 +13,7 @@ stored twice and no id skipped.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ from support.shared_calls import (
 from support.tcp_proxy import TcpProxy
 from support.wait import until
 
+LISTEN_AGAIN_WITHIN = 2.5  # the listener retries every second
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(available() is not None, reason=f"shared queues need PostgreSQL: {available()}"),
@@ -57,8 +60,8 @@ async def test_s3_unreachable_writes_503_in_time_cached_reads_work_and_all_resum
 ) -> None:
     rig = make_rig(tmp_path / "rig", pg_server, s3_server, s3_endpoint=s3_proxy.url)
     try:
-        await asyncio.to_thread(rig.start, 1)
-        url = rig.urls[0]
+        await asyncio.to_thread(rig.start, 2)
+        url, other = rig.urls
         await create_shared(http, url, "q")
         status, body, _ = await produce(http, url, "q", "s", 1, 20)
         assert status == 200, body
@@ -80,6 +83,10 @@ async def test_s3_unreachable_writes_503_in_time_cached_reads_work_and_all_resum
             assert "S3" in ready["shared"]["reason"]
             assert ready["shared"]["since"] > 0
             assert [q["queue"] for q in ready["queues"]] == ["q"]
+            # A node that has not read them must GET them: answered 503, in time too.
+            status, body, seconds = await call(http, "GET", f"{other}/v1/queues/q/messages", after="0")
+            assert status == 503 and body["error"]["code"] == "storage_unavailable", body
+            assert seconds <= WRITE_TIMEOUT + ANSWER_SLACK
 
         # No write needed: the node probes S3 and says it is ready again.
         await until_ready(http, url)
@@ -87,6 +94,8 @@ async def test_s3_unreachable_writes_503_in_time_cached_reads_work_and_all_resum
         assert status == 200, body
         status, after = await read(http, url, "q")
         assert_stored_once(after, "s", 30)
+        status, elsewhere = await read(http, other, "q")
+        assert status == 200 and elsewhere == after
     finally:
         await asyncio.to_thread(rig.close)
 
@@ -204,5 +213,34 @@ async def test_writes_nobody_waits_for_outlive_an_s3_and_a_postgres_outage(
         assert [m["id"] for m in body["messages"]] == list(range(1, len(body["messages"]) + 1))
         waited = [m["external_id"] for m in body["messages"] if m["source"] == "w"]
         assert len(waited) == len(set(waited))  # answered 503, maybe stored later: once at most
+    finally:
+        await asyncio.to_thread(rig.close)
+
+
+async def test_a_queue_defined_while_a_node_was_cut_off_is_seen_as_soon_as_it_listens_again(
+    tmp_path: Path,
+    pg_server: PgServer,
+    s3_server: S3Server,
+    pg_proxy: TcpProxy,
+    http: aiohttp.ClientSession,
+) -> None:
+    rig = make_rig(tmp_path / "rig", pg_server, s3_server)
+    proxied = rig.node_dsn.replace(f":{pg_server.port}/", f":{pg_proxy.port}/")
+    rig.write_config(1, rig.config_text(1, shared={"dsn": proxied}))
+    try:
+        first, second = [node.url for node in await asyncio.to_thread(rig.start, 2)]
+        with pg_proxy.down("cut"):
+            # "shared listen connection lost", or "shared listen failed" when the cut came
+            # before its first LISTEN (a node is ready before its listener is up).
+            await until(lambda: "shared listen" in rig.node(1).log(), 10.0, "node 1 not listening")
+            await create_shared(http, first, "late")  # announced while node 1 cannot hear it
+        restored = time.monotonic()
+
+        async def seen() -> bool:
+            return (await call(http, "GET", f"{second}/v1/queues/late"))[0] == 200
+
+        # The definitions poll behind NOTIFY runs every 5 s; listening again reloads them at once.
+        await until(seen, 10.0, "queue late on node 1")
+        assert time.monotonic() - restored < LISTEN_AGAIN_WITHIN
     finally:
         await asyncio.to_thread(rig.close)
