@@ -52,7 +52,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 HOLD_FLUSHES = 8  # batches nobody waits for, kept after a failed PUT: at most this many flushes' bytes
-UNCERTAIN_FOR = 300.0  # seconds an unanswered commit is retried (the janitor's grace is an hour)
+# Seconds an unanswered commit is retried. It must stay well below the janitor's age for objects
+# no row names (orphans): past that, the object may be deleted, and a late commit would name it.
+UNCERTAIN_FOR = 300.0
 UNCERTAIN_RETRY = 1.0  # how often, while nothing else is buffered
 
 
@@ -100,6 +102,7 @@ class Flusher:
         write_timeout: float,
         stats: SharedStats,
         faults: Faults,
+        uncertain_for: float = UNCERTAIN_FOR,
         on_commit: Callable[[str, Committed, Pending, str, int], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -110,6 +113,7 @@ class Flusher:
         self._write_timeout = write_timeout
         self._stats = stats
         self._faults = faults
+        self._uncertain_for = uncertain_for
         self._on_commit = on_commit
         self._clock = clock
         self._buffer = Buffer()
@@ -234,12 +238,12 @@ class Flusher:
         """Commit the uncertain objects again, oldest first; whether none is left."""
         while self._uncertain:
             u = self._uncertain[0]
-            if time.monotonic() - u.since > UNCERTAIN_FOR:
+            if time.monotonic() - u.since > self._uncertain_for:
                 self._uncertain.pop(0)
                 log.error(
                     "shared commit given up after %.0fs without an answer key=%s: its object is "
                     "left for the janitor",
-                    UNCERTAIN_FOR,
+                    self._uncertain_for,
                     u.key,
                 )
                 self._fail(u.grouped, StorageTimeout(f"shared: the commit of {u.key} got no answer"))

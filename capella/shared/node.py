@@ -162,7 +162,7 @@ class SharedNode(SharedHome):
             # PostgreSQL is not there yet: serve the local queues and keep trying.
             self._faults.failed(POSTGRES, f"shared queues not started: {exc.message}")
             log.warning("shared node not started, retrying in the background: %s", exc.message)
-            self._spawn("shared-start", self._start_loop)
+            self._supervise("shared-start", self._start_loop)
 
     async def _bring_up(self) -> None:
         """Migrate, claim the name, load the definitions, then run the node's loops."""
@@ -179,7 +179,7 @@ class SharedNode(SharedHome):
             ("shared-poll", self._poll_loop),
             ("shared-lease", self._lease_loop),
         ):
-            self._spawn(name, body)
+            self._supervise(name, body)
         log.info(
             "shared node ready node=%s schema=%d queues=%d", self._settings.node, version, len(self._queues)
         )
@@ -199,7 +199,7 @@ class SharedNode(SharedHome):
                 if failures & (failures - 1) == 0:  # the 1st, 2nd, 4th, 8th ...: a long outage logs little
                     log.warning("shared node still not started (attempt %d): %s", failures, exc.message)
 
-    def _spawn(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+    def _supervise(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
         self._tasks.append(asyncio.create_task(keep_running(name, body, failures=self._failures), name=name))
 
     async def _claim(self, catalog: Catalog) -> None:
