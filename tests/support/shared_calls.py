@@ -21,7 +21,7 @@ WRITE_TIMEOUT = 2.0
 WINDOW = 0.05
 # A failed write is answered within write_timeout past the window; this much more is the
 # request's own way through the server and the client on 2 busy cores.
-ANSWER_SLACK = 1.5
+ANSWER_SLACK = 2.5
 EXTRA = f'[storage]\nwrite_timeout = "{WRITE_TIMEOUT:g}s"\n'
 RECOVER_WITHIN = 15.0
 IDLE_DETECT_WITHIN = 10.0  # the lease is renewed every 3 s: an idle node notices PostgreSQL gone
