@@ -14,7 +14,11 @@ leaves here as ``CorruptData`` (the rule every provider follows, ``Storage.get_r
 Object stores cannot append, so ``journal`` raises ``Unsupported``: a queue keeps its
 metadata and open block on a file (or memory) mount and only sealed blocks move here.
 
-boto3 is blocking, so every call runs in a thread. The client is built on first use, in
+boto3 is blocking, so every call runs in a thread: of the mount's own pool (``THREADS``, as many
+as botocore keeps connections), not the event loop's default one. An endpoint that accepts and
+never answers holds each call's thread until the mount's timeouts end it; in a pool of its own
+that stalls only this mount, never the file mounts, logins and block encoding that share the
+default pool. The client is built on first use, in
 that thread, so opening a mount (and parsing a config that names one) needs neither a
 reachable endpoint nor credentials. botocore retries throttling, 5xx answers, timeouts and
 dropped connections itself ("standard" mode, ``max_attempts`` tries); whatever error is
@@ -28,6 +32,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import boto3
@@ -47,6 +52,8 @@ from capella.storage import Journal, check_range
 from capella.units import parse_duration
 
 T = TypeVar("T")
+# Threads of a mount's own pool: botocore's connection pool holds 10 (max_pool_connections).
+THREADS = 10
 
 _MISSING_KEY = {"NoSuchKey", "404", "NotFound"}
 _MISSING_BUCKET = "NoSuchBucket"
@@ -117,6 +124,7 @@ class S3Storage:
         )
         self._client: Any = None
         self._client_lock = threading.Lock()
+        self._threads: ThreadPoolExecutor | None = None  # made on the first call
 
     async def get(self, key: str) -> bytes:
         name = self._name(key)
@@ -202,6 +210,10 @@ class S3Storage:
             client, self._client = self._client, None
         if client is not None:
             await asyncio.to_thread(client.close)
+        threads, self._threads = self._threads, None
+        if threads is not None:
+            # Calls still hanging on a silent endpoint end by their own timeouts; nobody waits.
+            threads.shutdown(wait=False, cancel_futures=True)
 
     def _name(self, key: str) -> str:
         parts = key.split("/")
@@ -228,8 +240,10 @@ class S3Storage:
         missing_key_is_not_found: bool = False,
         ranged: bool = False,
     ) -> T:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(THREADS, thread_name_prefix="s3")
         try:
-            return await asyncio.to_thread(fn)
+            return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
         except ClientError as exc:
             error = exc.response.get("Error", {})
             code = str(error.get("Code") or "Unknown")
