@@ -91,6 +91,7 @@ TOKEN_FILE = "shared-node.token"
 TOKEN_LOCK = "shared-node.lock"
 # A request waits for its flush at most write_timeout past the window (plus this), then 503.
 ANSWER_MARGIN = 0.5
+GOODBYE_WITHIN = 3.0  # what a stop gives PostgreSQL to hear the node leave
 
 
 class SharedNode(SharedHome):
@@ -283,14 +284,19 @@ class SharedNode(SharedHome):
                 await task
         for queue in self._queues.values():
             await queue.close()
-        catalog = self._catalog
-        if catalog is not None:
-            if self._up:
-                with contextlib.suppress(CapellaError):
-                    await catalog.release_node(self._settings.node, self._token)
-            await self._close_listeners()
-        if self._pool is not None:
-            await self._pool.close()
+        listeners = list(self._listeners)
+        try:
+            # Bounded as a whole: a blackholed PostgreSQL must not hold the stop. The lease
+            # then runs out by itself, or this node reclaims it at its next start (its token).
+            async with asyncio.timeout(GOODBYE_WITHIN):
+                await self._goodbye()
+        except TimeoutError:
+            log.warning("shared node: PostgreSQL gave no answer to the goodbye; connections dropped")
+            for listener in listeners:
+                listener.terminate()
+            self._listeners = []
+            if self._pool is not None:
+                self._pool.terminate()
         if self._token_lock is not None:
             os.close(self._token_lock)
             self._token_lock = None
@@ -543,10 +549,19 @@ class SharedNode(SharedHome):
             await self._close_listeners()
             await asyncio.sleep(0.2)
 
+    async def _goodbye(self) -> None:
+        """Release the name, close the listeners and the pool."""
+        catalog = self._catalog
+        if catalog is not None and self._up:
+            with contextlib.suppress(CapellaError):
+                await self._guard(catalog.release_node(self._settings.node, self._token), RENEW)
+        await self._close_listeners()
+        if self._pool is not None:
+            await self._pool.close()
+
     async def _close_listeners(self) -> None:
         listeners, self._listeners = self._listeners, []
-        for listener in listeners:
-            await listener.close()
+        await asyncio.gather(*(listener.close() for listener in listeners))
 
     def _on_commit_notice(self, payload: str) -> None:
         self._stats.notifications += 1

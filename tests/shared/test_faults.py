@@ -307,3 +307,34 @@ async def failed_puts(http: aiohttp.ClientSession, url: str, at_least: int) -> b
         if line.startswith('capella_shared_failures_total{step="put"}'):
             return int(line.split()[-1]) >= at_least
     return False
+
+
+@pytest.mark.parametrize("part", ["postgres", "s3"])
+async def test_a_node_stops_in_time_while_postgres_or_s3_is_blackholed(
+    tmp_path: Path,
+    pg_server: PgServer,
+    s3_server: S3Server,
+    s3_proxy: TcpProxy,
+    pg_proxy: TcpProxy,
+    http: aiohttp.ClientSession,
+    part: str,
+) -> None:
+    rig = make_rig(tmp_path / "rig", pg_server, s3_server, s3_endpoint=s3_proxy.url, pg_port=pg_proxy.port)
+    proxy = pg_proxy if part == "postgres" else s3_proxy
+    try:
+        await asyncio.to_thread(rig.start, 1)
+        url = rig.urls[0]
+        await create_shared(http, url, "q")
+        assert (await produce(http, url, "q", "s", 1, 5))[0] == 200
+        with proxy.down("blackhole"):
+            if part == "postgres":
+                await until_not_ready(http, url, part, IDLE_DETECT_WITHIN)
+            else:
+                assert (await produce(http, url, "q", "s", 6, 5))[0] == 503
+            started = time.monotonic()
+            code = await asyncio.to_thread(rig.stop, 0)
+            # SIGTERM answered with a clean exit, before the rig's patience (10 s) ran out.
+            assert code == 0, rig.node(0).log_path.read_text()[-3000:]
+            assert time.monotonic() - started < 10.0
+    finally:
+        await asyncio.to_thread(rig.close)
