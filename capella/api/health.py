@@ -29,8 +29,14 @@ async def readyz(request: web.Request) -> web.Response:
         for q in cluster.queues()
         if q.faults
     ]
+    body: dict[str, object] = {"status": "not_writable"}
     if faulty:
-        return json_response({"status": "not_writable", "queues": faulty}, 503)
+        body["queues"] = faulty
+    shared = cluster.shared
+    if shared is not None and shared.fault is not None:
+        body["shared"] = {"reason": shared.fault, "parts": shared.fault_parts, "since": shared.fault_since}
+    if len(body) > 1:
+        return json_response(body, 503)
     return json_response({"status": "ready"})
 
 

@@ -197,6 +197,8 @@ class Cluster:
         found: BaseQueue | None = self._queues.get(name)
         if found is None and self.shared is not None:
             found = self.shared.queues().get(name)
+            if found is None:
+                raise self.shared.missing(name)
         if found is None:
             raise QueueNotFound(f"no queue {name!r}")
         return found

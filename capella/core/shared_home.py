@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from capella.core.base_queue import BaseQueue
 from capella.core.definition import QueueSettings
 from capella.core.stats import SharedStats
+from capella.errors import CapellaError
 
 
 class SharedHome(ABC):
@@ -42,7 +43,29 @@ class SharedHome(ABC):
     @property
     @abstractmethod
     def fault(self) -> str | None:
-        """Why shared queues cannot take writes now (PostgreSQL or S3 unreachable), or None."""
+        """Why shared queues cannot take writes now (PostgreSQL or S3 unreachable, or the
+        shared part not started yet), or None."""
+
+    @property
+    @abstractmethod
+    def fault_since(self) -> float:
+        """UNIX seconds of the first failure of the faults ``fault`` names."""
+
+    @property
+    @abstractmethod
+    def fault_parts(self) -> list[str]:
+        """What fails: ``"postgres"``, ``"s3"`` (none when ``fault`` is None)."""
+
+    @property
+    @abstractmethod
+    def ready(self) -> bool:
+        """Whether the shared part is up (it may start later than the node, when PostgreSQL
+        was down at start)."""
+
+    @abstractmethod
+    def missing(self, name: str) -> CapellaError:
+        """The error for ``name``, found neither among the local nor the shared queues:
+        ``QueueNotFound``, or ``StorageUnavailable`` while the shared queues are not known yet."""
 
     @property
     @abstractmethod

@@ -188,6 +188,10 @@ class Pool:
         except Exception:  # closing lost connections: nothing left to save
             self._pool.terminate()
 
+    def terminate(self) -> None:
+        """Drop every connection without a goodbye (PostgreSQL does not answer)."""
+        self._pool.terminate()
+
 
 class Listener:
     """One LISTEN connection; ``lost`` is set once it ended (PostgreSQL restarted, the
@@ -201,6 +205,11 @@ class Listener:
         conn.add_termination_listener(lambda _c: self.lost.set())
         if conn.is_closed():
             self.lost.set()
+
+    def terminate(self) -> None:
+        self.lost.set()
+        if not self._conn.is_closed():
+            self._conn.terminate()
 
     async def close(self) -> None:
         self.lost.set()

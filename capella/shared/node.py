@@ -7,19 +7,33 @@ listens for commits and definition changes from the other nodes. A poll every ha
 stands behind NOTIFY, which is lost while the listening connection is down. Every
 ``compact_interval`` it runs a compaction pass (``compactor.py``) and a janitor pass
 (``janitor.py``); advisory locks in PostgreSQL pick one node per queue, and one janitor.
+
+PostgreSQL down at start does not stop the node: it serves its local queues, ``fault`` says
+why the shared part is not up, and a supervised loop retries the migrate, claim and load with
+a bounded backoff until PostgreSQL answers. Until then every call on shared queues answers
+``StorageUnavailable`` (503), and so does looking up a queue this node cannot know yet.
+
+The name lease's token is kept in the data dir (``shared-node.token``, written with
+``capella.fsync``), under a lock file held for the process's life: the same node restarted
+after ``kill -9`` reclaims its name at once, while another process with the same name (another
+data dir, or this one while its owner still runs) holds another token and is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import secrets as random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
+from capella.backoff import backoff
 from capella.config import Config, SharedSettings
 from capella.core.base_queue import BaseQueue
 from capella.core.definition import QueueSettings, SealLimits, parse_definition
@@ -33,10 +47,13 @@ from capella.errors import (
     CapellaError,
     CorruptData,
     InvalidConfig,
+    NotFound,
     QueueNotFound,
     ShuttingDown,
+    StorageTimeout,
     StorageUnavailable,
 )
+from capella.fsync import create_directories, open_private, write_atomic
 from capella.shared import database
 from capella.shared.cache import ObjectCache
 from capella.shared.catalog import (
@@ -49,7 +66,8 @@ from capella.shared.catalog import (
 )
 from capella.shared.compactor import Compactor
 from capella.shared.database import Listener, Pool
-from capella.shared.flusher import Flusher, Pending
+from capella.shared.fault import POSTGRES, S3, Faults
+from capella.shared.flusher import UNCERTAIN_FOR, Flusher, Pending
 from capella.shared.janitor import Janitor
 from capella.shared.queue import SharedQueue
 from capella.shared.schema import migrate
@@ -71,6 +89,17 @@ BATCHES = 2048
 BATCH_BYTES = 256 * 1024 * 1024
 OBJECT_CACHE = 256 * 1024 * 1024
 OWN_OBJECTS_FOR = 30.0  # a node's own objects stay in memory this long: tail reads need no GET
+# Bringing the shared part up again after PostgreSQL failed at start: 0.5 s, 1 s, ... at most 5 s.
+START_RETRY_BASE = 0.25
+START_RETRY_CAP = 5.0
+# A failed S3 is probed this often (a GET of a key nobody writes) until it answers again.
+S3_PROBE_EVERY = 1.0
+PROBE_KEY = "shared-probe/none"
+TOKEN_FILE = "shared-node.token"
+TOKEN_LOCK = "shared-node.lock"
+# A request waits for its flush at most write_timeout past the window (plus this), then 503.
+ANSWER_MARGIN = 0.5
+GOODBYE_WITHIN = 3.0  # what a stop gives PostgreSQL to hear the node leave
 
 
 class SharedNode(SharedHome):
@@ -92,6 +121,7 @@ class SharedNode(SharedHome):
         self._clock = clock
         self._limits = MessageLimits.of(config.server)
         self._token = random.token_hex(16)
+        self._token_lock: int | None = None
         self._queues: dict[str, SharedQueue] = {}
         self._created: dict[str, float] = {}  # when each queue was created, as PostgreSQL says
         self._base = QueueSettings()
@@ -111,8 +141,9 @@ class SharedNode(SharedHome):
         self._objects = ObjectCache(OBJECT_CACHE, time.monotonic)
         self._batches: OrderedDict[tuple[str, int, int], tuple[Batch, int]] = OrderedDict()
         self._batch_bytes = 0
-        self._fault: str | None = None
-        self.fault_since = 0.0
+        self._faults = Faults(clock)
+        self._up = False  # migrated, named, definitions loaded: the shared queues are served
+        self._probe: asyncio.Task[bytes] | None = None
         self.replicas_moved = asyncio.Event()
         self._closing = False
         self._definitions_lock = asyncio.Lock()
@@ -123,11 +154,10 @@ class SharedNode(SharedHome):
         self.cluster_name = cluster_name
         self._base = base
         self._mounts = mounts
+        self._token, self._token_lock = await asyncio.to_thread(node_token, self._config.data_dir)
         target = database.target_of(self._settings, self._secrets)
         self._pool = pool = await database.open_pool(target)
         self._catalog = catalog = Catalog(pool)
-        version = await migrate(pool)
-        await self._claim(catalog)
         self._flusher = Flusher(
             self._settings,
             self._storage,
@@ -135,6 +165,9 @@ class SharedNode(SharedHome):
             own=cluster_name,
             write_timeout=self._config.storage.write_timeout,
             stats=self._stats,
+            faults=self._faults,
+            # An object the janitor may take for an orphan is never committed late.
+            uncertain_for=min(UNCERTAIN_FOR, self._settings.orphan_after / 2),
             on_commit=self._committed,
             on_object=self._pin,
             clock=self._clock,
@@ -152,11 +185,27 @@ class SharedNode(SharedHome):
         self.janitor = Janitor(
             self._settings, self._storage, catalog, self._objects, stats=self._stats, clock=self._clock
         )
+        try:
+            await self._bring_up()
+        except StorageUnavailable as exc:
+            # PostgreSQL is not there yet: serve the local queues and keep trying.
+            self._faults.failed(POSTGRES, f"shared queues not started: {exc.message}")
+            log.warning("shared node not started, retrying in the background: %s", exc.message)
+            self._supervise("shared-start", self._start_loop)
+
+    async def _bring_up(self) -> None:
+        """Migrate, claim the name, listen, load the definitions, then run the node's loops."""
+        catalog = self._need_catalog()
+        assert self._pool is not None
+        version = await migrate(self._pool)
+        await self._claim(catalog)
         # Listening before the definitions are read: what another node defines from now on is
-        # announced to this one, which is ready once start returns.
+        # announced to this one, which is ready once this returns.
         await self._listen()
         await self._load_definitions()
         await self.poll_heads(list(self._queues))
+        self._up = True
+        self._faults.ok(POSTGRES)
         for name, body in (
             ("shared-listen", self._listen_loop),
             ("shared-poll", self._poll_loop),
@@ -164,12 +213,28 @@ class SharedNode(SharedHome):
             ("shared-compact", self._compact_loop),
             ("shared-janitor", self._janitor_loop),
         ):
-            self._tasks.append(
-                asyncio.create_task(keep_running(name, body, failures=self._failures), name=name)
-            )
+            self._supervise(name, body)
         log.info(
             "shared node ready node=%s schema=%d queues=%d", self._settings.node, version, len(self._queues)
         )
+
+    async def _start_loop(self) -> None:
+        """``_bring_up`` until it works. A refusal (a name another live node holds, a schema too
+        new) is shown and retried too, more slowly: nothing but the operator can end it."""
+        failures = 0
+        while not self._up and not self._closing:
+            failures += 1
+            await asyncio.sleep(backoff(failures, START_RETRY_BASE, START_RETRY_CAP))
+            try:
+                await self._bring_up()
+            except CapellaError as exc:
+                self._faults.failed(POSTGRES, f"shared queues not started: {exc.message}")
+                self._stats.failures["start"] = self._stats.failures.get("start", 0) + 1
+                if failures & (failures - 1) == 0:  # the 1st, 2nd, 4th, 8th ...: a long outage logs little
+                    log.warning("shared node still not started (attempt %d): %s", failures, exc.message)
+
+    def _supervise(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        self._tasks.append(asyncio.create_task(keep_running(name, body, failures=self._failures), name=name))
 
     async def _claim(self, catalog: Catalog) -> None:
         # A node restarted after kill -9 finds its own old lease: it waits for it to run out. A
@@ -223,8 +288,27 @@ class SharedNode(SharedHome):
 
     @property
     def fault(self) -> str | None:
-        flusher = self._flusher
-        return self._fault or (None if flusher is None else flusher.fault)
+        return self._faults.text
+
+    @property
+    def fault_since(self) -> float:
+        return self._faults.since
+
+    @property
+    def fault_parts(self) -> list[str]:
+        return self._faults.parts
+
+    @property
+    def ready(self) -> bool:
+        return self._up
+
+    def missing(self, name: str) -> CapellaError:
+        if not self._up:
+            return StorageUnavailable(
+                f"queue {name!r}: not a local queue, and this node cannot tell whether it is a "
+                f"shared one yet ({self._faults.text or 'starting'})"
+            )
+        return QueueNotFound(f"no queue {name!r}")
 
     @property
     def stats(self) -> SharedStats:
@@ -234,6 +318,8 @@ class SharedNode(SharedHome):
         self._closing = True
         if self._flusher is not None:
             await self._flusher.close()
+        if self._probe is not None:
+            self._probe.cancel()
         for task in [*self._tasks, *self._spawned]:
             task.cancel()
         for task in [*self._tasks, *self._spawned]:
@@ -241,13 +327,22 @@ class SharedNode(SharedHome):
                 await task
         for queue in self._queues.values():
             await queue.close()
-        catalog = self._catalog
-        if catalog is not None:
-            with contextlib.suppress(CapellaError):
-                await catalog.release_node(self._settings.node, self._token)
-            await self._close_listeners()
-        if self._pool is not None:
-            await self._pool.close()
+        listeners = list(self._listeners)
+        try:
+            # Bounded as a whole: a blackholed PostgreSQL must not hold the stop. The lease
+            # then runs out by itself, or this node reclaims it at its next start (its token).
+            async with asyncio.timeout(GOODBYE_WITHIN):
+                await self._goodbye()
+        except TimeoutError:
+            log.warning("shared node: PostgreSQL gave no answer to the goodbye; connections dropped")
+            for listener in listeners:
+                listener.terminate()
+            self._listeners = []
+            if self._pool is not None:
+                self._pool.terminate()
+        if self._token_lock is not None:
+            os.close(self._token_lock)
+            self._token_lock = None
 
     # --- what the queues ask -------------------------------------------------------------------
 
@@ -258,7 +353,19 @@ class SharedNode(SharedHome):
         return self._flusher
 
     async def wait_committed(self, done: asyncio.Future[Committed]) -> Committed:
-        return await done
+        """The commit of a flushed batch, or ``StorageTimeout`` once ``write_timeout`` has passed
+        beyond the window (a flush before it may have held the flusher): the request is
+        answered either way, and the batch may still be committed later, as with any 503."""
+        within = self._config.storage.write_timeout + self._settings.flush_interval + ANSWER_MARGIN
+        try:
+            async with asyncio.timeout(within):
+                return await asyncio.shield(done)
+        except TimeoutError:
+            done.add_done_callback(_forgotten)
+            raise StorageTimeout(
+                f"shared: the write was not confirmed within {within:g}s "
+                f"({self._faults.text or 'the flush is slow'}); it may still be saved"
+            ) from None
 
     def watch(self, queue: SharedQueue) -> None:
         """A reader waits on ``queue``: the poll behind NOTIFY includes it from now on."""
@@ -277,16 +384,25 @@ class SharedNode(SharedHome):
             return found[0]
         objects = self._objects
         before = objects.stats.fetched_bytes, objects.stats.whole_gets + objects.stats.range_gets
-        # One whole-object GET serves every batch of the object, for every queue and reader on
-        # this node (an object is one window of one node's writes): not one GET per read.
-        data = await objects.fetch(
-            segment.key,
-            segment.byte_offset,
-            segment.byte_size,
-            self._storage,
-            size=segment.object_size or None,
-            whole_below=self._settings.flush_bytes * 2,
-        )
+        within = self._config.storage.write_timeout
+        try:
+            # Bounded like a write: a blackholed S3 holds no reader longer (the GET itself goes
+            # on for the other readers of the object, and ends by the mount's own timeouts).
+            # One whole-object GET serves every batch of the object, for every queue and reader
+            # on this node (an object is one window of one node's writes): not one GET per read.
+            async with asyncio.timeout(within):
+                data = await objects.fetch(
+                    segment.key,
+                    segment.byte_offset,
+                    segment.byte_size,
+                    self._storage,
+                    size=segment.object_size or None,
+                    whole_below=self._settings.flush_bytes * 2,
+                )
+        except TimeoutError:
+            raise StorageUnavailable(
+                f"shared: S3 gave no answer within {within:g}s for {segment.key!r}"
+            ) from None
         after = objects.stats
         self._stats.get_bytes += after.fetched_bytes - before[0]
         self._stats.gets += after.whole_gets + after.range_gets - before[1]
@@ -343,7 +459,7 @@ class SharedNode(SharedHome):
             await self._pool.execute("select pg_notify($1, $2)", CURSORS_CHANNEL, f"{queue}:{name}")
 
     async def refresh_subscriptions(self, queue: SharedQueue) -> None:
-        rows = await self._guard(self._need().subscriptions(queue.name))
+        rows = await self._guard(self._need_catalog().subscriptions(queue.name))
         names = {row.name for row in rows}
         for sub in queue.subscriptions():
             if sub.name not in names:
@@ -353,22 +469,35 @@ class SharedNode(SharedHome):
 
     # --- inside -------------------------------------------------------------------------------
 
-    def _need(self) -> Catalog:
-        if self._catalog is None:
+    def _need_catalog(self) -> Catalog:
+        if self._catalog is None or self._closing:
             raise ShuttingDown("the shared node is not running")
         return self._catalog
 
-    async def _guard(self, call: Awaitable[T]) -> T:
-        try:
-            return await call
-        except StorageUnavailable as exc:
-            self._note_fault(exc.message)
-            raise
+    def _need(self) -> Catalog:
+        """The catalog, for calls on shared queues: only once the shared part is up."""
+        catalog = self._need_catalog()
+        if not self._up:
+            raise StorageUnavailable(f"shared queues are not started yet: {self._faults.text or 'starting'}")
+        return catalog
 
-    def _note_fault(self, message: str) -> None:
-        if self._fault is None:
-            self.fault_since = self._clock()
-        self._fault = message
+    async def _guard(self, call: Awaitable[T], within: float | None = None) -> T:
+        """``call`` on PostgreSQL, ended after ``within`` seconds (``storage.write_timeout`` by
+        default: a blackholed database holds no request longer), its outcome noted in the faults."""
+        limit = self._config.storage.write_timeout if within is None else within
+        try:
+            async with asyncio.timeout(limit):
+                found = await call
+        except TimeoutError:
+            where = self._pool.shown if self._pool is not None else "?"
+            message = f"shared: postgres {where}: no answer within {limit:g}s"
+            self._faults.failed(POSTGRES, message)
+            raise StorageUnavailable(message) from None
+        except StorageUnavailable as exc:
+            self._faults.failed(POSTGRES, exc.message)
+            raise
+        self._faults.ok(POSTGRES)
+        return found
 
     def _open(self, name: str, definition: QueueSettings) -> SharedQueue:
         queue = self._queues.get(name)
@@ -397,7 +526,7 @@ class SharedNode(SharedHome):
             await self._apply_definitions()
 
     async def _apply_definitions(self) -> None:
-        stored = await self._guard(self._need().defined())
+        stored = await self._guard(self._need_catalog().defined())
         for name, (doc, created) in stored.items():
             try:
                 definition = parse_definition(doc, self._base, self._mounts | {self._settings.mount})
@@ -425,7 +554,7 @@ class SharedNode(SharedHome):
         """The named queues' ids as PostgreSQL has them now (``SharedQueue.head``)."""
         if not names:
             return
-        heads = await self._need().heads(names)
+        heads = await self._guard(self._need_catalog().heads(names))
         for name, (first_id, next_id) in heads.items():
             queue = self._queues.get(name)
             if queue is not None:
@@ -433,34 +562,60 @@ class SharedNode(SharedHome):
 
     async def _poll_loop(self) -> None:
         since_definitions = 0.0
+        since_probe = S3_PROBE_EVERY
         while True:
             await asyncio.sleep(POLL)
             since_definitions += POLL
+            since_probe += POLL
             try:
                 if since_definitions >= DEFINITIONS_POLL:
                     since_definitions = 0.0
                     await self._load_definitions()
                     # Every queue's first id too: retention on another node moves it.
                     await self.poll_heads(list(self._queues))
-                else:
-                    await self.poll_heads(sorted(self._watched & set(self._queues)))
-                self._fault = None
-            except StorageUnavailable as exc:
-                self._note_fault(exc.message)
+                elif watched := sorted(self._watched & set(self._queues)):
+                    await self.poll_heads(watched)
+                elif POSTGRES in self._faults:
+                    # Nothing to poll, but a fault to clear once PostgreSQL answers again.
+                    await self._guard(self._need_catalog().heads([]), RENEW)
+            except StorageUnavailable:
                 self._stats.failures["poll"] = self._stats.failures.get("poll", 0) + 1
+            if S3 in self._faults and since_probe >= S3_PROBE_EVERY:
+                since_probe = 0.0
+                await self._probe_s3()
+
+    async def _probe_s3(self) -> None:
+        """Whether S3 answers again, while no flush would tell: one GET of a missing key, one
+        at a time (a blackholed GET holds its thread until the mount's own timeouts end it)."""
+        flusher = self._flusher
+        if flusher is None or not flusher.idle:
+            return  # a flush under way says it soon enough
+        if self._probe is not None and not self._probe.done():
+            return
+        self._probe = asyncio.create_task(self._storage.get(PROBE_KEY), name="shared-s3-probe")
+        self._probe.add_done_callback(_retrieved)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._probe), max(1.0, self._config.storage.write_timeout))
+        except NotFound:
+            pass
+        except (StorageUnavailable, TimeoutError):
+            return
+        if flusher.idle:
+            self._faults.ok(S3)
 
     async def _lease_loop(self) -> None:
         while True:
             await asyncio.sleep(RENEW)
             try:
-                if not await self._need().renew_node(self._settings.node, self._token, LEASE):
+                renewal = self._need().renew_node(self._settings.node, self._token, LEASE)
+                if not await self._guard(renewal, min(RENEW, self._config.storage.write_timeout)):
                     log.error(
                         "shared node name taken over node=%s: is a second node running with it?",
                         self._settings.node,
                     )
                     await self._claim(self._need())
-            except StorageUnavailable as exc:
-                self._note_fault(exc.message)
+            except StorageUnavailable:
+                self._stats.failures["lease"] = self._stats.failures.get("lease", 0) + 1
 
     def block_limits(self) -> dict[str, SealLimits]:
         """Each shared queue's block limits: what one compacted block of it holds at most."""
@@ -521,10 +676,19 @@ class SharedNode(SharedHome):
             await self._close_listeners()
             await asyncio.sleep(0.2)
 
+    async def _goodbye(self) -> None:
+        """Release the name, close the listeners and the pool."""
+        catalog = self._catalog
+        if catalog is not None and self._up:
+            with contextlib.suppress(CapellaError):
+                await self._guard(catalog.release_node(self._settings.node, self._token), RENEW)
+        await self._close_listeners()
+        if self._pool is not None:
+            await self._pool.close()
+
     async def _close_listeners(self) -> None:
         listeners, self._listeners = self._listeners, []
-        for listener in listeners:
-            await listener.close()
+        await asyncio.gather(*(listener.close() for listener in listeners))
 
     def _on_commit_notice(self, payload: str) -> None:
         self._stats.notifications += 1
@@ -566,3 +730,37 @@ class SharedNode(SharedHome):
             await self.refresh_subscriptions(queue)
         self.replicas_moved.set()
         self.replicas_moved = asyncio.Event()
+
+
+def node_token(data_dir: Path) -> tuple[str, int | None]:
+    """This node's lease token and the lock that makes it this process's: the token kept in
+    ``data_dir`` (made and fsync'd the first time), or a fresh one that is kept nowhere when
+    another live process holds the data dir's lock (then its lease refuses this one)."""
+    create_directories(data_dir)
+    fd = open_private(data_dir / TOKEN_LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return random.token_hex(16), None
+    path = data_dir / TOKEN_FILE
+    try:
+        token = path.read_text(encoding="ascii").strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        token = ""
+    if len(token) != 32 or any(c not in "0123456789abcdef" for c in token):
+        token = random.token_hex(16)
+        write_atomic(path, token.encode())
+    return token, fd
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """A probe's outcome is read by whoever still waits for it; nobody else needs it."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _forgotten(done: asyncio.Future[Committed]) -> None:
+    """A batch whose caller stopped waiting (503): what its flush decided is only logged."""
+    if not done.cancelled() and (exc := done.exception()) is not None:
+        log.debug("a shared write answered 503 failed later too: %s", exc)

@@ -265,8 +265,11 @@ class SharedQueue(BaseQueue):
     async def _submit(self, data: bytes, count: int, runs: list[Run], save: SaveMode) -> list[Appended]:
         mode = save.resolve(self.definition.save)
         self.counters.produce_requests += 1
-        pending = self._node.flusher.add(self.name, data, count, runs, urgent=mode is SaveMode.IMMEDIATE)
-        if mode is SaveMode.NONE or mode is SaveMode.MARK:
+        unattended = mode is SaveMode.NONE or mode is SaveMode.MARK
+        pending = self._node.flusher.add(
+            self.name, data, count, runs, urgent=mode is SaveMode.IMMEDIATE, keep=unattended
+        )
+        if unattended:
             # Answered from the buffer: the flush gives the ids, and a failure is only logged.
             pending.done.add_done_callback(_retrieved)
             return [Buffered(0, False)] * count

@@ -14,7 +14,13 @@ leaves here as ``CorruptData`` (the rule every provider follows, ``Storage.get_r
 Object stores cannot append, so ``journal`` raises ``Unsupported``: a queue keeps its
 metadata and open block on a file (or memory) mount and only sealed blocks move here.
 
-boto3 is blocking, so every call runs in a thread. The client is built on first use, in
+boto3 is blocking, so every call runs in a thread: of the mount's own pool (``THREADS``, as many
+as botocore keeps connections), not the event loop's default one. An endpoint that accepts and
+never answers holds each call's thread until the mount's timeouts end it; in a pool of its own
+that stalls only this mount, never the file mounts, logins and block encoding that share the
+default pool. Its threads are daemons, so a process stopping while S3 is silent exits at once
+instead of joining them (nothing waits for their answers any more). The client is built on
+first use, in
 that thread, so opening a mount (and parsing a config that names one) needs neither a
 reachable endpoint nor credentials. botocore retries throttling, 5xx answers, timeouts and
 dropped connections itself ("standard" mode, ``max_attempts`` tries); whatever error is
@@ -25,6 +31,8 @@ the error code, so nothing above storage ever sees a botocore exception.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +55,8 @@ from capella.storage import Journal, check_range
 from capella.units import parse_duration
 
 T = TypeVar("T")
+# Threads of a mount's own pool: botocore's connection pool holds 10 (max_pool_connections).
+THREADS = 10
 
 _MISSING_KEY = {"NoSuchKey", "404", "NotFound"}
 _MISSING_BUCKET = "NoSuchBucket"
@@ -117,6 +127,7 @@ class S3Storage:
         )
         self._client: Any = None
         self._client_lock = threading.Lock()
+        self._threads: DaemonThreads | None = None  # made on the first call
 
     async def get(self, key: str) -> bytes:
         name = self._name(key)
@@ -202,6 +213,10 @@ class S3Storage:
             client, self._client = self._client, None
         if client is not None:
             await asyncio.to_thread(client.close)
+        threads, self._threads = self._threads, None
+        if threads is not None:
+            # Calls still hanging on a silent endpoint end by their own timeouts; nobody waits.
+            threads.stop()
 
     def _name(self, key: str) -> str:
         parts = key.split("/")
@@ -228,8 +243,10 @@ class S3Storage:
         missing_key_is_not_found: bool = False,
         ranged: bool = False,
     ) -> T:
+        if self._threads is None:
+            self._threads = DaemonThreads(THREADS, "s3")
         try:
-            return await asyncio.to_thread(fn)
+            return await self._threads.run(fn)
         except ClientError as exc:
             error = exc.response.get("Error", {})
             code = str(error.get("Code") or "Unknown")
@@ -252,3 +269,60 @@ class S3Storage:
             raise StorageUnavailable(
                 f"s3: cannot {action} {key!r} in bucket {self.bucket!r}: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+class DaemonThreads:
+    """Up to ``size`` daemon threads that run blocking calls for the event loop, started as
+    calls come. Unlike ``ThreadPoolExecutor``'s, the interpreter does not join them at exit."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size = size
+        self._name = name
+        self._work: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._busy = 0  # calls handed over and not finished
+        self._lock = threading.Lock()
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        with self._lock:
+            self._busy += 1
+            if self._busy > len(self._threads) and len(self._threads) < self._size:
+                name = f"{self._name}-{len(self._threads)}"
+                thread = threading.Thread(target=self._serve, name=name, daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        self._work.put((fn, future, loop))
+        return await future
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._work.put(None)
+
+    def _serve(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            fn, future, loop = item
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = fn()
+            except BaseException as exc:  # handed to the caller, whatever it is
+                error = exc
+            with self._lock:
+                self._busy -= 1
+            # A closed loop (the process stops): nobody waits for this answer.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -73,6 +73,15 @@ class QueueFault(Struct):
     since: Annotated[Time, Meta(description="UNIX seconds of the first failure")]
 
 
+class SharedFault(Struct):
+    """Why this node's shared queues cannot accept writes: PostgreSQL or S3 unreachable, or the
+    shared part not started yet (it keeps trying)."""
+
+    reason: str
+    parts: Annotated[list[str], Meta(description='What fails: "postgres", "s3"')]
+    since: Annotated[Time, Meta(description="UNIX seconds of the first failure")]
+
+
 class Readiness(Struct, omit_defaults=True):
     """Why the server is not ready: recovering at start, or queues that cannot accept writes."""
 
@@ -81,6 +90,13 @@ class Readiness(Struct, omit_defaults=True):
         Annotated[
             list[QueueFault],
             Meta(description="The queues that cannot accept writes, with the storage error that stops them"),
+        ]
+        | UnsetType
+    ) = UNSET
+    shared: (
+        Annotated[
+            SharedFault,
+            Meta(description="Why shared queues cannot accept writes on this node (also with none defined)"),
         ]
         | UnsetType
     ) = UNSET

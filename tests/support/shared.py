@@ -70,10 +70,14 @@ class SharedRig:
         shared: dict[str, Value] | None = None,
         extra: str = "",
         proxy: bool = False,
+        s3_endpoint: str | None = None,
+        pg_port: int | None = None,
     ) -> None:
         """``shared``: more keys of each node's ``[shared]`` table; ``extra``: more TOML tables;
         ``proxy``: the nodes reach S3 through a ``FaultProxy`` of the rig's own (``self.proxy``),
-        which counts their calls by kind and can fail, reset or blackhole them."""
+        which counts their calls by kind and can fail, reset or blackhole them; ``s3_endpoint``
+        and ``pg_port``: where the nodes reach moto and PostgreSQL instead (a ``TcpProxy`` a test
+        can cut, tests/support/tcp_proxy.py)."""
         if pg is not None and durable and not pg.durable:
             raise ValueError("a durable rig needs a durable PgServer (or none: it starts its own)")
         self.root = root
@@ -81,6 +85,8 @@ class SharedRig:
         self.flush_interval = flush_interval
         self.shared_options = dict(shared or {})
         self.extra = extra
+        self.s3_endpoint = s3_endpoint
+        self.pg_port = pg_port
         self._own_pg = pg is None
         self._own_s3 = s3 is None
         self._nodes: dict[int, ServerProcess] = {}
@@ -114,6 +120,13 @@ class SharedRig:
     def config_path(self, i: int) -> Path:
         return self.root / f"{self.node_name(i)}.toml"
 
+    @property
+    def node_dsn(self) -> str:
+        """The DSN the nodes are given: the database's, through ``pg_port`` when set."""
+        if self.pg_port is None:
+            return self.dsn
+        return self.pg.dsn(self.database).replace(f":{self.pg.port}/", f":{self.pg_port}/")
+
     def port(self, i: int) -> int:
         """Node ``i``'s port, chosen once and kept across restarts."""
         if i not in self._ports:
@@ -128,12 +141,12 @@ class SharedRig:
         table: dict[str, Value | None] = {
             "node": self.node_name(i),
             "mount": MOUNT,
-            "dsn": self.dsn,
+            "dsn": self.node_dsn,
             "flush_interval": self.flush_interval,
             **self.shared_options,
             **(shared or {}),
         }
-        endpoint = self.proxy.url if self.proxy is not None else self.s3.url
+        endpoint = self.s3_endpoint or (self.proxy.url if self.proxy is not None else self.s3.url)
         s3_options: dict[str, Any] = self.s3.mount_options(self.bucket, endpoint_url=endpoint)
         parts = [
             toml_table("cluster", {"name": CLUSTER}),
@@ -203,12 +216,19 @@ class SharedRig:
         node.wait_ready()
         return node
 
-    def refusal(self, i: int, text: str) -> tuple[int, str]:
-        """Start node ``i`` with the configuration ``text``, which it should refuse: exit code, output."""
+    def launch(self, i: int) -> ServerProcess:
+        """Start node ``i`` without waiting for ``/readyz`` (it may not become ready soon)."""
+        return self._spawn(i)
+
+    def refusal(
+        self, i: int, text: str, *, data_dir: Path | None = None, port: int | None = None
+    ) -> tuple[int, str]:
+        """Start node ``i`` with the configuration ``text``, which it should refuse: exit code,
+        output. ``data_dir`` and ``port`` replace node ``i``'s (a second process beside it)."""
         path = self.write_config(i, text)
         done = subprocess.run(
-            [sys.executable, "-m", "capella", "serve", "--data-dir", str(self.data_dir(i)),
-             "--config", str(path), "--listen", f"127.0.0.1:{self.port(i)}"],
+            [sys.executable, "-m", "capella", "serve", "--data-dir", str(data_dir or self.data_dir(i)),
+             "--config", str(path), "--listen", f"127.0.0.1:{port or self.port(i)}"],
             capture_output=True, text=True, timeout=REFUSAL_TIMEOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         return done.returncode, done.stdout + done.stderr
