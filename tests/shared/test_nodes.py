@@ -243,7 +243,7 @@ async def test_a_write_answered_on_one_node_is_in_the_next_read_through_another(
         await cs[0].put_queue("read-your-writes", storage="shared")
         await defined_everywhere(cs, "read-your-writes")
         last = 0
-        for n in range(60):
+        for n in range(30):
             (result,) = await cs[0].produce("read-your-writes", [f"w{n}"])
             # Straight after the answer, through a node that read up to the write before: no
             # waiting for its NOTIFY.
