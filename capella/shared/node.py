@@ -166,8 +166,11 @@ class SharedNode(SharedHome):
             write_timeout=self._config.storage.write_timeout,
             stats=self._stats,
             faults=self._faults,
-            # An object the janitor may take for an orphan is never committed late.
-            uncertain_for=min(UNCERTAIN_FOR, self._settings.orphan_after / 2),
+            # An object is committed at most write_timeout + uncertain_for after its key was
+            # made, well before the janitor may take it for an orphan (orphan_after after it).
+            uncertain_for=min(
+                UNCERTAIN_FOR, (self._settings.orphan_after - self._config.storage.write_timeout) / 2
+            ),
             on_commit=self._committed,
             on_object=self._pin,
             clock=self._clock,

@@ -68,7 +68,10 @@ async def campaign(
     pause: tuple[float, float],
 ) -> None:
     rng = random.Random(SEED)
-    rig = SharedRig(root, pg=pg, s3=s3, flush_interval="50ms", extra=EXTRA)
+    # The janitor's periods short enough to see it collect what killed nodes left uploaded but
+    # never committed (orphan_after must outlast write_timeout and the retried commits).
+    shared = {"orphan_after": "8s", "garbage_grace": "1s", "compact_interval": "500ms"}
+    rig = SharedRig(root, pg=pg, s3=s3, flush_interval="50ms", extra=EXTRA, shared=shared)
     try:
         started = time.monotonic()
         urls = [node.url for node in await asyncio.to_thread(rig.start, NODES)]
@@ -144,6 +147,20 @@ async def campaign(
             "group by 1, 2 having count(*) > 1) d",
         )
         assert twice.strip() == "0"
+
+        # What killed nodes uploaded but never committed is collected: every object left in S3 is
+        # one a row names (a segment's, or a dead one within its grace).
+        def collected() -> bool:
+            known = set(rig.pg.psql(rig.database, "select key from capella_objects").split())
+            client = s3.client()
+            try:
+                pages = client.get_paginator("list_objects_v2").paginate(Bucket=rig.bucket, Prefix="shared/")
+                left = {item["Key"] for page in pages for item in page.get("Contents", [])}
+            finally:
+                client.close()
+            return left <= known
+
+        await until(collected, within=SETTLE_WITHIN, what="uncommitted objects collected")
         attempts = [a for p in producers for a in p.attempts]
         failed = [a for a in attempts if a.status != 200]
         unanswered = sum(a.status is None for a in failed)
