@@ -55,10 +55,13 @@ from benchmarks.settings import Settings
 
 NODES = 3
 PRODUCERS = int(os.environ.get("CAPELLA_BENCH_SHARED_PRODUCERS", "16"))  # per node
+MORE_PRODUCERS = 2 * PRODUCERS  # a second shared run: does the rate grow with the load?
 BATCH = 100
 PAYLOAD = 1024
 WINDOW = 0.1  # [shared] flush_interval
 WARMUP_REQUESTS = 5  # per producer, before the clock starts
+PACED_RATE = 30_000.0  # msg/s in all, for the open-loop latency run
+PACED_CONNECTIONS = 96  # per node, under its max_connections_per_address (128)
 PAGE = 1000
 CLUSTER = "bench-shared"
 MOUNT = "s3main"
@@ -91,7 +94,9 @@ async def run(settings: Settings) -> Outcome:
     details = outcome.details
     pg = await asyncio.to_thread(pg_support().PgServer, durable=True)
     try:
+        await asyncio.to_thread(_with_statistics, pg)
         dsn = await asyncio.to_thread(pg.create_database, "shared")
+        await asyncio.to_thread(pg.psql, "shared", "create extension pg_stat_statements")
         async with (
             running_moto(settings.log_path("shared-moto")) as moto,
             _nodes(settings, moto, dsn) as nodes,
@@ -102,15 +107,25 @@ async def run(settings: Settings) -> Outcome:
             print(f"  idle: PUT/s per node {_fmt(details['idle_before']['puts_per_s'])}", flush=True)
 
             details["shared"] = await _produce_run(
-                settings, nodes, moto, pg, PRODUCE_QUEUE, seconds, "shared"
+                settings, nodes, moto, pg, PRODUCE_QUEUE, PRODUCERS, seconds, "shared"
             )
             _print_run("shared", details["shared"])
+            details["shared_more"] = await _produce_run(
+                settings, nodes, moto, pg, PRODUCE_QUEUE, MORE_PRODUCERS, seconds, "shared-more"
+            )
+            _print_run(f"shared, {MORE_PRODUCERS} producers per node,", details["shared_more"])
             async with new_session() as session:
                 await asyncio.sleep(3 * WINDOW)  # the last window's flush, if one was still open
                 details["idle_after"] = await _idle(session, nodes, idle)
             print(f"  idle after: PUT/s per node {_fmt(details['idle_after']['puts_per_s'])}", flush=True)
 
-            details["local"] = await _produce_run(settings, nodes, moto, pg, LOCAL_QUEUE, seconds, "local")
+            details["paced"] = await _produce_run(
+                settings, nodes, moto, pg, PRODUCE_QUEUE, 0, seconds, "shared-paced", paced=PACED_RATE
+            )
+            _print_run(f"shared, paced at {PACED_RATE:,.0f} msg/s,", details["paced"])
+            details["local"] = await _produce_run(
+                settings, nodes, moto, pg, LOCAL_QUEUE, PRODUCERS, seconds, "local"
+            )
             _print_run("local", details["local"])
 
             details["reader"] = await _reader(settings, nodes, read_total)
@@ -244,6 +259,37 @@ async def _idle(session: aiohttp.ClientSession, nodes: list[Server], seconds: fl
     }
 
 
+def _with_statistics(pg: Any) -> None:
+    """PostgreSQL restarted with pg_stat_statements and WAL timing: the commit's time split
+    into the function's execution and the WAL fsync it waits for (``synchronous_commit``)."""
+    with (Path(pg.data) / "postgresql.auto.conf").open("a") as conf:
+        conf.write(
+            "shared_preload_libraries = 'pg_stat_statements'\n"
+            "pg_stat_statements.track = 'top'\n"
+            "track_wal_io_timing = on\n"
+        )
+    pg.stop()
+    pg.start()
+
+
+def _pg_statistics(pg: Any) -> dict[str, float]:
+    row = pg.psql(
+        "shared",
+        "select coalesce(sum(calls), 0), coalesce(sum(total_exec_time), 0),"
+        " (select wal_sync from pg_stat_wal), (select wal_sync_time from pg_stat_wal),"
+        " (select xact_commit from pg_stat_database where datname = 'shared')"
+        " from pg_stat_statements where query like 'select capella_commit_object(%'",
+    ).strip()
+    calls, exec_ms, syncs, sync_ms, commits = (float(x) for x in row.split("|"))
+    return {
+        "commit_calls": calls,
+        "commit_exec_ms": exec_ms,
+        "wal_sync": syncs,
+        "wal_sync_ms": sync_ms,
+        "xact_commit": commits,
+    }
+
+
 def _postgres_cpu(pg: Any) -> float:
     """CPU seconds of the PostgreSQL server so far: the postmaster (with its reaped children) and
     every live backend."""
@@ -272,14 +318,26 @@ def _cpu_with_children(pid: int) -> float:
 
 
 async def _produce_run(
-    settings: Settings, nodes: list[Server], moto: MotoServer, pg: Any, queue: str, seconds: float, name: str
+    settings: Settings,
+    nodes: list[Server],
+    moto: MotoServer,
+    pg: Any,
+    queue: str,
+    producers: int,
+    seconds: float,
+    name: str,
+    paced: float | None = None,
 ) -> dict[str, Any]:
-    async with new_session() as session:
-        before = [await scrape(session, node.url) for node in nodes]
-    objects_before = (await asyncio.to_thread(moto.objects))[0]
+    """One timed run of every node's load process; ``paced``: an open loop at that many msg/s
+    in all (``producers`` is then unused), else closed-loop producers."""
     barrier = _SPAWN.Barrier(NODES + 1)
     jobs: list[tuple[Callable[..., Coroutine[Any, Any, Any]], tuple[Any, ...]]] = [
-        (_load, (str(messages_url(node.url, "wait", queue)), i, seconds, barrier))
+        (_load, (str(messages_url(node.url, "wait", queue)), i, producers, seconds, barrier))
+        if paced is None
+        else (
+            _paced,
+            (str(messages_url(node.url, "wait", queue)), i, paced / NODES / BATCH, seconds, barrier),
+        )
         for i, node in enumerate(nodes)
     ]
     async with profiled(nodes[0], settings.profile_path(f"shared-produce-{name}-node0")):
@@ -289,6 +347,11 @@ async def _produce_run(
             started = time.perf_counter()
             cpu = [node.cpu_seconds() for node in nodes]
             moto_cpu, pg_cpu = moto.cpu_seconds(), _postgres_cpu(pg)
+            pg_before = await asyncio.to_thread(_pg_statistics, pg)
+            # After the warm-up (every answer of it is in): its flushes are not counted.
+            async with new_session() as session:
+                before = [await scrape(session, node.url) for node in nodes]
+            objects_before = (await asyncio.to_thread(moto.objects))[0]
             results = await running
         finally:
             running.cancel()
@@ -299,6 +362,8 @@ async def _produce_run(
     async with new_session() as session:
         after = [await scrape(session, node.url) for node in nodes]
     objects_after = (await asyncio.to_thread(moto.objects))[0]
+    pg_after = await asyncio.to_thread(_pg_statistics, pg)
+    pg_delta = {key: pg_after[key] - pg_before[key] for key in pg_after}
     span = max(r["end"] for r in results) - min(r["start"] for r in results)
     sent = sum(r["messages"] for r in results)
     latencies = [x for r in results for x in r["latencies"]]
@@ -308,6 +373,7 @@ async def _produce_run(
     commits = delta(merged_before, merged_after, "capella_shared_commit_seconds_count")
     return {
         "queue": queue,
+        "producers_per_node": producers,
         "messages": sent,
         "seconds": span,
         "msgs_per_s": sent / span,
@@ -323,7 +389,21 @@ async def _produce_run(
             if commits
             else math.nan,
         },
+        "postgres": {
+            "commits": pg_delta["commit_calls"],
+            "commit_exec_mean_ms": pg_delta["commit_exec_ms"] / pg_delta["commit_calls"]
+            if pg_delta["commit_calls"]
+            else math.nan,
+            "wal_syncs": pg_delta["wal_sync"],
+            "wal_sync_mean_ms": pg_delta["wal_sync_ms"] / pg_delta["wal_sync"]
+            if pg_delta["wal_sync"]
+            else math.nan,
+            "transactions": pg_delta["xact_commit"],
+        },
         "flush_ms": {
+            "mean": 1000
+            * delta(merged_before, merged_after, "capella_shared_flush_seconds_sum")
+            / max(delta(merged_before, merged_after, "capella_shared_flush_seconds_count"), 1),
             "p50": 1000
             * histogram_quantile(merged_before, merged_after, "capella_shared_flush_seconds", 0.5),
             "p99": 1000
@@ -399,7 +479,7 @@ def _child(
     answers.put((index, result, None))
 
 
-async def _load(url: str, index: int, seconds: float, barrier: Barrier) -> dict[str, Any]:
+async def _load(url: str, index: int, producers: int, seconds: float, barrier: Barrier) -> dict[str, Any]:
     """One node's producers: each sends its next batch when its previous answer is in, for
     ``seconds`` after every process has warmed up."""
     bodies = text_batches(BATCH, PAYLOAD, count=8, seed=index + 1)
@@ -407,7 +487,7 @@ async def _load(url: str, index: int, seconds: float, barrier: Barrier) -> dict[
     starts: list[float] = []
     ends: list[float] = []
     sent = 0
-    ready = asyncio.Barrier(PRODUCERS + 1)
+    ready = asyncio.Barrier(producers + 1)
     go = asyncio.Event()
     deadline = 0.0
 
@@ -429,7 +509,7 @@ async def _load(url: str, index: int, seconds: float, barrier: Barrier) -> dict[
                 i += 1
             ends.append(time.perf_counter())
 
-    tasks = [asyncio.create_task(producer(n)) for n in range(PRODUCERS)]
+    tasks = [asyncio.create_task(producer(n)) for n in range(producers)]
     try:
         await ready.wait()
         await asyncio.to_thread(barrier.wait, PROCESS_TIMEOUT)
@@ -448,6 +528,41 @@ async def _load(url: str, index: int, seconds: float, barrier: Barrier) -> dict[
 def _own_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+async def _paced(url: str, index: int, rate: float, seconds: float, barrier: Barrier) -> dict[str, Any]:
+    """One node's open loop: request ``i`` goes out at ``start + i / rate`` whether or not the
+    earlier answers are in; its latency runs from that scheduled time to its answer."""
+    bodies = text_batches(BATCH, PAYLOAD, count=8, seed=index + 1)
+    latencies: list[float] = []
+    tasks: set[asyncio.Task[None]] = set()
+    count = int(rate * seconds)
+    async with new_session(connections=PACED_CONNECTIONS) as session:
+        for i in range(WARMUP_REQUESTS):
+            await _post(session, url, bodies[i % len(bodies)])
+
+        async def send(i: int, scheduled: float) -> None:
+            await _post(session, url, bodies[i % len(bodies)])
+            latencies.append(time.perf_counter() - scheduled)
+
+        await asyncio.to_thread(barrier.wait, PROCESS_TIMEOUT)
+        cpu = _own_cpu()
+        # Each node's schedule is offset by a share of one interval: the nodes do not send in step.
+        start = time.perf_counter() + (index / NODES) / rate
+        sent = 0
+        while sent < count:
+            due = min(count, int((time.perf_counter() - start) * rate) + 1)
+            while sent < due:
+                task = asyncio.create_task(send(sent, start + sent / rate))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                sent += 1
+            # uvloop returns at once from sleeps under 1 ms: at least 1 ms, or a core spins.
+            await asyncio.sleep(max(0.001, start + sent / rate - time.perf_counter()))
+        await asyncio.gather(*tasks)
+        end = time.perf_counter()
+        cpu = _own_cpu() - cpu
+    return {"messages": count * BATCH, "start": start, "end": end, "latencies": latencies, "cpu_s": cpu}
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> None:
@@ -570,19 +685,61 @@ def _rows(details: dict[str, Any]) -> list[Row]:
             "ms",
             TARGET_COMMIT_MS,
             higher_is_better=False,
-            note=f"mean {shared['commit_ms']['mean']:.2f} ms, p99 {shared['commit_ms']['p99']:.1f} ms,"
-            f" {shared['commit_ms']['count']:.0f} commits",
+            note=f"mean {shared['commit_ms']['mean']:.2f} ms, p99 {shared['commit_ms']['p99']:.1f} ms;"
+            f" in PostgreSQL: function {shared['postgres']['commit_exec_mean_ms']:.2f} ms"
+            f" + WAL fsync {shared['postgres']['wal_sync_mean_ms']:.2f} ms (means)",
         ),
         Row(
-            "shared", "produce p50, send → answer", s_lat["p50"], "ms", TARGET_P50_MS, higher_is_better=False
+            "shared",
+            "produce p50, send → answer (closed loop)",
+            s_lat["p50"],
+            "ms",
+            TARGET_P50_MS,
+            higher_is_better=False,
         ),
         Row(
-            "shared", "produce p99, send → answer", s_lat["p99"], "ms", TARGET_P99_MS, higher_is_better=False
+            "shared",
+            "produce p99, send → answer (closed loop)",
+            s_lat["p99"],
+            "ms",
+            TARGET_P99_MS,
+            higher_is_better=False,
+        ),
+        Row(
+            "shared",
+            f"produce p50 at a paced {PACED_RATE:,.0f} msg/s (open loop)",
+            details["paced"]["request_latency_ms"]["p50"],
+            "ms",
+            TARGET_P50_MS,
+            higher_is_better=False,
+            note=f"{details['paced']['msgs_per_s']:,.0f} msg/s achieved; from each scheduled send time",
+        ),
+        Row(
+            "shared",
+            f"produce p99 at a paced {PACED_RATE:,.0f} msg/s (open loop)",
+            details["paced"]["request_latency_ms"]["p99"],
+            "ms",
+            TARGET_P99_MS,
+            higher_is_better=False,
+            note=f"commit p50 {details['paced']['commit_ms']['p50']:.1f} ms, nodes CPU "
+            + "/".join(f"{c:.0f}" for c in details["paced"]["cpu_pct"]["nodes"])
+            + "%",
+        ),
+        Row(
+            "shared",
+            f"produce aggregate, {NODES} nodes x {MORE_PRODUCERS} producers",
+            details["shared_more"]["msgs_per_s"],
+            "msg/s",
+            note=f"p50 {details['shared_more']['request_latency_ms']['p50']:.0f} ms,"
+            f" p99 {details['shared_more']['request_latency_ms']['p99']:.0f} ms,"
+            f" commit p50 {details['shared_more']['commit_ms']['p50']:.1f} ms, nodes CPU "
+            + "/".join(f"{c:.0f}" for c in details["shared_more"]["cpu_pct"]["nodes"])
+            + "%",
         ),
         Row(
             "shared",
             "PUT requests per node per second, busy (max of nodes)",
-            max(shared["puts_per_node_per_s"]),
+            max(shared["puts_per_node_per_s"] + details["shared_more"]["puts_per_node_per_s"]),
             "PUT/s",
             1 / WINDOW,
             higher_is_better=False,
