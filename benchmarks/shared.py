@@ -87,6 +87,10 @@ async def run(settings: Settings) -> Outcome:
         raise BenchmarkFailed(
             "the shared scenario needs asyncpg and boto3: pip install -e '.[dev]'"
         ) from None
+    missing = pg_support().available()
+    if missing is not None:  # Debian's PostgreSQL server binaries: `make tools`
+        print(f"  left out: {missing}", flush=True)
+        return Outcome(details={"left_out": missing})
     seconds = settings.pick(20, 5)
     idle = settings.pick(3, 1)
     read_total = settings.pick(200_000, 20_000)
