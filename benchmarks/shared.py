@@ -1,31 +1,38 @@
 """Shared queues: three nodes on one PostgreSQL and one moto S3 server, beside local ``wait`` queues.
 
 One run on this machine: a PostgreSQL of its own (the tests' ``tests/support/pg.py`` with
-``durable=True``: fsync, synchronous_commit and full-page writes on), moto's S3 server, and three
-``capella serve`` nodes with the same ``[cluster] name`` and ``[shared]`` on both
+``durable=True``: fsync, synchronous_commit and full-page writes on; restarted once with
+pg_stat_statements and WAL timing, to split a commit's time), moto's S3 server, and three
+``capella serve`` nodes with the same ``[cluster] name`` and each a ``[shared]`` table
 (``flush_interval`` 100 ms). Payloads are 1 KiB of random ASCII letters in ``data``, 100 to a
 request, ``save=wait``.
 
 - idle: each node's ``capella_shared_put_requests_total`` over a few quiet seconds, before any
-  write and again after the busy run (what is idle must cost no PUT);
-- shared produce: one load process per node (its own, so the load generator's CPU and garbage
-  collector stay out of the nodes' figures; the cyclic collector is off in it), each running
-  ``PRODUCERS`` producers that send their next batch when the previous answer is in, for a
-  fixed time after a warm-up. Aggregate msg/s over the span from the first start to the last
-  end; produce latency is send → answer in the load processes; commit p50 is interpolated in
-  the nodes' ``capella_shared_commit_seconds`` buckets (as ``histogram_quantile`` does), over
-  the run; PUTs per node per second from ``capella_shared_put_requests_total``, checked against
-  the objects that appeared in the bucket;
-- local produce: the same load, the same nodes, into a local queue on each node (``save=wait``:
-  the node's own journal and fsync), so the ratio shared / local is taken in one sitting;
-- reader: a shared queue filled through node 0 only, then read from the start through node 2,
-  which wrote none of it, with ``limit=1000`` JSON pages: a first pass that GETs the objects
-  (GETs per object counted) and a second one from what the node cached.
+  write and again after the busy runs (what is idle must cost no PUT);
+- shared produce, closed loop: one load process per node (its own, so the load generator's CPU
+  and garbage collector stay out of the nodes' figures; the cyclic collector is off in it),
+  each running ``PRODUCERS`` producers that send their next batch when the previous answer is
+  in, for a fixed time after a warm-up; then again with twice the producers. Aggregate msg/s
+  over the span from the first start to the last end; produce latency is send → answer in the
+  load processes; commit p50 is interpolated in the nodes' ``capella_shared_commit_seconds``
+  buckets (as ``histogram_quantile`` does), and PostgreSQL says how much of a commit was its
+  function and how much the WAL fsync; PUTs per node per second from
+  ``capella_shared_put_requests_total``, checked against the objects that appeared in the bucket;
+- shared produce, open loop: every node's load process sends on a fixed schedule, 30,000 msg/s
+  in all, whether or not earlier answers are in; latency runs from each scheduled send time,
+  so a slow flush cannot hide the requests queued behind it;
+- local produce: the closed-loop load, the same nodes, into a local queue on each node
+  (``save=wait``: the node's own journal and fsync), so the ratio shared / local is taken in one
+  sitting;
+- reader: a shared queue filled through node 0 only (200,000 messages, more than a node keeps
+  as stamped batches), then read from the start through node 2, which wrote none of it, with
+  ``limit=1000`` JSON pages: a first pass that GETs the objects (GETs per object counted) and a
+  second one from the objects the node cached (no GET; batches stamped again).
 
 ``CAPELLA_BENCH_SHARED_PRODUCERS`` sets the producers per node (default 16). Each producer has
 one request in flight and every request waits for a window plus its PUT and commit, so the
-aggregate rate is about ``3 x producers x 100 / latency``: with too few producers it measures
-the producers, not the nodes (the nodes' CPU column says which).
+closed-loop rate is about ``3 x producers x 100 / latency``: it measures the producers, not the
+nodes, until the nodes' CPU says otherwise (the doubled run shows which).
 """
 
 from __future__ import annotations
@@ -785,6 +792,15 @@ def _rows(details: dict[str, Any]) -> list[Row]:
             TARGET_READ,
             note=f"{reader['warm']['gets']:.0f} GETs, {reader['warm']['mb_per_s']:.0f} MB/s of JSON,"
             f" server CPU {reader['warm']['server_cpu_pct']:.0f}%",
+        ),
+        Row(
+            "shared",
+            "peak RSS of a node (VmHWM, max of nodes)",
+            max(details["peak_rss_mb"]),
+            "MB",
+            higher_is_better=False,
+            note="/".join(f"{m:.0f}" for m in details["peak_rss_mb"])
+            + " MB; node 2 is the reader, nodes 0 and 1 pin their own objects for 30 s",
         ),
     ]
     return rows
