@@ -59,12 +59,8 @@ LEASE = 10.0  # a node's claim on its name; renewed every RENEW
 RENEW = 3.0
 POLL = 0.5  # the heads of watched queues, behind NOTIFY
 DEFINITIONS_POLL = 5.0
-# Stamped batches kept per node (their JSON and binary forms are made once): at most this many,
-# holding at most BATCH_BYTES of stored bytes (their rendered forms come on top, about as much
-# again), so a long read keeps the node's memory bounded whatever its batches' size; past it,
-# a batch is stamped again from the object cache. And object bytes.
+# Stamped batches kept per node (their JSON and binary forms are made once), and object bytes.
 BATCHES = 2048
-BATCH_BYTES = 64 * 1024 * 1024
 OBJECT_CACHE = 256 * 1024 * 1024
 OWN_OBJECTS_FOR = 30.0  # a node's own objects stay in memory this long: tail reads need no GET
 
@@ -102,8 +98,7 @@ class SharedNode(SharedHome):
         self._spawned: set[asyncio.Task[None]] = set()
         self._watched: set[str] = set()
         self._objects = ObjectCache(OBJECT_CACHE, time.monotonic)
-        self._batches: OrderedDict[tuple[str, int, int], tuple[Batch, int]] = OrderedDict()
-        self._batch_bytes = 0
+        self._batches: OrderedDict[tuple[str, int, int], Batch] = OrderedDict()
         self._fault: str | None = None
         self.fault_since = 0.0
         self.replicas_moved = asyncio.Event()
@@ -235,10 +230,10 @@ class SharedNode(SharedHome):
     async def batch_of(self, segment: Segment) -> Batch:
         """The segment's messages stamped with their ids, time and source, duplicates cut out."""
         key = (segment.key, segment.byte_offset, segment.first_id)
-        found = self._batches.get(key)
-        if found is not None:
+        batch = self._batches.get(key)
+        if batch is not None:
             self._batches.move_to_end(key)
-            return found[0]
+            return batch
         objects = self._objects
         before = objects.stats.fetched_bytes, objects.stats.whole_gets + objects.stats.range_gets
         # One whole-object GET serves every batch of the object, for every queue and reader on
@@ -255,20 +250,10 @@ class SharedNode(SharedHome):
         self._stats.get_bytes += after.fetched_bytes - before[0]
         self._stats.gets += after.whole_gets + after.range_gets - before[1]
         batch = stamped(data, segment, self.cluster_name)
-        raced = self._batches.pop(key, None)  # stamped meanwhile by another reader
-        if raced is not None:
-            self._batch_bytes -= raced[1]
-        self._batches[key] = (batch, segment.byte_size)
-        self._batch_bytes += segment.byte_size
-        while len(self._batches) > BATCHES or (self._batch_bytes > BATCH_BYTES and len(self._batches) > 1):
-            _, (_, size) = self._batches.popitem(last=False)
-            self._batch_bytes -= size
+        self._batches[key] = batch
+        if len(self._batches) > BATCHES:
+            self._batches.popitem(last=False)
         return batch
-
-    @property
-    def batch_bytes(self) -> int:
-        """The stored bytes of the stamped batches this node keeps (at most ``BATCH_BYTES``)."""
-        return self._batch_bytes
 
     async def commit_cursor(
         self, queue: str, name: str, last_id: int | None, *, replica: bool | None, reset: bool
