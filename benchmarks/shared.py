@@ -24,10 +24,10 @@ request, ``save=wait``.
 - local produce: the closed-loop load, the same nodes, into a local queue on each node
   (``save=wait``: the node's own journal and fsync), so the ratio shared / local is taken in one
   sitting;
-- reader: a shared queue filled through node 0 only (200,000 messages, more than a node keeps
-  as stamped batches), then read from the start through node 2, which wrote none of it, with
-  ``limit=1000`` JSON pages: a first pass that GETs the objects (GETs per object counted) and a
-  second one from the objects the node cached (no GET; batches stamped again).
+- reader: a shared queue filled through node 0 only (200,000 messages, 206 MB of objects),
+  then read from the start through node 2, which wrote none of it, with ``limit=1000`` JSON
+  pages: a first pass that GETs the objects (GETs per object counted) and a second one from
+  what the node cached (no GET: its object cache and, as far as they hold, its stamped batches).
 
 ``CAPELLA_BENCH_SHARED_PRODUCERS`` sets the producers per node (default 16). Each producer has
 one request in flight and every request waits for a window plus its PUT and commit, so the
