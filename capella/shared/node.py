@@ -413,6 +413,10 @@ class SharedNode(SharedHome):
             batch = stamped(data, segment, self.cluster_name)
         except ValueError as exc:
             raise CorruptData(f"shared: segment {segment.first_id} of {segment.queue!r}: {exc}") from exc
+        # Two readers that missed one segment both stamped it: one entry, its bytes counted once.
+        raced = self._batches.pop(key, None)
+        if raced is not None:
+            self._batch_bytes -= raced[1]
         self._batches[key] = (batch, len(data))
         self._batch_bytes += len(data)
         while len(self._batches) > BATCHES or (self._batch_bytes > BATCH_BYTES and len(self._batches) > 1):

@@ -349,3 +349,19 @@ async def test_a_block_whose_range_expired_meanwhile_is_not_kept(shared_rig: Sha
         assert [r[0] for r in await rows(pool, "raced")] == list(range(31, 101, 10))
         assert await read_all(queue) == before[30:]
         assert node.stats.compactions == 0
+
+
+async def test_two_readers_missing_one_segment_count_its_bytes_once(shared_rig: SharedRig) -> None:
+    async with shared_node(shared_rig, 0) as (node, _):
+        queue = await create(node, "raced-readers", max_messages=100)
+        await produce(queue, drafts(0, 10), SaveMode.IMMEDIATE)
+        (segment,) = await node.segments_after("raced-readers", 0, 10)
+        # As on a node that has not read it yet: neither stamped nor its object in memory, so both
+        # readers wait on one GET and both stamp what it brings.
+        node._batches.clear()
+        node._batch_bytes = 0
+        node._objects.discard(segment.key)
+        first, second = await asyncio.gather(node.batch_of(segment), node.batch_of(segment))
+        assert list(first.ids) == list(second.ids) == list(range(1, 11))
+        assert len(node._batches) == 1
+        assert node._batch_bytes == segment.byte_size
