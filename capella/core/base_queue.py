@@ -11,6 +11,7 @@ overrides it.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import functools
 from abc import ABC, abstractmethod
@@ -139,6 +140,26 @@ def _passes(
     elif segments is not None:
         raise ValueError("read_after: give segments inside match, not beside it")
     return functools.partial(matches, match)
+
+
+async def wait_until(
+    arrived: Callable[[], bool],
+    event: Callable[[], asyncio.Event],
+    timeout: float,  # noqa: ASYNC109 (a long poll's length, from the API)
+) -> None:
+    """A long poll: return once ``arrived()`` is true, or after ``timeout`` seconds. ``event()``
+    is the event the next arrival (or close) sets, read again after each wake."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not arrived():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return
+        try:
+            async with asyncio.timeout(remaining):
+                await event().wait()
+        except TimeoutError:
+            return
 
 
 class Buffered(Appended, frozen=True, gc=False):

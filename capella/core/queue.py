@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from capella.config import StorageSettings
-from capella.core.base_queue import BaseQueue, Page, PageBuilder
+from capella.core.base_queue import BaseQueue, Page, PageBuilder, wait_until
 from capella.core.base_queue import ReadResult as ReadResult  # answered by ``read_after``
 from capella.core.definition import QueueSettings
 from capella.core.delayed.intake import Delayed as Delayed  # answered by ``Queue.append``
@@ -447,19 +447,8 @@ class Queue(BaseQueue):
 
     async def wait_for(self, after: int, timeout: float) -> None:  # noqa: ASYNC109 (long-poll length from the API)
         """Return once a message with id > ``after`` exists, or after ``timeout`` seconds."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         writer = self._writer
-        while writer.last_id <= after and not self._closing:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            event = writer.arrived
-            try:
-                async with asyncio.timeout(remaining):
-                    await event.wait()
-            except TimeoutError:
-                return
+        await wait_until(lambda: writer.last_id > after or self._closing, lambda: writer.arrived, timeout)
 
     # --- subscriptions (capella.core.subscription_store) --------------------------------------------
 

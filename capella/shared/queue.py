@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from capella.core.base_queue import BaseQueue, Buffered, Page, PageBuilder
+from capella.core.base_queue import BaseQueue, Buffered, Page, PageBuilder, wait_until
 from capella.core.definition import QueueSettings
 from capella.core.filter import MessageFilter
 from capella.core.limits import MessageLimits, check_batch, check_drafts
@@ -472,19 +472,8 @@ class SharedQueue(BaseQueue):
 
     async def wait_for(self, after: int, timeout: float) -> None:  # noqa: ASYNC109 (long-poll length from the API)
         """Return once a message with id > ``after`` exists, or after ``timeout`` seconds."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         self._node.watch(self)
-        while self._next_id - 1 <= after and not self._closing:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            event = self.arrived
-            try:
-                async with asyncio.timeout(remaining):
-                    await event.wait()
-            except TimeoutError:
-                return
+        await wait_until(lambda: self._next_id - 1 > after or self._closing, lambda: self.arrived, timeout)
 
     # --- subscriptions (cursor mode, in PostgreSQL) -----------------------------------------------
 
