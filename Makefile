@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml setup.py capella/_kernels.c
 # libfuse 3 serves tests/support/powerfs.py, the filesystem that loses what was not fsync'd; headless
 # chromium runs the console's browser tests (tests/e2e/test_ui.py; a browser cannot be downloaded);
 # PostgreSQL: tests/support/pg.py runs a throwaway cluster (initdb) for the pg_outbox / pg_inbox tests.
+# kcat (librdkafka's command-line client) is one of the real Kafka clients tests/kafka drives.
 # The lock timeout lets another apt run finish first.
 APT := apt-get -o DPkg::Lock::Timeout=600
 tools:
@@ -28,6 +29,7 @@ tools:
 		($(APT) update -qq && $(APT) install -y -qq chromium chromium-driver >/dev/null)
 	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 		($(APT) update -qq && $(APT) install -y -qq postgresql >/dev/null)
+	@command -v kcat >/dev/null || ($(APT) update -qq && $(APT) install -y -qq kcat >/dev/null)
 
 run: $(STAMP)
 	$(BIN)/capella serve

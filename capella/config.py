@@ -348,6 +348,48 @@ class CompatSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     )
 
 
+class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """``[kafka]``: the Kafka protocol listener (docs/kafka.md), off unless this table exists.
+
+    Kafka clients connect to ``listen`` and are told to come back to ``advertised`` (this
+    address, as they can reach it; ``listen`` when not given). With ``[auth]`` on they sign in
+    with SASL/PLAIN as the HTTP API's users; ``tls`` (or ``[server] tls`` when this has none)
+    wraps the connections, and a listener beyond loopback needs it, so no password crosses the
+    network in the clear. A server without this table imports nothing of capella/kafka/.
+    """
+
+    listen: Listen = "127.0.0.1:9092"
+    advertised: str | None = None
+    # Metadata and Produce for a topic that is no queue create the queue ([queue_defaults]).
+    auto_create_topics: bool = False
+    tls: TlsSettings | None = None
+    # Before a client has signed in, a frame larger than this closes its connection (SASL and
+    # ApiVersions frames are a few hundred bytes); after, the limit is server.max_body_size.
+    max_frame_before_sign_in: Annotated[int, _Read(parse_size), msgspec.Meta(ge=1024, le=16 << 20)] = 64 << 10
+    # A connection that sends nothing for this long is closed (Kafka's connections.max.idle.ms).
+    idle_timeout: PositiveDuration = 600.0
+    max_connections: PositiveInt = 1024
+    # Consumer groups the coordinator holds, and members in one group: a stranger cannot fill memory.
+    max_groups: PositiveInt = 10_000
+    max_group_members: PositiveInt = 1000
+
+    @property
+    def host(self) -> str:
+        return _split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return _split_listen(self.listen)[1]
+
+    @property
+    def advertised_host(self) -> str:
+        return _split_listen(self.advertised or self.listen)[0]
+
+    @property
+    def advertised_port(self) -> int:
+        return _split_listen(self.advertised or self.listen)[1]
+
+
 class SharedSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """``[shared]``: where this node's shared queues live (docs/shared.md).
 
@@ -398,6 +440,7 @@ class _File(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     files: FilesSettings = msgspec.field(default_factory=FilesSettings)
     compat: CompatSettings = msgspec.field(default_factory=CompatSettings)
     shared: SharedSettings | None = None
+    kafka: KafkaSettings | None = None
 
 
 # The keys of a [mounts.NAME] table besides provider, compression and level, by provider: the
@@ -448,6 +491,7 @@ class Config(msgspec.Struct, frozen=True):
     files: FilesSettings = msgspec.field(default_factory=FilesSettings)
     compat: CompatSettings = msgspec.field(default_factory=CompatSettings)
     shared: SharedSettings | None = None
+    kafka: KafkaSettings | None = None
     # Where this configuration came from, to start its error messages: the file as given.
     source: str = "config"
 
@@ -564,8 +608,41 @@ def _config(raw: dict[str, Any], overrides: dict[str, Any], base: Path, source: 
         files=_files(tables.files, base),
         compat=tables.compat,
         shared=_shared(tables.shared, mounts, tables.secrets, tables.storage.write_timeout),
+        kafka=_kafka(tables.kafka, server, auth.enabled, base),
         source=source,
     )
+
+
+def _kafka(
+    kafka: KafkaSettings | None, server: ServerSettings, auth: bool, base: Path
+) -> KafkaSettings | None:
+    if kafka is None:
+        return None
+    if kafka.advertised is not None:
+        try:
+            _split_listen(kafka.advertised)
+        except ValueError as exc:
+            raise _Refused(f"kafka.advertised: {exc}") from None
+    tls = _found(kafka.tls, base) if kafka.tls is not None else server.tls
+    kafka = msgspec.structs.replace(kafka, tls=tls)
+    if not is_loopback(kafka.host):
+        if not auth:
+            raise _Refused(
+                f"refusing to listen for Kafka clients on {kafka.listen} without authentication: "
+                "anyone who can reach it could read and write every queue. Set [auth] enabled = true "
+                "(clients then sign in with SASL/PLAIN), or listen on 127.0.0.1 / [::1]."
+            )
+        if tls is None:
+            raise _Refused(
+                f"refusing to listen for Kafka clients on {kafka.listen} without TLS: SASL/PLAIN "
+                "would send passwords in the clear. Give [kafka] tls (or [server] tls), or listen "
+                "on 127.0.0.1 / [::1]."
+            )
+    if kafka.port == server.port and kafka.host == server.host:
+        raise _Refused(
+            f"kafka.listen {kafka.listen} is server.listen too: give the Kafka listener a port of its own"
+        )
+    return kafka
 
 
 def _shared(

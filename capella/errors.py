@@ -63,6 +63,13 @@ class InvalidBatch(InvalidRequest):
     code = "invalid_batch"
 
 
+class CorruptKafkaFrame(InvalidRequest):
+    """A Kafka protocol frame does not parse (its header or its body); the listener closes
+    that connection, as Kafka brokers do."""
+
+    code = "corrupt_kafka_frame"
+
+
 class InvalidName(InvalidRequest):
     """A queue, subscription or mount name is not allowed."""
 
@@ -281,6 +288,12 @@ class QueueNotFound(NotFound):
     """No queue has this name."""
 
     code = "queue_not_found"
+
+
+class UnknownPartition(NotFound):
+    """A Kafka topic has no partition of that number."""
+
+    code = "unknown_partition"
 
 
 class SubscriptionNotFound(NotFound):

@@ -19,6 +19,7 @@ import ssl
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from aiohttp import web
 
@@ -67,6 +68,7 @@ async def serve(config: Config) -> None:
     # The guard builds each connection's protocol with the header limits and keep-alive timeout.
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.server.shutdown_timeout)
     stop = asyncio.Event()
+    kafka: Closing | None = None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -74,6 +76,9 @@ async def serve(config: Config) -> None:
         await runner.setup()
         site = await listen(runner, config.server, guard)
         log.info("capella listening cluster=%s url=%s data_dir=%s", cluster.name, site.name, config.data_dir)
+        # Kafka clients too are answered while queues recover (NotReady: LEADER_NOT_AVAILABLE,
+        # which they retry), and the listener is bound once /readyz says ready.
+        kafka = await kafka_listener(config, cluster, authenticator)
         await cluster.start()
         await supervisor.start()
         # Everything built so far lives until exit: keep it out of every future GC pass, and
@@ -87,6 +92,8 @@ async def serve(config: Config) -> None:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if kafka is not None:
+            await kafka.close()
         await runner.cleanup()
         guard.close()
         await supervisor.close()
@@ -106,6 +113,31 @@ def shared_home(config: Config, secrets: Secrets) -> Callable[[dict[str, Storage
 
     url = f"http://{config.server.listen}"
     return lambda mounts: SharedNode(config, settings, mounts, secrets, url=url)
+
+
+class Closing(Protocol):
+    async def close(self) -> None: ...
+
+
+async def kafka_listener(
+    config: Config, cluster: Cluster, authenticator: Authenticator | None
+) -> Closing | None:
+    """The Kafka listener, when ``[kafka]`` is configured: only then is ``capella.kafka`` (and
+    kafka-python) imported."""
+    settings = config.kafka
+    if settings is None:
+        return None
+    from capella.kafka.listener import KafkaListener
+
+    listener = KafkaListener.of(
+        cluster,
+        settings,
+        max_frame=config.server.max_body_size,
+        authenticator=authenticator,
+        ssl_context=None if settings.tls is None else ssl_context(settings.tls),
+    )
+    await listener.start()
+    return listener
 
 
 # glibc's mallopt parameter for the number of heaps (malloc.h).

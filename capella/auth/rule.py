@@ -28,7 +28,7 @@ from capella.errors import Forbidden, InvalidRequest
 from capella.wire import auth as wire
 from capella.wire.decode import decode
 
-OBJECT_TYPES = ("cluster", "queue", "subscription", "handler", "external_cluster", "user", "secret")
+OBJECT_TYPES = ("cluster", "queue", "subscription", "group", "handler", "external_cluster", "user", "secret")
 # ``use`` applies to secrets only, ``relay`` to external clusters only; the others to every other type.
 ACTIONS = ("read", "write", "admin", "use", "relay")
 # Types a ``*`` type never grants: each must be named in the rule.

@@ -20,7 +20,9 @@ class Rule(Struct, forbid_unknown_fields=True):
     """allow or deny an action on resources of a type whose names match a pattern"""
 
     effect: Literal["allow", "deny"]
-    type: Literal["cluster", "queue", "subscription", "handler", "external_cluster", "user", "secret", "*"]
+    type: Literal[
+        "cluster", "queue", "subscription", "group", "handler", "external_cluster", "user", "secret", "*"
+    ]
     action: Annotated[
         Literal["read", "write", "admin", "use", "relay", "*"],
         Meta(description="use is for secrets, and only use; relay is only for external clusters"),

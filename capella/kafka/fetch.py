@@ -1,0 +1,158 @@
+"""Fetch: stored messages rendered as Kafka record batches (v2, uncompressed), once per block.
+
+A partition answers the whole batches that hold the fetch offset and what follows, up to the
+partition's byte limit, and always at least one batch (KIP-74): clients skip the records
+below the offset they asked for. An offset below the first retained id, or past the high
+watermark (the last id + 1), answers OFFSET_OUT_OF_RANGE, and the client resets as its
+``auto.offset.reset`` says. With nothing to answer yet, the request waits up to
+``max_wait_ms`` for a message on any of its partitions. No fetch sessions (KIP-227): the
+session id answered is 0, so clients send whole requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from capella.core.base_queue import BaseQueue
+from capella.errors import CapellaError
+from capella.kafka import errors, records
+from capella.kafka.session import Session
+from capella.kafka.topics import partition_queue
+
+log = logging.getLogger(__name__)
+
+# A read looks at most this many messages per partition per answer.
+READ_LIMIT = 10_000
+# The longest a fetch waits, whatever it asks for.
+MAX_WAIT = 30.0
+
+
+@dataclass
+class _Partition:
+    topic: str
+    index: int
+    offset: int
+    max_bytes: int
+    queue: BaseQueue | None = None
+    error: int = errors.NONE
+    chunks: list[bytes] = field(default_factory=list)
+    size: int = 0
+
+
+async def fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
+    wanted = [
+        _Partition(topic.topic, part.partition, part.fetch_offset, part.partition_max_bytes)
+        for topic in request.topics
+        for part in topic.partitions
+    ]
+    for p in wanted:
+        _open(session, p)
+    max_bytes = request.max_bytes if version >= 3 else 2**31 - 1
+    await _read_all(wanted, max_bytes)
+    total = sum(p.size for p in wanted)
+    wait = min(max(request.max_wait_ms, 0) / 1000, MAX_WAIT)
+    if total < max(request.min_bytes, 1) and wait > 0 and any(p.error == errors.NONE for p in wanted):
+        await _wait_any(wanted, wait)
+        await _read_all(wanted, max_bytes)
+    return {
+        "throttle_time_ms": 0,
+        "error_code": errors.NONE,
+        "session_id": 0,
+        "responses": _grouped(wanted),
+    }
+
+
+def _open(session: Session, p: _Partition) -> None:
+    try:
+        queue = partition_queue(session.broker.cluster, p.topic, p.index)
+    except CapellaError as exc:
+        p.error = errors.code_for(exc)
+        return
+    if not session.identity.can("queue", "read", queue.name):
+        p.error = errors.TOPIC_AUTHORIZATION_FAILED
+        return
+    p.queue = queue
+
+
+async def _read_all(wanted: list[_Partition], max_bytes: int) -> None:
+    budget = max_bytes
+    for p in wanted:
+        if p.queue is None or p.size:
+            continue
+        try:
+            await _read(p, budget, first=budget == max_bytes)
+        except CapellaError as exc:
+            p.error = errors.code_for(exc)
+            if p.error == errors.UNKNOWN_SERVER_ERROR:
+                log.error("kafka fetch failed queue=%s", p.queue.name, exc_info=exc)
+        budget -= p.size
+        if budget <= 0:
+            break
+
+
+async def _read(p: _Partition, budget: int, *, first: bool) -> None:
+    queue = p.queue
+    assert queue is not None
+    if p.offset < queue.first_id or p.offset > queue.last_id + 1:
+        p.error = errors.OFFSET_OUT_OF_RANGE
+        return
+    p.error = errors.NONE
+    if p.offset > queue.last_id:
+        return
+    page = await queue.read_page(p.offset - 1, READ_LIMIT)
+    limit = min(p.max_bytes, budget)
+    seen: set[int] = set()
+    for batch, _start, _stop in page.parts:
+        if id(batch) in seen:
+            continue
+        seen.add(id(batch))
+        for rendered in batch.form(records.render):
+            if rendered.last_id < p.offset:
+                continue
+            # At least one batch, even over the limits (KIP-74), so a large one is not stuck.
+            if p.size + len(rendered.data) > limit and (p.chunks or not first):
+                return
+            p.chunks.append(rendered.data)
+            p.size += len(rendered.data)
+
+
+async def _wait_any(wanted: list[_Partition], wait: float) -> None:
+    waiters = [
+        asyncio.ensure_future(p.queue.wait_for(p.offset - 1, wait))
+        for p in wanted
+        if p.queue is not None and p.error == errors.NONE
+    ]
+    try:
+        await asyncio.wait(waiters, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+        for w in waiters:
+            with contextlib.suppress(asyncio.CancelledError, CapellaError):
+                await w
+
+
+def _grouped(wanted: list[_Partition]) -> list[dict[str, Any]]:
+    topics: dict[str, list[dict[str, Any]]] = {}
+    for p in wanted:
+        queue = p.queue
+        high = queue.last_id + 1 if queue is not None else -1
+        start = queue.first_id if queue is not None else -1
+        topics.setdefault(p.topic, []).append(
+            {
+                "partition_index": p.index,
+                "error_code": p.error,
+                "high_watermark": high,
+                # No transactions: everything below the high watermark is stable.
+                "last_stable_offset": high,
+                "log_start_offset": start,
+                "aborted_transactions": None,
+                "preferred_read_replica": -1,
+                "records": b"".join(p.chunks) if p.chunks else None,
+            }
+        )
+    return [{"topic": name, "partitions": parts} for name, parts in topics.items()]

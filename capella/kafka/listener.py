@@ -1,0 +1,205 @@
+"""The Kafka listener: an asyncio server that reads framed requests and answers them in order.
+
+Each connection is served one request at a time, in the order it sent them, which is what
+Kafka promises a client (a long-polling Fetch or a waiting JoinGroup blocks only its own
+connection; clients use another one for the rest). A frame is bounded before it is read:
+``[kafka] max_frame_before_sign_in`` until the client has signed in, ``server.max_body_size``
+after. A frame that does not parse, an unknown API or version, or a request other than
+ApiVersions and SASL before sign-in closes that connection only, as Kafka brokers do; an
+ApiVersions of a version this broker does not serve is answered UNSUPPORTED_VERSION with a v0
+body listing the versions it does (KIP-511), so the client retries with one of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from typing import Any
+
+from capella.auth.authenticator import Authenticator
+from capella.backoff import backoff
+from capella.config import KafkaSettings
+from capella.core.cluster import Cluster
+from capella.errors import CorruptKafkaFrame, InvalidConfig
+from capella.kafka import errors
+from capella.kafka.codec import Header, decode_request, encode_response, frame_size, read_header
+from capella.kafka.groups import Coordinator
+from capella.kafka.session import Broker, Session
+from capella.kafka.versions import API_VERSIONS, APIS, advertised
+
+log = logging.getLogger(__name__)
+
+# The smallest request: a header with a null client id.
+MIN_FRAME = 10
+# How often the group coordinator looks for members past their session timeout.
+EXPIRE_INTERVAL = 0.5
+
+
+class Close(Exception):
+    """The connection is closed after this request (its answer, if any, is sent first)."""
+
+
+class KafkaListener:
+    """Serves the Kafka protocol on ``[kafka] listen`` for the broker's cluster."""
+
+    @classmethod
+    def of(
+        cls,
+        cluster: Cluster,
+        settings: KafkaSettings,
+        *,
+        max_frame: int,
+        authenticator: Authenticator | None,
+        ssl_context: ssl.SSLContext | None,
+    ) -> KafkaListener:
+        coordinator = Coordinator(max_groups=settings.max_groups, max_members=settings.max_group_members)
+        broker = Broker(
+            cluster,
+            settings,
+            coordinator,
+            authenticator,
+            max_frame=max_frame,
+            producer_ids=getattr(cluster, "producer_ids", None),
+        )
+        return cls(broker, ssl_context=ssl_context)
+
+    def __init__(self, broker: Broker, *, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.broker = broker
+        self._ssl = ssl_context
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+        self._expiry: asyncio.Task[None] | None = None
+        self.counters: dict[str, int] = {
+            "connections": 0,
+            "refused_connections": 0,
+            "requests": 0,
+            "closed_by_error": 0,
+        }
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where the listener is bound (the port chosen when ``listen`` asked for port 0)."""
+        assert self._server is not None
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return str(host), int(port)
+
+    async def start(self) -> None:
+        settings = self.broker.settings
+        try:
+            self._server = await asyncio.start_server(
+                self._serve, settings.host, settings.port, ssl=self._ssl, reuse_address=True
+            )
+        except OSError as exc:
+            raise InvalidConfig(
+                f"cannot listen for Kafka clients on {settings.listen}: {exc.strerror}"
+            ) from None
+        host, port = self.address
+        if settings.advertised is None:
+            self.broker.host, self.broker.port = host, port
+        else:
+            self.broker.host, self.broker.port = settings.advertised_host, settings.advertised_port
+        self._expiry = asyncio.create_task(self._expire_loop(), name="kafka-group-expiry")
+        log.info("kafka listening on %s:%d advertised=%s:%d", host, port, self.broker.host, self.broker.port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiry
+        self.broker.coordinator.close()
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(self._connections, timeout=5)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), timeout=5)
+
+    async def _expire_loop(self) -> None:
+        failures = 0
+        while True:
+            await asyncio.sleep(EXPIRE_INTERVAL if not failures else backoff(failures, EXPIRE_INTERVAL, 30.0))
+            try:
+                self.broker.coordinator.expire()
+                failures = 0
+            except Exception as exc:  # a bug: logged and counted, and the loop goes on
+                failures += 1
+                log.error("kafka group expiry failed failures=%d", failures, exc_info=exc)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) else ""
+        if len(self._connections) >= self.broker.settings.max_connections:
+            self.counters["refused_connections"] += 1
+            writer.close()
+            return
+        self._connections.add(task)
+        self.counters["connections"] += 1
+        session = Session(self.broker, address)
+        try:
+            await self._requests(session, reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, ssl.SSLError, Close):
+            pass
+        except CorruptKafkaFrame as exc:
+            self.counters["closed_by_error"] += 1
+            log.info("kafka connection closed address=%s reason=%s", address, exc.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug: this connection ends, the server goes on
+            self.counters["closed_by_error"] += 1
+            log.error("kafka connection failed address=%s", address, exc_info=exc)
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), timeout=1)
+
+    async def _requests(
+        self, session: Session, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        settings = self.broker.settings
+        while True:
+            async with asyncio.timeout(settings.idle_timeout):
+                size = frame_size(await reader.readexactly(4))
+                limit = settings.max_frame_before_sign_in if session.needs_sign_in else self.broker.max_frame
+                if not MIN_FRAME <= size <= limit:
+                    raise CorruptKafkaFrame(f"a frame of {size} bytes (at most {limit} here)")
+                frame = await reader.readexactly(size)
+            answer = await self._answer(session, frame)
+            if answer is not None:
+                writer.write(answer)
+                await writer.drain()
+            if session.closing:
+                raise Close()
+
+    async def _answer(self, session: Session, frame: bytes) -> bytes | None:
+        header = read_header(frame)
+        self.counters["requests"] += 1
+        api = APIS.get(header.api_key)
+        if api is None:
+            raise CorruptKafkaFrame(f"unknown API key {header.api_key}")
+        if api is API_VERSIONS and header.api_version > api.high:
+            return unsupported_version(header)
+        if not api.low <= header.api_version <= api.high:
+            served = f"this broker serves v{api.low}-{api.high}"
+            raise CorruptKafkaFrame(f"{api.name} v{header.api_version} ({served})")
+        if session.needs_sign_in and not api.before_sign_in:
+            raise CorruptKafkaFrame(f"{api.name} before SASL authentication")
+        session.client_id = header.client_id
+        request = decode_request(header, frame)
+        body = await api.handler(session, request, header.api_version)
+        if body is None:
+            return None
+        return encode_response(header.api_key, header.api_version, header.correlation_id, body)
+
+
+def unsupported_version(header: Header) -> bytes:
+    """UNSUPPORTED_VERSION with a v0 body listing every API, whatever version was asked for."""
+    body = {"error_code": errors.UNSUPPORTED_VERSION, "api_keys": advertised()}
+    return encode_response(header.api_key, 0, header.correlation_id, body)

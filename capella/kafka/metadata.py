@@ -1,0 +1,90 @@
+"""Metadata: the brokers (this node) and the topics a client may see, each partition led by this node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from capella.errors import CapellaError
+from capella.kafka import errors
+from capella.kafka.session import Session
+from capella.kafka.topics import listed, partitions
+
+# Kafka's "authorized operations were not asked for".
+NOT_ASKED = -(2**31)
+
+
+async def metadata(session: Session, request: Any, version: int) -> dict[str, Any]:
+    broker = session.broker
+    identity = session.identity
+    asked = request.topics
+    topics: list[dict[str, Any]] = []
+    # v0: an empty list means every topic; v1+: null does (and an empty list none).
+    if asked is None or (version == 0 and not asked):
+        for name, queues in sorted(listed(broker.cluster).items()):
+            if any(identity.can("queue", "read", q) or identity.can("queue", "write", q) for q in queues):
+                topics.append(_topic(session, name, queues))
+    else:
+        auto = version >= 4 and bool(request.allow_auto_topic_creation)
+        for item in asked:
+            topics.append(await described(session, item.name, auto=auto))
+    return {
+        "throttle_time_ms": 0,
+        "brokers": [{"node_id": broker.node_id, "host": broker.host, "port": broker.port, "rack": None}],
+        "cluster_id": broker.cluster_id,
+        "controller_id": broker.node_id,
+        "topics": topics,
+        "authorized_operations": NOT_ASKED,
+    }
+
+
+async def described(session: Session, name: str, *, auto: bool) -> dict[str, Any]:
+    """One asked-for topic: its partitions, or why there are none."""
+    cluster = session.broker.cluster
+    queues = partitions(cluster, name)
+    identity = session.identity
+    if queues is None:
+        if auto and session.broker.settings.auto_create_topics:
+            if not identity.can("queue", "admin", name):
+                return _error(name, errors.TOPIC_AUTHORIZATION_FAILED)
+            try:
+                await cluster.put_queue(name, {})
+            except CapellaError as exc:
+                return _error(name, errors.code_for(exc))
+            queues = [name]
+        else:
+            return _error(name, errors.UNKNOWN_TOPIC_OR_PARTITION)
+    if not any(identity.can("queue", "read", q) or identity.can("queue", "write", q) for q in queues):
+        return _error(name, errors.TOPIC_AUTHORIZATION_FAILED)
+    return _topic(session, name, queues)
+
+
+def _topic(session: Session, name: str, queues: list[str]) -> dict[str, Any]:
+    node = session.broker.node_id
+    return {
+        "error_code": errors.NONE,
+        "name": name,
+        "is_internal": False,
+        "partitions": [
+            {
+                "error_code": errors.NONE,
+                "partition_index": index,
+                "leader_id": node,
+                "leader_epoch": 0,
+                "replica_nodes": [node],
+                "isr_nodes": [node],
+                "offline_replicas": [],
+            }
+            for index in range(len(queues))
+        ],
+        "authorized_operations": NOT_ASKED,
+    }
+
+
+def _error(name: str, code: int) -> dict[str, Any]:
+    return {
+        "error_code": code,
+        "name": name,
+        "is_internal": False,
+        "partitions": [],
+        "authorized_operations": NOT_ASKED,
+    }

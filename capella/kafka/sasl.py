@@ -1,0 +1,66 @@
+"""SASL/PLAIN sign-in (SaslHandshake v1, then SaslAuthenticate) through the HTTP API's users.
+
+PLAIN carries ``authzid NUL authcid NUL password`` (RFC 4616). The password is checked by the
+same ``Authenticator`` as HTTP Basic, with its failed-login budgets and hashing bounds; an
+authorization id naming someone else is refused (nobody signs in *as* another user). A
+refusal is answered with SASL_AUTHENTICATION_FAILED and the connection is closed, as Kafka does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from capella.errors import CapellaError, RateLimited
+from capella.kafka import errors
+from capella.kafka.session import Session
+
+log = logging.getLogger(__name__)
+
+MECHANISMS = ["PLAIN"]
+
+
+async def handshake(session: Session, request: Any, version: int) -> dict[str, Any]:
+    if session.broker.authenticator is None:
+        # Authentication is off: there is nothing to sign in to.
+        return {"error_code": errors.UNSUPPORTED_SASL_MECHANISM, "mechanisms": []}
+    if request.mechanism not in MECHANISMS:
+        return {"error_code": errors.UNSUPPORTED_SASL_MECHANISM, "mechanisms": MECHANISMS}
+    session.mechanism = request.mechanism
+    return {"error_code": errors.NONE, "mechanisms": MECHANISMS}
+
+
+async def authenticate(session: Session, request: Any, version: int) -> dict[str, Any]:
+    authenticator = session.broker.authenticator
+    if authenticator is None or session.mechanism is None or session.signed_in:
+        session.closing = True
+        return _refused(errors.ILLEGAL_SASL_STATE, "SaslAuthenticate without a SaslHandshake for PLAIN")
+    session.mechanism = None
+    parts = bytes(request.auth_bytes or b"").split(b"\0")
+    if len(parts) != 3:
+        session.closing = True
+        return _refused(errors.SASL_AUTHENTICATION_FAILED, "PLAIN expects authzid NUL user NUL password")
+    try:
+        authzid, name, password = (part.decode("utf-8") for part in parts)
+    except UnicodeDecodeError:
+        session.closing = True
+        return _refused(errors.SASL_AUTHENTICATION_FAILED, "PLAIN's fields are UTF-8")
+    if authzid and authzid != name:
+        session.closing = True
+        return _refused(errors.SASL_AUTHENTICATION_FAILED, "signing in as another user is not allowed")
+    try:
+        identity = await authenticator.basic(name, password, session.address)
+    except RateLimited as exc:
+        session.closing = True
+        return _refused(errors.SASL_AUTHENTICATION_FAILED, exc.message)
+    except CapellaError:
+        session.closing = True
+        log.info("kafka sign-in refused address=%s user=%s", session.address, name)
+        return _refused(errors.SASL_AUTHENTICATION_FAILED, "wrong user name or password")
+    session.identity = identity
+    session.signed_in = True
+    return {"error_code": errors.NONE, "error_message": None, "auth_bytes": b"", "session_lifetime_ms": 0}
+
+
+def _refused(code: int, message: str) -> dict[str, Any]:
+    return {"error_code": code, "error_message": message, "auth_bytes": b"", "session_lifetime_ms": 0}
