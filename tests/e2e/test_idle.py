@@ -31,6 +31,9 @@ NOT_NEEDED = (
     "capella.api.original",  # the original protocol, off by default ([compat] original)
     "capella.api.original.endpoint",
     "capella.shared",  # shared queues: only with [shared]
+    "capella.kafka",  # the Kafka listener: only with [kafka]
+    "kafka",  # kafka-python, its codec
+    "cramjam",
     "zstandard",
     "boto3",
     "asyncpg",
@@ -86,9 +89,9 @@ def test_the_default_server_imports_only_what_it_uses(tmp_path: Path) -> None:
     loaded = sorted(
         m
         for m in modules
-        if m.split(".")[0] in {"boto3", "asyncpg", "zstandard"}
+        if m.split(".")[0] in {"boto3", "asyncpg", "zstandard", "kafka", "cramjam"}
         or m in NOT_NEEDED
-        or m.startswith("capella.shared.")
+        or m.startswith(("capella.shared.", "capella.kafka."))
     )
     assert loaded == []
 
