@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, cast
 
 from capella.core.cluster import Cluster
 from capella.core.queue import Queue
-from capella.core.stats import Histogram, SharedStats
+from capella.core.stats import Histogram, ProtocolStats, SharedStats
 from capella.handlers.base import find
 from capella.handlers.supervisor import HandlerState
 from capella.wire.postgres import PgOutboxStatus
@@ -105,6 +105,8 @@ def render(cluster: Cluster, handlers: Sequence[HandlerState] = ()) -> str:
     _histogram(out, "capella_flush_seconds", "", cluster.flush_latency)
     if cluster.shared is not None:
         _shared_metrics(out, cluster.shared.stats)
+    for door, door_stats in sorted(cluster.doors.items()):
+        _door_metrics(out, door, door_stats)
     out.append("")
     return "\n".join(out)
 
@@ -135,6 +137,33 @@ def _shared_metrics(out: list[str], stats: SharedStats) -> None:
     _histogram(out, "capella_shared_flush_seconds", "", stats.flush_seconds)
     _header(out, "capella_shared_commit_seconds", "Time of one commit transaction.", "histogram")
     _histogram(out, "capella_shared_commit_seconds", "", stats.commit_seconds)
+
+
+_DOOR_COUNTERS = (
+    ("capella_protocol_connections_total", "Connections accepted by a front door.", "connections"),
+    (
+        "capella_protocol_refused_connections_total",
+        "Connections refused over the limit.",
+        "refused_connections",
+    ),
+    ("capella_protocol_closed_by_error_total", "Connections closed for a bad frame.", "closed_by_error"),
+    ("capella_protocol_sign_in_failures_total", "Refused sign-ins.", "sign_in_failures"),
+)
+
+
+def _door_metrics(out: list[str], door: str, stats: ProtocolStats) -> None:
+    label = f'protocol="{escape(door)}"'
+    for name, help_text, attr in _DOOR_COUNTERS:
+        _header(out, name, help_text, "counter")
+        out.append(f"{name}{{{label}}} {getattr(stats, attr)}")
+    _header(out, "capella_protocol_open_connections", "Connections open now.", "gauge")
+    out.append(f"capella_protocol_open_connections{{{label}}} {stats.open_connections}")
+    _header(out, "capella_protocol_requests_total", "Requests by API.", "counter")
+    for api, count in sorted(stats.requests.items()):
+        out.append(f'capella_protocol_requests_total{{{label},api="{escape(api)}"}} {count}')
+    _header(out, "capella_protocol_errors_total", "Error codes answered, by API and code.", "counter")
+    for (api, code), count in sorted(stats.errors.items()):
+        out.append(f'capella_protocol_errors_total{{{label},api="{escape(api)}",code="{code}"}} {count}')
 
 
 def _histogram(out: list[str], name: str, labels: str, hist: Histogram) -> None:

@@ -26,7 +26,7 @@ from capella.core.limits import MessageLimits
 from capella.core.loops import TaskFailures, keep_running
 from capella.core.queue import Queue
 from capella.core.shared_home import SharedHome
-from capella.core.stats import Histogram
+from capella.core.stats import Histogram, ProtocolStats
 from capella.errors import (
     CapellaError,
     InvalidConfig,
@@ -57,6 +57,8 @@ class Cluster:
         self.shared = shared
         self.flush_latency = Histogram()
         self.task_failures = TaskFailures()
+        # The counters of each front door beside HTTP that is on (``"kafka"``), for the metrics.
+        self.doors: dict[str, ProtocolStats] = {}
         self._config = config
         self._mounts = mounts
         self._clock = clock

@@ -29,6 +29,26 @@ class Histogram:
 
 
 @dataclass(slots=True)
+class ProtocolStats:
+    """A front door's counters since the process started (the Kafka listener's), kept by the
+    door and read by ``metrics.py`` through ``Cluster.doors``."""
+
+    connections: int = 0
+    open_connections: int = 0
+    refused_connections: int = 0
+    closed_by_error: int = 0
+    sign_in_failures: int = 0
+    requests: dict[str, int] = field(default_factory=dict)  # by API name
+    errors: dict[tuple[str, int], int] = field(default_factory=dict)  # by (API name, error code)
+
+    def request(self, api: str) -> None:
+        self.requests[api] = self.requests.get(api, 0) + 1
+
+    def error(self, api: str, code: int) -> None:
+        self.errors[(api, code)] = self.errors.get((api, code), 0) + 1
+
+
+@dataclass(slots=True)
 class QueueCounters:
     """Monotonic counters of one queue since the process started."""
 

@@ -16,12 +16,14 @@ import asyncio
 import contextlib
 import logging
 import ssl
+from collections.abc import Iterator
 from typing import Any
 
 from capella.auth.authenticator import Authenticator
 from capella.backoff import backoff
 from capella.config import KafkaSettings
 from capella.core.cluster import Cluster
+from capella.core.stats import ProtocolStats
 from capella.errors import CorruptKafkaFrame, InvalidConfig
 from capella.kafka import errors
 from capella.kafka.codec import Header, decode_request, encode_response, frame_size, read_header
@@ -71,12 +73,8 @@ class KafkaListener:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self._expiry: asyncio.Task[None] | None = None
-        self.counters: dict[str, int] = {
-            "connections": 0,
-            "refused_connections": 0,
-            "requests": 0,
-            "closed_by_error": 0,
-        }
+        self.stats = ProtocolStats()
+        broker.cluster.doors["kafka"] = self.stats
 
     @property
     def address(self) -> tuple[str, int]:
@@ -136,25 +134,27 @@ class KafkaListener:
         peer = writer.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) else ""
         if len(self._connections) >= self.broker.settings.max_connections:
-            self.counters["refused_connections"] += 1
+            self.stats.refused_connections += 1
             writer.close()
             return
         self._connections.add(task)
-        self.counters["connections"] += 1
+        self.stats.connections += 1
+        self.stats.open_connections += 1
         session = Session(self.broker, address)
         try:
             await self._requests(session, reader, writer)
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, ssl.SSLError, Close):
             pass
         except CorruptKafkaFrame as exc:
-            self.counters["closed_by_error"] += 1
+            self.stats.closed_by_error += 1
             log.info("kafka connection closed address=%s reason=%s", address, exc.message)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug: this connection ends, the server goes on
-            self.counters["closed_by_error"] += 1
+            self.stats.closed_by_error += 1
             log.error("kafka connection failed address=%s", address, exc_info=exc)
         finally:
+            self.stats.open_connections -= 1
             self._connections.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
@@ -180,10 +180,10 @@ class KafkaListener:
 
     async def _answer(self, session: Session, frame: bytes) -> bytes | None:
         header = read_header(frame)
-        self.counters["requests"] += 1
         api = APIS.get(header.api_key)
         if api is None:
             raise CorruptKafkaFrame(f"unknown API key {header.api_key}")
+        self.stats.request(api.name)
         if api is API_VERSIONS and header.api_version > api.high:
             return unsupported_version(header)
         if not api.low <= header.api_version <= api.high:
@@ -196,7 +196,25 @@ class KafkaListener:
         body = await api.handler(session, request, header.api_version)
         if body is None:
             return None
+        for code in error_codes(body):
+            self.stats.error(api.name, code)
+            if code == errors.SASL_AUTHENTICATION_FAILED:
+                self.stats.sign_in_failures += 1
         return encode_response(header.api_key, header.api_version, header.correlation_id, body)
+
+
+def error_codes(body: object) -> Iterator[int]:
+    """Every error code other than NONE in an answer's fields, nested ones included."""
+    if isinstance(body, dict):
+        for key, value in body.items():
+            if key == "error_code":
+                if value:
+                    yield value
+            elif isinstance(value, dict | list):
+                yield from error_codes(value)
+    elif isinstance(body, list):
+        for item in body:
+            yield from error_codes(item)
 
 
 def unsupported_version(header: Header) -> bytes:
