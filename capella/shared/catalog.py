@@ -266,6 +266,19 @@ class Catalog:
             raise QueueNotFound(f"no shared queue {queue!r}")
         return current, False
 
+    async def take_producer_id(self) -> int:
+        """The next producer id of the shared cluster (``core/producer_ids.py``), durable before
+        it is answered.
+
+        ``nextval`` is not durable until a transaction commits that flushes the WAL (PostgreSQL's
+        docs, "Sequence Manipulation Functions"), and a statement that only calls it commits
+        without a transaction id, so without a flush: after a crash of PostgreSQL the same id
+        could be answered again. ``pg_current_xact_id()`` gives the statement's transaction an id,
+        so its commit waits for the WAL flush (with ``synchronous_commit`` on, as a shared cluster
+        needs anyway) and the answer comes after it."""
+        found: int = await self._pool.fetchval("select nextval('capella_producer_ids'), pg_current_xact_id()")
+        return found
+
     async def delete_subscription(self, queue: str, name: str) -> bool:
         status = await self._pool.execute(
             "delete from capella_subscriptions where queue = $1 and name = $2", queue, name

@@ -449,6 +449,9 @@ class SharedNode(SharedHome):
         await self._announce_cursor(queue, name)
         return found
 
+    async def take_producer_id(self) -> int:
+        return await self._guard(self._need().take_producer_id())
+
     async def subscription_row(self, queue: str, name: str) -> SubRow | None:
         return await self._guard(self._need().subscription(queue, name))
 
