@@ -291,14 +291,15 @@ class Catalog:
 
     async def take_producer_id(self) -> int:
         """The next producer id of the shared cluster (``core/producer_ids.py``), durable before
-        it is answered.
+        it is answered: one sequence for every node, so no two nodes ever answer one id.
 
-        ``nextval`` is not durable until a transaction commits that flushes the WAL (PostgreSQL's
-        docs, "Sequence Manipulation Functions"), and a statement that only calls it commits
-        without a transaction id, so without a flush: after a crash of PostgreSQL the same id
-        could be answered again. ``pg_current_xact_id()`` gives the statement's transaction an id,
-        so its commit waits for the WAL flush (with ``synchronous_commit`` on, as a shared cluster
-        needs anyway) and the answer comes after it."""
+        A ``nextval`` is durable once a transaction commits that flushes the WAL (PostgreSQL's
+        docs, "Sequence Manipulation Functions"). Recent releases give its transaction an id
+        whenever it writes WAL, so its commit flushes (seen on 15.18); older ones did not, and a
+        statement that only called ``nextval`` committed without a flush, so PostgreSQL crashing
+        right after could answer the same id again. ``pg_current_xact_id()`` gives the
+        statement's transaction an id on every release (13 and later): with ``synchronous_commit``
+        on, as a shared cluster needs anyway, the answer comes after the flush."""
         found: int = await self._pool.fetchval("select nextval('capella_producer_ids'), pg_current_xact_id()")
         return found
 
