@@ -1,1 +1,1 @@
-"""The Kafka protocol listener: a front door onto the cluster's queues, loaded only with ``[kafka]``."""
+"""The Kafka protocol listener: Kafka clients produce to and consume from Capella's queues (docs/kafka.md)."""

@@ -1,0 +1,1 @@
+"""The Kafka protocol listener, driven by real Kafka clients and raw frames."""
