@@ -76,6 +76,18 @@ class InvalidName(InvalidRequest):
     code = "invalid_name"
 
 
+class InvalidSubscriptionGroup(InvalidRequest):
+    """A cursor's group is empty, not text, or longer than its limit (``limit`` bytes of UTF-8)."""
+
+    code = "invalid_subscription_group"
+
+
+class SubscriptionMetadataTooLarge(InvalidRequest):
+    """A cursor commit's metadata is not text or longer than its limit (``limit`` bytes of UTF-8)."""
+
+    code = "subscription_metadata_too_large"
+
+
 class InvalidSaveMode(InvalidRequest):
     """The save mode is not one of none, immediate, mark, wait, default or 0-4."""
 

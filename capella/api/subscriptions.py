@@ -52,6 +52,10 @@ def subscription_info(queue: BaseQueue, sub: SubscriptionState) -> wire_work.Sub
         created=sub.created,
         updated=sub.updated,
     )
+    if sub.group is not None:
+        info.group = sub.group
+    if sub.metadata is not None:
+        info.metadata = sub.metadata
     if sub.mode == ACK and sub.policy is not None:
         state = queue.work(sub.name).state
         info.policy = sub.policy.to_wire()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import orjson
 from msgspec import UnsetType
 
 from capella.cli.command import Command, Confirm, Family, arg, one_of, section
@@ -76,6 +77,10 @@ def _fields(queue: str, sub: Subscription) -> list[tuple[str, object]]:
         ("created", utc(sub.created)),
         ("updated", utc(sub.updated)),
     ]
+    if not isinstance(sub.group, UnsetType):
+        fields.append(("group", _text(sub.group)))
+    if not isinstance(sub.metadata, UnsetType):
+        fields.append(("metadata", _text(sub.metadata)))
     if not isinstance(sub.work, UnsetType):
         work = sub.work
         fields += [
@@ -88,6 +93,12 @@ def _fields(queue: str, sub: Subscription) -> list[tuple[str, object]]:
     if not isinstance(sub.policy, UnsetType):
         fields += _policy(sub.policy)
     return fields
+
+
+def _text(value: str) -> str:
+    # A client's text, shown on one line as it is, or quoted as JSON when empty or when it holds
+    # what a terminal would not show as itself (a newline, a control character).
+    return value if value and value.isprintable() else orjson.dumps(value).decode()
 
 
 def _policy(policy: RetryPolicy) -> list[tuple[str, object]]:

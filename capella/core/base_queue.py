@@ -293,7 +293,12 @@ class BaseQueue(ABC):
         replica: bool | None = None,
         reset: bool = False,
         save: SaveMode = SaveMode.DEFAULT,
-    ) -> tuple[SubscriptionState, bool]: ...
+        group: str | None = None,
+        metadata: str | None = None,
+    ) -> tuple[SubscriptionState, bool]:
+        """Create or move cursor ``name`` (backwards only with ``reset``). ``replica``, ``group``
+        (the consumer group that commits it) and ``metadata`` (its commit's own text) None keep
+        what the cursor has; a commit that changes nothing saves nothing."""
 
     @abstractmethod
     async def delete_subscription(self, name: str, save: SaveMode = SaveMode.DEFAULT) -> None: ...

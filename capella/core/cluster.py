@@ -24,6 +24,7 @@ from capella.core.base_queue import BaseQueue
 from capella.core.definition import QueueSettings, check_name, default_definition, parse_definition
 from capella.core.limits import MessageLimits
 from capella.core.loops import TaskFailures, keep_running
+from capella.core.producer_ids import LocalProducerIds, ProducerIds, SharedProducerIds
 from capella.core.queue import Queue
 from capella.core.shared_home import SharedHome
 from capella.core.stats import Histogram, ProtocolStats
@@ -84,6 +85,12 @@ class Cluster:
         # PostgreSQL), so there each node's local queues take the node's name too: two nodes'
         # local queues never mint one identity, and a copy of both into one queue keeps both.
         self.local_source = self.name if shared is None else f"{self.name}@{shared.node}"
+        # Ids for producers that number their messages (the Kafka listener's InitProducerId):
+        # leased on the default mount, or on a shared node from PostgreSQL, one id space for
+        # every node and for its local queues as well as the shared ones.
+        self.producer_ids: ProducerIds = (
+            LocalProducerIds(self.home) if shared is None else SharedProducerIds(shared)
+        )
         self._ticker: asyncio.Task[None] | None = None
 
     @classmethod

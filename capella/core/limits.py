@@ -21,8 +21,10 @@ from capella.errors import (
     CorruptData,
     InvalidMessage,
     InvalidRequest,
+    InvalidSubscriptionGroup,
     MessageHeadersTooLarge,
     PayloadTooLarge,
+    SubscriptionMetadataTooLarge,
 )
 from capella.records.record_batch import Fields, Given, RecordBatch, decode_given, payload_sizes
 from capella.wire.fields import INT64_MAX, INT64_MIN, MAX_DELAY, MAX_SOURCE_BYTES
@@ -30,6 +32,12 @@ from capella.wire.fields import INT64_MAX, INT64_MIN, MAX_DELAY, MAX_SOURCE_BYTE
 # An external_time this far ahead of our clock is "in the future" (clocks of two clusters
 # are never exactly equal, and a copy must not be refused for a few milliseconds of skew).
 FUTURE_SKEW = 5.0
+
+# What a cursor keeps beside its id (capella.core.subscription): the group that commits it and
+# the metadata of its last commit, each at most this many bytes of UTF-8 (the metadata's limit
+# is Kafka's default offset.metadata.max.bytes).
+MAX_GROUP_BYTES = 4096
+MAX_METADATA_BYTES = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +245,39 @@ def check_cursor(last_id: object) -> int:
             f"last_id must be an integer from 0 to {INT64_MAX}", field="last_id", limit=INT64_MAX
         )
     return last_id
+
+
+def check_group(group: object) -> str:
+    """A cursor's group: text of 1 to ``MAX_GROUP_BYTES`` bytes of UTF-8, without NUL."""
+    if not 0 < _utf8_size(group) <= MAX_GROUP_BYTES:
+        raise InvalidSubscriptionGroup(
+            f"group must be text of 1 to {MAX_GROUP_BYTES} bytes of UTF-8",
+            field="group",
+            limit=MAX_GROUP_BYTES,
+        )
+    return str(group)
+
+
+def check_metadata(metadata: object) -> str:
+    """A cursor commit's metadata: text of at most ``MAX_METADATA_BYTES`` bytes of UTF-8, without NUL."""
+    if not 0 <= _utf8_size(metadata) <= MAX_METADATA_BYTES:
+        raise SubscriptionMetadataTooLarge(
+            f"metadata must be text of at most {MAX_METADATA_BYTES} bytes of UTF-8",
+            field="metadata",
+            limit=MAX_METADATA_BYTES,
+        )
+    return str(metadata)
+
+
+def _utf8_size(text: object) -> int:
+    """Bytes of ``text`` in UTF-8; -1 when it is not text that UTF-8 can hold (a lone surrogate),
+    or holds NUL (a PostgreSQL text cannot: a shared queue's cursor keeps these there)."""
+    if not isinstance(text, str) or "\x00" in text:
+        return -1
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:
+        return -1
 
 
 def too_large(index: int, size: int, limit: int) -> PayloadTooLarge:

@@ -479,9 +479,13 @@ class Queue(BaseQueue):
         replica: bool | None = None,
         reset: bool = False,
         save: SaveMode = SaveMode.DEFAULT,
+        group: str | None = None,
+        metadata: str | None = None,
     ) -> tuple[SubscriptionState, bool]:
         """Move a cursor forward (or anywhere with ``reset``), creating it on first use."""
-        return await self._consumers.commit(name, last_id, replica=replica, reset=reset, save=save)
+        return await self._consumers.commit(
+            name, last_id, replica=replica, reset=reset, save=save, group=group, metadata=metadata
+        )
 
     async def delete_subscription(self, name: str, save: SaveMode = SaveMode.DEFAULT) -> None:
         await self._consumers.delete(name, save)

@@ -40,6 +40,11 @@ class SharedHome(ABC):
     @abstractmethod
     async def drop(self, name: str) -> None: ...
 
+    @abstractmethod
+    async def take_producer_id(self) -> int:
+        """A producer id no node of the shared cluster ever answered (``core/producer_ids.py``),
+        durable before it is answered; ``StorageUnavailable`` while the shared part is down."""
+
     @property
     @abstractmethod
     def fault(self) -> str | None:

@@ -1,5 +1,10 @@
 """Named subscriptions of a queue: cursors (the last-read id, never moving backwards on commit)
-and ack-mode subscriptions (work queues, whose state lives in ``capella.core.work.work_queue``)."""
+and ack-mode subscriptions (work queues, whose state lives in ``capella.core.work.work_queue``).
+
+A cursor committed by a consumer group also keeps the group (its own name, which the
+subscription's name may not be able to hold) and the metadata of the group's last commit; both
+are optional, bounded (``capella.core.limits``), and absent from the saved forms when None.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from typing import Any
 import orjson
 
 from capella.core.definition import check_name
-from capella.core.limits import check_cursor
+from capella.core.limits import check_cursor, check_group, check_metadata
 from capella.core.work.retry import RetrySettings, parse_policy
 from capella.errors import CorruptData, InvalidRequest, SubscriptionNotFound, WrongSubscriptionMode
 
@@ -26,6 +31,8 @@ class SubscriptionState:
     updated: float
     mode: str = CURSOR
     policy: RetrySettings | None = None  # ack mode only
+    group: str | None = None  # cursors: the group that commits it (a consumer group's id)
+    metadata: str | None = None  # cursors: what the group's last commit said beside the id
 
 
 class Subscriptions:
@@ -46,10 +53,24 @@ class Subscriptions:
         return [self._subs[name] for name in sorted(self._subs)]
 
     def commit(
-        self, name: str, last_id: int | None, *, replica: bool | None, reset: bool, now: float
+        self,
+        name: str,
+        last_id: int | None,
+        *,
+        replica: bool | None,
+        reset: bool,
+        now: float,
+        group: str | None = None,
+        metadata: str | None = None,
     ) -> tuple[SubscriptionState, bool]:
+        """Create or move a cursor; ``replica``, ``group`` and ``metadata`` None keep what it has.
+        A commit that changes nothing writes no record."""
         if last_id is not None:
             check_cursor(last_id)  # int64, whichever way it came in (the original's is a uint64)
+        if group is not None:
+            check_group(group)
+        if metadata is not None:
+            check_metadata(metadata)
         current = self._subs.get(name)
         if current is not None and current.mode != CURSOR:
             raise WrongSubscriptionMode(
@@ -57,15 +78,22 @@ class Subscriptions:
             )
         if current is None:
             check_name(name, "subscription")
-            sub = SubscriptionState(name, last_id or 0, bool(replica), now, now)
+            sub = SubscriptionState(
+                name, last_id or 0, bool(replica), now, now, group=group, metadata=metadata
+            )
         else:
             new_last = current.last_id
             if last_id is not None and (reset or last_id > current.last_id):
                 new_last = last_id
-            new_replica = current.replica if replica is None else replica
-            if new_last == current.last_id and new_replica == current.replica:
+            new = (
+                new_last,
+                current.replica if replica is None else replica,
+                current.group if group is None else group,
+                current.metadata if metadata is None else metadata,
+            )
+            if new == (current.last_id, current.replica, current.group, current.metadata):
                 return current, False
-            sub = replace(current, last_id=new_last, replica=new_replica, updated=now)
+            sub = replace(current, last_id=new[0], replica=new[1], group=new[2], metadata=new[3], updated=now)
         self._subs[name] = sub
         self._changed.append(name)
         return sub, current is None
@@ -137,6 +165,8 @@ def _fields(s: SubscriptionState) -> dict[str, Any]:
         "created": s.created,
         "updated": s.updated,
         **({"mode": s.mode, "policy": s.policy.to_dict()} if s.policy is not None else {}),
+        **({"group": s.group} if s.group is not None else {}),
+        **({"metadata": s.metadata} if s.metadata is not None else {}),
     }
 
 
@@ -149,4 +179,13 @@ def _parsed(name: str, v: dict[str, Any]) -> SubscriptionState:
         float(v["updated"]),
         str(v.get("mode", CURSOR)),
         parse_policy(v["policy"], RetrySettings()) if v.get("mode") == ACK else None,
+        _text(v.get("group")),
+        _text(v.get("metadata")),
     )
+
+
+def _text(value: object) -> str | None:
+    # Absent (saved before these fields, or never set) is None; anything but text is corrupt.
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"{value!r} is not text")

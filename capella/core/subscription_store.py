@@ -206,10 +206,15 @@ class SubscriptionStore:
         replica: bool | None = None,
         reset: bool = False,
         save: SaveMode = SaveMode.DEFAULT,
+        group: str | None = None,
+        metadata: str | None = None,
     ) -> tuple[SubscriptionState, bool]:
-        """Move a cursor forward (or anywhere with ``reset``), creating it on first use."""
+        """Move a cursor forward (or anywhere with ``reset``), creating it on first use;
+        ``group`` and ``metadata`` None keep what it has."""
         self._check_open()
-        sub, created = self._subs.commit(name, last_id, replica=replica, reset=reset, now=self._clock())
+        sub, created = self._subs.commit(
+            name, last_id, replica=replica, reset=reset, now=self._clock(), group=group, metadata=metadata
+        )
         await self._after_change(save)
         return sub, created
 

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from capella.core.definition import check_name
-from capella.core.limits import check_cursor
+from capella.core.limits import check_cursor, check_group, check_metadata
 from capella.errors import Conflict, InvalidRequest, QueueNotFound
 from capella.shared.database import Pool
 
@@ -85,6 +85,8 @@ class SubRow(NamedTuple):
     replica: bool
     created: float
     updated: float
+    group: str | None = None
+    metadata: str | None = None
 
 
 class Expired(NamedTuple):
@@ -105,7 +107,10 @@ _SEGMENT = (
     "o.size "
     "from capella_segments s join capella_objects o on o.object_id = s.object_id "
 )
-_SUB = "name, last_id, replica, extract(epoch from created)::float8, extract(epoch from updated)::float8"
+_SUB = (
+    "name, last_id, replica, extract(epoch from created)::float8, extract(epoch from updated)::float8, "
+    "group_id, metadata"
+)
 
 
 class Catalog:
@@ -238,33 +243,65 @@ class Catalog:
         return None if row is None else SubRow(*row)
 
     async def commit_cursor(
-        self, queue: str, name: str, last_id: int | None, *, replica: bool | None, reset: bool
+        self,
+        queue: str,
+        name: str,
+        last_id: int | None,
+        *,
+        replica: bool | None,
+        reset: bool,
+        group: str | None = None,
+        metadata: str | None = None,
     ) -> tuple[SubRow, bool]:
         """Create or move a cursor, as ``core/subscription.py`` ``Subscriptions.commit`` does:
-        it never moves backwards unless ``reset``; ``last_id`` None creates it at 0 or keeps it.
-        Answers the row and whether it was created; ``QueueNotFound`` without the queue."""
+        it never moves backwards unless ``reset``; ``last_id`` None creates it at 0 or keeps it;
+        ``replica``, ``group`` and ``metadata`` None keep what it has, and a commit that changes
+        nothing updates no row. Answers the row and whether it was created; ``QueueNotFound``
+        without the queue."""
         if last_id is not None:
             check_cursor(last_id)
+        if group is not None:
+            check_group(group)
+        if metadata is not None:
+            check_metadata(metadata)
         check_name(name, "subscription")
         row = await self._pool.fetchrow(
-            "insert into capella_subscriptions as s (queue, name, last_id, replica) "
-            "select $1, $2, coalesce($3::bigint, 0), coalesce($4::boolean, false) "
+            "insert into capella_subscriptions as s (queue, name, last_id, replica, group_id, metadata) "
+            "select $1, $2, coalesce($3::bigint, 0), coalesce($4::boolean, false), $6::text, $7::text "
             "where exists (select 1 from capella_queues where name = $1) "
             "on conflict (queue, name) do update set "
             "last_id = case when $3::bigint is not null and ($5 or $3::bigint > s.last_id) "
             "then $3::bigint else s.last_id end, "
-            "replica = coalesce($4::boolean, s.replica), updated = now() "
+            "replica = coalesce($4::boolean, s.replica), "
+            "group_id = coalesce($6::text, s.group_id), metadata = coalesce($7::text, s.metadata), "
+            "updated = now() "
             "where ($3::bigint is not null and ($5 or $3::bigint > s.last_id) and $3::bigint <> s.last_id) "
             "or ($4::boolean is not null and $4::boolean <> s.replica) "
+            "or ($6::text is not null and $6::text is distinct from s.group_id) "
+            "or ($7::text is not null and $7::text is distinct from s.metadata) "
             f"returning {_SUB}, xmax = 0",
-            queue, name, last_id, replica, reset,
+            queue, name, last_id, replica, reset, group, metadata,
         )  # fmt: skip
         if row is not None:
-            return SubRow(*row[:5]), bool(row[5])
+            return SubRow(*row[:7]), bool(row[7])
         current = await self.subscription(queue, name)
         if current is None:
             raise QueueNotFound(f"no shared queue {queue!r}")
         return current, False
+
+    async def take_producer_id(self) -> int:
+        """The next producer id of the shared cluster (``core/producer_ids.py``), durable before
+        it is answered: one sequence for every node, so no two nodes ever answer one id.
+
+        A ``nextval`` is durable once a transaction commits that flushes the WAL (PostgreSQL's
+        docs, "Sequence Manipulation Functions"). Recent releases give its transaction an id
+        whenever it writes WAL, so its commit flushes (seen on 15.18); older ones did not, and a
+        statement that only called ``nextval`` committed without a flush, so PostgreSQL crashing
+        right after could answer the same id again. ``pg_current_xact_id()`` gives the
+        statement's transaction an id on every release (13 and later): with ``synchronous_commit``
+        on, as a shared cluster needs anyway, the answer comes after the flush."""
+        found: int = await self._pool.fetchval("select nextval('capella_producer_ids'), pg_current_xact_id()")
+        return found
 
     async def delete_subscription(self, queue: str, name: str) -> bool:
         status = await self._pool.execute(

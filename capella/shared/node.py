@@ -442,12 +442,27 @@ class SharedNode(SharedHome):
         return gone.first_id, gone.segments, gone.bytes
 
     async def commit_cursor(
-        self, queue: str, name: str, last_id: int | None, *, replica: bool | None, reset: bool
+        self,
+        queue: str,
+        name: str,
+        last_id: int | None,
+        *,
+        replica: bool | None,
+        reset: bool,
+        group: str | None = None,
+        metadata: str | None = None,
     ) -> tuple[SubRow, bool]:
         catalog = self._need()
-        found = await self._guard(catalog.commit_cursor(queue, name, last_id, replica=replica, reset=reset))
+        found = await self._guard(
+            catalog.commit_cursor(
+                queue, name, last_id, replica=replica, reset=reset, group=group, metadata=metadata
+            )
+        )
         await self._announce_cursor(queue, name)
         return found
+
+    async def take_producer_id(self) -> int:
+        return await self._guard(self._need().take_producer_id())
 
     async def subscription_row(self, queue: str, name: str) -> SubRow | None:
         return await self._guard(self._need().subscription(queue, name))

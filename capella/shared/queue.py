@@ -497,7 +497,15 @@ class SharedQueue(BaseQueue):
         if row is None:
             self._subs.pop(name, None)
         else:
-            self._subs[name] = SubscriptionState(row.name, row.last_id, row.replica, row.created, row.updated)
+            self._subs[name] = SubscriptionState(
+                row.name,
+                row.last_id,
+                row.replica,
+                row.created,
+                row.updated,
+                group=row.group,
+                metadata=row.metadata,
+            )
 
     async def commit(
         self,
@@ -507,9 +515,13 @@ class SharedQueue(BaseQueue):
         replica: bool | None = None,
         reset: bool = False,
         save: SaveMode = SaveMode.DEFAULT,
+        group: str | None = None,
+        metadata: str | None = None,
     ) -> tuple[SubscriptionState, bool]:
         """Move a cursor forward (or anywhere with ``reset``), creating it on first use."""
-        row, created = await self._node.commit_cursor(self.name, name, last_id, replica=replica, reset=reset)
+        row, created = await self._node.commit_cursor(
+            self.name, name, last_id, replica=replica, reset=reset, group=group, metadata=metadata
+        )
         self.noted(row, name)
         self._wake_replicas()
         return self._subs[name], created

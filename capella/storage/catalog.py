@@ -5,6 +5,7 @@
 | ``QUEUES`` | ``.capella/queues.json`` on the default mount | ``capella.core.cluster`` |
 | ``HANDLERS`` | ``.capella/handlers.json`` on the default mount | ``capella.handlers.supervisor`` |
 | ``CLUSTERS`` | ``.capella/clusters.json`` on the default mount | ``capella.links.registry`` |
+| ``PRODUCER_IDS`` | ``.capella/producer_ids.json`` on the default mount | ``capella.core.producer_ids`` |
 | ``USERS``, ``TOKENS`` | ``users.json``, ``tokens.json`` in ``<data_dir>/auth/`` | ``capella.auth.store`` |
 
 Users and tokens are files outside every mount because the offline ``capella user ...
@@ -39,7 +40,7 @@ import msgspec
 from capella.errors import CorruptData, KeyNotFound, StorageUnavailable
 from capella.fsync import write_atomic
 from capella.storage import Storage, keys
-from capella.wire.records import HandlerRegistry, QueueRegistry, TokenFile, UserFile
+from capella.wire.records import HandlerRegistry, ProducerIdLease, QueueRegistry, TokenFile, UserFile
 
 
 class ClusterRegistry(msgspec.Struct, kw_only=True):
@@ -111,5 +112,6 @@ HANDLERS = Document(keys.HANDLERS, HandlerRegistry, "handler registry", lambda: 
 CLUSTERS = Document(
     keys.CLUSTERS, ClusterRegistry, "external cluster registry", lambda: ClusterRegistry(clusters={})
 )
+PRODUCER_IDS = Document(keys.PRODUCER_IDS, ProducerIdLease, "producer id lease", ProducerIdLease)
 USERS = Document("users.json", UserFile, "users file", lambda: UserFile(users={}), indent=True)
 TOKENS = Document("tokens.json", TokenFile, "tokens file", lambda: TokenFile(tokens={}), indent=True)

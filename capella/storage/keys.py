@@ -17,6 +17,7 @@ from __future__ import annotations
 QUEUES = ".capella/queues.json"
 HANDLERS = ".capella/handlers.json"
 CLUSTERS = ".capella/clusters.json"
+PRODUCER_IDS = ".capella/producer_ids.json"  # the producer-id lease (capella.core.producer_ids)
 
 # Inside ``<queue>/``, on its meta mount.
 MANIFEST = "manifest.json"  # the sealed blocks: id ranges, counts, marks, states

@@ -7,9 +7,9 @@ document (early ones lack it) yet comes first.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET, Meta, UnsetType
 
 from capella.wire.auth import Rule, RuleText, Token
 from capella.wire.struct import Struct
@@ -28,6 +28,14 @@ class QueueEntry(Struct, kw_only=True):
 class QueueRegistry(Struct, kw_only=True):
     version: int = 1
     queues: dict[str, QueueEntry]
+
+
+class ProducerIdLease(Struct, kw_only=True):
+    """The producer ids handed out so far (``capella.core.producer_ids``): any id below
+    ``lease_until`` may have been answered, so none of them is handed out again."""
+
+    version: int = 1
+    lease_until: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
 
 
 class HandlerEntry(Struct, kw_only=True):

@@ -99,6 +99,13 @@ class Subscription(Struct, omit_defaults=True):
     updated: Time
     policy: Annotated[RetryPolicy, Meta(description="ack mode only, fully resolved")] | UnsetType = UNSET
     work: WorkCounts | UnsetType = UNSET
+    group: (
+        Annotated[str, Meta(description="the consumer group that commits this cursor (its full id)")]
+        | UnsetType
+    ) = UNSET
+    metadata: (
+        Annotated[str, Meta(description="what the group's last commit said beside the offset")] | UnsetType
+    ) = UNSET
 
 
 class SubscriptionList(Struct):

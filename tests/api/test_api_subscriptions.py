@@ -8,6 +8,8 @@ import pytest
 from aiohttp.test_utils import TestClient
 from support.http import error_of
 
+from capella.core.cluster import Cluster
+
 Q = "/v1/queues/q"
 S = f"{Q}/subscriptions"
 
@@ -127,3 +129,23 @@ async def test_replicas(q: TestClient) -> None:
     for params in ({}, {"id": "x"}, {"id": "-1"}):
         error = await error_of(await q.get(f"{Q}/replicas", params=params), 400)
         assert error["code"] == "invalid_request"
+
+
+async def test_a_cursors_group_and_metadata_show_when_it_has_them(q: TestClient, cluster: Cluster) -> None:
+    # What the Kafka listener commits for a group whose id is no subscription name.
+    group = "orders/eu-west: the billing consumers"
+    await cluster.queue("q").commit("kafka.5f0c1a2b3c4d5e6f", 6, group=group, metadata="")
+    await commit(q, "plain", {"last_id": 2}, 201)
+    sub = await commit(q, "kafka.5f0c1a2b3c4d5e6f", {"last_id": 8}, 200)
+    # An HTTP commit moves the group's cursor and keeps what the group said.
+    assert (sub["last_id"], sub["lag"], sub["group"], sub["metadata"]) == (8, 2, group, "")
+    resp = await q.get(f"{S}/kafka.5f0c1a2b3c4d5e6f")
+    assert {k: v for k, v in (await resp.json()).items() if k in ("group", "metadata")} == {
+        "group": group,
+        "metadata": "",
+    }
+    listed = (await (await q.get(S)).json())["subscriptions"]
+    # Absent, not null, on a cursor without them.
+    plain = ["created", "lag", "last_id", "mode", "name", "replica", "updated"]
+    assert [sorted(s) for s in listed][1] == plain
+    assert [s.get("group") for s in listed] == [group, None]

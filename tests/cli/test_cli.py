@@ -6,6 +6,7 @@ raw bytes and Ctrl-C run ``python -m capella`` as a subprocess.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -26,6 +27,8 @@ from support.wait import until_blocking
 from capella.cli import main
 from capella.cli.output import size, utc
 from capella.client import Client
+from capella.config import load_config
+from capella.core.cluster import Cluster
 
 
 @pytest.fixture(scope="module")
@@ -753,3 +756,37 @@ def test_serve_runs_until_sigterm(tmp_path: Path) -> None:
             assert [m.data for m in c.read("kept").messages] == ["x"]
     finally:
         again.stop()
+
+
+def test_subscription_show_prints_a_groups_id_and_metadata(run: Run, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    name = "kafka.0123456789abcdef"
+
+    async def seed() -> None:
+        # A cursor as a consumer group's commits leave it, saved before the server starts.
+        cluster = await Cluster.open(load_config(None, {"data_dir": data}))
+        try:
+            q, _ = await cluster.put_queue("cli-group", {})
+            await q.commit(name, 0, group="orders: eu/west", metadata="line 1\nline 2")
+            await q.commit("plain", 0)
+        finally:
+            await cluster.close()
+
+    asyncio.run(seed())
+    for server in running(ServerProcess(data)):
+        code, out, _ = run("subscription", "show", "cli-group", name, url=server.url)
+        assert code == 0
+        fields = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines())
+        # Printed as it is, or as JSON when a terminal would not show it on one line.
+        assert (fields["group"], fields["metadata"]) == ("orders: eu/west", '"line 1\\nline 2"')
+        code, out, _ = run("subscription", "show", "cli-group", "plain", url=server.url)
+        shown_fields = [re.split(r"\s{2,}", line, maxsplit=1)[0] for line in out.splitlines()]
+        assert code == 0 and "last id" in shown_fields
+        assert "group" not in shown_fields and "metadata" not in shown_fields
+        code, out, _ = run(
+            "--json", "subscription", "show", "cli-group", "kafka.0123456789abcdef", url=server.url
+        )
+        assert (json.loads(out)["group"], json.loads(out)["metadata"]) == (
+            "orders: eu/west",
+            "line 1\nline 2",
+        )
