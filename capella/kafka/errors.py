@@ -14,6 +14,7 @@ from capella.errors import (
     InvalidMessage,
     InvalidName,
     InvalidRequest,
+    InvalidSubscriptionGroup,
     MessageHeadersTooLarge,
     NotFound,
     NotReady,
@@ -23,6 +24,7 @@ from capella.errors import (
     ShuttingDown,
     StorageTimeout,
     StorageUnavailable,
+    SubscriptionMetadataTooLarge,
     Unauthorized,
 )
 
@@ -76,6 +78,8 @@ CODES: dict[type[CapellaError], int] = {
     MessageHeadersTooLarge: INVALID_RECORD,
     InvalidMessage: INVALID_RECORD,
     CorruptKafkaFrame: CORRUPT_MESSAGE,
+    SubscriptionMetadataTooLarge: OFFSET_METADATA_TOO_LARGE,
+    InvalidSubscriptionGroup: INVALID_GROUP_ID,
     InvalidRequest: INVALID_REQUEST,
     Unauthorized: SASL_AUTHENTICATION_FAILED,
     Forbidden: TOPIC_AUTHORIZATION_FAILED,

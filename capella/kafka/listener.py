@@ -63,7 +63,7 @@ class KafkaListener:
             coordinator,
             authenticator,
             max_frame=max_frame,
-            producer_ids=getattr(cluster, "producer_ids", None),
+            producer_ids=cluster.producer_ids,
         )
         return cls(broker, ssl_context=ssl_context)
 

@@ -119,6 +119,8 @@ async def offset_for_time(queue: BaseQueue, when: float) -> tuple[int, int] | No
 async def offset_commit(session: Session, request: Any, version: int) -> dict[str, Any]:
     group = request.group_id
     identity = session.identity
+    if not group:
+        return _commit_answer(request, lambda _topic, _part: errors.INVALID_GROUP_ID)
     if not identity.can("group", "read", group):
         code = errors.GROUP_AUTHORIZATION_FAILED
         return _commit_answer(request, lambda _topic, _part: code)
@@ -148,8 +150,17 @@ async def _commit_one(session: Session, topic: str, part: Any, name: str, group:
     if offset < 0:
         return errors.NONE  # Kafka ignores a commit of -1 (nothing consumed)
     try:
-        # Kafka lets a group commit an offset below its last one (a reset): so may this.
-        await queue.commit(name, offset - 1, reset=True)
+        if not await _ours(queue, name, group):
+            return errors.INVALID_GROUP_ID
+        # Kafka lets a group commit an offset below its last one (a reset): so may this. The
+        # group id is kept when the name is its hash, so the cursor says whose it is.
+        await queue.commit(
+            name,
+            offset - 1,
+            reset=True,
+            group=None if name == PREFIX + group else group,
+            metadata=part.committed_metadata or "",
+        )
     except CapellaError as exc:
         code = errors.code_for(exc)
         if code == errors.UNKNOWN_SERVER_ERROR:
@@ -192,12 +203,12 @@ async def offset_fetch(session: Session, request: Any, version: int) -> dict[str
         pairs = [(t.name, list(t.partition_indexes)) for t in asked]
     topics = []
     for topic, indexes in pairs:
-        parts = [await _fetch_one(session, topic, index, name) for index in indexes]
+        parts = [await _fetch_one(session, topic, index, name, group) for index in indexes]
         topics.append({"name": topic, "partitions": parts})
     return {"throttle_time_ms": 0, "topics": topics, "error_code": errors.NONE}
 
 
-async def _fetch_one(session: Session, topic: str, index: int, name: str) -> dict[str, Any]:
+async def _fetch_one(session: Session, topic: str, index: int, name: str, group: str) -> dict[str, Any]:
     def answer(code: int, offset: int = -1, metadata: str | None = "") -> dict[str, Any]:
         return {
             "partition_index": index,
@@ -219,4 +230,15 @@ async def _fetch_one(session: Session, topic: str, index: int, name: str) -> dic
         return answer(errors.NONE)
     except CapellaError as exc:
         return answer(errors.code_for(exc))
-    return answer(errors.NONE, sub.last_id + 1)
+    if sub.group is not None and sub.group != group:
+        return answer(errors.NONE)  # another group's cursor under the same hash: not this one's
+    return answer(errors.NONE, sub.last_id + 1, sub.metadata or "")
+
+
+async def _ours(queue: BaseQueue, name: str, group: str) -> bool:
+    """Whether cursor ``name`` is free or this group's (not another group's under the same hash)."""
+    try:
+        sub = await queue.current_subscription(name)
+    except SubscriptionNotFound:
+        return True
+    return sub.group is None or sub.group == group

@@ -25,8 +25,11 @@ async def init_producer_id(session: Session, request: Any, version: int) -> dict
 
     if request.transactional_id is not None:
         return answer(errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+    lease = session.broker.producer_ids
+    if lease is None:
+        return answer(errors.COORDINATOR_NOT_AVAILABLE)
     try:
-        pid = await session.broker.producer_ids.take()
+        pid = await lease.take()
     except CapellaError as exc:
         return answer(errors.code_for(exc))
     return answer(errors.NONE, pid, 0)

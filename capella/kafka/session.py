@@ -4,7 +4,7 @@ session (one connection's signed-in user)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.config import KafkaSettings
@@ -12,6 +12,7 @@ from capella.config import KafkaSettings
 if TYPE_CHECKING:
     from capella.auth.authenticator import Authenticator
     from capella.core.cluster import Cluster
+    from capella.core.producer_ids import ProducerIds
     from capella.kafka.groups import Coordinator
 
 
@@ -27,7 +28,7 @@ class Broker:
     # Frames after sign-in are bounded by the HTTP body limit (server.max_body_size).
     max_frame: int
     # Where InitProducerId takes producer ids (the cluster's persisted lease).
-    producer_ids: Any = None
+    producer_ids: ProducerIds | None = None
     node_id: int = 0
     # Where clients connect: [kafka] advertised, or the address the listener is bound to.
     host: str = "127.0.0.1"
