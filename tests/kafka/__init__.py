@@ -1,0 +1,1 @@
+"""The Kafka protocol listener's parts, in process: the group coordinator, records, offsets."""
