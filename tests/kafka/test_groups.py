@@ -671,3 +671,54 @@ async def test_close_answers_every_waiting_call(coordinator: Coordinator, clock:
     assert (await answer(joining(coordinator))).error == COORDINATOR_NOT_AVAILABLE
     assert coordinator.heartbeat("g", leader.member_id, 1, instance_id=None) == COORDINATOR_NOT_AVAILABLE
     assert coordinator.groups() == []
+
+
+async def test_without_an_initial_delay_the_first_join_completes_inside_its_own_call(clock: Clock) -> None:
+    # The design note's §3 item 10: the first single-member group crashed a coordinator that kept
+    # the pending answer in the member record.
+    coordinator = Coordinator(clock=clock, initial_delay=0.0)
+    joined = await answer(joining(coordinator))
+    assert (joined.error, joined.generation, joined.leader) == (NONE, 1, joined.member_id)
+    coordinator.close()
+
+
+async def test_a_leader_that_rejoined_stays_leader_wherever_it_stands_among_the_members(
+    coordinator: Coordinator, clock: Clock
+) -> None:
+    a, b = await settle(coordinator, clock, joining(coordinator, instance="i-a"), joining(coordinator))
+    await answer(syncing(coordinator, a, instance="i-a"))
+    await answer(syncing(coordinator, b))
+    restarted = await answer(joining(coordinator, instance="i-a"))  # now after b among the members
+    assert restarted.leader == a.member_id and restarted.generation == 1
+    await answer(syncing(coordinator, restarted, instance="i-a"))
+    first = joining(coordinator, restarted.member_id, instance="i-a")  # the leader rejoins: a rebalance
+    await turn()
+    a2, b2 = await settle(coordinator, clock, first, joining(coordinator, b.member_id))
+    assert a2.generation == 2 and a2.leader == b2.leader == restarted.member_id
+
+
+async def test_a_static_member_that_does_not_rejoin_stays_and_the_leader_moves_to_one_that_did(
+    coordinator: Coordinator, clock: Clock
+) -> None:
+    a, b = await stable_pair(coordinator, clock)
+    changed = joining(coordinator, b.member_id, instance="i-b", protocols=(("range", b"more topics"),))
+    for _ in range(40):  # a heartbeats (its session lives) but does not rejoin
+        await turn()
+        if changed.done():
+            break
+        clock.now += 1.0
+        coordinator.heartbeat("g", a.member_id, 1, instance_id="i-a")
+        coordinator.expire()
+    b2 = changed.result()
+    assert b2.generation == 2 and b2.leader == b.member_id
+    assert {m[0] for m in b2.members} == {a.member_id, b.member_id}, "Kafka keeps a static member"
+    assert coordinator.heartbeat("g", a.member_id, 1, instance_id="i-a") == ILLEGAL_GENERATION
+
+
+async def stable_pair(coordinator: Coordinator, clock: Clock) -> list[JoinResult]:
+    a, b = await settle(
+        coordinator, clock, joining(coordinator, instance="i-a"), joining(coordinator, instance="i-b")
+    )
+    await answer(syncing(coordinator, a, {a.member_id: b"p0", b.member_id: b"p1"}, instance="i-a"))
+    await answer(syncing(coordinator, b, instance="i-b"))
+    return [a, b]
