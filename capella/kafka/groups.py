@@ -364,10 +364,10 @@ class Coordinator:
             waiter.set_result(JoinResult(GROUP_MAX_SIZE_REACHED))
         elif not group.supports(protocol_type, protocols):
             waiter.set_result(JoinResult(INCONSISTENT_GROUP_PROTOCOL, member_id=member_id))
-        elif not member_id:
-            new_id = f"{instance_id or client_id}-{uuid.uuid4()}"
+        elif not member_id or (member_id in group.pending and instance_id is None):
+            # A new member, or one that comes back with the id it was handed (79).
             member = _Member(
-                new_id,
+                member_id or f"{instance_id or client_id}-{uuid.uuid4()}",
                 instance_id,
                 client_id,
                 client_host,
@@ -377,26 +377,15 @@ class Coordinator:
                 rebalance_timeout,
                 deadline=self._clock() + NEW_MEMBER_JOIN_TIMEOUT,
             )
-            if instance_id is not None and instance_id in group.static:
+            if member_id:
+                self._add(group, member, waiter)
+            elif instance_id is not None and instance_id in group.static:
                 self._replace_static(group, instance_id, member, waiter)
             elif instance_id is None and require_member_id:
-                group.pending[new_id] = self._clock() + session_timeout
-                waiter.set_result(JoinResult(MEMBER_ID_REQUIRED, member_id=new_id))
+                group.pending[member.member_id] = self._clock() + session_timeout
+                waiter.set_result(JoinResult(MEMBER_ID_REQUIRED, member_id=member.member_id))
             else:
                 self._add(group, member, waiter)
-        elif member_id in group.pending and instance_id is None:
-            member = _Member(
-                member_id,
-                None,
-                client_id,
-                client_host,
-                protocol_type,
-                protocols,
-                session_timeout,
-                rebalance_timeout,
-                deadline=self._clock() + NEW_MEMBER_JOIN_TIMEOUT,
-            )
-            self._add(group, member, waiter)
         else:
             self._rejoin(group, member_id, instance_id, protocols, session_timeout, rebalance_timeout, waiter)
         self._try_complete_join(group)
@@ -406,14 +395,15 @@ class Coordinator:
         """Kafka's acceptJoiningMember, with members waiting for their id (79) counted too."""
         if member_id in group.pending:
             return True
-        if group.state is GroupState.PREPARING_REBALANCE:
-            awaiting = sum(1 for m in group.members.values() if m.joins)
-            if member_id in group.members:
-                return bool(group.members[member_id].joins) or awaiting < self._max_members
-            return awaiting + len(group.pending) < self._max_members
-        if member_id in group.members:
+        known = group.members.get(member_id)
+        if group.state is not GroupState.PREPARING_REBALANCE:
+            return known is not None or len(group.members) + len(group.pending) < self._max_members
+        if known is not None and known.joins:
             return True
-        return len(group.members) + len(group.pending) < self._max_members
+        if len(group.members) + len(group.pending) < self._max_members:
+            return True  # no need to count who has rejoined (a scan per join of a large group)
+        awaiting = sum(1 for m in group.members.values() if m.joins)
+        return awaiting + (0 if known is not None else len(group.pending)) < self._max_members
 
     def _add(self, group: _Group, member: _Member, waiter: asyncio.Future[JoinResult]) -> None:
         if group.state is GroupState.PREPARING_REBALANCE and group.initial:
