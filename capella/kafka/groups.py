@@ -31,21 +31,22 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-log = logging.getLogger(__name__)
+from capella.kafka.errors import (
+    COORDINATOR_NOT_AVAILABLE,
+    FENCED_INSTANCE_ID,
+    GROUP_MAX_SIZE_REACHED,
+    ILLEGAL_GENERATION,
+    INCONSISTENT_GROUP_PROTOCOL,
+    INVALID_GROUP_ID,
+    INVALID_REQUEST,
+    INVALID_SESSION_TIMEOUT,
+    MEMBER_ID_REQUIRED,
+    NONE,
+    REBALANCE_IN_PROGRESS,
+    UNKNOWN_MEMBER_ID,
+)
 
-# Kafka's error codes (org.apache.kafka.common.protocol.Errors); capella/kafka/errors.py will hold them.
-NONE = 0
-COORDINATOR_NOT_AVAILABLE = 15
-ILLEGAL_GENERATION = 22
-INCONSISTENT_GROUP_PROTOCOL = 23
-INVALID_GROUP_ID = 24
-UNKNOWN_MEMBER_ID = 25
-INVALID_SESSION_TIMEOUT = 26
-REBALANCE_IN_PROGRESS = 27
-INVALID_REQUEST = 42
-MEMBER_ID_REQUIRED = 79
-GROUP_MAX_SIZE_REACHED = 81
-FENCED_INSTANCE_ID = 82
+log = logging.getLogger(__name__)
 
 MAX_GROUP_ID = 255
 # A group.instance.id is a Kafka topic-like name (JoinGroupRequest.validateGroupInstanceId).

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,11 +120,16 @@ class KafkaListener:
 
     async def _expire_loop(self) -> None:
         failures = 0
+        pause = EXPIRE_INTERVAL
         while True:
-            await asyncio.sleep(EXPIRE_INTERVAL if not failures else backoff(failures, EXPIRE_INTERVAL, 30.0))
+            await asyncio.sleep(pause if not failures else backoff(failures, EXPIRE_INTERVAL, 30.0))
             try:
-                self.broker.coordinator.expire()
+                upcoming = self.broker.coordinator.expire()
                 failures = 0
+                # Until the next deadline (an initial rebalance delay of 0.3 s), at most the interval.
+                pause = EXPIRE_INTERVAL
+                if upcoming is not None:
+                    pause = min(EXPIRE_INTERVAL, max(0.01, upcoming - time.monotonic()))
             except Exception as exc:  # a bug: logged and counted, and the loop goes on
                 failures += 1
                 log.error("kafka group expiry failed failures=%d", failures, exc_info=exc)

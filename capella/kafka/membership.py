@@ -57,6 +57,8 @@ async def join_group(session: Session, request: Any, version: int) -> dict[str, 
         protocols=[(p.name, bytes(p.metadata)) for p in request.protocols],
         session_timeout=session_timeout,
         rebalance_timeout=rebalance_timeout,
+        # As Kafka does from v4 on: a new member is first handed its id, then joins with it.
+        require_member_id=version >= 4,
     )
     return {
         "throttle_time_ms": 0,
