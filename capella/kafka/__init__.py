@@ -1,0 +1,1 @@
+"""The Kafka protocol listener: unmodified Kafka clients produce to and consume from Capella queues."""

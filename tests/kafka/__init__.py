@@ -1,0 +1,1 @@
+"""The Kafka listener in process: record batches, and (as they land) the protocol, groups and producers."""
