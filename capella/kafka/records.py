@@ -336,8 +336,10 @@ _ZSTD_READ = 256 * 1024
 
 
 def _unzstd(data: bytes, max_size: int) -> bytes:
-    """zstd frames, read a chunk at a time; the window a frame may ask for is bounded too."""
-    window = max(1 << 20, 1 << (max_size - 1).bit_length())
+    """zstd frames, read a chunk at a time; the window a frame may ask for is bounded too (a
+    client streaming at any level up to 19 asks for at most 8 MiB; more than the records may
+    hold is never needed)."""
+    window = max(8 << 20, 1 << (max_size - 1).bit_length())
     out: list[bytes] = []
     size = 0
     try:
