@@ -14,11 +14,12 @@ headers when their names are unique, none starts with ``kafka.`` and every value
 (not null), otherwise the whole list, Kafka-encoded (``_encode_headers``), base64 in
 ``kafka.headers.b64``. CreateTime (ms) is the external time (s); one more than
 ``FUTURE_SKEW`` ahead of ``now`` is clamped to ``now + FUTURE_SKEW``, and a CreateTime the
-external time does not give back exactly (a clamped one, or past 2**53 ms) is kept in
-``kafka.time`` (ms, decimal). An idempotent producer's batch gives every message the
-caller's ``source`` and the external id ``(epoch << 32) | sequence``. A message that came any
-other way (HTTP) reads as a null key, its headers as Kafka headers, CreateTime its external
-time (which is its time unless the producer gave one).
+external time does not give back exactly (a clamped one, or one some 100,000 years from
+1970, where a float of seconds holds no ms) is kept in ``kafka.time`` (ms, decimal). An
+idempotent producer's batch gives every message the caller's ``source`` and the external id
+``(epoch << 32) | sequence``. A message that came any other way (HTTP) reads as a null key,
+its headers as Kafka headers, CreateTime its external time (which is its time unless the
+producer gave one).
 
 Layout: apache/kafka ``docs/implementation.html`` ("Record Batch"); kafka-python's
 ``kafka/record/default_records.py`` reads the same bytes. Pure functions, no I/O.
@@ -88,8 +89,6 @@ _XERIAL_HEAD = 16  # the magic, then two big-endian int32 versions
 _BE_I32 = struct.Struct(">i")
 # Timestamps a fetch writes stay where a delta between two of them is an int64.
 _MS_LIMIT = 1 << 62
-# Past this many ms a float of seconds may not give the ms back.
-_EXACT_MS = 1 << 53
 
 
 class KafkaBatch(NamedTuple):
@@ -227,11 +226,15 @@ def _records(raw: bytes, count: int) -> tuple[list[KafkaRecord], int]:
         if size >= 0:
             key = raw[pos : pos + size]
             pos += size
+        elif size != -1:
+            raise ValueError(f"a key of {size} bytes")
         size, pos = varint(raw, pos)
         value = None
         if size >= 0:
             value = raw[pos : pos + size]
             pos += size
+        elif size != -1:
+            raise ValueError(f"a value of {size} bytes")
         header_count, pos = varint(raw, pos)
         headers: list[tuple[str, bytes | None]] = []
         if header_count:
@@ -258,6 +261,8 @@ def _headers(raw: bytes, pos: int, count: int) -> tuple[list[tuple[str, bytes | 
         if size >= 0:
             value = raw[pos : pos + size]
             pos += size
+        elif size != -1:
+            raise ValueError(f"a header value of {size} bytes")
         headers.append((name, value))
     return headers, pos
 
@@ -464,9 +469,10 @@ def to_capella(
                 clamped += 1
                 times.append(ceiling)
             else:
-                if not -_EXACT_MS <= ms <= _EXACT_MS:
+                seconds = ms / 1000.0
+                if round(seconds * 1000.0) != ms:  # only far from now: a float of seconds has ~15 digits
                     h[TIME] = str(ms)
-                times.append(ms / 1000.0)
+                times.append(seconds)
         payloads.append(value)
         headers.append(h)
     sources: list[str | None] | None = None

@@ -407,6 +407,21 @@ def test_a_create_time_past_the_skew_is_clamped_and_kept() -> None:
     assert fields.headers == [{TIME: str(ahead)}, {}]
 
 
+def test_a_create_time_a_float_of_seconds_cannot_hold_is_kept_as_well() -> None:
+    far = -(2**53) - 1  # 285,000 years before 1970, where floats of seconds are 2 ms apart
+    _, (fields, _, times) = capella_messages([(None, b"a", [], far), (None, b"b", [], NOW_MS)])
+    assert fields.headers == [{TIME: str(far)}, {}]
+    assert times == [far / 1000, NOW]
+
+
+def test_a_length_below_minus_one_is_corrupt() -> None:
+    # One record: length 8, attributes, deltas 0, a key of length -2 (zigzag 3), value -1, no headers.
+    data = reheaded(built([(None, b"v", [], NOW_MS)]), blob=bytes([16, 0, 0, 0, 3, 1, 0, 0, 0]))
+    (batch,) = read_batches(data, max_size=MAX)
+    with pytest.raises(CorruptRecords):
+        decode_records(batch, max_size=MAX)
+
+
 def test_a_log_append_time_batch_leaves_external_times_to_the_default() -> None:
     batch, decoded = one(reheaded(built(PLAIN), attributes=0x08))
     converted = to_capella(batch, decoded, now=NOW, source=None)
@@ -428,7 +443,12 @@ def test_an_idempotent_batch_has_the_producers_source_and_epoch_and_sequence_as_
 NAMES = st.sampled_from(["", "h", "dup", "kafka.key", "kafka.x", "ü"]) | st.text(max_size=6)
 BYTES = st.binary(max_size=12) | st.text(max_size=12).map(str.encode)
 HEADERS = st.lists(st.tuples(NAMES, st.none() | BYTES), max_size=4)
-TIMES = st.integers(NOW_MS - 10**6, NOW_MS + 10**7) | st.integers(-(2**60), 2**60)
+# Around now (some past the skew), anywhere an int64 delta reaches, and where floats of seconds hold no ms.
+TIMES = (
+    st.integers(NOW_MS - 10**6, NOW_MS + 10**7)
+    | st.integers(-(2**60), 2**60)
+    | st.integers(-(2**55), -(2**45))
+)
 RECORDS = st.lists(st.tuples(st.none() | BYTES, st.none() | BYTES, HEADERS, TIMES), min_size=1, max_size=8)
 
 
