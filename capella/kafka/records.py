@@ -572,20 +572,24 @@ def render(batch: Batch) -> list[Rendered]:
 
 
 def _render(batch: Batch) -> list[Rendered]:
+    if batch.holds(Batch.record_batches):
+        # Stored record batches keep their bounds (a fetch answers whole batches), and each is
+        # decoded on its own: the batch's columns would be a second copy of every payload kept
+        # beside the rendering.
+        rendered = []
+        for r in batch.record_batches():
+            f = r.fields()
+            rendered.append(
+                _kafka_batch(f.ids, _create_times(f.external_times), f.payloads, f.headers, 0, r.count)
+            )
+        return rendered
     c = batch.columns
-    ids = c.ids
-    n = len(ids)
-    if not n:
-        return []
-    # Stored record batches keep their bounds (a fetch answers whole batches); others go by ids.
-    stored = batch.holds(Batch.record_batches)
-    runs = [r.count for r in batch.record_batches()] if stored else _runs(ids)
     times = _create_times(c.external_times)
-    rendered: list[Rendered] = []
+    rendered = []
     start = 0
-    for count in runs:
+    for count in _runs(c.ids) if c.ids else []:
         stop = start + count
-        rendered.append(_kafka_batch(ids, times, c.payloads, c.headers, start, stop))
+        rendered.append(_kafka_batch(c.ids, times, c.payloads, c.headers, start, stop))
         start = stop
     return rendered
 
