@@ -438,7 +438,8 @@ def to_capella(
     ``source``: an idempotent producer's (the caller's ``<queue.own>/kafka/<pid>``), given for a
     batch with a producer id; every message then has it, and the external id
     ``(epoch << 32) | sequence``. A LogAppendTime batch carries no CreateTime: the external
-    times stay the default. ``now``: the clock a CreateTime is clamped by.
+    times stay the default. ``now``: the clock a CreateTime is clamped by. ``CorruptRecords``
+    for a ``source`` with a batch of no epoch or sequence.
     """
     n = len(records)
     payloads: list[bytes] = []
@@ -478,6 +479,12 @@ def to_capella(
     sources: list[str | None] | None = None
     external_ids: list[int | None] | None = None
     if source is not None:
+        if batch.base_sequence < 0 or batch.producer_epoch < 0:
+            # Such external ids would repeat, and dedup would drop new messages as repeats.
+            raise CorruptRecords(
+                f"record batch of producer {batch.producer_id}: epoch {batch.producer_epoch}, "
+                f"sequence {batch.base_sequence}"
+            )
         sources = [source] * n
         epoch = batch.producer_epoch << 32
         external_ids = [epoch | _sequence(batch.base_sequence, i) for i in range(n)]

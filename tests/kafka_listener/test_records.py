@@ -126,12 +126,15 @@ def one(data: bytes) -> tuple[KafkaBatch, list[records.KafkaRecord]]:
     return batch, decode_records(batch, max_size=MAX)
 
 
-def fetched(recs: list[Record], *, base_id: int = 1, **kwargs: Any) -> list[Any]:
-    """``recs`` produced, stored as a record batch from ``base_id``, fetched, read by kafka-python."""
+def fetched(recs: list[Record], *, base_id: int = 1, source: str | None = None, **kwargs: Any) -> Any:
+    """``recs`` produced, stored as a record batch from ``base_id``, fetched: what kafka-python
+    reads, and the stored messages' (source, external id)."""
     batch, decoded = one(built(recs, **kwargs))
-    converted = to_capella(batch, decoded, now=NOW, source=None)
+    converted = to_capella(batch, decoded, now=NOW, source=source)
     stored = read(stamp(read(converted.record_batch), base_id, NOW + 1, "own"))
-    return kafka_python_records(b"".join(r.data for r in render(Batch.of_records([stored]))))
+    fields = stored.fields()
+    identities = list(zip(fields.sources, fields.external_ids, strict=True))
+    return kafka_python_records(b"".join(r.data for r in render(Batch.of_records([stored])))), identities
 
 
 PLAIN: list[Record] = [
@@ -436,6 +439,9 @@ def test_an_idempotent_batch_has_the_producers_source_and_epoch_and_sequence_as_
     # Sequences wrap at int32's largest, as Kafka's do.
     _, (_, ids, _) = capella_messages(recs, source="s", producer=(7, 0, 2**31 - 2))
     assert ids == [2**31 - 2, 2**31 - 1, 0]
+    # A producer id without a sequence would make every message the same identity.
+    with pytest.raises(CorruptRecords):
+        capella_messages(recs, source="s", producer=(7, 0, -1))
 
 
 # --- round trips: Kafka to Capella to stored to Kafka --------------------------------------
@@ -453,12 +459,26 @@ RECORDS = st.lists(st.tuples(st.none() | BYTES, st.none() | BYTES, HEADERS, TIME
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(recs=RECORDS, base_id=st.integers(1, 2**40), codec=st.sampled_from([0, 1, 4]))
+@given(
+    recs=RECORDS,
+    base_id=st.integers(1, 2**40),
+    codec=st.sampled_from([0, 1, 4]),
+    producer=st.none()
+    | st.tuples(st.integers(0, 2**40), st.integers(0, 2**15 - 1), st.integers(0, 2**31 - 1)),
+)
 def test_what_a_client_sends_comes_back_from_a_fetch_as_it_was_sent(
-    recs: list[Record], base_id: int, codec: int
+    recs: list[Record], base_id: int, codec: int, producer: tuple[int, int, int] | None
 ) -> None:
-    got = fetched(recs, base_id=base_id, codec=codec)
+    source = None if producer is None else f"own/kafka/{producer[0]}"
+    got, identities = fetched(
+        recs, base_id=base_id, codec=codec, source=source, producer=producer or (-1, -1, -1)
+    )
     assert got == [(base_id + i, ms, k, v, h) for i, (k, v, h, ms) in enumerate(recs)]
+    if producer is None:
+        assert identities == [("own", base_id + i) for i in range(len(recs))]
+    else:
+        _, epoch, sequence = producer
+        assert identities == [(source, epoch << 32 | (sequence + i) % 2**31) for i in range(len(recs))]
 
 
 async def test_through_a_queue_kafka_and_http_messages_fetch_with_their_ids_as_offsets(
