@@ -3,7 +3,8 @@
 kafka-python's ``kafka.record`` builds what a client sends (``DefaultRecordBatchBuilder``,
 every codec it can: none, gzip, zstd; lz4 and snappy batches are its uncompressed ones with
 the records compressed by ``cramjam``, as librdkafka and the Java client send them) and reads
-what a fetch renders (``MemoryRecords``, CRC checked). Nobody here wrote either side's parser.
+what a fetch renders (``MemoryRecords``, CRC checked), and so does aiokafka's parser (Cython,
+its own CRC-32C). Nobody here wrote any of them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import cramjam
 import pytest
 import zstandard
+from aiokafka.record.memory_records import MemoryRecords as AiokafkaRecords
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -112,12 +114,19 @@ def compressed(data: bytes, codec: str) -> bytes:
 
 
 def kafka_python_records(data: bytes) -> list[tuple[int, int, bytes | None, bytes | None, list[Any]]]:
-    """What kafka-python reads in ``data``: (offset, timestamp, key, value, headers), CRCs checked."""
+    """What kafka-python reads in ``data``: (offset, timestamp, key, value, headers), CRCs
+    checked; aiokafka's own parser (Cython, its own CRC-32C) must read the same."""
     found = []
     batches = MemoryRecords(data)
     while (batch := batches.next_batch()) is not None:
         assert isinstance(batch, DefaultRecordBatch) and batch.validate_crc()
         found += [(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in batch]
+    also = []
+    batches = AiokafkaRecords(data)
+    while (batch := batches.next_batch()) is not None:
+        assert batch.validate_crc()
+        also += [(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in batch]
+    assert also == found
     return found
 
 
