@@ -187,6 +187,22 @@ def test_lz4_and_both_snappy_framings_read_as_the_uncompressed_batch(codec: str)
     assert decoded == one(plain)[1]
 
 
+def test_gzip_members_and_zstd_frames_one_after_another_read_as_one_stream() -> None:
+    plain = built(PLAIN)
+    blob = plain[61:]
+    half = len(blob) // 2
+    members = zlib.compress(blob[:half], wbits=31) + zlib.compress(blob[half:], wbits=31)
+    frames = zstandard.ZstdCompressor().compress(blob[:half]) + zstandard.ZstdCompressor().compress(
+        blob[half:]
+    )
+    for codec, packed in ((1, members), (4, frames)):
+        assert one(reheaded(plain, attributes=codec, blob=packed))[1] == one(plain)[1]
+    with pytest.raises(CorruptRecords):
+        one(reheaded(plain, attributes=1, blob=members[:-3]))
+    with pytest.raises(CorruptRecords):
+        one(reheaded(plain, attributes=4, blob=frames[:-3]))
+
+
 def test_several_batches_in_one_records_field_are_each_read() -> None:
     data = built(PLAIN) + built(PLAIN[:1], codec=1)
     assert [b.records_count for b in read_batches(data, max_size=MAX)] == [4, 1]
