@@ -71,6 +71,7 @@ class Kernels(Protocol):
 
     crc32: Crc32
     crc32c: Crc32
+    crc32c_tables: Crc32  # crc32c's table path alone (tests/core/test_crc32c.py)
 
     FAST_CRC32: bool
     FAST_CRC32C: bool

@@ -29,6 +29,8 @@ SWITCHED_OFF = os.environ.get("CAPELLA_NO_EXTENSIONS", "") not in ("", "0")
 PATHS: dict[str, Crc32] = {"python": pure.crc32c}
 if KERNELS is not None:
     PATHS["kernel"] = KERNELS.crc32c
+    # The kernel's tables, which a CPU without SSE4.2 (any ARM) runs instead.
+    PATHS["kernel tables"] = KERNELS.crc32c_tables
 
 
 @pytest.fixture(params=sorted(PATHS))
