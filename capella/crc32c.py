@@ -4,7 +4,7 @@ Kafka's record batches (v2) carry it (``capella/kafka/records.py``). It runs lik
 ``zlib.crc32``: ``crc32c(b, crc32c(a)) == crc32c(a + b)``. Four bytes a step through two
 tables of 65,536 entries (512 KiB as arrays, made when this module is imported, which only a
 process without the kernels does): ~14 MB/s, against ~9 for a byte at a time and ~6.5 for
-kafka-python's ``kafka.record._crc32c``; the C kernel is some hundreds of times that.
+kafka-python's ``kafka.record._crc32c``; the C kernel is a hundred to a thousand times that.
 """
 
 from __future__ import annotations

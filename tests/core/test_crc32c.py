@@ -66,6 +66,20 @@ def test_every_path_is_kafka_pythons_for_any_length_start_and_cut(data: bytes, s
         assert crc(tail, kafka_crc_update(0, head)) == expected
 
 
+STRETCHES = [767, 768, 769, 3 * 256 + 9, 3 * 8192 - 1, 3 * 8192, 3 * 8192 + 777, 100_003]
+
+
+@pytest.mark.parametrize("size", STRETCHES)
+def test_lengths_around_the_kernels_three_stream_stretches(crc: Crc32, size: int) -> None:
+    """The kernel runs three streams over 3 x 8 KiB, then 3 x 256 bytes, then one: every
+    length around those, at every alignment, gives kafka-python's answer."""
+    data = os.urandom(size + 7)
+    for start in range(8):
+        view = memoryview(data)[start : start + size]
+        assert crc(view) == kafka_crc(view)
+        assert crc(view[5:], crc(view[:5])) == kafka_crc(view)
+
+
 def test_a_large_buffer_and_what_is_refused(crc: Crc32) -> None:
     """Past 5 KiB the kernel lets go of the GIL; a bytearray is a buffer too; a str is not."""
     data = bytes(range(256)) * 40 + b"tail"
