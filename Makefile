@@ -50,7 +50,7 @@ typecheck: $(STAMP)
 # which workers cannot tell apart, and its last test checks what they did to its one server.
 TEST_WORKERS ?= 2
 FUZZ_TESTS := tests/e2e/test_fuzz.py
-KERNEL_TESTS := tests/core/test_kernels.py tests/api/test_api_read_formats.py tests/api/test_api_batches.py tests/client
+KERNEL_TESTS := tests/core/test_kernels.py tests/core/test_crc32c.py tests/kafka_protocol/test_records.py tests/api/test_api_read_formats.py tests/api/test_api_batches.py tests/client
 pytest: $(STAMP) tools
 	CAPELLA_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) -m "not chaos and not fuzz" \
 		--ignore=$(FUZZ_TESTS)

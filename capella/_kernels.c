@@ -24,6 +24,14 @@
  *     Computation for Generic Polynomials Using PCLMULQDQ", the fold Chromium's zlib uses), a
  *     byte table elsewhere; like zlib.crc32 it lets go of the GIL for more than 5 KiB.
  *     FAST_CRC32 says whether the fold is used: capella/kernels.py takes zlib.crc32 when not.
+ *
+ * crc32c(data, value=0)
+ *     CRC-32C (Castagnoli: Kafka's record batches, iSCSI), running like zlib.crc32: the crc of
+ *     b after a is crc32c(b, crc32c(a)). The SSE4.2 crc32 instruction where the CPU has it
+ *     (FAST_CRC32C, checked at init as the fold is), in three streams joined by tables (~23
+ *     GB/s on a MiB), slicing-by-8 tables elsewhere (~1.5 GB/s); the GIL
+ *     is let go for more than 5 KiB. capella/crc32c.py is the pure-Python equivalent.
+ *     crc32c_tables(data, value=0) is the table path alone, for the tests.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -850,12 +858,226 @@ static PyObject *crc32(PyObject *Py_UNUSED(module), PyObject *args) {
     return PyLong_FromUnsignedLong(crc);
 }
 
+/* --- crc32c --------------------------------------------------------------------------- */
+
+/* Slicing-by-8 tables for the reflected Castagnoli polynomial 0x82f63b78: crc32c_table[k][b]
+ * is the state after byte b followed by k zero bytes. */
+static uint32_t crc32c_table[8][256];
+
+static void crc32c_table_init(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++) {
+            c = (c & 1) ? 0x82f63b78u ^ (c >> 1) : c >> 1;
+        }
+        crc32c_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        for (int k = 1; k < 8; k++) {
+            uint32_t c = crc32c_table[k - 1][n];
+            crc32c_table[k][n] = (c >> 8) ^ crc32c_table[0][c & 0xff];
+        }
+    }
+}
+
+/* The running state (the complement of the crc), eight bytes a step; le32 keeps it right on
+ * a big-endian host too. */
+static uint32_t crc32c_sliced(uint32_t state, const unsigned char *p, size_t n) {
+    while (n >= 8) {
+        uint32_t lo = le32(p) ^ state;
+        uint32_t hi = le32(p + 4);
+        state = crc32c_table[7][lo & 0xff] ^ crc32c_table[6][(lo >> 8) & 0xff] ^
+                crc32c_table[5][(lo >> 16) & 0xff] ^ crc32c_table[4][lo >> 24] ^ crc32c_table[3][hi & 0xff] ^
+                crc32c_table[2][(hi >> 8) & 0xff] ^ crc32c_table[1][(hi >> 16) & 0xff] ^
+                crc32c_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) {
+        state = crc32c_table[0][(state ^ *p++) & 0xff] ^ (state >> 8);
+    }
+    return state;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define HAVE_CRC32C_INSTRUCTION 1
+
+/* The crc32 instruction takes three cycles and can start one each cycle, so three streams run
+ * side by side over three neighbouring stretches and are joined after: the state of A then B
+ * is the state of A moved over len(B) zero bytes, xor the state of B started from zero (the
+ * register is linear). Moving over a fixed number of zeros is a 32x32 matrix over GF(2),
+ * applied a byte at a time through four tables (Mark Adler's crc32c.c, zlib's crc32_combine). */
+#define CRC32C_LONG 8192
+#define CRC32C_SHORT 256
+
+static uint32_t crc32c_long[4][256];
+static uint32_t crc32c_short[4][256];
+
+static uint32_t gf2_times(const uint32_t *matrix, uint32_t vector) {
+    uint32_t sum = 0;
+    while (vector) {
+        if (vector & 1) {
+            sum ^= *matrix;
+        }
+        vector >>= 1;
+        matrix++;
+    }
+    return sum;
+}
+
+static void gf2_square(uint32_t *square, const uint32_t *matrix) {
+    for (int n = 0; n < 32; n++) {
+        square[n] = gf2_times(matrix, matrix[n]);
+    }
+}
+
+/* The operator that moves a state over len zero bytes (len a power of two). */
+static void crc32c_zeros_operator(uint32_t *even, size_t len) {
+    uint32_t odd[32];
+    uint32_t row = 1;
+    odd[0] = 0x82f63b78u; /* one zero bit */
+    for (int n = 1; n < 32; n++) {
+        odd[n] = row;
+        row <<= 1;
+    }
+    gf2_square(even, odd); /* two zero bits */
+    gf2_square(odd, even); /* four */
+    /* Each square doubles the bits: the first in the loop gives one zero byte. */
+    do {
+        gf2_square(even, odd);
+        len >>= 1;
+        if (len == 0) {
+            return;
+        }
+        gf2_square(odd, even);
+        len >>= 1;
+    } while (len);
+    memcpy(even, odd, sizeof odd);
+}
+
+static void crc32c_zeros(uint32_t zeros[4][256], size_t len) {
+    uint32_t op[32];
+    crc32c_zeros_operator(op, len);
+    for (uint32_t n = 0; n < 256; n++) {
+        zeros[0][n] = gf2_times(op, n);
+        zeros[1][n] = gf2_times(op, n << 8);
+        zeros[2][n] = gf2_times(op, n << 16);
+        zeros[3][n] = gf2_times(op, n << 24);
+    }
+}
+
+static uint32_t crc32c_shift(uint32_t zeros[4][256], uint32_t state) {
+    return zeros[0][state & 0xff] ^ zeros[1][(state >> 8) & 0xff] ^ zeros[2][(state >> 16) & 0xff] ^
+           zeros[3][state >> 24];
+}
+
+__attribute__((target("sse4.2"))) static uint64_t crc32c_three(uint64_t state, const unsigned char **at,
+                                                              size_t *left, size_t stretch,
+                                                              uint32_t zeros[4][256]) {
+    const unsigned char *p = *at;
+    size_t n = *left;
+    while (n >= 3 * stretch) {
+        uint64_t one = 0, two = 0, word;
+        const unsigned char *end = p + stretch;
+        do {
+            memcpy(&word, p, 8);
+            state = _mm_crc32_u64(state, word);
+            memcpy(&word, p + stretch, 8);
+            one = _mm_crc32_u64(one, word);
+            memcpy(&word, p + 2 * stretch, 8);
+            two = _mm_crc32_u64(two, word);
+            p += 8;
+        } while (p < end);
+        state = crc32c_shift(zeros, (uint32_t)state) ^ (uint32_t)one;
+        state = crc32c_shift(zeros, (uint32_t)state) ^ (uint32_t)two;
+        p += 2 * stretch;
+        n -= 3 * stretch;
+    }
+    *at = p;
+    *left = n;
+    return state;
+}
+
+/* Bytes up to an eight-byte boundary first, so the loads in the loops are aligned; three
+ * streams over 3 x 8 KiB, then 3 x 256 bytes, then one over the rest. */
+__attribute__((target("sse4.2"))) static uint32_t crc32c_instruction(uint32_t state, const unsigned char *p,
+                                                                    size_t n) {
+    while (n && ((uintptr_t)p & 7)) {
+        state = _mm_crc32_u8(state, *p++);
+        n--;
+    }
+    uint64_t wide = state;
+    wide = crc32c_three(wide, &p, &n, CRC32C_LONG, crc32c_long);
+    wide = crc32c_three(wide, &p, &n, CRC32C_SHORT, crc32c_short);
+    while (n >= 8) {
+        uint64_t word;
+        memcpy(&word, p, sizeof word);
+        wide = _mm_crc32_u64(wide, word);
+        p += 8;
+        n -= 8;
+    }
+    state = (uint32_t)wide;
+    while (n--) {
+        state = _mm_crc32_u8(state, *p++);
+    }
+    return state;
+}
+#else
+#define HAVE_CRC32C_INSTRUCTION 0
+#endif
+
+static int crc32c_instruction_usable;
+
+static uint32_t crc32c_update(uint32_t crc, const unsigned char *p, size_t n) {
+#if HAVE_CRC32C_INSTRUCTION
+    if (crc32c_instruction_usable) {
+        return ~crc32c_instruction(~crc, p, n);
+    }
+#endif
+    return ~crc32c_sliced(~crc, p, n);
+}
+
+static uint32_t crc32c_update_sliced(uint32_t crc, const unsigned char *p, size_t n) {
+    return ~crc32c_sliced(~crc, p, n);
+}
+
+static PyObject *crc32c_with(uint32_t (*update)(uint32_t, const unsigned char *, size_t), PyObject *args,
+                             const char *format) {
+    Py_buffer data;
+    unsigned int value = 0;
+    if (!PyArg_ParseTuple(args, format, &data, &value)) {
+        return NULL;
+    }
+    uint32_t crc;
+    if (data.len > 5 * 1024) {
+        Py_BEGIN_ALLOW_THREADS
+        crc = update((uint32_t)value, data.buf, (size_t)data.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        crc = update((uint32_t)value, data.buf, (size_t)data.len);
+    }
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyObject *crc32c(PyObject *Py_UNUSED(module), PyObject *args) {
+    return crc32c_with(crc32c_update, args, "y*|I:crc32c");
+}
+
+/* The table path alone: what a CPU without SSE4.2 (any ARM) runs, so that tests on x86 check it too. */
+static PyObject *crc32c_tables(PyObject *Py_UNUSED(module), PyObject *args) {
+    return crc32c_with(crc32c_update_sliced, args, "y*|I:crc32c_tables");
+}
+
 static PyMethodDef methods[] = {
     {"batch_json", batch_json, METH_VARARGS,
      "Each message of a record batch as its StoredMessage JSON object; None where Python renders it."},
     {"batch_messages", batch_messages, METH_VARARGS,
      "Each message of a record batch made by a callable of its fields; None where Python makes them."},
     {"crc32", crc32, METH_VARARGS, "zlib.crc32's answer, folded with PCLMULQDQ where the CPU has it."},
+    {"crc32c", crc32c, METH_VARARGS, "CRC-32C (Castagnoli), running like zlib.crc32; SSE4.2 where the CPU has it."},
+    {"crc32c_tables", crc32c_tables, METH_VARARGS, "crc32c by its slicing-by-8 tables alone (for tests)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -865,12 +1087,21 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     crc_table_init();
-#if HAVE_FOLD
+    crc32c_table_init();
+#if HAVE_FOLD || HAVE_CRC32C_INSTRUCTION
     __builtin_cpu_init();
+#endif
+#if HAVE_FOLD
     fold_usable = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
 #endif
+#if HAVE_CRC32C_INSTRUCTION
+    crc32c_instruction_usable = __builtin_cpu_supports("sse4.2");
+    crc32c_zeros(crc32c_long, CRC32C_LONG);
+    crc32c_zeros(crc32c_short, CRC32C_SHORT);
+#endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddObjectRef(m, "FAST_CRC32", fold_usable ? Py_True : Py_False) < 0) {
+    if (m != NULL && (PyModule_AddObjectRef(m, "FAST_CRC32", fold_usable ? Py_True : Py_False) < 0 ||
+                      PyModule_AddObjectRef(m, "FAST_CRC32C", crc32c_instruction_usable ? Py_True : Py_False) < 0)) {
         Py_CLEAR(m);
     }
     return m;

@@ -70,6 +70,36 @@ class CorruptKafkaFrame(InvalidRequest):
     code = "corrupt_kafka_frame"
 
 
+class CorruptRecords(InvalidRequest):
+    """Kafka record batches (a Produce's records) do not parse: too short, truncated, a length
+    or varint past its end, a CRC-32C that does not match. The Kafka listener answers
+    CORRUPT_MESSAGE (2) for that partition."""
+
+    code = "corrupt_records"
+
+
+class UnsupportedRecordFormat(InvalidRequest):
+    """A Kafka record batch of a message format before v2 (magic 0 or 1): only v2 is served
+    (UNSUPPORTED_FOR_MESSAGE_FORMAT, 43)."""
+
+    code = "unsupported_record_format"
+
+
+class TransactionsNotSupported(InvalidRequest):
+    """A transactional or control Kafka record batch: Capella does not do Kafka transactions
+    (INVALID_REQUEST, 42)."""
+
+    code = "transactions_not_supported"
+
+
+class UnsupportedCompression(InvalidRequest):
+    """A Kafka record batch compressed with a codec this server cannot read: lz4 or snappy
+    without ``cramjam`` installed, or a codec number Kafka does not define
+    (UNSUPPORTED_COMPRESSION_TYPE, 76)."""
+
+    code = "unsupported_compression"
+
+
 class InvalidName(InvalidRequest):
     """A queue, subscription or mount name is not allowed."""
 
@@ -143,6 +173,13 @@ class PayloadTooLarge(InvalidRequest):
     """The body, a message or a batch is larger than the configured limit."""
 
     code = "payload_too_large"
+
+
+class RecordsTooLarge(PayloadTooLarge):
+    """Kafka record batches that hold (decompressed) more than the server's body limit; the
+    decompression stops there (RECORD_LIST_TOO_LARGE, 18)."""
+
+    code = "records_too_large"
 
 
 class RequestTimeout(InvalidRequest):

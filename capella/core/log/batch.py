@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import repeat
+from typing import Any, TypeVar, cast
 
 import orjson
 
@@ -29,11 +30,13 @@ from capella.wire.frames import encode_frames
 # Payloads ``_plain`` checks in one piece.
 _CHECKED_AT_ONCE = 512
 
+T = TypeVar("T")
+
 
 class Batch:
     """Messages in id order; ``ids`` is their ids (a list, or a ``range`` with no gap), for bisecting."""
 
-    __slots__ = ("_columns", "_frames", "_json", "_made_records", "_messages", "_records", "ids")
+    __slots__ = ("_columns", "_forms", "_frames", "_json", "_made_records", "_messages", "_records", "ids")
 
     def __init__(
         self,
@@ -50,6 +53,8 @@ class Batch:
         self._made_records = False
         self._json: list[bytes] | None = None
         self._frames: list[bytes] | None = None
+        # Forms a front door makes of the batch (``form``), by the callable that keys each.
+        self._forms: dict[Callable[[Batch], Any], Any] | None = None
 
     @classmethod
     def of_records(cls, records: list[RecordBatch]) -> Batch:
@@ -112,18 +117,19 @@ class Batch:
     @property
     def rendered(self) -> bool:
         """Whether the batch holds a rendered form now."""
-        return self._json is not None or self._frames is not None or self._made_records
+        return self._json is not None or self._frames is not None or self._made_records or bool(self._forms)
 
     def holds(self, form: Callable[[Batch], object]) -> bool:
-        """Whether the batch holds what ``form`` (``Batch.json``, ``frames``, ``record_batches``)
-        answers, so that calling it costs nothing: stored record batches are their own form."""
+        """Whether the batch holds what ``form`` (``Batch.json``, ``frames``, ``record_batches``,
+        or the key of a ``Batch.form``) answers, so that calling it costs nothing: stored record
+        batches are their own form."""
         if form is Batch.json:
             return self._json is not None
         if form is Batch.frames:
             return self._frames is not None
         if form is Batch.record_batches:
             return self._records is not None
-        return False
+        return self._forms is not None and form in self._forms
 
     def drop_forms(self) -> None:
         """Forget the rendered forms (the next read that wants one renders it again).
@@ -132,12 +138,28 @@ class Batch:
         decoded from the batches again when asked, and otherwise its payloads would be in
         memory twice (in the block's bytes and in the columns).
         """
-        self._json = self._frames = None
+        self._json = self._frames = self._forms = None
         if self._made_records:
             self._records = None
             self._made_records = False
         elif self._records is not None:
             self._columns = self._messages = None
+
+    def form(self, make: Callable[[Batch], T], key: Callable[[Batch], object] | None = None) -> T:
+        """What ``make(self)`` answers, made on first use and kept until ``drop_forms``: a form a
+        front door reads in (the Kafka listener's record batches) without core knowing it.
+
+        Kept under ``key`` (``make`` by default): a door's own function that calls ``form``
+        keys it by itself, so that it can be a read's ``render`` and ``holds(it)`` answers.
+        """
+        key = make if key is None else key
+        forms = self._forms
+        if forms is None:
+            forms = self._forms = {}
+        elif key in forms:
+            return cast(T, forms[key])
+        made = forms[key] = make(self)
+        return made
 
     def frames(self) -> list[bytes]:
         """Each message as a frame of the binary read format (``capella.wire.frames``)."""
