@@ -10,6 +10,7 @@ from __future__ import annotations
 from capella.errors import (
     CapellaError,
     CorruptKafkaFrame,
+    CorruptRecords,
     Forbidden,
     InvalidMessage,
     InvalidName,
@@ -21,11 +22,15 @@ from capella.errors import (
     PayloadTooLarge,
     QueueNotFound,
     RateLimited,
+    RecordsTooLarge,
     ShuttingDown,
     StorageTimeout,
     StorageUnavailable,
     SubscriptionMetadataTooLarge,
+    TransactionsNotSupported,
     Unauthorized,
+    UnsupportedCompression,
+    UnsupportedRecordFormat,
 )
 
 UNKNOWN_SERVER_ERROR = -1
@@ -78,6 +83,11 @@ CODES: dict[type[CapellaError], int] = {
     MessageHeadersTooLarge: INVALID_RECORD,
     InvalidMessage: INVALID_RECORD,
     CorruptKafkaFrame: CORRUPT_MESSAGE,
+    CorruptRecords: CORRUPT_MESSAGE,
+    UnsupportedRecordFormat: UNSUPPORTED_FOR_MESSAGE_FORMAT,
+    TransactionsNotSupported: INVALID_REQUEST,
+    UnsupportedCompression: UNSUPPORTED_COMPRESSION_TYPE,
+    RecordsTooLarge: RECORD_LIST_TOO_LARGE,
     SubscriptionMetadataTooLarge: OFFSET_METADATA_TOO_LARGE,
     InvalidSubscriptionGroup: INVALID_GROUP_ID,
     InvalidRequest: INVALID_REQUEST,

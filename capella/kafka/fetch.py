@@ -103,14 +103,15 @@ async def _read(p: _Partition, budget: int, *, first: bool) -> None:
     p.error = errors.NONE
     if p.offset > queue.last_id:
         return
-    page = await queue.read_page(p.offset - 1, READ_LIMIT)
+    # A block loaded for this read is rendered in the loading thread, beside the other forms.
+    page = await queue.read_page(p.offset - 1, READ_LIMIT, render=records.render)
     limit = min(p.max_bytes, budget)
     seen: set[int] = set()
     for batch, _start, _stop in page.parts:
         if id(batch) in seen:
             continue
         seen.add(id(batch))
-        for rendered in batch.form(records.render):
+        for rendered in records.render(batch):
             if rendered.last_id < p.offset:
                 continue
             # At least one batch, even over the limits (KIP-74), so a large one is not stuck.
@@ -152,7 +153,7 @@ def _grouped(wanted: list[_Partition]) -> list[dict[str, Any]]:
                 "log_start_offset": start,
                 "aborted_transactions": None,
                 "preferred_read_replica": -1,
-                "records": b"".join(p.chunks) if p.chunks else None,
+                "records": b"".join(p.chunks),
             }
         )
     return [{"topic": name, "partitions": parts} for name, parts in topics.items()]
