@@ -17,6 +17,7 @@ from __future__ import annotations
 QUEUES = ".capella/queues.json"
 HANDLERS = ".capella/handlers.json"
 CLUSTERS = ".capella/clusters.json"
+TOPICS = ".capella/topics.json"
 
 # Inside ``<queue>/``, on its meta mount.
 MANIFEST = "manifest.json"  # the sealed blocks: id ranges, counts, marks, states
