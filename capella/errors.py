@@ -345,6 +345,12 @@ class UnknownPartition(NotFound):
     code = "unknown_partition"
 
 
+class TopicNotFound(NotFound):
+    """No topic has this name (a topic of several partitions, defined with PUT /v1/topics/{topic})."""
+
+    code = "topic_not_found"
+
+
 class SubscriptionNotFound(NotFound):
     """The queue has no subscription with this name."""
 
@@ -404,6 +410,12 @@ class AlreadyExists(CapellaError):
     """Something with this name already exists."""
 
     code = "already_exists"
+
+
+class NameTaken(AlreadyExists):
+    """A queue and a topic cannot share a name: a Kafka client would see two topics of one name."""
+
+    code = "name_taken"
 
 
 class Conflict(CapellaError):

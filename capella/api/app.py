@@ -26,6 +26,7 @@ from capella.api import (
     relay,
     subscriptions,
     tokens,
+    topics,
     users,
     work,
 )
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 # document are built from it.
 ROUTES: list[Route] = [
     *queues.ROUTES,
+    *topics.ROUTES,
     *messages.ROUTES,
     *delayed.ROUTES,
     *subscriptions.ROUTES,

@@ -34,6 +34,7 @@ from capella.wire import (
     postgres,
     push,
     queues,
+    topics,
     upkeep,
     work,
 )
@@ -89,7 +90,13 @@ def param(
     return result
 
 
-QUEUE = param("queue", "path", NAME, "Queue name")
+# A queue's own name, or a topic's partition (``orders~2``): every queue path takes both, but
+# only a topic's definition creates or drops a partition (``QUEUE_NAME``, for those two).
+QUEUE = param(
+    "queue", "path", schema_of(fields.QueueReference), "Queue name, or a topic's partition: topic~N"
+)
+QUEUE_NAME = param("queue", "path", NAME, "Queue name (a topic's partitions come from its definition)")
+TOPIC = param("topic", "path", NAME, "Topic name")
 SUBSCRIPTION = param("name", "path", NAME, "Subscription name")
 # Ids are handed out from 1: 0 names nothing (400, as a path of another kind would).
 STORED_ID = {**MESSAGE_ID, "minimum": 1}
@@ -171,6 +178,7 @@ WIRE_MODULES = (
     answers,
     messages,
     queues,
+    topics,
     work,
     params,
     upkeep,
@@ -270,6 +278,7 @@ MESSAGE_FILTERS = [
 # under subscriptions/, a handler's under handlers/ ...).
 _PATH_PARAMS = {
     ("queues", "queue"): QUEUE,
+    ("topics", "topic"): TOPIC,
     ("subscriptions", "name"): SUBSCRIPTION,
     ("scheduled", "id"): SCHEDULED_ID,
     ("work", "id"): param("id", "path", STORED_ID, "Message id"),
@@ -282,7 +291,7 @@ _PATH_PARAMS = {
         "path",
         "path",
         {"type": "string", "pattern": f"^{fields.RELAY_SEGMENT}$"},
-        "The path on the far cluster, after /v1/: segments of letters, digits, '_', '-' and '.' "
+        "The path on the far cluster, after /v1/: segments of letters, digits, '_', '-', '.' and '~' "
         "(not first), unencoded, joined by '/' (which a path parameter cannot hold)",
     ),
     ("ui", "file"): param("file", "path", {"type": "string", "pattern": r"^[\w.-]+$"}, "File name"),

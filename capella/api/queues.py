@@ -6,7 +6,7 @@ import msgspec
 from aiohttp import web
 
 from capella.api.access import identity
-from capella.api.openapi import AFTER, LIMIT, answer, json_content, param, ref
+from capella.api.openapi import AFTER, LIMIT, QUEUE_NAME, answer, json_content, param, ref
 from capella.api.request import CLUSTER, int_param, json_response, limit_param, read_object
 from capella.api.route import QUEUE_PATH, Route, on_queue
 from capella.core.base_queue import BaseQueue
@@ -73,6 +73,8 @@ ROUTES = [
         tag="queues",
         answers={200: answer("Updated", ref("QueueInfo")), 201: answer("Created", ref("QueueInfo"))},
         fails=(400, 408, 409, 413),
+        # Not a topic's partition (orders~2): the topic defines those (400 invalid_name).
+        params=(QUEUE_NAME,),
         body={"required": False, "content": json_content(ref("QueueDefinition"))},
     ),
     Route(
@@ -95,7 +97,8 @@ ROUTES = [
         summary="Drop a queue and all its messages",
         tag="queues",
         answers={204: answer("Dropped")},
-        fails=(404,),
+        fails=(400, 404),
+        params=(QUEUE_NAME,),
     ),
     Route(
         "GET",

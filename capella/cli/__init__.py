@@ -90,6 +90,7 @@ def parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
         scheduled,
         subscription,
         token,
+        topic,
         transfer,
         user,
         work,
@@ -107,6 +108,7 @@ def parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
     for row in (
         serve.SERVE,
         queue.QUEUE,
+        topic.TOPIC,
         subscription.SUBSCRIPTION,
         handler.HANDLER,
         cluster.CLUSTER,

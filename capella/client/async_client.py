@@ -50,6 +50,7 @@ from capella.wire.messages import (
     StoredMessage,
 )
 from capella.wire.queues import QueueInfo, QueueList
+from capella.wire.topics import TopicInfo, TopicList
 from capella.wire.work import (
     Claimed,
     ClaimedMessage,
@@ -155,6 +156,28 @@ class AsyncClient:
 
     async def drop_queue(self, name: str) -> None:
         await self._call("DELETE", paths.queue_path(name))
+
+    # --- topics of several partitions ------------------------------------------------
+
+    async def define_topic(
+        self, name: str, partitions: int, *, queue: dict[str, Any] | None = None
+    ) -> Saved[TopicInfo]:
+        """Create a topic of ``partitions`` partition queues (``<name>~<n>``), or add partitions
+        and update their definition (``queue``: a queue's PUT fields); ``info, created = ...``."""
+        body: dict[str, Any] = {"partitions": partitions}
+        if queue is not None:
+            body["queue"] = queue
+        return await self._put(TopicInfo, paths.topic_path(name), body)
+
+    async def topics(self) -> list[TopicInfo]:
+        return decode_answer(TopicList, await self._call("GET", "/v1/topics")).topics
+
+    async def topic(self, name: str) -> TopicInfo:
+        return decode_answer(TopicInfo, await self._call("GET", paths.topic_path(name)))
+
+    async def drop_topic(self, name: str) -> None:
+        """Delete the topic, its partition queues and all their messages."""
+        await self._call("DELETE", paths.topic_path(name))
 
     # --- messages --------------------------------------------------------------------
 

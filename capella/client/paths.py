@@ -33,6 +33,10 @@ def queue_path(queue: str, *rest: str) -> str:
     return "/".join(("/v1/queues", quote(queue, safe=""), *rest))
 
 
+def topic_path(name: str) -> str:
+    return "/".join(("/v1/topics", quote(name, safe="")))
+
+
 def subscription_path(queue: str, name: str, *rest: str) -> str:
     return queue_path(queue, "subscriptions", quote(name, safe=""), *rest)
 

@@ -180,6 +180,13 @@ class Client:
     queue = blocking(AsyncClient.queue)
     drop_queue = blocking(AsyncClient.drop_queue)
 
+    # --- topics of several partitions ------------------------------------------------
+
+    define_topic = blocking(AsyncClient.define_topic)
+    topics = blocking(AsyncClient.topics)
+    topic = blocking(AsyncClient.topic)
+    drop_topic = blocking(AsyncClient.drop_topic)
+
     # --- messages --------------------------------------------------------------------
 
     produce = blocking(AsyncClient.produce)

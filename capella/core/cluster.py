@@ -5,6 +5,11 @@ Queue definitions live in one registry document on the default mount (``QUEUES``
 collides with a queue. A drop is recorded as ``dropping`` before any key is deleted, so a
 crash half-way through finishes the drop on the next start instead of resurrecting half a
 queue.
+
+Topics of several partitions (``capella.core.topic``) are a second document, ``TOPICS``; their
+partitions are queues of the queue registry. A change writes the topic document first and
+the queue registry after, and a start repairs the registry from the topics, so a crash
+between the two leaves no partition without its topic past the next start.
 """
 
 from __future__ import annotations
@@ -21,24 +26,28 @@ import msgspec
 from capella.cluster_name import cluster_name
 from capella.config import Config
 from capella.core.base_queue import BaseQueue
-from capella.core.definition import QueueSettings, check_name, default_definition, parse_definition
+from capella.core.definition import QueueSettings, apply, check_name, default_definition, parse_definition
 from capella.core.limits import MessageLimits
 from capella.core.loops import TaskFailures, keep_running
 from capella.core.producer_ids import LocalProducerIds, ProducerIds, SharedProducerIds
 from capella.core.queue import Queue
 from capella.core.shared_home import SharedHome
 from capella.core.stats import Histogram, ProtocolStats
+from capella.core.topic import Topic, partition_names, refuse_partition, repair
 from capella.errors import (
     CapellaError,
     InvalidConfig,
     InvalidRequest,
+    NameTaken,
     NotReady,
     QueueNotFound,
     SharedNotConfigured,
+    TopicNotFound,
 )
 from capella.storage import Storage, keys, open_storage
-from capella.storage.catalog import QUEUES
-from capella.wire.records import QueueEntry, QueueRegistry
+from capella.storage.catalog import QUEUES, TOPICS
+from capella.wire.records import QueueEntry, QueueRegistry, TopicEntry, TopicRegistry
+from capella.wire.topics import TopicDefinition
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +76,7 @@ class Cluster:
         # The rules every message meets, whichever way it comes in (capella.core.limits).
         self.limits = MessageLimits.of(config.server)
         self._registry: dict[str, QueueEntry] = {}
+        self._topics: dict[str, TopicEntry] = {}
         self._registry_lock = asyncio.Lock()
         self._base = default_definition(
             config.queue_defaults, config.default_mount, set(mounts), config.source
@@ -141,12 +151,30 @@ class Cluster:
 
     async def _recover(self) -> None:
         self._registry = (await QUEUES.load(self.home)).queues
+        self._topics = (await TOPICS.load(self.home)).topics
+        # The topics are written first (capella.core.topic): the queue registry follows them.
+        found = repair(
+            {name: (t.partitions, t.definition) for name, t in self._topics.items()},
+            {name: (e.definition, e.state) for name, e in self._registry.items()},
+        )
+        for name in found.orphans:
+            log.warning("partition queue of no topic dropped queue=%s", name)
+            self._registry[name] = msgspec.structs.replace(self._registry[name], state="dropping")
+        for name in found.stale:
+            self._registry[name] = QueueEntry(definition=self._topics[name.partition("~")[0]].definition)
         for name, entry in sorted(self._registry.items()):
             definition = parse_definition(entry.definition, self._base, set(self._mounts))
             if entry.state == "dropping":
                 await self._finish_drop(name, definition)
                 continue
             self._queues[name] = await self._open_queue(name, definition)
+        for name in found.missing:
+            log.info("missing partition queue created queue=%s", name)
+            stored = self._topics[name.partition("~")[0]].definition
+            self._registry[name] = QueueEntry(definition=stored)
+            self._queues[name] = await self._open_queue(
+                name, parse_definition(stored, self._base, set(self._mounts))
+            )
         await self._save_registry()
 
     async def _open_queue(self, name: str, definition: QueueSettings) -> Queue:
@@ -240,9 +268,12 @@ class Cluster:
     async def put_queue(self, name: str, data: dict[str, Any]) -> tuple[BaseQueue, bool]:
         """Create the queue, or update its definition; ``True`` when it was created."""
         self._check_ready()
+        refuse_partition(name, "created or changed")
         check_name(name)
         mounts = set(self._mounts)
         async with self._registry_lock:
+            if name in self._topics:
+                raise NameTaken(f"a topic is named {name!r}: a queue cannot take its name")
             shared = None if self.shared is None else self.shared.queues().get(name)
             queue = self._queues.get(name)
             if shared is not None and queue is None:
@@ -296,6 +327,7 @@ class Cluster:
 
     async def drop_queue(self, name: str) -> None:
         """Delete the queue and all its data."""
+        refuse_partition(name, "dropped")
         async with self._registry_lock:
             if name not in self._queues and self.shared is not None and name in self.shared.queues():
                 await self.shared.drop(name)
@@ -309,6 +341,100 @@ class Cluster:
             del self._registry[name]
             await self._save_registry()
             log.info("queue dropped queue=%s", name)
+
+    # --- topics ----------------------------------------------------------------------------
+
+    def topic(self, name: str) -> Topic:
+        self._check_ready()
+        try:
+            entry = self._topics[name]
+        except KeyError:
+            raise TopicNotFound(f"no topic {name!r}") from None
+        return self._topic(name, entry)
+
+    def topics(self) -> list[Topic]:
+        self._check_ready()
+        return [self._topic(name, self._topics[name]) for name in sorted(self._topics)]
+
+    def _topic(self, name: str, entry: TopicEntry) -> Topic:
+        return Topic(
+            name, entry.partitions, parse_definition(entry.definition, self._base, set(self._mounts))
+        )
+
+    async def define_topic(self, name: str, body: TopicDefinition) -> tuple[Topic, bool]:
+        """Create the topic and its partition queues, or add partitions and change their
+        definition; ``True`` when it was created. Partitions are never removed."""
+        self._check_ready()
+        check_name(name, "topic")
+        mounts = set(self._mounts)
+        async with self._registry_lock:
+            if name in self._queues or (self.shared is not None and name in self.shared.queues()):
+                raise NameTaken(f"a queue is named {name!r}: a topic cannot take its name")
+            old = self._topics.get(name)
+            base = self._base if old is None else parse_definition(old.definition, self._base, mounts)
+            definition = base if body.queue is None else apply(body.queue, base, mounts)
+            if definition.shared:
+                raise InvalidRequest(
+                    f"topic {name!r}: a topic's partitions are local queues; shared ones are not supported",
+                    field="queue.storage",
+                )
+            self._check_meta_mount(definition)
+            if old is not None:
+                if body.partitions < old.partitions:
+                    raise InvalidRequest(
+                        f"topic {name!r} has {old.partitions} partitions: partitions can be added, "
+                        f"never removed (asked for {body.partitions})",
+                        field="partitions",
+                    )
+                if definition.meta_mount != base.meta_mount:
+                    raise InvalidRequest(
+                        "queue.mounts.meta cannot change on an existing topic", field="queue.mounts.meta"
+                    )
+            stored = definition.to_dict()
+            self._topics[name] = TopicEntry(partitions=body.partitions, definition=stored)
+            await self._save_topics()
+            # The queue registry after the topic: a crash here is repaired by the next start.
+            names = partition_names(name, body.partitions)
+            for queue_name in names:
+                self._registry[queue_name] = QueueEntry(definition=stored)
+            await self._save_registry()
+            for queue_name in names:
+                queue = self._queues.get(queue_name)
+                if queue is None:
+                    self._queues[queue_name] = await self._open_queue(queue_name, definition)
+                else:
+                    queue.definition = definition
+            log.info("topic %s name=%s partitions=%d", "updated" if old else "created", name, body.partitions)
+            return self._topic(name, self._topics[name]), old is None
+
+    async def drop_topic(self, name: str) -> None:
+        """Delete the topic, its partition queues and all their data."""
+        self._check_ready()
+        async with self._registry_lock:
+            entry = self._topics.get(name)
+            if entry is None:
+                raise TopicNotFound(f"no topic {name!r}")
+            del self._topics[name]
+            await self._save_topics()
+            # The topic first: a crash from here on leaves queues of no topic, which a start drops.
+            names = [q for q in partition_names(name, entry.partitions) if q in self._registry]
+            for queue_name in names:
+                self._registry[queue_name] = msgspec.structs.replace(
+                    self._registry[queue_name], state="dropping"
+                )
+            await self._save_registry()
+            for queue_name in names:
+                queue = self._queues.pop(queue_name, None)
+                if queue is not None:
+                    await queue.destroy()
+                    del self._registry[queue_name]
+                else:  # in the registry, never opened (its open failed): its keys only
+                    definition = parse_definition(
+                        self._registry[queue_name].definition, self._base, set(self._mounts)
+                    )
+                    await self._finish_drop(queue_name, definition)
+            await self._save_registry()
+            log.info("topic dropped name=%s partitions=%d", name, entry.partitions)
 
     async def _finish_drop(self, name: str, definition: QueueSettings) -> None:
         for mount in {definition.meta_mount, *definition.marks.values()}:
@@ -334,3 +460,6 @@ class Cluster:
 
     async def _save_registry(self) -> None:
         await QUEUES.save(self.home, QueueRegistry(queues=self._registry))
+
+    async def _save_topics(self) -> None:
+        await TOPICS.save(self.home, TopicRegistry(topics=self._topics))

@@ -3,6 +3,7 @@
 | document | where | registry |
 |---|---|---|
 | ``QUEUES`` | ``.capella/queues.json`` on the default mount | ``capella.core.cluster`` |
+| ``TOPICS`` | ``.capella/topics.json`` on the default mount | ``capella.core.cluster`` |
 | ``HANDLERS`` | ``.capella/handlers.json`` on the default mount | ``capella.handlers.supervisor`` |
 | ``CLUSTERS`` | ``.capella/clusters.json`` on the default mount | ``capella.links.registry`` |
 | ``PRODUCER_IDS`` | ``.capella/producer_ids.json`` on the default mount | ``capella.core.producer_ids`` |
@@ -40,7 +41,14 @@ import msgspec
 from capella.errors import CorruptData, KeyNotFound, StorageUnavailable
 from capella.fsync import write_atomic
 from capella.storage import Storage, keys
-from capella.wire.records import HandlerRegistry, ProducerIdLease, QueueRegistry, TokenFile, UserFile
+from capella.wire.records import (
+    HandlerRegistry,
+    ProducerIdLease,
+    QueueRegistry,
+    TokenFile,
+    TopicRegistry,
+    UserFile,
+)
 
 
 class ClusterRegistry(msgspec.Struct, kw_only=True):
@@ -108,6 +116,7 @@ class Document(Generic[T]):
 
 
 QUEUES = Document(keys.QUEUES, QueueRegistry, "queue registry", lambda: QueueRegistry(queues={}))
+TOPICS = Document(keys.TOPICS, TopicRegistry, "topic registry", lambda: TopicRegistry(topics={}))
 HANDLERS = Document(keys.HANDLERS, HandlerRegistry, "handler registry", lambda: HandlerRegistry(handlers={}))
 CLUSTERS = Document(
     keys.CLUSTERS, ClusterRegistry, "external cluster registry", lambda: ClusterRegistry(clusters={})

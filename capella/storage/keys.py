@@ -18,6 +18,7 @@ QUEUES = ".capella/queues.json"
 HANDLERS = ".capella/handlers.json"
 CLUSTERS = ".capella/clusters.json"
 PRODUCER_IDS = ".capella/producer_ids.json"  # the producer-id lease (capella.core.producer_ids)
+TOPICS = ".capella/topics.json"
 
 # Inside ``<queue>/``, on its meta mount.
 MANIFEST = "manifest.json"  # the sealed blocks: id ranges, counts, marks, states

@@ -19,7 +19,8 @@ class CopyParams(Params):
         Annotated[QueueRef, Meta(description="the source queue when the definition names no queues")] | None
     ) = field(default=None, name="from")
     subscription: Annotated[
-        NameOrDefault, Meta(description='the cursor on each source ("" or not given: copy-to-<to>)')
+        NameOrDefault,
+        Meta(description='the cursor on each source ("" or not given: copy-to-<to>, "/" and "~" as ".")'),
     ] = ""
     interval: Annotated[
         IntervalOrZero,
@@ -33,7 +34,8 @@ class CopyParams(Params):
     commit_save: SaveModeName = "mark"
 
     def __post_init__(self) -> None:
-        self.subscription = self.subscription or f"copy-to-{self.to.replace('/', '.')}"
+        # A subscription name holds neither "/" (cluster/queue) nor "~" (a topic's partition).
+        self.subscription = self.subscription or f"copy-to-{self.to.replace('/', '.').replace('~', '.')}"
         check_segments(self.segments)
 
     def clusters(self) -> list[str]:

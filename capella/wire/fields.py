@@ -28,13 +28,20 @@ INT64_MAX = 2**63 - 1
 # Queue, subscription, handler and cluster names become storage keys and URL parts.
 NAME = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
 NAME_PATTERN = f"^{NAME}$"
+# A partition of a topic with several partitions is a queue of its own, ``<topic>~<n>`` (n from
+# 0 to 9999, no leading zero). No NAME holds ``~`` (nor does a Kafka topic name), so nothing
+# else can take a partition's name; only the topic's definition creates and drops them.
+PARTITION_SUFFIX = r"~(?:0|[1-9][0-9]{0,3})"
+# What names a queue: a queue's own name or a topic's partition.
+QUEUE_REF = f"{NAME}(?:{PARTITION_SUFFIX})?"
+QUEUE_REF_PATTERN = f"^{QUEUE_REF}$"
 USER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@\-]{0,127}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 SEGMENTS_PATTERN = rf"^{BLANK}*-?{DIGIT}+(--?{DIGIT}+)?({BLANK}*,{BLANK}*-?{DIGIT}+(--?{DIGIT}+)?)*{BLANK}*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 # A segment of a path Capella serves (a name, a number, a fixed word): what a relayed path is
 # made of (links/relay.py), each segment unencoded.
-RELAY_SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9_.-]*"
+RELAY_SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9_.~-]*"
 # What a URL never holds: an ASCII blank or control character (every checker reads these alike;
 # \s does not: Python's takes \x1c, ECMA-262's does not).
 URL_EXCLUDED = r"\x00-\x20\x7f"
@@ -180,6 +187,7 @@ SizeText = Annotated[str, schema(pattern=SIZE_PATTERN)]
 Size = Annotated[int, schema(minimum=0)] | SizeText
 
 Name = Annotated[str, schema(pattern=NAME_PATTERN)]
+QueueReference = Annotated[str, schema(pattern=QUEUE_REF_PATTERN)]
 # A name, or "" for the default one (the field's description says which).
 NameOrDefault = Annotated[str, schema(pattern=f"^({NAME})?$")]
 UserName = Annotated[str, schema(pattern=USER_NAME_PATTERN)]

@@ -12,7 +12,7 @@ from msgspec import Meta
 from capella.config import DECLARED_NAME
 from capella.errors import InvalidRequest
 from capella.wire.decode import Finding, whole_numbers
-from capella.wire.fields import INT64_MAX, NAME, Int64, SaveModeText, decode_hook, schema
+from capella.wire.fields import INT64_MAX, NAME, QUEUE_REF, Int64, SaveModeText, decode_hook, schema
 from capella.wire.struct import Struct
 
 
@@ -115,4 +115,4 @@ SaveModeName = (
     Annotated[str, schema(enum=list(get_args(SaveModeText)))] | Annotated[int, schema(minimum=0, maximum=4)]
 )
 # A queue, or cluster/queue for one on an external cluster.
-QueueRef = Annotated[str, Meta(pattern=f"^(?:{NAME}/)?{NAME}$")]
+QueueRef = Annotated[str, Meta(pattern=f"^(?:{NAME}/)?{QUEUE_REF}$")]

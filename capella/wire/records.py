@@ -38,6 +38,21 @@ class ProducerIdLease(Struct, kw_only=True):
     lease_until: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
 
 
+class TopicEntry(Struct, kw_only=True):
+    """A topic of several partitions (``capella.core.topic``): how many, and the definition of
+    each partition's queue (``QueueSettings.to_dict``). The partitions are queues of the queue
+    registry; a start creates any this count names that it lacks, and drops any ``<topic>~<n>``
+    queue this document does not name."""
+
+    partitions: int
+    definition: dict[str, Any]
+
+
+class TopicRegistry(Struct, kw_only=True):
+    version: int = 1
+    topics: dict[str, TopicEntry]
+
+
 class HandlerEntry(Struct, kw_only=True):
     """A handler's definition; ``params`` as its type stores them (secrets only encrypted)."""
 

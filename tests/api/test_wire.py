@@ -156,6 +156,7 @@ PATH_VALUES = {
     ("handlers", "name"): ["f", "cp"],
     ("clusters", "name"): ["dc2"],
     ("users", "name"): ["root", "bob"],
+    ("topics", "topic"): ["events"],
 }
 
 
@@ -199,6 +200,7 @@ async def test_every_json_answer_of_a_get_round_trips_through_its_wire_type(
     await call("POST", "/v1/handlers/cp/run")
     await call("PUT", "/v1/clusters/dc2", {"url": "http://127.0.0.1:9", "username": "u"}, 201)
     await call("POST", "/v1/tokens", {"description": "ci"}, 201)
+    await call("PUT", "/v1/topics/events", {"partitions": 2}, 201)
 
     checked = []
     for route in ROUTES:

@@ -150,6 +150,48 @@ def test_queue_list_prints_json_with_the_option_after_the_command(run: Run) -> N
     assert "cli-json-list" in [q["name"] for q in json.loads(out)]
 
 
+# --- topic -------------------------------------------------------------------------------
+
+
+def test_a_topic_is_created_grown_listed_shown_and_dropped(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, _ = run(
+        "topic", "create", "cli-events", "--partitions", "2", "--queue-json", '{"save": "mark"}'
+    )
+    assert (code, out) == (0, "topic cli-events created: 2 partitions\n")
+    assert run("topic", "create", "cli-events", "--partitions", "3") == (
+        0,
+        "topic cli-events updated: 3 partitions\n",
+        "",
+    )
+    code, out, _ = run("topic", "list")
+    header, *rows = out.splitlines()
+    assert header.split() == ["NAME", "PARTITIONS", "SAVE"]
+    assert ["cli-events", "3", "mark"] in [row.split() for row in rows]
+    code, out, _ = run("topic", "show", "cli-events")
+    assert "cli-events~0, cli-events~1, cli-events~2" in out
+    code, out, _ = run("--json", "topic", "show", "cli-events")
+    assert json.loads(out)["queues"] == ["cli-events~0", "cli-events~1", "cli-events~2"]
+
+    # Each partition is a queue of the data commands.
+    assert run("produce", "cli-events~1", "hello")[0] == 0
+    assert run("queue", "show", "cli-events~1")[0] == 0
+
+    code, _, err = run("topic", "create", "cli-events", "--partitions", "2")
+    assert code == 1 and err.startswith("capella: invalid_request: ") and "never removed" in err
+    code, _, err = run("topic", "create", "cli-events", "--partitions", "2", "--queue-json", "[1]")
+    assert code == 2 and "JSON object" in err
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    code, _, err = run("topic", "drop", "cli-events")
+    assert code == 2 and "--yes" in err
+    assert run("topic", "show", "cli-events")[0] == 0
+    assert run("topic", "drop", "cli-events", "--yes") == (0, "topic cli-events dropped\n", "")
+    code, _, err = run("queue", "show", "cli-events~1")
+    assert code == 1 and err.startswith("capella: queue_not_found: ")
+    code, _, err = run("topic", "show", "cli-events")
+    assert code == 1 and err.startswith("capella: topic_not_found: ")
+
+
 def test_drop_without_yes_and_no_terminal_refuses(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     run("queue", "create", "cli-keep")
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))

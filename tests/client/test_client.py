@@ -32,8 +32,10 @@ from capella.errors import (
     InvalidMessage,
     InvalidRequest,
     InvalidSaveMode,
+    NameTaken,
     QueueNotFound,
     SubscriptionNotFound,
+    TopicNotFound,
     Unreachable,
 )
 from capella.handlers.supervisor import Supervisor
@@ -119,6 +121,31 @@ async def test_text_bytes_and_wire_dicts_come_back_with_their_payload(async_clie
     assert page.messages[1].data_b64 is not msgspec.UNSET
     assert (page.messages[2].segment, page.messages[2].source) == (3, "s")
     assert page.last_id == 3
+
+
+# --- topics ------------------------------------------------------------------------------
+
+
+async def test_a_topic_is_defined_grown_listed_shown_and_dropped(async_client: AsyncClient) -> None:
+    info, created = await async_client.define_topic("orders", 2, queue={"save": "mark"})
+    assert created and info.queues == ["orders~0", "orders~1"] and info.definition.save == "mark"
+    info, created = await async_client.define_topic("orders", 3)
+    assert not created and info.partitions == 3
+    assert [t.name for t in await async_client.topics()] == ["orders"]
+    assert (await async_client.topic("orders")).queues == ["orders~0", "orders~1", "orders~2"]
+
+    # A partition is a queue: produce to it and read it back by its name.
+    await async_client.produce("orders~2", ["hello"])
+    assert [m.payload for m in (await async_client.read("orders~2")).messages] == [b"hello"]
+
+    with pytest.raises(NameTaken):
+        await async_client.put_queue("orders")
+    with pytest.raises(InvalidRequest, match="never removed"):
+        await async_client.define_topic("orders", 1)
+    await async_client.drop_topic("orders")
+    assert await async_client.topics() == [] and await async_client.queues() == []
+    with pytest.raises(TopicNotFound):
+        await async_client.topic("orders")
 
 
 async def test_read_pages_with_after_and_limit(async_client: AsyncClient) -> None:
@@ -478,6 +505,16 @@ async def test_the_blocking_client_works_while_a_loop_runs(server_process: Serve
 
 
 @pytest.mark.slow
+def test_the_blocking_client_defines_and_drops_topics(server_process: ServerProcess) -> None:
+    with Client(server_process.url, timeout=10.0) as c:
+        info, created = c.define_topic("blocking-topic", 2)
+        assert created and info.queues == ["blocking-topic~0", "blocking-topic~1"]
+        assert "blocking-topic" in [t.name for t in c.topics()]
+        assert c.topic("blocking-topic").partitions == 2
+        c.drop_topic("blocking-topic")
+        assert "blocking-topic" not in [t.name for t in c.topics()]
+
+
 def test_a_closed_blocking_client_refuses_calls(server_process: ServerProcess) -> None:
     c = Client(server_process.url)
     c.close()
