@@ -18,7 +18,7 @@ from capella.core.base_queue import BaseQueue
 from capella.errors import CapellaError, SubscriptionNotFound
 from capella.kafka import errors
 from capella.kafka.session import Session
-from capella.kafka.topics import partition_queue
+from capella.kafka.topics import listed, partition_queue
 from capella.wire.fields import NAME
 
 log = logging.getLogger(__name__)
@@ -195,9 +195,14 @@ async def offset_fetch(session: Session, request: Any, version: int) -> dict[str
         # Every partition the group has committed on (v2+).
         found: list[tuple[str, list[int]]] = []
         cluster = session.broker.cluster
-        for queue in cluster.queues():
-            if any(s.name == name for s in queue.subscriptions()):
-                found.append((queue.name, [0]))
+        for topic, queues in listed(cluster).items():
+            committed = [
+                index
+                for index, queue in enumerate(queues)
+                if any(s.name == name for s in cluster.queue(queue).subscriptions())
+            ]
+            if committed:
+                found.append((topic, committed))
         pairs = found
     else:
         pairs = [(t.name, list(t.partition_indexes)) for t in asked]

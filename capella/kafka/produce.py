@@ -24,7 +24,8 @@ from typing import Any
 from capella.core.base_queue import BaseQueue
 from capella.core.message import SaveMode
 from capella.errors import CapellaError
-from capella.kafka import errors, records
+from capella.kafka import errors
+from capella.kafka.records import decode_records, read_batches, to_capella
 from capella.kafka.session import Session
 from capella.kafka.topics import partition_queue
 from capella.records.record_batch import framed
@@ -75,11 +76,11 @@ async def _partition(
         return _answer(index, errors.INVALID_REQUIRED_ACKS, f"acks {acks}: use 0, 1 or -1 (all)")
     base = -1
     try:
-        batches = records.read_batches(bytes(part.records or b""), max_size=broker.max_frame)
+        batches = read_batches(bytes(part.records or b""), max_size=broker.max_frame)
         for batch in batches:
-            found = records.decode_records(batch, max_size=broker.max_frame)
+            found = decode_records(batch, max_size=broker.max_frame)
             source = producer_source(queue, session, batch.producer_id)
-            converted = records.to_capella(batch, found, now=queue.now(), source=source)
+            converted = to_capella(batch, found, now=queue.now(), source=source)
             appended = await queue.append_batch(framed(converted.record_batch), save)
             if base < 0 and appended and appended[0].id:
                 base = appended[0].id
