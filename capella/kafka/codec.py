@@ -138,7 +138,8 @@ def encode_response(api_key: int, version: int, correlation_id: int, body: dict[
 def _built(cls: Any, values: dict[str, Any], version: int) -> Any:
     fields: dict[str, Any] = {}
     for name, field in cls._struct.fields.items():
-        if name not in values:
+        # A handler answers every field it knows; the version decides which are sent.
+        if name not in values or not field.for_version_q(version):
             continue
         value = values[name]
         if value is not None and field.is_struct_array():

@@ -9,8 +9,8 @@ from capella.kafka import errors
 from capella.kafka.session import Session
 from capella.kafka.topics import listed, partitions
 
-# Kafka's "authorized operations were not asked for".
-NOT_ASKED = -(2**31)
+# Kafka's "authorized operations were not asked for" (INT32_MIN: the codec's None).
+NOT_ASKED = None
 
 
 async def metadata(session: Session, request: Any, version: int) -> dict[str, Any]:

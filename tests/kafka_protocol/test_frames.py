@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,6 +107,26 @@ def test_a_newer_api_versions_is_answered_unsupported_in_v0(broker: KafkaServer,
         # The connection stays open: the client asks again with a version from the list.
         again = ApiVersionsResponse.decode(api_versions(sock, 3, 12), version=3, header=True)
         assert again.error_code == 0
+
+
+@pytest.mark.parametrize("version", range(10))
+def test_every_served_metadata_version_lists_the_broker_and_a_topic(
+    broker: KafkaServer, version: int
+) -> None:
+    urllib.request.urlopen(urllib.request.Request(f"{broker.url}/v1/queues/listed", data=b"{}", method="PUT"))
+    with connect(broker) as sock:
+        fields = {"allow_auto_topic_creation": False} if version >= 4 else {}
+        request = MetadataRequest(
+            version=version, topics=[MetadataRequest.MetadataRequestTopic(name="listed")], **fields
+        )
+        request.with_header(correlation_id=version, client_id="frames")
+        sock.sendall(request.encode(header=True, framed=True))
+        answer = MetadataResponse.decode(read_frame(sock), version=version, header=True)
+    assert answer.header.correlation_id == version
+    assert [(b.node_id, b.port) for b in answer.brokers] == [(0, broker.kafka_port)]
+    (topic,) = answer.topics
+    assert (topic.name, topic.error_code) == ("listed", 0)
+    assert [(p.partition_index, p.leader_id) for p in topic.partitions] == [(0, 0)]
 
 
 def test_an_unknown_api_key_closes_only_that_connection(broker: KafkaServer) -> None:
