@@ -195,6 +195,7 @@ def test_an_identity_covers_another_only_when_it_holds_all_it_holds() -> None:
                 "allow:cluster:*:*",
                 "allow:queue:*:*",
                 "allow:subscription:*:*",
+                "allow:group:*:*",
                 "allow:handler:*:*",
                 "allow:external_cluster:*:*",
             ),

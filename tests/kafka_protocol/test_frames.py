@@ -207,3 +207,22 @@ def test_the_listener_is_not_started_without_a_kafka_table(tmp_path: Path) -> No
 
     for server in running(ServerProcess(tmp_path / "data")):
         assert "kafka listening" not in server.log()
+
+
+def test_the_listener_counts_what_it_served_and_closed_in_the_metrics(broker: KafkaServer) -> None:
+    def metric(name: str, **labels: str) -> int:
+        text = urllib.request.urlopen(f"{broker.url}/metrics").read().decode()
+        wanted = ",".join(f'{k}="{v}"' for k, v in {"protocol": "kafka", **labels}.items())
+        for line in text.splitlines():
+            if line.startswith(f"{name}{{{wanted}}} "):
+                return int(line.rsplit(" ", 1)[1])
+        return 0
+
+    closed_before = metric("capella_protocol_closed_by_error_total")
+    asked_before = metric("capella_protocol_requests_total", api="ApiVersions")
+    with connect(broker) as sock:
+        api_versions(sock, 3)
+        sock.sendall(struct.pack(">i", 12) + bytes(range(12)))
+        assert closed(sock)
+    assert metric("capella_protocol_requests_total", api="ApiVersions") == asked_before + 1
+    assert metric("capella_protocol_closed_by_error_total") == closed_before + 1
