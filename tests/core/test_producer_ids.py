@@ -208,7 +208,9 @@ def completed(trace: str) -> list[str]:
     pending: dict[str, str] = {}
     calls = []
     for line in trace.splitlines():
+        # strace pads the pid column ("123  fsync(7)" beside "12345 fsync(7)").
         pid, _, text = line.partition(" ")
+        text = text.lstrip()
         if text.endswith("<unfinished ...>"):
             pending[pid] = text.removesuffix("<unfinished ...>")
         elif text.startswith("<... "):
