@@ -54,8 +54,8 @@ class SharedHome(ABC):
     @abstractmethod
     def kafka_nodes(self) -> list[tuple[str, str, int]]:
         """``(node, host, port)`` of the live nodes serving Kafka clients, by node name, as last
-        read from PostgreSQL (every ``NODES_POLL`` once an address is published): no request
-        waits for PostgreSQL. Empty until first read."""
+        read from PostgreSQL (every second once an address is published), so no request waits
+        for PostgreSQL; the same list object until it changes. Empty until first read."""
 
     @property
     @abstractmethod

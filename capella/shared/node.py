@@ -659,9 +659,13 @@ class SharedNode(SharedHome):
             await self._read_kafka_nodes()
 
     async def _read_kafka_nodes(self) -> None:
-        self._kafka_nodes = await self._guard(
+        found = await self._guard(
             self._need().kafka_nodes(), min(NODES_POLL, self._config.storage.write_timeout)
         )
+        # The same list while nothing changed: the listener looks at its groups again only
+        # when the list is another one.
+        if found != self._kafka_nodes:
+            self._kafka_nodes = found
 
     async def _kafka_nodes_loop(self) -> None:
         while True:
