@@ -71,8 +71,9 @@ class Broker:
         return sorted([me, *others], key=lambda n: n.name)
 
     def coordinator_of(self, group: str) -> KafkaNode:
-        """The node that coordinates ``group``: this one, unless a live node of the shared
-        cluster wins the group's hash (all of them, when none is known yet)."""
+        """The node that coordinates ``group``: the live node of the shared cluster that wins
+        the group's hash, or this one while none is known (a standalone broker, or a shared
+        part not up yet: then this node takes every group, as a standalone one does)."""
         nodes = self.live()
         if not nodes:
             return self.me
