@@ -462,3 +462,38 @@ def test_a_node_back_takes_its_groups_back_and_their_members_follow(shared: Shar
     finally:
         for member in members:
             member.close()
+
+
+def test_an_idempotent_producer_whose_node_is_killed_goes_on_through_another_exactly_once(
+    shared: Shared,
+) -> None:
+    if not shared.rig.running(2):
+        shared.rig.restart(2)
+    define_shared(shared, "failover")
+    producer = Producer({**CLIENT, "bootstrap.servers": shared.bootstrap(2), "enable.idempotence": True,
+                         "acks": "all", "linger.ms": 5})  # fmt: skip
+    reports: dict[bytes, tuple[Any, int]] = {}
+
+    def delivered(err: Any, msg: Message) -> None:
+        reports[msg.value()] = (err, msg.offset())
+
+    count, killed = 3000, False
+    for n in range(count):
+        producer.produce("failover", value=f"m{n}".encode(), on_delivery=delivered)
+        producer.poll(0)
+        if n % 100 == 99:
+            producer.poll(0.05)  # a steady stream: batches in flight when the node goes
+        if not killed and len(reports) >= 1000:
+            shared.rig.kill(2)
+            killed = True
+    assert killed
+    assert producer.flush(60) == 0
+    assert [err for err, _ in reports.values() if err is not None] == []
+    # Through node 0: every message once, at the offset its delivery report gave (a batch sent
+    # again after the kill is found by its identity and answered with its first offsets).
+    page = http("GET", f"{shared.url(0)}/v1/queues/failover/messages?after=0&limit={count + 100}")
+    stored = [(m["data"].encode(), m["id"]) for m in page["messages"]]
+    assert sorted(value for value, _ in stored) == sorted(f"m{n}".encode() for n in range(count))
+    assert {value: offset for value, offset in stored} == {
+        value: offset for value, (_, offset) in reports.items()
+    }
