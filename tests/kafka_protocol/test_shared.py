@@ -40,6 +40,8 @@ from support.wait import until_blocking
 
 from capella.kafka.nodes import KafkaNode, coordinator_of, node_id
 
+pytestmark = [pytest.mark.slow, pytest.mark.s3]
+
 NODES = 3
 TIMEOUT = 5.0
 NOT_COORDINATOR = 16
