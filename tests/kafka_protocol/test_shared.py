@@ -39,6 +39,7 @@ from support.shared import SharedRig, toml_table
 from support.wait import until_blocking
 
 from capella.kafka.nodes import KafkaNode, coordinator_of, node_id
+from capella.shared.node import LEASE, NODES_POLL
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
@@ -211,6 +212,14 @@ def test_metadata_from_every_node_lists_every_node_and_names_the_answering_node_
         assert [(p.partition_index, p.leader_id, p.replica_nodes) for p in topic.partitions] == [
             (0, shared.node_id(i), [shared.node_id(i)])
         ]
+
+
+def test_a_local_queue_of_a_shared_node_is_a_topic_of_that_node_only(shared: Shared) -> None:
+    http("PUT", f"{shared.url(0)}/v1/queues/local-0", {})
+    (topic,) = metadata(shared, 0, ["local-0"]).topics
+    assert (topic.error_code, [p.leader_id for p in topic.partitions]) == (0, [shared.node_id(0)])
+    (elsewhere,) = metadata(shared, 1, ["local-0"]).topics
+    assert elsewhere.error_code == 3  # UNKNOWN_TOPIC_OR_PARTITION: node 1 has no such queue
 
 
 def test_find_coordinator_answers_the_same_node_from_every_node_and_spreads_the_groups(
@@ -404,8 +413,17 @@ def test_the_coordinator_killed_the_group_moves_and_consumes_on(shared: Shared) 
         shared.rig.kill(2)
         killed_at = time.monotonic()
         second = {topic: produce_http(shared, 0, topic, [f"2-{n}" for n in range(20)]) for topic in topics}
-        seen = consume(members, 120, 60)
+
+        def moved() -> bool:
+            for member in members:
+                member.poll()
+            return coordinator(shared, 0, group)[0] != shared.node_id(2)
+
+        # Within the killed node's lease, and a read of the live nodes after it ran out.
+        until_blocking(moved, LEASE + 2 * NODES_POLL + 1, "the group to leave node-2", every=0.0)
         moved_after = time.monotonic() - killed_at
+        seen = consume(members, 120, 60)
+        consumed_after = time.monotonic() - killed_at
         # Everything read; what was committed before the kill is never read again.
         assert set(seen) == {(t, i) for t in topics for i in first[t] + second[t]}
         assert all(seen[(t, i)] == 1 for t in topics for i in first[t])
@@ -421,7 +439,7 @@ def test_the_coordinator_killed_the_group_moves_and_consumes_on(shared: Shared) 
                 return last_id(shared, 1, topic, f"kafka.{group}") == second[topic][-1]
 
             until_blocking(committed, 20, f"the commits of {topic} at the new coordinator", every=0.0)
-        print(f"group moved and consumed everything {moved_after:.1f}s after the kill")
+        print(f"group moved {moved_after:.1f}s and consumed everything {consumed_after:.1f}s after the kill")
     finally:
         for member in members:
             member.close()
