@@ -57,8 +57,11 @@ def live(rows: Sequence[tuple[str, str, int]]) -> list[KafkaNode]:
 
     Two names that hash to one id would make clients send one node's requests to the other:
     the first name by order keeps the id on every node, and the other is left out (logged).
+    Two nodes advertising one address are logged too: a client reaches one of them for both,
+    and a group call meant for the other is answered NOT_COORDINATOR again and again.
     """
     found: dict[int, KafkaNode] = {}
+    addresses: dict[tuple[str, int], str] = {}
     for name, host, port in rows:
         node = KafkaNode(node_id(name), host, port, name)
         taken = found.get(node.node_id)
@@ -69,4 +72,11 @@ def live(rows: Sequence[tuple[str, str, int]]) -> list[KafkaNode]:
             )  # fmt: skip
             continue
         found[node.node_id] = node
+        other = addresses.setdefault((host, port), name)
+        if other != name:
+            log.error(
+                "kafka address %s:%d of shared node %s is also %s's: give each node its own "
+                "[kafka] advertised address",
+                host, port, name, other,
+            )  # fmt: skip
     return list(found.values())

@@ -70,3 +70,11 @@ def test_two_names_of_one_id_list_the_first_only(caplog: pytest.LogCaptureFixtur
         listed = live([(first, "127.0.0.1", 1), (second, "127.0.0.1", 2), ("other", "127.0.0.1", 3)])
     assert [n.name for n in listed] == [first, "other"]
     assert second in caplog.text
+
+
+def test_two_nodes_advertising_one_address_are_listed_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR, logger="capella.kafka.nodes"):
+        listed = live([("a", "lb.example", 9092), ("b", "lb.example", 9092), ("c", "c.example", 9092)])
+    assert [n.name for n in listed] == ["a", "b", "c"]
+    assert "lb.example:9092 of shared node b is also a's" in caplog.text
+    assert "c.example" not in caplog.text
