@@ -45,6 +45,18 @@ class SharedHome(ABC):
         """A producer id no node of the shared cluster ever answered (``core/producer_ids.py``),
         durable before it is answered; ``StorageUnavailable`` while the shared part is down."""
 
+    @abstractmethod
+    def publish_kafka(self, host: str, port: int) -> None:
+        """Where this node serves Kafka clients (its advertised address): recorded with its
+        node lease, at the claim or the next renewal, so every node lists it (``kafka_nodes``).
+        The listener binds before the shared part may be up: this only keeps the address."""
+
+    @abstractmethod
+    def kafka_nodes(self) -> list[tuple[str, str, int]]:
+        """``(node, host, port)`` of the live nodes serving Kafka clients, by node name, as last
+        read from PostgreSQL (every second once an address is published), so no request waits
+        for PostgreSQL; the same list object until it changes. Empty until first read."""
+
     @property
     @abstractmethod
     def fault(self) -> str | None:

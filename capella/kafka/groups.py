@@ -42,6 +42,7 @@ from capella.kafka.errors import (
     INVALID_SESSION_TIMEOUT,
     MEMBER_ID_REQUIRED,
     NONE,
+    NOT_COORDINATOR,
     REBALANCE_IN_PROGRESS,
     UNKNOWN_MEMBER_ID,
 )
@@ -787,6 +788,19 @@ class Coordinator:
             )
             for g in self._groups.values()
         ]
+
+    def unload(self, group_id: str) -> None:
+        """Forget a group another node coordinates now (the nodes of a shared cluster changed):
+        its waiting JoinGroup and SyncGroup calls are answered NOT_COORDINATOR (16), so its
+        members look for the new coordinator at once, as Kafka's coordinator answers them when
+        it resigns a group."""
+        group = self._groups.pop(group_id, None)
+        if group is None:
+            return
+        for member in group.members.values():
+            _answer_joins(member, JoinResult(NOT_COORDINATOR, member_id=member.member_id))
+            _answer_syncs(member, SyncResult(NOT_COORDINATOR))
+        group.state = GroupState.DEAD
 
     def close(self) -> None:
         """Answer every waiting JoinGroup and SyncGroup with COORDINATOR_NOT_AVAILABLE (15), so

@@ -29,6 +29,7 @@ from capella.errors import CorruptKafkaFrame, InvalidConfig
 from capella.kafka import errors
 from capella.kafka.codec import Header, decode_request, encode_response, frame_size, read_header
 from capella.kafka.groups import Coordinator
+from capella.kafka.nodes import STANDALONE, KafkaNode, node_id
 from capella.kafka.session import Broker, Session
 from capella.kafka.versions import API_VERSIONS, APIS, advertised
 
@@ -65,6 +66,7 @@ class KafkaListener:
             authenticator,
             max_frame=max_frame,
             producer_ids=cluster.producer_ids,
+            node_id=STANDALONE if cluster.shared is None else node_id(cluster.shared.node),
         )
         return cls(broker, ssl_context=ssl_context)
 
@@ -74,6 +76,7 @@ class KafkaListener:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self._expiry: asyncio.Task[None] | None = None
+        self._nodes_seen: list[KafkaNode] | None = None
         self.stats = ProtocolStats()
         broker.cluster.doors["kafka"] = self.stats
 
@@ -99,6 +102,8 @@ class KafkaListener:
             self.broker.host, self.broker.port = host, port
         else:
             self.broker.host, self.broker.port = settings.advertised_host, settings.advertised_port
+        if self.broker.cluster.shared is not None:
+            self.broker.cluster.shared.publish_kafka(self.broker.host, self.broker.port)
         self._expiry = asyncio.create_task(self._expire_loop(), name="kafka-group-expiry")
         log.info("kafka listening on %s:%d advertised=%s:%d", host, port, self.broker.host, self.broker.port)
 
@@ -125,6 +130,7 @@ class KafkaListener:
             await asyncio.sleep(pause if not failures else backoff(failures, EXPIRE_INTERVAL, 30.0))
             try:
                 upcoming = self.broker.coordinator.expire()
+                self._hand_over()
                 failures = 0
                 # Until the next deadline (an initial rebalance delay of 0.3 s), at most the interval.
                 pause = EXPIRE_INTERVAL
@@ -133,6 +139,20 @@ class KafkaListener:
             except Exception as exc:  # a bug: logged and counted, and the loop goes on
                 failures += 1
                 log.error("kafka group expiry failed failures=%d", failures, exc_info=exc)
+
+    def _hand_over(self) -> None:
+        """Once the shared cluster's live nodes change, forget the groups another node
+        coordinates now: their waiting calls are answered NOT_COORDINATOR, and their members
+        find the new coordinator and join there (their offsets are in PostgreSQL)."""
+        nodes = self.broker.live()
+        if nodes is self._nodes_seen:
+            return
+        self._nodes_seen = nodes
+        for group in self.broker.coordinator.groups():
+            coordinator = self.broker.coordinator_of(group.group_id)
+            if coordinator.name != self.broker.name:
+                log.info("kafka group moved group=%s node=%s", group.group_id, coordinator.name)
+                self.broker.coordinator.unload(group.group_id)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -1,8 +1,11 @@
 """FindCoordinator, JoinGroup, SyncGroup, Heartbeat and LeaveGroup: the classic group protocol.
 
-This node coordinates every group it is asked about (``groups.Coordinator`` keeps the members
-in memory, as Kafka does: they rejoin after a restart). Each call needs the ``group`` right
-on the group id (``allow:group:read:orders-*``), which Kafka calls the group's READ ACL.
+A standalone node coordinates every group it is asked about (``groups.Coordinator`` keeps the
+members in memory, as Kafka does: they rejoin after a restart). On a shared cluster a group's
+coordinator is the live node its hash picks (``kafka/nodes.py``): FindCoordinator on any node
+names that one, and a group call reaching another node is answered NOT_COORDINATOR (16), so the
+client asks FindCoordinator again. Each call needs the ``group`` right on the group id
+(``allow:group:read:orders-*``), which Kafka calls the group's READ ACL; it is checked first.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ async def find_coordinator(session: Session, request: Any, version: int) -> dict
     elif not session.identity.can("group", "read", request.key):
         code, message = errors.GROUP_AUTHORIZATION_FAILED, f"may not use group {request.key!r}"
     ok = code == errors.NONE
+    node = broker.coordinator_of(request.key) if ok else None
     return {
         "throttle_time_ms": 0,
         "error_code": code,
         "error_message": message,
-        "node_id": broker.node_id if ok else -1,
-        "host": broker.host if ok else "",
-        "port": broker.port if ok else -1,
+        "node_id": node.node_id if node else -1,
+        "host": node.host if node else "",
+        "port": node.port if node else -1,
     }
 
 
@@ -40,10 +44,19 @@ def _allowed(session: Session, group: str) -> bool:
     return session.identity.can("group", "read", group)
 
 
+def _refusal(session: Session, group: str) -> int:
+    """Why this node does not take a call for ``group``, or NONE."""
+    if not _allowed(session, group):
+        return errors.GROUP_AUTHORIZATION_FAILED
+    if not session.broker.coordinates(group):
+        return errors.NOT_COORDINATOR
+    return errors.NONE
+
+
 async def join_group(session: Session, request: Any, version: int) -> dict[str, Any]:
     group = request.group_id
-    if not _allowed(session, group):
-        return _join_refused(errors.GROUP_AUTHORIZATION_FAILED, request.member_id)
+    if refused := _refusal(session, group):
+        return _join_refused(refused, request.member_id)
     session_timeout = request.session_timeout_ms / 1000
     # v0 has no rebalance timeout: its only timeout is the session's (KAFKA-8653).
     rebalance_timeout = request.rebalance_timeout_ms / 1000 if version >= 1 else session_timeout
@@ -92,8 +105,8 @@ def _join_refused(code: int, member_id: str) -> dict[str, Any]:
 
 async def sync_group(session: Session, request: Any, version: int) -> dict[str, Any]:
     group = request.group_id
-    if not _allowed(session, group):
-        return {"throttle_time_ms": 0, "error_code": errors.GROUP_AUTHORIZATION_FAILED, "assignment": b""}
+    if refused := _refusal(session, group):
+        return {"throttle_time_ms": 0, "error_code": refused, "assignment": b""}
     result = await session.broker.coordinator.sync(
         group,
         request.member_id,
@@ -114,8 +127,8 @@ async def sync_group(session: Session, request: Any, version: int) -> dict[str, 
 
 async def heartbeat(session: Session, request: Any, version: int) -> dict[str, Any]:
     group = request.group_id
-    if not _allowed(session, group):
-        return {"throttle_time_ms": 0, "error_code": errors.GROUP_AUTHORIZATION_FAILED}
+    if refused := _refusal(session, group):
+        return {"throttle_time_ms": 0, "error_code": refused}
     code = session.broker.coordinator.heartbeat(
         group,
         request.member_id,
@@ -131,12 +144,8 @@ async def leave_group(session: Session, request: Any, version: int) -> dict[str,
         leaving = [(m.member_id, m.group_instance_id) for m in request.members]
     else:
         leaving = [(request.member_id, None)]
-    if not _allowed(session, group):
-        return {
-            "throttle_time_ms": 0,
-            "error_code": errors.GROUP_AUTHORIZATION_FAILED,
-            "members": [],
-        }
+    if refused := _refusal(session, group):
+        return {"throttle_time_ms": 0, "error_code": refused, "members": []}
     codes = session.broker.coordinator.leave(group, leaving)
     members = [
         {"member_id": member, "group_instance_id": instance, "error_code": code}

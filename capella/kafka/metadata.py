@@ -1,4 +1,5 @@
-"""Metadata: the brokers (this node) and the topics a client may see, each partition led by this node."""
+"""Metadata: the brokers (this node, and on a shared cluster every live node serving Kafka) and
+the topics a client may see, each partition led by the node that answers (``kafka/nodes.py``)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ async def metadata(session: Session, request: Any, version: int) -> dict[str, An
             topics.append(await described(session, item.name, auto=auto))
     return {
         "throttle_time_ms": 0,
-        "brokers": [{"node_id": broker.node_id, "host": broker.host, "port": broker.port, "rack": None}],
+        "brokers": [
+            {"node_id": node.node_id, "host": node.host, "port": node.port, "rack": None}
+            for node in broker.brokers()
+        ],
         "cluster_id": broker.cluster_id,
         "controller_id": broker.node_id,
         "topics": topics,

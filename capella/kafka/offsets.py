@@ -124,6 +124,9 @@ async def offset_commit(session: Session, request: Any, version: int) -> dict[st
     if not identity.can("group", "read", group):
         code = errors.GROUP_AUTHORIZATION_FAILED
         return _commit_answer(request, lambda _topic, _part: code)
+    if not session.broker.coordinates(group):
+        # A shared cluster's other node holds the group's members (kafka/nodes.py).
+        return _commit_answer(request, lambda _topic, _part: errors.NOT_COORDINATOR)
     generation = request.generation_id_or_member_epoch
     check = session.broker.coordinator.check_commit(group, request.member_id, generation)
     if check != errors.NONE:

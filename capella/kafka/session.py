@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from capella.auth.rule import UNRESTRICTED, Identity
 from capella.config import KafkaSettings
+from capella.kafka.nodes import STANDALONE, KafkaNode, coordinator_of, live
 
 if TYPE_CHECKING:
     from capella.auth.authenticator import Authenticator
@@ -18,8 +19,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class Broker:
-    """This node as Kafka clients see it: one broker, the leader of every partition it serves,
-    and the coordinator of every group."""
+    """This node as Kafka clients see it: the leader of every partition it serves, and the
+    coordinator of every group, or on a shared cluster of the groups its rendezvous hash wins
+    (``kafka/nodes.py``)."""
 
     cluster: Cluster
     settings: KafkaSettings
@@ -29,14 +31,57 @@ class Broker:
     max_frame: int
     # Where InitProducerId takes producer ids (the cluster's persisted lease).
     producer_ids: ProducerIds | None = None
-    node_id: int = 0
+    node_id: int = STANDALONE
     # Where clients connect: [kafka] advertised, or the address the listener is bound to.
     host: str = "127.0.0.1"
     port: int = 9092
+    # The live nodes as last built from the shared home's rows (rebuilt when those change).
+    _rows: list[tuple[str, str, int]] | None = field(default=None, init=False, repr=False)
+    _live: list[KafkaNode] = field(default_factory=list, init=False, repr=False)
 
     @property
     def cluster_id(self) -> str:
         return self.cluster.name
+
+    @property
+    def name(self) -> str:
+        """This node's name in its shared cluster ("" for a standalone broker)."""
+        return "" if self.cluster.shared is None else self.cluster.shared.node
+
+    @property
+    def me(self) -> KafkaNode:
+        return KafkaNode(self.node_id, self.host, self.port, self.name)
+
+    def live(self) -> list[KafkaNode]:
+        """The live nodes of the shared cluster that serve Kafka, as PostgreSQL last listed
+        them (the same list object until it changes); empty for a standalone broker."""
+        shared = self.cluster.shared
+        if shared is None:
+            return self._live
+        rows = shared.kafka_nodes()
+        if rows is not self._rows:
+            self._rows, self._live = rows, live(rows)
+        return self._live
+
+    def brokers(self) -> list[KafkaNode]:
+        """Every broker a client may use, by name: this node at its own address, and the other
+        live nodes of a shared cluster."""
+        me = self.me
+        others = [n for n in self.live() if n.name != me.name and n.node_id != me.node_id]
+        return sorted([me, *others], key=lambda n: n.name)
+
+    def coordinator_of(self, group: str) -> KafkaNode:
+        """The node that coordinates ``group``: the live node of the shared cluster that wins
+        the group's hash, or this one while none is known (a standalone broker, or a shared
+        part not up yet: then this node takes every group, as a standalone one does)."""
+        nodes = self.live()
+        if not nodes:
+            return self.me
+        chosen = coordinator_of(group, nodes)
+        return self.me if chosen.name == self.name else chosen
+
+    def coordinates(self, group: str) -> bool:
+        return self.coordinator_of(group).name == self.name
 
 
 @dataclass

@@ -311,26 +311,36 @@ class Catalog:
 
     # --- nodes -----------------------------------------------------------------------------
 
-    async def claim_node(self, name: str, token: str, url: str, lease: float) -> str | None:
+    async def claim_node(
+        self, name: str, token: str, url: str, lease: float, kafka: tuple[str, int] | None = None
+    ) -> str | None:
         """Claim node name ``name`` for ``lease`` seconds: None when claimed (or renewed by the
-        same token, or taken over from a holder whose lease expired); else the live holder's url."""
+        same token, or taken over from a holder whose lease expired); else the live holder's url.
+        ``kafka``: where the node serves Kafka clients (host, port), recorded with the claim."""
+        host, port = kafka if kafka is not None else (None, None)
         row = await self._pool.fetchrow(
-            "with claimed as (insert into capella_nodes as n (name, token, url, lease_until) "
-            "values ($1, $2, $3, clock_timestamp() + make_interval(secs => $4)) "
+            "with claimed as (insert into capella_nodes as n "
+            "(name, token, url, lease_until, kafka_host, kafka_port) "
+            "values ($1, $2, $3, clock_timestamp() + make_interval(secs => $4), $5, $6) "
             "on conflict (name) do update set token = excluded.token, url = excluded.url, "
-            "lease_until = excluded.lease_until "
+            "lease_until = excluded.lease_until, kafka_host = excluded.kafka_host, "
+            "kafka_port = excluded.kafka_port "
             "where n.token = excluded.token or n.lease_until < clock_timestamp() returning 1) "
             "select (select count(*) from claimed), (select url from capella_nodes where name = $1)",
-            name, token, url, float(lease),
+            name, token, url, float(lease), host, port,
         )  # fmt: skip
         return None if row[0] else str(row[1])
 
-    async def renew_node(self, name: str, token: str, lease: float) -> bool:
-        """``False`` when another token holds the name now (this node lost it)."""
+    async def renew_node(
+        self, name: str, token: str, lease: float, kafka: tuple[str, int] | None = None
+    ) -> bool:
+        """``False`` when another token holds the name now (this node lost it). ``kafka`` is
+        recorded again: a listener that started after the claim is listed from here on."""
+        host, port = kafka if kafka is not None else (None, None)
         status = await self._pool.execute(
-            "update capella_nodes set lease_until = clock_timestamp() + make_interval(secs => $3) "
-            "where name = $1 and token = $2",
-            name, token, float(lease),
+            "update capella_nodes set lease_until = clock_timestamp() + make_interval(secs => $3), "
+            "kafka_host = $4, kafka_port = $5 where name = $1 and token = $2",
+            name, token, float(lease), host, port,
         )  # fmt: skip
         return status != "UPDATE 0"
 
@@ -343,6 +353,14 @@ class Catalog:
             "select name, url from capella_nodes where lease_until > clock_timestamp() order by name"
         )
         return [(r[0], r[1]) for r in rows]
+
+    async def kafka_nodes(self) -> list[tuple[str, str, int]]:
+        """``(name, host, port)`` of the live nodes that serve Kafka clients, by name."""
+        rows = await self._pool.fetch(
+            "select name, kafka_host, kafka_port from capella_nodes "
+            "where lease_until > clock_timestamp() and kafka_host is not null order by name"
+        )
+        return [(r[0], r[1], r[2]) for r in rows]
 
     # --- retention -------------------------------------------------------------------------
 

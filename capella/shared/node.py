@@ -81,6 +81,9 @@ T = TypeVar("T")
 CURSORS_CHANNEL = "capella_shared_subs"
 LEASE = 10.0  # a node's claim on its name; renewed every RENEW
 RENEW = 3.0
+# The live nodes' Kafka addresses are read this often (while this node serves Kafka): a node
+# that stopped is out of the list within this, one killed within its lease and this.
+NODES_POLL = 1.0
 POLL = 0.5  # the heads of watched queues, behind NOTIFY
 DEFINITIONS_POLL = 2.0
 # Stamped batches kept per node (their JSON and binary forms are made once), at most so many
@@ -147,6 +150,8 @@ class SharedNode(SharedHome):
         self.replicas_moved = asyncio.Event()
         self._closing = False
         self._definitions_lock = asyncio.Lock()
+        self._kafka: tuple[str, int] | None = None
+        self._kafka_nodes: list[tuple[str, str, int]] = []
 
     # --- SharedHome ---------------------------------------------------------------------------
 
@@ -215,6 +220,7 @@ class SharedNode(SharedHome):
             ("shared-lease", self._lease_loop),
             ("shared-compact", self._compact_loop),
             ("shared-janitor", self._janitor_loop),
+            ("shared-kafka-nodes", self._kafka_nodes_loop),
         ):
             self._supervise(name, body)
         log.info(
@@ -244,7 +250,7 @@ class SharedNode(SharedHome):
         # second live node with this name renews its lease all along, so this start is refused.
         deadline = time.monotonic() + LEASE + RENEW
         while True:
-            holder = await catalog.claim_node(self._settings.node, self._token, self._url, LEASE)
+            holder = await catalog.claim_node(self._settings.node, self._token, self._url, LEASE, self._kafka)
             if holder is None:
                 return
             if time.monotonic() >= deadline:
@@ -260,6 +266,14 @@ class SharedNode(SharedHome):
 
     def queues(self) -> dict[str, BaseQueue]:
         return dict(self._queues)
+
+    def publish_kafka(self, host: str, port: int) -> None:
+        self._kafka = (host, port)
+        if self._up:  # claimed already: renew now rather than at the next renewal
+            self._spawn(self._renew_quietly())
+
+    def kafka_nodes(self) -> list[tuple[str, str, int]]:
+        return self._kafka_nodes
 
     async def create(self, name: str, definition: QueueSettings) -> tuple[BaseQueue, bool]:
         catalog = self._need()
@@ -629,7 +643,7 @@ class SharedNode(SharedHome):
         while True:
             await asyncio.sleep(RENEW)
             try:
-                renewal = self._need().renew_node(self._settings.node, self._token, LEASE)
+                renewal = self._need().renew_node(self._settings.node, self._token, LEASE, self._kafka)
                 if not await self._guard(renewal, min(RENEW, self._config.storage.write_timeout)):
                     log.error(
                         "shared node name taken over node=%s: is a second node running with it?",
@@ -638,6 +652,30 @@ class SharedNode(SharedHome):
                     await self._claim(self._need())
             except StorageUnavailable:
                 self._stats.failures["lease"] = self._stats.failures.get("lease", 0) + 1
+
+    async def _renew_quietly(self) -> None:
+        with contextlib.suppress(StorageUnavailable):
+            await self._guard(self._need().renew_node(self._settings.node, self._token, LEASE, self._kafka))
+            await self._read_kafka_nodes()
+
+    async def _read_kafka_nodes(self) -> None:
+        found = await self._guard(
+            self._need().kafka_nodes(), min(NODES_POLL, self._config.storage.write_timeout)
+        )
+        # The same list while nothing changed: the listener looks at its groups again only
+        # when the list is another one.
+        if found != self._kafka_nodes:
+            self._kafka_nodes = found
+
+    async def _kafka_nodes_loop(self) -> None:
+        while True:
+            if self._kafka is not None:
+                try:
+                    await self._read_kafka_nodes()
+                except StorageUnavailable:
+                    # The last list read stays: the groups stay where they are until it is read again.
+                    self._stats.failures["kafka-nodes"] = self._stats.failures.get("kafka-nodes", 0) + 1
+            await asyncio.sleep(NODES_POLL)
 
     def block_limits(self) -> dict[str, SealLimits]:
         """Each shared queue's block limits: what one compacted block of it holds at most."""

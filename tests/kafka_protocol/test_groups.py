@@ -26,6 +26,7 @@ from capella.kafka.groups import (
     INVALID_SESSION_TIMEOUT,
     MEMBER_ID_REQUIRED,
     NONE,
+    NOT_COORDINATOR,
     REBALANCE_IN_PROGRESS,
     UNKNOWN_MEMBER_ID,
     Coordinator,
@@ -671,6 +672,28 @@ async def test_close_answers_every_waiting_call(coordinator: Coordinator, clock:
     assert (await answer(joining(coordinator))).error == COORDINATOR_NOT_AVAILABLE
     assert coordinator.heartbeat("g", leader.member_id, 1, instance_id=None) == COORDINATOR_NOT_AVAILABLE
     assert coordinator.groups() == []
+
+
+async def test_a_group_unloaded_answers_its_waiting_calls_not_coordinator_and_others_stay(
+    coordinator: Coordinator, clock: Clock
+) -> None:
+    # A shared cluster's node that is no longer the group's coordinator: its members must look
+    # for the new one at once, not wait out a rebalance here.
+    kept = await settle(coordinator, clock, joining(coordinator, group="kept"))
+    leader, follower = await settle(coordinator, clock, joining(coordinator), joining(coordinator))
+    waiting_sync = syncing(coordinator, follower)
+    waiting_join = joining(coordinator, group="moving")
+    await turn()
+    assert not waiting_sync.done() and not waiting_join.done()
+    coordinator.unload("g")
+    coordinator.unload("moving")
+    coordinator.unload("never-here")
+    assert (await answer(waiting_sync)).error == NOT_COORDINATOR
+    assert (await answer(waiting_join)).error == NOT_COORDINATOR
+    assert [g.group_id for g in coordinator.groups()] == ["kept"]
+    # Should the group come back here, its old members are strangers.
+    assert coordinator.heartbeat("g", leader.member_id, 1, instance_id=None) == UNKNOWN_MEMBER_ID
+    assert coordinator.heartbeat("kept", kept[0].member_id, 1, instance_id=None) == NONE
 
 
 async def test_without_an_initial_delay_the_first_join_completes_inside_its_own_call(clock: Clock) -> None:

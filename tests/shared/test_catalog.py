@@ -446,6 +446,30 @@ async def test_a_node_name_is_held_by_one_token_until_its_lease_ends(db: tuple[s
     assert await catalog.live_nodes() == []
 
 
+async def test_a_node_lease_carries_its_kafka_address_and_only_live_ones_are_listed(
+    db: tuple[str, Pool, Catalog],
+) -> None:
+    _, _, catalog = db
+    assert await catalog.claim_node("b", "tb", "http://b", 30.0, ("127.0.0.1", 9093)) is None
+    assert await catalog.claim_node("a", "ta", "http://a", 30.0, ("10.0.0.1", 9092)) is None
+    assert await catalog.claim_node("c", "tc", "http://c", 30.0) is None  # no [kafka] there
+    assert await catalog.kafka_nodes() == [("a", "10.0.0.1", 9092), ("b", "127.0.0.1", 9093)]
+    # A listener that came after the claim is listed from the renewal on; a refused claim
+    # (another token) writes nothing.
+    assert await catalog.renew_node("c", "tc", 30.0, ("127.0.0.1", 9094))
+    assert await catalog.claim_node("a", "other", "http://x", 30.0, ("6.6.6.6", 1)) == "http://a"
+    assert not await catalog.renew_node("b", "other", 30.0, ("6.6.6.6", 1))
+    assert await catalog.kafka_nodes() == [
+        ("a", "10.0.0.1", 9092),
+        ("b", "127.0.0.1", 9093),
+        ("c", "127.0.0.1", 9094),
+    ]
+    await catalog.release_node("b", "tb")
+    assert await catalog.renew_node("c", "tc", 0.05, ("127.0.0.1", 9094))
+    await asyncio.sleep(0.1)
+    assert await catalog.kafka_nodes() == [("a", "10.0.0.1", 9092)]
+
+
 # --- retention -----------------------------------------------------------------------------
 
 
