@@ -109,7 +109,8 @@ def test_a_newer_api_versions_is_answered_unsupported_in_v0(broker: KafkaServer,
         assert again.error_code == 0
 
 
-@pytest.mark.parametrize("version", range(10))
+# Metadata 0-8: capella/kafka/versions.py says why not 9.
+@pytest.mark.parametrize("version", range(9))
 def test_every_served_metadata_version_lists_the_broker_and_a_topic(
     broker: KafkaServer, version: int
 ) -> None:
