@@ -27,6 +27,7 @@ from confluent_kafka import (
     TIMESTAMP_CREATE_TIME,
     Consumer,
     KafkaError,
+    KafkaException,
     Message,
     Producer,
     TopicPartition,
@@ -226,6 +227,18 @@ def test_every_topic_is_listed_however_many_short_names_there_are(broker: KafkaS
 
     assert set(names) <= set(listed.topics)
     assert all(len(listed.topics[name].partitions) == 1 for name in names)
+
+
+def test_a_transactional_producer_is_refused_at_once(broker: KafkaServer) -> None:
+    producer = Producer({**PRODUCER, "bootstrap.servers": broker.bootstrap, "transactional.id": "tx"})
+    start = time.monotonic()
+
+    with pytest.raises(KafkaException) as refused:
+        producer.init_transactions(DEADLINE)
+
+    # Refused, not retried until the timeout: without one, init_transactions() waits forever.
+    assert time.monotonic() - start < 5
+    assert refused.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
 @pytest.mark.parametrize("acks", ["0", "1"])
