@@ -294,6 +294,25 @@ def test_a_message_over_the_partition_fetch_size_is_still_fetched(broker: KafkaS
     assert got == [b"small", big, b"after"]
 
 
+def test_a_batch_over_the_server_s_batch_limit_is_refused_whole(broker: KafkaServer) -> None:
+    # librdkafka's batch.num.messages defaults to server.max_batch (10,000); raised past it,
+    # a batch is refused as too large, every message in it, at once. (The record count is
+    # checked from the batch's head: tests/kafka_protocol/test_frames.py.)
+    http(broker, "PUT", "/v1/queues/crowded", {})
+    producer = Producer(
+        {**PRODUCER, "bootstrap.servers": broker.bootstrap, "batch.num.messages": 100_000, "linger.ms": 500}
+    )
+    reports = Reports()
+    start = time.monotonic()
+
+    produce_all(producer, "crowded", [{"value": b"x"} for _ in range(20_000)], reports)
+
+    assert time.monotonic() - start < 5
+    codes = {err.code() if err is not None else None for err, _ in reports.by_index.values()}
+    assert codes == {KafkaError.MSG_SIZE_TOO_LARGE}
+    assert messages(broker, "crowded") == []
+
+
 # --- K5: a group of two on three partitions ------------------------------------------------
 
 

@@ -208,3 +208,43 @@ def test_the_listener_is_not_started_without_a_kafka_table(tmp_path: Path) -> No
 
     for server in running(ServerProcess(tmp_path / "data")):
         assert "kafka listening" not in server.log()
+
+
+def test_a_batch_of_more_records_than_the_batch_limit_is_refused_from_its_head(broker: KafkaServer) -> None:
+    # librdkafka's batch.num.messages may be raised to 1,000,000: a batch over server.max_batch
+    # (10,000) is refused from its head, before a record is decoded, or a batch of a million
+    # one-byte records holds the server's event loop for seconds only to be refused. The
+    # records here do not match the count the head claims, so only a check of the head
+    # answers MESSAGE_TOO_LARGE (10); decoding them would answer CORRUPT_MESSAGE (2).
+    from kafka.protocol.producer import ProduceRequest, ProduceResponse
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    from capella.kernels import crc32c
+
+    urllib.request.urlopen(
+        urllib.request.Request(f"{broker.url}/v1/queues/counted", data=b"{}", method="PUT")
+    )
+    builder = DefaultRecordBatchBuilder(
+        magic=2, compression_type=0, is_transactional=False,
+        producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1 << 20,
+    )  # fmt: skip
+    for offset in range(3):
+        builder.append(offset, timestamp=None, key=None, value=b"v", headers=[])
+    batch = bytearray(builder.build())
+    struct.pack_into(">i", batch, 57, 20_000)  # recordsCount
+    struct.pack_into(">I", batch, 17, crc32c(bytes(batch[21:])))
+    data = ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=bytes(batch))
+    request = ProduceRequest(
+        version=8,
+        transactional_id=None,
+        acks=-1,
+        timeout_ms=5000,
+        topic_data=[ProduceRequest.TopicProduceData(name="counted", partition_data=[data])],
+    )
+    request.with_header(correlation_id=5, client_id="frames")
+    with connect(broker) as sock:
+        sock.sendall(request.encode(header=True, framed=True))
+        answer = ProduceResponse.decode(read_frame(sock), version=8, header=True)
+
+    (part,) = answer.responses[0].partition_responses
+    assert part.error_code == 10
