@@ -368,6 +368,30 @@ def produce_keyed(server: KafkaServer, topic: str, values: list[bytes]) -> None:
     assert {msg.partition() for _, msg in reports.by_index.values()} == {0, 1, 2}
 
 
+def test_a_commit_with_metadata_is_kept_and_read_back(broker: KafkaServer) -> None:
+    # confluent-kafka sends a TopicPartition's metadata as its C string, NUL included.
+    http(broker, "PUT", "/v1/queues/noted", {})
+    http(
+        broker,
+        "POST",
+        "/v1/queues/noted/messages?save=wait",
+        {"messages": [{"data": str(i)} for i in range(5)]},
+    )
+    ids = [m["id"] for m in messages(broker, "noted")]
+    consumer = Consumer({**MEMBER, "bootstrap.servers": broker.bootstrap, "group.id": "noting"})
+    try:
+        consumer.commit(
+            offsets=[TopicPartition("noted", 0, ids[3], metadata="where I was")], asynchronous=False
+        )
+        (committed,) = consumer.committed([TopicPartition("noted", 0)], timeout=10)
+    finally:
+        consumer.close()
+
+    assert (committed.offset, committed.metadata) == (ids[3], "where I was")
+    cursor = http(broker, "GET", "/v1/queues/noted/subscriptions/kafka.noting")
+    assert (cursor["last_id"], cursor["metadata"]) == (ids[2], "where I was")
+
+
 @pytest.mark.parametrize("strategy", ["range,roundrobin", "cooperative-sticky"])
 def test_two_members_share_three_partitions_and_one_takes_over(broker: KafkaServer, strategy: str) -> None:
     name = "coop" if strategy.startswith("cooperative") else "eager"
