@@ -49,6 +49,8 @@ MEMBER = {
     "heartbeat.interval.ms": 500,
     "enable.auto.commit": False,
     "auto.offset.reset": "earliest",
+    # Every batch this broker renders is checked against its CRC-32C, as librdkafka can.
+    "check.crcs": True,
 }
 # How long a poll loop may run before the test fails.
 DEADLINE = 30.0
@@ -300,17 +302,46 @@ def test_a_batch_over_the_server_s_batch_limit_is_refused_whole(broker: KafkaSer
     # checked from the batch's head: tests/kafka_protocol/test_frames.py.)
     http(broker, "PUT", "/v1/queues/crowded", {})
     producer = Producer(
-        {**PRODUCER, "bootstrap.servers": broker.bootstrap, "batch.num.messages": 100_000, "linger.ms": 500}
+        {
+            **PRODUCER,
+            "bootstrap.servers": broker.bootstrap,
+            # All 20,000 in one batch: room enough, and time enough to queue them all.
+            "batch.num.messages": 100_000,
+            "batch.size": 10_000_000,
+            "linger.ms": 2000,
+        }
     )
     reports = Reports()
     start = time.monotonic()
 
     produce_all(producer, "crowded", [{"value": b"x"} for _ in range(20_000)], reports)
 
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 8
     codes = {err.code() if err is not None else None for err, _ in reports.by_index.values()}
     assert codes == {KafkaError.MSG_SIZE_TOO_LARGE}
     assert messages(broker, "crowded") == []
+
+
+def test_a_key_counts_against_the_message_header_limits(broker: KafkaServer) -> None:
+    # A key is kept as a header (kafka.key or kafka.key.b64), so it is one of
+    # server.max_message_headers (64) and within server.max_message_headers_size (16 KiB).
+    http(broker, "PUT", "/v1/queues/limited", {})
+    unique = [(f"h{i}", b"1") for i in range(63)]
+    items = [
+        {"key": b"k", "value": b"fits", "headers": unique},
+        {"key": b"k", "value": b"one header too many", "headers": [*unique, ("h63", b"1")]},
+        {"key": b"k" * 17_000, "value": b"key too large"},
+    ]
+    outcomes = []
+    for item in items:
+        producer = Producer({**PRODUCER, "bootstrap.servers": broker.bootstrap})
+        reports = Reports()
+        produce_all(producer, "limited", [item], reports)
+        (err, _), *_ = reports.by_index.values()
+        outcomes.append(None if err is None else err.code())
+
+    assert outcomes == [None, KafkaError.INVALID_RECORD, KafkaError.INVALID_RECORD]
+    assert [m["data"] for m in messages(broker, "limited")] == ["fits"]
 
 
 # --- K5: a group of two on three partitions ------------------------------------------------
