@@ -163,6 +163,19 @@ def test_messages_produced_over_http_read_with_a_null_key_and_their_headers(brok
     assert out.splitlines() == [f"{ids[0]}|NULL|hello|h=1", f"{ids[1]}|NULL|world|"]
 
 
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_lines_compressed_by_librdkafka_2_0_come_back(broker: KafkaServer, codec: str) -> None:
+    topic = f"packed_{codec}"
+    http(broker, "PUT", f"/v1/queues/{topic}", {})
+    # Repetitive lines, so that the compressed batch is the smaller one and is what is sent.
+    lines = [(f"k{i}", f"{codec} line {i} " * 10) for i in range(200)]
+
+    produce_lines(broker, topic, lines, "-X", f"compression.codec={codec}")
+
+    out = kcat(broker, "-C", "-t", topic, "-o", "beginning", "-e", "-f", "%o %k %s\\n").stdout
+    assert [(k, v) for _, k, v in consumed(out)] == lines
+
+
 # --- K2: metadata -------------------------------------------------------------------------
 
 
