@@ -10,6 +10,7 @@ imported: what a machine without the package gives it.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -72,9 +73,13 @@ def without_cramjam(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaS
     yield from kafka_server(root / "server", env={"PYTHONPATH": path})
 
 
-def http(server: KafkaServer, method: str, path: str, body: Any = None) -> Any:
+def http(
+    server: KafkaServer, method: str, path: str, body: Any = None, user: tuple[str, str] | None = None
+) -> Any:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(f"{server.url}{path}", data=data, method=method)
+    if user is not None:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(user).encode()).decode())
     with urllib.request.urlopen(request, timeout=10) as resp:
         return json.loads(resp.read() or b"null")
 
@@ -548,3 +553,94 @@ def test_without_cramjam_gzip_and_zstd_still_work(without_cramjam: KafkaServer, 
 
     assert [err for err, _ in reports.by_index.values() if err is not None] == []
     assert [m["data"] for m in messages(without_cramjam, topic)] == [v.decode() for v in values]
+
+
+# --- SASL/PLAIN -----------------------------------------------------------------------------
+
+ADMIN = ("admin", "admin-password-1")
+READER = ("reader", "reader-password-1")
+# Whose name the wrong password is tried for: the failed-login limits it may reach are its own.
+CARELESS = ("careless", "careless-password-1")
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
+    """A broker with [auth] on (loopback, so without TLS): an admin, and a user who may only read."""
+    auth = {"enabled": True, "bootstrap_user": ADMIN[0], "bootstrap_password_env": "KAFKA_TEST_ADMIN"}
+    for server in kafka_server(
+        tmp_path_factory.mktemp("sasl"), tables={"auth": auth}, env={"KAFKA_TEST_ADMIN": ADMIN[1]}
+    ):
+        rules = ["allow:queue:read:*", "allow:group:read:*"]
+        for name, password in (READER, CARELESS):
+            http(server, "PUT", f"/v1/users/{name}", {"password": password, "rules": rules}, user=ADMIN)
+        http(server, "PUT", "/v1/queues/guarded", {}, user=ADMIN)
+        yield server
+
+
+def signed_in(user: tuple[str, str]) -> dict[str, Any]:
+    return {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": user[0],
+        "sasl.password": user[1],
+    }
+
+
+def test_a_signed_in_user_produces_and_consumes(guarded: KafkaServer) -> None:
+    producer = Producer(
+        {**PRODUCER, **signed_in(ADMIN), "bootstrap.servers": guarded.bootstrap, "enable.idempotence": True}
+    )
+    reports = Reports()
+    produce_all(producer, "guarded", [{"key": b"k", "value": b"signed"}], reports)
+    assert [err for err, _ in reports.by_index.values()] == [None]
+
+    consumer = Consumer(
+        {**MEMBER, **signed_in(READER), "bootstrap.servers": guarded.bootstrap, "group.id": "readers"}
+    )
+    got = None
+    try:
+        consumer.subscribe(["guarded"])
+        deadline = time.monotonic() + DEADLINE
+        while got is None and time.monotonic() < deadline:
+            got = consumer.poll(0.5)
+    finally:
+        consumer.close()
+
+    assert got is not None and got.error() is None, got and got.error()
+    assert (got.key(), got.value()) == (b"k", b"signed")
+
+
+def test_a_wrong_password_is_refused_and_nothing_is_stored(guarded: KafkaServer) -> None:
+    errors: list[KafkaError] = []
+    producer = Producer(
+        {
+            **PRODUCER,
+            **signed_in((CARELESS[0], "not-the-password")),
+            "bootstrap.servers": guarded.bootstrap,
+            "message.timeout.ms": 3000,
+            "error_cb": errors.append,
+        }
+    )
+    reports = Reports()
+    before = len(http(guarded, "GET", "/v1/queues/guarded/messages?limit=10000", user=ADMIN)["messages"])
+
+    produce_all(producer, "guarded", [{"value": b"never"}], reports)
+
+    assert KafkaError._AUTHENTICATION in {e.code() for e in errors}
+    assert [err.code() for err, _ in reports.by_index.values() if err is not None] == [
+        KafkaError._MSG_TIMED_OUT
+    ]
+    after = len(http(guarded, "GET", "/v1/queues/guarded/messages?limit=10000", user=ADMIN)["messages"])
+    assert after == before
+
+
+def test_a_user_who_may_only_read_is_refused_a_produce(guarded: KafkaServer) -> None:
+    producer = Producer({**PRODUCER, **signed_in(READER), "bootstrap.servers": guarded.bootstrap})
+    reports = Reports()
+    start = time.monotonic()
+
+    produce_all(producer, "guarded", [{"value": b"not allowed"}], reports)
+
+    assert time.monotonic() - start < 5
+    codes = [err.code() if err is not None else None for err, _ in reports.by_index.values()]
+    assert codes == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
