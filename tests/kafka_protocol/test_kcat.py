@@ -130,6 +130,23 @@ def test_an_absolute_or_relative_start_offset_is_an_id(broker: KafkaServer) -> N
     assert [o for o, _, _ in consumed(last)] == ids[-3:]
 
 
+def test_offset_zero_is_below_the_first_id_and_resets(broker: KafkaServer) -> None:
+    # Ids start at 1: offset 0 answers OFFSET_OUT_OF_RANGE and the client resets as its
+    # auto.offset.reset says, which for kcat -C is the end (librdkafka's "largest").
+    http(broker, "PUT", "/v1/queues/zero", {})
+    lines = keyed_lines(3, "z")
+    produce_lines(broker, "zero", lines)
+
+    from_end = kcat(broker, "-C", "-t", "zero", "-o", "0", "-e", "-f", "%o %k %s\\n")
+    from_start = kcat(
+        broker, "-C", "-t", "zero", "-o", "0", "-e", "-X", "auto.offset.reset=earliest", "-f", "%o %k %s\\n"
+    )
+
+    assert from_end.stdout == ""
+    assert "Offset out of range" in from_end.stderr
+    assert [(k, v) for _, k, v in consumed(from_start.stdout)] == lines
+
+
 def test_null_keys_null_values_and_repeated_headers_round_trip(broker: KafkaServer) -> None:
     http(broker, "PUT", "/v1/queues/nulls", {})
     # -Z: an empty key or value is sent as null; -H with no '=' is a header with a null value.
