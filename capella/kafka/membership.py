@@ -25,7 +25,11 @@ async def find_coordinator(session: Session, request: Any, version: int) -> dict
     code = errors.NONE
     message = None
     if key_type != GROUP:
-        code, message = errors.COORDINATOR_NOT_AVAILABLE, "transactions are not supported"
+        # Not COORDINATOR_NOT_AVAILABLE: clients retry that until their timeout, and
+        # librdkafka's init_transactions() has none by default. This code is fatal to a
+        # transactional producer, as InitProducerId answers a transactional id.
+        code = errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        message = "transactions are not supported"
     elif not session.identity.can("group", "read", request.key):
         code, message = errors.GROUP_AUTHORIZATION_FAILED, f"may not use group {request.key!r}"
     ok = code == errors.NONE

@@ -162,7 +162,7 @@ async def _commit_one(session: Session, topic: str, part: Any, name: str, group:
             offset - 1,
             reset=True,
             group=None if name == PREFIX + group else group,
-            metadata=part.committed_metadata or "",
+            metadata=commit_metadata(part.committed_metadata),
         )
     except CapellaError as exc:
         code = errors.code_for(exc)
@@ -170,6 +170,16 @@ async def _commit_one(session: Session, topic: str, part: Any, name: str, group:
             log.error("kafka offset commit failed queue=%s group=%s", queue.name, group, exc_info=exc)
         return code
     return errors.NONE
+
+
+def commit_metadata(metadata: str | None) -> str:
+    """What a commit's metadata is stored as: its text without the NULs that end it.
+
+    confluent-kafka sends a C string's terminating NUL as part of the metadata, and a cursor's
+    metadata holds no NUL (a shared queue keeps it in PostgreSQL text): kept as sent, every
+    commit with metadata from that client would be refused.
+    """
+    return (metadata or "").rstrip("\x00")
 
 
 def _commit_answer(request: Any, code_of: Any) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import logging
 from typing import Any
 
 from capella.core.base_queue import BaseQueue
+from capella.core.limits import check_count
 from capella.core.message import SaveMode
 from capella.errors import CapellaError
 from capella.kafka import errors
@@ -87,6 +88,9 @@ async def _partition(
     try:
         batches = read_batches(bytes(part.records or b""), max_size=broker.max_frame)
         for batch in batches:
+            # Refused from its head (server.max_batch, as over HTTP): decoding a batch of a
+            # million records first holds the event loop for seconds, only to refuse it then.
+            check_count(batch.records_count, queue.limits)
             found = decode_records(batch, max_size=broker.max_frame)
             source = producer_source(queue, session, batch.producer_id)
             converted = to_capella(batch, found, now=queue.now(), source=source)

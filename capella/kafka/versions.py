@@ -2,8 +2,13 @@
 answers from this table, and the listener dispatches through it.
 
 The ranges are the design note's (docs/kafka.md, "APIs and versions"): flexible versions up to
-the last one without topic ids (Metadata 9, Fetch 12, Produce 9), record batches v2 only
-(Produce 3+, Fetch 4+).
+the last one without topic ids (Fetch 12, Produce 9), record batches v2 only (Produce 3+,
+Fetch 4+). Metadata stops at 8, the last one before flexible: librdkafka sizes the buffer it
+parses a Metadata answer into at four times the answer's bytes, and a compact (v9) answer
+listing topics of one partition with names of a few letters needs more than that, so the
+whole answer is dropped as malformed (``Protocol parse failure for Metadata v9(flex)``,
+``tmpabuf memory shortage``). Kafka's own answers are larger: from v10 on each topic carries
+its 16-byte id. v9 adds nothing but the compact encoding.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ APIS: dict[int, Api] = {
         Api(0, "Produce", 3, 9, produce.produce),
         Api(1, "Fetch", 4, 12, fetch.fetch),
         Api(2, "ListOffsets", 1, 7, offsets.list_offsets),
-        Api(3, "Metadata", 0, 9, metadata.metadata),
+        Api(3, "Metadata", 0, 8, metadata.metadata),
         Api(8, "OffsetCommit", 2, 8, offsets.offset_commit),
         Api(9, "OffsetFetch", 1, 7, offsets.offset_fetch),
         Api(10, "FindCoordinator", 0, 3, membership.find_coordinator),
