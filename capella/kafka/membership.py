@@ -22,7 +22,9 @@ async def find_coordinator(session: Session, request: Any, version: int) -> dict
     code = errors.NONE
     message = None
     if key_type != GROUP:
-        code, message = errors.COORDINATOR_NOT_AVAILABLE, "transactions are not supported"
+        # Not COORDINATOR_NOT_AVAILABLE: clients retry that until their own timeout (aiokafka's
+        # start() for ever); this one ends a transactional producer's start at once, with a reason.
+        code, message = errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactions are not supported"
     elif not session.identity.can("group", "read", request.key):
         code, message = errors.GROUP_AUTHORIZATION_FAILED, f"may not use group {request.key!r}"
     ok = code == errors.NONE

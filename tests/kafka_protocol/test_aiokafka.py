@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.errors import TransactionalIdAuthorizationFailed
 from support.kafka import KafkaServer, kafka_server
 from support.wait import until
 
@@ -176,6 +177,19 @@ async def test_seek_to_end_then_one_new_message_reads_exactly_that_one(
         await writer.stop()
     assert new.offset == end
     assert [(r.offset, r.key, r.value) for r in got] == [(end, b"new", b"the new one")]
+
+
+async def test_a_transactional_producer_is_refused_at_start_not_left_retrying(broker: KafkaServer) -> None:
+    # Transactions are not supported: the transaction coordinator lookup is refused with a
+    # code aiokafka gives up on (a retriable one kept start() waiting for ever).
+    writer = producer(broker, transactional_id="aio-tx")
+    started = time.monotonic()
+    try:
+        with pytest.raises(TransactionalIdAuthorizationFailed):
+            await asyncio.wait_for(writer.start(), 10)
+    finally:
+        await writer.stop()
+    assert time.monotonic() - started < 5
 
 
 async def test_a_group_of_two_shares_three_partitions_and_the_survivor_takes_them_all(

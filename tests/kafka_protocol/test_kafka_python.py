@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import TransactionalIdAuthorizationFailedError
 from support.kafka import KafkaServer, kafka_server
 from support.wait import until_blocking
 
@@ -100,6 +101,24 @@ def test_the_default_producer_is_idempotent_and_every_send_succeeds(broker: Kafk
     for source in (first, second):
         ids = [held[i]["external_id"] for i in sorted(held) if held[i]["source"] == source]
         assert ids == list(range(100))
+
+
+def test_a_transactional_producer_is_refused_at_once(broker: KafkaServer) -> None:
+    # Transactions are not supported: init_transactions() fails with the broker's reason rather
+    # than retrying the transaction coordinator lookup until max_block_ms.
+    producer = KafkaProducer(
+        bootstrap_servers=broker.bootstrap,
+        transactional_id="kpy-tx",
+        max_block_ms=REQUEST_TIMEOUT_MS,
+        request_timeout_ms=REQUEST_TIMEOUT_MS,
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(TransactionalIdAuthorizationFailedError):
+            producer.init_transactions()
+    finally:
+        producer.close(timeout=5)
+    assert time.monotonic() - started < 5
 
 
 def generations(broker: KafkaServer, group: str) -> list[int]:
