@@ -10,9 +10,14 @@ what aiokafka was answered, and what the HTTP API holds for the same messages.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -282,3 +287,72 @@ async def test_a_group_of_two_shares_three_partitions_and_the_survivor_takes_the
 async def committed(http: aiohttp.ClientSession, queue: str, name: str, last_id: int) -> bool:
     async with http.get(f"/v1/queues/{queue}/subscriptions/{name}") as resp:
         return resp.status == 200 and (await resp.json())["last_id"] == last_id
+
+
+# A kafka-python group member in a process of its own, writing its assignment after each poll.
+MEMBER = """
+import json, sys
+from kafka import KafkaConsumer
+bootstrap, topic, group, out = sys.argv[1:5]
+consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, session_timeout_ms=6000,
+                         heartbeat_interval_ms=500, request_timeout_ms=10000, enable_auto_commit=False)
+while True:
+    consumer.poll(timeout_ms=200)
+    with open(out + ".tmp", "w") as f:
+        json.dump(sorted(tp.partition for tp in consumer.assignment()), f)
+    __import__("os").replace(out + ".tmp", out)
+"""
+
+
+async def test_a_member_killed_without_leaving_expires_and_the_other_takes_its_partitions(
+    broker: KafkaServer, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    # One group, two clients: aiokafka here, kafka-python in a process killed with -9, which
+    # sends no LeaveGroup: only its session timeout ends its membership.
+    topic, group = "aio-killed", "aio-killed-group"
+    await put(http, f"/v1/topics/{topic}", {"partitions": 3})
+    survivor = consumer(
+        broker, group_id=group, session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_MS
+    )
+    await survivor.start()
+    survivor.subscribe([topic])
+    out = tmp_path / "assignment.json"
+    other = subprocess.Popen(
+        [sys.executable, "-c", MEMBER, broker.bootstrap, topic, group, str(out)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    stopping = False
+
+    async def consume() -> None:
+        while not stopping:
+            await survivor.getmany(timeout_ms=200)
+
+    loop = asyncio.create_task(consume())
+    try:
+
+        def shared() -> bool:
+            assert other.poll() is None, "the kafka-python member exited"
+            theirs = set(json.loads(out.read_text())) if out.exists() else set()
+            ours = {tp.partition for tp in survivor.assignment()}
+            return bool(ours and theirs and not ours & theirs and ours | theirs == {0, 1, 2})
+
+        await until(shared, WITHIN, "both members owning partitions")
+        other.send_signal(signal.SIGKILL)
+        other.wait(10)
+        killed = time.monotonic()
+        await until(
+            lambda: {tp.partition for tp in survivor.assignment()} == {0, 1, 2},
+            SESSION_TIMEOUT_MS / 1000 + 5,
+            "the survivor owning every partition",
+        )
+        taken_over = time.monotonic() - killed
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait(10)
+        stopping = True
+        await asyncio.gather(loop, return_exceptions=True)
+        await survivor.stop()
+    assert taken_over < SESSION_TIMEOUT_MS / 1000 + 5
+    assert re.search(rf"member session expired group={group} ", broker.log())
