@@ -220,14 +220,21 @@ def test_a_group_of_two_settles_within_three_generations_and_consumes_everything
     assert made and made == sorted(made) and max(made) <= 3, made
 
 
-def test_a_consumer_without_a_group_reads_from_an_assigned_offset(broker: KafkaServer) -> None:
+def test_a_consumer_without_a_group_reads_from_an_offset_inside_a_batch(broker: KafkaServer) -> None:
     queue = "kpy-assigned"
     call(broker, "PUT", f"/v1/queues/{queue}", {})
-    producer = default_producer(broker)
+    # Sent together, the ten land in one batch: a fetch from the fifth answers the whole
+    # batch, and the client skips the four before it.
+    producer = KafkaProducer(
+        bootstrap_servers=broker.bootstrap, linger_ms=200, max_block_ms=REQUEST_TIMEOUT_MS
+    )
     try:
-        offsets = [producer.send(queue, value=f"v{n}".encode()).get(timeout=WITHIN).offset for n in range(10)]
+        futures = [producer.send(queue, value=f"v{n}".encode()) for n in range(10)]
+        producer.flush(timeout=WITHIN)
+        offsets = [f.get(timeout=WITHIN).offset for f in futures]
     finally:
         producer.close(timeout=5)
+    assert offsets == list(range(offsets[0], offsets[0] + 10))
     consumer = KafkaConsumer(
         bootstrap_servers=broker.bootstrap, request_timeout_ms=REQUEST_TIMEOUT_MS, enable_auto_commit=False
     )
