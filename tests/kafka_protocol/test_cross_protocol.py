@@ -1,6 +1,8 @@
 """Across protocols on one real ``capella serve`` (design note §9, K12): messages produced over
 HTTP read by Kafka consumers, messages produced by Kafka producers read over HTTP, and a
 group's committed offsets as the subscription ``kafka.<group>``, read and moved over HTTP.
+What a Kafka consumer reads must not depend on how the messages came in (JSON, the SDK's
+record batches, Kafka) nor on where they are read from (memory, sealed blocks after a restart).
 
 Two Kafka clients nobody here wrote take each side: kafka-python 3.0.12 and confluent-kafka
 2.16 (librdkafka). What the HTTP side must show is the mapping of docs/kafka.md: the reserved
@@ -11,6 +13,7 @@ record layout of apache/kafka's ``docs/implementation.html``, not by Capella's o
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -23,6 +26,8 @@ import kafka
 import pytest
 from support.kafka import KafkaServer, kafka_server
 from support.wait import until_blocking
+
+from capella.client.async_client import AsyncClient
 
 pytestmark = pytest.mark.slow
 
@@ -265,6 +270,61 @@ def test_messages_produced_over_http_read_over_kafka(broker: KafkaServer, client
     assert [r.headers for r in got] == [[("trace", b"abc"), ("kind", b"order")], [], [("empty", b"")]]
     assert all(r.create_time for r in got)
     assert [r.timestamp for r in got] == [1_700_000_000_123, round(times[1] * 1000), round(times[2] * 1000)]
+
+
+def test_what_kafka_reads_is_the_same_from_memory_and_after_a_restart(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # Three ways in (JSON, the SDK's record batches, Kafka), blocks of two messages so most are
+    # sealed: read over Kafka from what was just written, then again from disk after restarts.
+    server = KafkaServer(tmp_path_factory.mktemp("restarted"))
+    try:
+        server.wait_ready()
+        call(server, "PUT", "/v1/queues/mixed", {"block": {"max_messages": 2}})
+        call(
+            server,
+            "POST",
+            "/v1/queues/mixed/messages?save=wait",
+            {
+                "messages": [
+                    {"data": "json", "headers": {"a": "1"}, "external_time": 1.5e9},
+                    {"data": "plain"},
+                ]
+            },
+        )
+
+        async def sdk() -> None:
+            client = AsyncClient(server.url, timeout=10)
+            try:
+                sent = [{"data": "sdk", "headers": {"b": "2"}, "external_time": 1.6e9}, b"\x00\x01binary"]
+                await client.produce("mixed", sent, save="wait")
+            finally:
+                await client.close()
+
+        asyncio.run(sdk())
+        write(
+            "kafka-python",
+            server,
+            "mixed",
+            [
+                Sent(b"\xff", None, [("h", b"1"), ("h", b"2")], 1_650_000_000_000),
+                Sent(b"k", b"v", [("c", b"3")]),
+                Sent(None, b"last", []),
+            ],
+        )
+        first = read("kafka-python", server, "mixed", 1, 7)
+        assert [r.value for r in first] == [b"json", b"plain", b"sdk", b"\x00\x01binary", None, b"v", b"last"]
+        assert [r.offset for r in first] == list(range(1, 8))
+        server.stop()
+        server = server.again()
+        server.wait_ready()
+        assert read("kafka-python", server, "mixed", 1, 7) == first
+        server.kill()
+        server = server.again()
+        server.wait_ready()
+        assert read("kafka-python", server, "mixed", 1, 7) == first
+    finally:
+        server.stop()
 
 
 # --- Kafka produce, HTTP read -----------------------------------------------------------------
