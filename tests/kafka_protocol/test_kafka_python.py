@@ -14,6 +14,7 @@ import json
 import re
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -43,6 +44,16 @@ def call(broker: KafkaServer, method: str, path: str, body: dict[str, Any] | Non
     request = urllib.request.Request(f"{broker.url}{path}", data=data, method=method)
     with urllib.request.urlopen(request, timeout=10) as resp:
         return json.loads(resp.read() or b"null")
+
+
+def cursor_at(broker: KafkaServer, path: str) -> int | None:
+    """A subscription's ``last_id``; None while it does not exist."""
+    try:
+        return int(call(broker, "GET", path)["last_id"])
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
 
 
 def stored(broker: KafkaServer, queue: str) -> list[dict[str, Any]]:
@@ -203,9 +214,15 @@ def test_a_group_of_two_settles_within_three_generations_and_consumes_everything
         until_blocking(consumed, WITHIN, "every message consumed", every=0.05)
         with lock:
             assert sorted(seen) == sorted(sent)
+        # Each member commits after handing its records over: the cursors follow shortly.
         for n in range(3):
-            cursor = call(broker, "GET", f"/v1/queues/{topic}~{n}/subscriptions/kafka.{group}")
-            assert cursor["last_id"] == max(o for p, o, _ in sent if p == n)
+            path = f"/v1/queues/{topic}~{n}/subscriptions/kafka.{group}"
+            last = max(o for p, o, _ in sent if p == n)
+            until_blocking(
+                lambda path=path, last=last: cursor_at(broker, path) == last,
+                WITHIN,
+                f"the group's cursor at {last} ({path})",
+            )
     finally:
         stop.set()
         for thread in threads:
