@@ -23,7 +23,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import TransactionalIdAuthorizationFailedError
 from support.kafka import KafkaServer, kafka_server
-from support.wait import until_blocking
+from support.wait import holds_blocking, until_blocking
 
 pytestmark = pytest.mark.slow
 
@@ -223,6 +223,16 @@ def test_a_group_of_two_settles_within_three_generations_and_consumes_everything
                 WITHIN,
                 f"the group's cursor at {last} ({path})",
             )
+        # Settled means it stays so: over several heartbeats (a member told to rejoin, or a
+        # rejoin that rebalances, shows here), the same owners and no new generation.
+        with lock:
+            owners = [set(a) for a in assigned]
+        settled_at = generations(broker, group)
+        holds_blocking(
+            lambda: [set(a) for a in assigned] == owners and generations(broker, group) == settled_at,
+            6 * HEARTBEAT_MS / 1000,
+            "the settled group",
+        )
     finally:
         stop.set()
         for thread in threads:
