@@ -25,7 +25,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import TransactionalIdAuthorizationFailed
 from support.kafka import KafkaServer, kafka_server
-from support.wait import until
+from support.wait import holds, until
 
 pytestmark = pytest.mark.slow
 
@@ -256,6 +256,14 @@ async def test_a_group_of_two_shares_three_partitions_and_the_survivor_takes_the
                 WITHIN,
                 f"the group's cursor on {queue} at {last}",
             )
+        # And it stays settled over several heartbeats: the same owners, no new generation.
+        owners = [m.assignment() for m in members]
+        made = rebalances(broker, group)
+        await holds(
+            lambda: [m.assignment() for m in members] == owners and rebalances(broker, group) == made,
+            6 * HEARTBEAT_MS / 1000,
+            "the settled group",
+        )
 
         stopping[1] = True
         await loops[1]
@@ -282,6 +290,11 @@ async def test_a_group_of_two_shares_three_partitions_and_the_survivor_takes_the
             await member.stop()
         await writer.stop()
     assert taken_over < SESSION_TIMEOUT_MS / 1000 + 5
+
+
+def rebalances(broker: KafkaServer, group: str) -> int:
+    """How many generations the broker's coordinator made for ``group`` (from its log)."""
+    return len(re.findall(rf"group rebalanced group={re.escape(group)} ", broker.log()))
 
 
 async def committed(http: aiohttp.ClientSession, queue: str, name: str, last_id: int) -> bool:
