@@ -114,6 +114,27 @@ def test_the_default_producer_is_idempotent_and_every_send_succeeds(broker: Kafk
         assert ids == list(range(100))
 
 
+def test_the_default_producer_keeps_a_sequence_per_partition(broker: KafkaServer) -> None:
+    topic = "kpy-keyed"
+    call(broker, "PUT", f"/v1/topics/{topic}", {"partitions": 3})
+    producer = default_producer(broker)
+    try:
+        futures = [producer.send(topic, key=f"k{n % 7}".encode(), value=f"v{n}".encode()) for n in range(300)]
+        answers = [f.get(timeout=WITHIN) for f in futures]
+    finally:
+        producer.close(timeout=5)
+    # Keys spread the messages by kafka-python's murmur2 partitioner; each partition is a queue
+    # with the producer's own sequence: external ids 0, 1, 2, ... under one source.
+    assert {a.partition for a in answers} == {0, 1, 2}
+    sources = set()
+    for n in range(3):
+        held = stored(broker, f"{topic}~{n}")
+        assert [m["id"] for m in held] == [a.offset for a in answers if a.partition == n]
+        assert [m["external_id"] for m in held] == list(range(len(held)))
+        sources |= {m["source"] for m in held}
+    assert len(sources) == 1 and re.fullmatch(rf"{CLUSTER}/kafka/\d+", sources.pop())
+
+
 def test_a_transactional_producer_is_refused_at_once(broker: KafkaServer) -> None:
     # Transactions are not supported: init_transactions() fails with the broker's reason rather
     # than retrying the transaction coordinator lookup until max_block_ms.
