@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import struct
 import threading
 import time
 import urllib.error
@@ -22,6 +24,9 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import TransactionalIdAuthorizationFailedError
+from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.producer import ProduceRequest
+from kafka.record.memory_records import MemoryRecordsBuilder
 from support.kafka import KafkaServer, kafka_server
 from support.wait import holds_blocking, until_blocking
 
@@ -300,3 +305,59 @@ def test_a_consumer_without_a_group_reads_from_an_offset_inside_a_batch(broker: 
     finally:
         consumer.close()
     assert got == [(o, f"v{n}".encode()) for n, o in enumerate(offsets) if n >= 4]
+
+
+def acks0_produce(sock: socket.socket, topic: str, partition: int, value: bytes, correlation_id: int) -> None:
+    """A Produce with acks=0 (built by kafka-python's protocol and record modules)."""
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20)
+    builder.append(timestamp=None, key=None, value=value)
+    builder.close()
+    part = ProduceRequest.TopicProduceData.PartitionProduceData(index=partition, records=builder.buffer())
+    request = ProduceRequest(
+        version=7,
+        transactional_id=None,
+        acks=0,
+        timeout_ms=5000,
+        topic_data=[ProduceRequest.TopicProduceData(name=topic, partition_data=[part])],
+    )
+    request.with_header(correlation_id=correlation_id, client_id="acks0")
+    sock.sendall(request.encode(header=True, framed=True))
+
+
+def metadata_answered(sock: socket.socket, correlation_id: int) -> bool:
+    """Whether the connection still answers (a Metadata request)."""
+    request = MetadataRequest(version=4, topics=None, allow_auto_topic_creation=False)
+    request.with_header(correlation_id=correlation_id, client_id="acks0")
+    try:
+        sock.sendall(request.encode(header=True, framed=True))
+        head = sock.recv(4, socket.MSG_WAITALL)
+        if len(head) < 4:
+            return False
+        frame = sock.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL)
+    except (ConnectionError, TimeoutError):
+        return False
+    answer = MetadataResponse.decode(frame, version=4, header=True)
+    return bool(answer.header.correlation_id == correlation_id)
+
+
+@pytest.mark.parametrize(
+    ("partition", "value"),
+    [(1, b"no such partition"), (0, b"x" * 2_000_000)],
+    ids=["unknown-partition", "too-large"],
+)
+def test_an_acks0_produce_that_fails_closes_the_connection(
+    broker: KafkaServer, partition: int, value: bytes
+) -> None:
+    # Kafka answers nothing to acks=0; when a partition fails it closes the connection instead,
+    # so the producer notices (it reconnects and refreshes its metadata) rather than losing
+    # every later message in silence.
+    queue = "kpy-acks0"
+    call(broker, "PUT", f"/v1/queues/{queue}", {})
+    before = len(stored(broker, queue))
+    with socket.create_connection(("127.0.0.1", broker.kafka_port), timeout=5) as sock:
+        acks0_produce(sock, queue, 0, b"fine", 1)
+        assert metadata_answered(sock, 2)
+        until_blocking(lambda: len(stored(broker, queue)) == before + 1, WITHIN, "the acks=0 message")
+        acks0_produce(sock, queue, partition, value, 3)
+        assert not metadata_answered(sock, 4)
+    assert [m["data"] for m in stored(broker, queue)[before:]] == ["fine"]
