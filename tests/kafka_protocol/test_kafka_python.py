@@ -5,7 +5,10 @@ kafka-python 3 is idempotent with ``acks=all`` by default, so it asks for a prod
 (InitProducerId) before its first batch: a broker that does not serve one fails every send.
 It is also the client whose follower rejoined after each SyncGroup when a broker rebalanced on
 a known member's JoinGroup (design note §3 item 9), so the group test counts generations in the
-broker's log, where each rebalance is written with the generation it made.
+broker's log, where each rebalance is written with the generation it made, and checks that a
+settled group stays so over several heartbeats. Besides: assign and seek into a batch, a
+transactional producer refused at once, and acks=0 produces sent as raw frames (built with
+kafka-python's protocol and record modules), where a failure must close the connection.
 """
 
 from __future__ import annotations
