@@ -4,7 +4,9 @@ and seek, and a group of two consumers on a three-partition topic (design note Â
 aiokafka speaks only non-flexible versions (Produce 7, Fetch 11, JoinGroup 5, ...), checks
 every fetched batch's CRC-32C in its own Cython parser, and asks for a producer id
 (InitProducerId v0) only with ``enable_idempotence=True``. Each check is read back both ways:
-what aiokafka was answered, and what the HTTP API holds for the same messages.
+what aiokafka was answered, and what the HTTP API holds for the same messages. Besides: a
+transactional producer refused at start, and a group member (kafka-python, in a process of
+its own) killed with -9, which only its session timeout removes.
 """
 
 from __future__ import annotations
