@@ -459,3 +459,26 @@ def test_a_group_commit_is_its_subscription_and_moving_that_moves_the_group(brok
         assert consumed(third, 2) == later[3:]
     finally:
         third.close()
+
+
+def test_a_commit_of_offset_zero_is_the_cursor_before_the_first_id(broker: KafkaServer) -> None:
+    # Kafka accepts any offset from 0; ids start at 1, so offset 0 is the same place as the
+    # first id: nothing before it read. A tool resetting a group to 0 must not be refused.
+    queue, group = queue_for(broker, "committed-zero"), "zero"
+    body = {"messages": [{"data": "a"}, {"data": "b"}]}
+    ids = [r["id"] for r in call(broker, "POST", f"/v1/queues/{queue}/messages", body)["results"]]
+    tp = kafka.TopicPartition(queue, 0)
+    consumer = group_consumer(broker, group)
+    try:
+        consumer.assign([tp])
+        consumer.commit({tp: kafka.OffsetAndMetadata(0, "", -1)})
+        assert consumer.committed(tp) == ids[0]
+    finally:
+        consumer.close()
+    assert call(broker, "GET", f"/v1/queues/{queue}/subscriptions/kafka.{group}")["last_id"] == 0
+    again = group_consumer(broker, group)
+    try:
+        again.subscribe([queue])
+        assert consumed(again, 2) == ids
+    finally:
+        again.close()
