@@ -364,3 +364,27 @@ def test_an_acks0_produce_that_fails_closes_the_connection(
         acks0_produce(sock, queue, partition, value, 3)
         assert not metadata_answered(sock, 4)
     assert [m["data"] for m in stored(broker, queue)[before:]] == ["fine"]
+
+
+def test_a_seek_to_offset_zero_reads_from_the_first_message(broker: KafkaServer) -> None:
+    # A Kafka partition starts at offset 0, so user code seeks there to replay everything. Ids
+    # start at 1: were 0 out of range, the default auto_offset_reset (latest) would jump to the
+    # end and skip every message without a word.
+    queue = "kpy-zero"
+    call(broker, "PUT", f"/v1/queues/{queue}", {})
+    body = {"messages": [{"data": "first"}, {"data": "second"}]}
+    ids = [r["id"] for r in call(broker, "POST", f"/v1/queues/{queue}/messages", body)["results"]]
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, request_timeout_ms=REQUEST_TIMEOUT_MS)
+    try:
+        assert consumer.config["auto_offset_reset"] == "latest"
+        tp = TopicPartition(queue, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        got: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + WITHIN
+        while len(got) < 2 and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=200).values():
+                got += [(r.offset, r.value) for r in batch]
+    finally:
+        consumer.close()
+    assert got == [(ids[0], b"first"), (ids[1], b"second")]
