@@ -4,9 +4,10 @@ A partition answers the whole batches that hold the fetch offset and what follow
 partition's byte limit, and always at least one batch (KIP-74): clients skip the records
 below the offset they asked for. An offset below the first retained id, or past the high
 watermark (the last id + 1), answers OFFSET_OUT_OF_RANGE, and the client resets as its
-``auto.offset.reset`` says. With nothing to answer yet, the request waits up to
-``max_wait_ms`` for a message on any of its partitions. No fetch sessions (KIP-227): the
-session id answered is 0, so clients send whole requests.
+``auto.offset.reset`` says; offset 0 reads from id 1 while nothing has been deleted. With
+nothing to answer yet, the request waits up to ``max_wait_ms`` for a message on any of its
+partitions. No fetch sessions (KIP-227): the session id answered is 0, so clients send whole
+requests.
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ async def _read_all(wanted: list[_Partition], max_bytes: int) -> None:
 async def _read(p: _Partition, budget: int, *, first: bool) -> None:
     queue = p.queue
     assert queue is not None
+    if p.offset == 0 and queue.first_id == 1:
+        # A Kafka partition starts at offset 0, and clients seek there to read everything; ids
+        # start at 1, so while nothing has been deleted 0 is where the first id is. Out of
+        # range, a client's default reset (latest) would skip every message.
+        p.offset = 1
     if p.offset < queue.first_id or p.offset > queue.last_id + 1:
         p.error = errors.OFFSET_OUT_OF_RANGE
         return

@@ -156,10 +156,12 @@ async def _commit_one(session: Session, topic: str, part: Any, name: str, group:
         if not await _ours(queue, name, group):
             return errors.INVALID_GROUP_ID
         # Kafka lets a group commit an offset below its last one (a reset): so may this. The
-        # group id is kept when the name is its hash, so the cursor says whose it is.
+        # group id is kept when the name is its hash, so the cursor says whose it is. Offset 0
+        # (Kafka's first, and what a reset to it commits) is where the first id is: ids start
+        # at 1, so nothing is before it, as after offset 1.
         await queue.commit(
             name,
-            offset - 1,
+            max(offset - 1, 0),
             reset=True,
             group=None if name == PREFIX + group else group,
             metadata=commit_metadata(part.committed_metadata),

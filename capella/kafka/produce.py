@@ -9,6 +9,8 @@ API's binary produce appends it (the same checks, dedup and save modes).
 | 1 | ``mark`` (``wait`` on a shared queue, whose ids come with the commit) | at once |
 | all (-1) | ``wait``, or ``immediate`` when that is the queue's default | after the fsync |
 
+An acks=0 produce that fails for a partition closes the connection instead of answering.
+
 An idempotent producer's batches carry its producer id, epoch and sequence: its messages are
 stored with the source ``<cluster>/kafka/<producer id>`` (``<cluster>/kafka/<user>/<producer
 id>`` for a signed-in user) and external ids ``epoch << 32 | sequence``, so a batch sent again
@@ -64,6 +66,17 @@ async def produce(session: Session, request: Any, version: int) -> dict[str, Any
         for topic in request.topic_data
     ]
     if acks == 0:
+        # No answer; but a partition that failed closes the connection, as Kafka does, so the
+        # producer notices (it reconnects and refreshes its metadata) instead of losing every
+        # later message in silence.
+        failed = [a for r in responses for a in r["partition_responses"] if a["error_code"] != errors.NONE]
+        if failed:
+            log.info(
+                "kafka connection closed after a failed acks=0 produce address=%s error=%d",
+                session.address,
+                failed[0]["error_code"],
+            )
+            session.closing = True
         return None
     return {"responses": responses, "throttle_time_ms": 0}
 
