@@ -132,8 +132,8 @@ def recv(sock: socket.socket, size: int) -> bytes:
 
 def metadata(shared: Shared, i: int, topics: list[str] | None = None) -> Any:
     asked = None if topics is None else [MetadataRequest.MetadataRequestTopic(name=t) for t in topics]
-    request = MetadataRequest(version=9, topics=asked, allow_auto_topic_creation=False)
-    return call(shared.ports[i], request, MetadataResponse, 9)
+    request = MetadataRequest(version=8, topics=asked, allow_auto_topic_creation=False)
+    return call(shared.ports[i], request, MetadataResponse, 8)
 
 
 def brokers(shared: Shared, i: int) -> set[tuple[int, int]]:
