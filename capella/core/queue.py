@@ -315,8 +315,8 @@ class Queue(BaseQueue):
         batch of payloads alone is checked from its payload lengths, never decoded. A duplicate
         is cut out and answered with the id it has. The answers follow the batch's order.
         ``given``: the batch's ``decode_given`` with this cluster's name as its default source,
-        when the caller made it already, so that it is not decoded twice. ``whole``: a batch
-        that fits in one block is not split across two (``LogWriter.assign_batch``).
+        when the caller made it already, so that it is not decoded twice. ``whole``: the batch
+        is not split across two blocks (``LogWriter.assign_batch``).
         """
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
