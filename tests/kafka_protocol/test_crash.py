@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import json
 import logging
 import os
@@ -338,7 +339,7 @@ def check(
     # answered after the restart (a retry found by dedup, or an answer read just before the
     # kill and reported just after). Counted, not required: a kill may fall between batches.
     # Numbering resumes past the saved id lease after each start: the jumps mark the restarts.
-    restarts = [b["id"] for a, b in zip(stored, stored[1:], strict=False) if b["id"] - a["id"] > 1]
+    restarts = [b["id"] for a, b in itertools.pairwise(stored) if b["id"] - a["id"] > 1]
     recovered = -1
     if len(restarts) == campaign.stretch:
         recovered = sum(
