@@ -51,8 +51,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::ResourceWarn
 TOPIC = "crash"
 # Deliveries each stretch between kills must see, so every kill lands mid-stream.
 STRETCH = 300
-# Messages each long-lived producer sends at most (bounded even if the server never answers).
-MAX_MESSAGES = 200_000
+# Messages each long-lived producer sends at most (bounded even if the server never answers),
+# paced: a pause of PACE after every 10, at most 2,000 a second, so the stream still runs when
+# the twentieth kill comes and the read-back stays small.
+MAX_MESSAGES = 1_000_000
+PACE = 0.005
 # A delivery waits out a restart (a few seconds) and fails after this, never hangs.
 DELIVERY_TIMEOUT_MS = 45_000
 FLUSH_WITHIN = 60.0
@@ -154,7 +157,7 @@ class Campaign:
                 continue
             n += 1
             # Paced, so the stream is still going when the next kill comes.
-            producer.poll(0.001 if n % 10 == 0 else 0)
+            producer.poll(PACE if n % 10 == 0 else 0)
         left = producer.flush(FLUSH_WITHIN)
         assert left == 0, f"confluent-kafka: {left} messages neither delivered nor failed"
 
@@ -186,7 +189,7 @@ class Campaign:
                 future.add_errback(lambda exc, p=payload: sent.refused(p, repr(exc)))
                 n += 1
                 if n % 10 == 0:
-                    time.sleep(0.001)
+                    time.sleep(PACE)
             producer.flush(FLUSH_WITHIN)
         finally:
             producer.close(timeout=10)
