@@ -20,6 +20,7 @@ from benchmarks import (
     commits,
     delayed,
     disk,
+    kafka,
     latency,
     machine,
     memory,
@@ -59,6 +60,7 @@ SCENARIOS: dict[str, Callable[[Settings], Awaitable[Outcome]]] = {
     "shared": shared.run,
     "push": push.run,
     "versus": versus.run,
+    "kafka": kafka.run,
 }
 
 

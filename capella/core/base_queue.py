@@ -225,7 +225,12 @@ class BaseQueue(ABC):
 
     @abstractmethod
     async def append_batch(
-        self, batch: RecordBatch, save: SaveMode = SaveMode.DEFAULT, *, given: Given | None = None
+        self,
+        batch: RecordBatch,
+        save: SaveMode = SaveMode.DEFAULT,
+        *,
+        given: Given | None = None,
+        whole: bool = False,
     ) -> list[Appended]: ...
 
     @abstractmethod

@@ -299,7 +299,12 @@ class Queue(BaseQueue):
         check_drafts(drafts, self.limits, self._clock(), self.definition.segments)
 
     async def append_batch(
-        self, batch: RecordBatch, save: SaveMode = SaveMode.DEFAULT, *, given: Given | None = None
+        self,
+        batch: RecordBatch,
+        save: SaveMode = SaveMode.DEFAULT,
+        *,
+        given: Given | None = None,
+        whole: bool = False,
     ) -> list[Appended]:
         """Store a producer's record batch as it came: ``append``'s rules, dedup and durability,
         without encoding a message again.
@@ -310,7 +315,8 @@ class Queue(BaseQueue):
         batch of payloads alone is checked from its payload lengths, never decoded. A duplicate
         is cut out and answered with the id it has. The answers follow the batch's order.
         ``given``: the batch's ``decode_given`` with this cluster's name as its default source,
-        when the caller made it already, so that it is not decoded twice.
+        when the caller made it already, so that it is not decoded twice. ``whole``: the batch
+        is not split across two blocks (``LogWriter.assign_batch``).
         """
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
@@ -328,7 +334,7 @@ class Queue(BaseQueue):
             await writer.wait_for_sealer()
         await writer.lock()
         try:
-            results = await writer.assign_batch(batch, sources, external_ids, now)
+            results = await writer.assign_batch(batch, sources, external_ids, now, whole=whole)
         finally:
             writer.unlock()
         if mode is SaveMode.IMMEDIATE or mode is SaveMode.WAIT:

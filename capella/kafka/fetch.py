@@ -26,8 +26,9 @@ from capella.kafka.topics import partition_queue
 
 log = logging.getLogger(__name__)
 
-# A read looks at most this many messages per partition per answer.
+# A read looks at most this many messages per partition per answer, a page at a time.
 READ_LIMIT = 10_000
+PAGE_LIMIT = 1_000
 # The longest a fetch waits, whatever it asks for.
 MAX_WAIT = 30.0
 
@@ -109,22 +110,34 @@ async def _read(p: _Partition, budget: int, *, first: bool) -> None:
     p.error = errors.NONE
     if p.offset > queue.last_id:
         return
-    # A block loaded for this read is rendered in the loading thread, beside the other forms.
-    page = await queue.read_page(p.offset - 1, READ_LIMIT, render=records.render)
     limit = min(p.max_bytes, budget)
-    seen: set[int] = set()
-    for batch, _start, _stop in page.parts:
-        if id(batch) in seen:
-            continue
-        seen.add(id(batch))
-        for rendered in records.render(batch):
-            if rendered.last_id < p.offset:
+    after = p.offset - 1
+    # Page by page, up to the byte limit: one page of READ_LIMIT messages loaded (and rendered)
+    # the next block for every fetch that ended in the one before (~100 ms each in the
+    # benchmark, for messages it did not answer), and its prefetch went a block too far.
+    for _ in range(READ_LIMIT // PAGE_LIMIT):
+        if after >= queue.last_id:
+            return
+        # A block loaded for this read is rendered in the loading thread, beside the other forms.
+        page = await queue.read_page(after, PAGE_LIMIT, render=records.render)
+        if not page.parts:
+            return
+        seen: set[int] = set()
+        for batch, _start, _stop in page.parts:
+            if id(batch) in seen:
                 continue
-            # At least one batch, even over the limits (KIP-74), so a large one is not stuck.
-            if p.size + len(rendered.data) > limit and (p.chunks or not first):
-                return
-            p.chunks.append(rendered.data)
-            p.size += len(rendered.data)
+            seen.add(id(batch))
+            # A batch is rendered whole (a block's, once): what follows the page is taken too.
+            for rendered in records.render(batch):
+                if rendered.last_id <= after:
+                    continue
+                # At least one batch, even over the limits (KIP-74), so a large one is not stuck.
+                if p.size + len(rendered.data) > limit and (p.chunks or not first):
+                    return
+                p.chunks.append(rendered.data)
+                p.size += len(rendered.data)
+                after = rendered.last_id
+        after = max(after, page.last_id)
 
 
 async def _wait_any(wanted: list[_Partition], wait: float) -> None:

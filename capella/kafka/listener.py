@@ -175,7 +175,9 @@ class KafkaListener:
             self.stats.closed_by_error += 1
             log.info("kafka connection closed address=%s reason=%s", address, exc.message)
         except asyncio.CancelledError:
-            raise
+            # ``close`` ends the connection: the handler returns rather than end cancelled,
+            # which Python 3.11's streams log as an error ("Exception in callback ...").
+            return
         except Exception as exc:  # a bug: this connection ends, the server goes on
             self.stats.closed_by_error += 1
             log.error("kafka connection failed address=%s", address, exc_info=exc)

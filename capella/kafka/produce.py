@@ -107,7 +107,10 @@ async def _partition(
             found = decode_records(batch, max_size=broker.max_frame)
             source = producer_source(queue, session, batch.producer_id)
             converted = to_capella(batch, found, now=queue.now(), source=source)
-            appended = await queue.append_batch(framed(converted.record_batch), save)
+            # Whole: a Kafka batch is answered with its base offset alone (its records are base
+            # + i), so a batch split over two blocks and cut by a kill -9 between their saves
+            # could not be answered right when the producer sends it again.
+            appended = await queue.append_batch(framed(converted.record_batch), save, whole=True)
             if base < 0 and appended and appended[0].id:
                 base = appended[0].id
     except CapellaError as exc:

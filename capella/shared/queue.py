@@ -216,9 +216,15 @@ class SharedQueue(BaseQueue):
         return out
 
     async def append_batch(
-        self, batch: RecordBatch, save: SaveMode = SaveMode.DEFAULT, *, given: Given | None = None
+        self,
+        batch: RecordBatch,
+        save: SaveMode = SaveMode.DEFAULT,
+        *,
+        given: Given | None = None,
+        whole: bool = False,
     ) -> list[Appended]:
-        """A producer's record batch as it came, under ``append``'s rules."""
+        """A producer's record batch as it came, under ``append``'s rules. A batch is one
+        commit (one transaction): it is always stored whole, so ``whole`` asks nothing more."""
         if self._closing:
             raise ShuttingDown(f"queue {self.name} is closing")
         own, now = self.own, self._clock()

@@ -1109,3 +1109,32 @@ async def test_a_batch_larger_than_the_blocks_room_fills_one_and_opens_the_next(
     await cluster.close()
     async with opened(tmp_path, clock) as reopened:
         assert (await reopened.queue("split").read_after(0, 100)).messages == before
+
+
+@pytest.mark.parametrize("whole", [False, True])
+async def test_a_whole_batch_goes_to_one_block(tmp_path: Path, cluster: Cluster, whole: bool) -> None:
+    # The pieces of a split batch go to two journals, saved one after the other: a kill -9
+    # between the saves keeps the first piece only, and a Kafka producer (answered with one
+    # base offset, capella/kafka/produce.py) could not be answered right when it sends the
+    # batch again. ``whole`` seals the open block first instead.
+    q, _ = await cluster.put_queue("whole", {})
+    await q.append([Draft(payload=b"m%d" % i) for i in range(8)], SaveMode.WAIT)
+    answers = await q.append_batch(read(produced([b"w%d" % i for i in range(5)])), SaveMode.WAIT, whole=whole)
+    assert [a.id for a in answers] == [9, 10, 11, 12, 13]
+    await sealed(q, 1)
+    journal = queue_dir(tmp_path, "whole") / "journal"
+    first = 9 if whole else 11  # the open block's first id
+    await until(lambda: [p.name for p in journal.iterdir()] == [f"{first:020d}.log"], what="one journal")
+    # Larger than a block, a whole batch makes a block of its own.
+    bigger = await q.append_batch(read(produced([b"b%d" % i for i in range(15)])), SaveMode.WAIT, whole=whole)
+    assert [a.id for a in bigger] == list(range(14, 29))
+    # whole: 1-8, 9-13 and 14-28, all sealed; else 1-10, 11-20 and 21-28 still open.
+    await sealed(q, 3 if whole else 2)
+    left = [] if whole else [f"{21:020d}.log"]
+    await until(lambda: [p.name for p in journal.iterdir()] == left, what="the journals left")
+    page = (await q.read_after(0, 100)).messages
+    assert [m.payload for m in page] == [
+        *(b"m%d" % i for i in range(8)),
+        *(b"w%d" % i for i in range(5)),
+        *(b"b%d" % i for i in range(15)),
+    ]

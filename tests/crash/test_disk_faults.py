@@ -28,8 +28,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from support.faults import injected
 from support.servers import ServerProcess
-from support.wait import until, until_blocking
+from support.wait import until
 
 pytestmark = [
     pytest.mark.slow,
@@ -131,35 +132,6 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-@contextmanager
-def injected(pid: int, calls: str, action: str) -> Iterator[None]:
-    """``strace`` attached to every thread of ``pid``, failing or delaying ``calls``."""
-    tracer = subprocess.Popen(
-        ["strace", "-f", "-qq", "-p", str(pid), "-e", f"trace={calls}", "-e", f"inject={calls}:{action}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        until_blocking(
-            lambda: all(_tracer_of(pid, task) == tracer.pid for task in os.listdir(f"/proc/{pid}/task")),
-            within=10.0,
-            every=0.05,
-            what="strace to attach",
-        )
-        yield
-    finally:
-        tracer.terminate()
-        tracer.wait(10.0)
-
-
-def _tracer_of(pid: int, task: str) -> int:
-    try:
-        with open(f"/proc/{pid}/task/{task}/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("TracerPid:"))
-    except (FileNotFoundError, ProcessLookupError):
-        return -1
 
 
 def take_free_space(disk: Path) -> None:

@@ -12,6 +12,9 @@ what was fsync'd survives.
 
 ``FlakyStorage(inner)`` wraps any storage provider and makes chosen writes raise, for tests
 of what the queue's background tasks do when a write fails in a way no real disk would show.
+
+``injected(pid, calls, action)`` attaches ``strace --inject`` to a running server, failing or
+delaying the system calls a broken or slow disk would (root only).
 """
 
 from __future__ import annotations
@@ -374,3 +377,35 @@ def powerfs(mount: Path, capacity: int = 0) -> Iterator[PowerFs]:
         yield fs
     finally:
         fs.close()
+
+
+# --- system calls failed or delayed with strace -------------------------------------------
+
+
+@contextmanager
+def injected(pid: int, calls: str, action: str) -> Iterator[None]:
+    """``strace`` attached to every thread of ``pid``, failing or delaying ``calls``."""
+    tracer = subprocess.Popen(
+        ["strace", "-f", "-qq", "-p", str(pid), "-e", f"trace={calls}", "-e", f"inject={calls}:{action}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        until_blocking(
+            lambda: all(_tracer_of(pid, task) == tracer.pid for task in os.listdir(f"/proc/{pid}/task")),
+            within=10.0,
+            every=0.05,
+            what="strace to attach",
+        )
+        yield
+    finally:
+        tracer.terminate()
+        tracer.wait(10.0)
+
+
+def _tracer_of(pid: int, task: str) -> int:
+    try:
+        with open(f"/proc/{pid}/task/{task}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("TracerPid:"))
+    except (FileNotFoundError, ProcessLookupError):
+        return -1

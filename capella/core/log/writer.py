@@ -303,6 +303,8 @@ class Writer:
         sources: Sequence[str] | None,
         external_ids: Sequence[int | None] | None,
         now: float,
+        *,
+        whole: bool = False,
     ) -> list[Appended]:
         """Append a producer's record batch as it came (holding the write lock).
 
@@ -312,6 +314,14 @@ class Writer:
         only the explicit external ids; the duplicates are cut out (``record_batch.select``),
         and what is left is stamped with its ids and appended without decoding or encoding a
         message. A block that fills up takes the messages that fit and the next block the rest.
+
+        ``whole``: the batch goes to one block, the open one sealed first if the batch does not
+        fit in what is left of it; a batch larger than a block makes a block of its own (as a
+        block's last batch may take it past its byte limit). The two pieces of a split batch
+        go to two journals, saved one after the other: a ``kill -9`` between them keeps the
+        first piece only, and a producer that answers a batch with one offset (Kafka: the
+        base offset; its messages are base + i) cannot be answered right when it sends the
+        batch again (its first piece keeps its ids, the rest gets new ones).
         """
         n = batch.count
         if self.next_id + n > self.lease_until:
@@ -352,6 +362,11 @@ class Writer:
                 block = self.open_block = OpenBlock(first_id, now, self._journal_key(first_id), own)
                 self.refresh_recent()
             room = limits.max_messages - len(block.ids)
+            if whole:
+                if block.ids and room < len(kept):
+                    self.rotate()
+                    continue
+                room = len(kept)
             take = kept[start : start + room]
             # As ``assign`` does: the identities first, then the batch, in one step of the
             # batch format; a piece that cannot be added takes its identities out again.
