@@ -1,0 +1,653 @@
+"""The Kafka door's security against real ``capella serve`` processes with ``[auth]`` on.
+
+Two brokers per module: ``tls_broker`` serves SASL/PLAIN over TLS (SASL_SSL) to unmodified
+confluent-kafka, aiokafka and kafka-python clients; ``broker`` serves SASL_PLAINTEXT on loopback
+and takes the attacks, sent as raw frames built by kafka-python's protocol module (what a
+client nobody here wrote would send, or a hostile one). Start-up refusals run ``capella serve``
+once each; the listener beyond loopback runs in a network namespace of its own, with an address
+on its loopback device, so no traffic leaves the machine.
+
+Failed logins spend a budget per client address, shared with HTTP Basic: the tests that fail a
+login on ``broker`` connect from addresses of their own in 127.0.0.0/8, so the budget of
+127.0.0.1 (which the other tests sign in from) stays whole.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import logging
+import os
+import shutil
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka.protocol.consumer import (
+    FetchRequest,
+    ListOffsetsRequest,
+    OffsetCommitRequest,
+)
+from kafka.protocol.metadata import (
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    MetadataRequest,
+    MetadataResponse,
+)
+from kafka.protocol.producer import (
+    ProduceRequest,
+    ProduceResponse,
+)
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
+from kafka.record.default_records import DefaultRecordBatchBuilder
+from support.kafka import KafkaServer, kafka_server, toml
+from support.pki import Pki, make_pki
+from support.servers import free_port
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT = 5.0
+# Where the listener beyond loopback is bound, inside its own network namespace (TEST-NET-2:
+# no machine has it, so a refusal test cannot bind it by mistake either).
+OUTSIDE = "198.51.100.7"
+PASSWORDS = {
+    "admin": "admin-password",
+    "limited": "limited-password",
+    "alice": "alice-password",
+    "bob": "bob-password",
+    "victim": "victim-password",
+}
+RULES = {
+    # May read ro-*, write wo-*, do anything to own-* (creating them too), and use groups lim-*.
+    "limited": [
+        "allow:queue:read:ro-*",
+        "allow:queue:write:wo-*",
+        "allow:queue:*:own-*",
+        "allow:group:read:lim-*",
+    ],
+    "alice": ["allow:queue:*:shared-*", "allow:group:read:alice-*"],
+    "bob": ["allow:queue:*:shared-*"],
+    "victim": ["allow:queue:read:own-*"],
+}
+QUEUES = ["ro-q", "wo-q", "own-q", "hidden-q", "shared-q"]
+MAX_FRAME_BEFORE_SIGN_IN = 4096
+MAX_BODY = 1 << 20
+MAX_CONNECTIONS = 12
+FAILED_LOGINS = 3  # per address, per window, on ``broker``
+
+
+# --- servers -------------------------------------------------------------------------------
+
+
+@dataclass
+class Door:
+    """A running broker with auth on: its HTTP API as the admin (or anyone) and raw Kafka sockets."""
+
+    server: KafkaServer
+    pki: Pki | None = None
+
+    def http(
+        self, method: str, path: str, body: Any = None, *, user: str = "admin", source: str = "127.0.0.1"
+    ) -> tuple[int, Any]:
+        connection = http.client.HTTPConnection(
+            "127.0.0.1", self.server.port, timeout=TIMEOUT * 4, source_address=(source, 0)
+        )
+        credentials = base64.b64encode(f"{user}:{PASSWORDS[user]}".encode()).decode()
+        headers = {"Authorization": f"Basic {credentials}", "Content-Type": "application/json"}
+        try:
+            connection.request(method, path, None if body is None else json.dumps(body), headers)
+            answer = connection.getresponse()
+            raw = answer.read()
+            return answer.status, json.loads(raw) if raw else None
+        finally:
+            connection.close()
+
+    def messages(self, queue: str) -> list[dict[str, Any]]:
+        status, body = self.http("GET", f"/v1/queues/{queue}/messages?after=0&limit=1000")
+        assert status == 200, body
+        return list(body["messages"])
+
+    def wire(self, source: str = "127.0.0.1") -> Wire:
+        sock = socket.create_connection(
+            ("127.0.0.1", self.server.kafka_port), timeout=TIMEOUT, source_address=(source, 0)
+        )
+        if self.pki is not None:
+            sock = self.pki.client_context().wrap_socket(sock, server_hostname="localhost")
+        sock.settimeout(TIMEOUT)
+        return Wire(sock)
+
+    def signed_in(self, user: str = "limited", source: str = "127.0.0.1") -> Wire:
+        wire = self.wire(source)
+        answer = wire.sign_in(user, PASSWORDS[user])
+        assert answer.error_code == 0, answer
+        return wire
+
+    def open_connections(self) -> int:
+        status, _ = self.http("GET", "/v1/me")
+        assert status == 200
+        connection = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=TIMEOUT * 4)
+        credentials = base64.b64encode(f"admin:{PASSWORDS['admin']}".encode()).decode()
+        try:
+            connection.request("GET", "/metrics", headers={"Authorization": f"Basic {credentials}"})
+            text = connection.getresponse().read().decode()
+        finally:
+            connection.close()
+        for line in text.splitlines():
+            if line.startswith('capella_protocol_open_connections{protocol="kafka"}'):
+                return int(line.split()[-1])
+        raise AssertionError("no Kafka connection gauge in /metrics")
+
+
+class Wire:
+    """One raw Kafka connection: requests built by kafka-python, answers decoded by it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._correlation = 0
+
+    def __enter__(self) -> Wire:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.sock.close()
+
+    def send(self, request: Any) -> None:
+        self._correlation += 1
+        request.with_header(correlation_id=self._correlation, client_id="security")
+        self.sock.sendall(request.encode(header=True, framed=True))
+
+    def ask(self, request: Any, response: Any) -> Any:
+        self.send(request)
+        answer = response.decode(self.read_frame(), version=request.version, header=True)
+        assert answer.header.correlation_id == self._correlation
+        return answer
+
+    def read_frame(self) -> bytes:
+        (size,) = struct.unpack(">i", self._exactly(4))
+        return self._exactly(size)
+
+    def _exactly(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = self.sock.recv(size - len(data))
+            if not chunk:
+                raise ConnectionError(f"closed after {len(data)} of {size} bytes")
+            data += chunk
+        return data
+
+    def closed(self) -> bool:
+        """Whether the server closes the connection (EOF or reset) within the timeout, sending
+        nothing more."""
+        try:
+            return self.sock.recv(1) == b""
+        except (ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError):
+            return True
+        except TimeoutError:
+            return False
+
+    def sign_in(self, user: str, password: str, authzid: str = "") -> Any:
+        shake = self.ask(SaslHandshakeRequest(version=1, mechanism="PLAIN"), SaslHandshakeResponse)
+        assert shake.error_code == 0, shake
+        return self.authenticate(f"{authzid}\0{user}\0{password}".encode())
+
+    def authenticate(self, token: bytes) -> Any:
+        return self.ask(SaslAuthenticateRequest(version=2, auth_bytes=token), SaslAuthenticateResponse)
+
+    def api_versions(self, software: str = "security") -> Any:
+        request = ApiVersionsRequest(version=3, client_software_name=software, client_software_version="1")
+        return self.ask(request, ApiVersionsResponse)
+
+    def metadata(self, topics: list[str] | None, *, create: bool = False) -> Any:
+        asked = None if topics is None else [MetadataRequest.MetadataRequestTopic(name=t) for t in topics]
+        request = MetadataRequest(version=8, topics=asked, allow_auto_topic_creation=create)
+        return self.ask(request, MetadataResponse)
+
+    def produce(self, topic: str, records: bytes) -> Any:
+        """The partition answer to one Produce of ``records`` (a batch) with acks=all."""
+        partition = ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)
+        data = ProduceRequest.TopicProduceData(name=topic, partition_data=[partition])
+        request = ProduceRequest(
+            version=8, transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[data]
+        )
+        return self.ask(request, ProduceResponse).responses[0].partition_responses[0]
+
+
+def batch(*values: bytes, producer: tuple[int, int, int] = (-1, -1, -1)) -> bytes:
+    """A record batch v2 as kafka-python's producer builds it (idempotent with ``producer``:
+    producer id, epoch, base sequence)."""
+    builder = DefaultRecordBatchBuilder(2, 0, False, *producer, batch_size=1 << 20)
+    for i, value in enumerate(values):
+        assert builder.append(i, int(time.time() * 1000), None, value, []) is not None
+    return bytes(builder.build())
+
+
+def fetch_request(topic: str, offset: int = 1) -> Any:
+    partition = FetchRequest.FetchTopic.FetchPartition(
+        partition=0,
+        current_leader_epoch=-1,
+        fetch_offset=offset,
+        log_start_offset=-1,
+        partition_max_bytes=1 << 20,
+    )
+    return FetchRequest(
+        version=11,
+        replica_id=-1,
+        max_wait_ms=0,
+        min_bytes=1,
+        max_bytes=1 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[FetchRequest.FetchTopic(topic=topic, partitions=[partition])],
+        forgotten_topics_data=[],
+        rack_id="",
+    )
+
+
+def list_offsets_request(topic: str) -> Any:
+    partition = ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+        partition_index=0, current_leader_epoch=-1, timestamp=-1
+    )
+    return ListOffsetsRequest(
+        version=5,
+        replica_id=-1,
+        isolation_level=0,
+        topics=[ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=[partition])],
+    )
+
+
+def commit_request(group: str, topic: str, offset: int) -> Any:
+    partition = OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+        partition_index=0, committed_offset=offset, committed_leader_epoch=-1, committed_metadata=""
+    )
+    return OffsetCommitRequest(
+        version=7,
+        group_id=group,
+        generation_id_or_member_epoch=-1,
+        member_id="",
+        group_instance_id=None,
+        topics=[OffsetCommitRequest.OffsetCommitRequestTopic(name=topic, partitions=[partition])],
+    )
+
+
+def users_and_queues(door: Door) -> None:
+    for user, rules in RULES.items():
+        status, body = door.http("PUT", f"/v1/users/{user}", {"password": PASSWORDS[user], "rules": rules})
+        assert status == 201, body
+    for queue in QUEUES:
+        status, body = door.http("PUT", f"/v1/queues/{queue}", {})
+        assert status == 201, body
+        status, body = door.http(
+            "POST", f"/v1/queues/{queue}/messages", {"messages": [{"data": "one"}, {"data": "two"}]}
+        )
+        assert status in (200, 201), body
+
+
+def auth_table(**limits: Any) -> dict[str, Any]:
+    return {
+        "enabled": True,
+        "bootstrap_user": "admin",
+        "bootstrap_password_env": "CAPELLA_ADMIN_PASSWORD",
+        **limits,
+    }
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"), ("127.0.0.1", OUTSIDE))
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
+    """SASL_PLAINTEXT on loopback, with small limits for the attacks to meet."""
+    for server in kafka_server(
+        tmp_path_factory.mktemp("broker"),
+        kafka={
+            "auto_create_topics": True,
+            "max_frame_before_sign_in": MAX_FRAME_BEFORE_SIGN_IN,
+            "max_connections": MAX_CONNECTIONS,
+        },
+        tables={
+            "server": {"max_body_size": MAX_BODY},
+            "auth": auth_table(max_failed_logins_per_address=FAILED_LOGINS, failed_login_window="60s"),
+        },
+        env={"CAPELLA_ADMIN_PASSWORD": PASSWORDS["admin"]},
+    ):
+        door = Door(server)
+        users_and_queues(door)
+        yield door
+
+
+@pytest.fixture(scope="module")
+def tls_broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Door]:
+    """SASL/PLAIN over TLS; failed logins may come from 127.0.0.1 here (a large budget)."""
+    for server in kafka_server(
+        tmp_path_factory.mktemp("tls-broker"),
+        tables={
+            "kafka.tls": {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)},
+            "auth": auth_table(max_failed_logins_per_address=10_000, max_failed_logins_per_user=10_000),
+        },
+        env={"CAPELLA_ADMIN_PASSWORD": PASSWORDS["admin"]},
+    ):
+        door = Door(server, pki)
+        users_and_queues(door)
+        yield door
+
+
+# --- K14: where the listener may bind ------------------------------------------------------
+
+
+def refused_start(root: Path, tables: dict[str, dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+    config = root / "capella.toml"
+    config.write_text(toml({"cluster": {"name": "refused"}, **tables}))
+    command = [sys.executable, "-m", "capella", "serve", "--config", str(config)]
+    command += ["--data-dir", str(root / "data"), "--listen", f"127.0.0.1:{free_port()}"]
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "CAPELLA_ADMIN_PASSWORD": PASSWORDS["admin"]},
+    )
+
+
+def test_a_listener_beyond_loopback_without_auth_is_refused_at_start(tmp_path: Path) -> None:
+    done = refused_start(tmp_path, {"kafka": {"listen": f"{OUTSIDE}:9092"}})
+    assert done.returncode != 0
+    assert f"refusing to listen for Kafka clients on {OUTSIDE}:9092 without authentication" in done.stderr
+
+
+def test_a_listener_beyond_loopback_without_tls_is_refused_at_start(tmp_path: Path) -> None:
+    done = refused_start(tmp_path, {"auth": auth_table(), "kafka": {"listen": f"{OUTSIDE}:9092"}})
+    assert done.returncode != 0
+    assert f"refusing to listen for Kafka clients on {OUTSIDE}:9092 without TLS" in done.stderr
+
+
+# Run inside a network namespace of its own: the address beyond loopback is put on that
+# namespace's loopback device, so the server binds a non-loopback address and the client
+# reaches it without a packet leaving the machine.
+NAMESPACED = textwrap.dedent(
+    """
+    import json, subprocess, sys, time, urllib.request
+    config, data, ca, address, port, http_port = sys.argv[1:7]
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    subprocess.run(["ip", "addr", "add", address + "/32", "dev", "lo"], check=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "capella", "serve", "--config", config, "--data-dir", data,
+         "--listen", "127.0.0.1:" + http_port],
+        stdout=open(data + ".log", "wb"), stderr=subprocess.STDOUT,
+    )
+    try:
+        for _ in range(400):
+            try:
+                urllib.request.urlopen("http://127.0.0.1:" + http_port + "/readyz", timeout=1)
+                break
+            except OSError:
+                if server.poll() is not None:
+                    raise SystemExit("capella serve exited with %s" % server.returncode)
+                time.sleep(0.05)
+        import confluent_kafka
+        errors = []
+        conf = {
+            "bootstrap.servers": address + ":" + port,
+            "security.protocol": "SASL_SSL", "sasl.mechanisms": "PLAIN",
+            "sasl.username": "admin", "sasl.password": sys.stdin.read().strip(),
+            "ssl.ca.location": ca, "message.timeout.ms": 10000,
+            "error_cb": lambda e: errors.append(str(e)),
+        }
+        producer = confluent_kafka.Producer(conf)
+        reports = []
+        producer.produce("outside", b"beyond loopback",
+                         on_delivery=lambda e, m: reports.append((str(e) if e else None, m.offset())))
+        producer.flush(15)
+        topics = sorted(producer.list_topics(timeout=10).topics)
+        print(json.dumps({"reports": reports, "topics": topics, "errors": errors}))
+    finally:
+        server.terminate()
+        server.wait(10)
+    """
+)
+
+
+def test_with_auth_and_tls_a_listener_beyond_loopback_serves_sasl_ssl(tmp_path: Path, pki: Pki) -> None:
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "-n", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a network namespace of its own (unshare -n, as root)")
+    port = free_port()
+    config = tmp_path / "capella.toml"
+    config.write_text(
+        toml(
+            {
+                "cluster": {"name": "outside"},
+                "auth": auth_table(),
+                "kafka": {"listen": f"{OUTSIDE}:{port}", "auto_create_topics": True},
+                "kafka.tls": {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)},
+            }
+        )
+    )
+    arguments = [str(config), str(tmp_path / "data"), str(pki.ca), OUTSIDE, str(port), str(free_port())]
+    script = tmp_path / "namespaced.py"
+    script.write_text(NAMESPACED)
+    done = subprocess.run(
+        [unshare, "-n", sys.executable, str(script), *arguments],
+        input=PASSWORDS["admin"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "CAPELLA_ADMIN_PASSWORD": PASSWORDS["admin"]},
+    )
+    log = (tmp_path / "data.log").read_text(errors="replace") if (tmp_path / "data.log").exists() else ""
+    assert done.returncode == 0, done.stderr + log
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["reports"] == [[None, 1]], (found, log)
+    assert "outside" in found["topics"]
+    assert f"kafka listening on {OUTSIDE}:{port}" in log
+
+
+# --- SASL/PLAIN with real clients ----------------------------------------------------------
+
+
+def rdkafka_conf(door: Door, user: str, password: str | None = None, **more: Any) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        "bootstrap.servers": door.server.bootstrap,
+        "security.protocol": "SASL_PLAINTEXT" if door.pki is None else "SASL_SSL",
+        "sasl.mechanisms": "PLAIN",
+        "sasl.username": user,
+        "sasl.password": PASSWORDS[user] if password is None else password,
+        "topic.metadata.refresh.interval.ms": 1000,
+        **more,
+    }
+    if door.pki is not None:
+        conf["ssl.ca.location"] = str(door.pki.ca)
+    return conf
+
+
+def rdkafka_round_trip(door: Door, user: str, topic: str, group: str, count: int = 20) -> list[int]:
+    """Produce ``count`` messages as ``user`` with confluent-kafka, consume them in ``group``;
+    the offsets the delivery reports gave."""
+    import confluent_kafka
+
+    errors: list[str] = []
+    producer = confluent_kafka.Producer(
+        rdkafka_conf(door, user, **{"enable.idempotence": True, "acks": "all", "error_cb": errors.append})
+    )
+    reports: list[tuple[Any, int]] = []
+    for i in range(count):
+        producer.produce(
+            topic, f"{user}-{i}".encode(), key=b"k", on_delivery=lambda e, m: reports.append((e, m.offset()))
+        )
+    assert producer.flush(20) == 0
+    assert [e for e, _ in reports] == [None] * count, (reports, errors)
+    consumer = confluent_kafka.Consumer(
+        rdkafka_conf(
+            door,
+            user,
+            **{
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 500,
+            },
+        )
+    )
+    try:
+        consumer.subscribe([topic])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < count + 2 and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None:
+                assert message.error() is None, message.error()
+                got.append(message.value())
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    # The two messages the admin wrote over HTTP, then this user's, in order.
+    assert got == [b"one", b"two"] + [f"{user}-{i}".encode() for i in range(count)]
+    return [offset for _, offset in reports]
+
+
+def test_confluent_kafka_produces_and_consumes_over_sasl_ssl(tls_broker: Door) -> None:
+    offsets = rdkafka_round_trip(tls_broker, "alice", "shared-q", "alice-g")
+    stored = tls_broker.messages("shared-q")
+    # The offsets are the ids HTTP shows, and the messages are alice's idempotent producer's.
+    assert offsets == [m["id"] for m in stored[2:]]
+    assert {m["source"].split("/kafka/")[1].split("/")[0] for m in stored[2:]} == {"alice"}
+    status, cursor = tls_broker.http("GET", "/v1/queues/shared-q/subscriptions/kafka.alice-g")
+    assert status == 200 and cursor["last_id"] == offsets[-1], cursor
+
+
+async def test_aiokafka_produces_and_consumes_over_sasl_ssl(tls_broker: Door) -> None:
+    import aiokafka
+
+    assert tls_broker.pki is not None
+    options: dict[str, Any] = {
+        "bootstrap_servers": tls_broker.server.bootstrap,
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "PLAIN",
+        "sasl_plain_username": "bob",
+        "sasl_plain_password": PASSWORDS["bob"],
+        "ssl_context": tls_broker.pki.client_context(),
+    }
+    assert tls_broker.http("PUT", "/v1/queues/shared-aio", {})[0] == 201
+    producer = aiokafka.AIOKafkaProducer(**options, enable_idempotence=True)
+    await producer.start()
+    try:
+        sent = [(await producer.send_and_wait("shared-aio", f"bob-{i}".encode())).offset for i in range(5)]
+    finally:
+        await producer.stop()
+    consumer = aiokafka.AIOKafkaConsumer(**options, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        partition = aiokafka.TopicPartition("shared-aio", 0)
+        consumer.assign([partition])
+        await consumer.seek_to_beginning(partition)
+        found = await consumer.getmany(partition, timeout_ms=5000)
+    finally:
+        await consumer.stop()
+    assert [m.value for m in found[partition]] == [f"bob-{i}".encode() for i in range(5)]
+    assert sent == [m["id"] for m in tls_broker.messages("shared-aio")]
+
+
+def test_kafka_python_produces_and_consumes_over_sasl_ssl(tls_broker: Door) -> None:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    assert tls_broker.pki is not None
+    options: dict[str, Any] = {
+        "bootstrap_servers": tls_broker.server.bootstrap,
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "PLAIN",
+        "sasl_plain_username": "alice",
+        "sasl_plain_password": PASSWORDS["alice"],
+        "ssl_cafile": str(tls_broker.pki.ca),
+    }
+    assert tls_broker.http("PUT", "/v1/queues/shared-kpy", {})[0] == 201
+    producer = KafkaProducer(**options)  # its defaults: idempotent, acks=all
+    try:
+        sent = [producer.send("shared-kpy", f"kpy-{i}".encode()).get(10).offset for i in range(5)]
+    finally:
+        producer.close(5)
+    consumer = KafkaConsumer(**options, auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    try:
+        partition = TopicPartition("shared-kpy", 0)
+        consumer.assign([partition])
+        consumer.seek_to_beginning(partition)
+        got = [next(consumer).value for _ in range(5)]
+    finally:
+        consumer.close()
+    assert got == [f"kpy-{i}".encode() for i in range(5)]
+    assert sent == [m["id"] for m in tls_broker.messages("shared-kpy")]
+
+
+@pytest.mark.parametrize(("user", "password"), [("alice", "not-her-password"), ("nobody", "any-password")])
+def test_confluent_kafka_reports_a_refused_sign_in_and_gets_no_answer(
+    tls_broker: Door, user: str, password: str
+) -> None:
+    import confluent_kafka
+
+    errors: list[Any] = []
+    producer = confluent_kafka.Producer(
+        rdkafka_conf(tls_broker, "alice", password, **{"message.timeout.ms": 2000, "error_cb": errors.append})
+        | {"sasl.username": user}
+    )
+    reports: list[Any] = []
+    producer.produce("shared-q", b"must not be stored", on_delivery=lambda e, m: reports.append(e))
+    producer.flush(10)
+    failed = [e for e in errors if e.code() == confluent_kafka.KafkaError._AUTHENTICATION]
+    assert failed, errors
+    # Unknown user and wrong password read the same: nothing tells whether the user exists.
+    assert "SASL authentication error: wrong user name or password" in failed[0].str()
+    assert [r.code() for r in reports] == [confluent_kafka.KafkaError._MSG_TIMED_OUT]
+    assert b"must not be stored" not in [m["data"].encode() for m in tls_broker.messages("shared-q")]
+
+
+async def test_aiokafka_reports_error_58_for_a_wrong_password(
+    tls_broker: Door, caplog: pytest.LogCaptureFixture
+) -> None:
+    import aiokafka
+    from aiokafka.errors import KafkaConnectionError
+
+    assert tls_broker.pki is not None
+    producer = aiokafka.AIOKafkaProducer(
+        bootstrap_servers=tls_broker.server.bootstrap,
+        security_protocol="SASL_SSL",
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="bob",
+        sasl_plain_password="not-his-password",
+        ssl_context=tls_broker.pki.client_context(),
+        request_timeout_ms=3000,
+    )
+    with caplog.at_level(logging.ERROR, logger="aiokafka"), pytest.raises(KafkaConnectionError):
+        try:
+            await producer.start()
+        finally:
+            await producer.stop()
+    assert "[Error 58] SaslAuthenticationFailed: wrong user name or password" in caplog.text
+
+
+@pytest.mark.parametrize(("user", "password"), [("alice", "not-her-password"), ("nobody", "any-password")])
+def test_a_refused_sign_in_is_answered_58_then_the_connection_is_closed(
+    tls_broker: Door, user: str, password: str
+) -> None:
+    with tls_broker.wire() as wire:
+        answer = wire.sign_in(user, password)
+        assert (answer.error_code, answer.error_message) == (58, "wrong user name or password")
+        assert wire.closed()
+    # Signed in with the right password, the same client is served.
+    with tls_broker.signed_in("alice") as wire:
+        assert wire.metadata(["shared-q"]).topics[0].error_code == 0
