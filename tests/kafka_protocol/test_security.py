@@ -35,16 +35,27 @@ from typing import Any
 import pytest
 from kafka.protocol.consumer import (
     FetchRequest,
+    FetchResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
     ListOffsetsRequest,
+    ListOffsetsResponse,
     OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
 )
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
     ApiVersionsResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
     MetadataRequest,
     MetadataResponse,
 )
 from kafka.protocol.producer import (
+    InitProducerIdRequest,
+    InitProducerIdResponse,
     ProduceRequest,
     ProduceResponse,
 )
@@ -58,6 +69,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from support.kafka import KafkaServer, kafka_server, toml
 from support.pki import Pki, make_pki
 from support.servers import free_port
+from support.wait import until_blocking
 
 pytestmark = pytest.mark.slow
 
@@ -102,12 +114,20 @@ class Door:
     pki: Pki | None = None
 
     def http(
-        self, method: str, path: str, body: Any = None, *, user: str = "admin", source: str = "127.0.0.1"
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        user: str = "admin",
+        password: str | None = None,
+        source: str = "127.0.0.1",
     ) -> tuple[int, Any]:
         connection = http.client.HTTPConnection(
             "127.0.0.1", self.server.port, timeout=TIMEOUT * 4, source_address=(source, 0)
         )
-        credentials = base64.b64encode(f"{user}:{PASSWORDS[user]}".encode()).decode()
+        password = PASSWORDS[user] if password is None else password
+        credentials = base64.b64encode(f"{user}:{password}".encode()).decode()
         headers = {"Authorization": f"Basic {credentials}", "Content-Type": "application/json"}
         try:
             connection.request(method, path, None if body is None else json.dumps(body), headers)
@@ -651,3 +671,253 @@ def test_a_refused_sign_in_is_answered_58_then_the_connection_is_closed(
     # Signed in with the right password, the same client is served.
     with tls_broker.signed_in("alice") as wire:
         assert wire.metadata(["shared-q"]).topics[0].error_code == 0
+
+
+def test_sasl_plaintext_serves_a_loopback_listener_without_tls(broker: Door) -> None:
+    offsets = rdkafka_round_trip(broker, "limited", "own-q", "lim-plain")
+    assert offsets == [m["id"] for m in broker.messages("own-q")[2:]]
+
+
+# --- the failed-login budget ---------------------------------------------------------------
+
+
+def test_spent_failed_logins_refuse_even_the_right_password_from_that_address_as_over_http(
+    broker: Door,
+) -> None:
+    # Two wrong passwords over Kafka and one over HTTP spend one budget: the address's.
+    source = "127.0.0.2"
+    for _ in range(FAILED_LOGINS - 1):
+        with broker.wire(source) as wire:
+            assert wire.sign_in("victim", "wrong-password").error_code == 58
+            assert wire.closed()
+    status, _ = broker.http("GET", "/v1/me", user="victim", password="wrong-password", source=source)
+    assert status == 401
+    # Now the right password from that address is refused over Kafka, without a check...
+    with broker.wire(source) as wire:
+        answer = wire.sign_in("victim", PASSWORDS["victim"])
+        assert answer.error_code == 58
+        assert answer.error_message.startswith("too many failed logins from this address")
+        assert wire.closed()
+    # ... and over HTTP: 429, as a spent budget is answered there.
+    status, body = broker.http("GET", "/v1/me", user="victim", source=source)
+    assert (status, body["error"]["code"]) == (429, "too_many_failed_logins"), body
+    # An address that has not been failing signs in as the same user.
+    with broker.signed_in("victim", source="127.0.0.1") as wire:
+        assert wire.metadata(["own-q"]).topics[0].error_code == 0
+
+
+# --- a limited user's attacks --------------------------------------------------------------
+
+
+def test_a_produce_to_a_queue_the_user_may_not_write_is_refused_and_stores_nothing(broker: Door) -> None:
+    with broker.signed_in() as wire:
+        refused = wire.produce("ro-q", batch(b"forbidden"))
+        allowed = wire.produce("wo-q", batch(b"allowed"))
+    assert (refused.error_code, refused.base_offset) == (29, -1)
+    assert [m["data"] for m in broker.messages("ro-q")] == ["one", "two"]
+    # The same request where the user may write is stored: the refusal is the right's.
+    assert allowed.error_code == 0
+    assert [m["data"] for m in broker.messages("wo-q")][-1] == "allowed"
+
+
+def test_fetch_and_list_offsets_of_a_queue_the_user_may_not_read_are_refused(broker: Door) -> None:
+    with broker.signed_in() as wire:
+        refused = wire.ask(fetch_request("wo-q"), FetchResponse).responses[0].partitions[0]
+        allowed = wire.ask(fetch_request("ro-q"), FetchResponse).responses[0].partitions[0]
+        listed = wire.ask(list_offsets_request("wo-q"), ListOffsetsResponse).topics[0].partitions[0]
+        readable = wire.ask(list_offsets_request("ro-q"), ListOffsetsResponse).topics[0].partitions[0]
+    assert (refused.error_code, bytes(refused.records or b"")) == (29, b"")
+    assert (allowed.error_code, b"two" in bytes(allowed.records)) == (0, True)
+    assert (listed.error_code, listed.offset) == (29, -1)
+    assert (readable.error_code, readable.offset) == (0, 3)
+
+
+def test_metadata_lists_only_queues_the_user_may_read_or_write(broker: Door) -> None:
+    with broker.signed_in() as wire:
+        everything = wire.metadata(None)
+        hidden = wire.metadata(["hidden-q"]).topics[0]
+        writable = wire.metadata(["wo-q"]).topics[0]
+    names = {t.name for t in everything.topics}
+    assert {"ro-q", "wo-q", "own-q"} <= names
+    assert not names & {"hidden-q", "shared-q"}
+    assert (hidden.error_code, list(hidden.partitions)) == (29, [])
+    assert (writable.error_code, len(writable.partitions)) == (0, 1)
+
+
+def join_request(group: str) -> Any:
+    protocol = JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"")
+    return JoinGroupRequest(
+        version=5,
+        group_id=group,
+        session_timeout_ms=6000,
+        rebalance_timeout_ms=6000,
+        member_id="",
+        group_instance_id=None,
+        protocol_type="consumer",
+        protocols=[protocol],
+    )
+
+
+def fetch_offsets_request(group: str, topic: str) -> Any:
+    topics = [OffsetFetchRequest.OffsetFetchRequestTopic(name=topic, partition_indexes=[0])]
+    return OffsetFetchRequest(version=5, group_id=group, topics=topics)
+
+
+def test_group_calls_without_the_group_right_are_refused(broker: Door) -> None:
+    with broker.signed_in() as wire:
+        find = wire.ask(FindCoordinatorRequest(version=2, key="other-g", key_type=0), FindCoordinatorResponse)
+        join = wire.ask(join_request("other-g"), JoinGroupResponse)
+        commit = wire.ask(commit_request("other-g", "ro-q", 2), OffsetCommitResponse)
+        fetched = wire.ask(fetch_offsets_request("other-g", "ro-q"), OffsetFetchResponse)
+        # With the right, the same calls are served.
+        found = wire.ask(FindCoordinatorRequest(version=2, key="lim-g", key_type=0), FindCoordinatorResponse)
+        joined = wire.ask(join_request("lim-g"), JoinGroupResponse)
+    assert (find.error_code, find.node_id, find.port) == (30, -1, -1)
+    assert (join.error_code, join.generation_id, list(join.members)) == (30, -1, [])
+    assert commit.topics[0].partitions[0].error_code == 30
+    assert fetched.error_code == 30
+    assert (found.error_code, found.port) == (0, broker.server.kafka_port)
+    # JoinGroup v4+ first hands a new member its id (MEMBER_ID_REQUIRED): past the right's check.
+    assert joined.error_code == 79
+    status, cursors = broker.http("GET", "/v1/queues/ro-q/subscriptions")
+    assert status == 200 and "kafka.other-g" not in json.dumps(cursors)
+
+
+def test_a_commit_with_the_group_right_but_no_read_right_creates_and_moves_no_subscription(
+    broker: Door,
+) -> None:
+    # The admin's cursor of group lim-moved on wo-q, at id 1.
+    status, body = broker.http("PUT", "/v1/queues/wo-q/subscriptions/kafka.lim-moved", {"last_id": 1})
+    assert status in (200, 201), body
+    with broker.signed_in() as wire:
+        created = wire.ask(commit_request("lim-new", "wo-q", 2), OffsetCommitResponse)
+        moved = wire.ask(commit_request("lim-moved", "wo-q", 3), OffsetCommitResponse)
+        offsets = wire.ask(fetch_offsets_request("lim-moved", "wo-q"), OffsetFetchResponse)
+        readable = wire.ask(commit_request("lim-new", "ro-q", 2), OffsetCommitResponse)
+    assert created.topics[0].partitions[0].error_code == 29
+    assert moved.topics[0].partitions[0].error_code == 29
+    assert offsets.topics[0].partitions[0].error_code == 29
+    assert broker.http("GET", "/v1/queues/wo-q/subscriptions/kafka.lim-new")[0] == 404
+    status, cursor = broker.http("GET", "/v1/queues/wo-q/subscriptions/kafka.lim-moved")
+    assert (status, cursor["last_id"]) == (200, 1)
+    # Where the user may read, the same commit makes the group's subscription.
+    assert readable.topics[0].partitions[0].error_code == 0
+    status, cursor = broker.http("GET", "/v1/queues/ro-q/subscriptions/kafka.lim-new")
+    assert (status, cursor["last_id"]) == (200, 1)
+
+
+def test_a_topic_is_auto_created_only_for_a_user_with_admin_on_it(broker: Door) -> None:
+    with broker.signed_in() as wire:
+        refused = wire.metadata(["sneaky-new"], create=True).topics[0]
+        created = wire.metadata(["own-new"], create=True).topics[0]
+    assert (refused.error_code, list(refused.partitions)) == (29, [])
+    assert broker.http("GET", "/v1/queues/sneaky-new")[0] == 404
+    assert (created.error_code, len(created.partitions)) == (0, 1)
+    assert broker.http("GET", "/v1/queues/own-new")[0] == 200
+
+
+def test_a_forged_producer_id_cannot_drop_another_users_messages(broker: Door) -> None:
+    with broker.signed_in("alice") as alice, broker.signed_in("bob") as bob:
+        init = InitProducerIdRequest(version=1, transactional_id=None, transaction_timeout_ms=60000)
+        pid = alice.ask(init, InitProducerIdResponse).producer_id
+        assert pid >= 0
+        first = alice.produce("shared-q", batch(b"alice-0", producer=(pid, 0, 0)))
+        # Bob names alice's producer id and the sequences she will send next.
+        forged = bob.produce("shared-q", batch(b"bob-1", b"bob-2", producer=(pid, 0, 1)))
+        later = alice.produce("shared-q", batch(b"alice-1", b"alice-2", producer=(pid, 0, 1)))
+        again = alice.produce("shared-q", batch(b"alice-1", b"alice-2", producer=(pid, 0, 1)))
+    assert [first.error_code, forged.error_code, later.error_code, again.error_code] == [0, 0, 0, 0]
+    # Alice's later messages are stored, after bob's: not taken for his duplicates.
+    assert later.base_offset == forged.base_offset + 2
+    # Her own retry is still found by dedup, with the offsets first given.
+    assert again.base_offset == later.base_offset
+    stored = {m["data"]: m for m in broker.messages("shared-q")}
+    assert {"alice-0", "alice-1", "alice-2", "bob-1", "bob-2"} <= set(stored)
+    assert [m["data"] for m in broker.messages("shared-q")].count("alice-1") == 1
+    own = stored["alice-1"]["source"]
+    assert own.endswith(f"/kafka/alice/{pid}") and stored["bob-1"]["source"].endswith(f"/kafka/bob/{pid}")
+
+
+@pytest.mark.parametrize("api", ["Metadata", "Produce", "InitProducerId"])
+def test_a_request_before_sign_in_closes_the_connection(broker: Door, api: str) -> None:
+    before = len(broker.messages("own-q"))
+    with broker.wire() as wire:
+        assert wire.api_versions().error_code == 0  # ApiVersions is served before sign-in
+        if api == "Metadata":
+            wire.send(MetadataRequest(version=8, topics=None, allow_auto_topic_creation=False))
+        elif api == "Produce":
+            data = ProduceRequest.TopicProduceData(
+                name="own-q",
+                partition_data=[
+                    ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=batch(b"anonymous"))
+                ],
+            )
+            wire.send(
+                ProduceRequest(version=8, transactional_id=None, acks=1, timeout_ms=5000, topic_data=[data])
+            )
+        else:
+            wire.send(InitProducerIdRequest(version=1, transactional_id=None, transaction_timeout_ms=60000))
+        assert wire.closed()
+    assert len(broker.messages("own-q")) == before
+
+
+def test_a_frame_over_the_sign_in_limit_closes_the_connection_and_is_served_after_sign_in(
+    broker: Door,
+) -> None:
+    # An ApiVersions (served before sign-in) larger than max_frame_before_sign_in.
+    large = "x" * (MAX_FRAME_BEFORE_SIGN_IN + 100)
+    with broker.wire() as wire:
+        wire.send(ApiVersionsRequest(version=3, client_software_name=large, client_software_version="1"))
+        assert wire.closed()
+    with broker.signed_in() as wire:
+        assert wire.api_versions(large).error_code == 0
+        # After sign-in a frame is bounded by server.max_body_size: refused on its size alone.
+        wire.sock.sendall(struct.pack(">i", MAX_BODY + 1))
+        assert wire.closed()
+
+
+def test_nobody_signs_in_as_another_user_by_the_plain_authorization_id(broker: Door) -> None:
+    with broker.wire() as wire:
+        answer = wire.sign_in("limited", PASSWORDS["limited"], authzid="admin")
+        assert (answer.error_code, answer.error_message) == (58, "signing in as another user is not allowed")
+        assert wire.closed()
+    # An authorization id that names the user signing in is theirs (RFC 4616).
+    with broker.wire() as wire:
+        assert wire.sign_in("limited", PASSWORDS["limited"], authzid="limited").error_code == 0
+        assert wire.metadata(["hidden-q"]).topics[0].error_code == 29  # still limited's rights
+
+
+def test_sasl_authenticate_without_a_handshake_is_refused_and_closes(broker: Door) -> None:
+    with broker.wire() as wire:
+        answer = wire.authenticate(f"\0limited\0{PASSWORDS['limited']}".encode())
+        assert answer.error_code == 34  # ILLEGAL_SASL_STATE
+        assert wire.closed()
+
+
+def test_a_second_sasl_authenticate_is_refused_and_closes(broker: Door) -> None:
+    with broker.signed_in() as wire:
+        shake = wire.ask(SaslHandshakeRequest(version=1, mechanism="PLAIN"), SaslHandshakeResponse)
+        assert shake.error_code == 0
+        again = wire.authenticate(f"\0admin\0{PASSWORDS['admin']}".encode())
+        assert again.error_code == 34
+        assert wire.closed()
+
+
+def test_one_connection_over_max_connections_is_closed_at_once(broker: Door) -> None:
+    until_blocking(lambda: broker.open_connections() == 0, 10, "earlier tests' connections to close")
+    wires = [broker.wire() for _ in range(MAX_CONNECTIONS)]
+    try:
+        for wire in wires:
+            assert wire.api_versions().error_code == 0
+        with broker.wire() as extra:
+            started = time.monotonic()
+            assert extra.closed()
+            assert time.monotonic() - started < 2.0
+        wires.pop().sock.close()
+        until_blocking(lambda: broker.open_connections() == MAX_CONNECTIONS - 1, 10, "a slot to free")
+        with broker.wire() as wire:
+            assert wire.api_versions().error_code == 0
+    finally:
+        for wire in wires:
+            wire.sock.close()
+
