@@ -18,7 +18,7 @@ from capella.core.base_queue import BaseQueue
 from capella.errors import CapellaError, SubscriptionNotFound
 from capella.kafka import errors
 from capella.kafka.session import Session
-from capella.kafka.topics import listed, partition_queue
+from capella.kafka.topics import authorized_queue, listed
 from capella.wire.fields import NAME
 
 log = logging.getLogger(__name__)
@@ -63,11 +63,9 @@ async def _list_one(session: Session, topic: str, index: int, timestamp: int) ->
         }
 
     try:
-        queue = partition_queue(session.broker.cluster, topic, index)
+        queue = authorized_queue(session.identity, session.broker.cluster, topic, index, "read")
     except CapellaError as exc:
         return answer(errors.code_for(exc))
-    if not session.identity.can("queue", "read", queue.name):
-        return answer(errors.TOPIC_AUTHORIZATION_FAILED)
     try:
         if timestamp == LATEST:
             return answer(errors.NONE, queue.last_id + 1)
@@ -140,12 +138,11 @@ async def offset_commit(session: Session, request: Any, version: int) -> dict[st
 
 
 async def _commit_one(session: Session, topic: str, part: Any, name: str, group: str) -> int:
+    cluster = session.broker.cluster
     try:
-        queue = partition_queue(session.broker.cluster, topic, part.partition_index)
+        queue = authorized_queue(session.identity, cluster, topic, part.partition_index, "read")
     except CapellaError as exc:
         return errors.code_for(exc)
-    if not session.identity.can("queue", "read", queue.name):
-        return errors.TOPIC_AUTHORIZATION_FAILED
     offset = part.committed_offset
     if offset < 0:
         return errors.NONE  # Kafka ignores a commit of -1 (nothing consumed)
@@ -224,11 +221,9 @@ async def _fetch_one(session: Session, topic: str, index: int, name: str, group:
         }
 
     try:
-        queue = partition_queue(session.broker.cluster, topic, index)
+        queue = authorized_queue(session.identity, session.broker.cluster, topic, index, "read")
     except CapellaError as exc:
         return answer(errors.code_for(exc))
-    if not session.identity.can("queue", "read", queue.name):
-        return answer(errors.TOPIC_AUTHORIZATION_FAILED)
     try:
         sub = await queue.current_subscription(name)
     except SubscriptionNotFound:

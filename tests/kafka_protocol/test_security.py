@@ -921,3 +921,21 @@ def test_one_connection_over_max_connections_is_closed_at_once(broker: Door) -> 
         for wire in wires:
             wire.sock.close()
 
+
+def test_a_name_the_user_has_no_right_on_is_refused_whether_or_not_it_exists(broker: Door) -> None:
+    # As over HTTP (403 before any lookup): a refusal tells nothing of what exists.
+    with broker.signed_in() as wire:
+        for name in ("hidden-q", "no-such-q"):
+            assert wire.metadata([name]).topics[0].error_code == 29, name
+            assert wire.produce(name, batch(b"probe")).error_code == 29, name
+            assert wire.ask(fetch_request(name), FetchResponse).responses[0].partitions[0].error_code == 29
+            listed = wire.ask(list_offsets_request(name), ListOffsetsResponse)
+            assert listed.topics[0].partitions[0].error_code == 29, name
+            committed = wire.ask(commit_request("lim-probe", name, 1), OffsetCommitResponse)
+            assert committed.topics[0].partitions[0].error_code == 29, name
+            fetched = wire.ask(fetch_offsets_request("lim-probe", name), OffsetFetchResponse)
+            assert fetched.topics[0].partitions[0].error_code == 29, name
+        # A name the user may use is told missing (and a clients retries or creates it).
+        assert wire.metadata(["own-nothing"]).topics[0].error_code == 3
+        assert wire.produce("own-nothing", batch(b"probe")).error_code == 3
+    assert broker.http("GET", "/v1/queues/own-nothing")[0] == 404
