@@ -239,12 +239,14 @@ class Wire:
 
     def produce(self, topic: str, records: bytes) -> Any:
         """The partition answer to one Produce of ``records`` (a batch) with acks=all."""
-        partition = ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)
-        data = ProduceRequest.TopicProduceData(name=topic, partition_data=[partition])
-        request = ProduceRequest(
-            version=8, transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[data]
-        )
-        return self.ask(request, ProduceResponse).responses[0].partition_responses[0]
+        answer = self.ask(produce_request(topic, records), ProduceResponse)
+        return answer.responses[0].partition_responses[0]
+
+
+def produce_request(topic: str, records: bytes, acks: int = -1) -> Any:
+    partition = ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)
+    data = ProduceRequest.TopicProduceData(name=topic, partition_data=[partition])
+    return ProduceRequest(version=8, transactional_id=None, acks=acks, timeout_ms=5000, topic_data=[data])
 
 
 def batch(*values: bytes, producer: tuple[int, int, int] = (-1, -1, -1)) -> bytes:
@@ -846,15 +848,7 @@ def test_a_request_before_sign_in_closes_the_connection(broker: Door, api: str) 
         if api == "Metadata":
             wire.send(MetadataRequest(version=8, topics=None, allow_auto_topic_creation=False))
         elif api == "Produce":
-            data = ProduceRequest.TopicProduceData(
-                name="own-q",
-                partition_data=[
-                    ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=batch(b"anonymous"))
-                ],
-            )
-            wire.send(
-                ProduceRequest(version=8, transactional_id=None, acks=1, timeout_ms=5000, topic_data=[data])
-            )
+            wire.send(produce_request("own-q", batch(b"anonymous"), acks=1))
         else:
             wire.send(InitProducerIdRequest(version=1, transactional_id=None, transaction_timeout_ms=60000))
         assert wire.closed()
