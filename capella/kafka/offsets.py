@@ -189,14 +189,17 @@ async def offset_fetch(session: Session, request: Any, version: int) -> dict[str
     name = subscription_name(group)
     asked = request.topics
     if asked is None:
-        # Every partition the group has committed on (v2+).
+        # Every partition the group has committed on (v2+) that the caller may read: as Kafka
+        # does, the others are left out, not answered 29, which would name them.
         found: list[tuple[str, list[int]]] = []
         cluster = session.broker.cluster
+        identity = session.identity
         for topic, queues in listed(cluster).items():
             committed = [
                 index
                 for index, queue in enumerate(queues)
-                if any(s.name == name for s in cluster.queue(queue).subscriptions())
+                if identity.can("queue", "read", queue)
+                and any(s.name == name for s in cluster.queue(queue).subscriptions())
             ]
             if committed:
                 found.append((topic, committed))

@@ -933,3 +933,17 @@ def test_a_name_the_user_has_no_right_on_is_refused_whether_or_not_it_exists(bro
         assert wire.metadata(["own-nothing"]).topics[0].error_code == 3
         assert wire.produce("own-nothing", batch(b"probe")).error_code == 3
     assert broker.http("GET", "/v1/queues/own-nothing")[0] == 404
+
+
+def test_offset_fetch_of_every_topic_names_none_the_user_may_not_read(broker: Door) -> None:
+    # The group's cursor on hidden-q (the admin's doing), and one where the user may read.
+    status, body = broker.http("PUT", "/v1/queues/hidden-q/subscriptions/kafka.lim-all", {"last_id": 1})
+    assert status in (200, 201), body
+    status, body = broker.http("PUT", "/v1/queues/ro-q/subscriptions/kafka.lim-all", {"last_id": 2})
+    assert status in (200, 201), body
+    with broker.signed_in() as wire:
+        answer = wire.ask(OffsetFetchRequest(version=5, group_id="lim-all", topics=None), OffsetFetchResponse)
+    assert answer.error_code == 0
+    assert [
+        (t.name, [(p.partition_index, p.committed_offset) for p in t.partitions]) for t in answer.topics
+    ] == [("ro-q", [(0, 3)])]
