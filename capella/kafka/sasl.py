@@ -55,7 +55,8 @@ async def authenticate(session: Session, request: Any, version: int) -> dict[str
         return _refused(errors.SASL_AUTHENTICATION_FAILED, exc.message)
     except CapellaError:
         session.closing = True
-        log.info("kafka sign-in refused address=%s user=%s", session.address, name)
+        # repr, cut short: a stranger's name cannot add lines to the log (as authenticator.py).
+        log.info("kafka sign-in refused address=%s user=%.64r", session.address, name)
         return _refused(errors.SASL_AUTHENTICATION_FAILED, "wrong user name or password")
     session.identity = identity
     session.signed_in = True

@@ -947,3 +947,13 @@ def test_offset_fetch_of_every_topic_names_none_the_user_may_not_read(broker: Do
     assert [
         (t.name, [(p.partition_index, p.committed_offset) for p in t.partitions]) for t in answer.topics
     ] == [("ro-q", [(0, 3)])]
+
+
+def test_a_user_name_cannot_forge_a_line_of_the_servers_log(broker: Door) -> None:
+    forged = "1999-01-01 00:00:00,000 INFO capella.kafka.sasl: kafka signed in user=admin"
+    with broker.wire("127.0.0.4") as wire:
+        assert wire.sign_in(f"mallory\n{forged}", "wrong-password").error_code == 58
+        assert wire.closed()
+    log = broker.server.log()
+    assert "kafka sign-in refused address=127.0.0.4 user='mallory\\n1999-01-01" in log
+    assert not [line for line in log.splitlines() if line.startswith("1999-01-01")]
