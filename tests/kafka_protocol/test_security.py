@@ -178,6 +178,7 @@ class Wire:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self.client_id = "security"
         self._correlation = 0
 
     def __enter__(self) -> Wire:
@@ -188,7 +189,7 @@ class Wire:
 
     def send(self, request: Any) -> None:
         self._correlation += 1
-        request.with_header(correlation_id=self._correlation, client_id="security")
+        request.with_header(correlation_id=self._correlation, client_id=self.client_id)
         self.sock.sendall(request.encode(header=True, framed=True))
 
     def ask(self, request: Any, response: Any) -> Any:
@@ -746,14 +747,14 @@ def test_metadata_lists_only_queues_the_user_may_read_or_write(broker: Door) -> 
     assert (writable.error_code, len(writable.partitions)) == (0, 1)
 
 
-def join_request(group: str) -> Any:
+def join_request(group: str, member_id: str = "") -> Any:
     protocol = JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"")
     return JoinGroupRequest(
         version=5,
         group_id=group,
         session_timeout_ms=6000,
         rebalance_timeout_ms=6000,
-        member_id="",
+        member_id=member_id,
         group_instance_id=None,
         protocol_type="consumer",
         protocols=[protocol],
@@ -956,4 +957,18 @@ def test_a_user_name_cannot_forge_a_line_of_the_servers_log(broker: Door) -> Non
         assert wire.closed()
     log = broker.server.log()
     assert "kafka sign-in refused address=127.0.0.4 user='mallory\\n1999-01-01" in log
+    assert not [line for line in log.splitlines() if line.startswith("1999-01-01")]
+
+
+def test_a_group_or_client_id_cannot_forge_a_line_of_the_servers_log(broker: Door) -> None:
+    forged = "1999-01-01 00:00:00,000 INFO capella.kafka.groups: group rebalanced group=lim-g"
+    with broker.signed_in() as wire:
+        wire.client_id = f"client\n{forged}"
+        group = f"lim-forge\n{forged}"
+        first = wire.ask(join_request(group), JoinGroupResponse)
+        assert first.error_code == 79  # MEMBER_ID_REQUIRED: the member's id holds the client id
+        joined = wire.ask(join_request(group, first.member_id), JoinGroupResponse)
+        assert joined.error_code == 0
+    log = broker.server.log()
+    assert "group rebalancing group='lim-forge\\n1999-01-01" in log
     assert not [line for line in log.splitlines() if line.startswith("1999-01-01")]
