@@ -5,9 +5,10 @@ Kafka promises a client (a long-polling Fetch or a waiting JoinGroup blocks only
 connection; clients use another one for the rest). A frame is bounded before it is read:
 ``[kafka] max_frame_before_sign_in`` until the client has signed in, ``server.max_body_size``
 after. A frame that does not parse, an unknown API or version, or a request other than
-ApiVersions and SASL before sign-in closes that connection only, as Kafka brokers do; an
-ApiVersions of a version this broker does not serve is answered UNSUPPORTED_VERSION with a v0
-body listing the versions it does (KIP-511), so the client retries with one of them.
+ApiVersions and SASL before sign-in closes that connection only, as Kafka brokers do; so does
+not having signed in ``[kafka] sign_in_timeout`` after connecting (the TLS handshake included).
+An ApiVersions of a version this broker does not serve is answered UNSUPPORTED_VERSION with a
+v0 body listing the versions it does (KIP-511), so the client retries with one of them.
 """
 
 from __future__ import annotations
@@ -88,7 +89,12 @@ class KafkaListener:
         settings = self.broker.settings
         try:
             self._server = await asyncio.start_server(
-                self._serve, settings.host, settings.port, ssl=self._ssl, reuse_address=True
+                self._serve,
+                settings.host,
+                settings.port,
+                ssl=self._ssl,
+                ssl_handshake_timeout=settings.sign_in_timeout if self._ssl is not None else None,
+                reuse_address=True,
             )
         except OSError as exc:
             raise InvalidConfig(
@@ -170,8 +176,15 @@ class KafkaListener:
         self, session: Session, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         settings = self.broker.settings
+        loop = asyncio.get_running_loop()
+        sign_in_by = loop.time() + settings.sign_in_timeout
         while True:
-            async with asyncio.timeout(settings.idle_timeout):
+            # Until it has signed in, a connection is bounded by the deadline from its opening:
+            # frames sent a byte at a time do not push it back.
+            wait = settings.idle_timeout
+            if session.needs_sign_in:
+                wait = min(wait, sign_in_by - loop.time())
+            async with asyncio.timeout(wait):
                 size = frame_size(await reader.readexactly(4))
                 limit = settings.max_frame_before_sign_in if session.needs_sign_in else self.broker.max_frame
                 if not MIN_FRAME <= size <= limit:

@@ -101,6 +101,9 @@ MAX_FRAME_BEFORE_SIGN_IN = 4096
 MAX_BODY = 1 << 20
 MAX_CONNECTIONS = 12
 FAILED_LOGINS = 3  # per address, per window, on ``broker``
+SIGN_IN_TIMEOUT = 2.0
+# A loaded CI machine (2 cores, several test runs) may add this much to any deadline.
+SLACK = 2.0
 
 
 # --- servers -------------------------------------------------------------------------------
@@ -344,6 +347,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
             "auto_create_topics": True,
             "max_frame_before_sign_in": MAX_FRAME_BEFORE_SIGN_IN,
             "max_connections": MAX_CONNECTIONS,
+            "sign_in_timeout": f"{SIGN_IN_TIMEOUT}s",
         },
         tables={
             "server": {"max_body_size": MAX_BODY},
@@ -361,6 +365,7 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[D
     """SASL/PLAIN over TLS; failed logins may come from 127.0.0.1 here (a large budget)."""
     for server in kafka_server(
         tmp_path_factory.mktemp("tls-broker"),
+        kafka={"sign_in_timeout": f"{SIGN_IN_TIMEOUT}s"},
         tables={
             "kafka.tls": {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)},
             "auth": auth_table(max_failed_logins_per_address=10_000, max_failed_logins_per_user=10_000),
@@ -900,10 +905,9 @@ def test_a_second_sasl_authenticate_is_refused_and_closes(broker: Door) -> None:
 
 def test_one_connection_over_max_connections_is_closed_at_once(broker: Door) -> None:
     until_blocking(lambda: broker.open_connections() == 0, 10, "earlier tests' connections to close")
-    wires = [broker.wire() for _ in range(MAX_CONNECTIONS)]
+    # Signed in: the sign-in deadline closes no slot while the test runs.
+    wires = [broker.signed_in() for _ in range(MAX_CONNECTIONS)]
     try:
-        for wire in wires:
-            assert wire.api_versions().error_code == 0
         with broker.wire() as extra:
             started = time.monotonic()
             assert extra.closed()
@@ -972,3 +976,30 @@ def test_a_group_or_client_id_cannot_forge_a_line_of_the_servers_log(broker: Doo
     log = broker.server.log()
     assert "group rebalancing group='lim-forge\\n1999-01-01" in log
     assert not [line for line in log.splitlines() if line.startswith("1999-01-01")]
+
+
+def test_a_connection_that_does_not_sign_in_is_closed_at_the_deadline(broker: Door) -> None:
+    with broker.wire() as idle, broker.wire() as trickle, broker.signed_in() as signed:
+        opened = time.monotonic()
+        assert idle.api_versions().error_code == 0  # served, but no sign-in follows
+        # A frame that arrives a byte at a time does not push the deadline back (slowloris).
+        trickle.sock.sendall(struct.pack(">i", 100))
+        for _ in range(3):
+            time.sleep(0.4)
+            trickle.sock.sendall(b"\0")
+        for wire in (idle, trickle):
+            wire.sock.settimeout(SIGN_IN_TIMEOUT + SLACK)
+            assert wire.closed(), "still open past the sign-in deadline"
+            assert SIGN_IN_TIMEOUT - 0.5 <= time.monotonic() - opened <= SIGN_IN_TIMEOUT + SLACK
+        # A signed-in connection idles past it and is served.
+        assert signed.metadata(["own-q"]).topics[0].error_code == 0
+
+def test_a_tls_handshake_that_never_comes_is_closed_at_the_sign_in_deadline(tls_broker: Door) -> None:
+    with socket.create_connection(("127.0.0.1", tls_broker.server.kafka_port), timeout=TIMEOUT) as sock:
+        started = time.monotonic()
+        sock.settimeout(SIGN_IN_TIMEOUT + SLACK + 5)
+        try:
+            assert sock.recv(1) == b""
+        except ConnectionResetError:
+            pass
+        assert SIGN_IN_TIMEOUT - 0.1 <= time.monotonic() - started <= SIGN_IN_TIMEOUT + SLACK
