@@ -373,6 +373,8 @@ class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # head: strangers cannot hold max_connections by connecting and sending nothing.
     sign_in_timeout: PositiveDuration = 10.0
     max_connections: PositiveInt = 1024
+    # Of which one client address (IPv4, or an IPv6 /64) may hold this many, as over HTTP.
+    max_connections_per_address: PositiveInt = 128
     # Consumer groups the coordinator holds, and members in one group: a stranger cannot fill memory.
     max_groups: PositiveInt = 10_000
     max_group_members: PositiveInt = 1000

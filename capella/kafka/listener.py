@@ -7,8 +7,10 @@ connection; clients use another one for the rest). A frame is bounded before it 
 after. A frame that does not parse, an unknown API or version, or a request other than
 ApiVersions and SASL before sign-in closes that connection only, as Kafka brokers do; so does
 not having signed in ``[kafka] sign_in_timeout`` after connecting (the TLS handshake included).
-An ApiVersions of a version this broker does not serve is answered UNSUPPORTED_VERSION with a
-v0 body listing the versions it does (KIP-511), so the client retries with one of them.
+A connection over ``max_connections``, or over ``max_connections_per_address`` from one
+client address, is closed at once. An ApiVersions of a version this broker does not serve is
+answered UNSUPPORTED_VERSION with a v0 body listing the versions it does (KIP-511), so the
+client retries with one of them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from capella.auth.authenticator import Authenticator
+from capella.auth.throttle import client_key
 from capella.backoff import backoff
 from capella.config import KafkaSettings
 from capella.core.cluster import Cluster
@@ -74,6 +77,7 @@ class KafkaListener:
         self._ssl = ssl_context
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        self._per_address: dict[str, int] = {}  # open connections by client_key
         self._expiry: asyncio.Task[None] | None = None
         self.stats = ProtocolStats()
         broker.cluster.doors["kafka"] = self.stats
@@ -145,11 +149,15 @@ class KafkaListener:
         assert task is not None
         peer = writer.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) else ""
-        if len(self._connections) >= self.broker.settings.max_connections:
+        settings = self.broker.settings
+        client = client_key(address)
+        held = self._per_address.get(client, 0)
+        if len(self._connections) >= settings.max_connections or held >= settings.max_connections_per_address:
             self.stats.refused_connections += 1
             writer.close()
             return
         self._connections.add(task)
+        self._per_address[client] = held + 1
         self.stats.connections += 1
         self.stats.open_connections += 1
         session = Session(self.broker, address)
@@ -168,6 +176,9 @@ class KafkaListener:
         finally:
             self.stats.open_connections -= 1
             self._connections.discard(task)
+            left = self._per_address.pop(client) - 1
+            if left:
+                self._per_address[client] = left
             writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), timeout=1)

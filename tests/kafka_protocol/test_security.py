@@ -101,6 +101,7 @@ QUEUES = ["ro-q", "wo-q", "own-q", "hidden-q", "shared-q"]
 MAX_FRAME_BEFORE_SIGN_IN = 4096
 MAX_BODY = 1 << 20
 MAX_CONNECTIONS = 12
+MAX_CONNECTIONS_PER_ADDRESS = 8
 FAILED_LOGINS = 3  # per address, per window, on ``broker``
 SIGN_IN_TIMEOUT = 2.0
 # A loaded CI machine (2 cores, several test runs) may add this much to any deadline.
@@ -348,6 +349,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
             "auto_create_topics": True,
             "max_frame_before_sign_in": MAX_FRAME_BEFORE_SIGN_IN,
             "max_connections": MAX_CONNECTIONS,
+            "max_connections_per_address": MAX_CONNECTIONS_PER_ADDRESS,
             "sign_in_timeout": f"{SIGN_IN_TIMEOUT}s",
         },
         tables={
@@ -906,17 +908,43 @@ def test_a_second_sasl_authenticate_is_refused_and_closes(broker: Door) -> None:
 
 def test_one_connection_over_max_connections_is_closed_at_once(broker: Door) -> None:
     until_blocking(lambda: broker.open_connections() == 0, 10, "earlier tests' connections to close")
-    # Signed in: the sign-in deadline closes no slot while the test runs.
-    wires = [broker.signed_in() for _ in range(MAX_CONNECTIONS)]
+    # Signed in (the sign-in deadline closes no slot while the test runs), from two addresses
+    # (each under max_connections_per_address).
+    sources = ["127.0.0.10", "127.0.0.11"]
+    wires = [broker.signed_in(source=sources[i % 2]) for i in range(MAX_CONNECTIONS)]
     try:
-        with broker.wire() as extra:
+        with broker.wire("127.0.0.12") as extra:
             started = time.monotonic()
             assert extra.closed()
             assert time.monotonic() - started < 2.0
         wires.pop().sock.close()
         until_blocking(lambda: broker.open_connections() == MAX_CONNECTIONS - 1, 10, "a slot to free")
-        with broker.wire() as wire:
+        with broker.wire("127.0.0.12") as wire:
             assert wire.api_versions().error_code == 0
+    finally:
+        for wire in wires:
+            wire.sock.close()
+
+
+def test_one_connection_over_max_connections_per_address_is_closed_and_others_are_served(
+    broker: Door,
+) -> None:
+    until_blocking(lambda: broker.open_connections() == 0, 10, "earlier tests' connections to close")
+    wires = [broker.signed_in(source="127.0.0.20") for _ in range(MAX_CONNECTIONS_PER_ADDRESS)]
+    try:
+        with broker.wire("127.0.0.20") as extra:
+            started = time.monotonic()
+            assert extra.closed()
+            assert time.monotonic() - started < 2.0
+        # Another address is served while that one holds its share.
+        with broker.signed_in(source="127.0.0.21") as other:
+            assert other.metadata(["own-q"]).topics[0].error_code == 0
+        wires.pop().sock.close()
+        until_blocking(
+            lambda: broker.open_connections() == MAX_CONNECTIONS_PER_ADDRESS - 1, 10, "a slot to free"
+        )
+        with broker.wire("127.0.0.20") as again:
+            assert again.api_versions().error_code == 0
     finally:
         for wire in wires:
             wire.sock.close()
