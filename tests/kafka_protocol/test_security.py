@@ -899,10 +899,13 @@ def test_sasl_authenticate_without_a_handshake_is_refused_and_closes(broker: Doo
 
 def test_a_second_sasl_authenticate_is_refused_and_closes(broker: Door) -> None:
     with broker.signed_in() as wire:
-        shake = wire.ask(SaslHandshakeRequest(version=1, mechanism="PLAIN"), SaslHandshakeResponse)
-        assert shake.error_code == 0
         again = wire.authenticate(f"\0admin\0{PASSWORDS['admin']}".encode())
-        assert again.error_code == 34
+        assert again.error_code == 34  # ILLEGAL_SASL_STATE
+        assert wire.closed()
+    # A second handshake too: no re-authentication (the session lifetime answered is 0).
+    with broker.signed_in() as wire:
+        shake = wire.ask(SaslHandshakeRequest(version=1, mechanism="PLAIN"), SaslHandshakeResponse)
+        assert shake.error_code == 34
         assert wire.closed()
 
 
@@ -1031,3 +1034,51 @@ def test_a_tls_handshake_that_never_comes_is_closed_at_the_sign_in_deadline(tls_
         with contextlib.suppress(ConnectionResetError):  # closed, by a FIN or a reset
             assert sock.recv(1) == b""
         assert SIGN_IN_TIMEOUT - 0.1 <= time.monotonic() - started <= SIGN_IN_TIMEOUT + SLACK
+
+
+# --- SaslHandshake v0 (kcat's librdkafka 2.0.2 needs it advertised) -------------------------
+
+
+def kcat_sasl(door: Door, user: str, *args: str, data: str | None = None) -> subprocess.CompletedProcess[str]:
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        pytest.skip("needs kcat (make install-test-tools)")
+    sasl = ["-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanisms=PLAIN"]
+    sasl += ["-X", f"sasl.username={user}", "-X", f"sasl.password={PASSWORDS[user]}"]
+    return subprocess.run(
+        [kcat, "-b", door.server.bootstrap, *sasl, *args],
+        input=data,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_kcat_signs_in_with_sasl_plain_produces_and_consumes(broker: Door) -> None:
+    # librdkafka before 2.10 signs in only when SaslHandshake v0 is advertised (then sends v1).
+    produced = kcat_sasl(broker, "limited", "-P", "-t", "own-q", data="kcat-1\nkcat-2\n")
+    assert produced.returncode == 0, produced.stderr
+    consumed = kcat_sasl(broker, "limited", "-C", "-t", "own-q", "-o", "-2", "-e", "-f", "%o %s\n")
+    assert consumed.returncode == 0, consumed.stderr
+    ids = [m["id"] for m in broker.messages("own-q") if m["data"].startswith("kcat-")]
+    assert consumed.stdout.splitlines() == [f"{ids[0]} kcat-1", f"{ids[1]} kcat-2"]
+    refused = kcat_sasl(broker, "limited", "-P", "-t", "ro-q", data="not allowed\n")
+    assert refused.returncode != 0
+    assert "Topic authorization failed" in refused.stderr
+    assert "not allowed" not in [m["data"] for m in broker.messages("ro-q")]
+
+
+def test_sasl_handshake_v0_then_a_raw_plain_token_signs_in(broker: Door) -> None:
+    with broker.wire() as wire:
+        shake = wire.ask(SaslHandshakeRequest(version=0, mechanism="PLAIN"), SaslHandshakeResponse)
+        assert (shake.error_code, list(shake.mechanisms)) == (0, ["PLAIN"])
+        # v0: the token follows as a bare size-prefixed frame, answered by an empty one.
+        token = f"\0limited\0{PASSWORDS['limited']}".encode()
+        wire.sock.sendall(struct.pack(">i", len(token)) + token)
+        assert wire.read_frame() == b""
+        assert wire.metadata(["own-q"]).topics[0].error_code == 0
+    with broker.wire("127.0.0.5") as wire:
+        wire.ask(SaslHandshakeRequest(version=0, mechanism="PLAIN"), SaslHandshakeResponse)
+        token = b"\0limited\0wrong-password"
+        wire.sock.sendall(struct.pack(">i", len(token)) + token)
+        assert wire.closed()  # v0 has no error answer: the connection is closed
