@@ -1043,8 +1043,11 @@ def kcat_sasl(door: Door, user: str, *args: str, data: str | None = None) -> sub
     kcat = shutil.which("kcat")
     if kcat is None:
         pytest.skip("needs kcat (make install-test-tools)")
-    sasl = ["-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanisms=PLAIN"]
+    protocol = "SASL_PLAINTEXT" if door.pki is None else "SASL_SSL"
+    sasl = ["-X", f"security.protocol={protocol}", "-X", "sasl.mechanisms=PLAIN"]
     sasl += ["-X", f"sasl.username={user}", "-X", f"sasl.password={PASSWORDS[user]}"]
+    if door.pki is not None:
+        sasl += ["-X", f"ssl.ca.location={door.pki.ca}"]
     return subprocess.run(
         [kcat, "-b", door.server.bootstrap, *sasl, *args],
         input=data,
@@ -1082,3 +1085,11 @@ def test_sasl_handshake_v0_then_a_raw_plain_token_signs_in(broker: Door) -> None
         token = b"\0limited\0wrong-password"
         wire.sock.sendall(struct.pack(">i", len(token)) + token)
         assert wire.closed()  # v0 has no error answer: the connection is closed
+
+
+def test_kcat_signs_in_over_tls(tls_broker: Door) -> None:
+    produced = kcat_sasl(tls_broker, "alice", "-P", "-t", "shared-q", data="kcat over tls\n")
+    assert produced.returncode == 0, produced.stderr
+    listed = kcat_sasl(tls_broker, "alice", "-L", "-t", "shared-q")
+    assert listed.returncode == 0 and 'topic "shared-q" with 1 partitions' in listed.stdout, listed
+    assert tls_broker.messages("shared-q")[-1]["data"] == "kcat over tls"
