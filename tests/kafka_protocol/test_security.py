@@ -1,15 +1,18 @@
 """The Kafka door's security against real ``capella serve`` processes with ``[auth]`` on.
 
 Two brokers per module: ``tls_broker`` serves SASL/PLAIN over TLS (SASL_SSL) to unmodified
-confluent-kafka, aiokafka and kafka-python clients; ``broker`` serves SASL_PLAINTEXT on loopback
-and takes the attacks, sent as raw frames built by kafka-python's protocol module (what a
-client nobody here wrote would send, or a hostile one). Start-up refusals run ``capella serve``
+kcat, confluent-kafka, aiokafka and kafka-python clients; ``broker`` serves SASL_PLAINTEXT on
+loopback with small limits (frames before sign-in, the sign-in deadline, connections in all and
+per address) and takes the attacks, sent as raw frames built by kafka-python's protocol module
+(what a client nobody here wrote would send, or a hostile one). Each attack test also sends the
+same request where the user has the right, so a refusal is the right's and not a broken call. Start-up refusals run ``capella serve``
 once each; the listener beyond loopback runs in a network namespace of its own, with an address
 on its loopback device, so no traffic leaves the machine.
 
 Failed logins spend a budget per client address, shared with HTTP Basic: the tests that fail a
 login on ``broker`` connect from addresses of their own in 127.0.0.0/8, so the budget of
-127.0.0.1 (which the other tests sign in from) stays whole.
+127.0.0.1 (which the other tests sign in from) stays whole; the connection-limit tests use
+addresses of their own too.
 """
 
 from __future__ import annotations
