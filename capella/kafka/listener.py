@@ -35,6 +35,7 @@ from capella.kafka.codec import Header, decode_request, encode_response, frame_s
 from capella.kafka.groups import Coordinator
 from capella.kafka.session import Broker, Session
 from capella.kafka.versions import API_VERSIONS, APIS, advertised
+from capella.tally import LOG_EVERY, Tally
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,25 @@ class KafkaListener:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self._per_address: dict[str, int] = {}  # open connections by client_key
+        settings = broker.settings
+        self._refused = Tally(
+            "kafka connections refused: %d over max_connections=%d", settings.max_connections, log
+        )
+        self._refused_address = Tally(
+            "kafka connections refused: %d over max_connections_per_address=%d",
+            settings.max_connections_per_address,
+            log,
+        )
+        self._not_signed_in = Tally(
+            "kafka connections closed: %d did not sign in within sign_in_timeout=%gs",
+            settings.sign_in_timeout,
+            log,
+        )
+        self._bad_frames = Tally(
+            "kafka connections closed: %d sent a bad frame (one line per %gs; each at debug level)",
+            LOG_EVERY,
+            log,
+        )
         self._expiry: asyncio.Task[None] | None = None
         self.stats = ProtocolStats()
         broker.cluster.doors["kafka"] = self.stats
@@ -120,6 +140,8 @@ class KafkaListener:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._expiry
         self.broker.coordinator.close()
+        for tally in (self._refused, self._refused_address, self._not_signed_in, self._bad_frames):
+            tally.close()
         for task in list(self._connections):
             task.cancel()
         if self._connections:
@@ -152,8 +174,14 @@ class KafkaListener:
         settings = self.broker.settings
         client = client_key(address)
         held = self._per_address.get(client, 0)
-        if len(self._connections) >= settings.max_connections or held >= settings.max_connections_per_address:
+        refused = None
+        if len(self._connections) >= settings.max_connections:
+            refused = self._refused
+        elif held >= settings.max_connections_per_address:
+            refused = self._refused_address
+        if refused is not None:
             self.stats.refused_connections += 1
+            refused.add(asyncio.get_running_loop())
             writer.close()
             return
         self._connections.add(task)
@@ -163,11 +191,16 @@ class KafkaListener:
         session = Session(self.broker, address)
         try:
             await self._requests(session, reader, writer)
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, ssl.SSLError, Close):
+        except TimeoutError:
+            if session.needs_sign_in:
+                self._not_signed_in.add(asyncio.get_running_loop())
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, Close):
             pass
         except CorruptKafkaFrame as exc:
             self.stats.closed_by_error += 1
-            log.info("kafka connection closed address=%s reason=%s", address, exc.message)
+            # A stranger can send bad frames without end: counted per window, each at debug.
+            self._bad_frames.add(asyncio.get_running_loop())
+            log.debug("kafka connection closed address=%s reason=%s", address, exc.message)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug: this connection ends, the server goes on

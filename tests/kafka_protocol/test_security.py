@@ -1096,3 +1096,30 @@ def test_kcat_signs_in_over_tls(tls_broker: Door) -> None:
     listed = kcat_sasl(tls_broker, "alice", "-L", "-t", "shared-q")
     assert listed.returncode == 0 and 'topic "shared-q" with 1 partitions' in listed.stdout, listed
     assert tls_broker.messages("shared-q")[-1]["data"] == "kcat over tls"
+
+
+def closed_by_error(door: Door) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", door.server.port, timeout=TIMEOUT * 4)
+    credentials = base64.b64encode(f"admin:{PASSWORDS['admin']}".encode()).decode()
+    try:
+        connection.request("GET", "/metrics", headers={"Authorization": f"Basic {credentials}"})
+        text = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    for line in text.splitlines():
+        if line.startswith('capella_protocol_closed_by_error_total{protocol="kafka"}'):
+            return int(line.split()[-1])
+    raise AssertionError("no Kafka closed-by-error counter in /metrics")
+
+
+def test_a_flood_of_bad_frames_is_a_few_log_lines_not_one_each(broker: Door) -> None:
+    before, lines = closed_by_error(broker), len(broker.server.log().splitlines())
+    for _ in range(20):
+        with broker.wire("127.0.0.30") as wire:
+            wire.sock.sendall(b"GET / HTTP/1.1\r\n\r\n")  # 'GET ' announces a 1.1 GB frame
+            assert wire.closed()
+    until_blocking(lambda: closed_by_error(broker) == before + 20, 10, "20 connections closed by error")
+    # Each was closed for its frame; the log says so in one line per window, with the count.
+    added = broker.server.log().splitlines()[lines:]
+    assert not [line for line in added if "127.0.0.30" in line], added
+    assert len([line for line in added if "kafka connections closed" in line]) <= 1, added
