@@ -4,10 +4,11 @@ Two brokers per module: ``tls_broker`` serves SASL/PLAIN over TLS (SASL_SSL) to 
 kcat, confluent-kafka, aiokafka and kafka-python clients; ``broker`` serves SASL_PLAINTEXT on
 loopback with small limits (frames before sign-in, the sign-in deadline, connections in all and
 per address) and takes the attacks, sent as raw frames built by kafka-python's protocol module
-(what a client nobody here wrote would send, or a hostile one). Each attack test also sends the
-same request where the user has the right, so a refusal is the right's and not a broken call. Start-up refusals run ``capella serve``
-once each; the listener beyond loopback runs in a network namespace of its own, with an address
-on its loopback device, so no traffic leaves the machine.
+(what a client nobody here wrote would send, or a hostile one). The rights tests also send the
+same request where the user has the right, so a refusal is the right's and not a broken call.
+Start-up refusals run ``capella serve`` once each; the listener beyond loopback runs in a
+network namespace of its own, with an address on its loopback device, so no traffic leaves the
+machine.
 
 Failed logins spend a budget per client address, shared with HTTP Basic: the tests that fail a
 login on ``broker`` connect from addresses of their own in 127.0.0.0/8, so the budget of
@@ -107,6 +108,8 @@ MAX_CONNECTIONS = 12
 MAX_CONNECTIONS_PER_ADDRESS = 8
 FAILED_LOGINS = 3  # per address, per window, on ``broker``
 SIGN_IN_TIMEOUT = 2.0
+# On ``tls_broker``: long enough that "closed at once" is told apart from "at the deadline".
+TLS_SIGN_IN_TIMEOUT = 4.0
 # A loaded CI machine (2 cores, several test runs) may add this much to any deadline.
 SLACK = 2.0
 
@@ -371,7 +374,10 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[D
     """SASL/PLAIN over TLS; failed logins may come from 127.0.0.1 here (a large budget)."""
     for server in kafka_server(
         tmp_path_factory.mktemp("tls-broker"),
-        kafka={"sign_in_timeout": f"{SIGN_IN_TIMEOUT}s"},
+        kafka={
+            "sign_in_timeout": f"{TLS_SIGN_IN_TIMEOUT}s",
+            "max_connections_per_address": MAX_CONNECTIONS_PER_ADDRESS,
+        },
         tables={
             "kafka.tls": {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)},
             "auth": auth_table(max_failed_logins_per_address=10_000, max_failed_logins_per_user=10_000),
@@ -1033,10 +1039,10 @@ def test_a_connection_that_does_not_sign_in_is_closed_at_the_deadline(broker: Do
 def test_a_tls_handshake_that_never_comes_is_closed_at_the_sign_in_deadline(tls_broker: Door) -> None:
     with socket.create_connection(("127.0.0.1", tls_broker.server.kafka_port), timeout=TIMEOUT) as sock:
         started = time.monotonic()
-        sock.settimeout(SIGN_IN_TIMEOUT + SLACK + 5)
+        sock.settimeout(TLS_SIGN_IN_TIMEOUT + SLACK + 5)
         with contextlib.suppress(ConnectionResetError):  # closed, by a FIN or a reset
             assert sock.recv(1) == b""
-        assert SIGN_IN_TIMEOUT - 0.1 <= time.monotonic() - started <= SIGN_IN_TIMEOUT + SLACK
+        assert TLS_SIGN_IN_TIMEOUT - 0.1 <= time.monotonic() - started <= TLS_SIGN_IN_TIMEOUT + SLACK
 
 
 # --- SaslHandshake v0 (kcat's librdkafka 2.0.2 needs it advertised) -------------------------
