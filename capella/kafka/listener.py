@@ -112,13 +112,9 @@ class KafkaListener:
     async def start(self) -> None:
         settings = self.broker.settings
         try:
-            self._server = await asyncio.start_server(
-                self._serve,
-                settings.host,
-                settings.port,
-                ssl=self._ssl,
-                ssl_handshake_timeout=settings.sign_in_timeout if self._ssl is not None else None,
-                reuse_address=True,
+            loop = asyncio.get_running_loop()
+            self._server = await loop.create_server(
+                self._protocol, settings.host, settings.port, reuse_address=True
             )
         except OSError as exc:
             raise InvalidConfig(
@@ -166,6 +162,15 @@ class KafkaListener:
                 failures += 1
                 log.error("kafka group expiry failed failures=%d", failures, exc_info=exc)
 
+    def _protocol(self) -> asyncio.StreamReaderProtocol:
+        """asyncio.start_server's protocol, but TLS starts in ``_serve``, once the connection is
+        counted against the limits: handshakes that never finish then hold slots too, instead
+        of piling up beside max_connections."""
+        reader = asyncio.StreamReader()
+        if self._ssl is None:
+            return asyncio.StreamReaderProtocol(reader, self._serve)
+        return _Paused(reader, self._serve)
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -189,8 +194,12 @@ class KafkaListener:
         self.stats.connections += 1
         self.stats.open_connections += 1
         session = Session(self.broker, address)
+        loop = asyncio.get_running_loop()
+        sign_in_by = loop.time() + settings.sign_in_timeout
         try:
-            await self._requests(session, reader, writer)
+            if self._ssl is not None:
+                await writer.start_tls(self._ssl, ssl_handshake_timeout=settings.sign_in_timeout)
+            await self._requests(session, reader, writer, sign_in_by)
         except TimeoutError:
             if session.needs_sign_in:
                 self._not_signed_in.add(asyncio.get_running_loop())
@@ -217,11 +226,14 @@ class KafkaListener:
                 await asyncio.wait_for(writer.wait_closed(), timeout=1)
 
     async def _requests(
-        self, session: Session, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        session: Session,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        sign_in_by: float,
     ) -> None:
         settings = self.broker.settings
         loop = asyncio.get_running_loop()
-        sign_in_by = loop.time() + settings.sign_in_timeout
         while True:
             # Until it has signed in, a connection is bounded by the deadline from its opening:
             # frames sent a byte at a time do not push it back.
@@ -271,6 +283,16 @@ class KafkaListener:
             if code == errors.SASL_AUTHENTICATION_FAILED:
                 self.stats.sign_in_failures += 1
         return encode_response(header.api_key, header.api_version, header.correlation_id, body)
+
+
+class _Paused(asyncio.StreamReaderProtocol):
+    """Reads nothing until TLS starts on it: a ClientHello read into the plain stream before
+    ``start_tls`` would be lost to the handshake."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert isinstance(transport, asyncio.ReadTransport)
+        transport.pause_reading()
 
 
 def error_codes(body: object) -> Iterator[int]:

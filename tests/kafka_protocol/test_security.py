@@ -1129,3 +1129,31 @@ def test_a_flood_of_bad_frames_is_a_few_log_lines_not_one_each(broker: Door) -> 
     added = broker.server.log().splitlines()[lines:]
     assert not [line for line in added if "127.0.0.30" in line], added
     assert len([line for line in added if "kafka connections closed" in line]) <= 1, added
+
+
+def test_connections_still_in_their_tls_handshake_count_against_the_limits(tls_broker: Door) -> None:
+    # Connections that never start the handshake hold the address's share...
+    server = ("127.0.0.1", tls_broker.server.kafka_port)
+    idle = [
+        socket.create_connection(server, source_address=("127.0.0.40", 0))
+        for _ in range(MAX_CONNECTIONS_PER_ADDRESS)
+    ]
+    try:
+        until_blocking(
+            lambda: tls_broker.open_connections() >= MAX_CONNECTIONS_PER_ADDRESS,
+            10,
+            "the handshakes to count",
+        )
+        # ... so one more is closed at once, not at the handshake's deadline.
+        timeout = TLS_SIGN_IN_TIMEOUT + SLACK
+        with socket.create_connection(server, timeout=timeout, source_address=("127.0.0.40", 0)) as extra:
+            started = time.monotonic()
+            with contextlib.suppress(ConnectionResetError):
+                assert extra.recv(1) == b""
+            assert time.monotonic() - started < TLS_SIGN_IN_TIMEOUT / 2
+        # Another address completes its handshake and signs in.
+        with tls_broker.signed_in("alice", source="127.0.0.41") as wire:
+            assert wire.metadata(["shared-q"]).topics[0].error_code == 0
+    finally:
+        for sock in idle:
+            sock.close()
