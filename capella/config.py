@@ -368,7 +368,13 @@ class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_frame_before_sign_in: Annotated[int, _Read(parse_size), msgspec.Meta(ge=1024, le=16 << 20)] = 64 << 10
     # A connection that sends nothing for this long is closed (Kafka's connections.max.idle.ms).
     idle_timeout: PositiveDuration = 600.0
+    # With [auth] on, a connection that has not signed in this long after it opened (after the
+    # TLS handshake, which it also bounds) is closed, as server.header_timeout bounds an HTTP
+    # head: strangers cannot hold max_connections by connecting and sending nothing.
+    sign_in_timeout: PositiveDuration = 10.0
     max_connections: PositiveInt = 1024
+    # Of which one client address (IPv4, or an IPv6 /64) may hold this many, as over HTTP.
+    max_connections_per_address: PositiveInt = 128
     # Consumer groups the coordinator holds, and members in one group: a stranger cannot fill memory.
     max_groups: PositiveInt = 10_000
     max_group_members: PositiveInt = 1000

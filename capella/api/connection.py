@@ -60,6 +60,7 @@ from capella.errors import (
     TooManyConnections,
     TooManyConnectionsFromAddress,
 )
+from capella.tally import Tally
 from capella.wire.answers import Error
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,6 @@ log = logging.getLogger(__name__)
 # closes, or for this long: closing at once, with the client's request unread, would reset
 # the connection and could destroy the 503 before the client reads it.
 REFUSED_LINGER = 2.0
-# Floods are logged as one line with a count, at most this often.
-LOG_EVERY = 10.0
 # Past this share of max_connections, a new connection first closes the oldest idle one.
 RECLAIM_SHARE = 0.75
 # How many of the oldest idle connections one reclaim looks at: one still writing its last
@@ -89,20 +88,24 @@ class ConnectionGuard:
         self._lingering = 0
         self.per_address = min(settings.max_connections_per_address, settings.max_connections)
         self.reclaim_at = int(settings.max_connections * RECLAIM_SHARE)
-        self._refused = _Tally("connections refused: %d over max_connections=%d", settings.max_connections)
-        self._refused_address = _Tally(
-            "connections refused: %d over max_connections_per_address=%d", self.per_address
+        self._refused = Tally(
+            "connections refused: %d over max_connections=%d", settings.max_connections, log
         )
-        self._reclaimed = _Tally(
+        self._refused_address = Tally(
+            "connections refused: %d over max_connections_per_address=%d", self.per_address, log
+        )
+        self._reclaimed = Tally(
             "idle keep-alive connections closed early: %d, to keep slots free (max_connections=%d)",
             settings.max_connections,
+            log,
         )
-        self._too_many_bodies = _Tally(
-            "requests refused: %d over max_bodies_per_address=%d", settings.max_bodies_per_address
+        self._too_many_bodies = Tally(
+            "requests refused: %d over max_bodies_per_address=%d", settings.max_bodies_per_address, log
         )
-        self._timed_out = _Tally(
+        self._timed_out = Tally(
             "connections closed: %d sent no complete request head within header_timeout=%gs",
             settings.header_timeout,
+            log,
         )
         self.refused_answer = _answer(
             TooManyConnections(
@@ -355,7 +358,7 @@ class _Connection(asyncio.Protocol):
         handler.force_close()
         return True
 
-    def _refuse(self, transport: asyncio.Transport, answer: bytes, tally: _Tally) -> None:
+    def _refuse(self, transport: asyncio.Transport, answer: bytes, tally: Tally) -> None:
         guard = self._guard
         tally.add(self._loop)
         guard._lingering += 1
@@ -482,43 +485,6 @@ class GuardedSite(web.BaseSite):
             # A client that opens a connection and never finishes the handshake is a slow head too.
             ssl_handshake_timeout=self._guard.settings.header_timeout if self._ssl_context else None,
         )
-
-
-class _Tally:
-    """Counts an event and logs how many happened, at most once per ``LOG_EVERY`` seconds.
-
-    The first event is logged at once; later ones are summed into one line per window, so a
-    flood of a thousand refusals is a handful of lines and none goes unreported.
-    """
-
-    __slots__ = ("_count", "_limit", "_message", "_window")
-
-    def __init__(self, message: str, limit: float) -> None:
-        self._message = message
-        self._limit = limit
-        self._count = 0
-        self._window: asyncio.TimerHandle | None = None
-
-    def add(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._count += 1
-        if self._window is None:
-            self._report(loop)
-
-    def close(self) -> None:
-        if self._window is not None:
-            self._window.cancel()
-            self._window = None
-        if self._count:
-            log.warning(self._message, self._count, self._limit)
-            self._count = 0
-
-    def _report(self, loop: asyncio.AbstractEventLoop) -> None:
-        if not self._count:
-            self._window = None
-            return
-        log.warning(self._message, self._count, self._limit)
-        self._count = 0
-        self._window = loop.call_later(LOG_EVERY, self._report, loop)
 
 
 def _answer(error: CapellaError) -> bytes:

@@ -22,7 +22,7 @@ from capella.core.base_queue import BaseQueue
 from capella.errors import CapellaError
 from capella.kafka import errors, records
 from capella.kafka.session import Session
-from capella.kafka.topics import partition_queue
+from capella.kafka.topics import authorized_queue
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +70,9 @@ async def fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
 
 def _open(session: Session, p: _Partition) -> None:
     try:
-        queue = partition_queue(session.broker.cluster, p.topic, p.index)
+        queue = authorized_queue(session.identity, session.broker.cluster, p.topic, p.index, "read")
     except CapellaError as exc:
         p.error = errors.code_for(exc)
-        return
-    if not session.identity.can("queue", "read", queue.name):
-        p.error = errors.TOPIC_AUTHORIZATION_FAILED
         return
     p.queue = queue
 

@@ -48,6 +48,8 @@ from capella.kafka.errors import (
 )
 
 log = logging.getLogger(__name__)
+# Group ids, member ids (which hold client ids) and protocol names are whatever clients send:
+# they are logged as repr, so a newline in one cannot forge a line of the log.
 
 MAX_GROUP_ID = 255
 # A group.instance.id is a Kafka topic-like name (JoinGroupRequest.validateGroupInstanceId).
@@ -412,7 +414,7 @@ class Coordinator:
             group.new_member_added = True
         group.add(member)
         member.joins.append(waiter)
-        self._maybe_prepare(group, f"member {member.member_id} joined")
+        self._maybe_prepare(group, f"member {member.member_id!r} joined")
 
     def _rejoin(
         self,
@@ -445,7 +447,7 @@ class Coordinator:
             member.session_timeout = session_timeout
             member.rebalance_timeout = rebalance_timeout
             member.joins.append(waiter)
-            self._maybe_prepare(group, f"member {member_id} rejoined")
+            self._maybe_prepare(group, f"member {member_id!r} rejoined")
 
     def _replace_static(
         self, group: _Group, instance_id: str, member: _Member, waiter: asyncio.Future[JoinResult]
@@ -509,7 +511,7 @@ class Coordinator:
             group.initial = False
             group.join_deadline = now + group.rebalance_timeout()
         log.info(
-            "group rebalancing group=%s generation=%d members=%d reason=%s",
+            "group rebalancing group=%r generation=%d members=%d reason=%s",
             group.group_id,
             group.generation,
             len(group.members),
@@ -525,7 +527,7 @@ class Coordinator:
     def _complete_join(self, group: _Group) -> None:
         """End PreparingRebalance: drop who did not rejoin, bump the generation, answer the joins."""
         for member in [m for m in group.members.values() if not m.joins and m.instance_id is None]:
-            log.info("member did not rejoin group=%s member=%s", group.group_id, member.member_id)
+            log.info("member did not rejoin group=%r member=%r", group.group_id, member.member_id)
             group.remove(member.member_id)
         now = self._clock()
         group.initial = False
@@ -543,7 +545,7 @@ class Coordinator:
         group.protocol_name = group.select_protocol()
         group.state = GroupState.COMPLETING_REBALANCE
         log.info(
-            "group rebalanced group=%s generation=%d members=%d protocol=%s",
+            "group rebalanced group=%r generation=%d members=%d protocol=%r",
             group.group_id,
             group.generation,
             len(group.members),
@@ -741,7 +743,7 @@ class Coordinator:
                 if group.members.get(member.member_id) is not member:
                     continue
                 if now >= member.deadline and (member.is_new or not member.awaiting()):
-                    log.info("member session expired group=%s member=%s", group.group_id, member.member_id)
+                    log.info("member session expired group=%r member=%r", group.group_id, member.member_id)
                     self._remove(group, member, f"session of {member.member_id} expired")
             if (
                 group.state is GroupState.PREPARING_REBALANCE
@@ -774,7 +776,7 @@ class Coordinator:
         if group.state not in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE) or not group.pending_sync:
             return
         for member_id in list(group.pending_sync):
-            log.info("member did not sync group=%s member=%s", group.group_id, member_id)
+            log.info("member did not sync group=%r member=%r", group.group_id, member_id)
             member = group.members[member_id]
             _answer_joins(member, JoinResult(UNKNOWN_MEMBER_ID))
             group.remove(member_id)

@@ -5,9 +5,12 @@ Kafka promises a client (a long-polling Fetch or a waiting JoinGroup blocks only
 connection; clients use another one for the rest). A frame is bounded before it is read:
 ``[kafka] max_frame_before_sign_in`` until the client has signed in, ``server.max_body_size``
 after. A frame that does not parse, an unknown API or version, or a request other than
-ApiVersions and SASL before sign-in closes that connection only, as Kafka brokers do; an
-ApiVersions of a version this broker does not serve is answered UNSUPPORTED_VERSION with a v0
-body listing the versions it does (KIP-511), so the client retries with one of them.
+ApiVersions and SASL before sign-in closes that connection only, as Kafka brokers do; so does
+not having signed in ``[kafka] sign_in_timeout`` after connecting (the TLS handshake included).
+A connection over ``max_connections``, or over ``max_connections_per_address`` from one
+client address, is closed at once. An ApiVersions of a version this broker does not serve is
+answered UNSUPPORTED_VERSION with a v0 body listing the versions it does (KIP-511), so the
+client retries with one of them.
 """
 
 from __future__ import annotations
@@ -21,17 +24,19 @@ from collections.abc import Iterator
 from typing import Any
 
 from capella.auth.authenticator import Authenticator
+from capella.auth.throttle import client_key
 from capella.backoff import backoff
 from capella.config import KafkaSettings
 from capella.core.cluster import Cluster
 from capella.core.stats import ProtocolStats
 from capella.errors import CorruptKafkaFrame, InvalidConfig
-from capella.kafka import errors
+from capella.kafka import errors, sasl
 from capella.kafka.codec import Header, decode_request, encode_response, frame_size, read_header
 from capella.kafka.groups import Coordinator
 from capella.kafka.nodes import STANDALONE, KafkaNode, node_id
 from capella.kafka.session import Broker, Session
 from capella.kafka.versions import API_VERSIONS, APIS, advertised
+from capella.tally import LOG_EVERY, Tally
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +80,26 @@ class KafkaListener:
         self._ssl = ssl_context
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        self._per_address: dict[str, int] = {}  # open connections by client_key
+        settings = broker.settings
+        self._refused = Tally(
+            "kafka connections refused: %d over max_connections=%d", settings.max_connections, log
+        )
+        self._refused_address = Tally(
+            "kafka connections refused: %d over max_connections_per_address=%d",
+            settings.max_connections_per_address,
+            log,
+        )
+        self._not_signed_in = Tally(
+            "kafka connections closed: %d did not sign in within sign_in_timeout=%gs",
+            settings.sign_in_timeout,
+            log,
+        )
+        self._bad_frames = Tally(
+            "kafka connections closed: %d sent a bad frame (one line per %gs; each at debug level)",
+            LOG_EVERY,
+            log,
+        )
         self._expiry: asyncio.Task[None] | None = None
         self._nodes_seen: list[KafkaNode] | None = None
         self.stats = ProtocolStats()
@@ -90,8 +115,9 @@ class KafkaListener:
     async def start(self) -> None:
         settings = self.broker.settings
         try:
-            self._server = await asyncio.start_server(
-                self._serve, settings.host, settings.port, ssl=self._ssl, reuse_address=True
+            loop = asyncio.get_running_loop()
+            self._server = await loop.create_server(
+                self._protocol, settings.host, settings.port, reuse_address=True
             )
         except OSError as exc:
             raise InvalidConfig(
@@ -115,6 +141,8 @@ class KafkaListener:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._expiry
         self.broker.coordinator.close()
+        for tally in (self._refused, self._refused_address, self._not_signed_in, self._bad_frames):
+            tally.close()
         for task in list(self._connections):
             task.cancel()
         if self._connections:
@@ -154,26 +182,54 @@ class KafkaListener:
                 log.info("kafka group moved group=%s node=%s", group.group_id, coordinator.name)
                 self.broker.coordinator.unload(group.group_id)
 
+    def _protocol(self) -> asyncio.StreamReaderProtocol:
+        """asyncio.start_server's protocol, but TLS starts in ``_serve``, once the connection is
+        counted against the limits: handshakes that never finish then hold slots too, instead
+        of piling up beside max_connections."""
+        reader = asyncio.StreamReader()
+        if self._ssl is None:
+            return asyncio.StreamReaderProtocol(reader, self._serve)
+        return _Paused(reader, self._serve)
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         peer = writer.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) else ""
-        if len(self._connections) >= self.broker.settings.max_connections:
+        settings = self.broker.settings
+        client = client_key(address)
+        held = self._per_address.get(client, 0)
+        refused = None
+        if len(self._connections) >= settings.max_connections:
+            refused = self._refused
+        elif held >= settings.max_connections_per_address:
+            refused = self._refused_address
+        if refused is not None:
             self.stats.refused_connections += 1
+            refused.add(asyncio.get_running_loop())
             writer.close()
             return
         self._connections.add(task)
+        self._per_address[client] = held + 1
         self.stats.connections += 1
         self.stats.open_connections += 1
         session = Session(self.broker, address)
+        loop = asyncio.get_running_loop()
+        sign_in_by = loop.time() + settings.sign_in_timeout
         try:
-            await self._requests(session, reader, writer)
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, ssl.SSLError, Close):
+            if self._ssl is not None:
+                await writer.start_tls(self._ssl, ssl_handshake_timeout=settings.sign_in_timeout)
+            await self._requests(session, reader, writer, sign_in_by)
+        except TimeoutError:
+            if session.needs_sign_in:
+                self._not_signed_in.add(asyncio.get_running_loop())
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, Close):
             pass
         except CorruptKafkaFrame as exc:
             self.stats.closed_by_error += 1
-            log.info("kafka connection closed address=%s reason=%s", address, exc.message)
+            # A stranger can send bad frames without end: counted per window, each at debug.
+            self._bad_frames.add(asyncio.get_running_loop())
+            log.debug("kafka connection closed address=%s reason=%s", address, exc.message)
         except asyncio.CancelledError:
             # ``close`` ends the connection: the handler returns rather than end cancelled,
             # which Python 3.11's streams log as an error ("Exception in callback ...").
@@ -184,22 +240,42 @@ class KafkaListener:
         finally:
             self.stats.open_connections -= 1
             self._connections.discard(task)
+            left = self._per_address.pop(client) - 1
+            if left:
+                self._per_address[client] = left
             writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), timeout=1)
 
     async def _requests(
-        self, session: Session, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        session: Session,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        sign_in_by: float,
     ) -> None:
         settings = self.broker.settings
+        loop = asyncio.get_running_loop()
         while True:
-            async with asyncio.timeout(settings.idle_timeout):
+            # Until it has signed in, a connection is bounded by the deadline from its opening:
+            # frames sent a byte at a time do not push it back.
+            wait = settings.idle_timeout
+            if session.needs_sign_in:
+                wait = min(wait, sign_in_by - loop.time())
+            async with asyncio.timeout(wait):
                 size = frame_size(await reader.readexactly(4))
                 limit = settings.max_frame_before_sign_in if session.needs_sign_in else self.broker.max_frame
-                if not MIN_FRAME <= size <= limit:
+                # A bare PLAIN token (after SaslHandshake v0) may be shorter than any request.
+                low = 1 if session.raw_token else MIN_FRAME
+                if not low <= size <= limit:
                     raise CorruptKafkaFrame(f"a frame of {size} bytes (at most {limit} here)")
                 frame = await reader.readexactly(size)
-            answer = await self._answer(session, frame)
+            if session.raw_token:
+                answer = await sasl.raw_token(session, frame)
+                if answer is None:
+                    self.stats.sign_in_failures += 1
+            else:
+                answer = await self._answer(session, frame)
             if answer is not None:
                 writer.write(answer)
                 await writer.drain()
@@ -229,6 +305,16 @@ class KafkaListener:
             if code == errors.SASL_AUTHENTICATION_FAILED:
                 self.stats.sign_in_failures += 1
         return encode_response(header.api_key, header.api_version, header.correlation_id, body)
+
+
+class _Paused(asyncio.StreamReaderProtocol):
+    """Reads nothing until TLS starts on it: a ClientHello read into the plain stream before
+    ``start_tls`` would be lost to the handshake."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert isinstance(transport, asyncio.ReadTransport)
+        transport.pause_reading()
 
 
 def error_codes(body: object) -> Iterator[int]:

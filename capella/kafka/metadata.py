@@ -55,8 +55,11 @@ async def described(session: Session, name: str, *, auto: bool) -> dict[str, Any
             except CapellaError as exc:
                 return _error(name, errors.code_for(exc))
             queues = [name]
-        else:
+        elif identity.can("queue", "read", name) or identity.can("queue", "write", name):
             return _error(name, errors.UNKNOWN_TOPIC_OR_PARTITION)
+        else:
+            # Refused as an existing one is: the answer tells nobody without a right what exists.
+            return _error(name, errors.TOPIC_AUTHORIZATION_FAILED)
     if not any(identity.can("queue", "read", q) or identity.can("queue", "write", q) for q in queues):
         return _error(name, errors.TOPIC_AUTHORIZATION_FAILED)
     return _topic(session, name, queues)

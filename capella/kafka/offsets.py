@@ -18,7 +18,7 @@ from capella.core.base_queue import BaseQueue
 from capella.errors import CapellaError, SubscriptionNotFound
 from capella.kafka import errors
 from capella.kafka.session import Session
-from capella.kafka.topics import listed, partition_queue
+from capella.kafka.topics import authorized_queue, listed
 from capella.wire.fields import NAME
 
 log = logging.getLogger(__name__)
@@ -63,11 +63,9 @@ async def _list_one(session: Session, topic: str, index: int, timestamp: int) ->
         }
 
     try:
-        queue = partition_queue(session.broker.cluster, topic, index)
+        queue = authorized_queue(session.identity, session.broker.cluster, topic, index, "read")
     except CapellaError as exc:
         return answer(errors.code_for(exc))
-    if not session.identity.can("queue", "read", queue.name):
-        return answer(errors.TOPIC_AUTHORIZATION_FAILED)
     try:
         if timestamp == LATEST:
             return answer(errors.NONE, queue.last_id + 1)
@@ -143,12 +141,11 @@ async def offset_commit(session: Session, request: Any, version: int) -> dict[st
 
 
 async def _commit_one(session: Session, topic: str, part: Any, name: str, group: str) -> int:
+    cluster = session.broker.cluster
     try:
-        queue = partition_queue(session.broker.cluster, topic, part.partition_index)
+        queue = authorized_queue(session.identity, cluster, topic, part.partition_index, "read")
     except CapellaError as exc:
         return errors.code_for(exc)
-    if not session.identity.can("queue", "read", queue.name):
-        return errors.TOPIC_AUTHORIZATION_FAILED
     offset = part.committed_offset
     if offset < 0:
         return errors.NONE  # Kafka ignores a commit of -1 (nothing consumed)
@@ -207,14 +204,17 @@ async def offset_fetch(session: Session, request: Any, version: int) -> dict[str
     name = subscription_name(group)
     asked = request.topics
     if asked is None:
-        # Every partition the group has committed on (v2+).
+        # Every partition the group has committed on (v2+) that the caller may read: as Kafka
+        # does, the others are left out, not answered 29, which would name them.
         found: list[tuple[str, list[int]]] = []
         cluster = session.broker.cluster
+        identity = session.identity
         for topic, queues in listed(cluster).items():
             committed = [
                 index
                 for index, queue in enumerate(queues)
-                if any(s.name == name for s in cluster.queue(queue).subscriptions())
+                if identity.can("queue", "read", queue)
+                and any(s.name == name for s in cluster.queue(queue).subscriptions())
             ]
             if committed:
                 found.append((topic, committed))
@@ -239,11 +239,9 @@ async def _fetch_one(session: Session, topic: str, index: int, name: str, group:
         }
 
     try:
-        queue = partition_queue(session.broker.cluster, topic, index)
+        queue = authorized_queue(session.identity, session.broker.cluster, topic, index, "read")
     except CapellaError as exc:
         return answer(errors.code_for(exc))
-    if not session.identity.can("queue", "read", queue.name):
-        return answer(errors.TOPIC_AUTHORIZATION_FAILED)
     try:
         sub = await queue.current_subscription(name)
     except SubscriptionNotFound:

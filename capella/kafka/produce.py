@@ -31,7 +31,7 @@ from capella.errors import CapellaError
 from capella.kafka import errors
 from capella.kafka.records import decode_records, read_batches, to_capella
 from capella.kafka.session import Session
-from capella.kafka.topics import partition_queue
+from capella.kafka.topics import authorized_queue
 from capella.records.record_batch import framed
 
 log = logging.getLogger(__name__)
@@ -89,11 +89,9 @@ async def _partition(
     if transactional_id is not None:
         return _answer(index, errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactions are not supported")
     try:
-        queue = partition_queue(broker.cluster, topic, index)
+        queue = authorized_queue(session.identity, broker.cluster, topic, index, "write")
     except CapellaError as exc:
         return _answer(index, errors.code_for(exc), exc.message)
-    if not session.identity.can("queue", "write", queue.name):
-        return _answer(index, errors.TOPIC_AUTHORIZATION_FAILED, f"may not write topic {topic!r}")
     save = save_mode(acks, queue)
     if save is None:
         return _answer(index, errors.INVALID_REQUIRED_ACKS, f"acks {acks}: use 0, 1 or -1 (all)")

@@ -94,6 +94,8 @@ class Session:
     signed_in: bool = False
     # The SASL mechanism a SaslHandshake chose, until SaslAuthenticate uses it.
     mechanism: str | None = None
+    # After a SaslHandshake v0 the next frame is the bare SASL token, not a request.
+    raw_token: bool = False
     client_id: str | None = None
     # Set by SaslAuthenticate after a refusal: the listener closes the connection once answered.
     closing: bool = False

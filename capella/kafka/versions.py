@@ -52,7 +52,7 @@ APIS: dict[int, Api] = {
         Api(12, "Heartbeat", 0, 4, membership.heartbeat),
         Api(13, "LeaveGroup", 0, 4, membership.leave_group),
         Api(14, "SyncGroup", 0, 5, membership.sync_group),
-        Api(17, "SaslHandshake", 1, 1, sasl.handshake, before_sign_in=True),
+        Api(17, "SaslHandshake", 0, 1, sasl.handshake, before_sign_in=True),
         Api(18, "ApiVersions", 0, 3, api_versions, before_sign_in=True),
         Api(22, "InitProducerId", 0, 4, producers.init_producer_id),
         Api(36, "SaslAuthenticate", 0, 2, sasl.authenticate, before_sign_in=True),
