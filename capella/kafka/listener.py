@@ -179,7 +179,7 @@ class KafkaListener:
         for group in self.broker.coordinator.groups():
             coordinator = self.broker.coordinator_of(group.group_id)
             if coordinator.name != self.broker.name:
-                log.info("kafka group moved group=%s node=%s", group.group_id, coordinator.name)
+                log.info("kafka group moved group=%r node=%s", group.group_id, coordinator.name)
                 self.broker.coordinator.unload(group.group_id)
 
     def _protocol(self) -> asyncio.StreamReaderProtocol:

@@ -296,7 +296,7 @@ async def test_a_group_of_two_shares_three_partitions_and_the_survivor_takes_the
 
 def rebalances(broker: KafkaServer, group: str) -> int:
     """How many generations the broker's coordinator made for ``group`` (from its log)."""
-    return len(re.findall(rf"group rebalanced group={re.escape(group)} ", broker.log()))
+    return len(re.findall(rf"group rebalanced group={re.escape(repr(group))} ", broker.log()))
 
 
 async def committed(http: aiohttp.ClientSession, queue: str, name: str, last_id: int) -> bool:
@@ -370,4 +370,4 @@ async def test_a_member_killed_without_leaving_expires_and_the_other_takes_its_p
         await asyncio.gather(loop, return_exceptions=True)
         await survivor.stop()
     assert taken_over < SESSION_TIMEOUT_MS / 1000 + 5
-    assert re.search(rf"member session expired group={group} ", broker.log())
+    assert re.search(rf"member session expired group={re.escape(repr(group))} ", broker.log())

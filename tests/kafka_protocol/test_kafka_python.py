@@ -163,7 +163,7 @@ def test_a_transactional_producer_is_refused_at_once(broker: KafkaServer) -> Non
 
 def generations(broker: KafkaServer, group: str) -> list[int]:
     """The generations the broker's coordinator made for ``group``, from its log."""
-    made = re.findall(rf"group rebalanced group={re.escape(group)} generation=(\d+)", broker.log())
+    made = re.findall(rf"group rebalanced group={re.escape(repr(group))} generation=(\d+)", broker.log())
     return [int(g) for g in made]
 
 

@@ -478,7 +478,7 @@ def test_a_node_back_takes_its_groups_back_and_their_members_follow(shared: Shar
             until_blocking(committed, 20, f"the commits of {topic} at node-2", every=0.0)
         # The interim coordinator let the group go rather than wait for its members to time out.
         interim_node = next(i for i in (0, 1) if shared.ports[i] == interim[1])
-        assert f"kafka group moved group={group} node=node-2" in shared.rig.node(interim_node).log()
+        assert f"kafka group moved group={group!r} node=node-2" in shared.rig.node(interim_node).log()
     finally:
         for member in members:
             member.close()
