@@ -21,7 +21,9 @@ async def metadata(session: Session, request: Any, version: int) -> dict[str, An
     topics: list[dict[str, Any]] = []
     # v0: an empty list means every topic; v1+: null does (and an empty list none).
     if asked is None or (version == 0 and not asked):
-        for name, queues in sorted(listed(broker.cluster).items()):
+        # While the queues recover at start there is nothing to list yet (the client asks again).
+        every = listed(broker.cluster) if broker.cluster.ready else {}
+        for name, queues in sorted(every.items()):
             if any(identity.can("queue", "read", q) or identity.can("queue", "write", q) for q in queues):
                 topics.append(_topic(session, name, queues))
     else:
@@ -44,7 +46,10 @@ async def metadata(session: Session, request: Any, version: int) -> dict[str, An
 async def described(session: Session, name: str, *, auto: bool) -> dict[str, Any]:
     """One asked-for topic: its partitions, or why there are none."""
     cluster = session.broker.cluster
-    queues = partitions(cluster, name)
+    try:
+        queues = partitions(cluster, name)
+    except CapellaError as exc:  # NotReady while the queues recover: LEADER_NOT_AVAILABLE, retried
+        return _error(name, errors.code_for(exc))
     identity = session.identity
     if queues is None:
         if auto and session.broker.settings.auto_create_topics:
