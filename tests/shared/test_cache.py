@@ -317,12 +317,12 @@ async def test_concurrent_misses_against_s3_make_one_get_on_the_wire(
             assert (
                 await cache.fetch("shared/o.cpo", 5, 5, store, size=len(value), whole_below=0) == value[5:10]
             )
-            assert proxy.calls == {"PUT": 1, "GET": 1}
+            assert proxy.bucket_calls[bucket] == {"PUT": 1, "GET": 1}
 
             other = ObjectCache(8 * 1024 * 1024, clock)
             ranged = [other.fetch("shared/o.cpo", 64, 64, store, size=None, whole_below=0) for _ in range(8)]
             assert set(await asyncio.gather(*ranged)) == {value[64:128]}
-            assert proxy.calls == {"PUT": 1, "GET": 1, "GET range": 1}
+            assert proxy.bucket_calls[bucket] == {"PUT": 1, "GET": 1, "GET range": 1}
         finally:
             await store.close()
 

@@ -84,6 +84,9 @@ class FaultProxy:
         self.forwarded = 0  # requests that reached the upstream
         # Requests received by kind: PUT, GET, "GET range", LIST, DELETE, HEAD, POST (S3's calls).
         self.calls: Counter[str] = Counter()
+        # The same by bucket: the proxy is the session's, and a module's servers elsewhere on
+        # this worker may still be polling through it while another test counts its own calls.
+        self.bucket_calls: dict[str, Counter[str]] = {}
         self._switches = _Switches()
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -132,6 +135,7 @@ class FaultProxy:
             self._switches = _Switches()
             self.requests = self.forwarded = 0
             self.calls = Counter()
+            self.bucket_calls = {}
 
     @contextmanager
     def faulty(self) -> Iterator[FaultProxy]:
@@ -180,11 +184,12 @@ class FaultProxy:
 
     # --- the proxy ---
 
-    def _next_fault(self, kind: str) -> tuple[str, float, int]:
+    def _next_fault(self, kind: str, bucket: str = "") -> tuple[str, float, int]:
         with self._lock:
             s = self._switches
             self.requests += 1
             self.calls[kind] += 1
+            self.bucket_calls.setdefault(bucket, Counter())[kind] += 1
             if s.blackhole:
                 return "blackhole", s.latency, 0
             if s.reset_all or s.reset_next > 0:
@@ -196,7 +201,8 @@ class FaultProxy:
             return "forward", s.latency, 0
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        fault, latency, status = self._next_fault(_kind(request))
+        bucket = request.path.lstrip("/").partition("/")[0]
+        fault, latency, status = self._next_fault(_kind(request), bucket)
         assert self._stopping is not None and self._session is not None
         if latency:
             await asyncio.sleep(latency)
