@@ -31,6 +31,7 @@ from capella.errors import (
     QueueNotFound,
     ShuttingDown,
     StorageTimeout,
+    SubscriptionNotFound,
     WrongSubscriptionMode,
 )
 from capella.storage import Storage, keys
@@ -120,7 +121,9 @@ class SubscriptionStore:
     def _with_floor(self, sub: SubscriptionState) -> SubscriptionState:
         # An ack-mode subscription's cursor is the id below which everything is finished.
         if sub.mode == ACK:
-            return dataclasses.replace(sub, last_id=self._work[sub.name].state.floor)
+            work = self._work.get(sub.name)
+            if work is not None:  # None: being defined, its work state still opening
+                return dataclasses.replace(sub, last_id=work.state.floor)
         return sub
 
     def work(self, name: str) -> WorkQueue:
@@ -128,7 +131,12 @@ class SubscriptionStore:
         sub = self._subs.get(name)
         if sub.mode != ACK:
             raise WrongSubscriptionMode(f"subscription {name!r} is a cursor, not in ack mode")
-        return self._work[name]
+        work = self._work.get(name)
+        if work is None:
+            # define_ack records the subscription, then opens its work state: a status read
+            # between the two (a push handler's lag at start) finds no work queue yet.
+            raise SubscriptionNotFound(f"subscription {name!r} is still being defined")
+        return work
 
     def work_queues(self) -> list[WorkQueue]:
         return [self._work[name] for name in sorted(self._work)]

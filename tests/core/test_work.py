@@ -304,3 +304,22 @@ async def test_a_lost_dead_record_copies_to_the_dead_letters_once(
     (copy,) = (await cluster.queue("jobs.dead").read_after(0, 10)).messages
     assert copy.headers["capella-last-error"] == "boom"
     await cluster.close()
+
+
+async def test_a_work_queue_being_defined_is_not_found_yet_rather_than_a_crash(cluster: Cluster) -> None:
+    # define_work records the subscription, then opens its work state on the mount: a push
+    # handler's status read in between (its lag, at start) once answered 500 (a KeyError).
+    q, _ = await cluster.put_queue("jobs", {})
+    defining = asyncio.create_task(q.define_work("workers", FIXED))
+    seen: list[str] = []
+    for _ in range(1000):
+        await asyncio.sleep(0)
+        if defining.done():
+            break
+        if any(s.name == "workers" for s in q.subscriptions()):
+            with pytest.raises(SubscriptionNotFound, match="still being defined"):
+                q.work("workers")
+            seen.append("defining")
+    await defining
+    assert seen, "the definition never showed before its work state was open"
+    assert q.work("workers").policy == FIXED
