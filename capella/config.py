@@ -127,7 +127,21 @@ class CorsSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_age: Duration = 600.0
 
 
-class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class _Listening(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A listener's ``HOST:PORT`` and its parts (HTTP's, and the Kafka listener's)."""
+
+    listen: Listen = "127.0.0.1:8676"
+
+    @property
+    def host(self) -> str:
+        return _split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return _split_listen(self.listen)[1]
+
+
+class ServerSettings(_Listening, forbid_unknown_fields=True, frozen=True):
     """HTTP listener and the limits that keep bad or slow clients harmless."""
 
     listen: Listen = "127.0.0.1:8676"
@@ -160,14 +174,6 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_wait: Duration = 60.0
     max_limit: PositiveInt = 10_000
     shutdown_timeout: Duration = 10.0
-
-    @property
-    def host(self) -> str:
-        return _split_listen(self.listen)[0]
-
-    @property
-    def port(self) -> int:
-        return _split_listen(self.listen)[1]
 
 
 class StorageSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -348,7 +354,7 @@ class CompatSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     )
 
 
-class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class KafkaSettings(_Listening, forbid_unknown_fields=True, frozen=True):
     """``[kafka]``: the Kafka protocol listener (docs/kafka.md), off unless this table exists.
 
     Kafka clients connect to ``listen`` and are told to come back to ``advertised`` (this
@@ -378,14 +384,6 @@ class KafkaSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Consumer groups the coordinator holds, and members in one group: a stranger cannot fill memory.
     max_groups: PositiveInt = 10_000
     max_group_members: PositiveInt = 1000
-
-    @property
-    def host(self) -> str:
-        return _split_listen(self.listen)[0]
-
-    @property
-    def port(self) -> int:
-        return _split_listen(self.listen)[1]
 
     @property
     def advertised_host(self) -> str:
