@@ -1070,6 +1070,162 @@ static PyObject *crc32c_tables(PyObject *Py_UNUSED(module), PyObject *args) {
     return crc32c_with(crc32c_update_sliced, args, "y*|I:crc32c_tables");
 }
 
+/* --- Kafka records (capella/kafka/records.py) -------------------------------------------- */
+
+/* Kafka's varint: the value zigzagged, then 7 bits a byte, low first. */
+static size_t varint_size(int64_t value) {
+    uint64_t z = ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
+    size_t n = 1;
+    while (z >= 0x80) {
+        z >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static void out_varint(Out *out, int64_t value) {
+    uint64_t z = ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
+    unsigned char *p = (unsigned char *)out->data + out->len;
+    while (z >= 0x80) {
+        *p++ = (unsigned char)(z | 0x80);
+        z >>= 7;
+    }
+    *p++ = (unsigned char)z;
+    out->len = (size_t)((char *)p - out->data);
+}
+
+#define KAFKA_MS_LIMIT ((int64_t)1 << 62)
+
+/* An external time (s) as Kafka's CreateTime (ms): Python's round(t * 1000), clamped. */
+static int64_t create_time(double seconds) {
+    double ms = nearbyint(seconds * 1000.0);
+    if (!(ms > -(double)KAFKA_MS_LIMIT)) { /* NaN too */
+        return ms != ms ? 0 : -KAFKA_MS_LIMIT;
+    }
+    if (ms >= (double)KAFKA_MS_LIMIT) {
+        return KAFKA_MS_LIMIT;
+    }
+    return (int64_t)ms;
+}
+
+/* kafka_records(ids, external_times, payloads, headers, start, stop, slow): the records of a
+   Kafka batch for messages start..stop, as (records, base_time, max_time); None when a column
+   is not what the fast path reads (Python renders it). A message with headers is mapped by
+   slow(headers, payload, ms) -> (key_part, value or None, ms, header_part). */
+static PyObject *kafka_records(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *ids, *times, *payloads, *headers, *slow;
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!nnO:kafka_records", &PyList_Type, &ids, &PyList_Type, &times, &PyList_Type,
+                          &payloads, &PyList_Type, &headers, &start, &stop, &slow)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(ids);
+    if (start < 0 || stop <= start || stop > n || PyList_GET_SIZE(times) < stop || PyList_GET_SIZE(payloads) < stop ||
+        PyList_GET_SIZE(headers) < stop) {
+        PyErr_SetString(PyExc_ValueError, "kafka_records: start and stop outside the columns");
+        return NULL;
+    }
+    Out out = {NULL, 0, 0};
+    int64_t first_id = 0, base_time = 0, max_time = 0;
+    for (Py_ssize_t i = start; i < stop; i++) {
+        PyObject *id_object = PyList_GET_ITEM(ids, i);
+        PyObject *time_object = PyList_GET_ITEM(times, i);
+        PyObject *payload = PyList_GET_ITEM(payloads, i);
+        PyObject *h = PyList_GET_ITEM(headers, i);
+        if (!PyLong_Check(id_object) || !PyFloat_Check(time_object) || !PyBytes_Check(payload) || !PyDict_Check(h)) {
+            goto python;
+        }
+        int overflow = 0;
+        int64_t id = PyLong_AsLongLongAndOverflow(id_object, &overflow);
+        if (overflow) {
+            goto python;
+        }
+        int64_t ms = create_time(PyFloat_AS_DOUBLE(time_object));
+        const char *value = PyBytes_AS_STRING(payload);
+        Py_ssize_t value_len = PyBytes_GET_SIZE(payload);
+        const char *key_part = "\x01"; /* a null key: length -1 */
+        Py_ssize_t key_len = 1;
+        const char *header_part = "\x00"; /* no headers */
+        Py_ssize_t header_len = 1;
+        PyObject *parts = NULL;
+        if (PyDict_GET_SIZE(h) != 0) {
+            PyObject *ms_object = PyLong_FromLongLong(ms);
+            if (ms_object == NULL) {
+                goto fail;
+            }
+            parts = PyObject_CallFunctionObjArgs(slow, h, payload, ms_object, NULL);
+            Py_DECREF(ms_object);
+            if (parts == NULL) {
+                goto fail;
+            }
+            PyObject *k, *v, *m, *hp;
+            if (!PyTuple_Check(parts) || PyTuple_GET_SIZE(parts) != 4 || !PyBytes_Check(k = PyTuple_GET_ITEM(parts, 0)) ||
+                !(PyBytes_Check(v = PyTuple_GET_ITEM(parts, 1)) || v == Py_None) ||
+                !PyLong_Check(m = PyTuple_GET_ITEM(parts, 2)) || !PyBytes_Check(hp = PyTuple_GET_ITEM(parts, 3))) {
+                Py_DECREF(parts);
+                PyErr_SetString(PyExc_TypeError, "kafka_records: slow() must give (bytes, bytes | None, int, bytes)");
+                goto fail;
+            }
+            key_part = PyBytes_AS_STRING(k);
+            key_len = PyBytes_GET_SIZE(k);
+            header_part = PyBytes_AS_STRING(hp);
+            header_len = PyBytes_GET_SIZE(hp);
+            if (v == Py_None) {
+                value = NULL;
+                value_len = -1;
+            } else {
+                value = PyBytes_AS_STRING(v);
+                value_len = PyBytes_GET_SIZE(v);
+            }
+            ms = PyLong_AsLongLongAndOverflow(m, &overflow);
+            if (overflow) {
+                Py_DECREF(parts);
+                goto python;
+            }
+        }
+        if (i == start) {
+            first_id = id;
+            base_time = max_time = ms;
+        } else if (ms > max_time) {
+            max_time = ms;
+        }
+        int64_t time_delta, offset_delta;
+        if (__builtin_sub_overflow(ms, base_time, &time_delta) || __builtin_sub_overflow(id, first_id, &offset_delta)) {
+            Py_XDECREF(parts);
+            goto python;
+        }
+        size_t body = 1 + varint_size(time_delta) + varint_size(offset_delta) + (size_t)key_len +
+                      varint_size(value_len) + (value_len > 0 ? (size_t)value_len : 0) + (size_t)header_len;
+        if (out_reserve(&out, body + 10) < 0) {
+            Py_XDECREF(parts);
+            goto fail;
+        }
+        out_varint(&out, (int64_t)body);
+        out.data[out.len++] = 0; /* attributes */
+        out_varint(&out, time_delta);
+        out_varint(&out, offset_delta);
+        out_put(&out, key_part, (size_t)key_len);
+        out_varint(&out, value_len);
+        if (value_len > 0) {
+            out_put(&out, value, (size_t)value_len);
+        }
+        out_put(&out, header_part, (size_t)header_len);
+        Py_XDECREF(parts);
+    }
+    PyObject *records = PyBytes_FromStringAndSize(out.data, (Py_ssize_t)out.len);
+    PyMem_Free(out.data);
+    if (records == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue("NLL", records, (long long)base_time, (long long)max_time);
+python:
+    PyMem_Free(out.data);
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(out.data);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"batch_json", batch_json, METH_VARARGS,
      "Each message of a record batch as its StoredMessage JSON object; None where Python renders it."},
@@ -1078,6 +1234,7 @@ static PyMethodDef methods[] = {
     {"crc32", crc32, METH_VARARGS, "zlib.crc32's answer, folded with PCLMULQDQ where the CPU has it."},
     {"crc32c", crc32c, METH_VARARGS, "CRC-32C (Castagnoli), running like zlib.crc32; SSE4.2 where the CPU has it."},
     {"crc32c_tables", crc32c_tables, METH_VARARGS, "crc32c by its slicing-by-8 tables alone (for tests)."},
+    {"kafka_records", kafka_records, METH_VARARGS, "The records of a Kafka batch from a run of messages' columns; None where Python renders them."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,6 +20,10 @@ Python; ``tests/core/test_kernels.py`` checks the two against each other on gene
   (``FAST_CRC32C``: ~23 GB/s on a MiB, 16 on 16 KiB), slicing-by-8 tables otherwise (~1.5
   GB/s); Python manages ~14 MB/s. The module's ``crc32c`` is
   the kernel, or ``capella.crc32c.crc32c`` (pure Python) when the kernels are not built.
+- ``kafka_records(ids, external_times, payloads, headers, start, stop, slow)``: the records of
+  one Kafka batch (v2, uncompressed) for messages ``start..stop`` of a batch's columns, with
+  its first and greatest CreateTime (``capella.kafka.records``, the fetch's render); a message
+  with headers is mapped by ``slow`` (the Python mapping of keys, null values and headers).
 
 The record batch's head comes from ``capella.records.record_batch.read`` (checked); the kernels
 parse the body and trust nothing of it. Each returns None for what it leaves to Python: a
@@ -69,6 +73,18 @@ class Kernels(Protocol):
         source: str,
         /,
     ) -> list[T] | None: ...
+
+    def kafka_records(
+        self,
+        ids: list[int],
+        external_times: list[float],
+        payloads: list[bytes],
+        headers: list[dict[str, str]],
+        start: int,
+        stop: int,
+        slow: Callable[[dict[str, str], bytes, int], tuple[bytes, bytes | None, int, bytes]],
+        /,
+    ) -> tuple[bytes, int, int] | None: ...
 
     crc32: Crc32
     crc32c: Crc32

@@ -28,7 +28,6 @@ Layout: apache/kafka ``docs/implementation.html`` ("Record Batch"); kafka-python
 from __future__ import annotations
 
 import base64
-import binascii
 import importlib
 import io
 import struct
@@ -48,7 +47,7 @@ from capella.errors import (
     UnsupportedCompression,
     UnsupportedRecordFormat,
 )
-from capella.kernels import crc32c
+from capella.kernels import KERNELS, crc32c
 from capella.records import record_batch
 
 # The headers that carry what a Capella message has no field for.
@@ -586,17 +585,14 @@ def _render(batch: Batch) -> list[Rendered]:
         rendered = []
         for r in batch.record_batches():
             f = r.fields()
-            rendered.append(
-                _kafka_batch(f.ids, _create_times(f.external_times), f.payloads, f.headers, 0, r.count)
-            )
+            rendered.append(_kafka_batch(f.ids, f.external_times, f.payloads, f.headers, 0, r.count))
         return rendered
     c = batch.columns
-    times = _create_times(c.external_times)
     rendered = []
     start = 0
     for count in _runs(c.ids) if c.ids else []:
         stop = start + count
-        rendered.append(_kafka_batch(c.ids, times, c.payloads, c.headers, start, stop))
+        rendered.append(_kafka_batch(c.ids, c.external_times, c.payloads, c.headers, start, stop))
         start = stop
     return rendered
 
@@ -622,25 +618,62 @@ def _create_times(external_times: Sequence[float]) -> list[int]:
 
 
 def _kafka_batch(
+    ids: list[int],
+    external_times: list[float],
+    payloads: list[bytes],
+    headers: list[dict[str, str]],
+    start: int,
+    stop: int,
+) -> Rendered:
+    made = (
+        KERNELS.kafka_records(ids, external_times, payloads, headers, start, stop, _parts)
+        if KERNELS is not None
+        else None
+    )
+    blob, base_time, max_time = made or _records_of(ids, external_times, payloads, headers, start, stop)
+    first_id = ids[start]
+    head = HEAD.pack(
+        first_id,
+        HEAD.size - _LENGTH_FROM + len(blob),
+        LEADER_EPOCH,
+        2,
+        0,
+        0,
+        ids[stop - 1] - first_id,
+        base_time,
+        max_time,
+        NO_PRODUCER,
+        -1,
+        -1,
+        stop - start,
+    )
+    crc = crc32c(blob, crc32c(memoryview(head)[_CRC_FROM:]))
+    return Rendered(
+        first_id, ids[stop - 1], b"".join((head[:_CRC_AT], _CRC.pack(crc), head[_CRC_FROM:], blob))
+    )
+
+
+def _records_of(
     ids: Sequence[int],
-    times: list[int],
+    external_times: Sequence[float],
     payloads: Sequence[bytes],
     headers: Sequence[dict[str, str]],
     start: int,
     stop: int,
-) -> Rendered:
+) -> tuple[bytes, int, int]:
+    """The records of messages ``start..stop`` and their first and greatest CreateTime: what the
+    ``kafka_records`` kernel makes (``capella/kernels.py``), in Python."""
     zigzag = _zigzag
+    times = _create_times(external_times[start:stop])
     first_id = ids[start]
     base_time = max_time = 0
     parts: list[bytes] = []
     for i in range(start, stop):
         h = headers[i]
         value: bytes | None = payloads[i]
-        ms = times[i]
+        ms = times[i - start]
         if h:
-            key, value, ms, kafka_headers = _reversed(h, payloads[i], ms)
-            key_part = _NULL_LENGTH if key is None else zigzag(len(key)) + key
-            header_part = _encode_headers(kafka_headers) if kafka_headers else _ZERO
+            key_part, value, ms, header_part = _parts(h, payloads[i], ms)
         else:
             key_part = _NULL_LENGTH
             header_part = _ZERO
@@ -661,27 +694,15 @@ def _kafka_batch(
             )
         )
         parts += (zigzag(len(body)), body)
-    blob = b"".join(parts)
-    last_delta = ids[stop - 1] - first_id
-    head = HEAD.pack(
-        first_id,
-        HEAD.size - _LENGTH_FROM + len(blob),
-        LEADER_EPOCH,
-        2,
-        0,
-        0,
-        last_delta,
-        base_time,
-        max_time,
-        NO_PRODUCER,
-        -1,
-        -1,
-        stop - start,
-    )
-    crc = crc32c(blob, crc32c(memoryview(head)[_CRC_FROM:]))
-    return Rendered(
-        first_id, ids[stop - 1], b"".join((head[:_CRC_AT], _CRC.pack(crc), head[_CRC_FROM:], blob))
-    )
+    return b"".join(parts), base_time, max_time
+
+
+def _parts(h: dict[str, str], payload: bytes, ms: int) -> tuple[bytes, bytes | None, int, bytes]:
+    """A message with headers as its Kafka record's key (length first), value, CreateTime and
+    headers (count first)."""
+    key, value, ms, kafka_headers = _reversed(h, payload, ms)
+    key_part = _NULL_LENGTH if key is None else _zigzag(len(key)) + key
+    return key_part, value, ms, _encode_headers(kafka_headers) if kafka_headers else _ZERO
 
 
 def _reversed(
@@ -705,7 +726,7 @@ def _reversed(
                 try:
                     key = base64.b64decode(text, validate=True)
                     continue
-                except binascii.Error:
+                except ValueError:  # binascii.Error, or a text that is not ASCII
                     pass
             elif name == NULL:
                 if text == "1" and not payload:

@@ -55,6 +55,7 @@ from capella.kafka.records import (
     render,
     to_capella,
 )
+from capella.kernels import KERNELS
 from capella.records.record_batch import decode_given, read, stamp
 
 # kafka-python 3.0.12 loads its protocol schemas with importlib.resources.read_text, deprecated.
@@ -590,3 +591,93 @@ def test_batch_form_keeps_each_makers_answer_under_its_key() -> None:
     assert batch.form(make, key=key) == 2 and batch.holds(key)
     batch.drop_forms()
     assert not batch.holds(make) and batch.form(make) == 3 and calls == [1, 1, 1]
+
+
+# --- the render's kernel (capella/_kernels.c: kafka_records) against its Python -------------
+
+needs_kernels = pytest.mark.skipif(KERNELS is None, reason="the C kernels are not built or are turned off")
+COLUMN_TIMES = st.floats(
+    allow_nan=False, allow_infinity=False, min_value=-1e12, max_value=1e12
+) | st.sampled_from([0.0, 0.0005, 0.0015, 2.5e-3, -0.0005, 1e16, -1e16, 4.7e15, -4.7e15, 1e300, -1e300])
+RESERVED = st.sampled_from([KEY, KEY_B64, NULL, TIME, HEADERS_B64, "kafka.other", "h", "dup"])
+COLUMN_HEADERS = st.dictionaries(
+    RESERVED | st.text(max_size=6),
+    st.sampled_from(["", "1", "2", "x", "a2V5", "!!", "-5", "99999999999999999999"]) | st.text(max_size=8),
+    max_size=4,
+)
+
+
+@needs_kernels
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    columns=st.lists(
+        st.tuples(st.integers(0, 2**20), COLUMN_TIMES, st.binary(max_size=300), COLUMN_HEADERS),
+        min_size=1,
+        max_size=40,
+    ),
+    first=st.integers(1, 2**62),
+    data=st.data(),
+)
+def test_the_render_kernel_makes_the_records_python_makes(
+    columns: list[tuple[int, float, bytes, dict[str, str]]], first: int, data: st.DataObject
+) -> None:
+    ids, id_ = [], first
+    for gap, *_ in columns:
+        ids.append(id_)
+        id_ += 1 + gap % 3 * gap  # mostly consecutive, sometimes gaps
+    times = [t for _, t, _, _ in columns]
+    payloads = [p for _, _, p, _ in columns]
+    headers = [h for _, _, _, h in columns]
+    start = data.draw(st.integers(0, len(ids) - 1))
+    stop = data.draw(st.integers(start + 1, len(ids)))
+    assert KERNELS is not None
+    made = KERNELS.kafka_records(ids, times, payloads, headers, start, stop, records._parts)
+    if made is None:
+        # Left to Python only where a time delta does not fit Kafka's varlong (an int64).
+        ms = records._create_times(times[start:stop])
+        ms = [
+            records._parts(h, p, t)[2] if h else t
+            for h, p, t in zip(headers[start:stop], payloads[start:stop], ms, strict=True)
+        ]
+        assert any(not -(2**63) <= t - ms[0] < 2**63 for t in ms)
+    else:
+        assert made == records._records_of(ids, times, payloads, headers, start, stop)
+
+
+@needs_kernels
+def test_the_render_kernel_leaves_columns_it_does_not_read_to_python() -> None:
+    assert KERNELS is not None
+    ok = ([1, 2], [1.0, 2.0], [b"a", b"b"], [{}, {}])
+    assert KERNELS.kafka_records(*ok, 0, 2, records._parts) is not None
+    for column, odd in [(0, [1, 2**64]), (1, [1.0, 2]), (2, [b"a", bytearray(b"b")]), (3, [{}, None])]:
+        args = list(ok)
+        args[column] = odd
+        assert KERNELS.kafka_records(*args, 0, 2, records._parts) is None
+    for start, stop in [(-1, 1), (1, 1), (0, 3)]:
+        with pytest.raises(ValueError, match="outside the columns"):
+            KERNELS.kafka_records(*ok, start, stop, records._parts)
+    with pytest.raises(TypeError, match="must give"):
+        KERNELS.kafka_records([1], [1.0], [b"a"], [{"h": "v"}], 0, 1, lambda h, p, ms: (b"", b"", ms))
+    with pytest.raises(ZeroDivisionError):
+        KERNELS.kafka_records([1], [1.0], [b"a"], [{"h": "v"}], 0, 1, lambda h, p, ms: 1 / 0)
+
+
+def test_a_render_of_messages_with_and_without_headers_reads_back_as_kafka_python_reads_it() -> None:
+    # Both test passes run this: with the kernel and with CAPELLA_NO_EXTENSIONS=1.
+    batch = Batch.of_messages(
+        [
+            message(i, b"v%d" % i, {KEY: f"k{i}"} if i % 3 == 0 else None, external_time=100 + i / 1e3)
+            for i in range(1, 301)
+        ]
+    )
+    got = kafka_python_records(b"".join(r.data for r in render(batch)))
+    assert got == [(i, 100000 + i, b"k%d" % i if i % 3 == 0 else None, b"v%d" % i, []) for i in range(1, 301)]
+
+
+def test_a_reserved_header_that_is_not_ascii_stays_an_ordinary_header() -> None:
+    # base64 refuses a text that is not ASCII with a ValueError that is not binascii.Error: a
+    # message produced over HTTP with such a kafka.key.b64 once made every fetch of it fail.
+    batch = Batch.of_messages([message(1, headers={KEY_B64: "clé", HEADERS_B64: "é"})])
+    assert kafka_python_records(b"".join(r.data for r in render(batch))) == [
+        (1, 100000, None, b"x", [(KEY_B64, "clé".encode()), (HEADERS_B64, "é".encode())])
+    ]
