@@ -119,6 +119,21 @@ def _rows(m: dict[str, float], rounds: int, redis: bool) -> list[Row]:
     kafka, http = m["kafka_consume"], m["http_consume"]
     note = f"Kafka {kafka:,.0f}, HTTP binary {http:,.0f} msg/s, medians of {rounds}"
     rows.append(Row("kafka", "consume from the start (Kafka/HTTP binary)", kafka / http, "x", 1.0, note=note))
+    # CPU per message over the span's own length: how busy the server was (1 less rate times CPU is
+    # the share of the span it was idle, waiting on the consumer).
+    busy = {w: m[f"cpu_us_{w}_consume"] * m[f"{w}_consume"] / 1e6 for w in ("kafka", "http")}
+    rows.append(
+        Row(
+            "kafka",
+            "server CPU per consumed message, Kafka",
+            m["cpu_us_kafka_consume"],
+            "µs",
+            None,
+            False,
+            f"HTTP binary {m['cpu_us_http_consume']:.2f} µs; server busy {busy['kafka']:.0%} (Kafka), "
+            f"{busy['http']:.0%} (HTTP)",
+        )
+    )
     for what, key, unit in (("start-up", "startup_s", "s"), ("idle RSS", "idle_rss_mb", "MB")):
         off, on = m[f"{key}_off"], m[f"{key}_on"]
         rows.append(Row("kafka", f"{what}, [kafka] off", off, unit, None, False, "no capella.kafka import"))
@@ -167,9 +182,13 @@ async def _round(settings: Settings, system: str, round_: int, messages: int) ->
         figures["cpu_us_http_produce"] = 1e6 * cpu_http / produced
         stored = 2 * produced
         profile = settings.profile_path(f"kafka-consume-{round_}")
+        cpu = cpu_seconds(server.pid)
         async with profiled(server, profile):
             figures["kafka_consume"], _ = versus._in_process(_kafka_consume, bootstrap, stored)
+        figures["cpu_us_kafka_consume"] = 1e6 * (cpu_seconds(server.pid) - cpu) / stored
+        cpu = cpu_seconds(server.pid)
         figures["http_consume"], _ = versus._in_process(versus._consume, target, stored, True)
+        figures["cpu_us_http_consume"] = 1e6 * (cpu_seconds(server.pid) - cpu) / stored
     return figures
 
 

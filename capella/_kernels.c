@@ -1108,10 +1108,101 @@ static int64_t create_time(double seconds) {
     return (int64_t)ms;
 }
 
+/* One Kafka record to write: its key (length first), value (NULL: a null value), headers
+ * (count first) and CreateTime; parts holds what slow() gave, if it was called. */
+typedef struct {
+    const char *key;
+    Py_ssize_t key_len;
+    const char *value;
+    Py_ssize_t value_len; /* -1: null */
+    const char *headers;
+    Py_ssize_t headers_len;
+    int64_t ms;
+    PyObject *parts;
+} KafkaRecord;
+
+static void record_plain(KafkaRecord *r, const char *value, Py_ssize_t value_len, int64_t ms) {
+    r->key = "\x01"; /* a null key: length -1 */
+    r->key_len = 1;
+    r->value = value;
+    r->value_len = value_len;
+    r->headers = "\x00"; /* no headers */
+    r->headers_len = 1;
+    r->ms = ms;
+    r->parts = NULL;
+}
+
+/* A message with headers mapped by slow(headers, payload, ms) -> (key_part, value or None, ms,
+ * header_part): 0, or 1 when Python must render the batch, -1 on a Python error. */
+static int record_mapped(KafkaRecord *r, PyObject *slow, PyObject *h, PyObject *payload, int64_t ms) {
+    PyObject *ms_object = PyLong_FromLongLong(ms);
+    if (ms_object == NULL) {
+        return -1;
+    }
+    PyObject *parts = PyObject_CallFunctionObjArgs(slow, h, payload, ms_object, NULL);
+    Py_DECREF(ms_object);
+    if (parts == NULL) {
+        return -1;
+    }
+    r->parts = parts;
+    PyObject *k, *v, *m, *hp;
+    if (!PyTuple_Check(parts) || PyTuple_GET_SIZE(parts) != 4 || !PyBytes_Check(k = PyTuple_GET_ITEM(parts, 0)) ||
+        !(PyBytes_Check(v = PyTuple_GET_ITEM(parts, 1)) || v == Py_None) ||
+        !PyLong_Check(m = PyTuple_GET_ITEM(parts, 2)) || !PyBytes_Check(hp = PyTuple_GET_ITEM(parts, 3))) {
+        PyErr_SetString(PyExc_TypeError, "kafka records: slow() must give (bytes, bytes | None, int, bytes)");
+        return -1;
+    }
+    r->key = PyBytes_AS_STRING(k);
+    r->key_len = PyBytes_GET_SIZE(k);
+    r->headers = PyBytes_AS_STRING(hp);
+    r->headers_len = PyBytes_GET_SIZE(hp);
+    r->value = v == Py_None ? NULL : PyBytes_AS_STRING(v);
+    r->value_len = v == Py_None ? -1 : PyBytes_GET_SIZE(v);
+    int overflow = 0;
+    r->ms = PyLong_AsLongLongAndOverflow(m, &overflow);
+    return overflow ? 1 : 0;
+}
+
+/* The record at offset delta id - first_id, after the batch's base time: 0, 1 when a delta
+ * does not fit Kafka's varlong (Python renders it), -1 on no memory. */
+static int record_put(Out *out, const KafkaRecord *r, int64_t offset_delta, int64_t base_time) {
+    int64_t time_delta;
+    if (__builtin_sub_overflow(r->ms, base_time, &time_delta)) {
+        return 1;
+    }
+    size_t body = 1 + varint_size(time_delta) + varint_size(offset_delta) + (size_t)r->key_len +
+                  varint_size(r->value_len) + (r->value_len > 0 ? (size_t)r->value_len : 0) + (size_t)r->headers_len;
+    if (out_reserve(out, body + 10) < 0) {
+        return -1;
+    }
+    out_varint(out, (int64_t)body);
+    out->data[out->len++] = 0; /* attributes */
+    out_varint(out, time_delta);
+    out_varint(out, offset_delta);
+    out_put(out, r->key, (size_t)r->key_len);
+    out_varint(out, r->value_len);
+    if (r->value_len > 0) {
+        out_put(out, r->value, (size_t)r->value_len);
+    }
+    out_put(out, r->headers, (size_t)r->headers_len);
+    return 0;
+}
+
+/* What the two kernels answer: (records, base_time, max_time); None for Python to render. */
+static PyObject *records_made(Out *out, int status, int64_t base_time, int64_t max_time) {
+    PyObject *result = NULL;
+    if (status > 0) {
+        result = Py_NewRef(Py_None);
+    } else if (status == 0) {
+        PyObject *records = PyBytes_FromStringAndSize(out->data, (Py_ssize_t)out->len);
+        result = records ? Py_BuildValue("NLL", records, (long long)base_time, (long long)max_time) : NULL;
+    }
+    PyMem_Free(out->data);
+    return result;
+}
+
 /* kafka_records(ids, external_times, payloads, headers, start, stop, slow): the records of a
-   Kafka batch for messages start..stop, as (records, base_time, max_time); None when a column
-   is not what the fast path reads (Python renders it). A message with headers is mapped by
-   slow(headers, payload, ms) -> (key_part, value or None, ms, header_part). */
+   Kafka batch for messages start..stop of a batch's columns. */
 static PyObject *kafka_records(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *ids, *times, *payloads, *headers, *slow;
     Py_ssize_t start, stop;
@@ -1127,103 +1218,94 @@ static PyObject *kafka_records(PyObject *Py_UNUSED(module), PyObject *args) {
     }
     Out out = {NULL, 0, 0};
     int64_t first_id = 0, base_time = 0, max_time = 0;
-    for (Py_ssize_t i = start; i < stop; i++) {
+    int status = 0;
+    for (Py_ssize_t i = start; i < stop && status == 0; i++) {
         PyObject *id_object = PyList_GET_ITEM(ids, i);
         PyObject *time_object = PyList_GET_ITEM(times, i);
         PyObject *payload = PyList_GET_ITEM(payloads, i);
         PyObject *h = PyList_GET_ITEM(headers, i);
-        if (!PyLong_Check(id_object) || !PyFloat_Check(time_object) || !PyBytes_Check(payload) || !PyDict_Check(h)) {
-            goto python;
-        }
         int overflow = 0;
-        int64_t id = PyLong_AsLongLongAndOverflow(id_object, &overflow);
-        if (overflow) {
-            goto python;
+        int64_t id;
+        if (!PyLong_Check(id_object) || !PyFloat_Check(time_object) || !PyBytes_Check(payload) || !PyDict_Check(h) ||
+            ((id = PyLong_AsLongLongAndOverflow(id_object, &overflow)), overflow)) {
+            status = 1;
+            break;
         }
         int64_t ms = create_time(PyFloat_AS_DOUBLE(time_object));
-        const char *value = PyBytes_AS_STRING(payload);
-        Py_ssize_t value_len = PyBytes_GET_SIZE(payload);
-        const char *key_part = "\x01"; /* a null key: length -1 */
-        Py_ssize_t key_len = 1;
-        const char *header_part = "\x00"; /* no headers */
-        Py_ssize_t header_len = 1;
-        PyObject *parts = NULL;
+        KafkaRecord r;
+        record_plain(&r, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), ms);
         if (PyDict_GET_SIZE(h) != 0) {
-            PyObject *ms_object = PyLong_FromLongLong(ms);
-            if (ms_object == NULL) {
-                goto fail;
-            }
-            parts = PyObject_CallFunctionObjArgs(slow, h, payload, ms_object, NULL);
-            Py_DECREF(ms_object);
-            if (parts == NULL) {
-                goto fail;
-            }
-            PyObject *k, *v, *m, *hp;
-            if (!PyTuple_Check(parts) || PyTuple_GET_SIZE(parts) != 4 || !PyBytes_Check(k = PyTuple_GET_ITEM(parts, 0)) ||
-                !(PyBytes_Check(v = PyTuple_GET_ITEM(parts, 1)) || v == Py_None) ||
-                !PyLong_Check(m = PyTuple_GET_ITEM(parts, 2)) || !PyBytes_Check(hp = PyTuple_GET_ITEM(parts, 3))) {
-                Py_DECREF(parts);
-                PyErr_SetString(PyExc_TypeError, "kafka_records: slow() must give (bytes, bytes | None, int, bytes)");
-                goto fail;
-            }
-            key_part = PyBytes_AS_STRING(k);
-            key_len = PyBytes_GET_SIZE(k);
-            header_part = PyBytes_AS_STRING(hp);
-            header_len = PyBytes_GET_SIZE(hp);
-            if (v == Py_None) {
-                value = NULL;
-                value_len = -1;
-            } else {
-                value = PyBytes_AS_STRING(v);
-                value_len = PyBytes_GET_SIZE(v);
-            }
-            ms = PyLong_AsLongLongAndOverflow(m, &overflow);
-            if (overflow) {
-                Py_DECREF(parts);
-                goto python;
-            }
+            status = record_mapped(&r, slow, h, payload, ms);
         }
-        if (i == start) {
-            first_id = id;
-            base_time = max_time = ms;
-        } else if (ms > max_time) {
-            max_time = ms;
+        if (status == 0) {
+            if (i == start) {
+                first_id = id;
+                base_time = max_time = r.ms;
+            } else if (r.ms > max_time) {
+                max_time = r.ms;
+            }
+            int64_t offset_delta;
+            status = __builtin_sub_overflow(id, first_id, &offset_delta) ? 1 : record_put(&out, &r, offset_delta, base_time);
         }
-        int64_t time_delta, offset_delta;
-        if (__builtin_sub_overflow(ms, base_time, &time_delta) || __builtin_sub_overflow(id, first_id, &offset_delta)) {
-            Py_XDECREF(parts);
-            goto python;
-        }
-        size_t body = 1 + varint_size(time_delta) + varint_size(offset_delta) + (size_t)key_len +
-                      varint_size(value_len) + (value_len > 0 ? (size_t)value_len : 0) + (size_t)header_len;
-        if (out_reserve(&out, body + 10) < 0) {
-            Py_XDECREF(parts);
-            goto fail;
-        }
-        out_varint(&out, (int64_t)body);
-        out.data[out.len++] = 0; /* attributes */
-        out_varint(&out, time_delta);
-        out_varint(&out, offset_delta);
-        out_put(&out, key_part, (size_t)key_len);
-        out_varint(&out, value_len);
-        if (value_len > 0) {
-            out_put(&out, value, (size_t)value_len);
-        }
-        out_put(&out, header_part, (size_t)header_len);
-        Py_XDECREF(parts);
+        Py_XDECREF(r.parts);
     }
-    PyObject *records = PyBytes_FromStringAndSize(out.data, (Py_ssize_t)out.len);
-    PyMem_Free(out.data);
-    if (records == NULL) {
+    return records_made(&out, status, base_time, max_time);
+}
+
+/* kafka_batch_records(slow, data, body, end, flags, count, base_id, base_time): the records of
+   a Kafka batch for every message of a stored record batch, read from its body as
+   batch_messages reads it; None where Python reads it (a body that does not parse). */
+static PyObject *kafka_batch_records(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *slow;
+    Py_buffer data;
+    Py_ssize_t body, end;
+    unsigned int flags, count;
+    unsigned long long base_id;
+    double batch_time;
+    if (!PyArg_ParseTuple(args, "Oy*nnIIKd:kafka_batch_records", &slow, &data, &body, &end, &flags, &count, &base_id,
+                          &batch_time)) {
         return NULL;
     }
-    return Py_BuildValue("NLL", records, (long long)base_time, (long long)max_time);
-python:
-    PyMem_Free(out.data);
-    Py_RETURN_NONE;
-fail:
-    PyMem_Free(out.data);
-    return NULL;
+    Out out = {NULL, 0, 0};
+    int64_t base_time = 0, max_time = 0;
+    Columns c = {0};
+    int parsed = read_batch(&c, &data, body, end, flags, count, base_id, "", 0);
+    int status = parsed < 0 ? -1 : parsed == 0 ? 1 : 0;
+    const unsigned char *header_at = c.headers;
+    const unsigned char *payload_at = c.payloads;
+    for (size_t i = 0; i < count && status == 0; i++) {
+        size_t plen = le32(c.lengths + 4 * i);
+        size_t hlen = c.header_lengths ? le32(c.header_lengths + 4 * i) : 0;
+        double external_time = c.external_times ? le_double(c.external_times + 8 * i) : NAN;
+        int64_t ms = create_time(external_time == external_time ? external_time : batch_time);
+        KafkaRecord r;
+        record_plain(&r, (const char *)payload_at, (Py_ssize_t)plen, ms);
+        if (hlen) {
+            PyObject *h = headers_of(header_at, hlen);
+            if (h == NULL || h == Py_None) {
+                status = h ? 1 : -1;
+            } else if (PyDict_GET_SIZE(h) != 0) {
+                PyObject *payload = PyBytes_FromStringAndSize((const char *)payload_at, (Py_ssize_t)plen);
+                status = payload ? record_mapped(&r, slow, h, payload, ms) : -1;
+                Py_XDECREF(payload);
+            }
+            Py_XDECREF(h);
+            header_at += hlen;
+        }
+        if (status == 0) {
+            if (i == 0) {
+                base_time = max_time = r.ms;
+            } else if (r.ms > max_time) {
+                max_time = r.ms;
+            }
+            status = record_put(&out, &r, (int64_t)i, base_time);
+        }
+        Py_XDECREF(r.parts);
+        payload_at += plen;
+    }
+    PyMem_Free(c.sources);
+    PyBuffer_Release(&data);
+    return records_made(&out, status, base_time, max_time);
 }
 
 static PyMethodDef methods[] = {
@@ -1235,6 +1317,8 @@ static PyMethodDef methods[] = {
     {"crc32c", crc32c, METH_VARARGS, "CRC-32C (Castagnoli), running like zlib.crc32; SSE4.2 where the CPU has it."},
     {"crc32c_tables", crc32c_tables, METH_VARARGS, "crc32c by its slicing-by-8 tables alone (for tests)."},
     {"kafka_records", kafka_records, METH_VARARGS, "The records of a Kafka batch from a run of messages' columns; None where Python renders them."},
+    {"kafka_batch_records", kafka_batch_records, METH_VARARGS,
+     "The records of a Kafka batch from a stored record batch; None where Python renders them."},
     {NULL, NULL, 0, NULL},
 };
 

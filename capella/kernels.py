@@ -24,6 +24,8 @@ Python; ``tests/core/test_kernels.py`` checks the two against each other on gene
   one Kafka batch (v2, uncompressed) for messages ``start..stop`` of a batch's columns, with
   its first and greatest CreateTime (``capella.kafka.records``, the fetch's render); a message
   with headers is mapped by ``slow`` (the Python mapping of keys, null values and headers).
+- ``kafka_batch_records(slow, data, body, end, flags, count, base_id, base_time)``: the same for
+  every message of a stored record batch, read from its body (no columns made in between).
 
 The record batch's head comes from ``capella.records.record_batch.read`` (checked); the kernels
 parse the body and trust nothing of it. Each returns None for what it leaves to Python: a
@@ -83,6 +85,19 @@ class Kernels(Protocol):
         start: int,
         stop: int,
         slow: Callable[[dict[str, str], bytes, int], tuple[bytes, bytes | None, int, bytes]],
+        /,
+    ) -> tuple[bytes, int, int] | None: ...
+
+    def kafka_batch_records(
+        self,
+        slow: Callable[[dict[str, str], bytes, int], tuple[bytes, bytes | None, int, bytes]],
+        data: bytes,
+        body: int,
+        end: int,
+        flags: int,
+        count: int,
+        base_id: int,
+        base_time: float,
         /,
     ) -> tuple[bytes, int, int] | None: ...
 

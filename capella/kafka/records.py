@@ -584,15 +584,31 @@ def _render(batch: Batch) -> list[Rendered]:
         # beside the rendering.
         rendered = []
         for r in batch.record_batches():
-            f = r.fields()
-            rendered.append(_kafka_batch(f.ids, f.external_times, f.payloads, f.headers, 0, r.count))
+            made = (
+                KERNELS.kafka_batch_records(
+                    _parts, r.data, r.body, r.end, r.flags, r.count, r.base_id, r.base_time
+                )
+                if KERNELS is not None
+                else None
+            )
+            if made is None:
+                f = r.fields()
+                made = _records_of(f.ids, f.external_times, f.payloads, f.headers, 0, r.count)
+            rendered.append(_kafka_batch(r.base_id, r.last_id, r.count, made))
         return rendered
     c = batch.columns
     rendered = []
     start = 0
     for count in _runs(c.ids) if c.ids else []:
         stop = start + count
-        rendered.append(_kafka_batch(c.ids, c.external_times, c.payloads, c.headers, start, stop))
+        made = (
+            KERNELS.kafka_records(c.ids, c.external_times, c.payloads, c.headers, start, stop, _parts)
+            if KERNELS is not None
+            else None
+        )
+        if made is None:
+            made = _records_of(c.ids, c.external_times, c.payloads, c.headers, start, stop)
+        rendered.append(_kafka_batch(c.ids[start], c.ids[stop - 1], stop - start, made))
         start = stop
     return rendered
 
@@ -617,21 +633,9 @@ def _create_times(external_times: Sequence[float]) -> list[int]:
     return times
 
 
-def _kafka_batch(
-    ids: list[int],
-    external_times: list[float],
-    payloads: list[bytes],
-    headers: list[dict[str, str]],
-    start: int,
-    stop: int,
-) -> Rendered:
-    made = (
-        KERNELS.kafka_records(ids, external_times, payloads, headers, start, stop, _parts)
-        if KERNELS is not None
-        else None
-    )
-    blob, base_time, max_time = made or _records_of(ids, external_times, payloads, headers, start, stop)
-    first_id = ids[start]
+def _kafka_batch(first_id: int, last_id: int, count: int, made: tuple[bytes, int, int]) -> Rendered:
+    """The Kafka batch of ``count`` records (``made``: their bytes, first and greatest CreateTime)."""
+    blob, base_time, max_time = made
     head = HEAD.pack(
         first_id,
         HEAD.size - _LENGTH_FROM + len(blob),
@@ -639,18 +643,16 @@ def _kafka_batch(
         2,
         0,
         0,
-        ids[stop - 1] - first_id,
+        last_id - first_id,
         base_time,
         max_time,
         NO_PRODUCER,
         -1,
         -1,
-        stop - start,
+        count,
     )
     crc = crc32c(blob, crc32c(memoryview(head)[_CRC_FROM:]))
-    return Rendered(
-        first_id, ids[stop - 1], b"".join((head[:_CRC_AT], _CRC.pack(crc), head[_CRC_FROM:], blob))
-    )
+    return Rendered(first_id, last_id, b"".join((head[:_CRC_AT], _CRC.pack(crc), head[_CRC_FROM:], blob)))
 
 
 def _records_of(

@@ -56,7 +56,7 @@ from capella.kafka.records import (
     to_capella,
 )
 from capella.kernels import KERNELS
-from capella.records.record_batch import decode_given, read, stamp
+from capella.records.record_batch import decode_given, encode, read, stamp
 
 # kafka-python 3.0.12 loads its protocol schemas with importlib.resources.read_text, deprecated.
 with warnings.catch_warnings():
@@ -681,3 +681,87 @@ def test_a_reserved_header_that_is_not_ascii_stays_an_ordinary_header() -> None:
     assert kafka_python_records(b"".join(r.data for r in render(batch))) == [
         (1, 100000, None, b"x", [(KEY_B64, "clé".encode()), (HEADERS_B64, "é".encode())])
     ]
+
+
+@needs_kernels
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    columns=st.lists(
+        st.tuples(
+            st.binary(max_size=300),
+            st.none() | COLUMN_HEADERS,
+            st.none() | COLUMN_TIMES,
+            st.none() | st.sampled_from(["a", "b/kafka/1"]),
+            st.none() | st.integers(0, 2**63 - 1),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    base_id=st.integers(1, 2**62),
+    base_time=COLUMN_TIMES,
+)
+def test_the_stored_batch_kernel_makes_the_records_python_makes_from_its_fields(
+    columns: list[tuple[bytes, dict[str, str] | None, float | None, str | None, int | None]],
+    base_id: int,
+    base_time: float,
+) -> None:
+    payloads, headers, times, sources, external_ids = (list(c) for c in zip(*columns, strict=True))
+    stored = read(
+        stamp(
+            read(
+                encode(
+                    payloads,
+                    headers=[h or {} for h in headers] if any(headers) else None,
+                    external_times=times,
+                    sources=sources,
+                    external_ids=external_ids,
+                )
+            ),
+            base_id,
+            base_time,
+            "own",
+        )
+    )
+    assert KERNELS is not None
+    made = KERNELS.kafka_batch_records(
+        records._parts,
+        stored.data,
+        stored.body,
+        stored.end,
+        stored.flags,
+        stored.count,
+        stored.base_id,
+        stored.base_time,
+    )
+    f = stored.fields()
+    expected = records._records_of(f.ids, f.external_times, f.payloads, f.headers, 0, stored.count)
+    if made is None:  # as for the columns' kernel: a time delta past an int64
+        ms = [
+            records._parts(h, p, t)[2] if h else t
+            for h, p, t in zip(f.headers, f.payloads, records._create_times(f.external_times), strict=True)
+        ]
+        assert any(not -(2**63) <= t - ms[0] < 2**63 for t in ms)
+    else:
+        assert made == expected
+
+
+@needs_kernels
+def test_the_stored_batch_kernel_leaves_a_body_that_does_not_parse_to_python() -> None:
+    assert KERNELS is not None
+    stored = read(stamp(read(encode([b"a", b"b"], headers=[{"h": "v"}, {}])), 1, 100.0, "own"))
+    args = (
+        stored.data,
+        stored.body,
+        stored.end,
+        stored.flags,
+        stored.count,
+        stored.base_id,
+        stored.base_time,
+    )
+    assert KERNELS.kafka_batch_records(records._parts, *args) is not None
+    cut = (stored.data, stored.body, stored.end - 1, *args[3:])
+    assert KERNELS.kafka_batch_records(records._parts, *cut) is None
+    outside = (stored.data, stored.body, len(stored.data) + 1, *args[3:])
+    assert KERNELS.kafka_batch_records(records._parts, *outside) is None
+    with pytest.raises(ZeroDivisionError):
+        KERNELS.kafka_batch_records(lambda h, p, ms: 1 / 0, *args)
