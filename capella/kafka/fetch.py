@@ -4,10 +4,12 @@ A partition answers the whole batches that hold the fetch offset and what follow
 partition's byte limit, and always at least one batch (KIP-74): clients skip the records
 below the offset they asked for. An offset below the first retained id, or past the high
 watermark (the last id + 1), answers OFFSET_OUT_OF_RANGE, and the client resets as its
-``auto.offset.reset`` says; offset 0 reads from id 1 while nothing has been deleted. With
-nothing to answer yet, the request waits up to ``max_wait_ms`` for a message on any of its
-partitions. No fetch sessions (KIP-227): the session id answered is 0, so clients send whole
-requests.
+``auto.offset.reset`` says; offset 0 reads from id 1 while nothing has been deleted. With less
+than ``min_bytes`` to answer (1 at least), the request waits up to ``max_wait_ms`` for messages
+on its partitions, reading on after what it has each time one comes, and answers when it has
+``min_bytes`` or its time is up (``fetch.min.bytes`` / ``fetch.max.wait.ms``, as Kafka's broker
+does), or as soon as its byte limits are full. No fetch sessions (KIP-227): the session id
+answered is 0, so clients send whole requests.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class _Partition:
     error: int = errors.NONE
     chunks: list[bytes] = field(default_factory=list)
     size: int = 0
+    full: bool = False
 
 
 async def fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
@@ -54,11 +57,13 @@ async def fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
     for p in wanted:
         _open(session, p)
     max_bytes = request.max_bytes if version >= 3 else 2**31 - 1
+    min_bytes = min(max(request.min_bytes, 1), max_bytes)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(max(request.max_wait_ms, 0) / 1000, MAX_WAIT)
     await _read_all(wanted, max_bytes)
-    total = sum(p.size for p in wanted)
-    wait = min(max(request.max_wait_ms, 0) / 1000, MAX_WAIT)
-    if total < max(request.min_bytes, 1) and wait > 0 and any(p.error == errors.NONE for p in wanted):
-        await _wait_any(wanted, wait)
+    while sum(p.size for p in wanted) < min_bytes and (left := deadline - loop.time()) > 0:
+        if not await _wait_any(_open_for_more(wanted, max_bytes), left):
+            break
         await _read_all(wanted, max_bytes)
     return {
         "throttle_time_ms": 0,
@@ -78,19 +83,30 @@ def _open(session: Session, p: _Partition) -> None:
 
 
 async def _read_all(wanted: list[_Partition], max_bytes: int) -> None:
-    budget = max_bytes
-    for p in wanted:
-        if p.queue is None or p.size:
-            continue
+    """Read each partition on from where it is, within its own and the request's byte limits."""
+    budget = max_bytes - sum(p.size for p in wanted)
+    for p in _open_for_more(wanted, max_bytes):
+        size = p.size
         try:
             await _read(p, budget, first=budget == max_bytes)
         except CapellaError as exc:
             p.error = errors.code_for(exc)
             if p.error == errors.UNKNOWN_SERVER_ERROR:
-                log.error("kafka fetch failed queue=%s", p.queue.name, exc_info=exc)
-        budget -= p.size
+                log.error("kafka fetch failed topic=%r partition=%d", p.topic, p.index, exc_info=exc)
+        budget -= p.size - size
         if budget <= 0:
             break
+
+
+def _open_for_more(wanted: list[_Partition], max_bytes: int) -> list[_Partition]:
+    """The partitions a read can add to: readable, no error, and room left in their limits."""
+    if sum(p.size for p in wanted) >= max_bytes:
+        return []
+    return [
+        p
+        for p in wanted
+        if p.queue is not None and p.error == errors.NONE and not p.full and p.size < p.max_bytes
+    ]
 
 
 async def _read(p: _Partition, budget: int, *, first: bool) -> None:
@@ -102,13 +118,16 @@ async def _read(p: _Partition, budget: int, *, first: bool) -> None:
         # range, a client's default reset (latest) would skip every message.
         p.offset = 1
     if p.offset < queue.first_id or p.offset > queue.last_id + 1:
-        p.error = errors.OFFSET_OUT_OF_RANGE
+        if not p.chunks:  # (reading on, retention may have passed what this answer holds)
+            p.error = errors.OFFSET_OUT_OF_RANGE
         return
-    p.error = errors.NONE
     if p.offset > queue.last_id:
         return
-    limit = min(p.max_bytes, budget)
-    after = p.offset - 1
+    limit = min(p.max_bytes, p.size + budget)
+    await _read_pages(p, queue, p.offset - 1, limit, first=first)
+
+
+async def _read_pages(p: _Partition, queue: BaseQueue, after: int, limit: int, *, first: bool) -> None:
     # Page by page, up to the byte limit: one page of READ_LIMIT messages loaded (and rendered)
     # the next block for every fetch that ended in the one before (~100 ms each in the
     # benchmark, for messages it did not answer), and its prefetch went a block too far.
@@ -130,19 +149,23 @@ async def _read(p: _Partition, budget: int, *, first: bool) -> None:
                     continue
                 # At least one batch, even over the limits (KIP-74), so a large one is not stuck.
                 if p.size + len(rendered.data) > limit and (p.chunks or not first):
+                    p.full = True  # nothing after this batch can be answered either
                     return
                 p.chunks.append(rendered.data)
                 p.size += len(rendered.data)
                 after = rendered.last_id
+                p.offset = after + 1  # where reading on starts
         after = max(after, page.last_id)
 
 
-async def _wait_any(wanted: list[_Partition], wait: float) -> None:
+async def _wait_any(wanted: list[_Partition], wait: float) -> bool:
+    """Whether a message came after what any of ``wanted`` holds, waiting up to ``wait`` s."""
+    waiting = [p for p in wanted if p.queue is not None]
     waiters = [
-        asyncio.ensure_future(p.queue.wait_for(p.offset - 1, wait))
-        for p in wanted
-        if p.queue is not None and p.error == errors.NONE
+        asyncio.ensure_future(p.queue.wait_for(p.offset - 1, wait)) for p in waiting if p.queue is not None
     ]
+    if not waiters:
+        return False
     try:
         await asyncio.wait(waiters, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -151,6 +174,7 @@ async def _wait_any(wanted: list[_Partition], wait: float) -> None:
         for w in waiters:
             with contextlib.suppress(asyncio.CancelledError, CapellaError):
                 await w
+    return any(p.queue is not None and p.queue.last_id >= p.offset for p in waiting)
 
 
 def _grouped(wanted: list[_Partition]) -> list[dict[str, Any]]:
