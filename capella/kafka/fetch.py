@@ -61,10 +61,13 @@ async def fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(max(request.max_wait_ms, 0) / 1000, MAX_WAIT)
     await _read_all(wanted, max_bytes)
-    while sum(p.size for p in wanted) < min_bytes and (left := deadline - loop.time()) > 0:
+    while (size := sum(p.size for p in wanted)) < min_bytes and (left := deadline - loop.time()) > 0:
         if not await _wait_any(_open_for_more(wanted, max_bytes), left):
             break
         await _read_all(wanted, max_bytes)
+        if sum(p.size for p in wanted) == size:
+            # Woken for messages a read does not see yet: answer what there is rather than spin.
+            break
     return {
         "throttle_time_ms": 0,
         "error_code": errors.NONE,
@@ -160,10 +163,8 @@ async def _read_pages(p: _Partition, queue: BaseQueue, after: int, limit: int, *
 
 async def _wait_any(wanted: list[_Partition], wait: float) -> bool:
     """Whether a message came after what any of ``wanted`` holds, waiting up to ``wait`` s."""
-    waiting = [p for p in wanted if p.queue is not None]
-    waiters = [
-        asyncio.ensure_future(p.queue.wait_for(p.offset - 1, wait)) for p in waiting if p.queue is not None
-    ]
+    waiting = [(p, p.queue) for p in wanted if p.queue is not None]
+    waiters = [asyncio.ensure_future(queue.wait_for(p.offset - 1, wait)) for p, queue in waiting]
     if not waiters:
         return False
     try:
@@ -174,7 +175,7 @@ async def _wait_any(wanted: list[_Partition], wait: float) -> bool:
         for w in waiters:
             with contextlib.suppress(asyncio.CancelledError, CapellaError):
                 await w
-    return any(p.queue is not None and p.queue.last_id >= p.offset for p in waiting)
+    return any(queue.last_id >= p.offset for p, queue in waiting)
 
 
 def _grouped(wanted: list[_Partition]) -> list[dict[str, Any]]:
