@@ -43,6 +43,11 @@ from typing import Protocol, TypeVar, cast
 
 T = TypeVar("T")
 
+# kafka_records' and kafka_batch_records' mapping of a message with headers (``capella.kafka.
+# records._parts``), and their answer: the records, the first and the greatest CreateTime.
+KafkaParts = Callable[[dict[str, str], bytes, int], tuple[bytes, bytes | None, int, bytes]]
+KafkaRecords = tuple[bytes, int, int]
+
 
 class Crc32(Protocol):
     def __call__(self, data: bytes | bytearray | memoryview, value: int = 0, /) -> int: ...
@@ -84,13 +89,13 @@ class Kernels(Protocol):
         headers: list[dict[str, str]],
         start: int,
         stop: int,
-        slow: Callable[[dict[str, str], bytes, int], tuple[bytes, bytes | None, int, bytes]],
+        slow: KafkaParts,
         /,
-    ) -> tuple[bytes, int, int] | None: ...
+    ) -> KafkaRecords | None: ...
 
     def kafka_batch_records(
         self,
-        slow: Callable[[dict[str, str], bytes, int], tuple[bytes, bytes | None, int, bytes]],
+        slow: KafkaParts,
         data: bytes,
         body: int,
         end: int,
@@ -99,7 +104,7 @@ class Kernels(Protocol):
         base_id: int,
         base_time: float,
         /,
-    ) -> tuple[bytes, int, int] | None: ...
+    ) -> KafkaRecords | None: ...
 
     crc32: Crc32
     crc32c: Crc32

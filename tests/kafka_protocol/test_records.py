@@ -607,6 +607,25 @@ COLUMN_HEADERS = st.dictionaries(
 )
 
 
+def assert_as_python_makes(
+    made: tuple[bytes, int, int] | None,
+    ids: list[int],
+    times: list[float],
+    payloads: list[bytes],
+    headers: list[dict[str, str]],
+) -> None:
+    """A kernel's records are the Python render's; it leaves them to Python (None) only where a
+    time delta does not fit Kafka's varlong (an int64)."""
+    if made is None:
+        ms = [
+            records._parts(h, p, t)[2] if h else t
+            for h, p, t in zip(headers, payloads, records._create_times(times), strict=True)
+        ]
+        assert any(not -(2**63) <= t - ms[0] < 2**63 for t in ms)
+    else:
+        assert made == records._records_of(ids, times, payloads, headers, 0, len(ids))
+
+
 @needs_kernels
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
@@ -632,16 +651,9 @@ def test_the_render_kernel_makes_the_records_python_makes(
     stop = data.draw(st.integers(start + 1, len(ids)))
     assert KERNELS is not None
     made = KERNELS.kafka_records(ids, times, payloads, headers, start, stop, records._parts)
-    if made is None:
-        # Left to Python only where a time delta does not fit Kafka's varlong (an int64).
-        ms = records._create_times(times[start:stop])
-        ms = [
-            records._parts(h, p, t)[2] if h else t
-            for h, p, t in zip(headers[start:stop], payloads[start:stop], ms, strict=True)
-        ]
-        assert any(not -(2**63) <= t - ms[0] < 2**63 for t in ms)
-    else:
-        assert made == records._records_of(ids, times, payloads, headers, start, stop)
+    assert_as_python_makes(
+        made, ids[start:stop], times[start:stop], payloads[start:stop], headers[start:stop]
+    )
 
 
 @needs_kernels
@@ -734,15 +746,7 @@ def test_the_stored_batch_kernel_makes_the_records_python_makes_from_its_fields(
         stored.base_time,
     )
     f = stored.fields()
-    expected = records._records_of(f.ids, f.external_times, f.payloads, f.headers, 0, stored.count)
-    if made is None:  # as for the columns' kernel: a time delta past an int64
-        ms = [
-            records._parts(h, p, t)[2] if h else t
-            for h, p, t in zip(f.headers, f.payloads, records._create_times(f.external_times), strict=True)
-        ]
-        assert any(not -(2**63) <= t - ms[0] < 2**63 for t in ms)
-    else:
-        assert made == expected
+    assert_as_python_makes(made, f.ids, f.external_times, f.payloads, f.headers)
 
 
 @needs_kernels
